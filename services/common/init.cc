@@ -1,0 +1,45 @@
+#include "services/common/init.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "runtime/base/log.h"
+
+ABSL_FLAG(std::string, log_level, "info",
+          "Least severe log records written: debug, info, warning or error.");
+
+namespace loom {
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+std::vector<std::string> InitService(int argc, char** argv,
+                                     const std::string& service_name,
+                                     const std::string& usage) {
+  absl::SetProgramUsageMessage(usage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  log::SetServiceName(service_name);
+  log::Level level;
+  if (!log::ParseLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    std::fprintf(stderr,
+                 "%s: invalid --log_level=%s (want debug, info, warning or "
+                 "error)\n",
+                 service_name.c_str(), absl::GetFlag(FLAGS_log_level).c_str());
+    std::exit(1);
+  }
+  log::SetMinLevel(level);
+  BlockTerminationSignals();
+  return std::vector<std::string>(positional.begin(), positional.end());
+}
+
+}  // namespace loom
