@@ -1,0 +1,11 @@
+#include "services/llm_worker/llm_worker_service.h"
+
+namespace loom {
+
+grpc::Status LlmWorkerServiceImpl::GetInfo(grpc::ServerContext*, const worker::v1::GetInfoRequest*,
+                           worker::v1::GetInfoResponse* response) {
+  chassis_->FillServiceInfo(response->mutable_info());
+  return grpc::Status::OK;
+}
+
+}  // namespace loom

@@ -1,0 +1,76 @@
+#include "tests/integration/binaries.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/data/v1/data.grpc.pb.h"
+#include "loom/scheduler/v1/scheduler.grpc.pb.h"
+#include "loom/worker/v1/worker.grpc.pb.h"
+
+namespace loom {
+namespace {
+
+// One GetInfo call against any of the services (each package has its own
+// request and response types, all holding a ServiceInfo).
+template <typename Service, typename Request, typename Response>
+absl::StatusOr<common::v1::ServiceInfo> CallGetInfo(const std::string& target) {
+  auto stub = Service::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Response response;
+  grpc::Status s = stub->GetInfo(&ctx, Request(), &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("GetInfo at ", target, ": ", s.error_message()));
+  }
+  return response.info();
+}
+
+}  // namespace
+
+std::vector<ServiceBinary> AllServiceBinaries() {
+  return {
+      {"loom-preprocess", "services/preprocess", "loom.data.v1.PreprocessService",
+       common::v1::ROLE_PREPROCESS, false, "Preprocess"},
+      {"loom-scheduler", "services/scheduler", "loom.scheduler.v1.SchedulerService",
+       common::v1::ROLE_SCHEDULER, false, "Scheduler"},
+      {"loom-encoder-worker", "services/encoder_worker", "loom.worker.v1.EncoderWorkerService",
+       common::v1::ROLE_ENCODER_WORKER, true, "EncoderWorker"},
+      {"loom-llm-worker", "services/llm_worker", "loom.worker.v1.LlmWorkerService",
+       common::v1::ROLE_LLM_WORKER, true, "LlmWorker"},
+  };
+}
+
+std::string BinaryPath(const ServiceBinary& b) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "loom", "/", b.package, "/", b.name);
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir ? dir : "/tmp", "/", name);
+}
+
+absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b,
+                                                const std::string& target) {
+  switch (b.role) {
+    case common::v1::ROLE_PREPROCESS:
+      return CallGetInfo<data::v1::PreprocessService, data::v1::GetInfoRequest,
+                         data::v1::GetInfoResponse>(target);
+    case common::v1::ROLE_SCHEDULER:
+      return CallGetInfo<scheduler::v1::SchedulerService, scheduler::v1::GetInfoRequest,
+                         scheduler::v1::GetInfoResponse>(target);
+    case common::v1::ROLE_ENCODER_WORKER:
+      return CallGetInfo<worker::v1::EncoderWorkerService, worker::v1::GetInfoRequest,
+                         worker::v1::GetInfoResponse>(target);
+    case common::v1::ROLE_LLM_WORKER:
+      return CallGetInfo<worker::v1::LlmWorkerService, worker::v1::GetInfoRequest,
+                         worker::v1::GetInfoResponse>(target);
+    default:
+      return absl::InvalidArgumentError("unknown role");
+  }
+}
+
+}  // namespace loom
