@@ -1,5 +1,6 @@
 #include "tests/integration/binaries.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -29,17 +30,18 @@ absl::StatusOr<common::v1::ServiceInfo> CallGetInfo(const std::string& target) {
 
 }  // namespace
 
-std::vector<ServiceBinary> AllServiceBinaries() {
-  return {
-      {"loom-preprocess", "services/preprocess", "loom.data.v1.PreprocessService",
-       common::v1::ROLE_PREPROCESS, false, "Preprocess"},
-      {"loom-scheduler", "services/scheduler", "loom.scheduler.v1.SchedulerService",
-       common::v1::ROLE_SCHEDULER, false, "Scheduler"},
-      {"loom-encoder-worker", "services/encoder_worker", "loom.worker.v1.EncoderWorkerService",
-       common::v1::ROLE_ENCODER_WORKER, true, "EncoderWorker"},
-      {"loom-llm-worker", "services/llm_worker", "loom.worker.v1.LlmWorkerService",
-       common::v1::ROLE_LLM_WORKER, true, "LlmWorker"},
-  };
+std::string TestName(const ServiceBinary& b) {
+  std::string out;
+  bool upper = true;
+  for (char c : b.name.substr(std::string("loom-").size())) {
+    if (c == '-') {
+      upper = true;
+      continue;
+    }
+    out.push_back(upper ? static_cast<char>(std::toupper(c)) : c);
+    upper = false;
+  }
+  return out;
 }
 
 std::string BinaryPath(const ServiceBinary& b) {

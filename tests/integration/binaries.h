@@ -7,19 +7,12 @@
 
 #include "absl/status/statusor.h"
 #include "loom/common/v1/common.pb.h"
+#include "services/common/catalog.h"
 
 namespace loom {
 
-struct ServiceBinary {
-  std::string name;          // "loom-scheduler"
-  std::string package;       // Bazel package holding it: "services/scheduler"
-  std::string grpc_service;  // full proto service name
-  common::v1::Role role;
-  bool worker;               // takes --rank
-  std::string test_name;     // gtest parameter name
-};
-
-std::vector<ServiceBinary> AllServiceBinaries();
+// A gtest parameter name for the binary: "loom-llm-worker" -> "LlmWorker".
+std::string TestName(const ServiceBinary& b);
 
 // The binary's path in the test's runfiles.
 std::string BinaryPath(const ServiceBinary& b);

@@ -110,8 +110,8 @@ TEST_P(ServiceProcessTest, ExitsWithAnErrorWhenItsPortIsTaken) {
   EXPECT_TRUE((*first)->Wait(absl::Seconds(15)).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(AllServices, ServiceProcessTest, ::testing::ValuesIn(AllServiceBinaries()),
-                         [](const auto& info) { return info.param.test_name; });
+INSTANTIATE_TEST_SUITE_P(AllServices, ServiceProcessTest, ::testing::ValuesIn(ServiceCatalog()),
+                         [](const auto& info) { return TestName(info.param); });
 
 }  // namespace
 }  // namespace loom

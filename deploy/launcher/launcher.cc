@@ -1,0 +1,157 @@
+#include "deploy/launcher/launcher.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/common/health_client.h"
+#include "services/common/http_get.h"
+
+namespace loom {
+namespace {
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!partial.empty() && mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::InternalError(absl::StrCat("mkdir ", partial, ": ", std::strerror(errno)));
+      }
+    }
+    if (i < path.size()) partial.push_back(path[i]);
+  }
+  return absl::OkStatus();
+}
+
+std::string LogName(const LaunchedService& s) {
+  return s.binary->worker ? absl::StrCat(s.binary->name, "-", s.rank) : s.binary->name;
+}
+
+}  // namespace
+
+absl::Status Launcher::Start() {
+  if (options_.encoder_dp < 1 || options_.llm_dp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--encoder_dp and --llm_dp must be >= 1 (got ", options_.encoder_dp, ", ",
+        options_.llm_dp, ")"));
+  }
+  if (absl::Status s = MakeDirs(options_.run_dir + "/logs"); !s.ok()) return s;
+
+  for (const ServiceBinary& b : ServiceCatalog()) {
+    int ranks = 1;
+    if (b.role == common::v1::ROLE_ENCODER_WORKER) ranks = options_.encoder_dp;
+    if (b.role == common::v1::ROLE_LLM_WORKER) ranks = options_.llm_dp;
+    for (int r = 0; r < ranks; ++r) {
+      LaunchedService s;
+      s.binary = &b;
+      s.rank = r;
+      services_.push_back(std::move(s));
+    }
+  }
+
+  for (size_t i = 0; i < services_.size(); ++i) {
+    if (absl::Status s = Launch(services_[i], static_cast<int>(i)); !s.ok()) return s;
+  }
+  for (LaunchedService& s : services_) {
+    absl::StatusOr<ServingPorts> ports = WaitForServing(*s.process, options_.startup_timeout);
+    if (!ports.ok()) {
+      return absl::Status(ports.status().code(),
+                          absl::StrCat(LogName(s), ": ", ports.status().message()));
+    }
+    s.ports = *ports;
+  }
+  for (LaunchedService& s : services_) {
+    if (absl::Status st = CheckHealthy(s); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Launcher::Launch(LaunchedService& s, int index) {
+  std::vector<std::string> argv = {
+      absl::StrCat(options_.bin_dir, "/", s.binary->package, "/", s.binary->name),
+      absl::StrCat("--host=", options_.host),
+      absl::StrCat("--grpc_port=", options_.base_port ? options_.base_port + 2 * index : 0),
+      absl::StrCat("--metrics_port=", options_.base_port ? options_.base_port + 2 * index + 1 : 0),
+  };
+  if (s.binary->worker) argv.push_back(absl::StrCat("--rank=", s.rank));
+  const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(argv, log);
+  if (!p.ok()) {
+    return absl::Status(p.status().code(),
+                        absl::StrCat(LogName(s), ": ", p.status().message(),
+                                     " (built? ./loom up builds it)"));
+  }
+  s.process = std::move(*p);
+  return absl::OkStatus();
+}
+
+absl::Status Launcher::CheckHealthy(LaunchedService& s) {
+  const std::string target = absl::StrCat(options_.host, ":", s.ports.grpc_port);
+  for (const std::string& service : {std::string(), s.binary->grpc_service}) {
+    if (absl::Status st = WaitUntilServing(target, service, absl::Seconds(10)); !st.ok()) {
+      return absl::UnavailableError(absl::StrCat(LogName(s), ": ", st.message()));
+    }
+  }
+  absl::StatusOr<HttpResponse> m =
+      HttpGet(options_.host, s.ports.metrics_port, "/metrics", absl::Seconds(10));
+  if (!m.ok() || m->status_code != 200) {
+    return absl::UnavailableError(absl::StrCat(
+        LogName(s), ": /metrics not served: ",
+        m.ok() ? absl::StrCat("HTTP ", m->status_code) : std::string(m.status().message())));
+  }
+  s.health = "SERVING";
+  return absl::OkStatus();
+}
+
+const LaunchedService* Launcher::FindExited() {
+  for (LaunchedService& s : services_) {
+    if (s.process != nullptr && !s.process->running()) {
+      absl::StatusOr<int> st = s.process->Wait(absl::ZeroDuration());
+      s.exit_status = st.ok() ? *st : -1;
+      s.health = "EXITED";
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
+bool Launcher::Stop() {
+  if (stopped_) return true;
+  stopped_ = true;
+  for (LaunchedService& s : services_) {
+    if (s.process != nullptr) s.process->Signal(SIGTERM);
+  }
+  bool clean = true;
+  for (LaunchedService& s : services_) {
+    if (s.process == nullptr) continue;
+    absl::StatusOr<int> st = s.process->Wait(options_.stop_timeout);
+    if (!st.ok()) {
+      s.process->Signal(SIGKILL);
+      st = s.process->Wait(absl::Seconds(5));
+    }
+    s.exit_status = st.ok() ? *st : -1;
+    s.health = DescribeWaitStatus(s.exit_status);
+    clean = clean && s.health == "exit 0";
+  }
+  return clean;
+}
+
+std::string FormatServiceTable(const std::vector<LaunchedService>& services,
+                               const std::string& host) {
+  std::string out = absl::StrFormat("  %-22s %4s %8s  %-22s %-22s %s\n", "SERVICE", "RANK",
+                                    "PID", "GRPC", "METRICS", "STATE");
+  for (const LaunchedService& s : services) {
+    absl::StrAppendFormat(
+        &out, "  %-22s %4s %8d  %-22s %-22s %s\n", s.binary->name, s.binary->worker ? absl::StrCat(s.rank) : "-",
+        s.process ? s.process->pid() : 0, absl::StrCat(host, ":", s.ports.grpc_port),
+        absl::StrCat("http://", host, ":", s.ports.metrics_port, "/metrics"),
+        s.health.empty() ? "STARTING" : s.health);
+  }
+  return out;
+}
+
+}  // namespace loom

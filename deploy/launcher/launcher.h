@@ -1,0 +1,80 @@
+// The local launcher behind `loom up`: every Loom service as its own process
+// on this machine.
+//
+// Start() launches loom-preprocess, loom-scheduler, `encoder_dp`
+// loom-encoder-worker ranks and `llm_dp` loom-llm-worker ranks, each logging
+// to <run_dir>/logs/<name>[-<rank>].log, waits for each one's "serving"
+// record, then checks grpc.health.v1 (overall and per service) and /metrics.
+// Stop() sends SIGTERM to every process still running and waits for each to
+// exit, SIGKILL after `stop_timeout`.
+//
+// Thread-safety: one thread.
+#ifndef LOOM_DEPLOY_LAUNCHER_LAUNCHER_H_
+#define LOOM_DEPLOY_LAUNCHER_LAUNCHER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "services/common/catalog.h"
+#include "services/common/subprocess.h"
+
+namespace loom {
+
+struct LauncherOptions {
+  std::string bin_dir;  // Bazel's bin folder: <bin_dir>/services/<x>/<binary>
+  std::string run_dir;  // logs go to <run_dir>/logs
+  std::string host = "127.0.0.1";
+  int base_port = 0;  // 0: free ports; else process i gets base+2i, base+2i+1
+  int encoder_dp = 2;
+  int llm_dp = 2;
+  absl::Duration startup_timeout = absl::Seconds(60);
+  absl::Duration stop_timeout = absl::Seconds(15);
+};
+
+// One launched service process and what the launcher learnt about it.
+struct LaunchedService {
+  const ServiceBinary* binary = nullptr;  // from ServiceCatalog()
+  int rank = 0;
+  std::unique_ptr<Subprocess> process;
+  ServingPorts ports;
+  std::string health;  // "SERVING" once checked
+  int exit_status = -1;  // wait status once stopped
+};
+
+class Launcher {
+ public:
+  explicit Launcher(LauncherOptions options) : options_(std::move(options)) {}
+  ~Launcher() { Stop(); }
+
+  // Launches everything and checks it healthy. On error the processes that
+  // did start keep running until Stop(); the error names the service.
+  absl::Status Start();
+
+  // A service that has exited by itself, or nullptr.
+  const LaunchedService* FindExited();
+
+  // SIGTERM to all, then wait; true if every process exited 0 (a process
+  // that had exited before Stop() counts with its own status).
+  bool Stop();
+
+  const std::vector<LaunchedService>& services() const { return services_; }
+
+ private:
+  absl::Status Launch(LaunchedService& s, int index);
+  absl::Status CheckHealthy(LaunchedService& s);
+
+  LauncherOptions options_;
+  std::vector<LaunchedService> services_;
+  bool stopped_ = false;
+};
+
+// One line per service for the terminal: name, rank, pid, ports, health.
+std::string FormatServiceTable(const std::vector<LaunchedService>& services,
+                               const std::string& host);
+
+}  // namespace loom
+
+#endif  // LOOM_DEPLOY_LAUNCHER_LAUNCHER_H_

@@ -1,0 +1,75 @@
+#include <signal.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "services/common/subprocess.h"
+#include "tests/integration/binaries.h"
+
+namespace loom {
+namespace {
+
+std::string LoomUp() {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
+                      "/deploy/launcher/loom-up");
+}
+
+std::string BinDir() {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"));
+}
+
+int CountOf(const std::string& text, const std::string& word) {
+  int n = 0;
+  for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) ++n;
+  return n;
+}
+
+TEST(LoomUpTest, StartsEveryServiceHealthyAndStopsThemCleanly) {
+  auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + TempPath("run1"),
+                               "--encoder_dp=2", "--llm_dp=2", "--exit_when_healthy"},
+                              TempPath("up1.log"));
+  ASSERT_TRUE(up.ok()) << up.status();
+  absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(90));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const std::string out = (*up)->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << out;
+  EXPECT_NE(out.find("all 6 services healthy"), std::string::npos) << out;
+  EXPECT_EQ(CountOf(out, "SERVING"), 6) << out;
+  EXPECT_EQ(CountOf(out, "exit 0"), 6) << out;
+  EXPECT_NE(out.find("stopped cleanly"), std::string::npos) << out;
+}
+
+TEST(LoomUpTest, StopsEverythingOnSigterm) {
+  auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + TempPath("run2"),
+                               "--encoder_dp=1", "--llm_dp=1"},
+                              TempPath("up2.log"));
+  ASSERT_TRUE(up.ok()) << up.status();
+  absl::Time end = absl::Now() + absl::Seconds(60);
+  while ((*up)->ReadLog().find("services healthy") == std::string::npos && absl::Now() < end &&
+         (*up)->running()) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_NE((*up)->ReadLog().find("all 4 services healthy"), std::string::npos)
+      << (*up)->ReadLog();
+  (*up)->Signal(SIGTERM);
+  absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << (*up)->ReadLog();
+  EXPECT_EQ(CountOf((*up)->ReadLog(), "exit 0"), 4) << (*up)->ReadLog();
+}
+
+TEST(LoomUpTest, ReportsAMissingBinaryAndExitsNonZero) {
+  auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + TempPath("nowhere"),
+                               "--run_dir=" + TempPath("run3")},
+                              TempPath("up3.log"));
+  ASSERT_TRUE(up.ok());
+  absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(DescribeWaitStatus(*st), "exit 1") << (*up)->ReadLog();
+  EXPECT_NE((*up)->ReadLog().find("loom-preprocess"), std::string::npos) << (*up)->ReadLog();
+}
+
+}  // namespace
+}  // namespace loom
