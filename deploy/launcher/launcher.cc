@@ -35,9 +35,9 @@ std::string LogName(const LaunchedService& s) {
 
 absl::Status Launcher::Start() {
   if (options_.encoder_dp < 1 || options_.llm_dp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--encoder_dp and --llm_dp must be >= 1 (got ", options_.encoder_dp, ", ",
-        options_.llm_dp, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("--encoder_dp and --llm_dp must be >= 1 (got ",
+                                                   options_.encoder_dp, ", ", options_.llm_dp,
+                                                   ")"));
   }
   if (absl::Status s = MakeDirs(options_.run_dir + "/logs"); !s.ok()) return s;
 
@@ -81,9 +81,8 @@ absl::Status Launcher::Launch(LaunchedService& s, int index) {
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
   absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(argv, log);
   if (!p.ok()) {
-    return absl::Status(p.status().code(),
-                        absl::StrCat(LogName(s), ": ", p.status().message(),
-                                     " (built? ./loom up builds it)"));
+    return absl::Status(p.status().code(), absl::StrCat(LogName(s), ": ", p.status().message(),
+                                                        " (built? ./loom up builds it)"));
   }
   s.process = std::move(*p);
   return absl::OkStatus();
@@ -142,14 +141,15 @@ bool Launcher::Stop() {
 
 std::string FormatServiceTable(const std::vector<LaunchedService>& services,
                                const std::string& host) {
-  std::string out = absl::StrFormat("  %-22s %4s %8s  %-22s %-22s %s\n", "SERVICE", "RANK",
-                                    "PID", "GRPC", "METRICS", "STATE");
+  std::string out = absl::StrFormat("  %-22s %4s %8s  %-22s %-32s %s\n", "SERVICE", "RANK", "PID",
+                                    "GRPC", "METRICS", "STATE");
   for (const LaunchedService& s : services) {
-    absl::StrAppendFormat(
-        &out, "  %-22s %4s %8d  %-22s %-22s %s\n", s.binary->name, s.binary->worker ? absl::StrCat(s.rank) : "-",
-        s.process ? s.process->pid() : 0, absl::StrCat(host, ":", s.ports.grpc_port),
-        absl::StrCat("http://", host, ":", s.ports.metrics_port, "/metrics"),
-        s.health.empty() ? "STARTING" : s.health);
+    absl::StrAppendFormat(&out, "  %-22s %4s %8d  %-22s %-32s %s\n", s.binary->name,
+                          s.binary->worker ? absl::StrCat(s.rank) : "-",
+                          s.process ? s.process->pid() : 0,
+                          absl::StrCat(host, ":", s.ports.grpc_port),
+                          absl::StrCat("http://", host, ":", s.ports.metrics_port, "/metrics"),
+                          s.health.empty() ? "STARTING" : s.health);
   }
   return out;
 }

@@ -40,7 +40,7 @@ struct LaunchedService {
   int rank = 0;
   std::unique_ptr<Subprocess> process;
   ServingPorts ports;
-  std::string health;  // "SERVING" once checked
+  std::string health;    // "SERVING" once checked
   int exit_status = -1;  // wait status once stopped
 };
 

@@ -44,8 +44,7 @@ std::string DefaultBinDir() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  loom::InitService(argc, argv, "loom-up",
-                    "loom-up: run every Loom service locally until Ctrl-C.");
+  loom::InitService(argc, argv, "loom-up", "loom-up: run every Loom service locally until Ctrl-C.");
   loom::LauncherOptions o;
   o.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? DefaultBinDir() : absl::GetFlag(FLAGS_bin_dir);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);

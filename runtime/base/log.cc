@@ -78,8 +78,7 @@ Level MinLevel() { return static_cast<Level>(g_min_level.load()); }
 void SetSinkForTesting(std::function<void(std::string_view)> sink) {
   std::lock_guard<std::mutex> lock(g_mu);
   delete g_sink;
-  g_sink = sink ? new std::function<void(std::string_view)>(std::move(sink))
-                : nullptr;
+  g_sink = sink ? new std::function<void(std::string_view)>(std::move(sink)) : nullptr;
 }
 
 void AppendJsonString(std::string_view text, std::string* out) {
@@ -116,8 +115,7 @@ void AppendJsonString(std::string_view text, std::string* out) {
 
 LogLine::LogLine(Level level, const char* file, int line)
     : level_(level),
-      enabled_(level == Level::kFatal ||
-               static_cast<int>(level) >= g_min_level.load()) {
+      enabled_(level == Level::kFatal || static_cast<int>(level) >= g_min_level.load()) {
   if (enabled_) {
     AppendKey("src");
     AppendJsonString(absl::StrCat(Basename(file), ":", line), &fields_);
@@ -165,8 +163,7 @@ LogLine& LogLine::WithInt(std::string_view key, int64_t value) {
 LogLine::~LogLine() {
   if (!enabled_) return;
   std::string out = "{\"ts\":";
-  AppendJsonString(absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(),
-                                    absl::UTCTimeZone()),
+  AppendJsonString(absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone()),
                    &out);
   out.append(",\"level\":");
   AppendJsonString(LevelName(level_), &out);

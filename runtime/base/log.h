@@ -58,8 +58,8 @@ class LogLine {
   }
   LogLine& With(std::string_view key, bool value);
   LogLine& With(std::string_view key, double value);
-  template <typename T, typename = std::enable_if_t<std::is_integral_v<T> &&
-                                                    !std::is_same_v<T, bool>>>
+  template <typename T,
+            typename = std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>>
   LogLine& With(std::string_view key, T value) {
     return WithInt(key, static_cast<int64_t>(value));
   }
@@ -82,9 +82,8 @@ class LogLine {
 
 }  // namespace loom::log
 
-#define LOOM_LOG(severity)                                           \
-  ::loom::log::LogLine(::loom::log::Level::k##severity##_LOOM_LEVEL, \
-                       __FILE__, __LINE__)
+#define LOOM_LOG(severity) \
+  ::loom::log::LogLine(::loom::log::Level::k##severity##_LOOM_LEVEL, __FILE__, __LINE__)
 // Spelling helpers so LOOM_LOG(INFO) reads like glog.
 #define kDEBUG_LOOM_LEVEL kDebug
 #define kINFO_LOOM_LEVEL kInfo
@@ -93,9 +92,9 @@ class LogLine {
 #define kFATAL_LOOM_LEVEL kFatal
 
 // Programming errors crash loudly, with the condition and where it failed.
-#define LOOM_CHECK(cond)                                          \
-  if (cond) {                                                     \
-  } else /* NOLINT */                                             \
+#define LOOM_CHECK(cond) \
+  if (cond) {            \
+  } else /* NOLINT */    \
     LOOM_LOG(FATAL).With("check", #cond) << "check failed: " #cond " "
 
 #endif  // LOOM_RUNTIME_BASE_LOG_H_

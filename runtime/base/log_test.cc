@@ -20,8 +20,7 @@ class LogTest : public ::testing::Test {
 };
 
 TEST_F(LogTest, WritesOneJsonObjectPerRecordWithTypedFields) {
-  LOOM_LOG(INFO).With("grpc_port", 40123).With("ok", true).With("name", "a\"b")
-      << "serving " << 2;
+  LOOM_LOG(INFO).With("grpc_port", 40123).With("ok", true).With("name", "a\"b") << "serving " << 2;
   ASSERT_EQ(lines_.size(), 1u);
   const std::string& l = lines_[0];
   EXPECT_EQ(l.front(), '{');

@@ -9,10 +9,10 @@
 #define LOOM_STATUS_CONCAT(a, b) LOOM_STATUS_CONCAT_INNER(a, b)
 
 // Returns from the current function with the status of `expr` if not OK.
-#define LOOM_RETURN_IF_ERROR(expr)                \
-  do {                                            \
-    ::absl::Status _loom_status = (expr);         \
-    if (!_loom_status.ok()) return _loom_status;  \
+#define LOOM_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status _loom_status = (expr);        \
+    if (!_loom_status.ok()) return _loom_status; \
   } while (0)
 
 // `LOOM_ASSIGN_OR_RETURN(auto x, F());` : x = *F(), or return its status.

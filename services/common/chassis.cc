@@ -18,8 +18,7 @@
 ABSL_FLAG(std::string, host, "0.0.0.0",
           "Address the gRPC and metrics servers bind (0.0.0.0: all).");
 ABSL_FLAG(int, grpc_port, 0, "gRPC port; 0 picks a free port (logged).");
-ABSL_FLAG(int, metrics_port, 0,
-          "Prometheus /metrics port; 0 picks a free port (logged).");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 picks a free port (logged).");
 ABSL_FLAG(absl::Duration, shutdown_deadline, absl::Seconds(5),
           "How long in-flight gRPC calls may run on after SIGTERM.");
 
@@ -38,8 +37,7 @@ bool ValidPort(int port) { return port >= 0 && port <= 65535; }
 
 }  // namespace
 
-ChassisOptions ChassisOptionsFromFlags(std::string service_name,
-                                       common::v1::Role role, int rank) {
+ChassisOptions ChassisOptionsFromFlags(std::string service_name, common::v1::Role role, int rank) {
   ChassisOptions o;
   o.service_name = std::move(service_name);
   o.role = role;
@@ -67,8 +65,7 @@ std::string RoleLabel(common::v1::Role role) {
 }
 
 Chassis::Chassis(ChassisOptions options)
-    : options_(std::move(options)),
-      registry_(std::make_shared<prometheus::Registry>()) {}
+    : options_(std::move(options)), registry_(std::make_shared<prometheus::Registry>()) {}
 
 Chassis::~Chassis() { Shutdown(); }
 
@@ -84,8 +81,8 @@ absl::Status Chassis::Start() {
         absl::StrCat("--grpc_port=", options_.grpc_port, " is not in [0, 65535]"));
   }
   if (!ValidPort(options_.metrics_port)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_port=", options_.metrics_port, " is not in [0, 65535]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port=", options_.metrics_port, " is not in [0, 65535]"));
   }
   if (options_.shutdown_deadline < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shutdown_deadline must not be negative");
@@ -144,12 +141,12 @@ absl::Status Chassis::Start() {
   for (auto& [service, name] : services_) health->SetServingStatus(name, true);
 
   LOOM_LOG(INFO)
-      .With("grpc_port", grpc_port_)
-      .With("metrics_port", metrics_port_)
-      .With("host", options_.host)
-      .With("role", role)
-      .With("rank", options_.rank)
-      .With("version", kLoomVersion)
+          .With("grpc_port", grpc_port_)
+          .With("metrics_port", metrics_port_)
+          .With("host", options_.host)
+          .With("role", role)
+          .With("rank", options_.rank)
+          .With("version", kLoomVersion)
       << "serving";
   return absl::OkStatus();
 }

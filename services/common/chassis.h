@@ -51,8 +51,7 @@ struct ChassisOptions {
 
 // Options from the chassis flags: --host, --grpc_port, --metrics_port,
 // --shutdown_deadline.
-ChassisOptions ChassisOptionsFromFlags(std::string service_name,
-                                       common::v1::Role role, int rank);
+ChassisOptions ChassisOptionsFromFlags(std::string service_name, common::v1::Role role, int rank);
 
 // The name a role has in metric labels: "preprocess", "scheduler",
 // "encoder_worker", "llm_worker".

@@ -5,8 +5,8 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "loom/data/v1/data.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "loom/data/v1/data.grpc.pb.h"
 #include "services/common/chassis_testing.h"
 #include "services/common/health_client.h"
 #include "services/common/http_get.h"
@@ -92,7 +92,8 @@ TEST(ChassisTest, ServesReflection) {
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(in.Dump(&slices).ok());
   std::string reply;
-  for (const grpc::Slice& s : slices) reply.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    reply.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_NE(reply.find(kServiceName), std::string::npos);
   EXPECT_NE(reply.find("grpc.reflection.v1alpha.ServerReflection"), std::string::npos) << reply;
   call->WritesDone(reinterpret_cast<void*>(4));

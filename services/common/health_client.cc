@@ -7,8 +7,7 @@
 
 namespace loom {
 
-absl::StatusOr<ServingStatus> CheckHealth(const std::string& target,
-                                          const std::string& service,
+absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const std::string& service,
                                           absl::Duration deadline) {
   auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
@@ -19,9 +18,9 @@ absl::StatusOr<ServingStatus> CheckHealth(const std::string& target,
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status s = stub->Check(&ctx, req, &resp);
   if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("health check of '", service, "' at ", target,
-                                     ": ", s.error_message()));
+    return absl::Status(
+        static_cast<absl::StatusCode>(s.error_code()),
+        absl::StrCat("health check of '", service, "' at ", target, ": ", s.error_message()));
   }
   return resp.status();
 }
@@ -42,8 +41,7 @@ absl::Status WaitUntilServing(const std::string& target, const std::string& serv
     absl::SleepFor(absl::Milliseconds(100));
   }
   return absl::DeadlineExceededError(
-      absl::StrCat("not SERVING within ", absl::FormatDuration(timeout), ": ",
-                   last.message()));
+      absl::StrCat("not SERVING within ", absl::FormatDuration(timeout), ": ", last.message()));
 }
 
 }  // namespace loom

@@ -15,8 +15,7 @@ using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 // Asks `target` ("host:port") for the health of `service` ("" is the server
 // as a whole), within `deadline`. An RPC error (unreachable, unknown service
 // = NOT_FOUND, deadline) is returned as the status, message included.
-absl::StatusOr<ServingStatus> CheckHealth(const std::string& target,
-                                          const std::string& service,
+absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const std::string& service,
                                           absl::Duration deadline);
 
 // Polls CheckHealth until it reports SERVING or `timeout` has passed;

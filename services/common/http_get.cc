@@ -36,8 +36,8 @@ int MillisLeft(absl::Time end) {
 
 }  // namespace
 
-absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port,
-                                     const std::string& path, absl::Duration timeout) {
+absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path,
+                                     absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   const std::string where = absl::StrCat("http://", host, ":", port, path);
   addrinfo hints{};
@@ -62,8 +62,8 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port,
   getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
   if (err != 0) return absl::UnavailableError(absl::StrCat(where, ": ", std::strerror(err)));
 
-  std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host,
-                                     "\r\nConnection: close\r\n\r\n");
+  std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\nConnection: close\r\n\r\n");
   size_t sent = 0;
   while (sent < request.size()) {
     p = {fd.get(), POLLOUT, 0};
@@ -97,8 +97,7 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port,
     return absl::InternalError(absl::StrCat(where, ": reply is not HTTP"));
   }
   HttpResponse out;
-  std::vector<std::string> lines =
-      absl::StrSplit(reply.substr(0, header_end), "\r\n");
+  std::vector<std::string> lines = absl::StrSplit(reply.substr(0, header_end), "\r\n");
   std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
   if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &out.status_code)) {
     return absl::InternalError(absl::StrCat(where, ": bad status line '", lines[0], "'"));

@@ -19,8 +19,8 @@ struct HttpResponse {
 // GET http://host:port/path. Errors: cannot connect (UNAVAILABLE), nothing
 // within `timeout` (DEADLINE_EXCEEDED), a reply that is not HTTP (INTERNAL).
 // A non-200 reply is returned, not an error.
-absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port,
-                                     const std::string& path, absl::Duration timeout);
+absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path,
+                                     absl::Duration timeout);
 
 }  // namespace loom
 

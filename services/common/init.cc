@@ -23,8 +23,7 @@ void BlockTerminationSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-std::vector<std::string> InitService(int argc, char** argv,
-                                     const std::string& service_name,
+std::vector<std::string> InitService(int argc, char** argv, const std::string& service_name,
                                      const std::string& usage) {
   absl::SetProgramUsageMessage(usage);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

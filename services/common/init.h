@@ -13,8 +13,7 @@ namespace loom {
 // and so in every thread started later: Chassis::ServeUntilSignal() then
 // receives them with sigwait(). Returns the positional arguments, argv[0]
 // first.
-std::vector<std::string> InitService(int argc, char** argv,
-                                     const std::string& service_name,
+std::vector<std::string> InitService(int argc, char** argv, const std::string& service_name,
                                      const std::string& usage);
 
 // Blocks SIGTERM and SIGINT in the calling thread (inherited by threads it

@@ -20,8 +20,8 @@ extern char** environ;
 
 namespace loom {
 
-absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(
-    const std::vector<std::string>& argv, const std::string& log_path) {
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const std::vector<std::string>& argv,
+                                                              const std::string& log_path) {
   if (argv.empty()) return absl::InvalidArgumentError("empty argv");
   int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) {
@@ -84,8 +84,8 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   while (running()) {
     if (absl::Now() >= end) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "pid ", pid_, " still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("pid ", pid_, " still running after ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -129,15 +129,14 @@ absl::StatusOr<ServingPorts> WaitForServing(Subprocess& child, absl::Duration ti
       std::string log = child.ReadLog();
       if (log.size() > 2000) log = log.substr(log.size() - 2000);
       absl::StatusOr<int> st = child.Wait(absl::ZeroDuration());
-      return absl::FailedPreconditionError(
-          absl::StrCat("pid ", child.pid(), " exited (",
-                       DescribeWaitStatus(st.ok() ? *st : -1),
-                       ") before serving; its log ends:\n", log));
+      return absl::FailedPreconditionError(absl::StrCat("pid ", child.pid(), " exited (",
+                                                        DescribeWaitStatus(st.ok() ? *st : -1),
+                                                        ") before serving; its log ends:\n", log));
     }
     if (absl::Now() >= end) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "pid ", child.pid(), " not serving after ", absl::FormatDuration(timeout),
-          "; log: ", child.log_path()));
+      return absl::DeadlineExceededError(absl::StrCat("pid ", child.pid(), " not serving after ",
+                                                      absl::FormatDuration(timeout),
+                                                      "; log: ", child.log_path()));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }

@@ -24,8 +24,8 @@ namespace loom {
 class Subprocess {
  public:
   // Starts argv[0] (a path) with argv; stdout and stderr go to log_path.
-  static absl::StatusOr<std::unique_ptr<Subprocess>> Start(
-      const std::vector<std::string>& argv, const std::string& log_path);
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Start(const std::vector<std::string>& argv,
+                                                           const std::string& log_path);
   ~Subprocess();
 
   pid_t pid() const { return pid_; }

@@ -16,8 +16,8 @@ std::string TempLog(const char* name) {
 }
 
 TEST(SubprocessTest, CapturesOutputAndExitStatus) {
-  auto child = Subprocess::Start({"/bin/sh", "-c", "echo hello; echo oops >&2; exit 3"},
-                                 TempLog("a.log"));
+  auto child =
+      Subprocess::Start({"/bin/sh", "-c", "echo hello; echo oops >&2; exit 3"}, TempLog("a.log"));
   ASSERT_TRUE(child.ok()) << child.status();
   absl::StatusOr<int> st = (*child)->Wait(absl::Seconds(10));
   ASSERT_TRUE(st.ok()) << st.status();
@@ -59,8 +59,8 @@ TEST(ServingPortsTest, FindsTheServingRecord) {
 }
 
 TEST(ServingPortsTest, ReportsAChildThatExitsBeforeServing) {
-  auto child = Subprocess::Start({"/bin/sh", "-c", "echo cannot bind >&2; exit 1"},
-                                 TempLog("d.log"));
+  auto child =
+      Subprocess::Start({"/bin/sh", "-c", "echo cannot bind >&2; exit 1"}, TempLog("d.log"));
   ASSERT_TRUE(child.ok());
   absl::StatusOr<ServingPorts> p = WaitForServing(**child, absl::Seconds(10));
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -2,8 +2,9 @@
 
 namespace loom {
 
-grpc::Status EncoderWorkerServiceImpl::GetInfo(grpc::ServerContext*, const worker::v1::GetInfoRequest*,
-                           worker::v1::GetInfoResponse* response) {
+grpc::Status EncoderWorkerServiceImpl::GetInfo(grpc::ServerContext*,
+                                               const worker::v1::GetInfoRequest*,
+                                               worker::v1::GetInfoResponse* response) {
   chassis_->FillServiceInfo(response->mutable_info());
   return grpc::Status::OK;
 }

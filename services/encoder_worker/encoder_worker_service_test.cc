@@ -7,7 +7,8 @@ namespace loom {
 namespace {
 
 TEST(EncoderWorkerServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
-  Chassis chassis(testing::LocalOptions("loom-encoder-worker", common::v1::ROLE_ENCODER_WORKER, /*rank=*/1));
+  Chassis chassis(
+      testing::LocalOptions("loom-encoder-worker", common::v1::ROLE_ENCODER_WORKER, /*rank=*/1));
   EncoderWorkerServiceImpl service(&chassis);
   chassis.AddService(&service, worker::v1::EncoderWorkerService::service_full_name());
   ASSERT_TRUE(chassis.Start().ok());

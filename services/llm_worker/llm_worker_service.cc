@@ -3,7 +3,7 @@
 namespace loom {
 
 grpc::Status LlmWorkerServiceImpl::GetInfo(grpc::ServerContext*, const worker::v1::GetInfoRequest*,
-                           worker::v1::GetInfoResponse* response) {
+                                           worker::v1::GetInfoResponse* response) {
   chassis_->FillServiceInfo(response->mutable_info());
   return grpc::Status::OK;
 }

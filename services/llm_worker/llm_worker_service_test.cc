@@ -7,7 +7,8 @@ namespace loom {
 namespace {
 
 TEST(LlmWorkerServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
-  Chassis chassis(testing::LocalOptions("loom-llm-worker", common::v1::ROLE_LLM_WORKER, /*rank=*/1));
+  Chassis chassis(
+      testing::LocalOptions("loom-llm-worker", common::v1::ROLE_LLM_WORKER, /*rank=*/1));
   LlmWorkerServiceImpl service(&chassis);
   chassis.AddService(&service, worker::v1::LlmWorkerService::service_full_name());
   ASSERT_TRUE(chassis.Start().ok());

@@ -7,7 +7,8 @@ namespace loom {
 namespace {
 
 TEST(PreprocessServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
-  Chassis chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS, /*rank=*/0));
+  Chassis chassis(
+      testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS, /*rank=*/0));
   PreprocessServiceImpl service(&chassis);
   chassis.AddService(&service, data::v1::PreprocessService::service_full_name());
   ASSERT_TRUE(chassis.Start().ok());

@@ -55,8 +55,7 @@ std::string TempPath(const std::string& name) {
   return absl::StrCat(dir ? dir : "/tmp", "/", name);
 }
 
-absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b,
-                                                const std::string& target) {
+absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b, const std::string& target) {
   switch (b.role) {
     case common::v1::ROLE_PREPROCESS:
       return CallGetInfo<data::v1::PreprocessService, data::v1::GetInfoRequest,

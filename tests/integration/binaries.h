@@ -21,8 +21,7 @@ std::string BinaryPath(const ServiceBinary& b);
 std::string TempPath(const std::string& name);
 
 // Calls the binary's own GetInfo RPC at `target`, with a deadline.
-absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b,
-                                                const std::string& target);
+absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b, const std::string& target);
 
 }  // namespace loom
 

@@ -51,8 +51,7 @@ TEST(LoomUpTest, StopsEverythingOnSigterm) {
          (*up)->running()) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_NE((*up)->ReadLog().find("all 4 services healthy"), std::string::npos)
-      << (*up)->ReadLog();
+  ASSERT_NE((*up)->ReadLog().find("all 4 services healthy"), std::string::npos) << (*up)->ReadLog();
   (*up)->Signal(SIGTERM);
   absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(60));
   ASSERT_TRUE(st.ok()) << st.status();
@@ -61,9 +60,9 @@ TEST(LoomUpTest, StopsEverythingOnSigterm) {
 }
 
 TEST(LoomUpTest, ReportsAMissingBinaryAndExitsNonZero) {
-  auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + TempPath("nowhere"),
-                               "--run_dir=" + TempPath("run3")},
-                              TempPath("up3.log"));
+  auto up = Subprocess::Start(
+      {LoomUp(), "--bin_dir=" + TempPath("nowhere"), "--run_dir=" + TempPath("run3")},
+      TempPath("up3.log"));
   ASSERT_TRUE(up.ok());
   absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(60));
   ASSERT_TRUE(st.ok());

@@ -58,14 +58,15 @@ TEST_P(ServiceProcessTest, ServesHealthMetricsAndStopsCleanlyOnSigterm) {
   EXPECT_NE(metrics->body.find("loom_build_info{"), std::string::npos) << metrics->body;
   const std::string metrics_file = TempPath(b.name + ".metrics");
   std::ofstream(metrics_file) << metrics->body;
-  auto promtool = Subprocess::Start(
-      {"/bin/sh", "-c", absl::StrCat("promtool check metrics < ", metrics_file)},
-      TempPath(b.name + ".promtool.log"));
+  auto promtool =
+      Subprocess::Start({"/bin/sh", "-c", absl::StrCat("promtool check metrics < ", metrics_file)},
+                        TempPath(b.name + ".promtool.log"));
   ASSERT_TRUE(promtool.ok()) << promtool.status();
   absl::StatusOr<int> prc = (*promtool)->Wait(absl::Seconds(30));
   ASSERT_TRUE(prc.ok()) << prc.status();
-  EXPECT_EQ(DescribeWaitStatus(*prc), "exit 0")
-      << "promtool check metrics:\n" << (*promtool)->ReadLog() << "\nmetrics:\n" << metrics->body;
+  EXPECT_EQ(DescribeWaitStatus(*prc), "exit 0") << "promtool check metrics:\n"
+                                                << (*promtool)->ReadLog() << "\nmetrics:\n"
+                                                << metrics->body;
 
   // SIGTERM: NOT_SERVING, then a clean exit 0 within the deadline (2 s drain
   // plus up to 2 s for the metrics listener, plus slack for a loaded machine).
@@ -80,8 +81,8 @@ TEST_P(ServiceProcessTest, ServesHealthMetricsAndStopsCleanlyOnSigterm) {
 
 TEST_P(ServiceProcessTest, RejectsABadFlagNamingIt) {
   const ServiceBinary& b = GetParam();
-  auto child = Subprocess::Start({BinaryPath(b), "--grpc_port=notaport"},
-                                 TempPath(b.name + ".badflag.log"));
+  auto child =
+      Subprocess::Start({BinaryPath(b), "--grpc_port=notaport"}, TempPath(b.name + ".badflag.log"));
   ASSERT_TRUE(child.ok());
   absl::StatusOr<int> st = (*child)->Wait(absl::Seconds(15));
   ASSERT_TRUE(st.ok()) << st.status();
@@ -91,8 +92,8 @@ TEST_P(ServiceProcessTest, RejectsABadFlagNamingIt) {
 
 TEST_P(ServiceProcessTest, ExitsWithAnErrorWhenItsPortIsTaken) {
   const ServiceBinary& b = GetParam();
-  auto first = Subprocess::Start({BinaryPath(b), "--host=127.0.0.1"},
-                                 TempPath(b.name + ".first.log"));
+  auto first =
+      Subprocess::Start({BinaryPath(b), "--host=127.0.0.1"}, TempPath(b.name + ".first.log"));
   ASSERT_TRUE(first.ok());
   absl::StatusOr<ServingPorts> ports = WaitForServing(**first, absl::Seconds(30));
   ASSERT_TRUE(ports.ok()) << ports.status();
@@ -104,8 +105,7 @@ TEST_P(ServiceProcessTest, ExitsWithAnErrorWhenItsPortIsTaken) {
   absl::StatusOr<int> st = (*second)->Wait(absl::Seconds(15));
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(DescribeWaitStatus(*st), "exit 1");
-  EXPECT_NE((*second)->ReadLog().find("cannot start"), std::string::npos)
-      << (*second)->ReadLog();
+  EXPECT_NE((*second)->ReadLog().find("cannot start"), std::string::npos) << (*second)->ReadLog();
   (*first)->Signal(SIGTERM);
   EXPECT_TRUE((*first)->Wait(absl::Seconds(15)).ok());
 }
