@@ -1,0 +1,39 @@
+// Matrix multiply with bias, the linear layer of every block (llm.c layout:
+// weights are stored (out_features, in_features)).
+//
+//   out = inp · weightᵀ + bias
+//
+// Forward writes `out`; backward accumulates (+=) into dinp, dweight and
+// dbias, so gradients from several microbatches sum in place. `bias` and
+// `dbias` may be null; `dinp` may be null when the input needs no gradient.
+//
+// The _reference versions are plain loops: the specification the fast
+// versions (OpenBLAS sgemm) and the CUDA kernels are tested against.
+#ifndef LOOM_KERNELS_MATMUL_MATMUL_H_
+#define LOOM_KERNELS_MATMUL_MATMUL_H_
+
+namespace loom::kernels {
+
+void matmul_forward_reference(float* out,           // (M, N)
+                              const float* inp,     // (M, K)
+                              const float* weight,  // (N, K)
+                              const float* bias,    // (N) or null
+                              int M, int K, int N);
+
+void matmul_backward_reference(float* dinp,          // (M, K) or null, +=
+                               float* dweight,       // (N, K), +=
+                               float* dbias,         // (N) or null, +=
+                               const float* dout,    // (M, N)
+                               const float* inp,     // (M, K)
+                               const float* weight,  // (N, K)
+                               int M, int K, int N);
+
+// OpenBLAS (cblas_sgemm); same contract as the reference.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M,
+                    int K, int N);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int M, int K, int N);
+
+}  // namespace loom::kernels
+
+#endif  // LOOM_KERNELS_MATMUL_MATMUL_H_
