@@ -1,0 +1,67 @@
+#include "kernels/activation/activation.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gradcheck.h"
+
+namespace loom::kernels {
+namespace {
+
+using loom::testing::CheckGradient;
+using loom::testing::RandomVector;
+
+double Dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+TEST(GeluTest, MatchesKnownValues) {
+  const float x[] = {-3.0f, -1.0f, 0.0f, 1.0f, 3.0f};
+  float y[5];
+  gelu_forward(y, x, 5);
+  // tanh-approximate GELU at these points (as torch.nn.functional.gelu(approximate="tanh")).
+  const float want[] = {-0.0036373f, -0.1588080f, 0.0f, 0.8411920f, 2.9963627f};
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(y[i], want[i], 1e-6) << x[i];
+}
+
+TEST(GeluTest, BackwardMatchesFiniteDifferences) {
+  const int n = 200;
+  auto x = RandomVector(n, 1, 4.0f), g = RandomVector(n, 2);
+  std::vector<float> y(n);
+  auto loss = [&] {
+    gelu_forward(y.data(), x.data(), n);
+    return Dot(y, g);
+  };
+  std::vector<float> dx(n, 0.0f);
+  gelu_backward(dx.data(), x.data(), g.data(), n);
+  EXPECT_TRUE(CheckGradient(loss, x.data(), dx.data(), n, /*max_checks=*/n));
+}
+
+TEST(SwiGluTest, IsSiluOfGateTimesUp) {
+  const float gate[] = {-2.0f, 0.0f, 1.5f}, up[] = {3.0f, 5.0f, -2.0f};
+  float y[3];
+  swiglu_forward(y, gate, up, 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(y[i], gate[i] / (1.0 + std::exp(-gate[i])) * up[i], 1e-6);
+  }
+}
+
+TEST(SwiGluTest, BackwardMatchesFiniteDifferences) {
+  const int n = 150;
+  auto gate = RandomVector(n, 3, 4.0f), up = RandomVector(n, 4, 2.0f), g = RandomVector(n, 5);
+  std::vector<float> y(n);
+  auto loss = [&] {
+    swiglu_forward(y.data(), gate.data(), up.data(), n);
+    return Dot(y, g);
+  };
+  std::vector<float> dgate(n, 0.0f), dup(n, 0.0f);
+  swiglu_backward(dgate.data(), dup.data(), gate.data(), up.data(), g.data(), n);
+  EXPECT_TRUE(CheckGradient(loss, gate.data(), dgate.data(), n, /*max_checks=*/n));
+  EXPECT_TRUE(CheckGradient(loss, up.data(), dup.data(), n, /*max_checks=*/n));
+}
+
+}  // namespace
+}  // namespace loom::kernels
