@@ -11,12 +11,7 @@ namespace {
 
 using loom::testing::CheckGradient;
 using loom::testing::RandomVector;
-
-double Dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
+using loom::testing::WeightedSum;
 
 TEST(GeluTest, MatchesKnownValues) {
   const float x[] = {-3.0f, -1.0f, 0.0f, 1.0f, 3.0f};
@@ -33,7 +28,7 @@ TEST(GeluTest, BackwardMatchesFiniteDifferences) {
   std::vector<float> y(n);
   auto loss = [&] {
     gelu_forward(y.data(), x.data(), n);
-    return Dot(y, g);
+    return WeightedSum(y, g);
   };
   std::vector<float> dx(n, 0.0f);
   gelu_backward(dx.data(), x.data(), g.data(), n);
@@ -55,7 +50,7 @@ TEST(SwiGluTest, BackwardMatchesFiniteDifferences) {
   std::vector<float> y(n);
   auto loss = [&] {
     swiglu_forward(y.data(), gate.data(), up.data(), n);
-    return Dot(y, g);
+    return WeightedSum(y, g);
   };
   std::vector<float> dgate(n, 0.0f), dup(n, 0.0f);
   swiglu_backward(dgate.data(), dup.data(), gate.data(), up.data(), g.data(), n);

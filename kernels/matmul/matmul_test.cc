@@ -12,6 +12,7 @@ using loom::testing::AllClose;
 using loom::testing::CheckGradient;
 using loom::testing::kFastVsReferenceF32;
 using loom::testing::RandomVector;
+using loom::testing::WeightedSum;
 
 struct Dims {
   int M, K, N;
@@ -67,9 +68,7 @@ TEST_P(MatmulTest, ReferenceBackwardMatchesFiniteDifferences) {
   std::vector<float> out(M * N);
   auto loss = [&] {
     matmul_forward_reference(out.data(), inp.data(), w.data(), b.data(), M, K, N);
-    double l = 0;
-    for (size_t i = 0; i < out.size(); ++i) l += static_cast<double>(out[i]) * g[i];
-    return l;
+    return WeightedSum(out, g);
   };
   std::vector<float> dinp(M * K, 0.0f), dw(N * K, 0.0f), db(N, 0.0f);
   matmul_backward_reference(dinp.data(), dw.data(), db.data(), g.data(), inp.data(), w.data(), M, K,

@@ -11,13 +11,7 @@ namespace {
 
 using loom::testing::CheckGradient;
 using loom::testing::RandomVector;
-
-// L = sum(out * g) for a fixed random g, so dL/dout = g.
-double Dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
+using loom::testing::WeightedSum;
 
 TEST(LayerNormTest, NormalisesEachRowToZeroMeanUnitVariance) {
   const int N = 3, C = 64;
@@ -41,7 +35,7 @@ TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
   std::vector<float> y(N * C), mean(N), rstd(N);
   auto loss = [&] {
     layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-    return Dot(y, g);
+    return WeightedSum(y, g);
   };
   loss();
   std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
@@ -70,7 +64,7 @@ TEST(RmsNormTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   std::vector<float> y(N * C), rrms(N);
   auto loss = [&] {
     rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C);
-    return Dot(y, g);
+    return WeightedSum(y, g);
   };
   loss();
   std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);

@@ -24,6 +24,14 @@ inline std::vector<float> RandomVector(size_t n, uint32_t seed, float scale = 1.
   return v;
 }
 
+// sum_i out[i] * g[i] in double: the scalar loss L whose gradient dL/dout is
+// g, used to test a backward against finite differences of its forward.
+inline double WeightedSum(const std::vector<float>& out, const std::vector<float>& g) {
+  double s = 0;
+  for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * g[i];
+  return s;
+}
+
 inline bool Close(double got, double want, const Tolerance& tol) {
   return std::fabs(got - want) <= tol.atol + tol.rtol * std::fabs(want);
 }
