@@ -1,0 +1,183 @@
+#include "kernels/attention/attention.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace loom::kernels {
+namespace {
+
+// In place: row i of the (L, L) matrix p becomes softmax over its columns
+// [0, L) (full) or [0, i] (causal; later columns become 0).
+void SoftmaxRows(float* p, int L, bool causal) {
+  for (int i = 0; i < L; ++i) {
+    float* row = p + static_cast<int64_t>(i) * L;
+    const int n = causal ? i + 1 : L;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
+    double sum = 0;
+    for (int j = 0; j < n; ++j) {
+      row[j] = std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int j = 0; j < n; ++j) row[j] *= inv;
+    for (int j = n; j < L; ++j) row[j] = 0.0f;
+  }
+}
+
+}  // namespace
+
+int64_t attention_att_size(const int32_t* cu_seqlens, int S, int NH) {
+  int64_t n = 0;
+  for (int s = 0; s < S; ++s) {
+    const int64_t L = cu_seqlens[s + 1] - cu_seqlens[s];
+    n += NH * L * L;
+  }
+  return n;
+}
+
+void attention_forward_reference(float* out, float* att, const float* qkv,
+                                 const int32_t* cu_seqlens, int S, int NH, int HD, bool causal) {
+  const int C = NH * HD;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  for (int s = 0; s < S; ++s) {
+    const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
+    for (int h = 0; h < NH; ++h) {
+      float* a = att + static_cast<int64_t>(h) * L * L;
+      for (int i = 0; i < L; ++i) {
+        const float* q = qkv + static_cast<int64_t>(start + i) * 3 * C + h * HD;
+        for (int j = 0; j < L; ++j) {
+          const float* k = qkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
+          float dot = 0;
+          for (int d = 0; d < HD; ++d) dot += q[d] * k[d];
+          a[static_cast<int64_t>(i) * L + j] = dot * scale;
+        }
+      }
+      SoftmaxRows(a, L, causal);
+      for (int i = 0; i < L; ++i) {
+        float* o = out + static_cast<int64_t>(start + i) * C + h * HD;
+        for (int d = 0; d < HD; ++d) o[d] = 0;
+        for (int j = 0; j < L; ++j) {
+          const float p = a[static_cast<int64_t>(i) * L + j];
+          const float* v = qkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
+          for (int d = 0; d < HD; ++d) o[d] += p * v[d];
+        }
+      }
+    }
+    att += static_cast<int64_t>(NH) * L * L;
+  }
+}
+
+void attention_backward_reference(float* dqkv, const float* dout, const float* qkv,
+                                  const float* att, const int32_t* cu_seqlens, int S, int NH,
+                                  int HD, bool causal) {
+  const int C = NH * HD;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  std::vector<float> datt;
+  for (int s = 0; s < S; ++s) {
+    const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
+    datt.assign(L, 0.0f);
+    for (int h = 0; h < NH; ++h) {
+      const float* a = att + static_cast<int64_t>(h) * L * L;
+      for (int i = 0; i < L; ++i) {
+        const float* g = dout + static_cast<int64_t>(start + i) * C + h * HD;
+        const float* p = a + static_cast<int64_t>(i) * L;
+        const int n = causal ? i + 1 : L;
+        // dP[j] = g · v_j ; dV_j += p_j g
+        double dot_pd = 0;
+        for (int j = 0; j < n; ++j) {
+          const float* v = qkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
+          float* dv = dqkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
+          float d = 0;
+          for (int e = 0; e < HD; ++e) {
+            d += g[e] * v[e];
+            dv[e] += p[j] * g[e];
+          }
+          datt[j] = d;
+          dot_pd += static_cast<double>(p[j]) * d;
+        }
+        // dS_j = p_j (dP_j - sum p dP) ; dq_i += scale dS_j k_j ; dk_j += scale dS_j q_i
+        const float* q = qkv + static_cast<int64_t>(start + i) * 3 * C + h * HD;
+        float* dq = dqkv + static_cast<int64_t>(start + i) * 3 * C + h * HD;
+        for (int j = 0; j < n; ++j) {
+          const float ds = p[j] * (datt[j] - static_cast<float>(dot_pd)) * scale;
+          const float* k = qkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
+          float* dk = dqkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
+          for (int e = 0; e < HD; ++e) {
+            dq[e] += ds * k[e];
+            dk[e] += ds * q[e];
+          }
+        }
+      }
+    }
+    att += static_cast<int64_t>(NH) * L * L;
+  }
+}
+
+void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
+                       int NH, int HD, bool causal) {
+  const int C = NH * HD, ld = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  for (int s = 0; s < S; ++s) {
+    const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
+    if (L == 0) continue;
+    const float* base = qkv + static_cast<int64_t>(start) * ld;
+    for (int h = 0; h < NH; ++h) {
+      float* a = att + static_cast<int64_t>(h) * L * L;
+      // a (L,L) = scale · Q (L,HD) · Kᵀ
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, HD, scale, base + h * HD, ld,
+                  base + C + h * HD, ld, 0.0f, a, L);
+      SoftmaxRows(a, L, causal);
+      // O (L,HD) = a · V
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, HD, L, 1.0f, a, L,
+                  base + 2 * C + h * HD, ld, 0.0f, out + static_cast<int64_t>(start) * C + h * HD,
+                  C);
+    }
+    att += static_cast<int64_t>(NH) * L * L;
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                        const int32_t* cu_seqlens, int S, int NH, int HD, bool causal) {
+  const int C = NH * HD, ld = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  std::vector<float> ds;
+  for (int s = 0; s < S; ++s) {
+    const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
+    if (L == 0) continue;
+    const float* base = qkv + static_cast<int64_t>(start) * ld;
+    float* dbase = dqkv + static_cast<int64_t>(start) * ld;
+    const float* g = dout + static_cast<int64_t>(start) * C;
+    ds.resize(static_cast<size_t>(L) * L);
+    for (int h = 0; h < NH; ++h) {
+      const float* a = att + static_cast<int64_t>(h) * L * L;
+      // dV (L,HD) += aᵀ · dO
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, HD, L, 1.0f, a, L, g + h * HD, C,
+                  1.0f, dbase + 2 * C + h * HD, ld);
+      // dP (L,L) = dO · Vᵀ
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, HD, 1.0f, g + h * HD, C,
+                  base + 2 * C + h * HD, ld, 0.0f, ds.data(), L);
+      // dS = a ⊙ (dP − rowsum(a ⊙ dP)); masked entries have a = 0.
+      for (int i = 0; i < L; ++i) {
+        const float* p = a + static_cast<int64_t>(i) * L;
+        float* d = ds.data() + static_cast<int64_t>(i) * L;
+        const int n = causal ? i + 1 : L;
+        double dot = 0;
+        for (int j = 0; j < n; ++j) dot += static_cast<double>(p[j]) * d[j];
+        for (int j = 0; j < n; ++j) d[j] = p[j] * (d[j] - static_cast<float>(dot));
+        for (int j = n; j < L; ++j) d[j] = 0.0f;
+      }
+      // dQ += scale · dS · K ; dK += scale · dSᵀ · Q
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, HD, L, scale, ds.data(), L,
+                  base + C + h * HD, ld, 1.0f, dbase + h * HD, ld);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, HD, L, scale, ds.data(), L,
+                  base + h * HD, ld, 1.0f, dbase + C + h * HD, ld);
+    }
+    att += static_cast<int64_t>(NH) * L * L;
+  }
+}
+
+}  // namespace loom::kernels

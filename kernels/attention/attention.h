@@ -1,0 +1,41 @@
+// Multi-head attention over packed variable-length sequences.
+//
+// A microbatch packs S sequences into T rows; cu_seqlens (S+1 entries,
+// cu_seqlens[0] = 0, cu_seqlens[S] = T) marks where each starts. Attention is
+// block-diagonal: a row attends only within its own sequence (full in the
+// ViT, where a sequence is one tile; causal in the LLM, where it is one
+// sample). Nothing is computed across sequences or on padding: there is none.
+//
+//   qkv  (T, 3*C): per row [q | k | v], each (NH, HD), C = NH * HD
+//   out  (T, C)
+//   att  the softmax probabilities, saved for backward: for each sequence s
+//        of length L, (NH, L, L) floats, sequences one after another;
+//        attention_att_size() gives the total.
+//
+// Scale 1/sqrt(HD). Backward accumulates (+=) into dqkv.
+// The _reference versions are loops; the others use OpenBLAS per (sequence,
+// head) with strided views of qkv, no copies.
+#ifndef LOOM_KERNELS_ATTENTION_ATTENTION_H_
+#define LOOM_KERNELS_ATTENTION_ATTENTION_H_
+
+#include <cstdint>
+
+namespace loom::kernels {
+
+// Floats needed for `att`: sum over sequences of NH * L².
+int64_t attention_att_size(const int32_t* cu_seqlens, int S, int NH);
+
+void attention_forward_reference(float* out, float* att, const float* qkv,
+                                 const int32_t* cu_seqlens, int S, int NH, int HD, bool causal);
+void attention_backward_reference(float* dqkv, const float* dout, const float* qkv,
+                                  const float* att, const int32_t* cu_seqlens, int S, int NH,
+                                  int HD, bool causal);
+
+void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
+                       int NH, int HD, bool causal);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                        const int32_t* cu_seqlens, int S, int NH, int HD, bool causal);
+
+}  // namespace loom::kernels
+
+#endif  // LOOM_KERNELS_ATTENTION_ATTENTION_H_
