@@ -27,6 +27,21 @@ inline constexpr Tolerance kFiniteDifferenceF32 = {
     "error O(h^2)~1e-4 plus forward rounding eps*|L|/h ~ 1e-4 relative; 2% relative covers "
     "both with margin on small gradients"};
 
+// The whole model's gradient (ViT, projector, LLM together) against central
+// finite differences of its fp32 forward.
+inline constexpr Tolerance kFiniteDifferenceModelF32 = {
+    5e-3, 5e-2,
+    "the forward runs through ~10 fp32 layers, so rounding in the loss is ~1e-6 relative and "
+    "is divided by 2h=2e-2 (~1e-4 absolute on O(1) losses), and h=1e-2 perturbs softmax and "
+    "normalisation non-linearly (O(h^2) curvature); 5% catches any wrong term, which is O(1)"};
+
+// The same global batch's gradient accumulated over different microbatch
+// splits: only the order of fp32 additions differs.
+inline constexpr Tolerance kSplitInvarianceF32 = {
+    1e-6, 1e-4,
+    "identical math, different fp32 summation order across microbatches and packed lengths "
+    "(BLAS blocks differently for different M): a few ulps per accumulated term"};
+
 }  // namespace loom::testing
 
 #endif  // LOOM_KERNELS_TESTING_TOLERANCES_H_

@@ -1,0 +1,107 @@
+#include "runtime/model/config.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace loom {
+namespace {
+
+ModelConfig Tiny() {
+  ModelConfig c;
+  c.name = "tiny";
+  return c;  // the defaults in config.h
+}
+
+// ViT-L/14-like encoder at 336 px tiles (~300M parameters).
+VitConfig Vit300M() {
+  VitConfig v;
+  v.tile_size = 336;
+  v.patch = 14;
+  v.dim = 1024;
+  v.layers = 24;
+  v.heads = 16;
+  v.mlp_hidden = 4096;
+  return v;
+}
+
+ModelConfig Vit300MLlm1B() {
+  ModelConfig c;
+  c.name = "vit300m-llm1b";
+  c.vit = Vit300M();
+  c.projector = {/*pixel_shuffle=*/true, /*hidden=*/2048};
+  c.llm = {/*vocab=*/32000,         /*dim=*/2048,    /*layers=*/16, /*heads=*/16,
+           /*ffn_hidden=*/5632,
+           /*rope_theta=*/10000.0f, /*max_seq=*/4096};
+  return c;
+}
+
+ModelConfig Vit300MLlm7B() {
+  ModelConfig c;
+  c.name = "vit300m-llm7b";
+  c.vit = Vit300M();
+  c.projector = {/*pixel_shuffle=*/true, /*hidden=*/4096};
+  c.llm = {/*vocab=*/32000,         /*dim=*/4096,    /*layers=*/32, /*heads=*/32,
+           /*ffn_hidden=*/11008,
+           /*rope_theta=*/10000.0f, /*max_seq=*/4096};
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> ModelConfigNames() { return {"tiny", "vit300m-llm1b", "vit300m-llm7b"}; }
+
+absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
+  if (name == "tiny") return Tiny();
+  if (name == "vit300m-llm1b") return Vit300MLlm1B();
+  if (name == "vit300m-llm7b") return Vit300MLlm7B();
+  return absl::NotFoundError(absl::StrCat("unknown model config '", name,
+                                          "'; known: ", absl::StrJoin(ModelConfigNames(), ", ")));
+}
+
+absl::Status ValidateModelConfig(const ModelConfig& c) {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+  };
+  if (c.vit.patch <= 0 || c.vit.tile_size <= 0 || c.vit.tile_size % c.vit.patch != 0) {
+    return bad("vit.tile_size", "must be a positive multiple of vit.patch");
+  }
+  if (c.vit.heads <= 0 || c.vit.dim % c.vit.heads != 0) {
+    return bad("vit.dim", "must be divisible by vit.heads");
+  }
+  if (c.vit.layers < 0 || c.vit.mlp_hidden <= 0) return bad("vit.layers", "must be >= 0");
+  if (c.projector.pixel_shuffle && c.vit.grid() % 2 != 0) {
+    return bad("projector.pixel_shuffle", "needs an even patch grid (tile_size / patch)");
+  }
+  if (c.projector.hidden <= 0) return bad("projector.hidden", "must be > 0");
+  if (c.llm.heads <= 0 || c.llm.dim % c.llm.heads != 0) {
+    return bad("llm.dim", "must be divisible by llm.heads");
+  }
+  if ((c.llm.dim / c.llm.heads) % 2 != 0) return bad("llm.heads", "head dim must be even (RoPE)");
+  if (c.llm.vocab <= 1) return bad("llm.vocab", "must be > 1");
+  if (c.llm.layers < 0 || c.llm.ffn_hidden <= 0) return bad("llm.layers", "must be >= 0");
+  return absl::OkStatus();
+}
+
+int64_t VitParameterCount(const VitConfig& c) {
+  const int64_t D = c.dim, H = c.mlp_hidden;
+  const int64_t block = 2 * D + 2 * D +         // ln1, ln2
+                        3 * D * D + 3 * D +     // qkv
+                        D * D + D +             // attn out
+                        H * D + H + D * H + D;  // mlp
+  return c.patch_dim() * D + D + c.patches_per_tile() * D + c.layers * block + 2 * D;
+}
+
+int64_t ProjectorParameterCount(const ModelConfig& c) {
+  const int64_t in = c.projector.pixel_shuffle ? 4 * c.vit.dim : c.vit.dim;
+  const int64_t H = c.projector.hidden, D = c.llm.dim;
+  return in * H + H + H * D + D;
+}
+
+int64_t LlmParameterCount(const LlmConfig& c) {
+  const int64_t D = c.dim, F = c.ffn_hidden;
+  const int64_t block = 2 * D + 3 * D * D + D * D + 3 * F * D;
+  return static_cast<int64_t>(c.vocab) * D + c.layers * block + D +
+         static_cast<int64_t>(c.vocab) * D;
+}
+
+}  // namespace loom

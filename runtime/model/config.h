@@ -1,0 +1,73 @@
+// Model configurations: the ViT encoder, the projector and the LLM, by name.
+//
+//   tiny            trains in seconds on 2 CPU cores (tests, loom-train-local)
+//   vit300m-llm1b   ~300M ViT + ~1B LLM, for GPUs
+//   vit300m-llm7b   ~300M ViT + ~7B LLM, for GPUs
+#ifndef LOOM_RUNTIME_MODEL_CONFIG_H_
+#define LOOM_RUNTIME_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace loom {
+
+struct VitConfig {
+  int tile_size = 32;  // S: tiles are (3, S, S)
+  int patch = 8;       // P: (S/P)² patches per tile
+  int dim = 64;
+  int layers = 2;
+  int heads = 4;
+  int mlp_hidden = 256;
+
+  int grid() const { return tile_size / patch; }
+  int patches_per_tile() const { return grid() * grid(); }
+  int patch_dim() const { return 3 * patch * patch; }
+};
+
+struct ProjectorConfig {
+  bool pixel_shuffle = false;  // merge 2×2 patches: 4× fewer image tokens
+  int hidden = 128;
+};
+
+struct LlmConfig {
+  int vocab = 256;
+  int dim = 128;
+  int layers = 2;
+  int heads = 4;
+  int ffn_hidden = 352;
+  float rope_theta = 10000.0f;
+  int max_seq = 1024;
+};
+
+struct ModelConfig {
+  std::string name;
+  VitConfig vit;
+  ProjectorConfig projector;
+  LlmConfig llm;
+
+  // Image tokens one tile becomes after the projector.
+  int tokens_per_tile() const {
+    return projector.pixel_shuffle ? vit.patches_per_tile() / 4 : vit.patches_per_tile();
+  }
+};
+
+// The named config, or NOT_FOUND listing the names.
+absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name);
+std::vector<std::string> ModelConfigNames();
+
+// INVALID_ARGUMENT naming the field if the config is inconsistent (a tile not
+// divisible by the patch, a dim not divisible by the heads, odd head dims for
+// RoPE, an odd patch grid with pixel shuffle, ...).
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Parameter counts per module.
+int64_t VitParameterCount(const VitConfig& c);
+int64_t ProjectorParameterCount(const ModelConfig& c);
+int64_t LlmParameterCount(const LlmConfig& c);
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_MODEL_CONFIG_H_

@@ -1,0 +1,72 @@
+// The LLM: a decoder-only transformer over packed variable-length samples,
+// with image embeddings spliced in at image positions.
+//
+//   tokens -> embedding (image positions take the projector's rows, in order)
+//     -> L × [x += attn_causal_rope(RMS1(x)); x += down(swiglu(gate(RMS2 x), up(RMS2 x)))]
+//     -> RMS_f -> lm_head -> logits -> cross-entropy on targets >= 0
+//
+// The loss of a microbatch is returned as a sum with its token count; the
+// gradient is scaled by `grad_scale` = 1 / (loss tokens in the whole global
+// batch), so any split into microbatches and ranks gives the same gradient.
+#ifndef LOOM_RUNTIME_MODEL_LLM_H_
+#define LOOM_RUNTIME_MODEL_LLM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/loss/crossentropy.h"
+#include "runtime/model/config.h"
+#include "runtime/model/params.h"
+
+namespace loom {
+
+// One packed microbatch for the LLM.
+struct LlmBatch {
+  std::vector<int32_t> tokens;      // (T) token ids; -1 at image positions
+  std::vector<int32_t> targets;     // (T) the next token, or -1: no loss here
+  std::vector<int32_t> positions;   // (T) RoPE positions, restarting per sample
+  std::vector<int32_t> cu_seqlens;  // (S + 1) sample boundaries
+  int T() const { return static_cast<int>(tokens.size()); }
+  int S() const { return static_cast<int>(cu_seqlens.size()) - 1; }
+  int image_positions() const;  // how many tokens are -1
+};
+
+class Llm {
+ public:
+  explicit Llm(const LlmConfig& config);
+
+  ParamSet& params() { return params_; }
+  const LlmConfig& config() const { return config_; }
+
+  // image_emb (batch.image_positions(), D) fills the -1 positions in order
+  // (may be null when there are none). Keeps activations and logits.
+  void Forward(const LlmBatch& batch, const float* image_emb);
+  const std::vector<float>& logits() const { return logits_; }  // (T, V)
+
+  // Loss of the last Forward, no gradient.
+  kernels::LossSum Loss() const;
+  // Loss of the last Forward and backward through the whole LLM: parameter
+  // gradients +=, dimage_emb (image_positions, D) += (may be null).
+  kernels::LossSum Backward(float grad_scale, float* dimage_emb);
+
+ private:
+  struct LayerIds {
+    int rms1, qkv, proj, rms2, gate, up, down;
+  };
+  struct LayerActs {
+    std::vector<float> x, r1, rr1, qkv, att, atto, x1, r2, rr2, gate, up, s;
+  };
+
+  LlmConfig config_;
+  ParamSet params_;
+  int wte_, rmsf_, lm_head_;
+  std::vector<LayerIds> ids_;
+
+  const LlmBatch* batch_ = nullptr;
+  std::vector<float> xf_, rf_, rrf_, logits_;
+  std::vector<LayerActs> acts_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_MODEL_LLM_H_

@@ -1,0 +1,84 @@
+#include "runtime/model/model.h"
+
+#include "runtime/base/log.h"
+
+namespace loom {
+
+int64_t LossTokens(const Sample& s) {
+  int64_t n = 0;
+  for (size_t i = 0; i + 1 < s.tokens.size(); ++i) n += s.tokens[i + 1] >= 0;
+  return n;
+}
+
+LlmBatch PackSamples(const std::vector<const Sample*>& samples) {
+  LlmBatch b;
+  b.cu_seqlens.push_back(0);
+  for (const Sample* s : samples) {
+    const int L = static_cast<int>(s->tokens.size());
+    for (int i = 0; i < L; ++i) {
+      b.tokens.push_back(s->tokens[i]);
+      b.targets.push_back(i + 1 < L && s->tokens[i + 1] >= 0 ? s->tokens[i + 1] : -1);
+      b.positions.push_back(i);
+    }
+    b.cu_seqlens.push_back(b.cu_seqlens.back() + L);
+  }
+  return b;
+}
+
+MultimodalModel::MultimodalModel(const ModelConfig& config)
+    : config_(config), vit_(config.vit), projector_(config), llm_(config.llm) {}
+
+void MultimodalModel::Initialize(uint64_t seed) {
+  vit_.params().Initialize(seed * 3 + 0);
+  projector_.params().Initialize(seed * 3 + 1);
+  llm_.params().Initialize(seed * 3 + 2);
+}
+
+void MultimodalModel::ZeroGrad() {
+  for (ParamSet* p : param_sets()) p->ZeroGrad();
+}
+
+void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
+  const int S = config_.vit.tile_size, tile_floats = 3 * S * S, Dl = config_.llm.dim;
+  tiles_.clear();
+  num_tiles_ = 0;
+  for (const Sample* s : mb) {
+    LOOM_CHECK(static_cast<int>(s->tiles.size()) == s->num_tiles * tile_floats)
+        << "sample tiles do not match num_tiles";
+    tiles_.insert(tiles_.end(), s->tiles.begin(), s->tiles.end());
+    num_tiles_ += s->num_tiles;
+  }
+  batch_ = PackSamples(mb);
+  const int image_tokens = num_tiles_ * config_.tokens_per_tile();
+  LOOM_CHECK(batch_.image_positions() == image_tokens)
+      << "image slots (" << batch_.image_positions() << ") != tiles x tokens per tile ("
+      << image_tokens << ")";
+  image_emb_.resize(static_cast<size_t>(image_tokens) * Dl);
+  if (num_tiles_ > 0) {
+    vit_out_.resize(static_cast<size_t>(num_tiles_) * config_.vit.patches_per_tile() *
+                    config_.vit.dim);
+    vit_.Forward(tiles_.data(), num_tiles_, vit_out_.data());
+    projector_.Forward(vit_out_.data(), num_tiles_, image_emb_.data());
+  }
+  llm_.Forward(batch_, image_emb_.data());
+}
+
+kernels::LossSum MultimodalModel::ForwardBackward(const std::vector<const Sample*>& mb,
+                                                  float grad_scale) {
+  Forward(mb);
+  std::vector<float> dimage(image_emb_.size(), 0.0f);
+  kernels::LossSum loss = llm_.Backward(grad_scale, dimage.data());
+  if (num_tiles_ > 0) {
+    std::vector<float> dvit(vit_out_.size(), 0.0f);
+    projector_.Backward(dimage.data(), dvit.data());
+    vit_.Backward(dvit.data());
+  }
+  return loss;
+}
+
+kernels::LossSum MultimodalModel::Evaluate(const std::vector<const Sample*>& mb) {
+  Forward(mb);
+  return llm_.Loss();
+}
+
+}  // namespace loom

@@ -1,0 +1,69 @@
+// The multimodal model: ViT encoder -> projector -> LLM, and one microbatch's
+// forward and backward through all three in one process (the colocated
+// baseline, and the reference that disaggregated training must match).
+#ifndef LOOM_RUNTIME_MODEL_MODEL_H_
+#define LOOM_RUNTIME_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/loss/crossentropy.h"
+#include "runtime/model/config.h"
+#include "runtime/model/llm.h"
+#include "runtime/model/projector.h"
+#include "runtime/model/vit.h"
+
+namespace loom {
+
+// One training sample after preprocessing.
+struct Sample {
+  int num_tiles = 0;
+  std::vector<float> tiles;     // (num_tiles, 3, S, S), normalised
+  std::vector<int32_t> tokens;  // text ids, -1 at each image-token slot
+                                // (num_tiles * tokens_per_tile of them, in tile order)
+};
+
+// Loss tokens of a sample: positions whose next token is text.
+int64_t LossTokens(const Sample& s);
+
+// Packs samples into one LLM microbatch: tokens concatenated, targets = next
+// token where it is text (else -1), positions restarting per sample.
+LlmBatch PackSamples(const std::vector<const Sample*>& samples);
+
+class MultimodalModel {
+ public:
+  explicit MultimodalModel(const ModelConfig& config);
+
+  const ModelConfig& config() const { return config_; }
+  VitEncoder& vit() { return vit_; }
+  Projector& projector() { return projector_; }
+  Llm& llm() { return llm_; }
+  std::vector<ParamSet*> param_sets() {
+    return {&vit_.params(), &projector_.params(), &llm_.params()};
+  }
+
+  // Every module's parameters from `seed` (each module its own stream).
+  void Initialize(uint64_t seed);
+  void ZeroGrad();
+
+  // Forward and backward of one microbatch; gradients accumulate scaled by
+  // `grad_scale` (1 / loss tokens of the global batch). Returns the loss sum.
+  kernels::LossSum ForwardBackward(const std::vector<const Sample*>& microbatch, float grad_scale);
+  // Forward only.
+  kernels::LossSum Evaluate(const std::vector<const Sample*>& microbatch);
+
+ private:
+  void Forward(const std::vector<const Sample*>& microbatch);
+
+  ModelConfig config_;
+  VitEncoder vit_;
+  Projector projector_;
+  Llm llm_;
+  LlmBatch batch_;
+  std::vector<float> tiles_, vit_out_, image_emb_;
+  int num_tiles_ = 0;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_MODEL_MODEL_H_

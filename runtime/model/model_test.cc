@@ -1,0 +1,114 @@
+#include "runtime/model/model.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gradcheck.h"
+
+namespace loom {
+namespace {
+
+// A model small enough for finite differences through every module.
+ModelConfig Micro(bool pixel_shuffle) {
+  ModelConfig c;
+  c.name = "micro";
+  c.vit = {/*tile_size=*/8, /*patch=*/4, /*dim=*/8,
+           /*layers=*/1,    /*heads=*/2, /*mlp_hidden=*/16};
+  c.projector = {pixel_shuffle, /*hidden=*/12};
+  c.llm = {/*vocab=*/11, /*dim=*/8, /*layers=*/2, /*heads=*/2, /*ffn_hidden=*/12,
+           10000.0f,     64};
+  return c;
+}
+
+Sample MakeSample(const ModelConfig& c, int tiles, int text_before, int text_after, uint32_t seed) {
+  Sample s;
+  s.num_tiles = tiles;
+  s.tiles = testing::RandomVector(
+      static_cast<size_t>(tiles) * 3 * c.vit.tile_size * c.vit.tile_size, seed);
+  std::mt19937 rng(seed);
+  for (int i = 0; i < text_before; ++i) s.tokens.push_back(rng() % c.llm.vocab);
+  for (int i = 0; i < tiles * c.tokens_per_tile(); ++i) s.tokens.push_back(-1);
+  for (int i = 0; i < text_after; ++i) s.tokens.push_back(rng() % c.llm.vocab);
+  return s;
+}
+
+TEST(PackTest, TargetsArePredictableTextAndPositionsRestart) {
+  Sample a, b;
+  a.tokens = {5, -1, -1, 7, 8};
+  b.tokens = {3, 4};
+  LlmBatch p = PackSamples({&a, &b});
+  EXPECT_EQ(p.targets, (std::vector<int32_t>{-1, -1, 7, 8, -1, 4, -1}));
+  EXPECT_EQ(p.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1}));
+  EXPECT_EQ(p.cu_seqlens, (std::vector<int32_t>{0, 5, 7}));
+  EXPECT_EQ(LossTokens(a), 2);
+  EXPECT_EQ(LossTokens(b), 1);
+}
+
+class ModelGradientTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ModelGradientTest, EveryModuleMatchesFiniteDifferences) {
+  const ModelConfig c = Micro(GetParam());
+  MultimodalModel model(c);
+  model.Initialize(7);
+  // Larger weights than training init, so gradients are not all tiny.
+  for (ParamSet* ps : model.param_sets()) {
+    auto noise = testing::RandomVector(ps->size(), 99, 0.3f);
+    for (int64_t i = 0; i < ps->size(); ++i) ps->data()[i] += noise[i];
+  }
+  Sample s1 = MakeSample(c, 2, 2, 4, 1), s2 = MakeSample(c, 1, 0, 3, 2),
+         s3 = MakeSample(c, 0, 5, 0, 3);
+  std::vector<const Sample*> mb = {&s1, &s2, &s3};
+  const int64_t loss_tokens = LossTokens(s1) + LossTokens(s2) + LossTokens(s3);
+  const float scale = 1.0f / loss_tokens;
+  model.ZeroGrad();
+  model.ForwardBackward(mb, scale);
+  auto loss = [&] { return model.Evaluate(mb).sum * scale; };
+  for (ParamSet* ps : model.param_sets()) {
+    std::vector<float> analytic = ps->grads();
+    EXPECT_TRUE(testing::CheckGradient(loss, ps->data().data(), analytic.data(), ps->size(),
+                                       /*max_checks=*/150, /*h=*/1e-2f,
+                                       testing::kFiniteDifferenceModelF32));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PixelShuffle, ModelGradientTest, ::testing::Bool());
+
+TEST(ModelTest, GradientIsTheSameForAnySplitIntoMicrobatches) {
+  const ModelConfig c = Micro(false);
+  Sample s1 = MakeSample(c, 1, 3, 4, 11), s2 = MakeSample(c, 2, 1, 2, 12),
+         s3 = MakeSample(c, 0, 6, 0, 13);
+  const float scale = 1.0f / (LossTokens(s1) + LossTokens(s2) + LossTokens(s3));
+  MultimodalModel whole(c), split(c);
+  whole.Initialize(5);
+  split.Initialize(5);
+  whole.ZeroGrad();
+  split.ZeroGrad();
+  const double l_whole = whole.ForwardBackward({&s1, &s2, &s3}, scale).sum;
+  const double l_split =
+      split.ForwardBackward({&s3}, scale).sum + split.ForwardBackward({&s2, &s1}, scale).sum;
+  EXPECT_NEAR(l_whole, l_split, 1e-4 * l_whole);
+  auto a = whole.param_sets(), b = split.param_sets();
+  for (size_t m = 0; m < a.size(); ++m) {
+    EXPECT_TRUE(testing::AllClose(b[m]->grads().data(), a[m]->grads().data(), a[m]->size(),
+                                  testing::kSplitInvarianceF32));
+  }
+}
+
+TEST(ConfigTest, NamedConfigsAreValidAndSized) {
+  for (const std::string& name : ModelConfigNames()) {
+    absl::StatusOr<ModelConfig> c = ModelConfigByName(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_TRUE(ValidateModelConfig(*c).ok()) << name;
+  }
+  ModelConfig big = *ModelConfigByName("vit300m-llm1b");
+  EXPECT_NEAR(VitParameterCount(big.vit) / 1e6, 300, 15);
+  EXPECT_NEAR(LlmParameterCount(big.llm) / 1e9, 1.0, 0.1);
+  EXPECT_EQ(ModelConfigByName("huge").status().code(), absl::StatusCode::kNotFound);
+  ModelConfig bad = *ModelConfigByName("tiny");
+  bad.vit.patch = 7;
+  absl::Status s = ValidateModelConfig(bad);
+  EXPECT_NE(s.message().find("vit.tile_size"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace loom

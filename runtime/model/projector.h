@@ -1,0 +1,36 @@
+// The projector: ViT patch embeddings -> LLM-width image tokens.
+//
+//   (N·Np, Dv) -> [pixel shuffle: (N·Np/4, 4·Dv)] -> fc1 -> GELU -> fc2 -> (N·tokens, Dl)
+#ifndef LOOM_RUNTIME_MODEL_PROJECTOR_H_
+#define LOOM_RUNTIME_MODEL_PROJECTOR_H_
+
+#include <vector>
+
+#include "runtime/model/config.h"
+#include "runtime/model/params.h"
+
+namespace loom {
+
+class Projector {
+ public:
+  explicit Projector(const ModelConfig& config);
+
+  ParamSet& params() { return params_; }
+  int in_dim() const;
+
+  // in (N * Np, Dv) -> out (N * tokens_per_tile, Dl), N tiles.
+  void Forward(const float* in, int N, float* out);
+  // dout (N * tokens_per_tile, Dl) -> din (N * Np, Dv) +=; parameter gradients +=.
+  void Backward(const float* dout, float* din);
+
+ private:
+  ModelConfig config_;
+  ParamSet params_;
+  int fc1_w_, fc1_b_, fc2_w_, fc2_b_;
+  int N_ = 0;
+  std::vector<float> x_, h_, g_;  // shuffled input, fc1 output, GELU output
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_MODEL_PROJECTOR_H_
