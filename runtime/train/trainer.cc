@@ -1,0 +1,56 @@
+#include "runtime/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/base/log.h"
+
+namespace loom {
+
+LocalTrainer::LocalTrainer(MultimodalModel* model, TrainOptions options)
+    : model_(model), options_(options) {
+  LOOM_CHECK(options_.microbatches >= 1) << "microbatches must be >= 1";
+}
+
+StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepStats st;
+  st.step = ++step_;
+  st.samples = static_cast<int64_t>(batch.size());
+  for (const Sample& s : batch) {
+    st.loss_tokens += LossTokens(s);
+    st.tokens += static_cast<int64_t>(s.tokens.size());
+  }
+  LOOM_CHECK(st.loss_tokens > 0) << "global batch has no loss tokens";
+  const float scale = 1.0f / static_cast<float>(st.loss_tokens);
+
+  model_->ZeroGrad();
+  const int M = std::min<int>(options_.microbatches, static_cast<int>(batch.size()));
+  double loss_sum = 0;
+  for (int m = 0; m < M; ++m) {
+    const size_t begin = batch.size() * m / M, end = batch.size() * (m + 1) / M;
+    std::vector<const Sample*> mb;
+    for (size_t i = begin; i < end; ++i) mb.push_back(&batch[i]);
+    loss_sum += model_->ForwardBackward(mb, scale).sum;
+  }
+  st.loss = loss_sum / static_cast<double>(st.loss_tokens);
+
+  std::vector<kernels::GradSpan> grads;
+  for (ParamSet* p : model_->param_sets()) grads.push_back({p->grads().data(), p->size()});
+  st.grad_norm = kernels::clip_global_norm(grads, options_.clip_norm);
+
+  kernels::AdamWConfig adam = options_.adam;
+  if (options_.warmup_steps > 0 && step_ <= options_.warmup_steps) {
+    adam.lr *= static_cast<float>(step_) / static_cast<float>(options_.warmup_steps);
+  }
+  st.lr = adam.lr;
+  for (ParamSet* p : model_->param_sets()) {
+    ++p->step();
+    kernels::adamw_update(p->data().data(), p->grads().data(), p->adam_m().data(),
+                          p->adam_v().data(), p->size(), adam, p->step());
+  }
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+}  // namespace loom

@@ -1,0 +1,57 @@
+// Single-process training: the colocated baseline, and the numerical
+// reference that disaggregated training must match step by step.
+//
+// One Step() is one optimizer step over a global batch: the batch is split
+// into `microbatches` contiguous microbatches, each runs forward and backward
+// through encoder, projector and LLM with gradients scaled by 1 / (loss
+// tokens of the whole global batch); then the global gradient norm is
+// clipped over all three modules together and AdamW steps each.
+#ifndef LOOM_RUNTIME_TRAIN_TRAINER_H_
+#define LOOM_RUNTIME_TRAIN_TRAINER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/optim/optim.h"
+#include "runtime/model/model.h"
+
+namespace loom {
+
+struct TrainOptions {
+  int microbatches = 2;
+  kernels::AdamWConfig adam = {/*lr=*/1e-3f, /*beta1=*/0.9f, /*beta2=*/0.95f, /*eps=*/1e-8f,
+                               /*weight_decay=*/0.0f};
+  int warmup_steps = 10;   // linear learning-rate warm-up
+  double clip_norm = 1.0;  // <= 0: no clipping
+};
+
+struct StepStats {
+  int64_t step = 0;  // 1-based
+  double loss = 0;   // mean over the global batch's loss tokens
+  int64_t samples = 0;
+  int64_t tokens = 0;  // packed LLM tokens (text + image)
+  int64_t loss_tokens = 0;
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  double seconds = 0;
+};
+
+class LocalTrainer {
+ public:
+  // `model` is not owned and must outlive the trainer.
+  LocalTrainer(MultimodalModel* model, TrainOptions options);
+
+  StepStats Step(const std::vector<Sample>& global_batch);
+
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t step) { step_ = step; }
+
+ private:
+  MultimodalModel* model_;
+  TrainOptions options_;
+  int64_t step_ = 0;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_TRAIN_TRAINER_H_
