@@ -42,6 +42,24 @@ inline constexpr Tolerance kSplitInvarianceF32 = {
     "identical math, different fp32 summation order across microbatches and packed lengths "
     "(BLAS blocks differently for different M): a few ulps per accumulated term"};
 
+// The golden test: Loom's tiny model against the same model rebuilt in
+// PyTorch (CPU, fp32) from Loom's exported weights and inputs
+// (tests/golden). Written into the dump, so the Python side reads these.
+inline constexpr Tolerance kGoldenLogits = {
+    1e-4, 1e-4,
+    "same fp32 math in another library: OpenBLAS vs MKL-free torch GEMMs and torch's own "
+    "softmax/norm reductions sum in other orders; through 2+2 layers this stays ~1e-6 "
+    "relative, 1e-4 leaves room without hiding a wrong term (those are O(1e-2) and up)"};
+inline constexpr Tolerance kGoldenGrads = {
+    1e-6, 2e-3,
+    "gradients are small (1/loss_tokens scaling) and some are sums of many cancelling terms, "
+    "so their relative error is larger than the logits'; 0.2% still catches a missing or "
+    "wrong term"};
+inline constexpr Tolerance kGoldenLosses = {
+    1e-5, 1e-4,
+    "ten AdamW steps compound the per-step differences above; Adam's normalisation amplifies "
+    "differences on near-zero gradients, so allow 1e-4 relative on the loss"};
+
 }  // namespace loom::testing
 
 #endif  // LOOM_KERNELS_TESTING_TOLERANCES_H_

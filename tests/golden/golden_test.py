@@ -1,0 +1,256 @@
+#!/usr/bin/python3
+"""Golden test: Loom's tiny multimodal model rebuilt in PyTorch.
+
+Reads a dump written by golden_dump (dump_format.md), builds the same ViT,
+projector and LLM in PyTorch from Loom's exported weights, and checks, on the
+same inputs: the logits, the loss, every parameter gradient, then the losses
+of the training steps (AdamW, global-norm clipping, warm-up) against Loom's.
+Tolerances come from the dump (kernels/testing/tolerances.h).
+
+Run with Debian's /usr/bin/python3 (python3-torch). Exits non-zero on any
+mismatch, naming it.
+"""
+import math
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+torch.set_default_dtype(torch.float32)
+
+
+def read_dump(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    if buf[:8] != b"LOOMGOLD":
+        sys.exit(f"{path}: not a Loom golden dump")
+    version, n = struct.unpack_from("<II", buf, 8)
+    if version != 1:
+        sys.exit(f"{path}: dump version {version}, this reader knows 1")
+    off, out = 16, {}
+    for _ in range(n):
+        (ln,) = struct.unpack_from("<I", buf, off)
+        off += 4
+        name = buf[off:off + ln].decode()
+        off += ln
+        dtype, ndim = struct.unpack_from("<BI", buf, off)
+        off += 5
+        dims = list(struct.unpack_from(f"<{ndim}q", buf, off))
+        off += 8 * ndim
+        count = math.prod(dims)
+        tdtype = {0: torch.float32, 2: torch.int32}[dtype]
+        t = torch.frombuffer(bytearray(buf[off:off + 4 * count]), dtype=tdtype).reshape(dims)
+        off += 4 * count
+        out[name] = t.clone()
+    return out
+
+
+class Cfg:
+    def __init__(self, c, hp):
+        (self.S, self.P, self.Dv, self.Lv, self.Hv, self.Mv, ps, self.Hp, self.V, self.D,
+         self.L, self.H, self.Fh, self.steps, self.micro, self.warmup) = c.tolist()
+        self.pixel_shuffle = bool(ps)
+        self.lr, self.b1, self.b2, self.eps, self.wd, self.clip, self.theta = hp.tolist()
+        self.G = self.S // self.P
+        self.Np = self.G * self.G
+        self.tpt = self.Np // 4 if self.pixel_shuffle else self.Np
+
+
+def params_of(d, prefix):
+    return {k[len(prefix):]: v.clone().requires_grad_(True) for k, v in d.items()
+            if k.startswith(prefix)}
+
+
+def vit_forward(cfg, p, tiles):
+    N = tiles.shape[0]
+    G, P = cfg.G, cfg.P
+    # patchify: rows (n, gy, gx), columns (c, y, x)
+    x = tiles.reshape(N, 3, G, P, G, P).permute(0, 2, 4, 1, 3, 5).reshape(N * G * G, 3 * P * P)
+    x = F.linear(x, p["patch_embed.weight"], p["patch_embed.bias"])
+    x = (x.reshape(N, cfg.Np, cfg.Dv) + p["pos_embed"]).reshape(N * cfg.Np, cfg.Dv)
+    hd = cfg.Dv // cfg.Hv
+    for l in range(cfg.Lv):
+        b = f"blocks.{l}."
+        h = F.layer_norm(x, (cfg.Dv,), p[b + "ln1.weight"], p[b + "ln1.bias"], eps=1e-5)
+        qkv = F.linear(h, p[b + "attn.qkv.weight"], p[b + "attn.qkv.bias"])
+        qkv = qkv.reshape(N, cfg.Np, 3, cfg.Hv, hd).permute(2, 0, 3, 1, 4)  # 3, N, H, Np, hd
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
+        o = (att @ v).permute(0, 2, 1, 3).reshape(N * cfg.Np, cfg.Dv)
+        x = x + F.linear(o, p[b + "attn.proj.weight"], p[b + "attn.proj.bias"])
+        h = F.layer_norm(x, (cfg.Dv,), p[b + "ln2.weight"], p[b + "ln2.bias"], eps=1e-5)
+        h = F.gelu(F.linear(h, p[b + "mlp.fc1.weight"], p[b + "mlp.fc1.bias"]), approximate="tanh")
+        x = x + F.linear(h, p[b + "mlp.fc2.weight"], p[b + "mlp.fc2.bias"])
+    return F.layer_norm(x, (cfg.Dv,), p["ln_f.weight"], p["ln_f.bias"], eps=1e-5)
+
+
+def projector_forward(cfg, p, x, N):
+    if cfg.pixel_shuffle:
+        G, C = cfg.G, cfg.Dv
+        x = x.reshape(N, G // 2, 2, G // 2, 2, C).permute(0, 1, 3, 2, 4, 5)
+        x = x.reshape(N * (G // 2) * (G // 2), 4 * C)
+    h = F.gelu(F.linear(x, p["fc1.weight"], p["fc1.bias"]), approximate="tanh")
+    return F.linear(h, p["fc2.weight"], p["fc2.bias"])
+
+
+def rms_norm(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, pos, theta):
+    # x: (T, H, hd), interleaved pairs (2i, 2i+1), angle = pos * theta^(-2i/hd)
+    hd = x.shape[-1]
+    i = torch.arange(hd // 2, dtype=torch.float64)
+    ang = pos.to(torch.float64)[:, None] * torch.pow(torch.tensor(theta, dtype=torch.float64),
+                                                      -2.0 * i / hd)[None, :]
+    c, s = torch.cos(ang).float()[:, None, :], torch.sin(ang).float()[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+def llm_forward(cfg, p, tokens, positions, seq_ids, image_emb):
+    T = tokens.shape[0]
+    x = F.embedding(tokens.clamp(min=0).long(), p["wte"])
+    img = (tokens < 0)
+    if image_emb is not None and img.any():
+        x = x.clone()
+        x[img] = image_emb
+    hd = cfg.D // cfg.H
+    same = seq_ids[:, None] == seq_ids[None, :]
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    mask = same & causal
+    for l in range(cfg.L):
+        b = f"layers.{l}."
+        h = rms_norm(x, p[b + "attn_norm.weight"])
+        qkv = F.linear(h, p[b + "attn.qkv.weight"]).reshape(T, 3, cfg.H, hd)
+        q = rope(qkv[:, 0], positions, cfg.theta).transpose(0, 1)  # H, T, hd
+        k = rope(qkv[:, 1], positions, cfg.theta).transpose(0, 1)
+        v = qkv[:, 2].transpose(0, 1)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        s = s.masked_fill(~mask, float("-inf"))
+        o = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(T, cfg.D)
+        x = x + F.linear(o, p[b + "attn.proj.weight"])
+        h = rms_norm(x, p[b + "mlp_norm.weight"])
+        m = F.silu(F.linear(h, p[b + "mlp.gate.weight"])) * F.linear(h, p[b + "mlp.up.weight"])
+        x = x + F.linear(m, p[b + "mlp.down.weight"])
+    return F.linear(rms_norm(x, p["norm.weight"]), p["lm_head.weight"])
+
+
+def pack(samples):
+    """samples: list of (tiles, tokens). Returns tiles, tokens, targets, positions, seq_ids."""
+    tiles = [t for t, _ in samples if t.shape[0] > 0]
+    toks, tgts, pos, sid = [], [], [], []
+    for i, (_, tk) in enumerate(samples):
+        L = tk.shape[0]
+        nxt = torch.cat([tk[1:], torch.tensor([-1], dtype=torch.int32)])
+        toks.append(tk)
+        tgts.append(torch.where(nxt >= 0, nxt, torch.tensor(-1, dtype=torch.int32)))
+        pos.append(torch.arange(L))
+        sid.append(torch.full((L,), i))
+    return (torch.cat(tiles) if tiles else None, torch.cat(toks), torch.cat(tgts), torch.cat(pos),
+            torch.cat(sid))
+
+
+def step_samples(d, s):
+    counts = d[f"step{s}/tile_counts"].tolist()
+    lengths = d[f"step{s}/lengths"].tolist()
+    tiles, tokens = d[f"step{s}/tiles"], d[f"step{s}/tokens"]
+    out, ti, to = [], 0, 0
+    for c, L in zip(counts, lengths):
+        out.append((tiles[ti:ti + c], tokens[to:to + L]))
+        ti += c
+        to += L
+    return out
+
+
+def microbatch_loss_sum(cfg, P, samples):
+    tiles, tokens, targets, positions, seq_ids = pack(samples)
+    image_emb = None
+    if tiles is not None:
+        image_emb = projector_forward(cfg, P["projector"], vit_forward(cfg, P["vit"], tiles),
+                                      tiles.shape[0])
+    logits = llm_forward(cfg, P["llm"], tokens, positions, seq_ids, image_emb)
+    loss = F.cross_entropy(logits, targets.long(), ignore_index=-1, reduction="sum")
+    return logits, loss, int((targets >= 0).sum())
+
+
+def check(name, got, want, tol, failures):
+    atol, rtol = tol
+    bad = (got - want).abs() > atol + rtol * want.abs()
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        failures.append(f"{name}: {int(bad.sum())} of {bad.numel()} off; first [{i}] torch "
+                        f"{got.flatten()[i].item():.7g} vs loom {want.flatten()[i].item():.7g}")
+    return float((got - want).abs().max()) if got.numel() else 0.0
+
+
+def main():
+    d = read_dump(sys.argv[1])
+    cfg = Cfg(d["config"], d["hparams"])
+    tol = {k: d[f"tolerance/{k}"].tolist() for k in ("logits", "grads", "losses")}
+    P = {m: params_of(d, f"param/{m}/") for m in ("vit", "projector", "llm")}
+    failures = []
+
+    # 1. Logits and loss at the initial weights, step 0's batch as one microbatch.
+    samples = step_samples(d, 0)
+    logits, loss_sum, n = microbatch_loss_sum(cfg, P, samples)
+    err_logits = check("logits", logits.detach(), d["logits"], tol["logits"], failures)
+    loss0 = loss_sum.item() / n
+    check("loss", torch.tensor([loss0]), d["loss"], tol["logits"], failures)
+
+    # 2. Gradients: microbatched as Loom does, each scaled by 1 / global loss tokens.
+    M = cfg.micro
+    total = loss_sum.new_zeros(())
+    for m in range(M):
+        mb = samples[len(samples) * m // M: len(samples) * (m + 1) // M]
+        _, ls, _ = microbatch_loss_sum(cfg, P, mb)
+        total = total + ls / n
+    total.backward()
+    worst = 0.0
+    for mod in P:
+        for name, t in P[mod].items():
+            worst = max(worst, check(f"grad/{mod}/{name}", t.grad, d[f"grad/{mod}/{name}"],
+                                     tol["grads"], failures))
+
+    # 3. Training steps from the same initial weights.
+    P = {m: params_of(d, f"param/{m}/") for m in ("vit", "projector", "llm")}
+    all_params = [t for mod in P.values() for t in mod.values()]
+    opt = torch.optim.AdamW(all_params, lr=cfg.lr, betas=(cfg.b1, cfg.b2), eps=cfg.eps,
+                            weight_decay=cfg.wd)
+    losses = []
+    for s in range(cfg.steps):
+        opt.zero_grad()
+        samples = step_samples(d, s)
+        _, _, n = microbatch_loss_sum(cfg, P, samples)
+        n = sum(int(((torch.cat([tk[1:], torch.tensor([-1], dtype=torch.int32)])) >= 0).sum())
+                for _, tk in samples)
+        total = 0.0
+        for m in range(M):
+            mb = samples[len(samples) * m // M: len(samples) * (m + 1) // M]
+            _, ls, _ = microbatch_loss_sum(cfg, P, mb)
+            (ls / n).backward()
+            total += ls.item()
+        losses.append(total / n)
+        torch.nn.utils.clip_grad_norm_(all_params, cfg.clip)
+        warm = min(1.0, (s + 1) / cfg.warmup) if cfg.warmup > 0 else 1.0
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * warm
+        opt.step()
+    check("losses", torch.tensor(losses), d["losses"], tol["losses"], failures)
+
+    print(f"golden: logits max|diff| {err_logits:.3g}, loss torch {loss0:.6f} loom "
+          f"{d['loss'].item():.6f}, worst grad |diff| {worst:.3g}")
+    print("golden: losses torch " + " ".join(f"{x:.5f}" for x in losses))
+    print("golden: losses loom  " + " ".join(f"{x:.5f}" for x in d["losses"].tolist()))
+    if failures:
+        print("golden: FAILED\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print("golden: all match")
+
+
+if __name__ == "__main__":
+    main()
