@@ -13,10 +13,11 @@
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
 #include "runtime/train/synthetic_data.h"
+#include "runtime/train/train_checkpoint.h"
 #include "runtime/train/trainer.h"
 
 ABSL_FLAG(std::string, config, "tiny", "Model config: tiny, vit300m-llm1b, vit300m-llm7b.");
-ABSL_FLAG(int, steps, 100, "Optimizer steps.");
+ABSL_FLAG(int, steps, 100, "Train until this many optimizer steps have been taken.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the weights and the data.");
 ABSL_FLAG(bool, shuffle_images, false,
           "Pair each caption with another sample's image (the control run).");
@@ -26,6 +27,9 @@ ABSL_FLAG(double, lr, 1e-3, "Peak AdamW learning rate.");
 ABSL_FLAG(int, warmup_steps, 10, "Linear learning-rate warm-up steps.");
 ABSL_FLAG(double, clip_norm, 1.0, "Global gradient-norm clip; <= 0 disables.");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Folder for checkpoints (DIR/step-N/...).");
+ABSL_FLAG(int, checkpoint_every, 0, "Save a checkpoint every K steps (0: never).");
+ABSL_FLAG(bool, resume, false, "Continue from the last complete checkpoint in --checkpoint_dir.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("loom-train-local: single-process multimodal training.");
@@ -53,8 +57,29 @@ int main(int argc, char** argv) {
   options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   options.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   loom::LocalTrainer trainer(&model, options);
+  const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const int every = absl::GetFlag(FLAGS_checkpoint_every);
+  if ((every > 0 || absl::GetFlag(FLAGS_resume)) && ckpt_dir.empty()) {
+    std::fprintf(stderr,
+                 "loom-train-local: --checkpoint_every and --resume need --checkpoint_dir\n");
+    return 1;
+  }
+  int first_step = 0;
+  if (absl::GetFlag(FLAGS_resume)) {
+    absl::StatusOr<int64_t> latest = loom::LatestCompleteCheckpoint(ckpt_dir);
+    absl::Status loaded =
+        latest.ok() ? loom::LoadTrainingCheckpoint(model, *latest, ckpt_dir) : latest.status();
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "loom-train-local: --resume: %s\n",
+                   std::string(loaded.message()).c_str());
+      return 1;
+    }
+    first_step = static_cast<int>(*latest);
+    trainer.set_steps_taken(first_step);
+    std::fprintf(stderr, "loom-train-local: resumed from step %d\n", first_step);
+  }
 
-  for (int s = 0; s < steps; ++s) {
+  for (int s = first_step; s < steps; ++s) {
     std::vector<loom::Sample> global_batch;
     for (int i = 0; i < batch; ++i)
       global_batch.push_back(data.Get(static_cast<int64_t>(s) * batch + i));
@@ -65,6 +90,13 @@ int main(int argc, char** argv) {
         static_cast<long long>(st.step), st.loss, static_cast<long long>(st.samples),
         static_cast<long long>(st.tokens), st.seconds, st.grad_norm, st.lr);
     std::fflush(stdout);
+    if (every > 0 && st.step % every == 0) {
+      if (absl::Status c = loom::SaveTrainingCheckpoint(model, st.step, ckpt_dir); !c.ok()) {
+        std::fprintf(stderr, "loom-train-local: checkpoint: %s\n",
+                     std::string(c.message()).c_str());
+        return 1;
+      }
+    }
   }
   return 0;
 }

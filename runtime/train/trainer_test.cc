@@ -1,10 +1,12 @@
 #include "runtime/train/trainer.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
 #include "runtime/train/synthetic_data.h"
+#include "runtime/train/train_checkpoint.h"
 
 namespace loom {
 namespace {
@@ -62,6 +64,42 @@ TEST(TrainerTest, LearnsToUseTheImages) {
   const double r = MeanOfLast(real, 50), c = MeanOfLast(control, 50);
   EXPECT_GT(c, 0.7);
   EXPECT_LT(r, c - 0.15) << "real " << r << " control " << c;
+}
+
+// Trains steps [from, to) of a run, starting from `model` as it is.
+std::vector<double> TrainRange(MultimodalModel& model, int from, int to, uint64_t seed) {
+  SyntheticCaptions data(model.config(), seed, false);
+  LocalTrainer trainer(&model, TrainOptions());
+  trainer.set_steps_taken(from);
+  std::vector<double> losses;
+  for (int s = from; s < to; ++s) {
+    std::vector<Sample> batch;
+    for (int i = 0; i < 8; ++i) batch.push_back(data.Get(s * 8 + i));
+    losses.push_back(trainer.Step(batch).loss);
+  }
+  return losses;
+}
+
+TEST(TrainerTest, ResumingFromACheckpointContinuesTheSameRun) {
+  const ModelConfig c = *ModelConfigByName("tiny");
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ckpt";
+  MultimodalModel straight(c);
+  straight.Initialize(6);
+  const std::vector<double> all = TrainRange(straight, 0, 20, 6);
+
+  MultimodalModel first(c);
+  first.Initialize(6);
+  std::vector<double> resumed = TrainRange(first, 0, 10, 6);
+  ASSERT_TRUE(SaveTrainingCheckpoint(first, 10, dir).ok());
+  MultimodalModel second(c);
+  second.Initialize(123);  // anything: the checkpoint replaces it
+  absl::StatusOr<int64_t> latest = LatestCompleteCheckpoint(dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 10);
+  ASSERT_TRUE(LoadTrainingCheckpoint(second, 10, dir).ok());
+  const std::vector<double> rest = TrainRange(second, 10, 20, 6);
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  EXPECT_EQ(resumed, all);  // bit for bit: same math in the same order
 }
 
 TEST(SyntheticCaptionsTest, DeterministicAndShuffleKeepsCaptions) {

@@ -1,0 +1,198 @@
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom {
+namespace {
+
+uint64_t Fnv1a(const std::string& data) {
+  uint64_t h = 14695981039346656037ULL;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+template <typename T>
+void Put(std::string* out, const T& v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+void PutString(std::string* out, const std::string& s) {
+  Put(out, static_cast<uint32_t>(s.size()));
+  out->append(s);
+}
+
+// Reads from a byte buffer with bounds checks.
+class Reader {
+ public:
+  explicit Reader(const std::string& data) : data_(data) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (pos_ + sizeof(T) > data_.size()) return false;
+    std::memcpy(v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetString(std::string* s, uint32_t max = 4096) {
+    uint32_t n;
+    if (!Get(&n) || n > max || pos_ + n > data_.size()) return false;
+    s->assign(data_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool GetFloats(float* dst, int64_t n) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    if (n < 0 || pos_ + bytes > data_.size()) return false;
+    std::memcpy(dst, data_.data() + pos_, bytes);
+    pos_ += bytes;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  const std::string& data_;
+  size_t pos_ = 0;
+};
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::Status MakeDirectories(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!partial.empty() && mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        return Errno("mkdir", partial);
+      }
+    }
+    if (i < dir.size()) partial.push_back(dir[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("open", tmp);
+  size_t done = 0;
+  while (done < contents.size()) {
+    ssize_t n = write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      close(fd);
+      return Errno("write", tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    close(fd);
+    return Errno("fsync", tmp);
+  }
+  if (close(fd) != 0) return Errno("close", tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("rename to", path);
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  int dfd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SaveModuleCheckpoint(ParamSet& params, const std::string& module,
+                                  const std::string& path) {
+  std::string out;
+  out.append("LOOMCKPT", 8);
+  Put(&out, kCheckpointVersion);
+  PutString(&out, module);
+  Put(&out, static_cast<int64_t>(params.step()));
+  Put(&out, static_cast<uint32_t>(params.specs().size()));
+  for (const ParamSpec& s : params.specs()) {
+    PutString(&out, s.name);
+    Put(&out, static_cast<uint32_t>(s.shape.size()));
+    for (int64_t d : s.shape) Put(&out, d);
+  }
+  for (const std::vector<float>* v : {&params.data(), &params.adam_m(), &params.adam_v()}) {
+    out.append(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(float));
+  }
+  Put(&out, Fnv1a(out));
+  return WriteFileAtomically(path, out);
+}
+
+absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& module,
+                                  ParamSet* params) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", path, " cannot be opened"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string data = ss.str();
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", what));
+  };
+  if (data.size() < 8 + 4 + 8 || data.compare(0, 8, "LOOMCKPT") != 0) {
+    return corrupt("not a Loom checkpoint (bad magic)");
+  }
+  uint64_t stored;
+  std::memcpy(&stored, data.data() + data.size() - 8, 8);
+  if (Fnv1a(data.substr(0, data.size() - 8)) != stored) return corrupt("checksum mismatch");
+  Reader r(data);
+  char magic[8];
+  r.Get(&magic);
+  uint32_t version;
+  std::string name;
+  int64_t step;
+  uint32_t count;
+  if (!r.Get(&version)) return corrupt("truncated header");
+  if (version != kCheckpointVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", path, ": version ", version,
+                                                      ", this build reads ", kCheckpointVersion));
+  }
+  if (!r.GetString(&name) || !r.Get(&step) || !r.Get(&count)) return corrupt("truncated header");
+  if (name != module) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, " holds module '", name, "', not '", module, "'"));
+  }
+  if (count != params->specs().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", path, " has ", count, " tensors, the model has ", params->specs().size()));
+  }
+  for (const ParamSpec& s : params->specs()) {
+    std::string tname;
+    uint32_t ndim;
+    if (!r.GetString(&tname) || !r.Get(&ndim) || ndim > 8) return corrupt("truncated table");
+    Shape shape(ndim);
+    for (uint32_t i = 0; i < ndim; ++i) {
+      if (!r.Get(&shape[i])) return corrupt("truncated table");
+    }
+    if (tname != s.name || shape != s.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": tensor '", tname, "' ",
+                                                     ShapeString(shape), " where the model has '",
+                                                     s.name, "' ", ShapeString(s.shape)));
+    }
+  }
+  if (!r.GetFloats(params->data().data(), params->size()) ||
+      !r.GetFloats(params->adam_m().data(), params->size()) ||
+      !r.GetFloats(params->adam_v().data(), params->size())) {
+    return corrupt("truncated tensor data");
+  }
+  if (r.pos() + 8 != data.size()) return corrupt("trailing bytes");
+  params->step() = step;
+  return absl::OkStatus();
+}
+
+}  // namespace loom
