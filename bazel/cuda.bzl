@@ -53,7 +53,7 @@ exports_files(["defs.bzl", "nvcc"])
 
 filegroup(
     name = "headers",
-    srcs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"]),
+    srcs = glob(["include/**"]),
 )
 
 cc_library(
@@ -87,7 +87,8 @@ def loom_cuda_library(name, srcs = [], hdrs = [], cu_deps = [], deps = [], **kwa
 
     Args:
       name: the cc_library's name.
-      srcs: .cu files and any .cc/.h files compiled by the C++ compiler.
+      srcs: .cu files (nvcc), .cuh headers they include (nvcc only), and any
+        .cc/.h files compiled by the C++ compiler.
       hdrs: public headers.
       cu_deps: headers (files or filegroups) that the .cu files include from
         other packages; they become inputs of the nvcc action.
@@ -95,13 +96,14 @@ def loom_cuda_library(name, srcs = [], hdrs = [], cu_deps = [], deps = [], **kwa
       **kwargs: passed to cc_library.
     """
     cu_srcs = [s for s in srcs if s.endswith(".cu")]
-    cc_srcs = [s for s in srcs if not s.endswith(".cu")]
+    cu_hdrs = [s for s in srcs if s.endswith(".cuh")]  # nvcc inputs only
+    cc_srcs = [s for s in srcs if not s.endswith(".cu") and not s.endswith(".cuh")]
     objs = []
     for src in cu_srcs:
         obj = "_nvcc_%s_%s" % (name, src.replace("/", "_").replace(".cu", ".pic.o"))
         native.genrule(
             name = obj + "_gen",
-            srcs = [src] + hdrs + [s for s in cc_srcs if s.endswith(".h")] + cu_deps + ["@local_cuda//:headers"],
+            srcs = [src] + hdrs + cu_hdrs + [s for s in cc_srcs if s.endswith(".h")] + cu_deps + ["@local_cuda//:headers"],
             outs = [obj],
             cmd = select({
                 "//bazel:cuda_enabled": " ".join([

@@ -27,6 +27,19 @@ inline constexpr Tolerance kFiniteDifferenceF32 = {
     "error O(h^2)~1e-4 plus forward rounding eps*|L|/h ~ 1e-4 relative; 2% relative covers "
     "both with margin on small gradients"};
 
+// A CUDA kernel against its CPU reference, fp32 (kernels/cuda).
+inline constexpr Tolerance kCudaVsCpuF32 = {
+    1e-5, 1e-4,
+    "fp32 on both sides, but GPU reductions sum in tree order, atomics in arbitrary order, and "
+    "expf/tanhf/sincos differ from glibc by a few ulps; 1e-4 relative is ~1000 ulps"};
+
+// bf16 GEMM (fp32 accumulation) against the fp32 CPU GEMM of the same,
+// already bf16-rounded, inputs.
+inline constexpr Tolerance kCudaBf16GemmVsCpu = {
+    1e-3, 1e-3,
+    "inputs are exactly representable (rounded to bf16 first) and products are exact in fp32; "
+    "only the fp32 accumulation order differs (tensor-core tiles), K up to 256"};
+
 // The whole model's gradient (ViT, projector, LLM together) against central
 // finite differences of its fp32 forward.
 inline constexpr Tolerance kFiniteDifferenceModelF32 = {

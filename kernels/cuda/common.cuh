@@ -1,0 +1,43 @@
+// Shared pieces of the CUDA kernels: launch geometry and block reductions.
+#ifndef LOOM_KERNELS_CUDA_COMMON_CUH_
+#define LOOM_KERNELS_CUDA_COMMON_CUH_
+
+#include <cstdint>
+
+#include "runtime/backends/cuda/cuda_check.h"
+
+namespace loom::kernels::cuda {
+
+inline constexpr int kThreads = 256;
+
+inline int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+// Sum of `v` over the block; every thread gets the result. blockDim.x must be
+// a multiple of 32 and at most 1024. `scratch` holds 32 floats.
+__device__ inline float BlockSum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+
+__device__ inline float BlockMax(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  return v;
+}
+
+}  // namespace loom::kernels::cuda
+
+#endif  // LOOM_KERNELS_CUDA_COMMON_CUH_

@@ -1,0 +1,173 @@
+// Elementwise and scatter kernels: GELU, SwiGLU, RoPE, token embedding,
+// AdamW, and the pieces of global-norm clipping.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+#define LOOM_GRID_LOOP(i, n)                                                             \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+__global__ void GeluForward(float* out, const float* x, int64_t n) {
+  LOOM_GRID_LOOP(i, n) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanhf(kGeluScale * (v + kGeluCubic * v * v * v)));
+  }
+}
+
+__global__ void GeluBackward(float* dx, const float* x, const float* dout, int64_t n) {
+  LOOM_GRID_LOOP(i, n) {
+    const float v = x[i];
+    const float t = tanhf(kGeluScale * (v + kGeluCubic * v * v * v));
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+    dx[i] += dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+__global__ void SwigluForward(float* out, const float* gate, const float* up, int64_t n) {
+  LOOM_GRID_LOOP(i, n) {
+    const float a = gate[i];
+    out[i] = a / (1.0f + expf(-a)) * up[i];
+  }
+}
+
+__global__ void SwigluBackward(float* dgate, float* dup, const float* gate, const float* up,
+                               const float* dout, int64_t n) {
+  LOOM_GRID_LOOP(i, n) {
+    const float a = gate[i], s = 1.0f / (1.0f + expf(-a));
+    dup[i] += dout[i] * a * s;
+    dgate[i] += dout[i] * up[i] * s * (1.0f + a * (1.0f - s));
+  }
+}
+
+// One thread per (row, pair i, head, part q/k).
+__global__ void Rope(float* qkv, const int32_t* pos, int T, int NH, int HD, float theta,
+                     float sign) {
+  const int half = HD / 2;
+  const int64_t n = static_cast<int64_t>(T) * half * NH * 2;
+  LOOM_GRID_LOOP(idx, n) {
+    int64_t r = idx;
+    const int part = r % 2;
+    r /= 2;
+    const int h = r % NH;
+    r /= NH;
+    const int i = r % half;
+    const int t = static_cast<int>(r / half);
+    const double freq = pow(static_cast<double>(theta), -2.0 * i / HD);
+    double sd, cd;
+    sincos(pos[t] * freq, &sd, &cd);
+    const float c = static_cast<float>(cd), s = sign * static_cast<float>(sd);
+    float* x = qkv + static_cast<int64_t>(t) * 3 * NH * HD + part * NH * HD + h * HD + 2 * i;
+    const float x0 = x[0], x1 = x[1];
+    x[0] = x0 * c - x1 * s;
+    x[1] = x0 * s + x1 * c;
+  }
+}
+
+__global__ void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, int T,
+                                 int C) {
+  LOOM_GRID_LOOP(i, static_cast<int64_t>(T) * C) {
+    const int t = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    if (tokens[t] >= 0) out[i] = wte[static_cast<int64_t>(tokens[t]) * C + c];
+  }
+}
+
+__global__ void EmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int T,
+                                  int C) {
+  LOOM_GRID_LOOP(i, static_cast<int64_t>(T) * C) {
+    const int t = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    if (tokens[t] >= 0) atomicAdd(&dwte[static_cast<int64_t>(tokens[t]) * C + c], dout[i]);
+  }
+}
+
+__global__ void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1,
+                      float b2, float eps, float decay, float bc1, float bc2) {
+  LOOM_GRID_LOOP(i, n) {
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    p[i] = p[i] * decay - lr * (m[i] / bc1) / (sqrtf(v[i] / bc2) + eps);
+  }
+}
+
+__global__ void SumSquares(float* out, const float* x, int64_t n) {
+  __shared__ float scratch[32];
+  float s = 0;
+  LOOM_GRID_LOOP(i, n) s += x[i] * x[i];
+  s = BlockSum(s, scratch);
+  if (threadIdx.x == 0) atomicAdd(out, s);
+}
+
+__global__ void Scale(float* x, float f, int64_t n) { LOOM_GRID_LOOP(i, n) x[i] *= f; }
+
+int GridFor(int64_t n) { return static_cast<int>(std::min<int64_t>(Blocks(n), 65535)); }
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+  GeluForward<<<GridFor(n), kThreads>>>(out, inp, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  GeluBackward<<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  SwigluForward<<<GridFor(n), kThreads>>>(out, gate, up, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
+                     const float* dout, int64_t n) {
+  SwigluBackward<<<GridFor(n), kThreads>>>(dgate, dup, gate, up, dout, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope_forward(float* qkv, const int32_t* positions, int T, int NH, int HD, float theta) {
+  Rope<<<GridFor(static_cast<int64_t>(T) * HD * NH), kThreads>>>(qkv, positions, T, NH, HD, theta,
+                                                                 1.0f);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope_backward(float* dqkv, const int32_t* positions, int T, int NH, int HD, float theta) {
+  Rope<<<GridFor(static_cast<int64_t>(T) * HD * NH), kThreads>>>(dqkv, positions, T, NH, HD, theta,
+                                                                 -1.0f);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int T, int C) {
+  EmbeddingForward<<<GridFor(static_cast<int64_t>(T) * C), kThreads>>>(out, tokens, wte, T, C);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int T, int C) {
+  EmbeddingBackward<<<GridFor(static_cast<int64_t>(T) * C), kThreads>>>(dwte, dout, tokens, T, C);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  AdamW<<<GridFor(n), kThreads>>>(param, grad, m, v, n, lr, beta1, beta2, eps,
+                                  1.0f - lr * weight_decay, bc1, bc2);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void sum_squares(float* out, const float* x, int64_t n) {
+  SumSquares<<<GridFor(n), kThreads>>>(out, x, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale(float* x, float factor, int64_t n) {
+  Scale<<<GridFor(n), kThreads>>>(x, factor, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace loom::kernels::cuda

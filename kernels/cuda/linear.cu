@@ -1,0 +1,98 @@
+// Linear layers on cuBLAS (fp32 and bf16 with fp32 accumulation).
+//
+// cuBLAS is column-major; a row-major (R, C) matrix is a column-major (C, R)
+// one. So out (M,N) = inp (M,K) · Wᵀ becomes, column-major,
+// outᵀ (N,M) = W' (N,K) · inp' (K,M), with W' = op_T of W stored (K,N).
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+__global__ void BroadcastRows(float* out, const float* bias, int M, int N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < static_cast<int64_t>(M) * N) out[i] = bias[i % N];
+}
+
+// dbias[n] += sum_m dout[m, n]; one thread per column.
+__global__ void ColumnSums(float* dbias, const float* dout, int M, int N) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float s = 0;
+  for (int m = 0; m < M; ++m) s += dout[static_cast<int64_t>(m) * N + n];
+  dbias[n] += s;
+}
+
+__global__ void ToBf16(__nv_bfloat16* out, const float* in, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+}
+
+__global__ void FromBf16(float* out, const __nv_bfloat16* in, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+cublasHandle_t Handle() { return static_cast<cublasHandle_t>(CublasHandle()); }
+
+}  // namespace
+
+void* CublasHandle() {
+  thread_local cublasHandle_t handle = [] {
+    cublasHandle_t h;
+    LOOM_CUBLAS_CHECK(cublasCreate(&h));
+    return h;
+  }();
+  return handle;
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M,
+                    int K, int N) {
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    BroadcastRows<<<Blocks(static_cast<int64_t>(M) * N), kThreads>>>(out, bias, M, N);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+    beta = 1.0f;
+  }
+  const float alpha = 1.0f;
+  LOOM_CUBLAS_CHECK(cublasSgemm(Handle(), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, weight, K, inp,
+                                K, &beta, out, N));
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int M, int K, int N) {
+  const float one = 1.0f;
+  if (dinp != nullptr) {  // dinpᵀ (K,M) += W' (K,N) · doutᵀ (N,M)
+    LOOM_CUBLAS_CHECK(cublasSgemm(Handle(), CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, weight, K,
+                                  dout, N, &one, dinp, K));
+  }
+  // dWᵀ (K,N) += inpᵀ (K,M) · dout (M,N)
+  LOOM_CUBLAS_CHECK(cublasSgemm(Handle(), CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, &one, inp, K, dout, N,
+                                &one, dweight, K));
+  if (dbias != nullptr) {
+    ColumnSums<<<Blocks(N), kThreads>>>(dbias, dout, M, N);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
+                         int N) {
+  const float alpha = 1.0f, beta = 0.0f;
+  LOOM_CUBLAS_CHECK(cublasGemmEx(Handle(), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, weight,
+                                 CUDA_R_16BF, K, inp, CUDA_R_16BF, K, &beta, out, CUDA_R_32F, N,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void f32_to_bf16(uint16_t* out, const float* in, int64_t n) {
+  ToBf16<<<Blocks(n), kThreads>>>(reinterpret_cast<__nv_bfloat16*>(out), in, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void bf16_to_f32(float* out, const uint16_t* in, int64_t n) {
+  FromBf16<<<Blocks(n), kThreads>>>(out, reinterpret_cast<const __nv_bfloat16*>(in), n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace loom::kernels::cuda

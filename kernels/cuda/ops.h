@@ -1,0 +1,76 @@
+// CUDA kernels for every op of the model, the same contracts as the CPU
+// versions in kernels/<op>/ (shapes, accumulate-in-backward, masks), on
+// device pointers, on the default stream. Built with --config=cuda; checked
+// against the CPU references by kernels/cuda:ops_cuda_test where a GPU is
+// visible (one op table, as ggml's test-backend-ops).
+//
+// Launch errors are checked (LOOM_CUDA_CHECK); the calls are asynchronous
+// otherwise: synchronise before reading results on the host.
+#ifndef LOOM_KERNELS_CUDA_OPS_H_
+#define LOOM_KERNELS_CUDA_OPS_H_
+
+#include <cstdint>
+
+namespace loom::kernels::cuda {
+
+// A cuBLAS handle for the calling thread (created on first use).
+void* CublasHandle();
+
+// Linear layer (kernels/matmul/matmul.h) with cuBLAS, fp32.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M,
+                    int K, int N);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int M, int K, int N);
+
+// bf16 inputs (raw uint16 bit patterns), fp32 accumulation and output:
+// out (M,N) = inp (M,K) · weight (N,K)ᵀ. Tensor cores on sm_80+.
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
+                         int N);
+void f32_to_bf16(uint16_t* out, const float* in, int64_t n);  // round to nearest even
+void bf16_to_f32(float* out, const uint16_t* in, int64_t n);
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rrms, int N, int C);
+
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
+                     const float* dout, int64_t n);
+
+void rope_forward(float* qkv, const int32_t* positions, int T, int NH, int HD, float theta);
+void rope_backward(float* dqkv, const int32_t* positions, int T, int NH, int HD, float theta);
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int T, int C);
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int T, int C);
+
+// Packed varlen attention (kernels/attention/attention.h). cu_seqlens is on
+// the device; S sequences, T = total rows. Backward needs `scratch` of
+// attention_att_size() floats, like `att`.
+void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
+                       int T, int NH, int HD, bool causal);
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int HD,
+                        bool causal);
+
+// Fused masked cross-entropy: writes dlogits and per-row losses (0 where the
+// target is < 0); the caller sums `losses` for the loss sum.
+void crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
+                                   const int32_t* targets, int T, int V, float grad_scale);
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+// Sum of squares of x, accumulated into *out (device, fp32; zero it first).
+void sum_squares(float* out, const float* x, int64_t n);
+void scale(float* x, float factor, int64_t n);
+
+}  // namespace loom::kernels::cuda
+
+#endif  // LOOM_KERNELS_CUDA_OPS_H_
