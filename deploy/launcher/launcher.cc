@@ -1,31 +1,15 @@
 #include "deploy/launcher/launcher.h"
 
 #include <signal.h>
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/file.h"
 #include "services/common/health_client.h"
 #include "services/common/http_get.h"
 
 namespace loom {
 namespace {
-
-absl::Status MakeDirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!partial.empty() && mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::InternalError(absl::StrCat("mkdir ", partial, ": ", std::strerror(errno)));
-      }
-    }
-    if (i < path.size()) partial.push_back(path[i]);
-  }
-  return absl::OkStatus();
-}
 
 std::string LogName(const LaunchedService& s) {
   return s.binary->worker ? absl::StrCat(s.binary->name, "-", s.rank) : s.binary->name;
@@ -39,7 +23,7 @@ absl::Status Launcher::Start() {
                                                    options_.encoder_dp, ", ", options_.llm_dp,
                                                    ")"));
   }
-  if (absl::Status s = MakeDirs(options_.run_dir + "/logs"); !s.ok()) return s;
+  if (absl::Status s = MakeDirectories(options_.run_dir + "/logs"); !s.ok()) return s;
 
   for (const ServiceBinary& b : ServiceCatalog()) {
     int ranks = 1;

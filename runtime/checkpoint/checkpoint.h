@@ -38,12 +38,6 @@ absl::Status SaveModuleCheckpoint(ParamSet& params, const std::string& module,
 absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& module,
                                   ParamSet* params);
 
-// Creates `dir` and its parents if missing.
-absl::Status MakeDirectories(const std::string& dir);
-
-// Writes `contents` to `path` atomically (temp file, fsync, rename, fsync dir).
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
-
 }  // namespace loom
 
 #endif  // LOOM_RUNTIME_CHECKPOINT_CHECKPOINT_H_

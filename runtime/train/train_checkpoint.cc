@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/file.h"
 #include "runtime/checkpoint/checkpoint.h"
 
 namespace loom {

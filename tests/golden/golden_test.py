@@ -225,7 +225,6 @@ def main():
     for s in range(cfg.steps):
         opt.zero_grad()
         samples = step_samples(d, s)
-        _, _, n = microbatch_loss_sum(cfg, P, samples)
         n = sum(int(((torch.cat([tk[1:], torch.tensor([-1], dtype=torch.int32)])) >= 0).sum())
                 for _, tk in samples)
         total = 0.0
