@@ -61,4 +61,27 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    std::string msg = absl::StrCat(path, ": ", std::strerror(errno));
+    return errno == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
+  }
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      std::string msg = absl::StrCat(path, ": read: ", std::strerror(errno));
+      ::close(fd);
+      return absl::InternalError(msg);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 }  // namespace loom

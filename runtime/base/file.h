@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace loom {
 
@@ -15,6 +16,9 @@ absl::Status MakeDirectories(const std::string& dir);
 // fsync the folder. A crash leaves the old file or the new one, never a torn
 // one.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+// The whole file; NOT_FOUND if it does not exist, INTERNAL on a read error.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 }  // namespace loom
 

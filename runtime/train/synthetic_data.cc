@@ -4,6 +4,7 @@
 #include <random>
 
 #include "runtime/base/log.h"
+#include "runtime/base/rng.h"
 
 namespace loom {
 namespace {
@@ -18,14 +19,6 @@ constexpr float kRgb[][3] = {{230, 40, 40},  {40, 200, 60},   {50, 80, 230},
 int WordId(const std::string& w) {
   const auto& v = SyntheticCaptions::Vocabulary();
   return static_cast<int>(std::find(v.begin(), v.end(), w) - v.begin());
-}
-
-uint64_t Mix(uint64_t seed, int64_t index, uint64_t salt) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index) * 0xBF58476D1CE4E5B9ULL +
-               salt * 0x94D049BB133111EBULL;
-  z ^= z >> 31;
-  z *= 0xD6E8FEB86659FD93ULL;
-  return z ^ (z >> 29);
 }
 
 }  // namespace
@@ -49,7 +42,7 @@ SyntheticCaptions::SyntheticCaptions(const ModelConfig& config, uint64_t seed, b
 }
 
 SyntheticCaptions::Attributes SyntheticCaptions::Draw(int64_t index) const {
-  std::mt19937_64 rng(Mix(seed_, index, 1));
+  std::mt19937_64 rng(MixSeed(seed_, index, 1));
   Attributes a;
   a.count = static_cast<int>(rng() % 3);
   a.color = static_cast<int>(rng() % 6);
@@ -61,7 +54,7 @@ SyntheticCaptions::Attributes SyntheticCaptions::Draw(int64_t index) const {
 std::vector<float> SyntheticCaptions::Render(const Attributes& a, int64_t index) const {
   const int S = config_.vit.tile_size;
   std::vector<float> rgb(3 * S * S);
-  std::mt19937_64 rng(Mix(seed_, index, 2));
+  std::mt19937_64 rng(MixSeed(seed_, index, 2));
   auto unit = [&] { return static_cast<float>(rng() % 10000) / 10000.0f; };
   // Dark, slightly noisy background.
   for (float& p : rgb) p = 20.0f + 20.0f * unit();
@@ -118,7 +111,8 @@ std::string SyntheticCaptions::Caption(int64_t index) const {
 Sample SyntheticCaptions::Get(int64_t index) const {
   const Attributes a = Draw(index);
   // The control pairs this caption with the image of another, unrelated sample.
-  const int64_t image_index = shuffle_ ? static_cast<int64_t>(Mix(seed_, index, 3) >> 1) : index;
+  const int64_t image_index =
+      shuffle_ ? static_cast<int64_t>(MixSeed(seed_, index, 3) >> 1) : index;
   Sample s;
   s.num_tiles = 1;
   s.tiles = Render(Draw(image_index), image_index);

@@ -1,0 +1,74 @@
+#include "runtime/data/datagen.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+#include "runtime/data/data_testing.h"
+#include "runtime/data/preprocess.h"
+
+namespace loom::data {
+namespace {
+
+TEST(DatagenTest, SameSeedSameBytesAndUnknownPresetNamed) {
+  for (const std::string& preset : DatagenPresets()) {
+    absl::StatusOr<GeneratedSample> a = GenerateSample(preset, 5, 17);
+    absl::StatusOr<GeneratedSample> b = GenerateSample(preset, 5, 17);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_EQ(a->members.size(), b->members.size());
+    for (size_t i = 0; i < a->members.size(); ++i) {
+      EXPECT_EQ(a->members[i].name, b->members[i].name);
+      EXPECT_EQ(a->members[i].bytes, b->members[i].bytes);
+    }
+    EXPECT_NE(GenerateSample(preset, 6, 17)->text + "x", a->text + "y");
+  }
+  absl::StatusOr<GeneratedSample> bad = GenerateSample("laion", 1, 0);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("onevision"), std::string::npos);
+}
+
+// Every generated sample passes preprocessing, and each preset has the
+// heterogeneity its documentation promises.
+TEST(DatagenTest, PresetsAreHeterogeneousAndValid) {
+  Preprocessor pre(PreprocessOptionsFor(*ModelConfigByName("tiny")), &testing::TestTokenizer());
+  std::map<std::string, std::map<std::string, int>> kinds;
+  std::map<std::string, std::pair<int, int>> image_range;  // min, max images
+  std::map<std::string, int> kept;
+  const int n = 60;
+  for (const std::string& preset : DatagenPresets()) {
+    image_range[preset] = {1000, -1};
+    for (int i = 0; i < n; ++i) {
+      GeneratedSample g = *GenerateSample(preset, 1, i);
+      SampleFiles files;
+      files.key = g.key;
+      for (const TarMember& m : g.members) {
+        std::string key, ext;
+        ASSERT_TRUE(SplitMemberName(m.name, &key, &ext));
+        EXPECT_EQ(key, g.key);
+        files.files[ext] = m.bytes;
+      }
+      Outcome o = pre.Process(files, /*decode_pixels=*/true);
+      if (o.ok) ++kept[preset];
+      if (!o.ok) {
+        EXPECT_TRUE(o.skip.reason == "sequence_too_long" || o.skip.reason == "text_too_long")
+            << preset << " " << g.key << ": " << o.skip.reason << " " << o.skip.detail;
+        continue;
+      }
+      const int images = static_cast<int>(o.sample.images.size());
+      image_range[preset].first = std::min(image_range[preset].first, images);
+      image_range[preset].second = std::max(image_range[preset].second, images);
+      int tiles = 0;
+      for (const ImageInfo& info : o.sample.images) tiles = std::max(tiles, info.tiles);
+      kinds[preset][tiles > 1 ? "tiled" : "untiled"]++;
+    }
+  }
+  EXPECT_EQ(image_range["caption"], std::make_pair(1, 1));
+  EXPECT_EQ(image_range["interleaved"].first, 0);
+  EXPECT_GE(image_range["interleaved"].second, 6);
+  EXPECT_EQ(image_range["onevision"].first, 0);    // text-only samples
+  EXPECT_GE(image_range["onevision"].second, 12);  // video frames
+  EXPECT_GT(kinds["onevision"]["tiled"], 5);       // high-resolution singles
+  for (const auto& [preset, k] : kept) EXPECT_GE(k, n * 9 / 10) << preset;
+}
+
+}  // namespace
+}  // namespace loom::data

@@ -1,0 +1,66 @@
+// Images: PNG and JPEG decoding (libpng, libjpeg-turbo) and encoding (for
+// loom-datagen), and the resize that tiling is built on.
+//
+// Decoding never trusts a header: the claimed size is checked against
+// DecodeLimits before any pixel buffer is allocated, and every libpng /
+// libjpeg error or warning (truncated data, bad Huffman code, CRC mismatch)
+// becomes a Status, never an abort or a longjmp out of the caller.
+//
+// Errors, by code, so the pipeline can name a skip reason:
+//   INVALID_ARGUMENT    empty, corrupt or truncated data
+//   RESOURCE_EXHAUSTED  the header claims more pixels than the limits allow
+//   UNIMPLEMENTED       neither PNG nor JPEG
+#ifndef LOOM_RUNTIME_DATA_IMAGE_H_
+#define LOOM_RUNTIME_DATA_IMAGE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace loom::data {
+
+// 8-bit RGB, row-major, 3 bytes per pixel, no row padding.
+struct Image {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;
+};
+
+struct DecodeLimits {
+  int max_side = 16384;             // either dimension
+  int64_t max_pixels = 64LL << 20;  // width * height
+};
+
+enum class ImageFormat { kUnknown, kPng, kJpeg };
+
+// From the leading magic bytes.
+ImageFormat SniffImageFormat(std::string_view bytes);
+
+// `min_width`/`min_height`: the smallest size the caller will resize to. A
+// JPEG is then decoded with libjpeg's DCT scaling (1/2, 1/4, 1/8) to the
+// smallest scale still at least that large; 0 decodes at full size. The
+// returned Image has the decoded (possibly reduced) size.
+absl::StatusOr<Image> DecodeImage(std::string_view bytes, const DecodeLimits& limits,
+                                  int min_width = 0, int min_height = 0);
+
+// The size a header claims, without decoding pixels.
+struct ImageSize {
+  int width = 0;
+  int height = 0;
+};
+absl::StatusOr<ImageSize> PeekImageSize(std::string_view bytes);
+
+absl::StatusOr<std::string> EncodePng(const Image& image);
+absl::StatusOr<std::string> EncodeJpeg(const Image& image, int quality);
+
+// Resamples `src` to width x height with a triangle (bilinear) filter whose
+// support widens with the scale factor when shrinking, so downscaling
+// averages every source pixel (antialiased, as PIL's BILINEAR does).
+Image Resize(const Image& src, int width, int height);
+
+}  // namespace loom::data
+
+#endif  // LOOM_RUNTIME_DATA_IMAGE_H_

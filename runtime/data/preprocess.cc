@@ -1,0 +1,255 @@
+#include "runtime/data/preprocess.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "loom/data/v1/sample.pb.h"
+
+namespace loom::data {
+
+PreprocessOptions PreprocessOptionsFor(const ModelConfig& config) {
+  PreprocessOptions o;
+  o.tile_size = config.vit.tile_size;
+  o.tokens_per_tile = config.tokens_per_tile();
+  o.max_seq = config.llm.max_seq;
+  return o;
+}
+
+TileGrid ChooseTileGrid(int width, int height, int max_tiles, int tile_size) {
+  const double aspect = static_cast<double>(width) / height;
+  TileGrid best;
+  double best_diff = std::numeric_limits<double>::infinity();
+  for (int n = 1; n <= std::max(1, max_tiles); ++n) {
+    for (int cols = 1; cols <= n; ++cols) {
+      if (n % cols != 0) continue;
+      const int rows = n / cols;
+      const double diff = std::abs(aspect - static_cast<double>(cols) / rows);
+      if (diff < best_diff - 1e-12) {
+        best = {cols, rows};
+        best_diff = diff;
+      } else if (std::abs(diff - best_diff) <= 1e-12 &&
+                 static_cast<double>(width) * height >
+                     0.5 * tile_size * tile_size * static_cast<double>(cols) * rows) {
+        best = {cols, rows};
+      }
+    }
+  }
+  return best;
+}
+
+int TileCount(const TileGrid& grid, bool thumbnail) {
+  const int n = grid.cols * grid.rows;
+  return n > 1 && thumbnail ? n + 1 : n;
+}
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (int k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are invalid.
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+Preprocessor::Preprocessor(PreprocessOptions options, const Tokenizer* tokenizer)
+    : options_(std::move(options)), tokenizer_(tokenizer) {}
+
+namespace {
+
+const char* ImageErrorReason(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return "image_too_large";
+    case absl::StatusCode::kUnimplemented:
+      return "unsupported_image";
+    default:
+      return "corrupt_image";
+  }
+}
+
+// Appends the tiles of `image` (already decoded) for `grid`, normalised.
+void AppendTiles(const Image& image, const TileGrid& grid, const PreprocessOptions& o,
+                 std::vector<float>* out) {
+  const int S = o.tile_size;
+  auto emit = [&](const Image& src, int x0, int y0) {
+    const size_t base = out->size();
+    out->resize(base + 3 * static_cast<size_t>(S) * S);
+    float* dst = out->data() + base;
+    for (int c = 0; c < 3; ++c) {
+      const float scale = 1.0f / (255.0f * o.std[c]), shift = o.mean[c] / o.std[c];
+      for (int y = 0; y < S; ++y) {
+        const uint8_t* row = &src.rgb[(static_cast<size_t>(y0 + y) * src.width + x0) * 3 + c];
+        float* d = dst + (static_cast<size_t>(c) * S + y) * S;
+        for (int x = 0; x < S; ++x) d[x] = row[x * 3] * scale - shift;
+      }
+    }
+  };
+  const Image resized = Resize(image, grid.cols * S, grid.rows * S);
+  for (int r = 0; r < grid.rows; ++r) {
+    for (int c = 0; c < grid.cols; ++c) emit(resized, c * S, r * S);
+  }
+  if (grid.cols * grid.rows > 1 && o.thumbnail) emit(Resize(image, S, S), 0, 0);
+}
+
+}  // namespace
+
+Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) const {
+  Outcome out;
+  out.skip.key = files.key;
+  out.sample.key = files.key;
+  auto skip = [&](std::string_view reason, std::string detail) {
+    out.ok = false;
+    out.skip.reason = std::string(reason);
+    out.skip.detail = std::move(detail);
+    out.sample = ProcessedSample();
+    return out;
+  };
+  auto json = files.files.find("json");
+  if (json == files.files.end()) return skip("missing_json", "no " + files.key + ".json");
+  if (!IsValidUtf8(json->second)) return skip("invalid_utf8", files.key + ".json is not UTF-8");
+  data::v1::SampleRecord record;
+  google::protobuf::util::JsonParseOptions parse;
+  parse.ignore_unknown_fields = true;
+  if (auto s = google::protobuf::util::JsonStringToMessage(json->second, &record, parse); !s.ok()) {
+    return skip("bad_json", s.ToString());
+  }
+  std::vector<std::string_view> pieces;
+  {
+    std::string_view rest = record.text();
+    for (size_t at; (at = rest.find(kImageMarker)) != std::string_view::npos;) {
+      pieces.push_back(rest.substr(0, at));
+      rest.remove_prefix(at + kImageMarker.size());
+    }
+    pieces.push_back(rest);
+  }
+  const int markers = static_cast<int>(pieces.size()) - 1;
+  bool has_text = false;
+  for (std::string_view p : pieces) {
+    has_text = has_text || p.find_first_not_of(" \t\r\n") != std::string_view::npos;
+  }
+  if (!has_text) return skip("empty_text", "no text besides image markers");
+  if (markers != record.images_size()) {
+    return skip("image_count_mismatch", absl::StrCat(markers, " <image> markers, ",
+                                                     record.images_size(), " images listed"));
+  }
+  std::vector<const std::string*> image_bytes;
+  for (const std::string& ext : record.images()) {
+    auto it = files.files.find(ext);
+    if (it == files.files.end()) return skip("missing_image", files.key + "." + ext + " not found");
+    if (it->second.empty()) return skip("empty_image", files.key + "." + ext + " has 0 bytes");
+    image_bytes.push_back(&it->second);
+  }
+
+  // Text.
+  std::vector<std::vector<int32_t>> piece_ids(pieces.size());
+  int text_tokens = 2;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].empty()) continue;
+    if (absl::Status s = tokenizer_->Encode(pieces[i], &piece_ids[i]); !s.ok()) {
+      return skip("invalid_utf8", std::string(s.message()));
+    }
+    text_tokens += static_cast<int>(piece_ids[i].size());
+  }
+  if (text_tokens > options_.max_seq) {
+    return skip("text_too_long", absl::StrCat(text_tokens, " text tokens; the maximum sequence is ",
+                                              options_.max_seq));
+  }
+
+  // Image headers: sizes, grids, token counts.
+  const int n = static_cast<int>(image_bytes.size());
+  const int per_image = n == 0 ? 0 : std::max(1, options_.max_tiles / n);
+  int image_tokens = 0;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<ImageSize> size = PeekImageSize(*image_bytes[i]);
+    const std::string name = files.key + "." + record.images(i);
+    if (!size.ok())
+      return skip(ImageErrorReason(size.status()),
+                  name + ": " + std::string(size.status().message()));
+    const DecodeLimits& lim = options_.decode;
+    if (size->width <= 0 || size->height <= 0 || size->width > lim.max_side ||
+        size->height > lim.max_side ||
+        static_cast<int64_t>(size->width) * size->height > lim.max_pixels) {
+      return skip("image_too_large", absl::StrCat(name, ": header claims ", size->width, "x",
+                                                  size->height, " pixels"));
+    }
+    ImageInfo info;
+    info.width = size->width;
+    info.height = size->height;
+    info.grid = ChooseTileGrid(size->width, size->height, per_image, options_.tile_size);
+    info.tiles = TileCount(info.grid, options_.thumbnail);
+    image_tokens += info.tiles * options_.tokens_per_tile;
+    out.sample.images.push_back(info);
+  }
+  if (text_tokens + image_tokens > options_.max_seq) {
+    return skip("sequence_too_long",
+                absl::StrCat(text_tokens, " text + ", image_tokens,
+                             " image tokens; the maximum sequence is ", options_.max_seq));
+  }
+
+  // Pixels.
+  Sample& sample = out.sample.sample;
+  if (decode_pixels) {
+    for (int i = 0; i < n; ++i) {
+      const ImageInfo& info = out.sample.images[i];
+      const int S = options_.tile_size;
+      absl::StatusOr<Image> image =
+          DecodeImage(*image_bytes[i], options_.decode, info.grid.cols * S, info.grid.rows * S);
+      if (!image.ok()) {
+        return skip(ImageErrorReason(image.status()), files.key + "." + record.images(i) + ": " +
+                                                          std::string(image.status().message()));
+      }
+      AppendTiles(*image, info.grid, options_, &sample.tiles);
+      sample.num_tiles += info.tiles;
+    }
+  }
+
+  // Tokens: <s> piece0 [image0 slots] piece1 ... </s>.
+  sample.tokens.reserve(text_tokens + image_tokens);
+  sample.tokens.push_back(tokenizer_->bos_id());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    sample.tokens.insert(sample.tokens.end(), piece_ids[i].begin(), piece_ids[i].end());
+    if (static_cast<int>(i) < n) {
+      sample.tokens.insert(
+          sample.tokens.end(),
+          static_cast<size_t>(out.sample.images[i].tiles) * options_.tokens_per_tile, -1);
+    }
+  }
+  sample.tokens.push_back(tokenizer_->eos_id());
+  out.sample.image_tokens = image_tokens;
+  out.sample.text_tokens = text_tokens;
+  out.ok = true;
+  return out;
+}
+
+}  // namespace loom::data

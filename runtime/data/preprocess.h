@@ -1,0 +1,126 @@
+// The preprocessing of one sample: KEY.json and its images in, the model's
+// tensors and the scheduler's metadata out.
+//
+//   1. KEY.json: valid UTF-8, protobuf-JSON SampleRecord, a non-empty text
+//      with one "<image>" marker per listed image, every listed image present.
+//   2. Text: <s>, the BPE ids of each text piece, an image's slots at its
+//      marker, </s>.
+//   3. Images: the header gives the size; the tile grid (cols x rows <=
+//      max tiles, the aspect ratio closest to the image's; ties go to the
+//      larger grid when the image has the pixels for it) is chosen before a
+//      pixel is decoded, so an over-long sample is refused cheaply and a JPEG
+//      decodes with DCT scaling straight to about the size it is resized to.
+//      The image is resized to (cols*S, rows*S) and cut into tiles; a grid
+//      of more than one tile adds a thumbnail (the whole image at S x S).
+//      A sample of n images gives each at most max(1, max_tiles / n) tiles
+//      (as InternVL does), so video frames are one tile each.
+//   4. Tiles are normalised per channel, (x/255 - mean) / std (CLIP's).
+//
+// A sample that fails any check is skipped with a reason (kSkipReasons);
+// nothing here throws, aborts or allocates what a header merely claims.
+#ifndef LOOM_RUNTIME_DATA_PREPROCESS_H_
+#define LOOM_RUNTIME_DATA_PREPROCESS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/data/image.h"
+#include "runtime/data/shard.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/model/config.h"
+#include "runtime/model/model.h"
+
+namespace loom::data {
+
+// Label values of loom_preprocess_samples_skipped_total{reason}.
+inline constexpr std::array<std::string_view, 14> kSkipReasons = {
+    "truncated_tar",         // the tar ends or breaks inside the sample
+    "member_too_large",      // a member over ShardLimits
+    "missing_json",          // no KEY.json
+    "invalid_utf8",          // KEY.json is not UTF-8
+    "bad_json",              // KEY.json is not a SampleRecord
+    "empty_text",            // no text besides image markers
+    "image_count_mismatch",  // markers != listed images
+    "missing_image",         // a listed image is not in the tar
+    "empty_image",           // a zero-byte image
+    "corrupt_image",         // undecodable or truncated PNG/JPEG
+    "unsupported_image",     // neither PNG nor JPEG
+    "image_too_large",       // header claims more than DecodeLimits
+    "text_too_long",         // text tokens alone exceed the maximum sequence
+    "sequence_too_long",     // text + image tokens exceed it
+};
+
+struct PreprocessOptions {
+  int tile_size = 32;
+  int tokens_per_tile = 16;
+  int max_tiles = 12;  // per sample; thumbnail not counted
+  bool thumbnail = true;
+  int max_seq = 1024;  // text + image tokens, <s> and </s> included
+  DecodeLimits decode;
+  ShardLimits shard;
+  std::array<float, 3> mean = {0.48145466f, 0.4578275f, 0.40821073f};
+  std::array<float, 3> std = {0.26862954f, 0.26130258f, 0.27577711f};
+};
+
+// Tile size, tokens per tile and maximum sequence from the model config.
+PreprocessOptions PreprocessOptionsFor(const ModelConfig& config);
+
+struct TileGrid {
+  int cols = 1;
+  int rows = 1;
+};
+TileGrid ChooseTileGrid(int width, int height, int max_tiles, int tile_size);
+// Tiles a grid becomes: cols*rows, plus the thumbnail when there is more than one.
+int TileCount(const TileGrid& grid, bool thumbnail);
+
+struct ImageInfo {
+  int width = 0;  // as stored
+  int height = 0;
+  TileGrid grid;
+  int tiles = 0;
+};
+
+struct ProcessedSample {
+  std::string key;
+  std::vector<ImageInfo> images;
+  int image_tokens = 0;
+  int text_tokens = 0;
+  Sample sample;  // tiles (empty when processed metadata-only) and tokens
+};
+
+struct SkippedSample {
+  std::string key;
+  std::string reason;  // one of kSkipReasons
+  std::string detail;
+};
+
+struct Outcome {
+  bool ok = false;
+  ProcessedSample sample;
+  SkippedSample skip;
+};
+
+class Preprocessor {
+ public:
+  // `tokenizer` is not owned and must outlive this.
+  Preprocessor(PreprocessOptions options, const Tokenizer* tokenizer);
+
+  // Thread-safe. With `decode_pixels` false, images are checked only as far
+  // as their headers (no tiles are produced).
+  Outcome Process(const SampleFiles& files, bool decode_pixels = true) const;
+
+  const PreprocessOptions& options() const { return options_; }
+
+ private:
+  PreprocessOptions options_;
+  const Tokenizer* tokenizer_;
+};
+
+bool IsValidUtf8(std::string_view s);
+
+}  // namespace loom::data
+
+#endif  // LOOM_RUNTIME_DATA_PREPROCESS_H_

@@ -1,0 +1,177 @@
+#include "runtime/data/preprocess.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "runtime/data/data_testing.h"
+
+namespace loom::data {
+namespace {
+
+using testing::SampleJson;
+using testing::TestJpeg;
+using testing::TestPng;
+
+PreprocessOptions Tiny() {
+  PreprocessOptions o = PreprocessOptionsFor(*ModelConfigByName("tiny"));
+  return o;
+}
+
+SampleFiles Files(const std::string& key, const std::string& json,
+                  std::map<std::string, std::string> images = {}) {
+  SampleFiles f;
+  f.key = key;
+  f.files = std::move(images);
+  f.files["json"] = json;
+  return f;
+}
+
+Outcome ProcessOne(const SampleFiles& f, PreprocessOptions o = Tiny()) {
+  Preprocessor p(o, &testing::TestTokenizer());
+  return p.Process(f);
+}
+
+TEST(TileGridTest, FollowsTheAspectRatio) {
+  TileGrid g = ChooseTileGrid(1000, 1000, 12, 32);
+  EXPECT_EQ(g.cols, g.rows);
+  EXPECT_GE(g.cols, 2) << "a large square image uses more than one tile";
+  g = ChooseTileGrid(1200, 400, 12, 32);
+  EXPECT_EQ(g.cols, 3 * g.rows);
+  g = ChooseTileGrid(400, 1200, 6, 32);
+  EXPECT_EQ(g.rows, 3 * g.cols);
+  g = ChooseTileGrid(20, 20, 12, 32);
+  EXPECT_EQ(g.cols * g.rows, 1) << "a small image is not blown up into many tiles";
+  g = ChooseTileGrid(5000, 100, 4, 32);
+  EXPECT_EQ(g.cols, 4);
+  EXPECT_EQ(g.rows, 1);
+  EXPECT_EQ(TileCount({1, 1}, true), 1);
+  EXPECT_EQ(TileCount({3, 2}, true), 7);
+  EXPECT_EQ(TileCount({3, 2}, false), 6);
+}
+
+TEST(PreprocessTest, SingleImageSampleHasTilesTokensAndSlotsInPlace) {
+  const Tokenizer& tok = testing::TestTokenizer();
+  Outcome o = ProcessOne(Files("k", SampleJson("<image>\na picture of one red square.", {"0.jpg"}),
+                               {{"0.jpg", TestJpeg(96, 64)}}));
+  ASSERT_TRUE(o.ok) << o.skip.reason << ": " << o.skip.detail;
+  const ProcessedSample& s = o.sample;
+  ASSERT_EQ(s.images.size(), 1u);
+  EXPECT_EQ(s.images[0].grid.cols, 3);
+  EXPECT_EQ(s.images[0].grid.rows, 2);
+  EXPECT_EQ(s.images[0].tiles, 7);  // 3x2 + thumbnail
+  EXPECT_EQ(s.sample.num_tiles, 7);
+  EXPECT_EQ(s.sample.tiles.size(), 7u * 3 * 32 * 32);
+  EXPECT_EQ(s.image_tokens, 7 * 16);
+  ASSERT_EQ(static_cast<int>(s.sample.tokens.size()), s.text_tokens + s.image_tokens);
+  EXPECT_EQ(s.sample.tokens.front(), tok.bos_id());
+  EXPECT_EQ(s.sample.tokens.back(), tok.eos_id());
+  for (int i = 1; i <= s.image_tokens; ++i) ASSERT_EQ(s.sample.tokens[i], -1) << i;
+  EXPECT_GE(s.sample.tokens[s.image_tokens + 1], 0);
+  std::vector<int32_t> text(s.sample.tokens.begin() + 1 + s.image_tokens,
+                            s.sample.tokens.end() - 1);
+  EXPECT_EQ(tok.Decode(text), "a picture of one red square.");
+  // Normalised: the red square's red channel is bright, the background dark.
+  const float top_left_red = s.sample.tiles[0];
+  const float bottom_right_red = s.sample.tiles[5 * 3 * 32 * 32];  // tile (row 1, col 2)
+  EXPECT_GT(top_left_red, 1.0f);
+  EXPECT_LT(bottom_right_red, 0.0f);
+  for (float v : s.sample.tiles) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(PreprocessTest, ImagesShareTheTileBudgetAndTextOnlyWorks) {
+  std::map<std::string, std::string> imgs;
+  std::string text;
+  std::vector<std::string> names;
+  for (int i = 0; i < 6; ++i) {
+    names.push_back(std::to_string(i) + ".png");
+    imgs[names.back()] = TestPng(200, 100);
+    text += "<image> frame ";
+  }
+  Outcome o = ProcessOne(Files("v", SampleJson(text, names), imgs));
+  ASSERT_TRUE(o.ok) << o.skip.reason;
+  for (const ImageInfo& info : o.sample.images) {
+    EXPECT_LE(info.grid.cols * info.grid.rows, 12 / 6);
+  }
+  Outcome t = ProcessOne(Files("t", SampleJson("only words here.", {})));
+  ASSERT_TRUE(t.ok);
+  EXPECT_EQ(t.sample.sample.num_tiles, 0);
+  EXPECT_EQ(t.sample.image_tokens, 0);
+}
+
+struct BadCase {
+  const char* name;
+  SampleFiles files;
+  const char* reason;
+};
+
+TEST(PreprocessTest, EveryBadInputIsSkippedWithItsReason) {
+  PreprocessOptions o = Tiny();
+  std::string long_text;
+  for (int i = 0; i < 2000; ++i) long_text += "the shapes are all the same size. ";
+  std::string many_images_text;
+  std::map<std::string, std::string> many;
+  std::vector<std::string> many_names;
+  for (int i = 0; i < 80; ++i) {  // 80 images x 16 tokens > 1024
+    many_names.push_back(std::to_string(i) + ".png");
+    many[many_names.back()] = TestPng(32, 32);
+    many_images_text += "<image>";
+  }
+  many_images_text += " frames";
+  const std::string jpg = TestJpeg(64, 64);
+  std::vector<BadCase> cases = {
+      {"missing json", SampleFiles{"a", {{"0.png", TestPng(8, 8)}}}, "missing_json"},
+      {"invalid utf-8", Files("b", "{\"text\": \"caf\xc3\x28\"}"), "invalid_utf8"},
+      {"not json", Files("c", "{\"text\": "), "bad_json"},
+      {"wrong type", Files("c2", "{\"text\": 5}"), "bad_json"},
+      {"empty text", Files("d", SampleJson("", {})), "empty_text"},
+      {"only markers", Files("d2", SampleJson("<image> ", {"0.png"}), {{"0.png", TestPng(8, 8)}}),
+       "empty_text"},
+      {"marker count",
+       Files("e", SampleJson("<image> <image> two", {"0.png"}), {{"0.png", TestPng(8, 8)}}),
+       "image_count_mismatch"},
+      {"missing image", Files("f", SampleJson("<image> x", {"0.png"})), "missing_image"},
+      {"zero-byte image", Files("g", SampleJson("<image> x", {"0.png"}), {{"0.png", ""}}),
+       "empty_image"},
+      {"corrupt image",
+       Files("h", SampleJson("<image> x", {"0.jpg"}), {{"0.jpg", jpg.substr(0, jpg.size() / 2)}}),
+       "corrupt_image"},
+      {"garbage image",
+       Files("h2", SampleJson("<image> x", {"0.png"}),
+             {{"0.png", std::string("\x89PNG\r\n\x1a\n garbage")}}),
+       "corrupt_image"},
+      {"not an image", Files("i", SampleJson("<image> x", {"0.gif"}), {{"0.gif", "GIF89a"}}),
+       "unsupported_image"},
+      {"huge png",
+       Files("j", SampleJson("<image> x", {"0.png"}),
+             {{"0.png", testing::PngClaiming(100000, 100000)}}),
+       "image_too_large"},
+      {"huge jpeg",
+       Files("j2", SampleJson("<image> x", {"0.jpg"}),
+             {{"0.jpg", testing::JpegClaiming(65000, 65000)}}),
+       "image_too_large"},
+      {"long text", Files("k", SampleJson(long_text, {})), "text_too_long"},
+      {"long sequence", Files("l", SampleJson(many_images_text, many_names), many),
+       "sequence_too_long"},
+  };
+  for (const BadCase& c : cases) {
+    Outcome out = ProcessOne(c.files, o);
+    EXPECT_FALSE(out.ok) << c.name;
+    EXPECT_EQ(out.skip.reason, c.reason) << c.name << ": " << out.skip.detail;
+    EXPECT_EQ(out.skip.key, c.files.key);
+    EXPECT_FALSE(out.skip.detail.empty()) << c.name;
+    EXPECT_NE(std::find(kSkipReasons.begin(), kSkipReasons.end(), out.skip.reason),
+              kSkipReasons.end());
+  }
+}
+
+TEST(PreprocessTest, Utf8Validation) {
+  EXPECT_TRUE(IsValidUtf8("plain"));
+  EXPECT_TRUE(IsValidUtf8("Zürich 東京 😀"));
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // > U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("abc\xe2\x82"));       // cut short
+}
+
+}  // namespace
+}  // namespace loom::data
