@@ -1,11 +1,12 @@
 #include "runtime/data/spm_glue.h"
 
 #include <dlfcn.h>
-#include <limits.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <mutex>
+
+#include "runtime/base/runfiles.h"
 
 namespace loom::data::spm {
 namespace {
@@ -21,31 +22,6 @@ struct Api {
                size_t);
 };
 
-std::string Dir(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
-// Where libloom_spm.so may be: $LOOM_SPM_PLUGIN; Bazel runfiles of this
-// binary or of the test running it; beside the binary (installed layouts).
-std::vector<std::string> Candidates() {
-  const std::string rel = "loom/runtime/data/libloom_spm.so";
-  std::vector<std::string> out;
-  if (const char* env = std::getenv("LOOM_SPM_PLUGIN")) out.push_back(env);
-  for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* dir = std::getenv(var)) out.push_back(std::string(dir) + "/" + rel);
-  }
-  char exe[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    const std::string self(exe, static_cast<size_t>(n));
-    out.push_back(self + ".runfiles/" + rel);
-    out.push_back(Dir(self) + "/libloom_spm.so");
-    out.push_back(Dir(self) + "/../lib/loom/libloom_spm.so");
-  }
-  return out;
-}
-
 const Api* LoadApi(std::string* error) {
   static Api api;
   static std::string load_error;
@@ -53,7 +29,12 @@ const Api* LoadApi(std::string* error) {
   std::call_once(once, [] {
     void* handle = nullptr;
     std::string tried;
-    for (const std::string& path : Candidates()) {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("LOOM_SPM_PLUGIN")) candidates.push_back(env);
+    for (const std::string& c : RunfileCandidates("runtime/data/libloom_spm.so")) {
+      candidates.push_back(c);
+    }
+    for (const std::string& path : candidates) {
       if (::access(path.c_str(), R_OK) != 0) {
         tried += " " + path;
         continue;

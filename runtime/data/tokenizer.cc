@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/base/file.h"
+#include "runtime/base/runfiles.h"
 #include "runtime/data/spm_glue.h"
 
 namespace loom::data {
@@ -24,7 +25,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSerialized(std::string
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(m)));
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& given) {
+  std::string path = given;
+  if (path.empty()) {
+    std::string tried;
+    path = FindRunfile("runtime/data/tokenizer.model", &tried);
+    if (path.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no tokenizer model beside the binary (tried", tried, "); pass --tokenizer"));
+    }
+  }
   absl::StatusOr<std::string> bytes = ReadFile(path);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<std::unique_ptr<Tokenizer>> t = FromSerialized(*bytes);

@@ -27,6 +27,8 @@ inline constexpr std::string_view kImageMarker = "<image>";
 
 class Tokenizer {
  public:
+  // `path` "" loads the model built with the binary
+  // (//runtime/data:tokenizer_model, found in its runfiles or beside it).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSerialized(std::string_view model);
   ~Tokenizer();

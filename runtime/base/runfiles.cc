@@ -1,0 +1,42 @@
+#include "runtime/base/runfiles.h"
+
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace loom {
+namespace {
+std::string Dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+}  // namespace
+
+std::vector<std::string> RunfileCandidates(const std::string& rel) {
+  std::vector<std::string> out;
+  const size_t slash = rel.rfind('/');
+  const std::string base = slash == std::string::npos ? rel : rel.substr(slash + 1);
+  for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* dir = std::getenv(var)) out.push_back(std::string(dir) + "/loom/" + rel);
+  }
+  char exe[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    const std::string self(exe, static_cast<size_t>(n));
+    out.push_back(self + ".runfiles/loom/" + rel);
+    out.push_back(Dir(self) + "/" + base);
+    out.push_back(Dir(self) + "/../lib/loom/" + base);
+  }
+  return out;
+}
+
+std::string FindRunfile(const std::string& rel, std::string* tried) {
+  for (const std::string& path : RunfileCandidates(rel)) {
+    if (::access(path.c_str(), R_OK) == 0) return path;
+    if (tried != nullptr) *tried += " " + path;
+  }
+  return "";
+}
+
+}  // namespace loom

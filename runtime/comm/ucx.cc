@@ -1,0 +1,357 @@
+#include "runtime/comm/ucx.h"
+
+#include <poll.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+// clang-format off
+#include <ucp/api/ucp.h>
+// clang-format on
+
+namespace loom {
+
+namespace {
+struct EpErrorArg {
+  std::vector<ucp_ep_h>* dead;
+  std::map<std::string, void*>* endpoints;
+};
+}  // namespace
+
+struct UcxWorker::Impl {
+  EpErrorArg error_arg{};
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;
+  std::vector<ucp_ep_h> dead;  // endpoints whose peer failed, closed on the next call
+};
+
+namespace {
+
+// A worker address travels inside an envelope: "LUCX", the raw length (4
+// bytes, little endian) and an FNV-1a hash of the raw bytes (8 bytes). UCX
+// parses raw addresses with assertions that abort the process, so bytes
+// that did not come from UcxWorker::address() must be refused before UCX
+// sees them.
+constexpr char kMagic[4] = {'L', 'U', 'C', 'X'};
+constexpr size_t kEnvelope = 16;
+
+uint64_t Fnv1a(const char* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ULL;
+  return h;
+}
+
+std::string Seal(const std::string& raw) {
+  std::string out(kEnvelope, '\0');
+  std::memcpy(out.data(), kMagic, 4);
+  const uint32_t n = static_cast<uint32_t>(raw.size());
+  const uint64_t h = Fnv1a(raw.data(), raw.size());
+  std::memcpy(out.data() + 4, &n, 4);
+  std::memcpy(out.data() + 8, &h, 8);
+  return out + raw;
+}
+
+absl::StatusOr<std::string> Unseal(const std::string& sealed) {
+  uint32_t n = 0;
+  uint64_t h = 0;
+  if (sealed.size() >= kEnvelope) {
+    std::memcpy(&n, sealed.data() + 4, 4);
+    std::memcpy(&h, sealed.data() + 8, 8);
+  }
+  if (sealed.size() < kEnvelope || std::memcmp(sealed.data(), kMagic, 4) != 0 ||
+      n != sealed.size() - kEnvelope || h != Fnv1a(sealed.data() + kEnvelope, n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a Loom UCX worker address (", sealed.size(), " bytes)"));
+  }
+  return sealed.substr(kEnvelope);
+}
+
+absl::Status UcsError(const char* what, ucs_status_t s) {
+  return absl::UnavailableError(absl::StrCat("UCX ", what, ": ", ucs_status_string(s)));
+}
+
+// Progress once; if nothing happened, sleep on the worker's event fd for at
+// most `max_wait_ms` (so a waiting thread does not spin on a 2-core box).
+void ProgressOrWait(ucp_worker_h worker, int efd, int max_wait_ms) {
+  if (ucp_worker_progress(worker) != 0) return;
+  if (efd >= 0 && ucp_worker_arm(worker) == UCS_OK) {
+    pollfd p{efd, POLLIN, 0};
+    ::poll(&p, 1, max_wait_ms);
+  }
+}
+
+void CloseEndpoint(ucp_worker_h worker, ucp_ep_h ep) {
+  ucp_request_param_t p;
+  std::memset(&p, 0, sizeof(p));
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+  if (UCS_PTR_IS_PTR(r)) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    ucp_request_free(r);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
+  auto impl = std::make_unique<Impl>();
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+    return UcsError("config", s);
+  }
+  ucp_params_t params;
+  std::memset(&params, 0, sizeof(params));
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  ucs_status_t s = ucp_init(&params, config, &impl->context);
+  ucp_config_release(config);
+  if (s != UCS_OK) return UcsError("init", s);
+  ucp_worker_params_t wp;
+  std::memset(&wp, 0, sizeof(wp));
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // our mutex serialises every call
+  if (s = ucp_worker_create(impl->context, &wp, &impl->worker); s != UCS_OK) {
+    ucp_cleanup(impl->context);
+    return UcsError("worker", s);
+  }
+  if (ucp_worker_get_efd(impl->worker, &impl->efd) != UCS_OK) impl->efd = -1;
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  if (s = ucp_worker_get_address(impl->worker, &addr, &len); s != UCS_OK) {
+    ucp_worker_destroy(impl->worker);
+    ucp_cleanup(impl->context);
+    return UcsError("address", s);
+  }
+  std::string address(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(impl->worker, addr);
+  std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(impl)));
+  w->address_ = Seal(address);
+  w->progress_thread_ = std::thread([p = w.get()] { p->ProgressLoop(); });
+  return w;
+}
+
+UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+void UcxWorker::ProgressLoop() {
+  for (;;) {
+    bool idle = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      idle = ucp_worker_progress(impl_->worker) == 0 && impl_->efd >= 0 &&
+             ucp_worker_arm(impl_->worker) == UCS_OK;
+    }
+    if (idle) {
+      pollfd p{impl_->efd, POLLIN, 0};
+      ::poll(&p, 1, 10);
+    }
+  }
+}
+
+UcxWorker::~UcxWorker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (progress_thread_.joinable()) progress_thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (int i = 0; i < 1000 && in_flight_ > 0; ++i) ProgressOrWait(impl_->worker, impl_->efd, 1);
+  for (auto& [addr, ep] : endpoints_) CloseEndpoint(impl_->worker, static_cast<ucp_ep_h>(ep));
+  for (ucp_ep_h ep : impl_->dead) CloseEndpoint(impl_->worker, ep);
+  ucp_worker_destroy(impl_->worker);
+  ucp_cleanup(impl_->context);
+}
+
+namespace {
+void EndpointError(void* arg, ucp_ep_h ep, ucs_status_t) {
+  auto* a = static_cast<EpErrorArg*>(arg);
+  for (auto it = a->endpoints->begin(); it != a->endpoints->end(); ++it) {
+    if (it->second == ep) {
+      a->endpoints->erase(it);
+      a->dead->push_back(ep);
+      return;
+    }
+  }
+}
+}  // namespace
+
+absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& remote_address) {
+  for (ucp_ep_h ep : impl_->dead) CloseEndpoint(impl_->worker, ep);
+  impl_->dead.clear();
+  auto it = endpoints_.find(remote_address);
+  if (it != endpoints_.end()) return it->second;
+  absl::StatusOr<std::string> raw = Unseal(remote_address);
+  if (!raw.ok()) return raw.status();
+  EpErrorArg* arg = &impl_->error_arg;
+  arg->dead = &impl_->dead;
+  arg->endpoints = &endpoints_;
+  ucp_ep_params_t p;
+  std::memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = reinterpret_cast<const ucp_address_t*>(raw->data());
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = EndpointError;
+  p.err_handler.arg = arg;
+  ucp_ep_h ep = nullptr;
+  if (ucs_status_t s = ucp_ep_create(impl_->worker, &p, &ep); s != UCS_OK) {
+    return UcsError("endpoint", s);
+  }
+  endpoints_[remote_address] = ep;
+  return static_cast<void*>(ep);
+}
+
+namespace {
+struct SendOp {
+  std::shared_ptr<const void> keep_alive;
+  std::function<void(absl::Status)> done;
+  size_t size;
+  int* in_flight;
+  UcxWorker::Stats* stats;
+};
+
+void SendDone(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<SendOp*>(user_data);
+  --*op->in_flight;
+  if (status == UCS_OK) {
+    op->stats->bytes_sent += static_cast<int64_t>(op->size);
+  } else {
+    ++op->stats->send_errors;
+  }
+  if (op->done) op->done(status == UCS_OK ? absl::OkStatus() : UcsError("send", status));
+  ucp_request_free(request);
+  delete op;
+}
+}  // namespace
+
+absl::Status UcxWorker::Send(const std::string& remote_address, uint64_t tag, const void* data,
+                             size_t size, std::shared_ptr<const void> keep_alive,
+                             std::function<void(absl::Status)> done) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<void*> ep = Endpoint(remote_address);
+  if (!ep.ok()) return ep.status();
+  auto* op = new SendOp{std::move(keep_alive), std::move(done), size, &in_flight_, &stats_};
+  ucp_request_param_t p;
+  std::memset(&p, 0, sizeof(p));
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = SendDone;
+  p.user_data = op;
+  ucs_status_ptr_t r = ucp_tag_send_nbx(static_cast<ucp_ep_h>(*ep), data, size, tag, &p);
+  if (r == nullptr) {
+    stats_.bytes_sent += static_cast<int64_t>(size);
+    if (op->done) op->done(absl::OkStatus());
+    delete op;
+    return absl::OkStatus();
+  }
+  if (UCS_PTR_IS_ERR(r)) {
+    ++stats_.send_errors;
+    delete op;
+    return UcsError("send", UCS_PTR_STATUS(r));
+  }
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+namespace {
+struct RecvOp {
+  void* request = nullptr;
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+  ucp_tag_recv_info_t info{};
+};
+
+void RecvDone(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* op = static_cast<RecvOp*>(user_data);
+  op->done = true;
+  op->status = status;
+  if (info != nullptr) op->info = *info;
+}
+}  // namespace
+
+absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<RecvOp> ops(buffers.size());
+  absl::MutexLock lock(&mu_);
+  absl::Status result;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    ucp_request_param_t p;
+    std::memset(&p, 0, sizeof(p));
+    // No immediate completion: UCX 1.13 leaves recv_info's length at 0 when
+    // a receive matches an already-arrived message inside the call (seen
+    // with UCX_TLS=tcp); the callback always reports it.
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.cb.recv = RecvDone;
+    p.user_data = &ops[i];
+    p.recv_info.tag_info = &ops[i].info;
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(impl_->worker, buffers[i].data, buffers[i].size,
+                                          buffers[i].tag, ~uint64_t{0}, &p);
+    if (r == nullptr) {
+      ops[i].done = true;
+    } else if (UCS_PTR_IS_ERR(r)) {
+      ops[i].done = true;
+      ops[i].status = UCS_PTR_STATUS(r);
+      result = UcsError("recv", ops[i].status);
+      break;
+    } else {
+      ops[i].request = r;
+    }
+  }
+  auto all_done = [&] {
+    for (const RecvOp& op : ops) {
+      if (op.request != nullptr && !op.done) return false;
+    }
+    return true;
+  };
+  while (result.ok() && !all_done()) {
+    if (absl::Now() >= deadline) {
+      result = absl::DeadlineExceededError(
+          absl::StrCat("UCX receive of ", buffers.size(), " buffers timed out after ",
+                       absl::FormatDuration(timeout)));
+      break;
+    }
+    mu_.Unlock();
+    mu_.Lock();
+    ProgressOrWait(impl_->worker, impl_->efd, 5);
+  }
+  // Cancel what is still outstanding, then free every request.
+  for (RecvOp& op : ops) {
+    if (op.request != nullptr && !op.done) ucp_request_cancel(impl_->worker, op.request);
+  }
+  while (!all_done()) ucp_worker_progress(impl_->worker);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].request != nullptr) ucp_request_free(ops[i].request);
+    if (!result.ok() || !ops[i].done) continue;
+    if (ops[i].status != UCS_OK) {
+      result = UcsError("recv", ops[i].status);
+    } else if (ops[i].info.length != buffers[i].size) {
+      result = absl::DataLossError(absl::StrCat("UCX tag ", buffers[i].tag, ": expected ",
+                                                buffers[i].size, " bytes, got ",
+                                                ops[i].info.length));
+    } else {
+      stats_.bytes_received += static_cast<int64_t>(buffers[i].size);
+    }
+  }
+  return result;
+}
+
+bool UcxWorker::Flush(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (in_flight_ == 0) return true;
+      ProgressOrWait(impl_->worker, impl_->efd, 2);
+    }
+    if (absl::Now() >= deadline) return false;
+  }
+}
+
+UcxWorker::Stats UcxWorker::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace loom

@@ -1,0 +1,91 @@
+// Tensor bytes between processes over UCX (Debian libucx 1.13): tagged
+// messages between workers that found each other through gRPC (a worker's
+// address travels in a gRPC message; the bytes never do).
+//
+// One UcxEndpointSet per process side: it owns a ucp context and worker, is
+// thread-safe (one mutex serialises every ucp call), and keeps one endpoint
+// per remote address. Transports are UCX's choice (shared memory, CMA or TCP
+// on one host; RDMA where present); UCX_TLS narrows them, e.g. UCX_TLS=tcp.
+//
+// Sends are asynchronous: Send() keeps the bytes alive (shared_ptr) until
+// UCX is done with them. A background thread drives progress (sleeping on
+// the worker's event fd when idle), since a peer's wire-up and every
+// rendezvous need this side to make progress too. Receives
+// block with a deadline and cancel cleanly on timeout, so a peer that dies
+// or never sends cannot hang the caller.
+#ifndef LOOM_RUNTIME_COMM_UCX_H_
+#define LOOM_RUNTIME_COMM_UCX_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace loom {
+
+class UcxWorker {
+ public:
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create();
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // This worker's address, to hand to peers.
+  const std::string& address() const { return address_; }
+
+  // Sends `size` bytes at `data` to the worker at `remote_address` with
+  // `tag`. `keep_alive` owns the bytes until the send completes; `done`
+  // (optional) runs then, from a Progress() call, with the outcome.
+  absl::Status Send(const std::string& remote_address, uint64_t tag, const void* data, size_t size,
+                    std::shared_ptr<const void> keep_alive,
+                    std::function<void(absl::Status)> done = nullptr);
+
+  struct RecvBuffer {
+    uint64_t tag;
+    void* data;
+    size_t size;  // exactly this many bytes are expected
+  };
+  // Receives every buffer (any order of arrival), driving progress until
+  // all arrived or `timeout` passed: DEADLINE_EXCEEDED then, and the
+  // outstanding receives are cancelled. DATA_LOSS on a size mismatch.
+  absl::Status RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout);
+
+  // Waits until no send is in flight or `timeout` passed.
+  bool Flush(absl::Duration timeout);
+
+  struct Stats {
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    int64_t send_errors = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  explicit UcxWorker(std::unique_ptr<Impl> impl);
+  absl::StatusOr<void*> Endpoint(const std::string& remote_address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void ProgressLoop();
+
+  std::unique_ptr<Impl> impl_;
+  std::string address_;
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread progress_thread_;
+  std::map<std::string, void*> endpoints_ ABSL_GUARDED_BY(mu_);
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_COMM_UCX_H_

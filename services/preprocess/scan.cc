@@ -1,0 +1,74 @@
+#include "services/preprocess/scan.h"
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "loom/data/v1/sample.pb.h"
+#include "runtime/base/file.h"
+#include "runtime/data/loader.h"
+
+namespace loom {
+
+absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
+  if (options.shards.empty()) return absl::InvalidArgumentError("--shards is required");
+  if (options.output.empty()) return absl::InvalidArgumentError("--output is required");
+  absl::StatusOr<ModelConfig> config = ModelConfigByName(options.config);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer =
+      data::Tokenizer::Load(options.tokenizer);
+  if (!tokenizer.ok()) return tokenizer.status();
+  absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
+  if (!shards.ok()) return shards.status();
+
+  data::LoaderOptions lo;
+  lo.shards = *shards;
+  lo.shuffle = false;
+  lo.epochs = 1;
+  lo.threads = std::max(1, options.threads);
+  lo.prefetch = 16 * lo.threads;
+  lo.preprocess = data::PreprocessOptionsFor(*config);
+  ScanSummary summary;
+  lo.on_skip = [&](const data::SkippedSample& s) { ++summary.skipped[s.reason]; };
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
+      data::DataLoader::Open(lo, tokenizer->get());
+  if (!loader.ok()) return loader.status();
+
+  std::string out;
+  google::protobuf::util::JsonPrintOptions json;
+  json.preserve_proto_field_names = true;
+  json.always_print_primitive_fields = true;
+  for (;;) {
+    absl::StatusOr<data::ProcessedSample> s = (*loader)->Next();
+    if (absl::IsOutOfRange(s.status())) break;
+    if (!s.ok()) return s.status();
+    data::v1::ScanRecord record;
+    record.set_key(s->key);
+    for (const data::ImageInfo& info : s->images) record.add_images(info.tiles);
+    record.set_image_tokens(s->image_tokens);
+    record.set_text_tokens(s->text_tokens);
+    std::string line;
+    if (auto st = google::protobuf::util::MessageToJsonString(record, &line, json); !st.ok()) {
+      return absl::InternalError(st.ToString());
+    }
+    absl::StrAppend(&out, line, "\n");
+    ++summary.kept;
+  }
+  summary.read = summary.kept;
+  for (const auto& [reason, n] : summary.skipped) summary.read += n;
+  if (absl::Status st = WriteFileAtomically(options.output, out); !st.ok()) return st;
+  return summary;
+}
+
+std::string FormatScanSummary(const ScanSummary& summary) {
+  int64_t skipped = 0;
+  std::string reasons;
+  for (const auto& [reason, n] : summary.skipped) {
+    skipped += n;
+    absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
+  }
+  std::string out = absl::StrCat("read ", summary.read, ", kept ", summary.kept, ", skipped ",
+                                 skipped);
+  if (!reasons.empty()) absl::StrAppend(&out, " (", reasons, ")");
+  return out;
+}
+
+}  // namespace loom
