@@ -307,9 +307,9 @@ absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Du
   };
   while (result.ok() && !all_done()) {
     if (absl::Now() >= deadline) {
-      result = absl::DeadlineExceededError(
-          absl::StrCat("UCX receive of ", buffers.size(), " buffers timed out after ",
-                       absl::FormatDuration(timeout)));
+      result = absl::DeadlineExceededError(absl::StrCat("UCX receive of ", buffers.size(),
+                                                        " buffers timed out after ",
+                                                        absl::FormatDuration(timeout)));
       break;
     }
     mu_.Unlock();
@@ -327,9 +327,9 @@ absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Du
     if (ops[i].status != UCS_OK) {
       result = UcsError("recv", ops[i].status);
     } else if (ops[i].info.length != buffers[i].size) {
-      result = absl::DataLossError(absl::StrCat("UCX tag ", buffers[i].tag, ": expected ",
-                                                buffers[i].size, " bytes, got ",
-                                                ops[i].info.length));
+      result =
+          absl::DataLossError(absl::StrCat("UCX tag ", buffers[i].tag, ": expected ",
+                                           buffers[i].size, " bytes, got ", ops[i].info.length));
     } else {
       stats_.bytes_received += static_cast<int64_t>(buffers[i].size);
     }

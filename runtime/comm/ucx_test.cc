@@ -29,9 +29,9 @@ TEST(UcxTest, TaggedMessagesArriveWhateverTheOrderAndSize) {
   ASSERT_TRUE((*a)->Send((*b)->address(), 41, small->data(), small->size() * 4, small).ok());
   std::vector<int32_t> got_small(100);
   std::vector<float> got_large(3 << 20);
-  absl::Status s = (*b)->RecvAll({{41, got_small.data(), got_small.size() * 4},
-                                  {42, got_large.data(), got_large.size() * 4}},
-                                 absl::Seconds(30));
+  absl::Status s = (*b)->RecvAll(
+      {{41, got_small.data(), got_small.size() * 4}, {42, got_large.data(), got_large.size() * 4}},
+      absl::Seconds(30));
   EXPECT_TRUE((*a)->Flush(absl::Seconds(10)));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(got_small, *small);

@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& gi
     std::string tried;
     path = FindRunfile("runtime/data/tokenizer.model", &tried);
     if (path.empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "no tokenizer model beside the binary (tried", tried, "); pass --tokenizer"));
+      return absl::NotFoundError(absl::StrCat("no tokenizer model beside the binary (tried", tried,
+                                              "); pass --tokenizer"));
     }
   }
   absl::StatusOr<std::string> bytes = ReadFile(path);

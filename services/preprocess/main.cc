@@ -1,15 +1,70 @@
-// loom-preprocess: the data-preprocessing service (reads shards, serves sample tensors).
+// loom-preprocess: the data-preprocessing service, and its offline scan.
+//
+//   loom-preprocess --shards 'data/*.tar' --global_batch 16 [--grpc_port ...]
+//   loom-preprocess scan --shards 'data/*.tar' --output scan.jsonl
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "runtime/base/log.h"
 #include "services/common/init.h"
 #include "services/preprocess/preprocess_service.h"
+#include "services/preprocess/scan.h"
+
+ABSL_FLAG(std::string, shards, "", "WebDataset shards, a glob (quote it): 'data/*.tar'.");
+ABSL_FLAG(std::string, output, "", "scan: where to write the JSON lines.");
+ABSL_FLAG(std::string, tokenizer, "", "sentencepiece model (default: the one built with Loom).");
+ABSL_FLAG(std::string, config, "tiny", "Model config: tile size, tokens per tile, max sequence.");
+ABSL_FLAG(uint64_t, seed, 1, "Shuffle seed.");
+ABSL_FLAG(int, global_batch, 16, "Samples per global batch (iteration).");
+ABSL_FLAG(int, threads, 2, "Decode/tile/tokenize threads.");
+ABSL_FLAG(int, prefetch, 64, "Samples preprocessed ahead of the batches asked for.");
 
 int main(int argc, char** argv) {
-  loom::InitService(argc, argv, "loom-preprocess",
-                    "loom-preprocess: the data-preprocessing service (reads shards, serves sample "
-                    "tensors).\nFlags: --host --grpc_port --metrics_port "
-                    "--shutdown_deadline --log_level");
+  std::vector<std::string> args = loom::InitService(
+      argc, argv, "loom-preprocess",
+      "loom-preprocess: the data-preprocessing service.\n"
+      "  loom-preprocess --shards GLOB [--global_batch N --seed S --config NAME]\n"
+      "  loom-preprocess scan --shards GLOB --output FILE\n"
+      "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
+      "--threads --prefetch");
+  if (args.size() > 1 && args[1] == "scan") {
+    loom::ScanOptions o;
+    o.shards = absl::GetFlag(FLAGS_shards);
+    o.output = absl::GetFlag(FLAGS_output);
+    o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+    o.config = absl::GetFlag(FLAGS_config);
+    o.threads = absl::GetFlag(FLAGS_threads);
+    absl::StatusOr<loom::ScanSummary> summary = loom::RunScan(o);
+    if (!summary.ok()) {
+      std::fprintf(stderr, "loom-preprocess scan: %s\n",
+                   std::string(summary.status().message()).c_str());
+      return 2;
+    }
+    std::printf("loom-preprocess scan: %s\n", loom::FormatScanSummary(*summary).c_str());
+    return 0;
+  }
+  if (args.size() > 1) {
+    std::fprintf(stderr, "loom-preprocess: unknown command \"%s\" (known: scan)\n",
+                 args[1].c_str());
+    return 2;
+  }
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-preprocess", loom::common::v1::ROLE_PREPROCESS, 0));
-  loom::PreprocessServiceImpl service(&chassis);
-  chassis.AddService(&service, loom::data::v1::PreprocessService::service_full_name());
+  loom::PreprocessServiceOptions o;
+  o.shards = absl::GetFlag(FLAGS_shards);
+  o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  o.config = absl::GetFlag(FLAGS_config);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.global_batch = absl::GetFlag(FLAGS_global_batch);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.prefetch = absl::GetFlag(FLAGS_prefetch);
+  absl::StatusOr<std::unique_ptr<loom::PreprocessServiceImpl>> service =
+      loom::PreprocessServiceImpl::Create(&chassis, o);
+  if (!service.ok()) {
+    LOOM_LOG(ERROR).With("error", std::string(service.status().message())) << "cannot start";
+    std::fprintf(stderr, "loom-preprocess: %s\n", std::string(service.status().message()).c_str());
+    return 1;
+  }
+  chassis.AddService(service->get(), loom::data::v1::PreprocessService::service_full_name());
   return chassis.ServeUntilSignal();
 }

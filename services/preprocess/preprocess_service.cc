@@ -1,10 +1,209 @@
 #include "services/preprocess/preprocess_service.h"
 
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/log.h"
+
 namespace loom {
+namespace {
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+const grpc::Status kNoData(grpc::StatusCode::FAILED_PRECONDITION,
+                           "loom-preprocess was started without --shards");
+}  // namespace
+
+PreprocessServiceImpl::PreprocessServiceImpl(Chassis* chassis) : chassis_(chassis) {}
+
+absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Create(
+    Chassis* chassis, const PreprocessServiceOptions& options) {
+  auto service = std::make_unique<PreprocessServiceImpl>(chassis);
+  service->options_ = options;
+  if (options.shards.empty()) return service;
+  if (options.global_batch < 1) return absl::InvalidArgumentError("--global_batch must be >= 1");
+  absl::StatusOr<ModelConfig> config = ModelConfigByName(options.config);
+  if (!config.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--config: ", config.status().message()));
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer =
+      data::Tokenizer::Load(options.tokenizer);
+  if (!tokenizer.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", tokenizer.status().message()));
+  service->tokenizer_ = std::move(*tokenizer);
+  absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
+  if (!shards.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--shards: ", shards.status().message()));
+
+  prometheus::Registry& registry = chassis->registry();
+  service->skipped_ = &prometheus::BuildCounter()
+                           .Name("loom_preprocess_samples_skipped_total")
+                           .Help("Samples skipped by the preprocessing pipeline, by reason.")
+                           .Register(registry);
+  for (std::string_view reason : data::kSkipReasons) {
+    service->skipped_->Add({{"reason", std::string(reason)}});
+  }
+  service->samples_served_ = &prometheus::BuildCounter()
+                                  .Name("loom_preprocess_samples_total")
+                                  .Help("Samples preprocessed into global batches.")
+                                  .Register(registry)
+                                  .Add({});
+  service->bytes_sent_ = &prometheus::BuildCounter()
+                              .Name("loom_preprocess_ucx_sent_bytes_total")
+                              .Help("Tensor bytes sent to workers over UCX.")
+                              .Register(registry)
+                              .Add({});
+
+  data::LoaderOptions lo;
+  lo.shards = *shards;
+  lo.seed = options.seed;
+  lo.threads = std::max(1, options.threads);
+  lo.prefetch = std::max(1, options.prefetch);
+  lo.preprocess = data::PreprocessOptionsFor(*config);
+  auto* skipped = service->skipped_;
+  lo.on_skip = [skipped](const data::SkippedSample& s) {
+    skipped->Add({{"reason", s.reason}}).Increment();
+  };
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
+      data::DataLoader::Open(std::move(lo), service->tokenizer_.get());
+  if (!loader.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--shards: ", loader.status().message()));
+  service->loader_ = std::move(*loader);
+  absl::StatusOr<std::unique_ptr<UcxWorker>> ucx = UcxWorker::Create();
+  if (!ucx.ok()) return ucx.status();
+  service->ucx_ = std::move(*ucx);
+  LOOM_LOG(INFO)
+          .With("shards", static_cast<int64_t>(shards->size()))
+          .With("samples", service->loader_->dataset_samples())
+          .With("global_batch", options.global_batch)
+      << "data loader open";
+  return service;
+}
 
 grpc::Status PreprocessServiceImpl::GetInfo(grpc::ServerContext*, const data::v1::GetInfoRequest*,
                                             data::v1::GetInfoResponse* response) {
   chassis_->FillServiceInfo(response->mutable_info());
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessServiceImpl::BatchFor(
+    int64_t iteration) {
+  if (iteration < 0) return absl::InvalidArgumentError("iteration: must be >= 0");
+  absl::MutexLock lock(&mu_);
+  if (!loader_error_.empty()) return absl::FailedPreconditionError(loader_error_);
+  if (auto it = batches_.find(iteration); it != batches_.end()) return it->second;
+  if (iteration < next_iteration_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("iteration ", iteration, " left the retention window (oldest kept: ",
+                     batches_.empty() ? next_iteration_ : batches_.begin()->first, ")"));
+  }
+  if (iteration >= next_iteration_ + options_.retained_batches) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("iteration ", iteration, " is more than ", options_.retained_batches,
+                     " batches ahead of the next one (", next_iteration_, ")"));
+  }
+  while (next_iteration_ <= iteration) {
+    auto batch = std::make_shared<Batch>();
+    batch->iteration = next_iteration_;
+    batch->cursor_before = loader_->Cursor();
+    for (int i = 0; i < options_.global_batch; ++i) {
+      absl::StatusOr<data::ProcessedSample> s = loader_->Next();
+      if (!s.ok()) {
+        loader_error_ = std::string(s.status().message());
+        LOOM_LOG(ERROR).With("error", loader_error_) << "data loader failed";
+        return absl::FailedPreconditionError(loader_error_);
+      }
+      batch->samples.push_back(std::move(*s));
+    }
+    samples_served_->Increment(options_.global_batch);
+    batches_[next_iteration_++] = std::move(batch);
+    while (static_cast<int>(batches_.size()) > options_.retained_batches)
+      batches_.erase(batches_.begin());
+  }
+  return batches_.at(iteration);
+}
+
+grpc::Status PreprocessServiceImpl::GetBatch(grpc::ServerContext*,
+                                             const data::v1::GetBatchRequest* request,
+                                             data::v1::GetBatchResponse* response) {
+  if (loader_ == nullptr) return kNoData;
+  absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
+  if (!batch.ok()) return ToGrpc(batch.status());
+  response->set_iteration(request->iteration());
+  for (size_t i = 0; i < (*batch)->samples.size(); ++i) {
+    const data::ProcessedSample& s = (*batch)->samples[i];
+    data::v1::SampleMetadata* m = response->add_samples();
+    m->set_index(static_cast<int32_t>(i));
+    m->mutable_record()->set_key(s.key);
+    for (const data::ImageInfo& info : s.images) m->mutable_record()->add_images(info.tiles);
+    m->mutable_record()->set_image_tokens(s.image_tokens);
+    m->mutable_record()->set_text_tokens(s.text_tokens);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
+                                                 const data::v1::FetchSamplesRequest* request,
+                                                 data::v1::FetchSamplesResponse* response) {
+  if (loader_ == nullptr) return kNoData;
+  absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
+  if (!batch.ok()) return ToGrpc(batch.status());
+  const int n = static_cast<int>((*batch)->samples.size());
+  std::set<int> seen;
+  for (int index : request->indices()) {
+    if (index < 0 || index >= n) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("indices: ", index, " is outside the batch of ", n));
+    }
+    if (!seen.insert(index).second) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("indices: ", index, " is repeated"));
+    }
+  }
+  const int tile_size =
+      loader_ ? data::PreprocessOptionsFor(*ModelConfigByName(options_.config)).tile_size : 0;
+  std::shared_ptr<const void> keep = *batch;
+  for (int k = 0; k < request->indices_size(); ++k) {
+    const data::ProcessedSample& s = (*batch)->samples[request->indices(k)];
+    data::v1::SampleTensors* t = response->add_samples();
+    t->set_index(request->indices(k));
+    t->set_key(s.key);
+    t->set_num_tiles(s.sample.num_tiles);
+    t->set_tile_size(tile_size);
+    t->set_tiles_tag(request->tag_base() + 2 * static_cast<uint64_t>(k));
+    t->set_tiles_bytes(static_cast<int64_t>(s.sample.tiles.size() * sizeof(float)));
+    t->set_tokens_tag(request->tag_base() + 2 * static_cast<uint64_t>(k) + 1);
+    t->set_num_tokens(static_cast<int32_t>(s.sample.tokens.size()));
+    auto* counter = bytes_sent_;
+    auto count = [counter](size_t bytes) {
+      return [counter, bytes](absl::Status st) {
+        if (st.ok()) counter->Increment(static_cast<double>(bytes));
+      };
+    };
+    const size_t tile_bytes = s.sample.tiles.size() * sizeof(float);
+    const size_t token_bytes = s.sample.tokens.size() * sizeof(int32_t);
+    absl::Status sent = ucx_->Send(request->ucx_address(), t->tiles_tag(), s.sample.tiles.data(),
+                                   tile_bytes, keep, count(tile_bytes));
+    if (sent.ok()) {
+      sent = ucx_->Send(request->ucx_address(), t->tokens_tag(), s.sample.tokens.data(),
+                        token_bytes, keep, count(token_bytes));
+    }
+    if (!sent.ok()) {
+      const bool bad_address = sent.code() == absl::StatusCode::kInvalidArgument;
+      return grpc::Status(
+          bad_address ? grpc::StatusCode::INVALID_ARGUMENT : grpc::StatusCode::UNAVAILABLE,
+          absl::StrCat(bad_address ? "ucx_address: " : "", sent.message()));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PreprocessServiceImpl::GetCursor(grpc::ServerContext*,
+                                              const data::v1::GetCursorRequest* request,
+                                              data::v1::GetCursorResponse* response) {
+  if (loader_ == nullptr) return kNoData;
+  absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
+  if (!batch.ok()) return ToGrpc(batch.status());
+  *response->mutable_cursor() = (*batch)->cursor_before;
   return grpc::Status::OK;
 }
 

@@ -1,23 +1,80 @@
 // loom-preprocess's gRPC service (data::v1::PreprocessService).
+//
+// Owns the data loader (runtime/data/loader.h) and one UCX worker. Global
+// batch i is the loader's next `global_batch` kept samples after batch i-1;
+// batches are made in order when first asked for, kept for
+// `retained_batches` iterations, and the loader prefetches behind them.
+// Skipped samples are counted in loom_preprocess_samples_skipped_total{reason}.
 #ifndef LOOM_SERVICES_PREPROCESS_PREPROCESS_SERVICE_H_
 #define LOOM_SERVICES_PREPROCESS_PREPROCESS_SERVICE_H_
 
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "loom/data/v1/data.grpc.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "runtime/comm/ucx.h"
+#include "runtime/data/loader.h"
 #include "services/common/chassis.h"
 
 namespace loom {
 
+struct PreprocessServiceOptions {
+  std::string shards;     // glob; "" serves GetInfo only (data RPCs: FAILED_PRECONDITION)
+  std::string tokenizer;  // "" for the model built with the binary
+  std::string config = "tiny";
+  uint64_t seed = 1;
+  int global_batch = 16;
+  int threads = 2;
+  int prefetch = 64;
+  int retained_batches = 16;
+};
+
 // Thread-safe: gRPC calls its methods from many threads at once.
 class PreprocessServiceImpl final : public data::v1::PreprocessService::Service {
  public:
-  // `chassis` is not owned and must outlive this service.
-  explicit PreprocessServiceImpl(const Chassis* chassis) : chassis_(chassis) {}
+  // `chassis` is not owned and must outlive this service. Opens the shards
+  // (errors name the flag at fault).
+  static absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> Create(
+      Chassis* chassis, const PreprocessServiceOptions& options);
+  // GetInfo only, no data.
+  explicit PreprocessServiceImpl(Chassis* chassis);
 
   grpc::Status GetInfo(grpc::ServerContext* context, const data::v1::GetInfoRequest* request,
                        data::v1::GetInfoResponse* response) override;
+  grpc::Status GetBatch(grpc::ServerContext* context, const data::v1::GetBatchRequest* request,
+                        data::v1::GetBatchResponse* response) override;
+  grpc::Status FetchSamples(grpc::ServerContext* context,
+                            const data::v1::FetchSamplesRequest* request,
+                            data::v1::FetchSamplesResponse* response) override;
+  grpc::Status GetCursor(grpc::ServerContext* context, const data::v1::GetCursorRequest* request,
+                         data::v1::GetCursorResponse* response) override;
 
  private:
-  const Chassis* chassis_;
+  struct Batch {
+    int64_t iteration = 0;
+    data::v1::DataCursor cursor_before;
+    std::vector<data::ProcessedSample> samples;
+  };
+  absl::StatusOr<std::shared_ptr<const Batch>> BatchFor(int64_t iteration);
+
+  Chassis* chassis_;
+  PreprocessServiceOptions options_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<UcxWorker> ucx_;
+  prometheus::Family<prometheus::Counter>* skipped_ = nullptr;
+  prometheus::Counter* samples_served_ = nullptr;
+  prometheus::Counter* bytes_sent_ = nullptr;
+
+  absl::Mutex mu_;
+  std::map<int64_t, std::shared_ptr<const Batch>> batches_ ABSL_GUARDED_BY(mu_);
+  int64_t next_iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string loader_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

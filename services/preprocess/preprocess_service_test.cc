@@ -1,7 +1,10 @@
 #include "services/preprocess/preprocess_service.h"
 
 #include "gtest/gtest.h"
+#include "runtime/data/datagen.h"
 #include "services/common/chassis_testing.h"
+#include "services/common/http_get.h"
+#include "services/preprocess/data_client.h"
 
 namespace loom {
 namespace {
@@ -23,6 +26,107 @@ TEST(PreprocessServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
   EXPECT_EQ(response.info().rank(), 0);
   EXPECT_EQ(response.info().grpc_port(), chassis.grpc_port());
   EXPECT_EQ(response.info().metrics_port(), chassis.metrics_port());
+
+  // Without --shards the data RPCs say so.
+  auto ctx2 = testing::ContextWithDeadline();
+  data::v1::GetBatchResponse batch;
+  EXPECT_EQ(stub->GetBatch(ctx2.get(), data::v1::GetBatchRequest(), &batch).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+class ServedDataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ov";
+    data::DatagenOptions g;
+    g.preset = "onevision";
+    g.samples = 24;
+    g.seed = 2;
+    g.out_dir = dir;
+    g.samples_per_shard = 8;
+    ASSERT_TRUE(data::WriteDataset(g).ok());
+    // One bad sample in its own shard, for the skip metric.
+    ASSERT_TRUE(data::WriteTar(dir + "/onevision-bad.tar",
+                               {{"bad.json", "{\"text\": \"<image> x\", \"images\": [\"0.png\"]}"},
+                                {"bad.0.png", ""}})
+                    .ok());
+    options_.shards = dir + "/*.tar";
+    options_.global_batch = 4;
+    options_.seed = 9;
+    chassis_ = std::make_unique<Chassis>(
+        testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
+    auto service = PreprocessServiceImpl::Create(chassis_.get(), options_);
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = std::move(*service);
+    chassis_->AddService(service_.get(), data::v1::PreprocessService::service_full_name());
+    ASSERT_TRUE(chassis_->Start().ok());
+    ucx_ = *UcxWorker::Create();
+    client_ = std::make_unique<DataClient>(testing::ChannelTo(*chassis_), ucx_.get());
+  }
+
+  PreprocessServiceOptions options_;
+  std::unique_ptr<Chassis> chassis_;
+  std::unique_ptr<PreprocessServiceImpl> service_;
+  std::unique_ptr<UcxWorker> ucx_;
+  std::unique_ptr<DataClient> client_;
+};
+
+TEST_F(ServedDataTest, BatchesFollowTheLoaderAndTensorsArriveOverUcx) {
+  // The reference: the same loader in this process.
+  auto tokenizer = *data::Tokenizer::Load("");
+  data::LoaderOptions lo;
+  lo.shards = *data::ExpandShardGlob(options_.shards);
+  lo.seed = options_.seed;
+  lo.preprocess = data::PreprocessOptionsFor(*ModelConfigByName("tiny"));
+  auto loader = *data::DataLoader::Open(lo, tokenizer.get());
+  for (int64_t it = 0; it < 3; ++it) {
+    absl::StatusOr<data::v1::GetBatchResponse> batch = client_->GetBatch(it);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    ASSERT_EQ(batch->samples_size(), 4);
+    std::vector<data::ProcessedSample> expected;
+    for (int i = 0; i < 4; ++i) expected.push_back(*loader->Next());
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(batch->samples(i).record().key(), expected[i].key);
+      EXPECT_EQ(batch->samples(i).record().image_tokens(), expected[i].image_tokens);
+      EXPECT_EQ(batch->samples(i).record().text_tokens(), expected[i].text_tokens);
+    }
+    // A worker assigned samples 3 and 1.
+    absl::StatusOr<std::vector<Sample>> got = client_->FetchSamples(it, {3, 1});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)[0].tokens, expected[3].sample.tokens);
+    EXPECT_EQ((*got)[0].tiles, expected[3].sample.tiles);
+    EXPECT_EQ((*got)[0].num_tiles, expected[3].sample.num_tiles);
+    EXPECT_EQ((*got)[1].tiles, expected[1].sample.tiles);
+  }
+  EXPECT_GT(ucx_->stats().bytes_received, 0);
+}
+
+TEST_F(ServedDataTest, BadRequestsGetClearCodes) {
+  EXPECT_EQ(client_->FetchSamples(0, {4}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->FetchSamples(0, {1, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->GetBatch(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->GetBatch(1000).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (int64_t it = 0; it < 20; ++it) ASSERT_TRUE(client_->GetBatch(it).ok());
+  EXPECT_EQ(client_->GetBatch(0).status().code(), absl::StatusCode::kOutOfRange);
+  // Bytes that are not a UCX address.
+  auto stub = data::v1::PreprocessService::NewStub(testing::ChannelTo(*chassis_));
+  auto ctx = testing::ContextWithDeadline();
+  data::v1::FetchSamplesRequest request;
+  request.set_iteration(19);
+  request.add_indices(0);
+  request.set_ucx_address("garbage");
+  data::v1::FetchSamplesResponse response;
+  grpc::Status s = stub->FetchSamples(ctx.get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("ucx_address"), std::string::npos);
+  // The bad sample was counted, with its reason, on /metrics: once per epoch
+  // (80 samples asked for from 25: it was met 3 times).
+  absl::StatusOr<HttpResponse> metrics =
+      HttpGet("127.0.0.1", chassis_->metrics_port(), "/metrics", absl::Seconds(5));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->body.find("loom_preprocess_samples_skipped_total{reason=\"empty_image\"} 3"),
+            std::string::npos)
+      << metrics->body;
 }
 
 }  // namespace

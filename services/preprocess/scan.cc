@@ -65,8 +65,8 @@ std::string FormatScanSummary(const ScanSummary& summary) {
     skipped += n;
     absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
   }
-  std::string out = absl::StrCat("read ", summary.read, ", kept ", summary.kept, ", skipped ",
-                                 skipped);
+  std::string out =
+      absl::StrCat("read ", summary.read, ", kept ", summary.kept, ", skipped ", skipped);
   if (!reasons.empty()) absl::StrAppend(&out, " (", reasons, ")");
   return out;
 }

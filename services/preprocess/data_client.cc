@@ -1,0 +1,66 @@
+#include "services/preprocess/data_client.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace loom {
+namespace {
+absl::Status FromGrpc(const grpc::Status& s, const char* call) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(call, ": ", s.error_message()));
+}
+}  // namespace
+
+DataClient::DataClient(std::shared_ptr<grpc::Channel> channel, UcxWorker* ucx,
+                       absl::Duration deadline)
+    : stub_(data::v1::PreprocessService::NewStub(channel)), ucx_(ucx), deadline_(deadline) {}
+
+absl::StatusOr<data::v1::GetBatchResponse> DataClient::GetBatch(int64_t iteration) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  data::v1::GetBatchRequest request;
+  request.set_iteration(iteration);
+  data::v1::GetBatchResponse response;
+  grpc::Status s = stub_->GetBatch(&ctx, request, &response);
+  if (!s.ok()) return FromGrpc(s, "GetBatch");
+  return response;
+}
+
+absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
+                                                             const std::vector<int>& indices) {
+  // Each fetch gets its own tag range so concurrent fetches never match
+  // each other's messages.
+  const uint64_t tag_base = next_tag_base_.fetch_add(1) << 32;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  data::v1::FetchSamplesRequest request;
+  request.set_iteration(iteration);
+  for (int i : indices) request.add_indices(i);
+  request.set_ucx_address(ucx_->address());
+  request.set_tag_base(tag_base);
+  data::v1::FetchSamplesResponse response;
+  grpc::Status s = stub_->FetchSamples(&ctx, request, &response);
+  if (!s.ok()) return FromGrpc(s, "FetchSamples");
+  if (response.samples_size() != static_cast<int>(indices.size())) {
+    return absl::DataLossError("FetchSamples: answer does not match the request");
+  }
+  std::vector<Sample> out(indices.size());
+  std::vector<UcxWorker::RecvBuffer> buffers;
+  for (int k = 0; k < response.samples_size(); ++k) {
+    const data::v1::SampleTensors& t = response.samples(k);
+    const int64_t expect =
+        static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
+    if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect) {
+      return absl::DataLossError(
+          absl::StrCat("FetchSamples: inconsistent descriptor for ", t.key()));
+    }
+    out[k].num_tiles = t.num_tiles();
+    out[k].tiles.resize(static_cast<size_t>(t.tiles_bytes() / 4));
+    out[k].tokens.resize(static_cast<size_t>(t.num_tokens()));
+    buffers.push_back({t.tiles_tag(), out[k].tiles.data(), out[k].tiles.size() * 4});
+    buffers.push_back({t.tokens_tag(), out[k].tokens.data(), out[k].tokens.size() * 4});
+  }
+  if (absl::Status r = ucx_->RecvAll(buffers, deadline_); !r.ok()) return r;
+  return out;
+}
+
+}  // namespace loom

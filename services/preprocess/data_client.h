@@ -1,0 +1,40 @@
+// The worker side of loom-preprocess: global-batch metadata over gRPC and
+// sample tensors over UCX into this process's UcxWorker.
+#ifndef LOOM_SERVICES_PREPROCESS_DATA_CLIENT_H_
+#define LOOM_SERVICES_PREPROCESS_DATA_CLIENT_H_
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/data/v1/data.grpc.pb.h"
+#include "runtime/comm/ucx.h"
+#include "runtime/model/model.h"
+
+namespace loom {
+
+class DataClient {
+ public:
+  // `ucx` is not owned and must outlive the client.
+  DataClient(std::shared_ptr<grpc::Channel> channel, UcxWorker* ucx,
+             absl::Duration deadline = absl::Seconds(30));
+
+  absl::StatusOr<data::v1::GetBatchResponse> GetBatch(int64_t iteration);
+
+  // The samples at `indices` of batch `iteration`, in that order.
+  absl::StatusOr<std::vector<Sample>> FetchSamples(int64_t iteration,
+                                                   const std::vector<int>& indices);
+
+ private:
+  std::unique_ptr<data::v1::PreprocessService::Stub> stub_;
+  UcxWorker* ucx_;
+  absl::Duration deadline_;
+  std::atomic<uint64_t> next_tag_base_{1};
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_PREPROCESS_DATA_CLIENT_H_

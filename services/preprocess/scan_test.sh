@@ -1,0 +1,42 @@
+#!/bin/bash
+# loom-preprocess scan end to end: generated shards plus a shard of bad
+# samples; the JSON lines and the summary must account for every sample.
+set -euo pipefail
+bin=services/preprocess/loom-preprocess
+gen=runtime/data/loom-datagen
+dir="$TEST_TMPDIR/scan"
+mkdir -p "$dir"
+"$gen" --preset caption --samples 20 --seed 4 --out "$dir" --samples_per_shard 10 >/dev/null
+
+# A shard holding a good sample, a zero-byte image and a missing image, then
+# cut short inside a last sample.
+work="$TEST_TMPDIR/bad"
+mkdir -p "$work"
+cd "$work"
+printf '{"text": "just words."}' > ok.json
+printf '{"text": "<image> x", "images": ["0.png"]}' > zero.json
+: > zero.0.png
+printf '{"text": "<image> x", "images": ["0.png"]}' > missing.json
+printf '{"text": "<image> x", "images": ["0.png"]}' > cut.json
+head -c 5000 /dev/urandom > cut.0.png
+tar --format=ustar -b 1 -cf bad.tar ok.json zero.json zero.0.png missing.json cut.json cut.0.png
+head -c -3000 bad.tar > "$dir/caption-bad.tar"
+cd - >/dev/null
+
+out="$TEST_TMPDIR/scan.jsonl"
+summary=$("$bin" scan --shards "$dir/*.tar" --output "$out" 2>/dev/null)
+echo "$summary"
+lines=$(wc -l < "$out")
+[ "$lines" -eq 21 ] || { echo "expected 21 kept lines, got $lines"; exit 1; }
+grep -q '"key":"caption-00000000","images":\[[0-9]*\],"image_tokens":[0-9]*,"text_tokens":[0-9]*' "$out" \
+  || { echo "line format"; head -2 "$out"; exit 1; }
+grep -q '"key":"ok","images":\[\],"image_tokens":0' "$out" || { echo "text-only line"; exit 1; }
+[[ "$summary" == *"read 24, kept 21, skipped 3 (empty_image 1, missing_image 1, truncated_tar 1)"* ]] \
+  || { echo "summary: $summary"; exit 1; }
+
+# Errors name what is wrong and exit non-zero.
+if "$bin" scan --shards "$dir/none-*.tar" --output "$out" 2>err.txt; then exit 1; fi
+grep -q "no shard matches" err.txt
+if "$bin" scan --shards "$dir/*.tar" 2>err.txt; then exit 1; fi
+grep -q -- "--output is required" err.txt
+echo PASS
