@@ -4,12 +4,21 @@
 //
 //   loom-train-local --config tiny --steps 200 --seed 1
 //   loom-train-local --config tiny --steps 200 --seed 1 --shuffle_images   # control
+//   loom-train-local --config tiny --steps 200 --shards 'data/onevision/*.tar'
+//
+// Without --shards the data is the in-memory SyntheticCaptions; with it,
+// samples come from WebDataset shards through the preprocessing pipeline
+// (runtime/data), shuffled by --seed, and checkpoints also hold the data
+// cursor (step-N/data_cursor.binpb) so a resumed run continues with exactly
+// the next sample.
 #include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "runtime/base/file.h"
+#include "runtime/data/loader.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
 #include "runtime/train/synthetic_data.h"
@@ -30,6 +39,19 @@ ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
 ABSL_FLAG(std::string, checkpoint_dir, "", "Folder for checkpoints (DIR/step-N/...).");
 ABSL_FLAG(int, checkpoint_every, 0, "Save a checkpoint every K steps (0: never).");
 ABSL_FLAG(bool, resume, false, "Continue from the last complete checkpoint in --checkpoint_dir.");
+ABSL_FLAG(std::string, shards, "", "Train from these WebDataset shards (a glob) instead.");
+ABSL_FLAG(std::string, tokenizer, "", "sentencepiece model for --shards (default: Loom's).");
+ABSL_FLAG(int, data_threads, 2, "Preprocessing threads for --shards.");
+
+namespace {
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "loom-train-local: %s\n", what.c_str());
+  return 1;
+}
+std::string CursorPath(const std::string& dir, int64_t step) {
+  return dir + "/step-" + std::to_string(step) + "/data_cursor.binpb";
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("loom-train-local: single-process multimodal training.");
@@ -50,6 +72,33 @@ int main(int argc, char** argv) {
   loom::MultimodalModel model(*config);
   model.Initialize(seed);
   loom::SyntheticCaptions data(*config, seed, absl::GetFlag(FLAGS_shuffle_images));
+  const std::string shards = absl::GetFlag(FLAGS_shards);
+  std::unique_ptr<loom::data::Tokenizer> tokenizer;
+  std::unique_ptr<loom::data::DataLoader> loader;
+  if (!shards.empty()) {
+    if (absl::GetFlag(FLAGS_shuffle_images)) {
+      return Fail("--shuffle_images is for the synthetic data; it cannot be used with --shards");
+    }
+    absl::StatusOr<std::unique_ptr<loom::data::Tokenizer>> tok =
+        loom::data::Tokenizer::Load(absl::GetFlag(FLAGS_tokenizer));
+    if (!tok.ok()) return Fail("--tokenizer: " + std::string(tok.status().message()));
+    if ((*tok)->vocab_size() > config->llm.vocab) {
+      return Fail("--tokenizer has " + std::to_string((*tok)->vocab_size()) +
+                  " pieces; the model's vocab is " + std::to_string(config->llm.vocab));
+    }
+    tokenizer = std::move(*tok);
+    absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(shards);
+    if (!paths.ok()) return Fail("--shards: " + std::string(paths.status().message()));
+    loom::data::LoaderOptions lo;
+    lo.shards = *paths;
+    lo.seed = seed;
+    lo.threads = std::max(1, absl::GetFlag(FLAGS_data_threads));
+    lo.preprocess = loom::data::PreprocessOptionsFor(*config);
+    absl::StatusOr<std::unique_ptr<loom::data::DataLoader>> l =
+        loom::data::DataLoader::Open(lo, tokenizer.get());
+    if (!l.ok()) return Fail("--shards: " + std::string(l.status().message()));
+    loader = std::move(*l);
+  }
   loom::TrainOptions options;
   options.microbatches = absl::GetFlag(FLAGS_microbatches);
   options.adam.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
@@ -75,14 +124,32 @@ int main(int argc, char** argv) {
       return 1;
     }
     first_step = static_cast<int>(*latest);
+    if (loader != nullptr) {
+      absl::StatusOr<std::string> bytes = loom::ReadFile(CursorPath(ckpt_dir, first_step));
+      loom::data::v1::DataCursor cursor;
+      if (!bytes.ok() || !cursor.ParseFromString(*bytes)) {
+        return Fail("--resume: checkpoint step " + std::to_string(first_step) +
+                    " has no data cursor (was it written without --shards?)");
+      }
+      if (absl::Status r = loader->Restore(cursor); !r.ok()) {
+        return Fail("--resume: " + std::string(r.message()));
+      }
+    }
     trainer.set_steps_taken(first_step);
     std::fprintf(stderr, "loom-train-local: resumed from step %d\n", first_step);
   }
 
   for (int s = first_step; s < steps; ++s) {
     std::vector<loom::Sample> global_batch;
-    for (int i = 0; i < batch; ++i)
-      global_batch.push_back(data.Get(static_cast<int64_t>(s) * batch + i));
+    for (int i = 0; i < batch; ++i) {
+      if (loader == nullptr) {
+        global_batch.push_back(data.Get(static_cast<int64_t>(s) * batch + i));
+        continue;
+      }
+      absl::StatusOr<loom::data::ProcessedSample> sample = loader->Next();
+      if (!sample.ok()) return Fail("data: " + std::string(sample.status().message()));
+      global_batch.push_back(std::move(sample->sample));
+    }
     loom::StepStats st = trainer.Step(global_batch);
     std::printf(
         "{\"step\":%lld,\"loss\":%.6f,\"samples\":%lld,\"tokens\":%lld,\"step_seconds\":%.4f,"
@@ -91,7 +158,16 @@ int main(int argc, char** argv) {
         static_cast<long long>(st.tokens), st.seconds, st.grad_norm, st.lr);
     std::fflush(stdout);
     if (every > 0 && st.step % every == 0) {
-      if (absl::Status c = loom::SaveTrainingCheckpoint(model, st.step, ckpt_dir); !c.ok()) {
+      absl::Status c = absl::OkStatus();
+      if (loader != nullptr) {  // the cursor first: COMPLETE is written last
+        c = loom::MakeDirectories(ckpt_dir + "/step-" + std::to_string(st.step));
+        if (c.ok()) {
+          c = loom::WriteFileAtomically(CursorPath(ckpt_dir, st.step),
+                                        loader->Cursor().SerializeAsString());
+        }
+      }
+      if (c.ok()) c = loom::SaveTrainingCheckpoint(model, st.step, ckpt_dir);
+      if (!c.ok()) {
         std::fprintf(stderr, "loom-train-local: checkpoint: %s\n",
                      std::string(c.message()).c_str());
         return 1;
