@@ -245,12 +245,18 @@ Draft DraftOneVision(Rng& rng) {
   return d;
 }
 
+absl::Status CheckPreset(const std::string& preset) {
+  const std::vector<std::string>& known = DatagenPresets();
+  if (std::find(known.begin(), known.end(), preset) != known.end()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown preset \"", preset, "\"; known: ", absl::StrJoin(known, ", ")));
+}
+
 absl::StatusOr<Draft> DraftSample(const std::string& preset, Rng& rng) {
   if (preset == "caption") return DraftCaption(rng);
   if (preset == "interleaved") return DraftInterleaved(rng);
   if (preset == "onevision") return DraftOneVision(rng);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown preset \"", preset, "\"; known: ", absl::StrJoin(DatagenPresets(), ", ")));
+  return CheckPreset(preset);
 }
 
 }  // namespace
@@ -308,8 +314,7 @@ absl::StatusOr<std::vector<std::string>> WriteDataset(const DatagenOptions& opti
   if (options.samples <= 0 || options.samples_per_shard <= 0) {
     return absl::InvalidArgumentError("--samples and --samples_per_shard must be positive");
   }
-  Rng probe(0);
-  if (auto s = DraftSample(options.preset, probe); !s.ok()) return s.status();
+  if (absl::Status s = CheckPreset(options.preset); !s.ok()) return s;
   if (absl::Status s = MakeDirectories(options.out_dir); !s.ok()) return s;
   const int64_t shards =
       (options.samples + options.samples_per_shard - 1) / options.samples_per_shard;

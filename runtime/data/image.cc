@@ -14,9 +14,8 @@
 // clang-format on
 
 namespace loom::data {
-namespace {
 
-absl::Status CheckLimits(int64_t width, int64_t height, const DecodeLimits& limits) {
+absl::Status CheckDecodeLimits(int64_t width, int64_t height, const DecodeLimits& limits) {
   if (width <= 0 || height <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("image size ", width, "x", height));
   }
@@ -27,6 +26,8 @@ absl::Status CheckLimits(int64_t width, int64_t height, const DecodeLimits& limi
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // ---- PNG (libpng's simplified API: errors come back as a message) ----
 
@@ -45,7 +46,7 @@ absl::StatusOr<Image> DecodePng(std::string_view bytes, const DecodeLimits& limi
   png_image image;
   absl::StatusOr<ImageSize> size = PeekPng(bytes, &image);
   if (!size.ok()) return size.status();
-  if (absl::Status s = CheckLimits(image.width, image.height, limits); !s.ok()) {
+  if (absl::Status s = CheckDecodeLimits(image.width, image.height, limits); !s.ok()) {
     png_image_free(&image);
     return s;
   }
@@ -109,8 +110,7 @@ bool DecodeJpegInto(std::string_view bytes, const DecodeLimits& limits, int min_
     jpeg_destroy_decompress(&cinfo);
     return true;
   }
-  if (int64_t w = cinfo.image_width, h = cinfo.image_height;
-      w <= 0 || h <= 0 || w > limits.max_side || h > limits.max_side || w * h > limits.max_pixels) {
+  if (!CheckDecodeLimits(cinfo.image_width, cinfo.image_height, limits).ok()) {
     *too_large = true;
     jpeg_destroy_decompress(&cinfo);
     return false;
@@ -153,7 +153,7 @@ absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, const DecodeLimits& lim
   bool too_large = false;
   if (!DecodeJpegInto(bytes, limits, min_width, min_height, header_only, &out, &error,
                       &too_large)) {
-    if (too_large) return CheckLimits(out.width, out.height, limits);
+    if (too_large) return CheckDecodeLimits(out.width, out.height, limits);
     return absl::InvalidArgumentError(absl::StrCat("corrupt JPEG: ", error));
   }
   return out;

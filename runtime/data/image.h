@@ -34,6 +34,10 @@ struct DecodeLimits {
   int64_t max_pixels = 64LL << 20;  // width * height
 };
 
+// OK, INVALID_ARGUMENT for a non-positive size, or RESOURCE_EXHAUSTED when
+// width x height is over `limits` (the message names both).
+absl::Status CheckDecodeLimits(int64_t width, int64_t height, const DecodeLimits& limits);
+
 enum class ImageFormat { kUnknown, kPng, kJpeg };
 
 // From the leading magic bytes.

@@ -196,12 +196,9 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     if (!size.ok())
       return skip(ImageErrorReason(size.status()),
                   name + ": " + std::string(size.status().message()));
-    const DecodeLimits& lim = options_.decode;
-    if (size->width <= 0 || size->height <= 0 || size->width > lim.max_side ||
-        size->height > lim.max_side ||
-        static_cast<int64_t>(size->width) * size->height > lim.max_pixels) {
-      return skip("image_too_large", absl::StrCat(name, ": header claims ", size->width, "x",
-                                                  size->height, " pixels"));
+    if (absl::Status lim = CheckDecodeLimits(size->width, size->height, options_.decode);
+        !lim.ok()) {
+      return skip(ImageErrorReason(lim), name + ": " + std::string(lim.message()));
     }
     ImageInfo info;
     info.width = size->width;

@@ -4,6 +4,7 @@
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "services/common/grpc_status.h"
 
 namespace loom {
 
@@ -17,11 +18,8 @@ absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const std::
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status s = stub->Check(&ctx, req, &resp);
-  if (!s.ok()) {
-    return absl::Status(
-        static_cast<absl::StatusCode>(s.error_code()),
-        absl::StrCat("health check of '", service, "' at ", target, ": ", s.error_message()));
-  }
+  if (!s.ok())
+    return FromGrpcStatus(s, absl::StrCat("health check of '", service, "' at ", target));
   return resp.status();
 }
 

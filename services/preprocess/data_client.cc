@@ -1,15 +1,9 @@
 #include "services/preprocess/data_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/common/grpc_status.h"
 
 namespace loom {
-namespace {
-absl::Status FromGrpc(const grpc::Status& s, const char* call) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(call, ": ", s.error_message()));
-}
-}  // namespace
-
 DataClient::DataClient(std::shared_ptr<grpc::Channel> channel, UcxWorker* ucx,
                        absl::Duration deadline)
     : stub_(data::v1::PreprocessService::NewStub(channel)), ucx_(ucx), deadline_(deadline) {}
@@ -21,7 +15,7 @@ absl::StatusOr<data::v1::GetBatchResponse> DataClient::GetBatch(int64_t iteratio
   request.set_iteration(iteration);
   data::v1::GetBatchResponse response;
   grpc::Status s = stub_->GetBatch(&ctx, request, &response);
-  if (!s.ok()) return FromGrpc(s, "GetBatch");
+  if (!s.ok()) return FromGrpcStatus(s, "GetBatch");
   return response;
 }
 
@@ -39,7 +33,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   request.set_tag_base(tag_base);
   data::v1::FetchSamplesResponse response;
   grpc::Status s = stub_->FetchSamples(&ctx, request, &response);
-  if (!s.ok()) return FromGrpc(s, "FetchSamples");
+  if (!s.ok()) return FromGrpcStatus(s, "FetchSamples");
   if (response.samples_size() != static_cast<int>(indices.size())) {
     return absl::DataLossError("FetchSamples: answer does not match the request");
   }

@@ -4,12 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
+#include "services/common/grpc_status.h"
 
 namespace loom {
 namespace {
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 const grpc::Status kNoData(grpc::StatusCode::FAILED_PRECONDITION,
                            "loom-preprocess was started without --shards");
 }  // namespace
@@ -59,6 +57,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   lo.threads = std::max(1, options.threads);
   lo.prefetch = std::max(1, options.prefetch);
   lo.preprocess = data::PreprocessOptionsFor(*config);
+  service->tile_size_ = lo.preprocess.tile_size;
   auto* skipped = service->skipped_;
   lo.on_skip = [skipped](const data::SkippedSample& s) {
     skipped->Add({{"reason", s.reason}}).Increment();
@@ -127,7 +126,7 @@ grpc::Status PreprocessServiceImpl::GetBatch(grpc::ServerContext*,
                                              data::v1::GetBatchResponse* response) {
   if (loader_ == nullptr) return kNoData;
   absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
-  if (!batch.ok()) return ToGrpc(batch.status());
+  if (!batch.ok()) return ToGrpcStatus(batch.status());
   response->set_iteration(request->iteration());
   for (size_t i = 0; i < (*batch)->samples.size(); ++i) {
     const data::ProcessedSample& s = (*batch)->samples[i];
@@ -146,7 +145,7 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
                                                  data::v1::FetchSamplesResponse* response) {
   if (loader_ == nullptr) return kNoData;
   absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
-  if (!batch.ok()) return ToGrpc(batch.status());
+  if (!batch.ok()) return ToGrpcStatus(batch.status());
   const int n = static_cast<int>((*batch)->samples.size());
   std::set<int> seen;
   for (int index : request->indices()) {
@@ -159,8 +158,6 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
                           absl::StrCat("indices: ", index, " is repeated"));
     }
   }
-  const int tile_size =
-      loader_ ? data::PreprocessOptionsFor(*ModelConfigByName(options_.config)).tile_size : 0;
   std::shared_ptr<const void> keep = *batch;
   for (int k = 0; k < request->indices_size(); ++k) {
     const data::ProcessedSample& s = (*batch)->samples[request->indices(k)];
@@ -168,7 +165,7 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     t->set_index(request->indices(k));
     t->set_key(s.key);
     t->set_num_tiles(s.sample.num_tiles);
-    t->set_tile_size(tile_size);
+    t->set_tile_size(tile_size_);
     t->set_tiles_tag(request->tag_base() + 2 * static_cast<uint64_t>(k));
     t->set_tiles_bytes(static_cast<int64_t>(s.sample.tiles.size() * sizeof(float)));
     t->set_tokens_tag(request->tag_base() + 2 * static_cast<uint64_t>(k) + 1);
@@ -202,7 +199,7 @@ grpc::Status PreprocessServiceImpl::GetCursor(grpc::ServerContext*,
                                               data::v1::GetCursorResponse* response) {
   if (loader_ == nullptr) return kNoData;
   absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
-  if (!batch.ok()) return ToGrpc(batch.status());
+  if (!batch.ok()) return ToGrpcStatus(batch.status());
   *response->mutable_cursor() = (*batch)->cursor_before;
   return grpc::Status::OK;
 }

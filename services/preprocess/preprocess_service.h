@@ -64,6 +64,7 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
 
   Chassis* chassis_;
   PreprocessServiceOptions options_;
+  int tile_size_ = 0;  // of the model config; every served tile is this size
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<UcxWorker> ucx_;

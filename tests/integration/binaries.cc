@@ -8,6 +8,7 @@
 #include "loom/data/v1/data.grpc.pb.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "loom/worker/v1/worker.grpc.pb.h"
+#include "services/common/grpc_status.h"
 
 namespace loom {
 namespace {
@@ -21,10 +22,7 @@ absl::StatusOr<common::v1::ServiceInfo> CallGetInfo(const std::string& target) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   Response response;
   grpc::Status s = stub->GetInfo(&ctx, Request(), &response);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("GetInfo at ", target, ": ", s.error_message()));
-  }
+  if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("GetInfo at ", target));
   return response.info();
 }
 

@@ -48,11 +48,10 @@ int main(int argc, char** argv) {
   for (const auto& [path, files] : samples) {
     loom::data::Outcome o = pre.Process(files, /*decode_pixels=*/false);
     if (!o.ok) continue;
-    int i = 0;
-    for (const auto& [ext, bytes] : files.files) {
+    for (const auto& entry : files.files) {
+      const std::string& ext = entry.first;
       if (ext == "json") continue;
-      (void)bytes;
-      // Members in SampleRecord order are i.png/i.jpg; match by index prefix.
+      // loom-datagen names image i "i.png" or "i.jpg": the index prefix is its place.
       const int idx = std::atoi(ext.c_str());
       if (idx < 0 || idx >= static_cast<int>(o.sample.images.size())) continue;
       const loom::data::ImageInfo& info = o.sample.images[idx];
@@ -63,7 +62,6 @@ int main(int argc, char** argv) {
         plan << ",[" << options.tile_size << "," << options.tile_size << "]";
       }
       plan << "]}\n";
-      ++i;
     }
   }
   std::printf("loom: %zu samples (%lld kept), %.1f samples/s on one core\n", samples.size(),
