@@ -1,0 +1,516 @@
+#include "services/scheduler/assign.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <queue>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/scheduler/ilp.h"
+
+namespace loom::sched {
+namespace {
+
+// Samples' costs in units of each module's mean bin cost (total / bins).
+struct Normalized {
+  std::vector<double> e, l;
+};
+
+Normalized Normalize(const std::vector<SampleLoad>& samples, int bins) {
+  double te = 0, tl = 0;
+  for (const SampleLoad& s : samples) {
+    te += s.encoder;
+    tl += s.llm;
+  }
+  Normalized n;
+  n.e.resize(samples.size());
+  n.l.resize(samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    n.e[i] = te > 0 ? samples[i].encoder * bins / te : 0;
+    n.l[i] = tl > 0 ? samples[i].llm * bins / tl : 0;
+  }
+  return n;
+}
+
+using Groups = std::vector<std::vector<int>>;
+
+// Sample indices sorted by decreasing key, ties by index.
+std::vector<int> ByDecreasing(const std::vector<double>& key) {
+  std::vector<int> order(key.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
+  return order;
+}
+
+// Largest-first to the least loaded group (ties: lowest group index).
+void Lpt(const std::vector<int>& items, const std::vector<double>& size, std::vector<double>* load,
+         Groups* groups) {
+  using Entry = std::pair<double, int>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  for (size_t g = 0; g < groups->size(); ++g) heap.push({(*load)[g], static_cast<int>(g)});
+  for (int i : items) {
+    auto [l, g] = heap.top();
+    heap.pop();
+    (*groups)[g].push_back(i);
+    (*load)[g] = l + size[i];
+    heap.push({(*load)[g], g});
+  }
+}
+
+// Moves one sample into each empty group from the group with the most samples
+// (its smallest-cost sample), so every bin runs.
+void FillEmpty(const Normalized& n, Groups* groups) {
+  for (auto& g : *groups) {
+    if (!g.empty()) continue;
+    auto donor = std::max_element(groups->begin(), groups->end(),
+                                  [](const auto& a, const auto& b) { return a.size() < b.size(); });
+    auto smallest = std::min_element(donor->begin(), donor->end(), [&](int a, int b) {
+      return n.e[a] + n.l[a] < n.e[b] + n.l[b] || (n.e[a] + n.l[a] == n.e[b] + n.l[b] && a < b);
+    });
+    g.push_back(*smallest);
+    donor->erase(smallest);
+  }
+}
+
+Groups Sequential(size_t count, int bins) {
+  Groups groups(bins);
+  for (size_t i = 0; i < count; ++i) groups[i * bins / count].push_back(static_cast<int>(i));
+  return groups;
+}
+
+Groups LptGroups(const Normalized& n, int bins) {
+  std::vector<double> size(n.e.size());
+  for (size_t i = 0; i < size.size(); ++i) size[i] = n.e[i] + n.l[i];
+  Groups groups(bins);
+  std::vector<double> load(bins, 0);
+  Lpt(ByDecreasing(size), size, &load, &groups);
+  return groups;
+}
+
+Groups EntrainGroups(const Normalized& n, int bins, const AssignOptions& o) {
+  Groups groups(bins);
+  std::vector<int> images, text;
+  for (size_t i = 0; i < n.e.size(); ++i) (n.e[i] > 0 ? images : text).push_back(static_cast<int>(i));
+  // 1. The encoder: image samples by decreasing encoder cost.
+  std::vector<double> enc(bins, 0);
+  std::vector<int> by_e = ByDecreasing(n.e);
+  by_e.resize(images.size());  // text-only samples (cost 0) sort last
+  Lpt(by_e, n.e, &enc, &groups);
+  // 2. The LLM: text-only samples to the least LLM-loaded bins.
+  std::vector<double> llm(bins, 0);
+  for (int g = 0; g < bins; ++g) {
+    for (int i : groups[g]) llm[g] += n.l[i];
+  }
+  std::vector<int> by_l = ByDecreasing(n.l);
+  std::vector<int> text_by_l;
+  for (int i : by_l) {
+    if (n.e[i] == 0) text_by_l.push_back(i);
+  }
+  Lpt(text_by_l, n.l, &llm, &groups);
+  // 3. Deferral in execution order (microbatch-major across ranks): a bin's
+  // LLM load above the mean moves to later bins with room, as long as the
+  // encoder's maximum does not rise.
+  const double enc_max = *std::max_element(enc.begin(), enc.end());
+  auto exec_index = [&](int g) { return (g % o.microbatches) * o.llm_dp + g / o.microbatches; };
+  std::vector<int> order(bins);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return exec_index(a) < exec_index(b); });
+  for (int pos = 0; pos < bins; ++pos) {
+    const int g = order[pos];
+    while (llm[g] > 1.0 && groups[g].size() > 1) {
+      // The sample that frees the most LLM load per unit of encoder load moved.
+      auto pick = std::max_element(groups[g].begin(), groups[g].end(), [&](int a, int b) {
+        const double ra = n.l[a] / (n.e[a] + 1e-9), rb = n.l[b] / (n.e[b] + 1e-9);
+        return ra < rb || (ra == rb && a > b);
+      });
+      const int s = *pick;
+      int target = -1;
+      for (int q = pos + 1; q < bins; ++q) {
+        const int h = order[q];
+        if (llm[h] + n.l[s] > llm[g] || enc[h] + n.e[s] > enc_max) continue;
+        if (target < 0 || llm[h] < llm[target]) target = h;
+      }
+      if (target < 0) break;
+      groups[g].erase(pick);
+      groups[target].push_back(s);
+      llm[g] -= n.l[s];
+      enc[g] -= n.e[s];
+      llm[target] += n.l[s];
+      enc[target] += n.e[s];
+    }
+  }
+  return groups;
+}
+
+// The loom algorithm's packing: vector greedy then local search on the most
+// loaded bin.
+class VectorPacker {
+ public:
+  VectorPacker(const Normalized& n, int bins) : n_(n), groups_(bins), e_(bins, 0), l_(bins, 0) {}
+
+  Groups Run() {
+    Greedy();
+    Improve();
+    return std::move(groups_);
+  }
+
+ private:
+  double Load(int g) const { return std::max(e_[g], l_[g]); }
+
+  void Add(int g, int i) {
+    groups_[g].push_back(i);
+    e_[g] += n_.e[i];
+    l_[g] += n_.l[i];
+  }
+
+  void Greedy() {
+    std::vector<double> key(n_.e.size());
+    for (size_t i = 0; i < key.size(); ++i) {
+      key[i] = std::max(n_.e[i], n_.l[i]) + 1e-3 * std::min(n_.e[i], n_.l[i]);
+    }
+    const int bins = static_cast<int>(groups_.size());
+    for (int i : ByDecreasing(key)) {
+      int best = 0;
+      double best_max = INFINITY, best_sq = INFINITY;
+      for (int g = 0; g < bins; ++g) {
+        const double e = e_[g] + n_.e[i], l = l_[g] + n_.l[i];
+        const double mx = std::max(e, l), sq = e * e + l * l;
+        if (mx < best_max - 1e-12 || (mx < best_max + 1e-12 && sq < best_sq)) {
+          best = g;
+          best_max = mx;
+          best_sq = sq;
+        }
+      }
+      Add(best, i);
+    }
+    FillEmpty(n_, &groups_);
+    Recompute();
+  }
+
+  void Recompute() {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      e_[g] = l_[g] = 0;
+      for (int i : groups_[g]) {
+        e_[g] += n_.e[i];
+        l_[g] += n_.l[i];
+      }
+    }
+  }
+
+  // Each step lowers the most loaded bin below its load M without raising
+  // another to M: a move of one sample, else a swap of two. Stops at a local
+  // optimum or after a bounded number of steps.
+  void Improve() {
+    const int bins = static_cast<int>(groups_.size());
+    const int max_steps = 20 * bins + 100;
+    for (int step = 0; step < max_steps; ++step) {
+      int a = 0;
+      for (int g = 1; g < bins; ++g) {
+        if (Load(g) > Load(a)) a = g;
+      }
+      const double m = Load(a) - 1e-9;
+      if (!MoveOut(a, m) && !SwapOut(a, m)) return;
+    }
+  }
+
+  bool MoveOut(int a, double m) {
+    if (groups_[a].size() < 2) return false;
+    const int bins = static_cast<int>(groups_.size());
+    double best = m;
+    int best_k = -1, best_b = -1;
+    for (size_t k = 0; k < groups_[a].size(); ++k) {
+      const int i = groups_[a][k];
+      const double na = std::max(e_[a] - n_.e[i], l_[a] - n_.l[i]);
+      if (na >= best) continue;
+      for (int b = 0; b < bins; ++b) {
+        if (b == a) continue;
+        const double v = std::max(na, std::max(e_[b] + n_.e[i], l_[b] + n_.l[i]));
+        if (v < best) {
+          best = v;
+          best_k = static_cast<int>(k);
+          best_b = b;
+        }
+      }
+    }
+    if (best_k < 0) return false;
+    const int i = groups_[a][best_k];
+    groups_[a].erase(groups_[a].begin() + best_k);
+    e_[a] -= n_.e[i];
+    l_[a] -= n_.l[i];
+    Add(best_b, i);
+    return true;
+  }
+
+  bool SwapOut(int a, double m) {
+    const int bins = static_cast<int>(groups_.size());
+    double best = m;
+    int best_k = -1, best_b = -1, best_j = -1;
+    for (int b = 0; b < bins; ++b) {
+      if (b == a || Load(b) >= best) continue;
+      for (size_t k = 0; k < groups_[a].size(); ++k) {
+        const int i = groups_[a][k];
+        for (size_t q = 0; q < groups_[b].size(); ++q) {
+          const int j = groups_[b][q];
+          const double de = n_.e[j] - n_.e[i], dl = n_.l[j] - n_.l[i];
+          if (de >= 0 && dl >= 0) continue;  // a would not get lighter
+          const double v = std::max(std::max(e_[a] + de, l_[a] + dl),
+                                    std::max(e_[b] - de, l_[b] - dl));
+          if (v < best) {
+            best = v;
+            best_k = static_cast<int>(k);
+            best_b = b;
+            best_j = static_cast<int>(q);
+          }
+        }
+      }
+    }
+    if (best_k < 0) return false;
+    std::swap(groups_[a][best_k], groups_[best_b][best_j]);
+    Recompute2(a, best_b);
+    return true;
+  }
+
+  void Recompute2(int a, int b) {
+    for (int g : {a, b}) {
+      e_[g] = l_[g] = 0;
+      for (int i : groups_[g]) {
+        e_[g] += n_.e[i];
+        l_[g] += n_.l[i];
+      }
+    }
+  }
+
+  const Normalized& n_;
+  Groups groups_;
+  std::vector<double> e_, l_;
+};
+
+// DistTrain's 1F1B order of one rank's microbatches, given their sizes:
+// smallest first, the p-1 next smallest last (largest of them first), best
+// fit between.
+std::vector<int> OneFOneBOrder(const std::vector<double>& size, int depth) {
+  const int m = static_cast<int>(size.size());
+  std::vector<int> asc(m);
+  std::iota(asc.begin(), asc.end(), 0);
+  std::stable_sort(asc.begin(), asc.end(), [&](int a, int b) { return size[a] < size[b]; });
+  const int tail = std::min(std::max(depth - 1, 0), m - 1);
+  std::vector<int> order;
+  order.push_back(asc[0]);
+  std::vector<int> drain(asc.begin() + 1, asc.begin() + 1 + tail);
+  std::vector<int> middle(asc.begin() + 1 + tail, asc.end());
+  while (!middle.empty()) {
+    const int pos = static_cast<int>(order.size());
+    const double partner = size[order[std::max(0, pos - std::max(depth - 1, 1))]];
+    auto best = std::min_element(middle.begin(), middle.end(), [&](int a, int b) {
+      return std::abs(size[a] - partner) < std::abs(size[b] - partner);
+    });
+    order.push_back(*best);
+    middle.erase(best);
+  }
+  order.insert(order.end(), drain.rbegin(), drain.rend());
+  return order;
+}
+
+// Group g -> rank g / m, microbatch g % m, in the groups' order.
+std::vector<std::vector<int>> RanksInOrder(int bins, int m) {
+  std::vector<std::vector<int>> ranks(bins / m);
+  for (int g = 0; g < bins; ++g) ranks[g / m].push_back(g);
+  return ranks;
+}
+
+// Groups to ranks, m each, balancing the ranks' summed size: largest group
+// first to the rank with the least total that still has room.
+std::vector<std::vector<int>> RanksBalanced(const std::vector<double>& size, int ranks, int m) {
+  std::vector<std::vector<int>> out(ranks);
+  std::vector<double> total(ranks, 0);
+  for (int g : ByDecreasing(size)) {
+    int best = -1;
+    for (int r = 0; r < ranks; ++r) {
+      if (static_cast<int>(out[r].size()) == m) continue;
+      if (best < 0 || total[r] < total[best]) best = r;
+    }
+    out[best].push_back(g);
+    total[best] += size[g];
+  }
+  return out;
+}
+
+std::vector<BinAssignment> Layout(const std::vector<SampleLoad>& samples, const Normalized& n,
+                                  const Groups& groups, const std::vector<std::vector<int>>& ranks,
+                                  bool order_1f1b, bool balance_encoder,
+                                  const AssignOptions& o) {
+  std::vector<double> size(groups.size(), 0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int i : groups[g]) size[g] += n.e[i] + n.l[i];
+  }
+  std::vector<BinAssignment> bins;
+  for (int r = 0; r < o.llm_dp; ++r) {
+    std::vector<int> mine = ranks[r];
+    if (order_1f1b) {
+      std::vector<double> s;
+      for (int g : mine) s.push_back(size[g]);
+      std::vector<int> order = OneFOneBOrder(s, o.pipeline_depth);
+      std::vector<int> sorted;
+      for (int k : order) sorted.push_back(mine[k]);
+      mine = sorted;
+    }
+    for (int j = 0; j < o.microbatches; ++j) {
+      BinAssignment b;
+      b.llm_rank = r;
+      b.microbatch = j;
+      b.samples = groups[mine[j]];
+      std::sort(b.samples.begin(), b.samples.end());
+      for (int i : b.samples) {
+        b.encoder += samples[i].encoder;
+        b.llm += samples[i].llm;
+        b.transfer += samples[i].transfer;
+      }
+      bins.push_back(std::move(b));
+    }
+  }
+  // Encoder ranks, slot by slot.
+  std::vector<double> enc_load(o.encoder_dp, 0);
+  for (int j = 0; j < o.microbatches; ++j) {
+    std::vector<int> slot;
+    for (int r = 0; r < o.llm_dp; ++r) slot.push_back(r * o.microbatches + j);
+    if (!balance_encoder) {
+      for (int r = 0; r < o.llm_dp; ++r) bins[slot[r]].encoder_rank = (j * o.llm_dp + r) % o.encoder_dp;
+      continue;
+    }
+    std::stable_sort(slot.begin(), slot.end(),
+                     [&](int a, int b) { return bins[a].encoder > bins[b].encoder; });
+    for (int b : slot) {
+      const int e =
+          static_cast<int>(std::min_element(enc_load.begin(), enc_load.end()) - enc_load.begin());
+      bins[b].encoder_rank = e;
+      enc_load[e] += bins[b].encoder;
+    }
+  }
+  return bins;
+}
+
+absl::Status Validate(const std::vector<SampleLoad>& samples, const AssignOptions& o) {
+  if (o.llm_dp < 1) return absl::InvalidArgumentError("llm_dp must be at least 1");
+  if (o.microbatches < 1) return absl::InvalidArgumentError("microbatches must be at least 1");
+  if (o.encoder_dp < 1) return absl::InvalidArgumentError("encoder_dp must be at least 1");
+  const int64_t bins = static_cast<int64_t>(o.llm_dp) * o.microbatches;
+  if (static_cast<int64_t>(samples.size()) < bins) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the batch has ", samples.size(), " samples, fewer than the ", bins,
+                     " bins (llm_dp ", o.llm_dp, " x microbatches ", o.microbatches,
+                     "); every bin needs a sample"));
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const SampleLoad& s = samples[i];
+    for (double v : {s.encoder, s.llm, s.transfer}) {
+      if (!std::isfinite(v) || v < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample ", i, " has a negative or non-finite cost"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::vector<std::string>& AlgorithmNames() {
+  static const auto* names =
+      new std::vector<std::string>{"sequential", "lpt", "disttrain", "entrain", "ilp", "loom"};
+  return *names;
+}
+
+absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples,
+                                    const AssignOptions& o, const std::string& algorithm) {
+  const auto& names = AlgorithmNames();
+  if (std::find(names.begin(), names.end(), algorithm) == names.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown algorithm \"", algorithm,
+                                                   "\"; known: ", absl::StrJoin(names, ", ")));
+  }
+  if (absl::Status s = Validate(samples, o); !s.ok()) return s;
+  const int bins = o.llm_dp * o.microbatches;
+  const Normalized n = Normalize(samples, bins);
+  AssignResult result;
+  Groups groups;
+  std::vector<std::vector<int>> ranks;
+  bool order_1f1b = true, balance_encoder = true;
+  auto balanced_ranks = [&] {
+    std::vector<double> size(bins, 0);
+    for (int g = 0; g < bins; ++g) {
+      for (int i : groups[g]) size[g] += n.e[i] + n.l[i];
+    }
+    return RanksBalanced(size, o.llm_dp, o.microbatches);
+  };
+  if (algorithm == "sequential") {
+    groups = Sequential(samples.size(), bins);
+    ranks = RanksInOrder(bins, o.microbatches);
+    order_1f1b = balance_encoder = false;
+  } else if (algorithm == "lpt" || algorithm == "disttrain") {
+    groups = LptGroups(n, bins);
+    ranks = RanksInOrder(bins, o.microbatches);
+    order_1f1b = algorithm == "disttrain";
+  } else if (algorithm == "entrain") {
+    groups = EntrainGroups(n, bins, o);
+    FillEmpty(n, &groups);
+    ranks = RanksInOrder(bins, o.microbatches);
+    order_1f1b = false;
+  } else if (algorithm == "loom") {
+    groups = VectorPacker(n, bins).Run();
+    ranks = balanced_ranks();
+  } else {  // ilp
+    const int64_t variables = static_cast<int64_t>(samples.size()) * bins;
+    if (variables > o.ilp_max_variables) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("ilp: ", samples.size(), " samples x ", bins, " bins = ", variables,
+                       " variables, above the limit of ", o.ilp_max_variables));
+    }
+    Groups start = LptGroups(n, bins);
+    absl::StatusOr<IlpSolution> sol =
+        SolveBinIlp(n.e, n.l, bins, start, o.ilp_time_limit_seconds);
+    if (!sol.ok()) return sol.status();
+    groups = std::move(sol->groups);
+    result.ilp_bound = sol->bound;
+    result.ilp_optimal = sol->optimal;
+    ranks = balanced_ranks();
+  }
+  result.bins = Layout(samples, n, groups, ranks, order_1f1b, balance_encoder, o);
+  return result;
+}
+
+AssignmentQuality MeasureAssignment(const std::vector<SampleLoad>& samples,
+                                    const AssignResult& result) {
+  AssignmentQuality q;
+  const double k = static_cast<double>(result.bins.size());
+  if (result.bins.empty()) return q;
+  auto measure = [&](auto cost_of_sample, auto cost_of_bin) {
+    double total = 0, largest = 0;
+    for (const SampleLoad& s : samples) {
+      total += cost_of_sample(s);
+      largest = std::max(largest, cost_of_sample(s));
+    }
+    const double mean = total / k;
+    double mx = 0, var = 0;
+    for (const BinAssignment& b : result.bins) {
+      mx = std::max(mx, cost_of_bin(b));
+      var += (cost_of_bin(b) - mean) * (cost_of_bin(b) - mean);
+    }
+    ModuleQuality m;
+    const double lb = std::max(mean, largest);
+    m.max_over_lower_bound = lb > 0 ? mx / lb : 1.0;
+    m.cv = mean > 0 ? std::sqrt(var / k) / mean : 0.0;
+    return std::make_pair(m, mean > 0 ? mx / mean : 0.0);
+  };
+  auto [e, eo] = measure([](const SampleLoad& s) { return s.encoder; },
+                         [](const BinAssignment& b) { return b.encoder; });
+  auto [l, lo] = measure([](const SampleLoad& s) { return s.llm; },
+                         [](const BinAssignment& b) { return b.llm; });
+  q.encoder = e;
+  q.llm = l;
+  q.objective = std::max(eo, lo);
+  return q;
+}
+
+}  // namespace loom::sched

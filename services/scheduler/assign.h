@@ -1,0 +1,111 @@
+// Per-iteration microbatch assignment: every sample of one global batch goes
+// to a bin (LLM DP rank, microbatch) and every bin to an encoder rank; each
+// LLM rank's microbatches are put in the order it runs them.
+//
+// Every sample loads both modules (its images the encoder, its packed length
+// the LLM), so a bin has two costs. Each module's costs are compared in units
+// of its mean bin cost (total / bins), so that neither module is ignored when
+// their scales differ; the objective of `ilp` and `loom` is the largest bin
+// cost of either module in those units (1.0 is a perfect split).
+//
+// Algorithms (all deterministic; every LLM rank gets `microbatches` bins, every
+// bin at least one sample):
+//
+//   sequential  Megatron-style: the batch in arrival order, cut into equal
+//               counts; rank r takes the r-th contiguous slice.
+//   lpt         DistTrain's intra-microbatch reordering: samples by
+//               decreasing size, each to the least loaded bin. DistTrain
+//               sorts by image size because its LLM sequences are packed to a
+//               fixed length; here the LLM load varies too, so the size is the
+//               sum of both modules' costs in mean-bin units.
+//   disttrain   lpt plus DistTrain's inter-microbatch order for 1F1B: on
+//               each rank the smallest microbatch first, the p-1 next
+//               smallest last (the drain), and between them each position
+//               takes the remaining microbatch closest in size to the one it
+//               runs beside in the steady state (best fit).
+//   entrain     Entrain's hierarchy: balance the encoder first (image samples
+//               by decreasing encoder cost to the least encoder-loaded bin),
+//               then the LLM (text-only samples to the least LLM-loaded bin),
+//               then walk the bins in execution order deferring each bin's
+//               LLM load above the mean to a later bin with room, without
+//               raising the encoder's maximum.
+//   ilp         DFLOP's exact formulation: minimise C with every bin's encoder
+//               cost <= C and LLM cost <= C, every sample in one bin, every
+//               bin non-empty; COIN-OR CBC under a time limit, started from
+//               the lpt solution. The quality reference; not deterministic
+//               when the time limit cuts the search.
+//   loom        ours: vector greedy (samples by decreasing larger cost, each
+//               to the bin whose larger cost grows least), then a local search
+//               that moves or swaps samples out of the most loaded bin while
+//               that lowers it without making another bin as loaded; bins go
+//               to ranks so that rank totals balance, in DistTrain's 1F1B
+//               order; each microbatch slot's bins go to the encoder ranks
+//               with the least accumulated load.
+#ifndef LOOM_SERVICES_SCHEDULER_ASSIGN_H_
+#define LOOM_SERVICES_SCHEDULER_ASSIGN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace loom::sched {
+
+// Costs of one sample, in seconds of forward + backward on one rank of each
+// module; `transfer` is the time its embeddings take from encoder to LLM.
+struct SampleLoad {
+  double encoder = 0;
+  double llm = 0;
+  double transfer = 0;
+};
+
+struct AssignOptions {
+  int llm_dp = 1;
+  int microbatches = 1;  // per LLM rank
+  int encoder_dp = 1;
+  int pipeline_depth = 2;  // encoder stages + LLM stages (the p of 1F1B)
+  double ilp_time_limit_seconds = 10;
+  int64_t ilp_max_variables = 400000;  // samples * bins above which `ilp` refuses
+};
+
+struct BinAssignment {
+  int llm_rank = 0;
+  int microbatch = 0;
+  int encoder_rank = 0;
+  std::vector<int> samples;  // indices into the batch
+  double encoder = 0;
+  double llm = 0;
+  double transfer = 0;
+};
+
+struct AssignResult {
+  std::vector<BinAssignment> bins;  // by llm_rank, then microbatch
+  double ilp_bound = 0;             // ilp: proven lower bound on the objective
+  bool ilp_optimal = false;
+};
+
+const std::vector<std::string>& AlgorithmNames();
+
+// INVALID_ARGUMENT: an unknown algorithm (naming the known ones), a degree
+// below 1, fewer samples than bins, a negative or non-finite cost (naming the
+// sample). RESOURCE_EXHAUSTED: `ilp` on a problem above ilp_max_variables.
+absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples,
+                                    const AssignOptions& options, const std::string& algorithm);
+
+struct ModuleQuality {
+  double max_over_lower_bound = 0;  // max bin / max(mean bin, largest sample)
+  double cv = 0;                    // stddev / mean of the bin costs
+};
+
+struct AssignmentQuality {
+  ModuleQuality encoder, llm;
+  double objective = 0;  // max over bins and modules of cost / mean bin cost
+};
+
+AssignmentQuality MeasureAssignment(const std::vector<SampleLoad>& samples,
+                                    const AssignResult& result);
+
+}  // namespace loom::sched
+
+#endif  // LOOM_SERVICES_SCHEDULER_ASSIGN_H_

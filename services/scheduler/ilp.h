@@ -1,0 +1,29 @@
+// DFLOP's per-batch ILP, solved by COIN-OR CBC: put N samples into K bins,
+// minimise C with every bin's encoder cost <= C and LLM cost <= C, every
+// sample in exactly one bin, every bin non-empty.
+#ifndef LOOM_SERVICES_SCHEDULER_ILP_H_
+#define LOOM_SERVICES_SCHEDULER_ILP_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace loom::sched {
+
+struct IlpSolution {
+  std::vector<std::vector<int>> groups;  // sample indices per bin
+  double objective = 0;                  // C of the solution found
+  double bound = 0;                      // proven lower bound on C
+  bool optimal = false;                  // the search finished
+};
+
+// `encoder` and `llm` are per-sample costs; `start` is a feasible assignment
+// the solver begins from. INTERNAL if CBC returns no feasible solution.
+absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<double>& encoder,
+                                        const std::vector<double>& llm, int bins,
+                                        const std::vector<std::vector<int>>& start,
+                                        double time_limit_seconds);
+
+}  // namespace loom::sched
+
+#endif  // LOOM_SERVICES_SCHEDULER_ILP_H_
