@@ -252,6 +252,10 @@ absl::Status CheckPreset(const std::string& preset) {
       absl::StrCat("unknown preset \"", preset, "\"; known: ", absl::StrJoin(known, ", ")));
 }
 
+std::string SampleKey(const std::string& preset, int64_t index) {
+  return absl::StrFormat("%s-%08d", preset, index);
+}
+
 absl::StatusOr<Draft> DraftSample(const std::string& preset, Rng& rng) {
   if (preset == "caption") return DraftCaption(rng);
   if (preset == "interleaved") return DraftInterleaved(rng);
@@ -272,7 +276,7 @@ absl::StatusOr<GeneratedSample> GenerateSample(const std::string& preset, uint64
   absl::StatusOr<Draft> draft = DraftSample(preset, rng);
   if (!draft.ok()) return draft.status();
   GeneratedSample out;
-  out.key = absl::StrFormat("%s-%08d", preset, index);
+  out.key = SampleKey(preset, index);
   out.text = draft->text;
   data::v1::SampleRecord record;
   record.set_text(draft->text);
@@ -296,6 +300,20 @@ absl::StatusOr<GeneratedSample> GenerateSample(const std::string& preset, uint64
   }
   out.members.push_back({out.key + ".json", std::move(json)});
   for (TarMember& m : images) out.members.push_back(std::move(m));
+  return out;
+}
+
+absl::StatusOr<SampleOutline> OutlineSample(const std::string& preset, uint64_t seed,
+                                            int64_t index) {
+  Rng rng(MixSeed(seed, index, 0xda7a));
+  absl::StatusOr<Draft> draft = DraftSample(preset, rng);
+  if (!draft.ok()) return draft.status();
+  SampleOutline out;
+  out.key = SampleKey(preset, index);
+  out.text = draft->text;
+  for (const Draft::Picture& p : draft->pictures) {
+    out.image_sizes.emplace_back(p.spec.width, p.spec.height);
+  }
   return out;
 }
 

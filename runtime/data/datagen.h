@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +51,17 @@ struct GeneratedSample {
 // preset (naming the known ones).
 absl::StatusOr<GeneratedSample> GenerateSample(const std::string& preset, uint64_t seed,
                                                int64_t index);
+
+// Sample `index` without its pixels: its text and the size of each image, as
+// GenerateSample would draw them (for planning at scales where drawing every
+// image would take too long).
+struct SampleOutline {
+  std::string key;
+  std::string text;
+  std::vector<std::pair<int, int>> image_sizes;  // width, height
+};
+absl::StatusOr<SampleOutline> OutlineSample(const std::string& preset, uint64_t seed,
+                                            int64_t index);
 
 // Texts only (no images drawn): `count` texts from every preset in turn,
 // for training the tokenizer.

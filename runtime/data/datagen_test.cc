@@ -72,3 +72,30 @@ TEST(DatagenTest, PresetsAreHeterogeneousAndValid) {
 
 }  // namespace
 }  // namespace loom::data
+
+namespace loom::data {
+namespace {
+
+// The outline is the sample without pixels: same key, text and image sizes.
+TEST(DatagenTest, OutlineMatchesTheGeneratedSample) {
+  for (const std::string& preset : DatagenPresets()) {
+    for (int64_t index : {0, 3, 11, 40}) {
+      absl::StatusOr<GeneratedSample> full = GenerateSample(preset, 9, index);
+      absl::StatusOr<SampleOutline> outline = OutlineSample(preset, 9, index);
+      ASSERT_TRUE(full.ok() && outline.ok());
+      EXPECT_EQ(outline->key, full->key);
+      EXPECT_EQ(outline->text, full->text);
+      ASSERT_EQ(outline->image_sizes.size() + 1, full->members.size());
+      for (size_t i = 0; i < outline->image_sizes.size(); ++i) {
+        absl::StatusOr<ImageSize> size = PeekImageSize(full->members[i + 1].bytes);
+        ASSERT_TRUE(size.ok());
+        EXPECT_EQ(outline->image_sizes[i].first, size->width);
+        EXPECT_EQ(outline->image_sizes[i].second, size->height);
+      }
+    }
+  }
+  EXPECT_FALSE(OutlineSample("nope", 1, 0).ok());
+}
+
+}  // namespace
+}  // namespace loom::data

@@ -147,6 +147,8 @@ Groups EntrainGroups(const Normalized& n, int bins, const AssignOptions& o) {
 
 // The loom algorithm's packing: vector greedy then local search on the most
 // loaded bin.
+constexpr int kResplitTries = 4;  // lightest bins tried for a re-split of the heaviest
+
 class VectorPacker {
  public:
   VectorPacker(const Normalized& n, int bins) : n_(n), groups_(bins), e_(bins, 0), l_(bins, 0) {}
@@ -205,14 +207,30 @@ class VectorPacker {
   // optimum or after a bounded number of steps.
   void Improve() {
     const int bins = static_cast<int>(groups_.size());
-    const int max_steps = 20 * bins + 100;
+    const int max_steps = 50 * bins + 100;
     for (int step = 0; step < max_steps; ++step) {
       int a = 0;
       for (int g = 1; g < bins; ++g) {
         if (Load(g) > Load(a)) a = g;
       }
       const double m = Load(a) - 1e-9;
-      if (!MoveOut(a, m) && !SwapOut(a, m)) return;
+      if (MoveOut(a, m)) continue;
+      // The other bins from the least loaded up: a swap with the first that
+      // admits one, else a re-split of a and one of the lightest bins.
+      std::vector<int> light(bins);
+      std::iota(light.begin(), light.end(), 0);
+      std::stable_sort(light.begin(), light.end(), [&](int x, int y) { return Load(x) < Load(y); });
+      bool improved = false;
+      for (int b : light) {
+        if (b == a || Load(b) >= m) break;
+        if ((improved = SwapWith(a, b, m))) break;
+      }
+      for (int k = 0, tried = 0; !improved && k < bins && tried < kResplitTries; ++k) {
+        if (light[k] == a) continue;
+        ++tried;
+        improved = Resplit(a, light[k], m);
+      }
+      if (!improved) return;
     }
   }
 
@@ -244,33 +262,60 @@ class VectorPacker {
     return true;
   }
 
-  bool SwapOut(int a, double m) {
-    const int bins = static_cast<int>(groups_.size());
+  // The best swap of a sample of `a` with one of `b` that leaves both below m.
+  bool SwapWith(int a, int b, double m) {
     double best = m;
-    int best_k = -1, best_b = -1, best_j = -1;
-    for (int b = 0; b < bins; ++b) {
-      if (b == a || Load(b) >= best) continue;
-      for (size_t k = 0; k < groups_[a].size(); ++k) {
-        const int i = groups_[a][k];
-        for (size_t q = 0; q < groups_[b].size(); ++q) {
-          const int j = groups_[b][q];
-          const double de = n_.e[j] - n_.e[i], dl = n_.l[j] - n_.l[i];
-          if (de >= 0 && dl >= 0) continue;  // a would not get lighter
-          const double v = std::max(std::max(e_[a] + de, l_[a] + dl),
-                                    std::max(e_[b] - de, l_[b] - dl));
-          if (v < best) {
-            best = v;
-            best_k = static_cast<int>(k);
-            best_b = b;
-            best_j = static_cast<int>(q);
-          }
+    int best_k = -1, best_j = -1;
+    for (size_t k = 0; k < groups_[a].size(); ++k) {
+      const int i = groups_[a][k];
+      for (size_t q = 0; q < groups_[b].size(); ++q) {
+        const int j = groups_[b][q];
+        const double de = n_.e[j] - n_.e[i], dl = n_.l[j] - n_.l[i];
+        if (de >= 0 && dl >= 0) continue;  // a would not get lighter
+        const double v =
+            std::max(std::max(e_[a] + de, l_[a] + dl), std::max(e_[b] - de, l_[b] - dl));
+        if (v < best) {
+          best = v;
+          best_k = static_cast<int>(k);
+          best_j = static_cast<int>(q);
         }
       }
     }
     if (best_k < 0) return false;
-    std::swap(groups_[a][best_k], groups_[best_b][best_j]);
-    Recompute2(a, best_b);
+    std::swap(groups_[a][best_k], groups_[b][best_j]);
+    Recompute2(a, b);
     return true;
+  }
+
+  // Splits the samples of bins a and b anew (vector greedy, then the best
+  // swaps between the two); kept if both end below m.
+  bool Resplit(int a, int b, double m) {
+    std::vector<int> all = groups_[a];
+    all.insert(all.end(), groups_[b].begin(), groups_[b].end());
+    std::stable_sort(all.begin(), all.end(), [&](int x, int y) {
+      return std::max(n_.e[x], n_.l[x]) > std::max(n_.e[y], n_.l[y]);
+    });
+    const std::vector<int> old_a = groups_[a], old_b = groups_[b];
+    groups_[a].clear();
+    groups_[b].clear();
+    e_[a] = l_[a] = e_[b] = l_[b] = 0;
+    for (int i : all) {
+      const double ma = std::max(e_[a] + n_.e[i], l_[a] + n_.l[i]);
+      const double mb = std::max(e_[b] + n_.e[i], l_[b] + n_.l[i]);
+      const int to = (ma < mb || (ma == mb && groups_[a].size() <= groups_[b].size())) ? a : b;
+      groups_[to].push_back(i);
+      e_[to] += n_.e[i];
+      l_[to] += n_.l[i];
+    }
+    for (int round = 0; round < 32; ++round) {
+      const int hi = Load(a) >= Load(b) ? a : b, lo = hi == a ? b : a;
+      if (!SwapWith(hi, lo, Load(hi) - 1e-12)) break;
+    }
+    if (!groups_[a].empty() && !groups_[b].empty() && std::max(Load(a), Load(b)) < m) return true;
+    groups_[a] = old_a;
+    groups_[b] = old_b;
+    Recompute2(a, b);
+    return false;
   }
 
   void Recompute2(int a, int b) {

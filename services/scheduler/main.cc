@@ -1,15 +1,100 @@
 // loom-scheduler: the profiler/scheduler and control plane.
+//
+//   loom-scheduler --plan plan.json --preprocess HOST:PORT [--algorithm loom]
+//   loom-scheduler --llm_dp 2 --microbatches 4 --encoder_dp 2 --preprocess HOST:PORT
+#include <cstdio>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/base/file.h"
+#include "runtime/model/config.h"
 #include "services/common/init.h"
+#include "services/scheduler/plan.h"
+#include "services/scheduler/schedule.h"
 #include "services/scheduler/scheduler_service.h"
+
+ABSL_FLAG(std::string, plan, "", "The job's plan (JSON from `loom-schedule plan`).");
+ABSL_FLAG(int, llm_dp, 0, "Instead of --plan: LLM DP ranks.");
+ABSL_FLAG(int, microbatches, 0, "Instead of --plan: microbatches per LLM rank.");
+ABSL_FLAG(int, encoder_dp, 0, "Instead of --plan: encoder DP ranks.");
+ABSL_FLAG(std::string, config, "tiny", "Model config, for costs when the plan has none.");
+ABSL_FLAG(std::string, algorithm, "loom", "Assignment: sequential, lpt, disttrain, entrain, ilp, loom.");
+ABSL_FLAG(std::string, preprocess, "", "host:port of loom-preprocess (batch metadata).");
+ABSL_FLAG(int, retained_iterations, 16, "Assignments kept for fetches and timing reports.");
+ABSL_FLAG(double, ilp_seconds, 10, "Time limit of the ilp algorithm.");
+
+namespace {
+
+absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
+  const std::string path = absl::GetFlag(FLAGS_plan);
+  const int dp = absl::GetFlag(FLAGS_llm_dp), m = absl::GetFlag(FLAGS_microbatches),
+            e = absl::GetFlag(FLAGS_encoder_dp);
+  loom::scheduler::v1::Plan plan;
+  if (!path.empty()) {
+    if (dp || m || e) {
+      return absl::InvalidArgumentError(
+          "give --plan or --llm_dp/--microbatches/--encoder_dp, not both");
+    }
+    absl::StatusOr<std::string> text = loom::ReadFile(path);
+    if (!text.ok()) return text.status();
+    if (auto s = google::protobuf::util::JsonStringToMessage(*text, &plan); !s.ok()) {
+      return absl::InvalidArgumentError("--plan " + path + ": " + std::string(s.message()));
+    }
+  } else if (dp > 0 && m > 0 && e > 0) {
+    plan = loom::sched::PlanOfDegrees(dp, m, e);
+  } else {
+    return absl::InvalidArgumentError(
+        "give --plan FILE, or --llm_dp, --microbatches and --encoder_dp (each >= 1)");
+  }
+  if (!plan.has_costs()) {
+    absl::StatusOr<loom::ModelConfig> model =
+        loom::ModelConfigByName(plan.model().empty() ? absl::GetFlag(FLAGS_config) : plan.model());
+    if (!model.ok()) return model.status();
+    plan.set_model(model->name);
+    *plan.mutable_costs() = loom::sched::CoefficientsOnOneGpu(*model, loom::sched::ClusterSpec());
+  }
+  return plan;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   loom::InitService(argc, argv, "loom-scheduler",
-                    "loom-scheduler: the profiler/scheduler and control plane.\nFlags: --host "
-                    "--grpc_port --metrics_port "
-                    "--shutdown_deadline --log_level");
+                    "loom-scheduler: the profiler/scheduler and control plane.\n"
+                    "  loom-scheduler (--plan FILE | --llm_dp N --microbatches M --encoder_dp E) "
+                    "--preprocess HOST:PORT [--algorithm loom]\n"
+                    "  loom-scheduler (no plan: GetInfo only)\n"
+                    "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
+                    "--config --retained_iterations --ilp_seconds");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
-  loom::SchedulerServiceImpl service(&chassis);
-  chassis.AddService(&service, loom::scheduler::v1::SchedulerService::service_full_name());
+  std::unique_ptr<loom::SchedulerServiceImpl> service;
+  const bool has_plan = !absl::GetFlag(FLAGS_plan).empty() || absl::GetFlag(FLAGS_llm_dp) ||
+                        absl::GetFlag(FLAGS_microbatches) || absl::GetFlag(FLAGS_encoder_dp);
+  if (has_plan) {
+    absl::StatusOr<loom::scheduler::v1::Plan> plan = PlanFromFlags();
+    if (!plan.ok()) {
+      std::fprintf(stderr, "loom-scheduler: %s\n", std::string(plan.status().message()).c_str());
+      return 2;
+    }
+    loom::SchedulerServiceOptions o;
+    o.plan = *plan;
+    o.algorithm = absl::GetFlag(FLAGS_algorithm);
+    o.preprocess = absl::GetFlag(FLAGS_preprocess);
+    o.retained_iterations = absl::GetFlag(FLAGS_retained_iterations);
+    o.ilp_seconds = absl::GetFlag(FLAGS_ilp_seconds);
+    absl::StatusOr<std::unique_ptr<loom::SchedulerServiceImpl>> created =
+        loom::SchedulerServiceImpl::Create(&chassis, o);
+    if (!created.ok()) {
+      std::fprintf(stderr, "loom-scheduler: %s\n",
+                   std::string(created.status().message()).c_str());
+      return 2;
+    }
+    service = std::move(*created);
+  } else {
+    service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);
+  }
+  chassis.AddService(service.get(), loom::scheduler::v1::SchedulerService::service_full_name());
   return chassis.ServeUntilSignal();
 }

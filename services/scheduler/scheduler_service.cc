@@ -1,11 +1,271 @@
 #include "services/scheduler/scheduler_service.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "services/common/grpc_status.h"
+#include "services/scheduler/assign.h"
+#include "services/scheduler/schedule.h"
+
 namespace loom {
+namespace {
+
+using common::v1::Role;
+
+int RanksOf(const scheduler::v1::Plan& plan, Role role) {
+  return role == common::v1::ROLE_ENCODER_WORKER ? plan.encoder().gpus() : plan.llm().gpus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Create(
+    Chassis* chassis, const SchedulerServiceOptions& options) {
+  const auto& names = sched::AlgorithmNames();
+  if (std::find(names.begin(), names.end(), options.algorithm) == names.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("--algorithm: unknown \"", options.algorithm,
+                                                   "\"; known: ", absl::StrJoin(names, ", ")));
+  }
+  const scheduler::v1::Plan& p = options.plan;
+  for (const auto* m : {&p.encoder(), &p.llm()}) {
+    if (m->dp() < 1 || m->tp() < 1 || m->pp() < 1 || m->gpus() != m->dp() * m->tp() * m->pp()) {
+      return absl::InvalidArgumentError(
+          "plan: encoder and llm need dp, tp, pp >= 1 and gpus = dp * tp * pp");
+    }
+  }
+  if (p.microbatches() < 1) return absl::InvalidArgumentError("plan: microbatches must be >= 1");
+  if (options.retained_iterations < 1) {
+    return absl::InvalidArgumentError("retained_iterations must be at least 1");
+  }
+  auto service = std::make_unique<SchedulerServiceImpl>(chassis);
+  service->options_ = options;
+  service->configured_ = true;
+  service->costs_ = std::make_unique<sched::CostModel>(p.costs());
+  if (!options.preprocess.empty()) {
+    service->preprocess_ = data::v1::PreprocessService::NewStub(
+        grpc::CreateChannel(options.preprocess, grpc::InsecureChannelCredentials()));
+  }
+  prometheus::Registry& registry = chassis->registry();
+  service->assignments_ = &prometheus::BuildCounter()
+                               .Name("loom_scheduler_assignments_total")
+                               .Help("Iteration assignments computed.")
+                               .Register(registry)
+                               .Add({});
+  service->reports_ = &prometheus::BuildCounter()
+                           .Name("loom_scheduler_timing_reports_total")
+                           .Help("Microbatch timings received from workers.")
+                           .Register(registry)
+                           .Add({});
+  service->registered_ = &prometheus::BuildGauge()
+                              .Name("loom_scheduler_workers_registered")
+                              .Help("Workers registered with the scheduler.")
+                              .Register(registry)
+                              .Add({});
+  auto& imbalance = prometheus::BuildGauge()
+                        .Name("loom_scheduler_microbatch_imbalance_ratio")
+                        .Help("Newest assignment: max bin cost over the lower bound, by module.")
+                        .Register(registry);
+  service->llm_imbalance_ = &imbalance.Add({{"module", "llm"}});
+  service->encoder_imbalance_ = &imbalance.Add({{"module", "encoder"}});
+  return service;
+}
+
+absl::Status SchedulerServiceImpl::Configured() const {
+  if (!configured_) return absl::FailedPreconditionError("this scheduler has no plan");
+  return absl::OkStatus();
+}
 
 grpc::Status SchedulerServiceImpl::GetInfo(grpc::ServerContext*,
                                            const scheduler::v1::GetInfoRequest*,
                                            scheduler::v1::GetInfoResponse* response) {
   chassis_->FillServiceInfo(response->mutable_info());
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::RegisterWorker(
+    grpc::ServerContext*, const scheduler::v1::RegisterWorkerRequest* request,
+    scheduler::v1::RegisterWorkerResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  const scheduler::v1::Worker& w = request->worker();
+  if (w.role() != common::v1::ROLE_ENCODER_WORKER && w.role() != common::v1::ROLE_LLM_WORKER) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "worker.role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER"));
+  }
+  const int ranks = RanksOf(options_.plan, w.role());
+  if (w.rank() < 0 || w.rank() >= ranks) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "worker.rank: ", w.rank(), " is outside the plan's ", ranks, " ranks of ",
+        common::v1::Role_Name(w.role()))));
+  }
+  if (w.ucx_address().empty()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("worker.ucx_address: empty"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = workers_.try_emplace({w.role(), w.rank()}, w);
+  if (!inserted && it->second.ucx_address() != w.ucx_address()) {
+    return ToGrpcStatus(absl::AlreadyExistsError(
+        absl::StrCat(common::v1::Role_Name(w.role()), " rank ", w.rank(),
+                     " is registered by another worker")));
+  }
+  it->second = w;  // a retry may bring a new endpoint
+  registered_->Set(static_cast<double>(workers_.size()));
+  *response->mutable_plan() = options_.plan;
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext*,
+                                           const scheduler::v1::GetPlanRequest*,
+                                           scheduler::v1::GetPlanResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  *response->mutable_plan() = options_.plan;
+  for (const auto& [key, w] : workers_) *response->add_workers() = w;
+  response->set_complete(static_cast<int>(workers_.size()) ==
+                         options_.plan.encoder().gpus() + options_.plan.llm().gpus());
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
+SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
+  if (iteration < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
+  }
+  auto cached = [&]() -> absl::StatusOr<std::shared_ptr<const Computed>> {
+    absl::MutexLock lock(&mu_);
+    auto it = assignments_by_iteration_.find(iteration);
+    if (it != assignments_by_iteration_.end()) return it->second;
+    if (iteration <= newest_ - options_.retained_iterations) {
+      return absl::OutOfRangeError(absl::StrCat("iteration ", iteration,
+                                                " left the window of the last ",
+                                                options_.retained_iterations, " assignments"));
+    }
+    return std::shared_ptr<const Computed>();
+  };
+  absl::StatusOr<std::shared_ptr<const Computed>> hit = cached();
+  if (!hit.ok() || *hit) return hit;
+  absl::MutexLock compute(&compute_mu_);
+  hit = cached();  // another caller may have computed it meanwhile
+  if (!hit.ok() || *hit) return hit;
+  if (!preprocess_) {
+    return absl::FailedPreconditionError("no preprocess service (--preprocess) to read batches");
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  data::v1::GetBatchRequest request;
+  request.set_iteration(iteration);
+  data::v1::GetBatchResponse batch;
+  if (grpc::Status s = preprocess_->GetBatch(&ctx, request, &batch); !s.ok()) {
+    return FromGrpcStatus(s, "preprocess GetBatch");
+  }
+  auto computed = std::make_shared<Computed>();
+  std::vector<std::string> keys;
+  for (const data::v1::SampleMetadata& m : batch.samples()) {
+    sched::SampleShape s;
+    for (int t : m.record().images()) s.tiles += t;
+    s.image_tokens = m.record().image_tokens();
+    s.text_tokens = m.record().text_tokens();
+    computed->shapes.push_back(s);
+    keys.push_back(m.record().key());
+  }
+  std::vector<sched::SampleLoad> loads;
+  {
+    absl::MutexLock lock(&mu_);
+    loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
+  }
+  absl::StatusOr<scheduler::v1::Assignment> a = sched::AssignForPlan(
+      options_.plan, keys, loads, options_.algorithm, options_.ilp_seconds);
+  if (!a.ok()) return a.status();
+  a->set_iteration(iteration);
+  computed->assignment = std::move(*a);
+  assignments_->Increment();
+  llm_imbalance_->Set(computed->assignment.summary().llm().max_over_lower_bound());
+  encoder_imbalance_->Set(computed->assignment.summary().encoder().max_over_lower_bound());
+  absl::MutexLock lock(&mu_);
+  assignments_by_iteration_[iteration] = computed;
+  newest_ = std::max(newest_, iteration);
+  while (!assignments_by_iteration_.empty() &&
+         assignments_by_iteration_.begin()->first <= newest_ - options_.retained_iterations) {
+    assignments_by_iteration_.erase(assignments_by_iteration_.begin());
+  }
+  return std::shared_ptr<const Computed>(computed);
+}
+
+grpc::Status SchedulerServiceImpl::GetAssignment(
+    grpc::ServerContext*, const scheduler::v1::GetAssignmentRequest* request,
+    scheduler::v1::GetAssignmentResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(request->iteration());
+  if (!c.ok()) return ToGrpcStatus(c.status());
+  *response->mutable_assignment() = (*c)->assignment;
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::ReportTimings(
+    grpc::ServerContext*, const scheduler::v1::ReportTimingsRequest* request,
+    scheduler::v1::ReportTimingsResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  const Role role = request->role();
+  if (role != common::v1::ROLE_ENCODER_WORKER && role != common::v1::ROLE_LLM_WORKER) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER"));
+  }
+  const bool encoder = role == common::v1::ROLE_ENCODER_WORKER;
+  const int dp = encoder ? options_.plan.encoder().dp() : options_.plan.llm().dp();
+  if (request->rank() < 0 || request->rank() >= dp) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("rank: ", request->rank(), " is outside the plan's ", dp, " DP ranks")));
+  }
+  std::shared_ptr<const Computed> c;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = assignments_by_iteration_.find(request->iteration());
+    if (it != assignments_by_iteration_.end()) c = it->second;
+  }
+  if (!c) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("iteration: this scheduler holds no assignment for ", request->iteration())));
+  }
+  // Check every timing before using any.
+  const int m = options_.plan.microbatches();
+  std::vector<std::pair<std::vector<sched::SampleShape>, double>> observed;
+  for (int k = 0; k < request->timings_size(); ++k) {
+    const scheduler::v1::MicrobatchTiming& t = request->timings(k);
+    const int llm_rank = encoder ? t.llm_rank() : request->rank();
+    auto bad = [&](const std::string& why) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("timings[", k, "]: ", why)));
+    };
+    if (t.microbatch() < 0 || t.microbatch() >= m) {
+      return bad(absl::StrCat("microbatch ", t.microbatch(), " is outside 0..", m - 1));
+    }
+    if (llm_rank < 0 || llm_rank >= options_.plan.llm().dp()) {
+      return bad(absl::StrCat("llm_rank ", llm_rank, " is outside the plan"));
+    }
+    if (!std::isfinite(t.seconds()) || t.seconds() < 0) {
+      return bad("seconds must be finite and non-negative");
+    }
+    const scheduler::v1::Bin& bin = c->assignment.bins(llm_rank * m + t.microbatch());
+    if (encoder && bin.encoder_rank() != request->rank()) {
+      return bad(absl::StrCat("bin (llm_rank ", llm_rank, ", microbatch ", t.microbatch(),
+                              ") belongs to encoder rank ", bin.encoder_rank()));
+    }
+    std::vector<sched::SampleShape> shapes;
+    for (int i : bin.indices()) shapes.push_back(c->shapes[i]);
+    observed.emplace_back(std::move(shapes), t.seconds());
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [shapes, seconds] : observed) {
+    if (encoder) {
+      costs_->ObserveEncoder(shapes, seconds);
+    } else {
+      costs_->ObserveLlm(shapes, seconds);
+    }
+  }
+  reports_->Increment(static_cast<double>(observed.size()));
+  *response->mutable_costs() = costs_->coefficients();
   return grpc::Status::OK;
 }
 

@@ -1,7 +1,13 @@
 #include "services/scheduler/scheduler_service.h"
 
+#include <set>
+
 #include "gtest/gtest.h"
+#include "runtime/data/datagen.h"
 #include "services/common/chassis_testing.h"
+#include "services/preprocess/preprocess_service.h"
+#include "services/scheduler/plan.h"
+#include "services/scheduler/schedule.h"
 
 namespace loom {
 namespace {
@@ -22,6 +28,210 @@ TEST(SchedulerServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
   EXPECT_EQ(response.info().rank(), 0);
   EXPECT_EQ(response.info().grpc_port(), chassis.grpc_port());
   EXPECT_EQ(response.info().metrics_port(), chassis.metrics_port());
+
+  // Without a plan the job RPCs say so.
+  auto ctx2 = testing::ContextWithDeadline();
+  scheduler::v1::GetPlanResponse plan;
+  EXPECT_EQ(stub->GetPlan(ctx2.get(), scheduler::v1::GetPlanRequest(), &plan).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// A preprocess service over generated shards and a scheduler reading from it,
+// with a plan of LLM DP 2 x 2 microbatches and encoder DP 2.
+class ServedScheduleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ov";
+    data::DatagenOptions g;
+    g.preset = "onevision";
+    g.samples = 32;
+    g.seed = 4;
+    g.out_dir = dir;
+    g.samples_per_shard = 16;
+    ASSERT_TRUE(data::WriteDataset(g).ok());
+    PreprocessServiceOptions po;
+    po.shards = dir + "/*.tar";
+    po.global_batch = 8;
+    po.seed = 3;
+    data_chassis_ = std::make_unique<Chassis>(
+        testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
+    auto data = PreprocessServiceImpl::Create(data_chassis_.get(), po);
+    ASSERT_TRUE(data.ok()) << data.status();
+    data_ = std::move(*data);
+    data_chassis_->AddService(data_.get(), data::v1::PreprocessService::service_full_name());
+    ASSERT_TRUE(data_chassis_->Start().ok());
+
+    SchedulerServiceOptions so;
+    so.plan = sched::PlanOfDegrees(/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2);
+    *so.plan.mutable_costs() =
+        sched::CoefficientsOnOneGpu(*ModelConfigByName("tiny"), sched::ClusterSpec());
+    so.preprocess = absl::StrCat("127.0.0.1:", data_chassis_->grpc_port());
+    so.retained_iterations = 3;
+    chassis_ = std::make_unique<Chassis>(
+        testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
+    auto service = SchedulerServiceImpl::Create(chassis_.get(), so);
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = std::move(*service);
+    chassis_->AddService(service_.get(), scheduler::v1::SchedulerService::service_full_name());
+    ASSERT_TRUE(chassis_->Start().ok());
+    stub_ = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(*chassis_));
+    data_stub_ = data::v1::PreprocessService::NewStub(testing::ChannelTo(*data_chassis_));
+  }
+
+  grpc::Status Register(common::v1::Role role, int rank, const std::string& address) {
+    scheduler::v1::RegisterWorkerRequest r;
+    r.mutable_worker()->set_role(role);
+    r.mutable_worker()->set_rank(rank);
+    r.mutable_worker()->set_ucx_address(address);
+    scheduler::v1::RegisterWorkerResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    return stub_->RegisterWorker(ctx.get(), r, &response);
+  }
+
+  grpc::Status Assignment(int64_t iteration, scheduler::v1::Assignment* out) {
+    scheduler::v1::GetAssignmentRequest r;
+    r.set_iteration(iteration);
+    scheduler::v1::GetAssignmentResponse response;
+    auto ctx = testing::ContextWithDeadline(30);
+    grpc::Status s = stub_->GetAssignment(ctx.get(), r, &response);
+    *out = response.assignment();
+    return s;
+  }
+
+  grpc::Status Report(const scheduler::v1::ReportTimingsRequest& r,
+                      scheduler::v1::ReportTimingsResponse* response) {
+    auto ctx = testing::ContextWithDeadline();
+    return stub_->ReportTimings(ctx.get(), r, response);
+  }
+
+  std::unique_ptr<Chassis> data_chassis_, chassis_;
+  std::unique_ptr<PreprocessServiceImpl> data_;
+  std::unique_ptr<SchedulerServiceImpl> service_;
+  std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
+  std::unique_ptr<data::v1::PreprocessService::Stub> data_stub_;
+};
+
+TEST_F(ServedScheduleTest, RegistrationIsTheRendezvous) {
+  using common::v1::ROLE_ENCODER_WORKER;
+  using common::v1::ROLE_LLM_WORKER;
+  EXPECT_TRUE(Register(ROLE_LLM_WORKER, 0, "llm0").ok());
+  EXPECT_TRUE(Register(ROLE_LLM_WORKER, 0, "llm0").ok());  // a retry
+  EXPECT_EQ(Register(ROLE_LLM_WORKER, 0, "other").error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(Register(ROLE_LLM_WORKER, 2, "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Register(ROLE_LLM_WORKER, -1, "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Register(common::v1::ROLE_PREPROCESS, 0, "x").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Register(ROLE_ENCODER_WORKER, 0, "").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  auto plan = [&] {
+    scheduler::v1::GetPlanResponse r;
+    auto ctx = testing::ContextWithDeadline();
+    EXPECT_TRUE(stub_->GetPlan(ctx.get(), scheduler::v1::GetPlanRequest(), &r).ok());
+    return r;
+  };
+  EXPECT_FALSE(plan().complete());
+  ASSERT_TRUE(Register(ROLE_LLM_WORKER, 1, "llm1").ok());
+  ASSERT_TRUE(Register(ROLE_ENCODER_WORKER, 1, "enc1").ok());
+  ASSERT_TRUE(Register(ROLE_ENCODER_WORKER, 0, "enc0").ok());
+  scheduler::v1::GetPlanResponse done = plan();
+  EXPECT_TRUE(done.complete());
+  ASSERT_EQ(done.workers_size(), 4);
+  EXPECT_EQ(done.workers(0).ucx_address(), "enc0");  // by role, then rank
+  EXPECT_EQ(done.workers(3).ucx_address(), "llm1");
+  EXPECT_EQ(done.plan().llm().dp(), 2);
+}
+
+TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {
+  for (int64_t it = 0; it < 3; ++it) {
+    scheduler::v1::Assignment a, again;
+    ASSERT_TRUE(Assignment(it, &a).ok());
+    ASSERT_TRUE(Assignment(it, &again).ok());
+    EXPECT_EQ(a.SerializeAsString(), again.SerializeAsString());
+    EXPECT_EQ(a.iteration(), it);
+    ASSERT_EQ(a.bins_size(), 4);
+    // The keys of the preprocess service's batch, each exactly once.
+    data::v1::GetBatchRequest br;
+    br.set_iteration(it);
+    data::v1::GetBatchResponse batch;
+    auto ctx = testing::ContextWithDeadline();
+    ASSERT_TRUE(data_stub_->GetBatch(ctx.get(), br, &batch).ok());
+    std::multiset<std::string> expected, got;
+    for (const auto& s : batch.samples()) expected.insert(s.record().key());
+    for (const auto& b : a.bins()) {
+      EXPECT_FALSE(b.samples().empty());
+      ASSERT_EQ(b.samples_size(), b.indices_size());
+      for (int k = 0; k < b.samples_size(); ++k) {
+        got.insert(b.samples(k));
+        EXPECT_EQ(batch.samples(b.indices(k)).record().key(), b.samples(k));
+      }
+    }
+    EXPECT_EQ(got, expected);
+    EXPECT_EQ(a.summary().algorithm(), "loom");
+    EXPECT_GE(a.summary().llm().max_over_lower_bound(), 1.0 - 1e-9);
+  }
+  scheduler::v1::Assignment a;
+  EXPECT_EQ(Assignment(-1, &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Assignment(5, &a).ok());
+  EXPECT_EQ(Assignment(0, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE);  // window of 3
+}
+
+TEST_F(ServedScheduleTest, TimingReportsRefitTheCostModel) {
+  scheduler::v1::Assignment a;
+  ASSERT_TRUE(Assignment(0, &a).ok());
+  // The LLM really runs 10x slower than the FLOPs prior says.
+  scheduler::v1::ReportTimingsRequest r;
+  r.set_role(common::v1::ROLE_LLM_WORKER);
+  r.set_rank(1);
+  r.set_iteration(0);
+  for (int j = 0; j < 2; ++j) {
+    auto* t = r.add_timings();
+    t->set_microbatch(j);
+    t->set_seconds(10 * a.bins(2 + j).llm_cost());
+  }
+  scheduler::v1::ReportTimingsResponse response;
+  ASSERT_TRUE(Report(r, &response).ok());
+  // The refitted coefficients reproduce the measured times of those bins.
+  data::v1::GetBatchRequest br;
+  br.set_iteration(0);
+  data::v1::GetBatchResponse batch;
+  auto ctx = testing::ContextWithDeadline();
+  ASSERT_TRUE(data_stub_->GetBatch(ctx.get(), br, &batch).ok());
+  const scheduler::v1::CostCoefficients& c = response.costs();
+  for (int j = 0; j < 2; ++j) {
+    const scheduler::v1::Bin& bin = a.bins(2 + j);
+    double predicted = 0;
+    for (int i : bin.indices()) {
+      const auto& rec = batch.samples(i).record();
+      const double l = rec.image_tokens() + rec.text_tokens();
+      predicted += c.llm_per_sample() + c.llm_per_token() * l + c.llm_per_token_sq() * l * l;
+    }
+    EXPECT_NEAR(predicted / (10 * bin.llm_cost()), 1.0, 0.01) << "microbatch " << j;
+  }
+
+  // Bad reports change nothing and say what is wrong.
+  scheduler::v1::ReportTimingsRequest bad = r;
+  bad.mutable_timings(1)->set_microbatch(2);
+  EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = r;
+  bad.mutable_timings(0)->set_seconds(-1);
+  EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = r;
+  bad.set_rank(2);
+  EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = r;
+  bad.set_iteration(7);
+  EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // An encoder rank may only report the bins it ran.
+  bad = r;
+  bad.set_role(common::v1::ROLE_ENCODER_WORKER);
+  bad.clear_timings();
+  auto* t = bad.add_timings();
+  t->set_llm_rank(0);
+  t->set_microbatch(0);
+  t->set_seconds(0.1);
+  bad.set_rank(1 - a.bins(0).encoder_rank());
+  EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad.set_rank(a.bins(0).encoder_rank());
+  EXPECT_TRUE(Report(bad, &response).ok());
 }
 
 }  // namespace

@@ -1,0 +1,186 @@
+// Assignment benchmark: every algorithm on the three datagen presets at 1k,
+// 4k and 16k samples per global batch and 8 to 256 bins, side by side in one
+// run. Sample costs come from the cost model of a model config on H100s
+// (FLOPs at the default efficiency); samples are datagen outlines measured
+// the way loom-preprocess measures them (tiles per image, text tokens from
+// the tokenizer), so no pixels are drawn.
+//
+//   bazel run -c opt //services/scheduler/bench:assign_bench
+//
+// Columns: max bin / lower bound per module (the bound is the larger of the
+// mean bin and the largest sample), coefficient of variation across the bins,
+// the simulated iteration (LLM pipeline of 2 stages, 8 microbatches per rank,
+// as many encoder ranks as LLM ranks), and the algorithm's wall time.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "runtime/data/datagen.h"
+#include "runtime/data/preprocess.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/model/config.h"
+#include "services/scheduler/cost_model.h"
+#include "services/scheduler/plan.h"
+#include "services/scheduler/schedule.h"
+
+ABSL_FLAG(std::string, config, "vit300m-llm1b", "Model config for the cost model.");
+ABSL_FLAG(std::string, sizes, "1024,4096,16384", "Samples per global batch.");
+ABSL_FLAG(std::string, bins, "8,32,128,256", "Bins (LLM DP x 8 microbatches).");
+ABSL_FLAG(std::string, presets, "caption,interleaved,onevision", "datagen presets.");
+ABSL_FLAG(double, ilp_seconds, 10, "Time limit of each ilp solve.");
+ABSL_FLAG(int64_t, ilp_max_variables, 65536, "samples x bins above which ilp is not run.");
+
+namespace loom::sched {
+namespace {
+
+std::vector<int> Ints(const std::string& csv) {
+  std::vector<int> out;
+  for (absl::string_view s : absl::StrSplit(csv, ',')) out.push_back(std::stoi(std::string(s)));
+  return out;
+}
+
+// Measures an outline as loom-preprocess would; false where it would skip the
+// sample (too long).
+bool Measure(const data::SampleOutline& o, const data::Tokenizer& tok,
+             const data::PreprocessOptions& p, SampleShape* s) {
+  *s = {};
+  s->text_tokens = 2;
+  std::string rest = o.text;
+  for (absl::string_view piece : absl::StrSplit(rest, "<image>")) {
+    if (piece.empty()) continue;
+    std::vector<int32_t> ids;
+    if (!tok.Encode(std::string_view(piece.data(), piece.size()), &ids).ok()) return false;
+    s->text_tokens += static_cast<int>(ids.size());
+  }
+  const int n = static_cast<int>(o.image_sizes.size());
+  const int per_image = n == 0 ? 0 : std::max(1, p.max_tiles / n);
+  for (auto [w, h] : o.image_sizes) {
+    const int tiles =
+        data::TileCount(data::ChooseTileGrid(w, h, per_image, p.tile_size), p.thumbnail);
+    s->tiles += tiles;
+    s->image_tokens += tiles * p.tokens_per_tile;
+  }
+  return s->length() <= p.max_seq;
+}
+
+int Main() {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tok = data::Tokenizer::Load("");
+  if (!model.ok() || !tok.ok()) {
+    std::fprintf(stderr, "assign_bench: %s\n",
+                 std::string((model.ok() ? tok.status() : model.status()).message()).c_str());
+    return 2;
+  }
+  const data::PreprocessOptions popts = data::PreprocessOptionsFor(*model);
+  const scheduler::v1::CostCoefficients costs = CoefficientsOnOneGpu(*model, ClusterSpec());
+  const CostModel cost_model(costs);
+  const std::vector<int> sizes = Ints(absl::GetFlag(FLAGS_sizes));
+  const int most = *std::max_element(sizes.begin(), sizes.end());
+  std::printf("assign_bench: config %s, costs from FLOPs on one H100 at %.0f%% of peak\n",
+              model->name.c_str(), ClusterSpec().max_efficiency * 100);
+  std::printf("%-11s %6s %4s  %-10s %8s %8s %7s %7s %10s %10s\n", "preset", "samples", "bins",
+              "algorithm", "enc/LB", "llm/LB", "enc_cv", "llm_cv", "sim_ms", "wall_ms");
+  // Per (preset, size, bins): the objective of each algorithm, for the summary.
+  struct Row {
+    std::string where;
+    std::map<std::string, double> objective, wall, sim;
+    double ilp_bound = 0;
+    bool ilp_optimal = false;
+  };
+  std::vector<Row> rows;
+  for (absl::string_view preset_view : absl::StrSplit(absl::GetFlag(FLAGS_presets), ',')) {
+    const std::string preset(preset_view);
+    std::vector<std::string> keys;
+    std::vector<SampleShape> shapes;
+    for (int64_t i = 0; static_cast<int>(shapes.size()) < most; ++i) {
+      absl::StatusOr<data::SampleOutline> o = data::OutlineSample(preset, 1, i);
+      if (!o.ok()) {
+        std::fprintf(stderr, "assign_bench: %s\n", std::string(o.status().message()).c_str());
+        return 2;
+      }
+      SampleShape s;
+      if (!Measure(*o, **tok, popts, &s)) continue;
+      keys.push_back(o->key);
+      shapes.push_back(s);
+    }
+    const std::vector<SampleLoad> all = cost_model.Loads(shapes, costs.transfer_per_image_token());
+    for (int n : sizes) {
+      const std::vector<std::string> k(keys.begin(), keys.begin() + n);
+      const std::vector<SampleLoad> loads(all.begin(), all.begin() + n);
+      for (int bins : Ints(absl::GetFlag(FLAGS_bins))) {
+        const int m = std::min(8, bins), dp = bins / m;
+        scheduler::v1::Plan plan = PlanOfDegrees(dp, m, dp);
+        plan.mutable_llm()->set_pp(2);
+        Row row;
+        row.where = preset + " " + std::to_string(n) + "x" + std::to_string(bins);
+        for (const std::string& algorithm : AlgorithmNames()) {
+          if (algorithm == "ilp" &&
+              static_cast<int64_t>(n) * bins > absl::GetFlag(FLAGS_ilp_max_variables)) {
+            std::printf("%-11s %6d %4d  %-10s %8s\n", preset.c_str(), n, bins, "ilp",
+                        "(too large)");
+            continue;
+          }
+          absl::StatusOr<scheduler::v1::Assignment> a =
+              AssignForPlan(plan, k, loads, algorithm, absl::GetFlag(FLAGS_ilp_seconds));
+          if (!a.ok()) {
+            std::fprintf(stderr, "assign_bench: %s: %s\n", algorithm.c_str(),
+                         std::string(a.status().message()).c_str());
+            return 2;
+          }
+          const auto& s = a->summary();
+          std::printf("%-11s %6d %4d  %-10s %8.4f %8.4f %7.4f %7.4f %10.3f %10.3f\n",
+                      preset.c_str(), n, bins, algorithm.c_str(),
+                      s.encoder().max_over_lower_bound(), s.llm().max_over_lower_bound(),
+                      s.encoder().cv(), s.llm().cv(), s.simulated_iteration_seconds() * 1e3,
+                      s.wall_seconds() * 1e3);
+          row.objective[algorithm] = s.objective();
+          row.wall[algorithm] = s.wall_seconds();
+          row.sim[algorithm] = s.simulated_iteration_seconds();
+          if (algorithm == "ilp") {
+            row.ilp_bound = s.ilp_bound();
+            row.ilp_optimal = s.ilp_optimal();
+          }
+        }
+        std::fflush(stdout);
+        rows.push_back(row);
+      }
+    }
+  }
+  // Summary: loom against the others (objective: max bin of either module
+  // over its mean bin; lower is better).
+  std::printf("\nsummary (objective = max bin of either module / its mean bin):\n");
+  std::printf("%-24s %9s %9s %9s %9s %9s %9s %8s\n", "batch", "loom", "best_heur", "ilp",
+              "ilp_bound", "loom/ilp", "sim/best", "loom_ms");
+  int ahead = 0, total = 0;
+  for (const Row& r : rows) {
+    double best = 1e30, best_sim = 1e30;
+    for (const char* h : {"sequential", "lpt", "disttrain", "entrain"}) {
+      best = std::min(best, r.objective.at(h));
+      best_sim = std::min(best_sim, r.sim.at(h));
+    }
+    const double loom = r.objective.at("loom");
+    ++total;
+    ahead += loom <= best + 1e-12;
+    const bool ilp = r.objective.count("ilp") > 0;
+    std::printf("%-24s %9.5f %9.5f %9s %9s %9s %9.4f %8.2f\n", r.where.c_str(), loom, best,
+                ilp ? std::to_string(r.objective.at("ilp")).substr(0, 7).c_str() : "-",
+                ilp ? std::to_string(r.ilp_bound).substr(0, 7).c_str() : "-",
+                ilp ? std::to_string(loom / r.objective.at("ilp")).substr(0, 6).c_str() : "-",
+                r.sim.at("loom") / best_sim, r.wall.at("loom") * 1e3);
+  }
+  std::printf("loom at or ahead of every heuristic in %d of %d batches\n", ahead, total);
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom::sched
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return loom::sched::Main();
+}

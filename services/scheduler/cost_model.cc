@@ -1,0 +1,180 @@
+#include "services/scheduler/cost_model.h"
+
+#include <cmath>
+
+namespace loom::sched {
+namespace {
+
+constexpr double kDecay = 0.99;    // per observation: old timings fade
+constexpr double kPriorPull = 1e-8;  // ridge toward the prior, relative to the data
+
+// Solves the n x n system a x = b (n <= 3) with partial pivoting; false if singular.
+bool Solve(std::array<std::array<double, 3>, 3> a, std::array<double, 3> b, int n,
+           std::array<double, 3>* x) {
+  for (int c = 0; c < n; ++c) {
+    int p = c;
+    for (int r = c + 1; r < n; ++r) {
+      if (std::abs(a[r][c]) > std::abs(a[p][c])) p = r;
+    }
+    if (std::abs(a[p][c]) < 1e-300) return false;
+    std::swap(a[c], a[p]);
+    std::swap(b[c], b[p]);
+    for (int r = c + 1; r < n; ++r) {
+      const double f = a[r][c] / a[c][c];
+      for (int k = c; k < n; ++k) a[r][k] -= f * a[c][k];
+      b[r] -= f * b[c];
+    }
+  }
+  for (int r = n - 1; r >= 0; --r) {
+    double s = b[r];
+    for (int k = r + 1; k < n; ++k) s -= a[r][k] * (*x)[k];
+    (*x)[r] = s / a[r][r];
+  }
+  return true;
+}
+
+// Ridge fit toward `prior`, coefficients kept non-negative (a coefficient
+// that comes out negative is pinned to 0 and the rest refitted).
+std::array<double, 3> FitNonNegative(const std::array<std::array<double, 3>, 3>& ata,
+                                     const std::array<double, 3>& aty, int n,
+                                     const std::array<double, 3>& prior) {
+  std::array<bool, 3> free{true, true, true};
+  std::array<double, 3> theta = prior;
+  for (int round = 0; round < n; ++round) {
+    std::array<int, 3> idx{};
+    int k = 0;
+    for (int j = 0; j < n; ++j) {
+      if (free[j]) idx[k++] = j;
+    }
+    std::array<std::array<double, 3>, 3> a{};
+    std::array<double, 3> b{}, x{};
+    for (int r = 0; r < k; ++r) {
+      const int i = idx[r];
+      const double ridge = kPriorPull * ata[i][i] + 1e-300;
+      for (int c = 0; c < k; ++c) a[r][c] = ata[i][idx[c]];
+      a[r][r] += ridge;
+      b[r] = aty[i] + ridge * prior[i];
+    }
+    if (!Solve(a, b, k, &x)) return prior;
+    bool negative = false;
+    for (int j = 0; j < n; ++j) theta[j] = 0;
+    for (int r = 0; r < k; ++r) {
+      theta[idx[r]] = x[r];
+      if (x[r] < 0) {
+        free[idx[r]] = false;
+        negative = true;
+      }
+    }
+    if (!negative) return theta;
+  }
+  for (double& t : theta) t = std::max(t, 0.0);
+  return theta;
+}
+
+}  // namespace
+
+ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute) {
+  const double passes = recompute ? 4 : 3;
+  ModelFlops f;
+  const double t = c.vit.patches_per_tile(), d = c.vit.dim, h = c.vit.mlp_hidden;
+  double vit = 2 * t * c.vit.patch_dim() * d;                      // patch embedding
+  vit += c.vit.layers * (2 * t * (4 * d * d + 2 * d * h)           // qkv, out, mlp
+                         + 4 * t * t * d);                         // QK^T and AV, full
+  const double tokens = c.tokens_per_tile();
+  const double in = c.projector.pixel_shuffle ? 4 * d : d;
+  vit += 2 * tokens * (in * c.projector.hidden + c.projector.hidden * c.llm.dim);
+  f.encoder_per_tile = passes * vit;
+  const double D = c.llm.dim, F = c.llm.ffn_hidden, V = c.llm.vocab;
+  f.llm_per_token = passes * (c.llm.layers * 2 * (4 * D * D + 3 * D * F) + 2 * D * V);
+  f.llm_per_token_sq = passes * c.llm.layers * 2 * D;
+  f.embedding_bytes_per_image_token = 2 * D;
+  return f;
+}
+
+SampleShape ShapeOf(const scheduler::v1::BatchSample& sample) {
+  SampleShape s;
+  for (int t : sample.images()) s.tiles += t;
+  s.image_tokens = sample.image_tokens();
+  s.text_tokens = sample.text_tokens();
+  return s;
+}
+
+CostModel::CostModel(const scheduler::v1::CostCoefficients& prior)
+    : prior_(prior), coefficients_(prior) {}
+
+double CostModel::EncoderSeconds(const SampleShape& s) const {
+  if (s.tiles <= 0) return 0;
+  return coefficients_.encoder_per_sample() + coefficients_.encoder_per_tile() * s.tiles;
+}
+
+double CostModel::LlmSeconds(const SampleShape& s) const {
+  const double l = s.length();
+  return coefficients_.llm_per_sample() + coefficients_.llm_per_token() * l +
+         coefficients_.llm_per_token_sq() * l * l;
+}
+
+std::vector<SampleLoad> CostModel::Loads(const std::vector<SampleShape>& shapes,
+                                         double transfer_seconds_per_image_token) const {
+  std::vector<SampleLoad> out;
+  out.reserve(shapes.size());
+  for (const SampleShape& s : shapes) {
+    out.push_back(
+        {EncoderSeconds(s), LlmSeconds(s), transfer_seconds_per_image_token * s.image_tokens});
+  }
+  return out;
+}
+
+bool CostModel::ObserveEncoder(const std::vector<SampleShape>& samples, double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return false;
+  std::array<double, 3> x{};
+  for (const SampleShape& s : samples) {
+    if (s.tiles <= 0) continue;
+    x[0] += s.tiles;
+    x[1] += 1;
+  }
+  if (x[1] == 0) return false;  // nothing the encoder ran
+  for (int i = 0; i < 2; ++i) {
+    encoder_.aty[i] = kDecay * encoder_.aty[i] + x[i] * seconds;
+    for (int j = 0; j < 2; ++j) encoder_.ata[i][j] = kDecay * encoder_.ata[i][j] + x[i] * x[j];
+  }
+  ++observations_;
+  Refit();
+  return true;
+}
+
+bool CostModel::ObserveLlm(const std::vector<SampleShape>& samples, double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0 || samples.empty()) return false;
+  std::array<double, 3> x{};
+  for (const SampleShape& s : samples) {
+    const double l = s.length();
+    x[0] += l;
+    x[1] += l * l;
+    x[2] += 1;
+  }
+  for (int i = 0; i < 3; ++i) {
+    llm_.aty[i] = kDecay * llm_.aty[i] + x[i] * seconds;
+    for (int j = 0; j < 3; ++j) llm_.ata[i][j] = kDecay * llm_.ata[i][j] + x[i] * x[j];
+  }
+  ++observations_;
+  Refit();
+  return true;
+}
+
+void CostModel::Refit() {
+  if (encoder_.ata[0][0] > 0) {
+    auto t = FitNonNegative(encoder_.ata, encoder_.aty, 2,
+                            {prior_.encoder_per_tile(), prior_.encoder_per_sample(), 0});
+    coefficients_.set_encoder_per_tile(t[0]);
+    coefficients_.set_encoder_per_sample(t[1]);
+  }
+  if (llm_.ata[0][0] > 0) {
+    auto t = FitNonNegative(llm_.ata, llm_.aty, 3,
+                            {prior_.llm_per_token(), prior_.llm_per_token_sq(),
+                             prior_.llm_per_sample()});
+    coefficients_.set_llm_per_token(t[0]);
+    coefficients_.set_llm_per_token_sq(t[1]);
+    coefficients_.set_llm_per_sample(t[2]);
+  }
+}
+
+}  // namespace loom::sched

@@ -1,0 +1,91 @@
+// The scheduler's cost model.
+//
+// FLOPs (analytic, for MFU; a multiply-add is 2 FLOPs; training = forward +
+// backward = 3x forward, 4x with full activation recompute):
+//   encoder, per tile: patch embedding, `layers` pre-LN blocks over the
+//     tile's (S/P)^2 patches with full attention inside the tile, and the
+//     projector over the tile's tokens after pixel shuffle;
+//   LLM, per sample of packed length L: 2 L (4 D^2 + 3 D F) per layer, causal
+//     attention 2 L^2 D per layer (half of the full QK^T and AV), and the
+//     output head 2 L D V. Packing is block-diagonal, so a microbatch's
+//     attention is the sum of its samples' L^2, not (sum L)^2.
+// Time (seconds, forward + backward on one rank of the module, a TP group,
+// all its pipeline stages together):
+//   encoder(sample) = per_sample [tiles > 0] + per_tile * tiles
+//   llm(sample)     = per_sample + per_token * L + per_token_sq * L^2
+// Coefficients start from FLOPs at an assumed efficiency and are refitted by
+// least squares from measured microbatch times, with old observations
+// decaying and a weak pull toward the prior so that one kind of microbatch
+// cannot make the fit singular.
+// Memory (bytes per GPU, linear): parameters, gradients and AdamW state
+// (18 bytes per parameter, bf16 weights with fp32 master and moments) over
+// TP x PP, plus activations per token in flight (34 D bytes per token per
+// layer in bf16 with a fused attention, over TP).
+#ifndef LOOM_SERVICES_SCHEDULER_COST_MODEL_H_
+#define LOOM_SERVICES_SCHEDULER_COST_MODEL_H_
+
+#include <array>
+#include <vector>
+
+#include "loom/scheduler/v1/scheduler.pb.h"
+#include "runtime/model/config.h"
+#include "services/scheduler/assign.h"
+
+namespace loom::sched {
+
+struct ModelFlops {
+  double encoder_per_tile = 0;  // training FLOPs
+  double llm_per_token = 0;
+  double llm_per_token_sq = 0;
+  double embedding_bytes_per_image_token = 0;  // what the encoder sends (bf16)
+};
+
+ModelFlops AnalyticFlops(const ModelConfig& config, bool recompute);
+
+// Per-sample features the costs are linear in.
+struct SampleShape {
+  int tiles = 0;
+  int image_tokens = 0;
+  int text_tokens = 0;
+  int length() const { return image_tokens + text_tokens; }
+};
+
+SampleShape ShapeOf(const scheduler::v1::BatchSample& sample);
+
+class CostModel {
+ public:
+  explicit CostModel(const scheduler::v1::CostCoefficients& prior);
+
+  double EncoderSeconds(const SampleShape& s) const;
+  double LlmSeconds(const SampleShape& s) const;
+
+  // Costs of a batch; `transfer_seconds_per_image_token` prices the
+  // embeddings' trip from encoder to LLM.
+  std::vector<SampleLoad> Loads(const std::vector<SampleShape>& shapes,
+                                double transfer_seconds_per_image_token) const;
+
+  // One measured microbatch: the samples it held and its forward + backward
+  // seconds. Non-finite or negative times are ignored (returns false).
+  bool ObserveEncoder(const std::vector<SampleShape>& samples, double seconds);
+  bool ObserveLlm(const std::vector<SampleShape>& samples, double seconds);
+
+  const scheduler::v1::CostCoefficients& coefficients() const { return coefficients_; }
+  int observations() const { return observations_; }
+
+ private:
+  // Normal equations of a decaying least-squares fit in up to 3 features.
+  struct Fit {
+    std::array<std::array<double, 3>, 3> ata{};
+    std::array<double, 3> aty{};
+    double weight = 0;
+  };
+  void Refit();
+
+  scheduler::v1::CostCoefficients prior_, coefficients_;
+  Fit encoder_, llm_;
+  int observations_ = 0;
+};
+
+}  // namespace loom::sched
+
+#endif  // LOOM_SERVICES_SCHEDULER_COST_MODEL_H_

@@ -1,0 +1,69 @@
+// The static parallel plan (DistTrain's disaggregated model orchestration,
+// DFLOP's exhaustive search): from the cluster, the model and macro-batch
+// statistics, choose the GPUs of the encoder and of the LLM, each module's
+// TP / PP / DP and the microbatch count, minimising the predicted iteration
+// time of the 1F1B pipeline under the memory limit.
+//
+// Predicted iteration = (m + pp_enc + pp_llm - 1) * max(encoder stage,
+// LLM stage, embedding transfer) + the slower module's gradient allreduce, where a
+// stage's time is its share of the macro-batch's mean FLOPs at an efficiency
+// that grows with the tokens one GPU sees per microbatch (small microbatches
+// leave a GPU idle) and shrinks with TP (its all-reduces). TP stays inside a
+// node; the encoder gets the GPUs the LLM leaves.
+#ifndef LOOM_SERVICES_SCHEDULER_PLAN_H_
+#define LOOM_SERVICES_SCHEDULER_PLAN_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "loom/scheduler/v1/scheduler.pb.h"
+#include "runtime/model/config.h"
+#include "services/scheduler/cost_model.h"
+
+namespace loom::sched {
+
+struct ClusterSpec {
+  int gpus = 8;
+  int gpus_per_node = 8;
+  double peak_flops = 989e12;                // H100 SXM dense bf16
+  double memory_bytes = 80.0 * (1ull << 30);
+  double intra_node_bytes_per_second = 450e9;  // NVLink, one direction
+  double inter_node_bytes_per_second = 50e9;   // 400 Gb/s per GPU
+  double max_efficiency = 0.6;    // of peak, at large microbatches
+  double saturation_tokens = 2048;  // tokens per GPU per microbatch at half of max_efficiency
+};
+
+struct BatchStats {
+  int global_batch = 0;  // samples per iteration
+  double mean_tiles = 0;
+  double mean_image_tokens = 0;
+  double mean_length = 0;     // packed length L
+  double mean_length_sq = 0;  // E[L^2]
+};
+
+// Statistics of a macro-batch of samples for global batches of `global_batch`.
+BatchStats StatsOf(const std::vector<SampleShape>& samples, int global_batch);
+
+struct PlanLimits {
+  int max_tp = 8;
+  int max_llm_pp = 16;
+  int max_encoder_pp = 4;
+  int max_microbatches = 64;
+  bool recompute = false;
+  double memory_fraction = 0.9;  // of a GPU's memory the plan may use
+};
+
+// Cost coefficients of one GPU of `cluster` running a whole module at the
+// cluster's max_efficiency (for assignments without a searched plan).
+scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
+                                                     const ClusterSpec& cluster);
+
+// INVALID_ARGUMENT for an impossible input (fewer than 2 GPUs, an empty
+// batch, ...); RESOURCE_EXHAUSTED when no configuration fits in memory.
+absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& cluster,
+                                               const ModelConfig& model, const BatchStats& stats,
+                                               const PlanLimits& limits);
+
+}  // namespace loom::sched
+
+#endif  // LOOM_SERVICES_SCHEDULER_PLAN_H_

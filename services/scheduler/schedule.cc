@@ -1,0 +1,90 @@
+#include "services/scheduler/schedule.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "services/scheduler/simulate.h"
+
+namespace loom::sched {
+
+scheduler::v1::Plan PlanOfDegrees(int llm_dp, int microbatches, int encoder_dp) {
+  scheduler::v1::Plan plan;
+  for (auto [module, dp] : {std::make_pair(plan.mutable_llm(), llm_dp),
+                            std::make_pair(plan.mutable_encoder(), encoder_dp)}) {
+    module->set_tp(1);
+    module->set_pp(1);
+    module->set_dp(dp);
+    module->set_gpus(dp);
+  }
+  plan.set_microbatches(microbatches);
+  plan.set_cluster_gpus(llm_dp + encoder_dp);
+  return plan;
+}
+
+absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Plan& plan,
+                                                        const std::vector<std::string>& keys,
+                                                        const std::vector<SampleLoad>& loads,
+                                                        const std::string& algorithm,
+                                                        double ilp_time_limit_seconds) {
+  if (keys.size() != loads.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys.size(), " keys but ", loads.size(), " sample costs"));
+  }
+  if (plan.llm().dp() < 1 || plan.encoder().dp() < 1 || plan.microbatches() < 1 ||
+      plan.llm().pp() < 1 || plan.encoder().pp() < 1) {
+    return absl::InvalidArgumentError(
+        "the plan needs llm.dp, llm.pp, encoder.dp, encoder.pp and microbatches of at least 1");
+  }
+  AssignOptions o;
+  o.llm_dp = plan.llm().dp();
+  o.microbatches = plan.microbatches();
+  o.encoder_dp = plan.encoder().dp();
+  o.pipeline_depth = plan.llm().pp() + plan.encoder().pp();
+  o.ilp_time_limit_seconds = ilp_time_limit_seconds;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<AssignResult> result = Assign(loads, o, algorithm);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!result.ok()) return result.status();
+
+  SimulationOptions so;
+  so.encoder_dp = o.encoder_dp;
+  so.encoder_pp = plan.encoder().pp();
+  so.llm_dp = o.llm_dp;
+  so.llm_pp = plan.llm().pp();
+  so.microbatches = o.microbatches;
+  so.encoder_allreduce_seconds = plan.encoder().allreduce_seconds();
+  so.llm_allreduce_seconds = plan.llm().allreduce_seconds();
+  absl::StatusOr<SimulationResult> sim = SimulateIteration(result->bins, so);
+  if (!sim.ok()) return sim.status();
+  const AssignmentQuality q = MeasureAssignment(loads, *result);
+
+  scheduler::v1::Assignment out;
+  for (const BinAssignment& b : result->bins) {
+    scheduler::v1::Bin* bin = out.add_bins();
+    bin->set_llm_rank(b.llm_rank);
+    bin->set_microbatch(b.microbatch);
+    bin->set_encoder_rank(b.encoder_rank);
+    for (int i : b.samples) {
+      bin->add_samples(keys[i]);
+      bin->add_indices(i);
+    }
+    bin->set_encoder_cost(b.encoder);
+    bin->set_llm_cost(b.llm);
+  }
+  scheduler::v1::AssignmentSummary* s = out.mutable_summary();
+  s->set_algorithm(algorithm);
+  s->set_samples(static_cast<int>(loads.size()));
+  s->set_bins(static_cast<int>(result->bins.size()));
+  s->mutable_encoder()->set_max_over_lower_bound(q.encoder.max_over_lower_bound);
+  s->mutable_encoder()->set_cv(q.encoder.cv);
+  s->mutable_llm()->set_max_over_lower_bound(q.llm.max_over_lower_bound);
+  s->mutable_llm()->set_cv(q.llm.cv);
+  s->set_objective(q.objective);
+  s->set_simulated_iteration_seconds(sim->iteration_seconds);
+  s->set_wall_seconds(wall);
+  s->set_ilp_bound(result->ilp_bound);
+  s->set_ilp_optimal(result->ilp_optimal);
+  return out;
+}
+
+}  // namespace loom::sched

@@ -1,0 +1,29 @@
+// One iteration's assignment under a plan, as the service and loom-schedule
+// hand it out: the algorithm's bins with sample keys, and a summary (quality
+// against the lower bounds, the simulated iteration, the algorithm's time).
+#ifndef LOOM_SERVICES_SCHEDULER_SCHEDULE_H_
+#define LOOM_SERVICES_SCHEDULER_SCHEDULE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "loom/scheduler/v1/scheduler.pb.h"
+#include "services/scheduler/assign.h"
+
+namespace loom::sched {
+
+// A plan of the given degrees with no cost prediction (`--llm_dp ...`).
+scheduler::v1::Plan PlanOfDegrees(int llm_dp, int microbatches, int encoder_dp);
+
+// INVALID_ARGUMENT: a plan without degrees, keys and loads of different
+// lengths; otherwise Assign's errors.
+absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Plan& plan,
+                                                        const std::vector<std::string>& keys,
+                                                        const std::vector<SampleLoad>& loads,
+                                                        const std::string& algorithm,
+                                                        double ilp_time_limit_seconds);
+
+}  // namespace loom::sched
+
+#endif  // LOOM_SERVICES_SCHEDULER_SCHEDULE_H_
