@@ -92,7 +92,8 @@ Groups LptGroups(const Normalized& n, int bins) {
 Groups EntrainGroups(const Normalized& n, int bins, const AssignOptions& o) {
   Groups groups(bins);
   std::vector<int> images, text;
-  for (size_t i = 0; i < n.e.size(); ++i) (n.e[i] > 0 ? images : text).push_back(static_cast<int>(i));
+  for (size_t i = 0; i < n.e.size(); ++i)
+    (n.e[i] > 0 ? images : text).push_back(static_cast<int>(i));
   // 1. The encoder: image samples by decreasing encoder cost.
   std::vector<double> enc(bins, 0);
   std::vector<int> by_e = ByDecreasing(n.e);
@@ -385,8 +386,7 @@ std::vector<std::vector<int>> RanksBalanced(const std::vector<double>& size, int
 
 std::vector<BinAssignment> Layout(const std::vector<SampleLoad>& samples, const Normalized& n,
                                   const Groups& groups, const std::vector<std::vector<int>>& ranks,
-                                  bool order_1f1b, bool balance_encoder,
-                                  const AssignOptions& o) {
+                                  bool order_1f1b, bool balance_encoder, const AssignOptions& o) {
   std::vector<double> size(groups.size(), 0);
   for (size_t g = 0; g < groups.size(); ++g) {
     for (int i : groups[g]) size[g] += n.e[i] + n.l[i];
@@ -422,7 +422,8 @@ std::vector<BinAssignment> Layout(const std::vector<SampleLoad>& samples, const 
     std::vector<int> slot;
     for (int r = 0; r < o.llm_dp; ++r) slot.push_back(r * o.microbatches + j);
     if (!balance_encoder) {
-      for (int r = 0; r < o.llm_dp; ++r) bins[slot[r]].encoder_rank = (j * o.llm_dp + r) % o.encoder_dp;
+      for (int r = 0; r < o.llm_dp; ++r)
+        bins[slot[r]].encoder_rank = (j * o.llm_dp + r) % o.encoder_dp;
       continue;
     }
     std::stable_sort(slot.begin(), slot.end(),
@@ -443,10 +444,9 @@ absl::Status Validate(const std::vector<SampleLoad>& samples, const AssignOption
   if (o.encoder_dp < 1) return absl::InvalidArgumentError("encoder_dp must be at least 1");
   const int64_t bins = static_cast<int64_t>(o.llm_dp) * o.microbatches;
   if (static_cast<int64_t>(samples.size()) < bins) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the batch has ", samples.size(), " samples, fewer than the ", bins,
-                     " bins (llm_dp ", o.llm_dp, " x microbatches ", o.microbatches,
-                     "); every bin needs a sample"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the batch has ", samples.size(), " samples, fewer than the ", bins, " bins (llm_dp ",
+        o.llm_dp, " x microbatches ", o.microbatches, "); every bin needs a sample"));
   }
   for (size_t i = 0; i < samples.size(); ++i) {
     const SampleLoad& s = samples[i];
@@ -468,12 +468,12 @@ const std::vector<std::string>& AlgorithmNames() {
   return *names;
 }
 
-absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples,
-                                    const AssignOptions& o, const std::string& algorithm) {
+absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, const AssignOptions& o,
+                                    const std::string& algorithm) {
   const auto& names = AlgorithmNames();
   if (std::find(names.begin(), names.end(), algorithm) == names.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown algorithm \"", algorithm,
-                                                   "\"; known: ", absl::StrJoin(names, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown algorithm \"", algorithm, "\"; known: ", absl::StrJoin(names, ", ")));
   }
   if (absl::Status s = Validate(samples, o); !s.ok()) return s;
   const int bins = o.llm_dp * o.microbatches;
@@ -513,8 +513,7 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples,
                        " variables, above the limit of ", o.ilp_max_variables));
     }
     Groups start = LptGroups(n, bins);
-    absl::StatusOr<IlpSolution> sol =
-        SolveBinIlp(n.e, n.l, bins, start, o.ilp_time_limit_seconds);
+    absl::StatusOr<IlpSolution> sol = SolveBinIlp(n.e, n.l, bins, start, o.ilp_time_limit_seconds);
     if (!sol.ok()) return sol.status();
     groups = std::move(sol->groups);
     result.ilp_bound = sol->bound;

@@ -15,7 +15,7 @@ std::vector<SampleLoad> LlmOnly(const std::vector<double>& llm) {
 }
 
 AssignResult RunAlgorithm(const std::vector<SampleLoad>& samples, const AssignOptions& o,
-                 const std::string& algorithm) {
+                          const std::string& algorithm) {
   absl::StatusOr<AssignResult> r = Assign(samples, o, algorithm);
   EXPECT_TRUE(r.ok()) << algorithm << ": " << r.status();
   return r.ok() ? *r : AssignResult{};

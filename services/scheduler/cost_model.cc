@@ -5,7 +5,7 @@
 namespace loom::sched {
 namespace {
 
-constexpr double kDecay = 0.99;    // per observation: old timings fade
+constexpr double kDecay = 0.99;      // per observation: old timings fade
 constexpr double kPriorPull = 1e-8;  // ridge toward the prior, relative to the data
 
 // Solves the n x n system a x = b (n <= 3) with partial pivoting; false if singular.
@@ -77,9 +77,9 @@ ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute) {
   const double passes = recompute ? 4 : 3;
   ModelFlops f;
   const double t = c.vit.patches_per_tile(), d = c.vit.dim, h = c.vit.mlp_hidden;
-  double vit = 2 * t * c.vit.patch_dim() * d;                      // patch embedding
-  vit += c.vit.layers * (2 * t * (4 * d * d + 2 * d * h)           // qkv, out, mlp
-                         + 4 * t * t * d);                         // QK^T and AV, full
+  double vit = 2 * t * c.vit.patch_dim() * d;             // patch embedding
+  vit += c.vit.layers * (2 * t * (4 * d * d + 2 * d * h)  // qkv, out, mlp
+                         + 4 * t * t * d);                // QK^T and AV, full
   const double tokens = c.tokens_per_tile();
   const double in = c.projector.pixel_shuffle ? 4 * d : d;
   vit += 2 * tokens * (in * c.projector.hidden + c.projector.hidden * c.llm.dim);
@@ -168,9 +168,9 @@ void CostModel::Refit() {
     coefficients_.set_encoder_per_sample(t[1]);
   }
   if (llm_.ata[0][0] > 0) {
-    auto t = FitNonNegative(llm_.ata, llm_.aty, 3,
-                            {prior_.llm_per_token(), prior_.llm_per_token_sq(),
-                             prior_.llm_per_sample()});
+    auto t = FitNonNegative(
+        llm_.ata, llm_.aty, 3,
+        {prior_.llm_per_token(), prior_.llm_per_token_sq(), prior_.llm_per_sample()});
     coefficients_.set_llm_per_token(t[0]);
     coefficients_.set_llm_per_token_sq(t[1]);
     coefficients_.set_llm_per_sample(t[2]);

@@ -19,7 +19,8 @@ ABSL_FLAG(int, llm_dp, 0, "Instead of --plan: LLM DP ranks.");
 ABSL_FLAG(int, microbatches, 0, "Instead of --plan: microbatches per LLM rank.");
 ABSL_FLAG(int, encoder_dp, 0, "Instead of --plan: encoder DP ranks.");
 ABSL_FLAG(std::string, config, "tiny", "Model config, for costs when the plan has none.");
-ABSL_FLAG(std::string, algorithm, "loom", "Assignment: sequential, lpt, disttrain, entrain, ilp, loom.");
+ABSL_FLAG(std::string, algorithm, "loom",
+          "Assignment: sequential, lpt, disttrain, entrain, ilp, loom.");
 ABSL_FLAG(std::string, preprocess, "", "host:port of loom-preprocess (batch metadata).");
 ABSL_FLAG(int, retained_iterations, 16, "Assignments kept for fetches and timing reports.");
 ABSL_FLAG(double, ilp_seconds, 10, "Time limit of the ilp algorithm.");
@@ -87,8 +88,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<loom::SchedulerServiceImpl>> created =
         loom::SchedulerServiceImpl::Create(&chassis, o);
     if (!created.ok()) {
-      std::fprintf(stderr, "loom-scheduler: %s\n",
-                   std::string(created.status().message()).c_str());
+      std::fprintf(stderr, "loom-scheduler: %s\n", std::string(created.status().message()).c_str());
       return 2;
     }
     service = std::move(*created);

@@ -9,10 +9,10 @@
 namespace loom::sched {
 namespace {
 
-constexpr double kParamStateBytes = 18;   // bf16 weight + fp32 master, grad, 2 moments
+constexpr double kParamStateBytes = 18;        // bf16 weight + fp32 master, grad, 2 moments
 constexpr double kActBytesPerTokenLayer = 34;  // x hidden dim, bf16, fused attention
-constexpr double kGradBytes = 2;          // bf16 gradients on the wire
-constexpr double kMicrobatchHeadroom = 1.3;  // largest microbatch over the mean
+constexpr double kGradBytes = 2;               // bf16 gradients on the wire
+constexpr double kMicrobatchHeadroom = 1.3;    // largest microbatch over the mean
 
 double TpEfficiency(int tp) { return 1.0 / (1.0 + 0.04 * std::log2(static_cast<double>(tp))); }
 
@@ -113,12 +113,11 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
           if (static_l > budget || static_e > budget) continue;
           for (int dp_l = 1; group_l * dp_l + group_e <= c.gpus; ++dp_l) {
             const int dp_e = (c.gpus - group_l * dp_l) / group_e;
-            const double ar_l = RingAllreduceSeconds(kGradBytes * llm_params / group_l, dp_l,
-                                                     group_l * dp_l, c);
-            const double ar_e = RingAllreduceSeconds(kGradBytes * enc_params / group_e, dp_e,
-                                                     group_e * dp_e, c);
-            const int max_m =
-                std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
+            const double ar_l =
+                RingAllreduceSeconds(kGradBytes * llm_params / group_l, dp_l, group_l * dp_l, c);
+            const double ar_e =
+                RingAllreduceSeconds(kGradBytes * enc_params / group_e, dp_e, group_e * dp_e, c);
+            const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
             for (int m = pp_l; m <= max_m; ++m) {
               ++candidates;
               // LLM stage: one microbatch through one stage.
@@ -132,11 +131,9 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
               }
               // Encoder stage: its share of one microbatch slot's tiles.
               const double slot_tiles = B * stats.mean_tiles / (dp_e * m);
-              const double eff_e =
-                  Efficiency(c, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
+              const double eff_e = Efficiency(c, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
               const double enc_stage =
-                  enc_flops > 0 ? enc_flops / (dp_e * m) / (pp_e * tp_e * c.peak_flops * eff_e)
-                                : 0;
+                  enc_flops > 0 ? enc_flops / (dp_e * m) / (pp_e * tp_e * c.peak_flops * eff_e) : 0;
               const double transfer = B * stats.mean_image_tokens *
                                       flops.embedding_bytes_per_image_token / (dp_l * m) /
                                       c.inter_node_bytes_per_second;
@@ -150,8 +147,8 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
                                                   kMicrobatchHeadroom * kActBytesPerTokenLayer *
                                                   model.vit.dim * model.vit.layers / pp_e / tp_e;
               if (mem_l > budget || mem_e > budget) continue;
-              best = {time,      tp_e,      pp_e,  dp_e,  tp_l, pp_l, dp_l,
-                      m,         enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l};
+              best = {time, tp_e,      pp_e,      dp_e,  tp_l,  pp_l, dp_l,
+                      m,    enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l};
             }
           }
         }
@@ -159,9 +156,9 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
     }
   }
   if (!std::isfinite(best.time)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("no plan for ", model.name, " on ", c.gpus, " GPUs fits in ",
-                     budget / (1 << 30), " GiB per GPU"));
+    return absl::ResourceExhaustedError(absl::StrCat("no plan for ", model.name, " on ", c.gpus,
+                                                     " GPUs fits in ", budget / (1 << 30),
+                                                     " GiB per GPU"));
   }
   scheduler::v1::Plan plan;
   plan.set_model(model.name);
@@ -176,7 +173,8 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
     p->set_stage_seconds(stage);
     p->set_allreduce_seconds(allreduce);
   };
-  fill(plan.mutable_encoder(), best.tp_e, best.pp_e, best.dp_e, best.mem_e, best.enc_stage, best.ar_e);
+  fill(plan.mutable_encoder(), best.tp_e, best.pp_e, best.dp_e, best.mem_e, best.enc_stage,
+       best.ar_e);
   fill(plan.mutable_llm(), best.tp_l, best.pp_l, best.dp_l, best.mem_l, best.llm_stage, best.ar_l);
   plan.set_microbatches(best.m);
   plan.set_global_batch(stats.global_batch);

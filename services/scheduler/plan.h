@@ -25,11 +25,11 @@ namespace loom::sched {
 struct ClusterSpec {
   int gpus = 8;
   int gpus_per_node = 8;
-  double peak_flops = 989e12;                // H100 SXM dense bf16
+  double peak_flops = 989e12;  // H100 SXM dense bf16
   double memory_bytes = 80.0 * (1ull << 30);
   double intra_node_bytes_per_second = 450e9;  // NVLink, one direction
   double inter_node_bytes_per_second = 50e9;   // 400 Gb/s per GPU
-  double max_efficiency = 0.6;    // of peak, at large microbatches
+  double max_efficiency = 0.6;                 // of peak, at large microbatches
   double saturation_tokens = 2048;  // tokens per GPU per microbatch at half of max_efficiency
 };
 
@@ -60,9 +60,8 @@ scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
 
 // INVALID_ARGUMENT for an impossible input (fewer than 2 GPUs, an empty
 // batch, ...); RESOURCE_EXHAUSTED when no configuration fits in memory.
-absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& cluster,
-                                               const ModelConfig& model, const BatchStats& stats,
-                                               const PlanLimits& limits);
+absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& cluster, const ModelConfig& model,
+                                               const BatchStats& stats, const PlanLimits& limits);
 
 }  // namespace loom::sched
 

@@ -31,8 +31,8 @@ TEST(CostModelTest, VitFlopsPerTileMatchParametersPlusAttention) {
   const ModelFlops f = AnalyticFlops(c, false);
   const double t = c.vit.patches_per_tile();
   const double attention = 3.0 * c.vit.layers * 4 * t * t * c.vit.dim;
-  const double dense = 6 * t * VitParameterCount(c.vit) +
-                       6.0 * c.tokens_per_tile() * ProjectorParameterCount(c);
+  const double dense =
+      6 * t * VitParameterCount(c.vit) + 6.0 * c.tokens_per_tile() * ProjectorParameterCount(c);
   // Position embeddings and norms are counted as parameters but are not matmuls.
   EXPECT_NEAR(f.encoder_per_tile / (dense + attention), 1.0, 0.02);
 }

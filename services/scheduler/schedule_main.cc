@@ -38,7 +38,8 @@ ABSL_FLAG(std::string, plan, "", "assign: a plan from `loom-schedule plan`.");
 ABSL_FLAG(int, llm_dp, 0, "assign: LLM DP ranks (instead of --plan).");
 ABSL_FLAG(int, microbatches, 0, "assign: microbatches per LLM rank (instead of --plan).");
 ABSL_FLAG(int, encoder_dp, 0, "assign: encoder DP ranks (instead of --plan).");
-ABSL_FLAG(std::string, algorithm, "loom", "assign: sequential, lpt, disttrain, entrain, ilp, loom.");
+ABSL_FLAG(std::string, algorithm, "loom",
+          "assign: sequential, lpt, disttrain, entrain, ilp, loom.");
 ABSL_FLAG(double, ilp_seconds, 10, "assign: time limit of the ilp algorithm.");
 
 namespace loom::sched {

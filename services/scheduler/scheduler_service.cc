@@ -92,14 +92,14 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   const scheduler::v1::Worker& w = request->worker();
   if (w.role() != common::v1::ROLE_ENCODER_WORKER && w.role() != common::v1::ROLE_LLM_WORKER) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        "worker.role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER"));
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("worker.role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER"));
   }
   const int ranks = RanksOf(options_.plan, w.role());
   if (w.rank() < 0 || w.rank() >= ranks) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "worker.rank: ", w.rank(), " is outside the plan's ", ranks, " ranks of ",
-        common::v1::Role_Name(w.role()))));
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("worker.rank: ", w.rank(), " is outside the plan's ", ranks, " ranks of ",
+                     common::v1::Role_Name(w.role()))));
   }
   if (w.ucx_address().empty()) {
     return ToGrpcStatus(absl::InvalidArgumentError("worker.ucx_address: empty"));
@@ -107,9 +107,8 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = workers_.try_emplace({w.role(), w.rank()}, w);
   if (!inserted && it->second.ucx_address() != w.ucx_address()) {
-    return ToGrpcStatus(absl::AlreadyExistsError(
-        absl::StrCat(common::v1::Role_Name(w.role()), " rank ", w.rank(),
-                     " is registered by another worker")));
+    return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
+        common::v1::Role_Name(w.role()), " rank ", w.rank(), " is registered by another worker")));
   }
   it->second = w;  // a retry may bring a new endpoint
   registered_->Set(static_cast<double>(workers_.size()));
@@ -176,8 +175,8 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
     absl::MutexLock lock(&mu_);
     loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
   }
-  absl::StatusOr<scheduler::v1::Assignment> a = sched::AssignForPlan(
-      options_.plan, keys, loads, options_.algorithm, options_.ilp_seconds);
+  absl::StatusOr<scheduler::v1::Assignment> a =
+      sched::AssignForPlan(options_.plan, keys, loads, options_.algorithm, options_.ilp_seconds);
   if (!a.ok()) return a.status();
   a->set_iteration(iteration);
   computed->assignment = std::move(*a);
@@ -194,9 +193,9 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
   return std::shared_ptr<const Computed>(computed);
 }
 
-grpc::Status SchedulerServiceImpl::GetAssignment(
-    grpc::ServerContext*, const scheduler::v1::GetAssignmentRequest* request,
-    scheduler::v1::GetAssignmentResponse* response) {
+grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext*,
+                                                 const scheduler::v1::GetAssignmentRequest* request,
+                                                 scheduler::v1::GetAssignmentResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(request->iteration());
   if (!c.ok()) return ToGrpcStatus(c.status());
@@ -204,9 +203,9 @@ grpc::Status SchedulerServiceImpl::GetAssignment(
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerServiceImpl::ReportTimings(
-    grpc::ServerContext*, const scheduler::v1::ReportTimingsRequest* request,
-    scheduler::v1::ReportTimingsResponse* response) {
+grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
+                                                 const scheduler::v1::ReportTimingsRequest* request,
+                                                 scheduler::v1::ReportTimingsResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   const Role role = request->role();
   if (role != common::v1::ROLE_ENCODER_WORKER && role != common::v1::ROLE_LLM_WORKER) {

@@ -27,7 +27,7 @@ namespace loom {
 struct SchedulerServiceOptions {
   scheduler::v1::Plan plan;  // fixed for the job; costs from the plan's coefficients
   std::string algorithm = "loom";
-  std::string preprocess;  // host:port of loom-preprocess; empty: no assignments
+  std::string preprocess;        // host:port of loom-preprocess; empty: no assignments
   int retained_iterations = 16;  // assignments kept for fetches and timing reports
   double ilp_seconds = 10;
 };
@@ -79,8 +79,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   absl::Mutex compute_mu_;  // one assignment computed at a time
   mutable absl::Mutex mu_;
   std::map<std::pair<int, int>, scheduler::v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_
-      ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);
   int64_t newest_ ABSL_GUARDED_BY(mu_) = -1;
   std::unique_ptr<sched::CostModel> costs_ ABSL_GUARDED_BY(mu_);
 };

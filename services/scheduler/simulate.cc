@@ -58,8 +58,7 @@ class Graph {
 
 absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignment>& bins,
                                                    const SimulationOptions& o) {
-  if (o.encoder_dp < 1 || o.encoder_pp < 1 || o.llm_dp < 1 || o.llm_pp < 1 ||
-      o.microbatches < 1) {
+  if (o.encoder_dp < 1 || o.encoder_pp < 1 || o.llm_dp < 1 || o.llm_pp < 1 || o.microbatches < 1) {
     return absl::InvalidArgumentError("simulation: every degree must be at least 1");
   }
   const int m = o.microbatches, pe = o.encoder_pp, pl = o.llm_pp;
@@ -70,9 +69,9 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     const BinAssignment& x = bins[b];
     if (x.llm_rank < 0 || x.llm_rank >= o.llm_dp || x.microbatch < 0 || x.microbatch >= m ||
         x.encoder_rank < 0 || x.encoder_rank >= o.encoder_dp) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "simulation: bin ", b, " (llm_rank ", x.llm_rank, ", microbatch ", x.microbatch,
-          ", encoder_rank ", x.encoder_rank, ") is outside the plan"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("simulation: bin ", b, " (llm_rank ", x.llm_rank, ", microbatch ",
+                       x.microbatch, ", encoder_rank ", x.encoder_rank, ") is outside the plan"));
     }
     int& slot = bin_at[static_cast<size_t>(x.llm_rank) * m + x.microbatch];
     if (slot >= 0) {
@@ -83,8 +82,8 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   }
   for (size_t k = 0; k < bin_at.size(); ++k) {
     if (bin_at[k] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("simulation: llm_rank ", k / m,
-                                                     " has no microbatch ", k % m));
+      return absl::InvalidArgumentError(
+          absl::StrCat("simulation: llm_rank ", k / m, " has no microbatch ", k % m));
     }
   }
 
