@@ -6,8 +6,6 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
-#include "google/protobuf/util/json_util.h"
-#include "runtime/base/file.h"
 #include "runtime/model/config.h"
 #include "services/common/init.h"
 #include "services/scheduler/plan.h"
@@ -28,26 +26,11 @@ ABSL_FLAG(double, ilp_seconds, 10, "Time limit of the ilp algorithm.");
 namespace {
 
 absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
-  const std::string path = absl::GetFlag(FLAGS_plan);
-  const int dp = absl::GetFlag(FLAGS_llm_dp), m = absl::GetFlag(FLAGS_microbatches),
-            e = absl::GetFlag(FLAGS_encoder_dp);
-  loom::scheduler::v1::Plan plan;
-  if (!path.empty()) {
-    if (dp || m || e) {
-      return absl::InvalidArgumentError(
-          "give --plan or --llm_dp/--microbatches/--encoder_dp, not both");
-    }
-    absl::StatusOr<std::string> text = loom::ReadFile(path);
-    if (!text.ok()) return text.status();
-    if (auto s = google::protobuf::util::JsonStringToMessage(*text, &plan); !s.ok()) {
-      return absl::InvalidArgumentError("--plan " + path + ": " + std::string(s.message()));
-    }
-  } else if (dp > 0 && m > 0 && e > 0) {
-    plan = loom::sched::PlanOfDegrees(dp, m, e);
-  } else {
-    return absl::InvalidArgumentError(
-        "give --plan FILE, or --llm_dp, --microbatches and --encoder_dp (each >= 1)");
-  }
+  absl::StatusOr<loom::scheduler::v1::Plan> read = loom::sched::PlanFromFileOrDegrees(
+      absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_llm_dp), absl::GetFlag(FLAGS_microbatches),
+      absl::GetFlag(FLAGS_encoder_dp));
+  if (!read.ok()) return read.status();
+  loom::scheduler::v1::Plan plan = std::move(*read);
   if (!plan.has_costs()) {
     absl::StatusOr<loom::ModelConfig> model =
         loom::ModelConfigByName(plan.model().empty() ? absl::GetFlag(FLAGS_config) : plan.model());

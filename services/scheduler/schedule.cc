@@ -3,6 +3,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/base/file.h"
 #include "services/scheduler/simulate.h"
 
 namespace loom::sched {
@@ -19,6 +21,30 @@ scheduler::v1::Plan PlanOfDegrees(int llm_dp, int microbatches, int encoder_dp) 
   plan.set_microbatches(microbatches);
   plan.set_cluster_gpus(llm_dp + encoder_dp);
   return plan;
+}
+
+absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& path, int llm_dp,
+                                                          int microbatches, int encoder_dp) {
+  const bool degrees = llm_dp != 0 || microbatches != 0 || encoder_dp != 0;
+  if (!path.empty()) {
+    if (degrees) {
+      return absl::InvalidArgumentError(
+          "give --plan or --llm_dp/--microbatches/--encoder_dp, not both");
+    }
+    absl::StatusOr<std::string> text = ReadFile(path);
+    if (!text.ok()) return text.status();
+    scheduler::v1::Plan plan;
+    if (auto s = google::protobuf::util::JsonStringToMessage(*text, &plan); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--plan ", path, ": ", s.message().ToString()));
+    }
+    return plan;
+  }
+  if (llm_dp < 1 || microbatches < 1 || encoder_dp < 1) {
+    return absl::InvalidArgumentError(
+        "give --plan FILE, or --llm_dp, --microbatches and --encoder_dp (each >= 1)");
+  }
+  return PlanOfDegrees(llm_dp, microbatches, encoder_dp);
 }
 
 absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Plan& plan,

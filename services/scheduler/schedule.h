@@ -16,6 +16,12 @@ namespace loom::sched {
 // A plan of the given degrees with no cost prediction (`--llm_dp ...`).
 scheduler::v1::Plan PlanOfDegrees(int llm_dp, int microbatches, int encoder_dp);
 
+// The job's plan from `--plan FILE` (JSON of loom-schedule plan) or from the
+// three degrees; INVALID_ARGUMENT naming the flag when both or neither are
+// given, or the file is not a plan.
+absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& path, int llm_dp,
+                                                          int microbatches, int encoder_dp);
+
 // INVALID_ARGUMENT: a plan without degrees, keys and loads of different
 // lengths; otherwise Assign's errors.
 absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Plan& plan,

@@ -100,28 +100,10 @@ int Plan(const BatchFile& batch) {
 }
 
 absl::StatusOr<scheduler::v1::Plan> PlanForAssign() {
-  const std::string path = absl::GetFlag(FLAGS_plan);
-  const int dp = absl::GetFlag(FLAGS_llm_dp), m = absl::GetFlag(FLAGS_microbatches),
-            e = absl::GetFlag(FLAGS_encoder_dp);
-  if (!path.empty()) {
-    if (dp || m || e) {
-      return absl::InvalidArgumentError(
-          "give --plan or --llm_dp/--microbatches/--encoder_dp, not both");
-    }
-    absl::StatusOr<std::string> text = ReadFile(path);
-    if (!text.ok()) return text.status();
-    scheduler::v1::Plan plan;
-    if (auto s = google::protobuf::util::JsonStringToMessage(*text, &plan); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::string(s.message())));
-    }
-    return plan;
-  }
-  if (dp < 1 || m < 1 || e < 1) {
-    return absl::InvalidArgumentError(
-        "assign needs --plan FILE, or --llm_dp, --microbatches and --encoder_dp (each >= 1)");
-  }
-  scheduler::v1::Plan plan = PlanOfDegrees(dp, m, e);
-  plan.set_model(absl::GetFlag(FLAGS_config));
+  absl::StatusOr<scheduler::v1::Plan> plan =
+      PlanFromFileOrDegrees(absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_llm_dp),
+                            absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_encoder_dp));
+  if (plan.ok() && plan->model().empty()) plan->set_model(absl::GetFlag(FLAGS_config));
   return plan;
 }
 
