@@ -190,16 +190,15 @@ class VectorPacker {
       Add(best, i);
     }
     FillEmpty(n_, &groups_);
-    Recompute();
+    for (size_t g = 0; g < groups_.size(); ++g) Refresh(static_cast<int>(g));
   }
 
-  void Recompute() {
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      e_[g] = l_[g] = 0;
-      for (int i : groups_[g]) {
-        e_[g] += n_.e[i];
-        l_[g] += n_.l[i];
-      }
+  // Recomputes the loads of group g from its samples.
+  void Refresh(int g) {
+    e_[g] = l_[g] = 0;
+    for (int i : groups_[g]) {
+      e_[g] += n_.e[i];
+      l_[g] += n_.l[i];
     }
   }
 
@@ -284,7 +283,8 @@ class VectorPacker {
     }
     if (best_k < 0) return false;
     std::swap(groups_[a][best_k], groups_[b][best_j]);
-    Recompute2(a, b);
+    Refresh(a);
+    Refresh(b);
     return true;
   }
 
@@ -315,18 +315,9 @@ class VectorPacker {
     if (!groups_[a].empty() && !groups_[b].empty() && std::max(Load(a), Load(b)) < m) return true;
     groups_[a] = old_a;
     groups_[b] = old_b;
-    Recompute2(a, b);
+    Refresh(a);
+    Refresh(b);
     return false;
-  }
-
-  void Recompute2(int a, int b) {
-    for (int g : {a, b}) {
-      e_[g] = l_[g] = 0;
-      for (int i : groups_[g]) {
-        e_[g] += n_.e[i];
-        l_[g] += n_.l[i];
-      }
-    }
   }
 
   const Normalized& n_;
