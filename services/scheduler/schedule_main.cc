@@ -77,7 +77,7 @@ ClusterSpec ClusterFromFlags() {
   return c;
 }
 
-absl::StatusOr<std::vector<SampleShape>> Shapes(const BatchFile& batch) {
+std::vector<SampleShape> Shapes(const BatchFile& batch) {
   std::vector<SampleShape> shapes;
   for (const auto& s : batch.samples) shapes.push_back(ShapeOf(s));
   return shapes;
@@ -93,7 +93,7 @@ int Plan(const BatchFile& batch) {
   limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
   limits.recompute = absl::GetFlag(FLAGS_recompute);
   absl::StatusOr<scheduler::v1::Plan> plan =
-      SearchPlan(ClusterFromFlags(), *model, StatsOf(*Shapes(batch), global_batch), limits);
+      SearchPlan(ClusterFromFlags(), *model, StatsOf(Shapes(batch), global_batch), limits);
   if (!plan.ok()) return Fail(plan.status());
   if (absl::Status s = WriteJson(*plan); !s.ok()) return Fail(s);
   return 0;
@@ -123,7 +123,7 @@ int AssignCommand(const BatchFile& batch) {
       if (!model.ok()) return Fail(model.status());
       costs = CoefficientsOnOneGpu(*model, ClusterSpec());
     }
-    loads = CostModel(costs).Loads(*Shapes(batch), costs.transfer_per_image_token());
+    loads = CostModel(costs).Loads(Shapes(batch), costs.transfer_per_image_token());
   }
   absl::StatusOr<scheduler::v1::Assignment> a = AssignForPlan(
       *plan, keys, loads, absl::GetFlag(FLAGS_algorithm), absl::GetFlag(FLAGS_ilp_seconds));
