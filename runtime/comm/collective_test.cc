@@ -1,0 +1,100 @@
+#include "runtime/comm/collective.h"
+
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace loom {
+namespace {
+
+// Runs `fn(rank)` on `size` threads, each with its own communicator.
+template <typename Fn>
+void OnRanks(int size, const std::string& prefix, InMemoryStore* store, Fn fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.prefix = prefix;
+      o.rank = r;
+      o.size = size;
+      o.host = "127.0.0.1";
+      o.timeout = absl::Seconds(20);
+      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(store, o);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      EXPECT_EQ((*comm)->rank(), r);
+      EXPECT_EQ((*comm)->size(), size);
+      fn(r, comm->get());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(Gloo, AllreduceSumsAndEveryRankGetsTheSameBits) {
+  for (int size : {1, 2, 3}) {
+    InMemoryStore store;
+    const int64_t n = 100003;  // not a multiple of the ring's chunking
+    std::vector<std::vector<float>> out(size);
+    std::vector<double> scalars(size);
+    OnRanks(size, "g" + std::to_string(size), &store, [&](int r, Communicator* c) {
+      std::vector<float> v(n);
+      for (int64_t i = 0; i < n; ++i) v[i] = 0.1f * static_cast<float>((i * 7 + r * 13) % 101);
+      ASSERT_TRUE(c->AllreduceSum(v.data(), n).ok());
+      out[r] = v;
+      double d[2] = {1.0 + r, 0.5};
+      ASSERT_TRUE(c->AllreduceSum(d, 2).ok());
+      scalars[r] = d[0] + d[1];
+    });
+    for (int64_t i = 0; i < n; i += 997) {
+      double want = 0;
+      for (int r = 0; r < size; ++r) want += 0.1f * static_cast<float>((i * 7 + r * 13) % 101);
+      EXPECT_NEAR(out[0][i], want, 1e-4) << i;
+    }
+    for (int r = 1; r < size; ++r) {
+      EXPECT_EQ(out[r], out[0]) << "rank " << r << " differs from rank 0";
+      EXPECT_EQ(scalars[r], scalars[0]);
+    }
+    EXPECT_DOUBLE_EQ(scalars[0], size * (size + 1) / 2.0 + 0.5 * size);
+  }
+}
+
+TEST(Gloo, TwoGroupsInOneStoreStayApart) {
+  InMemoryStore store;
+  std::vector<float> a(2), b(2);
+  std::thread t1([&] {
+    OnRanks(2, "encoder", &store, [&](int r, Communicator* c) {
+      float v = 1.0f;
+      ASSERT_TRUE(c->AllreduceSum(&v, 1).ok());
+      a[r] = v;
+    });
+  });
+  std::thread t2([&] {
+    OnRanks(2, "llm", &store, [&](int r, Communicator* c) {
+      float v = 10.0f;
+      ASSERT_TRUE(c->AllreduceSum(&v, 1).ok());
+      b[r] = v;
+    });
+  });
+  t1.join();
+  t2.join();
+  EXPECT_EQ(a, std::vector<float>({2.0f, 2.0f}));
+  EXPECT_EQ(b, std::vector<float>({20.0f, 20.0f}));
+}
+
+TEST(Gloo, BadRankAndMissingPeerAreErrors) {
+  InMemoryStore store;
+  GlooOptions o;
+  o.prefix = "x";
+  o.rank = 2;
+  o.size = 2;
+  EXPECT_EQ(ConnectGloo(&store, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.rank = 0;
+  o.host = "127.0.0.1";
+  o.timeout = absl::Milliseconds(300);  // rank 1 never comes
+  absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("cannot connect"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,160 @@
+#include "services/common/job.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/base/file.h"
+#include "runtime/data/datagen.h"
+#include "runtime/model/config.h"
+#include "services/scheduler/assign.h"
+
+namespace loom {
+namespace {
+
+template <typename T>
+void Default(T* field, T value) {
+  if (*field == T{}) *field = value;
+}
+
+absl::Status Bad(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+absl::Status AtLeast(const std::string& field, int64_t value, int64_t min) {
+  if (value >= min) return absl::OkStatus();
+  return Bad(field, absl::StrCat("must be >= ", min, ", got ", value));
+}
+
+bool Contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// Collects the text-format parser's first error with its line and column.
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (error.empty()) error = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  std::string error;
+};
+
+}  // namespace
+
+void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
+  Default<std::string>(job->mutable_name(), "loom");
+  Default<std::string>(job->mutable_model(), "tiny");
+  if (job->seed() == 0) job->set_seed(1);
+  Default<std::string>(job->mutable_algorithm(), "loom");
+  job::v1::DataConfig* d = job->mutable_data();
+  Default<std::string>(d->mutable_preset(), "onevision");
+  if (d->samples() == 0) d->set_samples(512);
+  if (d->generated_dir().empty()) d->set_generated_dir(absl::StrCat(run_dir, "/data/", d->preset()));
+  if (d->global_batch() == 0) d->set_global_batch(16);
+  if (d->threads() == 0) d->set_threads(2);
+  job::v1::ParallelConfig* p = job->mutable_parallel();
+  if (p->encoder_dp() == 0) p->set_encoder_dp(2);
+  if (p->llm_dp() == 0) p->set_llm_dp(2);
+  if (p->microbatches() == 0) p->set_microbatches(2);
+  job::v1::TrainConfig* t = job->mutable_train();
+  if (!t->has_lr()) t->set_lr(1e-3);
+  if (!t->has_warmup_steps()) t->set_warmup_steps(10);
+  if (!t->has_clip_norm()) t->set_clip_norm(1.0);
+  if (!t->has_weight_decay()) t->set_weight_decay(0.0);
+  if (!t->has_beta1()) t->set_beta1(0.9);
+  if (!t->has_beta2()) t->set_beta2(0.95);
+  job::v1::CheckpointConfig* c = job->mutable_checkpoint();
+  if (c->dir().empty()) c->set_dir(absl::StrCat(run_dir, "/checkpoints"));
+}
+
+absl::Status ValidateJob(const job::v1::JobConfig& job) {
+  if (!ModelConfigByName(job.model()).ok()) {
+    return Bad("model", absl::StrCat("unknown model config \"", job.model(), "\" (known: ",
+                                     absl::StrJoin(ModelConfigNames(), ", "), ")"));
+  }
+  if (!Contains(sched::AlgorithmNames(), job.algorithm())) {
+    return Bad("algorithm", absl::StrCat("unknown algorithm \"", job.algorithm(), "\" (known: ",
+                                         absl::StrJoin(sched::AlgorithmNames(), ", "), ")"));
+  }
+  const job::v1::DataConfig& d = job.data();
+  if (d.shards().empty() && !Contains(data::DatagenPresets(), d.preset())) {
+    return Bad("data.preset", absl::StrCat("unknown preset \"", d.preset(), "\" (known: ",
+                                           absl::StrJoin(data::DatagenPresets(), ", "), ")"));
+  }
+  absl::Status s = AtLeast("data.samples", d.samples(), 1);
+  if (s.ok()) s = AtLeast("data.global_batch", d.global_batch(), 1);
+  if (s.ok()) s = AtLeast("data.threads", d.threads(), 1);
+  const job::v1::ParallelConfig& p = job.parallel();
+  if (s.ok()) s = AtLeast("parallel.encoder_dp", p.encoder_dp(), 1);
+  if (s.ok()) s = AtLeast("parallel.llm_dp", p.llm_dp(), 1);
+  if (s.ok()) s = AtLeast("parallel.microbatches", p.microbatches(), 1);
+  if (!s.ok()) return s;
+  const int64_t bins = static_cast<int64_t>(p.llm_dp()) * p.microbatches();
+  if (d.global_batch() < bins) {
+    return Bad("data.global_batch",
+               absl::StrCat(d.global_batch(), " samples cannot fill parallel.llm_dp × "
+                            "parallel.microbatches = ", bins, " microbatches"));
+  }
+  const job::v1::TrainConfig& t = job.train();
+  if (s.ok()) s = AtLeast("train.steps", t.steps(), 0);
+  if (s.ok()) s = AtLeast("train.warmup_steps", t.warmup_steps(), 0);
+  if (!s.ok()) return s;
+  if (!(t.lr() > 0 && t.lr() < 1)) return Bad("train.lr", absl::StrCat("must be in (0, 1), got ", t.lr()));
+  if (!(t.clip_norm() >= 0)) return Bad("train.clip_norm", "must be >= 0 (0: no clipping)");
+  if (!(t.weight_decay() >= 0 && t.weight_decay() < 1)) {
+    return Bad("train.weight_decay", "must be in [0, 1)");
+  }
+  if (!(t.beta1() >= 0 && t.beta1() < 1)) return Bad("train.beta1", "must be in [0, 1)");
+  if (!(t.beta2() >= 0 && t.beta2() < 1)) return Bad("train.beta2", "must be in [0, 1)");
+  return AtLeast("checkpoint.every", job.checkpoint().every(), 0);
+}
+
+absl::StatusOr<job::v1::JobConfig> ParseJobConfig(const std::string& text,
+                                                  const std::string& origin) {
+  job::v1::JobConfig job;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') {
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = false;
+    auto status = google::protobuf::util::JsonStringToMessage(text, &job, options);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": invalid job config (JSON): ", std::string(status.message())));
+    }
+    return job;
+  }
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &job)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": invalid job config (text format): ", errors.error));
+  }
+  return job;
+}
+
+absl::StatusOr<job::v1::JobConfig> LoadJobConfig(const std::string& path,
+                                                 const std::string& run_dir) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<job::v1::JobConfig> job = ParseJobConfig(*text, path);
+  if (!job.ok()) return job.status();
+  ApplyJobDefaults(run_dir, &*job);
+  if (absl::Status s = ValidateJob(*job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return job;
+}
+
+std::string JobToJson(const job::v1::JobConfig& job) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(job, &out, options);
+  return out;
+}
+
+}  // namespace loom

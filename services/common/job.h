@@ -1,0 +1,38 @@
+// The job config (loom.job.v1.JobConfig): loading from a file in JSON or
+// protobuf text format, the defaults, and validation.
+//
+// Errors name the field: an unknown field ("data.shard" in JSON or text),
+// a value of the wrong type, or a value out of range ("parallel.llm_dp: must
+// be >= 1, got 0"). Defaults are those written in job.proto.
+#ifndef LOOM_SERVICES_COMMON_JOB_H_
+#define LOOM_SERVICES_COMMON_JOB_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "loom/job/v1/job.pb.h"
+
+namespace loom {
+
+// Fills every field left unset with its default. `run_dir` roots the
+// generated data and the checkpoints.
+void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job);
+
+// INVALID_ARGUMENT naming the first bad field.
+absl::Status ValidateJob(const job::v1::JobConfig& job);
+
+// Parses `text`: JSON when its first non-blank character is '{', else text
+// format. `origin` names the source in errors. No defaults applied.
+absl::StatusOr<job::v1::JobConfig> ParseJobConfig(const std::string& text,
+                                                  const std::string& origin);
+
+// ReadFile + ParseJobConfig + ApplyJobDefaults + ValidateJob.
+absl::StatusOr<job::v1::JobConfig> LoadJobConfig(const std::string& path,
+                                                 const std::string& run_dir);
+
+// The job as one line of JSON (for logs and for handing to a child process).
+std::string JobToJson(const job::v1::JobConfig& job);
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_COMMON_JOB_H_

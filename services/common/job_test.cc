@@ -1,0 +1,84 @@
+#include "services/common/job.h"
+
+#include "gtest/gtest.h"
+
+namespace loom {
+namespace {
+
+absl::Status ParseAndCheck(const std::string& text) {
+  absl::StatusOr<job::v1::JobConfig> job = ParseJobConfig(text, "job.cfg");
+  if (!job.ok()) return job.status();
+  ApplyJobDefaults("/run", &*job);
+  return ValidateJob(*job);
+}
+
+TEST(JobConfig, DefaultsAreTheDocumentedOnes) {
+  absl::StatusOr<job::v1::JobConfig> job = ParseJobConfig("", "empty");
+  ASSERT_TRUE(job.ok());
+  ApplyJobDefaults("/run", &*job);
+  EXPECT_TRUE(ValidateJob(*job).ok());
+  EXPECT_EQ(job->model(), "tiny");
+  EXPECT_EQ(job->algorithm(), "loom");
+  EXPECT_EQ(job->data().preset(), "onevision");
+  EXPECT_EQ(job->data().generated_dir(), "/run/data/onevision");
+  EXPECT_EQ(job->parallel().encoder_dp(), 2);
+  EXPECT_EQ(job->parallel().llm_dp(), 2);
+  EXPECT_EQ(job->checkpoint().dir(), "/run/checkpoints");
+  EXPECT_DOUBLE_EQ(job->train().clip_norm(), 1.0);
+}
+
+TEST(JobConfig, JsonAndTextGiveTheSameJob) {
+  absl::StatusOr<job::v1::JobConfig> a = ParseJobConfig(
+      R"({"model": "tiny", "parallel": {"encoder_dp": 1, "llmDp": 3},
+          "train": {"clip_norm": 0}, "algorithm": "sequential"})",
+      "a.json");
+  absl::StatusOr<job::v1::JobConfig> b = ParseJobConfig(
+      "model: 'tiny'\nparallel { encoder_dp: 1 llm_dp: 3 }\ntrain { clip_norm: 0 }\n"
+      "algorithm: 'sequential'\n",
+      "b.txtpb");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString());
+  ApplyJobDefaults("/run", &*a);
+  EXPECT_EQ(a->train().clip_norm(), 0.0);  // an explicit 0 is kept: no clipping
+}
+
+TEST(JobConfig, UnknownFieldsAreNamed) {
+  absl::Status s = ParseAndCheck(R"({"data": {"shard": "x/*.tar"}})");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("shard"), std::string::npos) << s;
+  s = ParseAndCheck("parallel { llm_ranks: 2 }");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("llm_ranks"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("line 1"), std::string::npos) << s;
+  s = ParseAndCheck(R"({"train": {"steps": "many"}})");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("steps"), std::string::npos) << s;
+}
+
+TEST(JobConfig, InvalidValuesAreNamed) {
+  struct Case {
+    const char* text;
+    const char* field;
+  };
+  for (const Case& c : {
+           Case{"model: 'huge'", "model"},
+           Case{"algorithm: 'magic'", "algorithm"},
+           Case{"data { preset: 'nope' }", "data.preset"},
+           Case{"parallel { llm_dp: -1 }", "parallel.llm_dp"},
+           Case{"parallel { encoder_dp: -2 }", "parallel.encoder_dp"},
+           Case{"data { global_batch: 3 } parallel { llm_dp: 2 microbatches: 2 }",
+                "data.global_batch"},
+           Case{"train { lr: 5 }", "train.lr"},
+           Case{"train { clip_norm: -1 }", "train.clip_norm"},
+           Case{"train { steps: -4 }", "train.steps"},
+           Case{"checkpoint { every: -1 }", "checkpoint.every"},
+       }) {
+    absl::Status s = ParseAndCheck(c.text);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_EQ(s.message().rfind(c.field, 0), 0u) << c.text << " -> " << s;
+  }
+}
+
+}  // namespace
+}  // namespace loom
