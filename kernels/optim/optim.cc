@@ -19,24 +19,29 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   }
 }
 
-double global_norm(const std::vector<GradSpan>& grads) {
+double sum_of_squares(const std::vector<GradSpan>& grads) {
   double ss = 0;
   for (const GradSpan& g : grads) {
     for (int64_t i = 0; i < g.n; ++i) ss += static_cast<double>(g.data[i]) * g.data[i];
   }
-  return std::sqrt(ss);
+  return ss;
+}
+
+double global_norm(const std::vector<GradSpan>& grads) { return std::sqrt(sum_of_squares(grads)); }
+
+void clip_to_norm(const std::vector<GradSpan>& grads, double norm, double max_norm) {
+  if (max_norm <= 0) return;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1.0) return;
+  const float f = static_cast<float>(coef);
+  for (const GradSpan& g : grads) {
+    for (int64_t i = 0; i < g.n; ++i) g.data[i] *= f;
+  }
 }
 
 double clip_global_norm(const std::vector<GradSpan>& grads, double max_norm) {
   const double norm = global_norm(grads);
-  if (max_norm <= 0) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    const float f = static_cast<float>(coef);
-    for (const GradSpan& g : grads) {
-      for (int64_t i = 0; i < g.n; ++i) g.data[i] *= f;
-    }
-  }
+  clip_to_norm(grads, norm, max_norm);
   return norm;
 }
 

@@ -27,8 +27,17 @@ struct GradSpan {
   int64_t n;
 };
 
+// Σ g² over all gradients together (in double); the norm is its square
+// root. Ranks that hold different modules add their sums before the root.
+double sum_of_squares(const std::vector<GradSpan>& grads);
+
 // The L2 norm of all gradients together.
 double global_norm(const std::vector<GradSpan>& grads);
+
+// Scales every gradient by min(1, max_norm / (norm + 1e-6)), `norm` being
+// the global norm computed elsewhere (possibly over more gradients than
+// these). max_norm <= 0 disables clipping.
+void clip_to_norm(const std::vector<GradSpan>& grads, double norm, double max_norm);
 
 // Scales every gradient by min(1, max_norm / (norm + 1e-6)) and returns the
 // norm before clipping. max_norm <= 0 disables clipping.

@@ -2,10 +2,39 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "runtime/base/log.h"
 
 namespace loom {
+namespace {
+
+std::vector<kernels::GradSpan> Spans(const std::vector<ParamSet*>& sets) {
+  std::vector<kernels::GradSpan> grads;
+  for (ParamSet* p : sets) grads.push_back({p->grads().data(), p->size()});
+  return grads;
+}
+
+}  // namespace
+
+double GradSumOfSquares(const std::vector<ParamSet*>& sets) {
+  return kernels::sum_of_squares(Spans(sets));
+}
+
+double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& options, int64_t step,
+                     double grad_norm) {
+  kernels::clip_to_norm(Spans(sets), grad_norm, options.clip_norm);
+  kernels::AdamWConfig adam = options.adam;
+  if (options.warmup_steps > 0 && step <= options.warmup_steps) {
+    adam.lr *= static_cast<float>(step) / static_cast<float>(options.warmup_steps);
+  }
+  for (ParamSet* p : sets) {
+    ++p->step();
+    kernels::adamw_update(p->data().data(), p->grads().data(), p->adam_m().data(),
+                          p->adam_v().data(), p->size(), adam, p->step());
+  }
+  return adam.lr;
+}
 
 LocalTrainer::LocalTrainer(MultimodalModel* model, TrainOptions options)
     : model_(model), options_(options) {
@@ -35,20 +64,8 @@ StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
   }
   st.loss = loss_sum / static_cast<double>(st.loss_tokens);
 
-  std::vector<kernels::GradSpan> grads;
-  for (ParamSet* p : model_->param_sets()) grads.push_back({p->grads().data(), p->size()});
-  st.grad_norm = kernels::clip_global_norm(grads, options_.clip_norm);
-
-  kernels::AdamWConfig adam = options_.adam;
-  if (options_.warmup_steps > 0 && step_ <= options_.warmup_steps) {
-    adam.lr *= static_cast<float>(step_) / static_cast<float>(options_.warmup_steps);
-  }
-  st.lr = adam.lr;
-  for (ParamSet* p : model_->param_sets()) {
-    ++p->step();
-    kernels::adamw_update(p->data().data(), p->grads().data(), p->adam_m().data(),
-                          p->adam_v().data(), p->size(), adam, p->step());
-  }
+  st.grad_norm = std::sqrt(GradSumOfSquares(model_->param_sets()));
+  st.lr = OptimizerStep(model_->param_sets(), options_, step_, st.grad_norm);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }

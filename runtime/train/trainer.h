@@ -36,6 +36,16 @@ struct StepStats {
   double seconds = 0;
 };
 
+// The optimizer step shared by every trainer, local or distributed: clips
+// `sets`' gradients to `clip_norm` given the global norm `grad_norm` (over
+// every module of the model, wherever they live), then one AdamW step on each
+// set with the warm-up learning rate of `step` (1-based). Returns that rate.
+double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& options, int64_t step,
+                     double grad_norm);
+
+// Σ g² over the gradients of `sets` (a module's part of the global norm).
+double GradSumOfSquares(const std::vector<ParamSet*>& sets);
+
 class LocalTrainer {
  public:
   // `model` is not owned and must outlive the trainer.

@@ -20,7 +20,8 @@ absl::StatusOr<data::v1::GetBatchResponse> DataClient::GetBatch(int64_t iteratio
 }
 
 absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
-                                                             const std::vector<int>& indices) {
+                                                             const std::vector<int>& indices,
+                                                             bool tokens_only) {
   // Each fetch gets its own tag range so concurrent fetches never match
   // each other's messages.
   const uint64_t tag_base = next_tag_base_.fetch_add(1) << 32;
@@ -31,6 +32,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   for (int i : indices) request.add_indices(i);
   request.set_ucx_address(ucx_->address());
   request.set_tag_base(tag_base);
+  request.set_tokens_only(tokens_only);
   data::v1::FetchSamplesResponse response;
   grpc::Status s = stub_->FetchSamples(&ctx, request, &response);
   if (!s.ok()) return FromGrpcStatus(s, "FetchSamples");
@@ -42,7 +44,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   for (int k = 0; k < response.samples_size(); ++k) {
     const data::v1::SampleTensors& t = response.samples(k);
     const int64_t expect =
-        static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
+        tokens_only ? 0 : static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
     if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect) {
       return absl::DataLossError(
           absl::StrCat("FetchSamples: inconsistent descriptor for ", t.key()));
@@ -50,7 +52,9 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     out[k].num_tiles = t.num_tiles();
     out[k].tiles.resize(static_cast<size_t>(t.tiles_bytes() / 4));
     out[k].tokens.resize(static_cast<size_t>(t.num_tokens()));
-    buffers.push_back({t.tiles_tag(), out[k].tiles.data(), out[k].tiles.size() * 4});
+    if (!tokens_only) {
+      buffers.push_back({t.tiles_tag(), out[k].tiles.data(), out[k].tiles.size() * 4});
+    }
     buffers.push_back({t.tokens_tag(), out[k].tokens.data(), out[k].tokens.size() * 4});
   }
   if (absl::Status r = ucx_->RecvAll(buffers, deadline_); !r.ok()) return r;

@@ -24,9 +24,11 @@ class DataClient {
 
   absl::StatusOr<data::v1::GetBatchResponse> GetBatch(int64_t iteration);
 
-  // The samples at `indices` of batch `iteration`, in that order.
+  // The samples at `indices` of batch `iteration`, in that order. With
+  // `tokens_only` each Sample's tiles stay empty (num_tiles is still set).
   absl::StatusOr<std::vector<Sample>> FetchSamples(int64_t iteration,
-                                                   const std::vector<int>& indices);
+                                                   const std::vector<int>& indices,
+                                                   bool tokens_only = false);
 
  private:
   std::unique_ptr<data::v1::PreprocessService::Stub> stub_;

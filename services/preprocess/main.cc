@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "services/common/init.h"
 #include "services/preprocess/preprocess_service.h"
@@ -18,6 +19,10 @@ ABSL_FLAG(uint64_t, seed, 1, "Shuffle seed.");
 ABSL_FLAG(int, global_batch, 16, "Samples per global batch (iteration).");
 ABSL_FLAG(int, threads, 2, "Decode/tile/tokenize threads.");
 ABSL_FLAG(int, prefetch, 64, "Samples preprocessed ahead of the batches asked for.");
+ABSL_FLAG(int64_t, start_iteration, 0,
+          "Resume: the first batch served is this iteration, starting at --cursor.");
+ABSL_FLAG(std::string, cursor, "",
+          "Resume: the data cursor a checkpoint saved (DIR/step-N/data_cursor.binpb).");
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = loom::InitService(
@@ -26,7 +31,7 @@ int main(int argc, char** argv) {
       "  loom-preprocess --shards GLOB [--global_batch N --seed S --config NAME]\n"
       "  loom-preprocess scan --shards GLOB --output FILE\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
-      "--threads --prefetch");
+      "--threads --prefetch --start_iteration --cursor");
   if (args.size() > 1 && args[1] == "scan") {
     loom::ScanOptions o;
     o.shards = absl::GetFlag(FLAGS_shards);
@@ -58,6 +63,19 @@ int main(int argc, char** argv) {
   o.global_batch = absl::GetFlag(FLAGS_global_batch);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefetch = absl::GetFlag(FLAGS_prefetch);
+  o.start_iteration = absl::GetFlag(FLAGS_start_iteration);
+  if (o.start_iteration < 0 || (o.start_iteration > 0) != !absl::GetFlag(FLAGS_cursor).empty()) {
+    std::fprintf(stderr, "loom-preprocess: --start_iteration > 0 and --cursor go together\n");
+    return 2;
+  }
+  if (o.start_iteration > 0) {
+    absl::StatusOr<std::string> bytes = loom::ReadFile(absl::GetFlag(FLAGS_cursor));
+    if (!bytes.ok() || !o.cursor.ParseFromString(*bytes)) {
+      std::fprintf(stderr, "loom-preprocess: --cursor: cannot read a data cursor from %s\n",
+                   absl::GetFlag(FLAGS_cursor).c_str());
+      return 2;
+    }
+  }
   absl::StatusOr<std::unique_ptr<loom::PreprocessServiceImpl>> service =
       loom::PreprocessServiceImpl::Create(&chassis, o);
   if (!service.ok()) {

@@ -67,6 +67,13 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   if (!loader.ok())
     return absl::InvalidArgumentError(absl::StrCat("--shards: ", loader.status().message()));
   service->loader_ = std::move(*loader);
+  if (options.start_iteration > 0) {
+    if (absl::Status r = service->loader_->Restore(options.cursor); !r.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cursor: ", r.message()));
+    }
+    absl::MutexLock lock(&service->mu_);
+    service->next_iteration_ = options.start_iteration;
+  }
   absl::StatusOr<std::unique_ptr<UcxWorker>> ucx = UcxWorker::Create();
   if (!ucx.ok()) return ucx.status();
   service->ucx_ = std::move(*ucx);
@@ -167,7 +174,9 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     t->set_num_tiles(s.sample.num_tiles);
     t->set_tile_size(tile_size_);
     t->set_tiles_tag(request->tag_base() + 2 * static_cast<uint64_t>(k));
-    t->set_tiles_bytes(static_cast<int64_t>(s.sample.tiles.size() * sizeof(float)));
+    const size_t tile_bytes =
+        request->tokens_only() ? 0 : s.sample.tiles.size() * sizeof(float);
+    t->set_tiles_bytes(static_cast<int64_t>(tile_bytes));
     t->set_tokens_tag(request->tag_base() + 2 * static_cast<uint64_t>(k) + 1);
     t->set_num_tokens(static_cast<int32_t>(s.sample.tokens.size()));
     auto* counter = bytes_sent_;
@@ -176,10 +185,12 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
         if (st.ok()) counter->Increment(static_cast<double>(bytes));
       };
     };
-    const size_t tile_bytes = s.sample.tiles.size() * sizeof(float);
     const size_t token_bytes = s.sample.tokens.size() * sizeof(int32_t);
-    absl::Status sent = ucx_->Send(request->ucx_address(), t->tiles_tag(), s.sample.tiles.data(),
-                                   tile_bytes, keep, count(tile_bytes));
+    absl::Status sent = absl::OkStatus();
+    if (!request->tokens_only()) {
+      sent = ucx_->Send(request->ucx_address(), t->tiles_tag(), s.sample.tiles.data(), tile_bytes,
+                        keep, count(tile_bytes));
+    }
     if (sent.ok()) {
       sent = ucx_->Send(request->ucx_address(), t->tokens_tag(), s.sample.tokens.data(),
                         token_bytes, keep, count(token_bytes));

@@ -32,6 +32,10 @@ struct PreprocessServiceOptions {
   int threads = 2;
   int prefetch = 64;
   int retained_batches = 16;
+  // Resume: batch `start_iteration` starts at `cursor` (the cursor a
+  // checkpoint of step start_iteration saved); earlier batches do not exist.
+  int64_t start_iteration = 0;
+  data::v1::DataCursor cursor;
 };
 
 // Thread-safe: gRPC calls its methods from many threads at once.

@@ -2,11 +2,14 @@
 //
 //   loom-scheduler --plan plan.json --preprocess HOST:PORT [--algorithm loom]
 //   loom-scheduler --llm_dp 2 --microbatches 4 --encoder_dp 2 --preprocess HOST:PORT
+//   loom-scheduler --job job.json --preprocess HOST:PORT [--resume]
 #include <cstdio>
 #include <memory>
 
 #include "absl/flags/flag.h"
 #include "runtime/model/config.h"
+#include "runtime/train/train_checkpoint.h"
+#include "services/common/job.h"
 #include "services/common/init.h"
 #include "services/scheduler/plan.h"
 #include "services/scheduler/schedule.h"
@@ -22,15 +25,23 @@ ABSL_FLAG(std::string, algorithm, "loom",
 ABSL_FLAG(std::string, preprocess, "", "host:port of loom-preprocess (batch metadata).");
 ABSL_FLAG(int, retained_iterations, 16, "Assignments kept for fetches and timing reports.");
 ABSL_FLAG(double, ilp_seconds, 10, "Time limit of the ilp algorithm.");
+ABSL_FLAG(std::string, job, "",
+          "The job config (loom.job.v1.JobConfig, JSON or text): model, degrees (unless "
+          "--plan), algorithm, steps, checkpoints. Replaces --config/--algorithm/--llm_dp/...");
+ABSL_FLAG(std::string, run_dir, ".loom/run", "Roots the job's default folders.");
+ABSL_FLAG(bool, resume, false,
+          "Continue the job after its newest complete checkpoint (in checkpoint.dir).");
 
 namespace {
 
-absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
+absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags(const loom::job::v1::JobConfig* job) {
   absl::StatusOr<loom::scheduler::v1::Plan> read = loom::sched::PlanFromFileOrDegrees(
-      absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_llm_dp), absl::GetFlag(FLAGS_microbatches),
-      absl::GetFlag(FLAGS_encoder_dp));
+      absl::GetFlag(FLAGS_plan), job ? job->parallel().llm_dp() : absl::GetFlag(FLAGS_llm_dp),
+      job ? job->parallel().microbatches() : absl::GetFlag(FLAGS_microbatches),
+      job ? job->parallel().encoder_dp() : absl::GetFlag(FLAGS_encoder_dp));
   if (!read.ok()) return read.status();
   loom::scheduler::v1::Plan plan = std::move(*read);
+  if (job != nullptr) plan.set_model(job->model());
   if (!plan.has_costs()) {
     absl::StatusOr<loom::ModelConfig> model =
         loom::ModelConfigByName(plan.model().empty() ? absl::GetFlag(FLAGS_config) : plan.model());
@@ -50,30 +61,45 @@ int main(int argc, char** argv) {
                     "--preprocess HOST:PORT [--algorithm loom]\n"
                     "  loom-scheduler (no plan: GetInfo only)\n"
                     "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
-                    "--config --retained_iterations --ilp_seconds");
+                    "--config --retained_iterations --ilp_seconds --job --run_dir --resume");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
   std::unique_ptr<loom::SchedulerServiceImpl> service;
-  const bool has_plan = !absl::GetFlag(FLAGS_plan).empty() || absl::GetFlag(FLAGS_llm_dp) ||
-                        absl::GetFlag(FLAGS_microbatches) || absl::GetFlag(FLAGS_encoder_dp);
+  const bool has_job = !absl::GetFlag(FLAGS_job).empty();
+  const bool has_plan = has_job || !absl::GetFlag(FLAGS_plan).empty() ||
+                        absl::GetFlag(FLAGS_llm_dp) || absl::GetFlag(FLAGS_microbatches) ||
+                        absl::GetFlag(FLAGS_encoder_dp);
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "loom-scheduler: %s\n", std::string(s.message()).c_str());
+    return 2;
+  };
   if (has_plan) {
-    absl::StatusOr<loom::scheduler::v1::Plan> plan = PlanFromFlags();
-    if (!plan.ok()) {
-      std::fprintf(stderr, "loom-scheduler: %s\n", std::string(plan.status().message()).c_str());
-      return 2;
-    }
     loom::SchedulerServiceOptions o;
+    if (has_job) {
+      absl::StatusOr<loom::job::v1::JobConfig> job =
+          loom::LoadJobConfig(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_run_dir));
+      if (!job.ok()) return fail(job.status());
+      o.job = *job;
+    } else {
+      o.job.set_model(absl::GetFlag(FLAGS_config));
+      o.job.set_algorithm(absl::GetFlag(FLAGS_algorithm));
+      loom::ApplyJobDefaults(absl::GetFlag(FLAGS_run_dir), &o.job);
+    }
+    absl::StatusOr<loom::scheduler::v1::Plan> plan = PlanFromFlags(has_job ? &o.job : nullptr);
+    if (!plan.ok()) return fail(plan.status());
+    if (absl::GetFlag(FLAGS_resume)) {
+      absl::StatusOr<int64_t> step = loom::LatestCompleteCheckpoint(o.job.checkpoint().dir());
+      if (!step.ok()) return fail(step.status());
+      o.start_iteration = *step;
+    }
     o.plan = *plan;
-    o.algorithm = absl::GetFlag(FLAGS_algorithm);
+    o.algorithm = o.job.algorithm();
     o.preprocess = absl::GetFlag(FLAGS_preprocess);
     o.retained_iterations = absl::GetFlag(FLAGS_retained_iterations);
     o.ilp_seconds = absl::GetFlag(FLAGS_ilp_seconds);
     absl::StatusOr<std::unique_ptr<loom::SchedulerServiceImpl>> created =
         loom::SchedulerServiceImpl::Create(&chassis, o);
-    if (!created.ok()) {
-      std::fprintf(stderr, "loom-scheduler: %s\n", std::string(created.status().message()).c_str());
-      return 2;
-    }
+    if (!created.ok()) return fail(created.status());
     service = std::move(*created);
   } else {
     service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);

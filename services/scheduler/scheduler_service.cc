@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
+#include "runtime/base/file.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/assign.h"
 #include "services/scheduler/schedule.h"
@@ -20,6 +21,15 @@ using common::v1::Role;
 int RanksOf(const scheduler::v1::Plan& plan, Role role) {
   return role == common::v1::ROLE_ENCODER_WORKER ? plan.encoder().gpus() : plan.llm().gpus();
 }
+
+std::string StepDir(const job::v1::JobConfig& job, int64_t step) {
+  return absl::StrCat(job.checkpoint().dir(), "/step-", step);
+}
+
+constexpr size_t kMaxKeyBytes = 1024;
+constexpr size_t kMaxValueBytes = 1 << 20;
+constexpr size_t kMaxStoreBytes = 64 << 20;
+constexpr size_t kRetainedSteps = 100000;
 
 }  // namespace
 
@@ -41,10 +51,24 @@ absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Crea
   if (options.retained_iterations < 1) {
     return absl::InvalidArgumentError("retained_iterations must be at least 1");
   }
+  if (options.start_iteration < 0) {
+    return absl::InvalidArgumentError("start_iteration must be >= 0");
+  }
   auto service = std::make_unique<SchedulerServiceImpl>(chassis);
   service->options_ = options;
   service->configured_ = true;
-  service->costs_ = std::make_unique<sched::CostModel>(p.costs());
+  scheduler::v1::CostCoefficients costs = p.costs();
+  if (options.start_iteration > 0) {
+    // The resumed job continues with the cost model it had.
+    const std::string path =
+        absl::StrCat(StepDir(options.job, options.start_iteration), "/", kSchedulerStateFile);
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok() || !costs.ParseFromString(*bytes)) {
+      return absl::DataLossError(absl::StrCat("resume: cannot read the scheduler state ", path));
+    }
+    service->last_checkpoint_ = options.start_iteration;
+  }
+  service->costs_ = std::make_unique<sched::CostModel>(costs);
   if (!options.preprocess.empty()) {
     service->preprocess_ = data::v1::PreprocessService::NewStub(
         grpc::CreateChannel(options.preprocess, grpc::InsecureChannelCredentials()));
@@ -71,6 +95,17 @@ absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Crea
                         .Register(registry);
   service->llm_imbalance_ = &imbalance.Add({{"module", "llm"}});
   service->encoder_imbalance_ = &imbalance.Add({{"module", "encoder"}});
+  service->checkpoints_ = &prometheus::BuildCounter()
+                               .Name("loom_checkpoints_completed_total")
+                               .Help("Coordinated checkpoints made complete.")
+                               .Register(registry)
+                               .Add({});
+  service->checkpoint_seconds_ =
+      &prometheus::BuildGauge()
+           .Name("loom_checkpoint_duration_seconds")
+           .Help("Newest complete checkpoint: first worker report to COMPLETE.")
+           .Register(registry)
+           .Add({});
   return service;
 }
 
@@ -113,7 +148,25 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   it->second = w;  // a retry may bring a new endpoint
   registered_->Set(static_cast<double>(workers_.size()));
   *response->mutable_plan() = options_.plan;
+  *response->mutable_job() = options_.job;
+  response->set_start_iteration(options_.start_iteration);
+  if (options_.start_iteration > 0) {
+    response->set_checkpoint_step_dir(StepDir(options_.job, options_.start_iteration));
+  }
+  response->set_preprocess(options_.preprocess);
   return grpc::Status::OK;
+}
+
+absl::Status SchedulerServiceImpl::ValidateWorkerId(Role role, int rank) const {
+  if (role != common::v1::ROLE_ENCODER_WORKER && role != common::v1::ROLE_LLM_WORKER) {
+    return absl::InvalidArgumentError("role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER");
+  }
+  const int ranks = RanksOf(options_.plan, role);
+  if (rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is outside the plan's ",
+                                                   ranks, " ranks of ", Role_Name(role)));
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext*,
@@ -132,6 +185,16 @@ absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
 SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
   if (iteration < 0) {
     return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
+  }
+  if (iteration < options_.start_iteration) {
+    return absl::OutOfRangeError(absl::StrCat("iteration ", iteration, " is before iteration ",
+                                              options_.start_iteration,
+                                              ", where this job resumed"));
+  }
+  const int64_t end = options_.job.train().steps();
+  if (end > 0 && iteration >= end) {
+    return absl::OutOfRangeError(
+        absl::StrCat("the job ends after ", end, " iterations; there is no iteration ", iteration));
   }
   auto cached = [&]() -> absl::StatusOr<std::shared_ptr<const Computed>> {
     absl::MutexLock lock(&mu_);
@@ -265,6 +328,141 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
   }
   reports_->Increment(static_cast<double>(observed.size()));
   *response->mutable_costs() = costs_->coefficients();
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
+                                              const scheduler::v1::ReportStepRequest* request,
+                                              scheduler::v1::ReportStepResponse*) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  const scheduler::v1::StepReport& r = request->step();
+  if (r.iteration() < options_.start_iteration) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("step.iteration: ", r.iteration(), " is before this job's start, ",
+                     options_.start_iteration)));
+  }
+  if (!std::isfinite(r.loss()) || r.samples() < 0 || r.tokens() < 0 || r.loss_tokens() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "step: loss must be finite and samples, tokens, loss_tokens non-negative"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!steps_.empty() && r.iteration() <= steps_.back().iteration()) {
+    return ToGrpcStatus(absl::AlreadyExistsError(
+        absl::StrCat("step.iteration: ", r.iteration(), " was already reported")));
+  }
+  steps_.push_back(r);
+  if (steps_.size() > kRetainedSteps) steps_.pop_front();
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::GetProgress(grpc::ServerContext*,
+                                               const scheduler::v1::GetProgressRequest* request,
+                                               scheduler::v1::GetProgressResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  for (const scheduler::v1::StepReport& r : steps_) {
+    if (r.iteration() > request->after_iteration()) *response->add_steps() = r;
+  }
+  response->set_start_iteration(options_.start_iteration);
+  response->set_end_iteration(options_.job.train().steps());
+  response->set_last_checkpoint(last_checkpoint_);
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::ReportCheckpoint(
+    grpc::ServerContext*, const scheduler::v1::ReportCheckpointRequest* request,
+    scheduler::v1::ReportCheckpointResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = ValidateWorkerId(request->role(), request->rank()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  const int every = options_.job.checkpoint().every();
+  const int64_t step = request->step();
+  if (every <= 0 || step <= 0 || step % every != 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "step: ", step, " is not a checkpoint step of this job (checkpoint.every = ", every, ")")));
+  }
+  const int parts = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
+  {
+    absl::MutexLock lock(&mu_);
+    if (step <= last_checkpoint_) {
+      return ToGrpcStatus(absl::AlreadyExistsError(
+          absl::StrCat("step: checkpoint ", step, " is already complete")));
+    }
+    auto& reported = checkpoint_parts_[step];
+    reported.insert({request->role(), request->rank()});
+    if (static_cast<int>(reported.size()) < parts) return grpc::Status::OK;
+    checkpoint_parts_.erase(step);
+  }
+  const absl::Time t0 = absl::Now();
+  if (absl::Status s = CompleteCheckpoint(step); !s.ok()) return ToGrpcStatus(s);
+  checkpoints_->Increment();
+  checkpoint_seconds_->Set(absl::ToDoubleSeconds(absl::Now() - t0));
+  response->set_complete(true);
+  absl::MutexLock lock(&mu_);
+  last_checkpoint_ = std::max(last_checkpoint_, step);
+  return grpc::Status::OK;
+}
+
+absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
+  const std::string dir = StepDir(options_.job, step);
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  if (!preprocess_) {
+    return absl::FailedPreconditionError("no preprocess service to read the data cursor from");
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  data::v1::GetCursorRequest request;
+  request.set_iteration(step);  // the cursor before batch `step`: where a resume starts
+  data::v1::GetCursorResponse cursor;
+  if (grpc::Status s = preprocess_->GetCursor(&ctx, request, &cursor); !s.ok()) {
+    return FromGrpcStatus(s, "preprocess GetCursor");
+  }
+  absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kCursorFile),
+                                       cursor.cursor().SerializeAsString());
+  std::string costs;
+  {
+    absl::MutexLock lock(&mu_);
+    costs = costs_->coefficients().SerializeAsString();
+  }
+  if (s.ok()) s = WriteFileAtomically(absl::StrCat(dir, "/", kSchedulerStateFile), costs);
+  // Every part is durable: the step is complete (what LatestCompleteCheckpoint looks for).
+  if (s.ok()) s = WriteFileAtomically(dir + "/COMPLETE", absl::StrCat("step ", step, "\n"));
+  return s;
+}
+
+grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
+                                          const scheduler::v1::SetKeyRequest* request,
+                                          scheduler::v1::SetKeyResponse*) {
+  if (request->key().empty() || request->key().size() > kMaxKeyBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("key: must be 1 to ", kMaxKeyBytes, " bytes")));
+  }
+  if (request->value().size() > kMaxValueBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("value: ", request->value().size(), " bytes is over ", kMaxValueBytes)));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(request->key());
+  const size_t old = it == keys_.end() ? 0 : it->first.size() + it->second.size();
+  const size_t add = request->key().size() + request->value().size();
+  if (key_bytes_ - old + add > kMaxStoreBytes) {
+    return ToGrpcStatus(absl::ResourceExhaustedError("the rendezvous store is full"));
+  }
+  key_bytes_ = key_bytes_ - old + add;
+  keys_[request->key()] = request->value();
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext*,
+                                          const scheduler::v1::GetKeyRequest* request,
+                                          scheduler::v1::GetKeyResponse* response) {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(request->key());
+  if (it == keys_.end()) {
+    return ToGrpcStatus(absl::NotFoundError(absl::StrCat("key \"", request->key(), "\" is not set")));
+  }
+  response->set_value(it->second);
   return grpc::Status::OK;
 }
 

@@ -5,7 +5,9 @@
 #ifndef LOOM_SERVICES_SCHEDULER_SCHEDULER_SERVICE_H_
 #define LOOM_SERVICES_SCHEDULER_SCHEDULER_SERVICE_H_
 
+#include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "loom/data/v1/data.grpc.pb.h"
+#include "loom/job/v1/job.pb.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "services/common/chassis.h"
 #include "services/scheduler/cost_model.h"
@@ -30,6 +33,12 @@ struct SchedulerServiceOptions {
   std::string preprocess;        // host:port of loom-preprocess; empty: no assignments
   int retained_iterations = 16;  // assignments kept for fetches and timing reports
   double ilp_seconds = 10;
+  // The job workers train (defaults applied). Its checkpoint.dir holds the
+  // coordinated checkpoints; train.steps ends the job (0: no end).
+  job::v1::JobConfig job;
+  // Resume: continue after the checkpoint of step `start_iteration` (the
+  // iteration after it is numbered start_iteration); 0 starts fresh.
+  int64_t start_iteration = 0;
 };
 
 // Thread-safe: gRPC calls its methods from many threads at once.
@@ -56,6 +65,19 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   grpc::Status ReportTimings(grpc::ServerContext* context,
                              const scheduler::v1::ReportTimingsRequest* request,
                              scheduler::v1::ReportTimingsResponse* response) override;
+  grpc::Status ReportStep(grpc::ServerContext* context,
+                          const scheduler::v1::ReportStepRequest* request,
+                          scheduler::v1::ReportStepResponse* response) override;
+  grpc::Status GetProgress(grpc::ServerContext* context,
+                           const scheduler::v1::GetProgressRequest* request,
+                           scheduler::v1::GetProgressResponse* response) override;
+  grpc::Status ReportCheckpoint(grpc::ServerContext* context,
+                                const scheduler::v1::ReportCheckpointRequest* request,
+                                scheduler::v1::ReportCheckpointResponse* response) override;
+  grpc::Status SetKey(grpc::ServerContext* context, const scheduler::v1::SetKeyRequest* request,
+                      scheduler::v1::SetKeyResponse* response) override;
+  grpc::Status GetKey(grpc::ServerContext* context, const scheduler::v1::GetKeyRequest* request,
+                      scheduler::v1::GetKeyResponse* response) override;
 
  private:
   struct Computed {
@@ -65,6 +87,10 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
 
   absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(int64_t iteration);
   absl::Status Configured() const;
+  absl::Status ValidateWorkerId(common::v1::Role role, int rank) const;
+  // Writes the cursor and the scheduler's state into the step's folder, then
+  // COMPLETE. Called once every worker reported its part.
+  absl::Status CompleteCheckpoint(int64_t step);
 
   const Chassis* chassis_;
   SchedulerServiceOptions options_;
@@ -82,7 +108,20 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);
   int64_t newest_ ABSL_GUARDED_BY(mu_) = -1;
   std::unique_ptr<sched::CostModel> costs_ ABSL_GUARDED_BY(mu_);
+  std::deque<scheduler::v1::StepReport> steps_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::set<std::pair<int, int>>> checkpoint_parts_ ABSL_GUARDED_BY(mu_);
+  int64_t last_checkpoint_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(mu_);
+  size_t key_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  prometheus::Counter* checkpoints_ = nullptr;
+  prometheus::Gauge* checkpoint_seconds_ = nullptr;
 };
+
+// Checkpoint files the scheduler writes into DIR/step-N/ besides the
+// workers' module files: the preprocess cursor before batch N and the cost
+// model's coefficients.
+inline constexpr char kCursorFile[] = "data_cursor.binpb";
+inline constexpr char kSchedulerStateFile[] = "scheduler_costs.binpb";
 
 }  // namespace loom
 
