@@ -17,18 +17,55 @@ std::string LogName(const LaunchedService& s) {
 
 }  // namespace
 
-absl::Status Launcher::Start() {
-  if (options_.encoder_dp < 1 || options_.llm_dp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--encoder_dp and --llm_dp must be >= 1 (got ",
-                                                   options_.encoder_dp, ", ", options_.llm_dp,
-                                                   ")"));
+const LaunchedService* Launcher::Find(common::v1::Role role) const {
+  for (const LaunchedService& s : services_) {
+    if (s.binary->role == role) return &s;
   }
-  if (absl::Status s = MakeDirectories(options_.run_dir + "/logs"); !s.ok()) return s;
+  return nullptr;
+}
 
+std::string Launcher::scheduler_target() const {
+  const LaunchedService* s = Find(common::v1::ROLE_SCHEDULER);
+  return s == nullptr ? "" : absl::StrCat(options_.host, ":", s->ports.grpc_port);
+}
+
+std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
+  const job::v1::JobConfig& job = options_.job;
+  auto target = [&](common::v1::Role role) {
+    return absl::StrCat(options_.host, ":", Find(role)->ports.grpc_port);
+  };
+  switch (s.binary->role) {
+    case common::v1::ROLE_PREPROCESS: {
+      std::vector<std::string> a = {
+          "--shards=" + options_.shards, "--config=" + job.model(),
+          absl::StrCat("--seed=", job.seed()),
+          absl::StrCat("--global_batch=", job.data().global_batch()),
+          absl::StrCat("--threads=", job.data().threads())};
+      if (options_.resume_step > 0) {
+        a.push_back(absl::StrCat("--start_iteration=", options_.resume_step));
+        a.push_back(absl::StrCat("--cursor=", job.checkpoint().dir(), "/step-",
+                                 options_.resume_step, "/data_cursor.binpb"));
+      }
+      return a;
+    }
+    case common::v1::ROLE_SCHEDULER: {
+      std::vector<std::string> a = {"--job=" + options_.job_path, "--run_dir=" + options_.run_dir,
+                                    "--preprocess=" + target(common::v1::ROLE_PREPROCESS)};
+      if (options_.resume_step > 0) a.push_back("--resume");
+      return a;
+    }
+    default:
+      return {absl::StrCat("--rank=", s.rank), "--scheduler=" + target(common::v1::ROLE_SCHEDULER),
+              "--advertise_host=" + options_.host};
+  }
+}
+
+absl::Status Launcher::Start() {
+  if (absl::Status s = MakeDirectories(options_.run_dir + "/logs"); !s.ok()) return s;
   for (const ServiceBinary& b : ServiceCatalog()) {
     int ranks = 1;
-    if (b.role == common::v1::ROLE_ENCODER_WORKER) ranks = options_.encoder_dp;
-    if (b.role == common::v1::ROLE_LLM_WORKER) ranks = options_.llm_dp;
+    if (b.role == common::v1::ROLE_ENCODER_WORKER) ranks = options_.job.parallel().encoder_dp();
+    if (b.role == common::v1::ROLE_LLM_WORKER) ranks = options_.job.parallel().llm_dp();
     for (int r = 0; r < ranks; ++r) {
       LaunchedService s;
       s.binary = &b;
@@ -36,17 +73,25 @@ absl::Status Launcher::Start() {
       services_.push_back(std::move(s));
     }
   }
-
-  for (size_t i = 0; i < services_.size(); ++i) {
-    if (absl::Status s = Launch(services_[i], static_cast<int>(i)); !s.ok()) return s;
-  }
-  for (LaunchedService& s : services_) {
-    absl::StatusOr<ServingPorts> ports = WaitForServing(*s.process, options_.startup_timeout);
-    if (!ports.ok()) {
-      return absl::Status(ports.status().code(),
-                          absl::StrCat(LogName(s), ": ", ports.status().message()));
+  // Each stage needs the previous one's port: preprocess, scheduler, then
+  // all workers together.
+  for (size_t i = 0; i < services_.size();) {
+    size_t end = i + 1;
+    while (services_[i].binary->worker && end < services_.size()) ++end;
+    for (size_t k = i; k < end; ++k) {
+      absl::Status s = Launch(services_[k], static_cast<int>(k), ArgsFor(services_[k]));
+      if (!s.ok()) return s;
     }
-    s.ports = *ports;
+    for (size_t k = i; k < end; ++k) {
+      LaunchedService& s = services_[k];
+      absl::StatusOr<ServingPorts> ports = WaitForServing(*s.process, options_.startup_timeout);
+      if (!ports.ok()) {
+        return absl::Status(ports.status().code(),
+                            absl::StrCat(LogName(s), ": ", ports.status().message()));
+      }
+      s.ports = *ports;
+    }
+    i = end;
   }
   for (LaunchedService& s : services_) {
     if (absl::Status st = CheckHealthy(s); !st.ok()) return st;
@@ -54,14 +99,14 @@ absl::Status Launcher::Start() {
   return absl::OkStatus();
 }
 
-absl::Status Launcher::Launch(LaunchedService& s, int index) {
+absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::string> args) {
   std::vector<std::string> argv = {
       absl::StrCat(options_.bin_dir, "/", s.binary->package, "/", s.binary->name),
       absl::StrCat("--host=", options_.host),
       absl::StrCat("--grpc_port=", options_.base_port ? options_.base_port + 2 * index : 0),
       absl::StrCat("--metrics_port=", options_.base_port ? options_.base_port + 2 * index + 1 : 0),
   };
-  if (s.binary->worker) argv.push_back(absl::StrCat("--rank=", s.rank));
+  argv.insert(argv.end(), args.begin(), args.end());
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
   absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(argv, log);
   if (!p.ok()) {

@@ -1,10 +1,13 @@
 // The local launcher behind `loom up`: every Loom service as its own process
 // on this machine.
 //
-// Start() launches loom-preprocess, loom-scheduler, `encoder_dp`
-// loom-encoder-worker ranks and `llm_dp` loom-llm-worker ranks, each logging
-// to <run_dir>/logs/<name>[-<rank>].log, waits for each one's "serving"
-// record, then checks grpc.health.v1 (overall and per service) and /metrics.
+// Start() launches, for the job: loom-preprocess (its shards, seed, batch;
+// the cursor when resuming), then loom-scheduler (--job, --preprocess), then
+// encoder_dp loom-encoder-worker and llm_dp loom-llm-worker ranks
+// (--scheduler), each logging to <run_dir>/logs/<name>[-<rank>].log and
+// each stage waiting for the previous one's "serving" record (its ports);
+// then it checks every process's grpc.health.v1 (overall and per service)
+// and /metrics.
 // Stop() sends SIGTERM to every process still running and waits for each to
 // exit, SIGKILL after `stop_timeout`.
 //
@@ -18,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "loom/job/v1/job.pb.h"
 #include "services/common/catalog.h"
 #include "services/common/subprocess.h"
 
@@ -28,8 +32,10 @@ struct LauncherOptions {
   std::string run_dir;  // logs go to <run_dir>/logs
   std::string host = "127.0.0.1";
   int base_port = 0;  // 0: free ports; else process i gets base+2i, base+2i+1
-  int encoder_dp = 2;
-  int llm_dp = 2;
+  job::v1::JobConfig job;  // defaults applied, validated
+  std::string job_path;    // the same job as a file, for loom-scheduler --job
+  std::string shards;      // glob the preprocess service reads
+  int64_t resume_step = 0;  // > 0: continue after this complete checkpoint
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);
 };
@@ -61,9 +67,13 @@ class Launcher {
   bool Stop();
 
   const std::vector<LaunchedService>& services() const { return services_; }
+  // host:port of loom-scheduler once Start() got that far.
+  std::string scheduler_target() const;
 
  private:
-  absl::Status Launch(LaunchedService& s, int index);
+  absl::Status Launch(LaunchedService& s, int index, std::vector<std::string> args);
+  std::vector<std::string> ArgsFor(const LaunchedService& s) const;
+  const LaunchedService* Find(common::v1::Role role) const;
   absl::Status CheckHealthy(LaunchedService& s);
 
   LauncherOptions options_;

@@ -1,35 +1,58 @@
-// loom-up: starts every Loom service as its own process on this machine,
-// reports each healthy, and stops them all cleanly on Ctrl-C or SIGTERM.
-// `./loom up` builds the binaries and runs this.
+// loom-up: runs one training job with every Loom service as its own process
+// on this machine, shows its progress, and stops everything cleanly at the
+// end, on Ctrl-C or on SIGTERM. `./loom up` builds the binaries and runs this.
+//
+//   loom up                                 # the default job (services/common/job.h)
+//   loom up --config job.json --steps 20 --json
+//   loom up --config job.json --resume      # after the newest complete checkpoint
+//
+// With no shards in the job, its data preset is generated on first run.
 #include <signal.h>
 #include <unistd.h>
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "deploy/launcher/launcher.h"
+#include "runtime/base/file.h"
+#include "runtime/data/loader.h"
+#include "runtime/train/train_checkpoint.h"
 #include "services/common/init.h"
+#include "services/common/job.h"
+#include "services/worker/scheduler_client.h"
 
+ABSL_FLAG(std::string, config, "",
+          "Job config file (loom.job.v1.JobConfig, JSON or text format). Default: the "
+          "default job (tiny model, encoder DP 2, LLM DP 2, onevision preset, loom "
+          "assignment).");
+ABSL_FLAG(int, steps, -1, "Stop after this many iterations (overrides train.steps; 0: never).");
+ABSL_FLAG(bool, json, false,
+          "One JSON line per iteration on stdout; everything else goes to stderr.");
+ABSL_FLAG(bool, resume, false, "Continue the job after its newest complete checkpoint.");
+ABSL_FLAG(int, encoder_dp, 0, "Overrides parallel.encoder_dp.");
+ABSL_FLAG(int, llm_dp, 0, "Overrides parallel.llm_dp.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Bazel's bin folder holding services/*/loom-*; default: the one this "
           "binary was built into.");
-ABSL_FLAG(std::string, run_dir, ".loom/run", "Folder for this run's logs.");
+ABSL_FLAG(std::string, run_dir, ".loom/run", "Folder for this run's logs, data and checkpoints.");
 ABSL_FLAG(std::string, bind_host, "127.0.0.1", "Address every service binds.");
 ABSL_FLAG(int, base_port, 0,
           "0: every service picks free ports; else service i uses base+2i "
           "(gRPC) and base+2i+1 (/metrics).");
-ABSL_FLAG(int, encoder_dp, 2, "Encoder worker ranks.");
-ABSL_FLAG(int, llm_dp, 2, "LLM worker ranks.");
-ABSL_FLAG(absl::Duration, startup_timeout, absl::Seconds(60),
+ABSL_FLAG(absl::Duration, startup_timeout, absl::Seconds(120),
           "How long each service may take to report serving.");
 ABSL_FLAG(bool, exit_when_healthy, false,
           "Stop everything and exit 0 once every service is healthy (a smoke "
           "test of the whole deployment).");
 
 namespace {
+
+FILE* info = stdout;  // stderr with --json
 
 // <bin>/deploy/launcher/loom-up -> <bin>
 std::string DefaultBinDir() {
@@ -41,58 +64,170 @@ std::string DefaultBinDir() {
   return path;
 }
 
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "loom up: %s\n", what.c_str());
+  return 1;
+}
+
+// The job's shards: its own glob, or its preset, generated on first run.
+absl::StatusOr<std::string> EnsureData(const loom::job::v1::JobConfig& job,
+                                       const std::string& bin_dir, const std::string& run_dir) {
+  if (!job.data().shards().empty()) return job.data().shards();
+  const std::string glob = job.data().generated_dir() + "/*.tar";
+  if (loom::data::ExpandShardGlob(glob).ok()) return glob;
+  std::fprintf(info, "loom up: generating %d %s samples into %s (first run)\n",
+               job.data().samples(), job.data().preset().c_str(),
+               job.data().generated_dir().c_str());
+  std::fflush(info);
+  if (absl::Status s = loom::MakeDirectories(run_dir + "/logs"); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<loom::Subprocess>> gen = loom::Subprocess::Start(
+      {bin_dir + "/runtime/data/loom-datagen", "--preset=" + job.data().preset(),
+       absl::StrCat("--samples=", job.data().samples()), "--out=" + job.data().generated_dir()},
+      run_dir + "/logs/loom-datagen.log");
+  if (!gen.ok()) return gen.status();
+  absl::StatusOr<int> st = (*gen)->Wait(absl::Minutes(30));
+  if (!st.ok() || loom::DescribeWaitStatus(*st) != "exit 0") {
+    return absl::InternalError("loom-datagen failed:\n" + (*gen)->ReadLog());
+  }
+  return glob;
+}
+
+std::string ProgressLine(const loom::scheduler::v1::StepReport& r, int64_t end) {
+  const double s = r.seconds() > 0 ? r.seconds() : 1e-9;
+  return absl::StrFormat(
+      "iter %6d%s  loss %.4f  %7.1f samples/s  %9.0f tokens/s  imbalance %.4f  grad_norm %.3f  "
+      "%.3f s",
+      r.iteration() + 1, end > 0 ? absl::StrCat("/", end) : "", r.loss(), r.samples() / s,
+      r.tokens() / s, r.microbatch_imbalance(), r.grad_norm(), r.seconds());
+}
+
+std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
+  return absl::StrFormat(
+      "{\"iteration\":%d,\"step\":%d,\"loss\":%.6f,\"samples\":%d,\"tokens\":%d,"
+      "\"loss_tokens\":%d,\"grad_norm\":%.6f,\"lr\":%.6g,\"seconds\":%.4f,"
+      "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f}",
+      r.iteration(), r.iteration() + 1, r.loss(), r.samples(), r.tokens(), r.loss_tokens(),
+      r.grad_norm(), r.lr(), r.seconds(), r.seconds() > 0 ? r.samples() / r.seconds() : 0.0,
+      r.microbatch_imbalance());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  loom::InitService(argc, argv, "loom-up", "loom-up: run every Loom service locally until Ctrl-C.");
+  loom::InitService(argc, argv, "loom-up",
+                    "loom-up: run a training job with every Loom service as its own process.\n"
+                    "  loom up [--config FILE] [--steps N] [--json] [--resume]");
+  if (absl::GetFlag(FLAGS_json)) info = stderr;
+  const std::string run_dir = absl::GetFlag(FLAGS_run_dir);
+  const std::string bin_dir =
+      absl::GetFlag(FLAGS_bin_dir).empty() ? DefaultBinDir() : absl::GetFlag(FLAGS_bin_dir);
+
+  loom::job::v1::JobConfig job;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    absl::StatusOr<loom::job::v1::JobConfig> j =
+        loom::LoadJobConfig(absl::GetFlag(FLAGS_config), run_dir);
+    if (!j.ok()) return Fail(std::string(j.status().message()));
+    job = *j;
+  } else {
+    loom::ApplyJobDefaults(run_dir, &job);
+  }
+  if (absl::GetFlag(FLAGS_steps) >= 0) job.mutable_train()->set_steps(absl::GetFlag(FLAGS_steps));
+  if (absl::GetFlag(FLAGS_encoder_dp) != 0) {
+    job.mutable_parallel()->set_encoder_dp(absl::GetFlag(FLAGS_encoder_dp));
+  }
+  if (absl::GetFlag(FLAGS_llm_dp) != 0) job.mutable_parallel()->set_llm_dp(absl::GetFlag(FLAGS_llm_dp));
+  if (absl::Status s = loom::ValidateJob(job); !s.ok()) return Fail(std::string(s.message()));
+
   loom::LauncherOptions o;
-  o.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? DefaultBinDir() : absl::GetFlag(FLAGS_bin_dir);
-  o.run_dir = absl::GetFlag(FLAGS_run_dir);
+  o.bin_dir = bin_dir;
+  o.run_dir = run_dir;
   o.host = absl::GetFlag(FLAGS_bind_host);
   o.base_port = absl::GetFlag(FLAGS_base_port);
-  o.encoder_dp = absl::GetFlag(FLAGS_encoder_dp);
-  o.llm_dp = absl::GetFlag(FLAGS_llm_dp);
   o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
+  o.job = job;
+  if (absl::GetFlag(FLAGS_resume)) {
+    absl::StatusOr<int64_t> step = loom::LatestCompleteCheckpoint(job.checkpoint().dir());
+    if (!step.ok()) return Fail("--resume: " + std::string(step.status().message()));
+    o.resume_step = *step;
+    std::fprintf(info, "loom up: resuming after step %lld (%s)\n",
+                 static_cast<long long>(*step), job.checkpoint().dir().c_str());
+  }
+  absl::StatusOr<std::string> shards = EnsureData(job, bin_dir, run_dir);
+  if (!shards.ok()) return Fail(std::string(shards.status().message()));
+  o.shards = *shards;
+  o.job_path = run_dir + "/job.json";
+  if (absl::Status s = loom::MakeDirectories(run_dir); !s.ok()) return Fail(std::string(s.message()));
+  if (absl::Status s = loom::WriteFileAtomically(o.job_path, loom::JobToJson(job) + "\n"); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  // One BLAS thread per worker: the ranks share this machine's cores.
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
 
-  std::printf("loom up: starting %d services, logs in %s/logs\n", 2 + o.encoder_dp + o.llm_dp,
-              o.run_dir.c_str());
-  std::fflush(stdout);
+  const int services = 2 + job.parallel().encoder_dp() + job.parallel().llm_dp();
+  std::fprintf(info, "loom up: job %s: model %s, encoder DP %d, LLM DP %d, %s assignment, %s\n",
+               job.name().c_str(), job.model().c_str(), job.parallel().encoder_dp(),
+               job.parallel().llm_dp(), job.algorithm().c_str(),
+               job.train().steps() > 0 ? absl::StrCat(job.train().steps(), " iterations").c_str()
+                                       : "until stopped");
+  std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services, run_dir.c_str());
+  std::fflush(info);
   loom::Launcher launcher(o);
   absl::Status started = launcher.Start();
-  std::printf("%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+  std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
   if (!started.ok()) {
     std::fprintf(stderr, "loom up: %s\n", std::string(started.message()).c_str());
     launcher.Stop();
     return 1;
   }
-  std::printf("loom up: all %zu services healthy.%s\n", launcher.services().size(),
-              absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
-  std::fflush(stdout);
+  std::fprintf(info, "loom up: all %zu services healthy.%s\n", launcher.services().size(),
+               absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
+  std::fflush(info);
 
   int rc = 0;
   if (!absl::GetFlag(FLAGS_exit_when_healthy)) {
+    loom::SchedulerClient scheduler(launcher.scheduler_target());
+    const int64_t end = job.train().steps();
+    const int every = job.checkpoint().every();
+    const bool final_checkpoint = end > 0 && every > 0 && end % every == 0;
+    int64_t last = o.resume_step - 1;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    const timespec tick = {0, 200 * 1000 * 1000};
+    const timespec tick = {0, 100 * 1000 * 1000};
     for (;;) {
       int sig = sigtimedwait(&set, nullptr, &tick);
       if (sig == SIGTERM || sig == SIGINT) {
-        std::printf("\nloom up: %s received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        std::fprintf(info, "\nloom up: %s received, stopping\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
         break;
       }
       if (const loom::LaunchedService* s = launcher.FindExited()) {
-        std::fprintf(stderr, "loom up: %s rank %d exited (%s); stopping the rest\n",
+        std::fprintf(stderr, "loom up: %s rank %d exited (%s); stopping the rest (its log: %s)\n",
                      s->binary->name.c_str(), s->rank,
-                     loom::DescribeWaitStatus(s->exit_status).c_str());
+                     loom::DescribeWaitStatus(s->exit_status).c_str(),
+                     s->process->log_path().c_str());
         rc = 1;
+        break;
+      }
+      absl::StatusOr<loom::scheduler::v1::GetProgressResponse> p = scheduler.GetProgress(last);
+      if (!p.ok()) continue;
+      for (const loom::scheduler::v1::StepReport& r : p->steps()) {
+        if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", JsonLine(r).c_str());
+        std::fprintf(info, "%s\n", ProgressLine(r, end).c_str());
+        last = r.iteration();
+      }
+      std::fflush(stdout);
+      std::fflush(info);
+      if (end > 0 && last + 1 >= end && (!final_checkpoint || p->last_checkpoint() >= end)) {
+        std::fprintf(info, "loom up: %lld iterations done%s\n", static_cast<long long>(end),
+                     final_checkpoint ? ", checkpoint complete" : "");
         break;
       }
     }
   }
   const bool clean = launcher.Stop();
-  std::printf("%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
-  std::printf("loom up: %s\n", clean ? "stopped cleanly" : "some services did not exit cleanly");
+  std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+  std::fprintf(info, "loom up: %s\n", clean ? "stopped cleanly" : "some services did not exit cleanly");
   return clean ? rc : 1;
 }

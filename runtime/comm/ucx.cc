@@ -270,6 +270,8 @@ void RecvDone(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void*
 }
 }  // namespace
 
+void UcxWorker::Cancel() { cancelled_.store(true); }
+
 absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<RecvOp> ops(buffers.size());
@@ -306,6 +308,10 @@ absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Du
     return true;
   };
   while (result.ok() && !all_done()) {
+    if (cancelled_.load()) {
+      result = absl::CancelledError("UCX receive cancelled: this worker is stopping");
+      break;
+    }
     if (absl::Now() >= deadline) {
       result = absl::DeadlineExceededError(absl::StrCat("UCX receive of ", buffers.size(),
                                                         " buffers timed out after ",

@@ -16,6 +16,7 @@
 #ifndef LOOM_RUNTIME_COMM_UCX_H_
 #define LOOM_RUNTIME_COMM_UCX_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -58,6 +59,10 @@ class UcxWorker {
   // outstanding receives are cancelled. DATA_LOSS on a size mismatch.
   absl::Status RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout);
 
+  // Makes every RecvAll in progress, and every later one, return CANCELLED
+  // (a process shutting down). Thread-safe.
+  void Cancel();
+
   // Waits until no send is in flight or `timeout` passed.
   bool Flush(absl::Duration timeout);
 
@@ -80,6 +85,7 @@ class UcxWorker {
   std::string address_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> cancelled_{false};
   std::thread progress_thread_;
   std::map<std::string, void*> endpoints_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;

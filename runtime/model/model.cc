@@ -29,9 +29,9 @@ MultimodalModel::MultimodalModel(const ModelConfig& config)
     : config_(config), vit_(config.vit), projector_(config), llm_(config.llm) {}
 
 void MultimodalModel::Initialize(uint64_t seed) {
-  vit_.params().Initialize(seed * 3 + 0);
-  projector_.params().Initialize(seed * 3 + 1);
-  llm_.params().Initialize(seed * 3 + 2);
+  vit_.params().Initialize(ModuleSeed(seed, Module::kEncoder));
+  projector_.params().Initialize(ModuleSeed(seed, Module::kProjector));
+  llm_.params().Initialize(ModuleSeed(seed, Module::kLlm));
 }
 
 void MultimodalModel::ZeroGrad() {

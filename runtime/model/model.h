@@ -30,6 +30,17 @@ int64_t LossTokens(const Sample& s);
 // token where it is text (else -1), positions restarting per sample.
 LlmBatch PackSamples(const std::vector<const Sample*>& samples);
 
+// The model's three modules, in checkpoint and seed order.
+enum class Module : int { kEncoder = 0, kProjector = 1, kLlm = 2 };
+inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm"};
+
+// Each module draws its initial weights from its own stream of the job's
+// seed, so a process holding one module initialises it exactly as the
+// single-process model does.
+inline uint64_t ModuleSeed(uint64_t seed, Module m) {
+  return seed * 3 + static_cast<uint64_t>(m);
+}
+
 class MultimodalModel {
  public:
   explicit MultimodalModel(const ModelConfig& config);

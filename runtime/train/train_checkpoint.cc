@@ -11,13 +11,13 @@
 namespace loom {
 namespace {
 
-constexpr const char* kModules[] = {"encoder", "projector", "llm"};
+const char* const* kModules = kModuleNames;
+
+}  // namespace
 
 std::string StepDir(const std::string& dir, int64_t step) {
   return absl::StrCat(dir, "/step-", step);
 }
-
-}  // namespace
 
 absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir) {
   const std::string sd = StepDir(dir, step);

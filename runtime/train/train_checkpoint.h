@@ -14,6 +14,9 @@
 
 namespace loom {
 
+// DIR/step-<N>
+std::string StepDir(const std::string& dir, int64_t step);
+
 absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir);
 
 // The highest step with a COMPLETE marker under `dir`; NOT_FOUND if none.

@@ -172,7 +172,7 @@ void Chassis::Shutdown() {
 }
 
 int Chassis::ServeUntilSignal() {
-  if (absl::Status s = Start(); !s.ok()) {
+  if (absl::Status s = started_ ? absl::OkStatus() : Start(); !s.ok()) {
     LOOM_LOG(ERROR).With("code", absl::StatusCodeToString(s.code()))
         << "cannot start: " << s.message();
     return 1;

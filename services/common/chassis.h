@@ -81,7 +81,7 @@ class Chassis {
   // Idempotent; returns once both servers have stopped.
   void Shutdown();
 
-  // Start(), then block until SIGTERM or SIGINT (blocked by InitService()),
+  // Start() (unless already started), then block until SIGTERM or SIGINT (blocked by InitService()),
   // then Shutdown(). Returns the process exit code: 0 after a clean
   // shutdown, 1 if Start() failed.
   int ServeUntilSignal();

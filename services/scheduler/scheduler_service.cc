@@ -9,6 +9,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "runtime/base/file.h"
+#include "runtime/train/train_checkpoint.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/assign.h"
 #include "services/scheduler/schedule.h"
@@ -20,10 +21,6 @@ using common::v1::Role;
 
 int RanksOf(const scheduler::v1::Plan& plan, Role role) {
   return role == common::v1::ROLE_ENCODER_WORKER ? plan.encoder().gpus() : plan.llm().gpus();
-}
-
-std::string StepDir(const job::v1::JobConfig& job, int64_t step) {
-  return absl::StrCat(job.checkpoint().dir(), "/step-", step);
 }
 
 constexpr size_t kMaxKeyBytes = 1024;
@@ -61,7 +58,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Crea
   if (options.start_iteration > 0) {
     // The resumed job continues with the cost model it had.
     const std::string path =
-        absl::StrCat(StepDir(options.job, options.start_iteration), "/", kSchedulerStateFile);
+        absl::StrCat(StepDir(options.job.checkpoint().dir(), options.start_iteration), "/", kSchedulerStateFile);
     absl::StatusOr<std::string> bytes = ReadFile(path);
     if (!bytes.ok() || !costs.ParseFromString(*bytes)) {
       return absl::DataLossError(absl::StrCat("resume: cannot read the scheduler state ", path));
@@ -151,7 +148,7 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   *response->mutable_job() = options_.job;
   response->set_start_iteration(options_.start_iteration);
   if (options_.start_iteration > 0) {
-    response->set_checkpoint_step_dir(StepDir(options_.job, options_.start_iteration));
+    response->set_checkpoint_step_dir(StepDir(options_.job.checkpoint().dir(), options_.start_iteration));
   }
   response->set_preprocess(options_.preprocess);
   return grpc::Status::OK;
@@ -405,7 +402,7 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
 }
 
 absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
-  const std::string dir = StepDir(options_.job, step);
+  const std::string dir = StepDir(options_.job.checkpoint().dir(), step);
   if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
   if (!preprocess_) {
     return absl::FailedPreconditionError("no preprocess service to read the data cursor from");

@@ -1,0 +1,141 @@
+#include "services/worker/scheduler_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "services/common/grpc_status.h"
+
+namespace loom {
+namespace {
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+}
+
+}  // namespace
+
+SchedulerClient::SchedulerClient(const std::string& target, absl::Duration deadline)
+    : stub_(scheduler::v1::SchedulerService::NewStub(
+          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+      deadline_(deadline) {}
+
+absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
+    const scheduler::v1::Worker& w, absl::Duration wait) {
+  const absl::Time until = absl::Now() + wait;
+  scheduler::v1::RegisterWorkerRequest request;
+  *request.mutable_worker() = w;
+  for (;;) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    scheduler::v1::RegisterWorkerResponse response;
+    grpc::Status s = stub_->RegisterWorker(&ctx, request, &response);
+    if (s.ok()) return response;
+    const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!retry || absl::Now() >= until) return FromGrpcStatus(s, "scheduler RegisterWorker");
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorkers(
+    absl::Duration wait) {
+  const absl::Time until = absl::Now() + wait;
+  for (;;) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    scheduler::v1::GetPlanResponse response;
+    grpc::Status s = stub_->GetPlan(&ctx, scheduler::v1::GetPlanRequest(), &response);
+    if (!s.ok()) return FromGrpcStatus(s, "scheduler GetPlan");
+    if (response.complete()) return response;
+    if (absl::Now() >= until) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("only ", response.workers_size(), " workers registered within ",
+                       absl::FormatDuration(wait)));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+absl::StatusOr<scheduler::v1::Assignment> SchedulerClient::GetAssignment(int64_t iteration) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline_);
+  scheduler::v1::GetAssignmentRequest request;
+  request.set_iteration(iteration);
+  scheduler::v1::GetAssignmentResponse response;
+  grpc::Status s = stub_->GetAssignment(&ctx, request, &response);
+  if (!s.ok()) return FromGrpcStatus(s, "scheduler GetAssignment");
+  return std::move(*response.mutable_assignment());
+}
+
+absl::Status SchedulerClient::ReportTimings(const scheduler::v1::ReportTimingsRequest& request) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline_);
+  scheduler::v1::ReportTimingsResponse response;
+  grpc::Status s = stub_->ReportTimings(&ctx, request, &response);
+  return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportTimings");
+}
+
+absl::Status SchedulerClient::ReportStep(const scheduler::v1::StepReport& step) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline_);
+  scheduler::v1::ReportStepRequest request;
+  *request.mutable_step() = step;
+  scheduler::v1::ReportStepResponse response;
+  grpc::Status s = stub_->ReportStep(&ctx, request, &response);
+  return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportStep");
+}
+
+absl::Status SchedulerClient::ReportCheckpoint(common::v1::Role role, int rank, int64_t step) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline_);
+  scheduler::v1::ReportCheckpointRequest request;
+  request.set_role(role);
+  request.set_rank(rank);
+  request.set_step(step);
+  scheduler::v1::ReportCheckpointResponse response;
+  grpc::Status s = stub_->ReportCheckpoint(&ctx, request, &response);
+  return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportCheckpoint");
+}
+
+absl::StatusOr<scheduler::v1::GetProgressResponse> SchedulerClient::GetProgress(
+    int64_t after_iteration) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(5));
+  scheduler::v1::GetProgressRequest request;
+  request.set_after_iteration(after_iteration);
+  scheduler::v1::GetProgressResponse response;
+  grpc::Status s = stub_->GetProgress(&ctx, request, &response);
+  if (!s.ok()) return FromGrpcStatus(s, "scheduler GetProgress");
+  return response;
+}
+
+absl::Status SchedulerStore::Set(const std::string& key, const std::string& value) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, client_->deadline());
+  scheduler::v1::SetKeyRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  scheduler::v1::SetKeyResponse response;
+  grpc::Status s = client_->stub()->SetKey(&ctx, request, &response);
+  return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler SetKey");
+}
+
+absl::StatusOr<std::string> SchedulerStore::Get(const std::string& key, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  scheduler::v1::GetKeyRequest request;
+  request.set_key(key);
+  for (absl::Duration pause = absl::Milliseconds(2);; pause = std::min(pause * 2, absl::Milliseconds(50))) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, client_->deadline());
+    scheduler::v1::GetKeyResponse response;
+    grpc::Status s = client_->stub()->GetKey(&ctx, request, &response);
+    if (s.ok()) return std::move(*response.mutable_value());
+    if (s.error_code() != grpc::StatusCode::NOT_FOUND) return FromGrpcStatus(s, "scheduler GetKey");
+    if (absl::Now() >= until) {
+      return absl::DeadlineExceededError(absl::StrCat("rendezvous key \"", key,
+                                                      "\" not set within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(pause);
+  }
+}
+
+}  // namespace loom

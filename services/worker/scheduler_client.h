@@ -1,0 +1,54 @@
+// A worker's calls to loom-scheduler, each with a deadline, and the
+// scheduler's key-value store as the rendezvous for the workers'
+// collectives.
+#ifndef LOOM_SERVICES_WORKER_SCHEDULER_CLIENT_H_
+#define LOOM_SERVICES_WORKER_SCHEDULER_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/scheduler/v1/scheduler.grpc.pb.h"
+#include "runtime/comm/collective.h"
+
+namespace loom {
+
+class SchedulerClient {
+ public:
+  SchedulerClient(const std::string& target, absl::Duration deadline = absl::Seconds(60));
+
+  // Retries while the scheduler is not up yet (UNAVAILABLE), until `wait`.
+  absl::StatusOr<scheduler::v1::RegisterWorkerResponse> Register(const scheduler::v1::Worker& w,
+                                                                 absl::Duration wait);
+  // Polls GetPlan until every worker of the plan has registered, or `wait`.
+  absl::StatusOr<scheduler::v1::GetPlanResponse> WaitForAllWorkers(absl::Duration wait);
+  absl::StatusOr<scheduler::v1::Assignment> GetAssignment(int64_t iteration);
+  absl::Status ReportTimings(const scheduler::v1::ReportTimingsRequest& request);
+  absl::Status ReportStep(const scheduler::v1::StepReport& step);
+  absl::Status ReportCheckpoint(common::v1::Role role, int rank, int64_t step);
+  absl::StatusOr<scheduler::v1::GetProgressResponse> GetProgress(int64_t after_iteration);
+
+  scheduler::v1::SchedulerService::Stub* stub() { return stub_.get(); }
+  absl::Duration deadline() const { return deadline_; }
+
+ private:
+  std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
+  absl::Duration deadline_;
+};
+
+// KeyValueStore over the scheduler's SetKey/GetKey (Get polls NOT_FOUND).
+class SchedulerStore final : public KeyValueStore {
+ public:
+  explicit SchedulerStore(SchedulerClient* client) : client_(client) {}
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
+
+ private:
+  SchedulerClient* client_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_WORKER_SCHEDULER_CLIENT_H_

@@ -1,0 +1,521 @@
+#include "services/worker/training_worker.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <future>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "runtime/base/file.h"
+#include "runtime/base/log.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/collective.h"
+#include "runtime/comm/ucx.h"
+#include "runtime/model/model.h"
+#include "runtime/train/train_checkpoint.h"
+#include "runtime/train/trainer.h"
+#include "services/preprocess/data_client.h"
+#include "services/worker/scheduler_client.h"
+
+namespace loom {
+namespace {
+
+using common::v1::Role;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Worker-to-worker UCX tags: bit 63 set (the data client's tags never have
+// it), bit 62 the direction, then the iteration and the bin.
+enum class Direction : uint64_t { kEmbeddings = 0, kGradients = 1 };
+uint64_t TransferTag(Direction d, int64_t iteration, int bin) {
+  return (uint64_t{1} << 63) | (static_cast<uint64_t>(d) << 62) |
+         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 38) - 1)) << 24) |
+         static_cast<uint64_t>(bin);
+}
+
+// One iteration's inputs, fetched ahead of time.
+struct IterationData {
+  int64_t iteration = 0;
+  scheduler::v1::Assignment assignment;
+  std::vector<int> bins;                 // this rank's bins, in compute order
+  std::map<int, Sample> samples;         // by global-batch index
+};
+
+}  // namespace
+
+struct TrainingWorker::Impl {
+  TrainingWorkerOptions options;
+  Chassis* chassis = nullptr;
+  bool encoder = false;
+  job::v1::JobConfig job;
+  scheduler::v1::Plan plan;
+  ModelConfig model;
+  TrainOptions train;
+  int64_t start_iteration = 0;
+
+  std::unique_ptr<UcxWorker> ucx;
+  std::unique_ptr<SchedulerClient> scheduler;
+  std::unique_ptr<DataClient> data;
+  std::unique_ptr<Communicator> module_comm, job_comm;
+  std::vector<std::string> encoder_addresses, llm_addresses;  // by rank
+
+  std::unique_ptr<VitEncoder> vit;
+  std::unique_ptr<Projector> projector;
+  std::unique_ptr<Llm> llm;
+  std::vector<ParamSet*> sets;
+  std::vector<Module> modules;
+
+  std::atomic<bool> stop{false};
+
+  prometheus::Counter* iterations = nullptr;
+  prometheus::Counter* compute_seconds = nullptr;
+  prometheus::Counter* wait_seconds = nullptr;
+  prometheus::Counter* ucx_sent = nullptr;
+  prometheus::Counter* ucx_received = nullptr;
+  prometheus::Histogram* iteration_seconds = nullptr;
+  int64_t ucx_sent_seen = 0, ucx_received_seen = 0;
+
+  absl::Status Connect();
+  absl::StatusOr<IterationData> Fetch(int64_t iteration);
+  absl::Status RunIteration(const IterationData& d);
+  absl::Status EncoderIteration(const IterationData& d, double* compute, double* wait,
+                                scheduler::v1::ReportTimingsRequest* timings);
+  absl::Status LlmIteration(const IterationData& d, double* compute, double* wait,
+                            scheduler::v1::ReportTimingsRequest* timings, double* loss_sum,
+                            double* tokens, double* samples, int64_t* loss_tokens);
+  absl::Status Checkpoint(int64_t step);
+  std::vector<float> Tiles(const IterationData& d, const scheduler::v1::Bin& bin, int* n) const;
+  void ForwardEncoder(const std::vector<float>& tiles, int n, std::vector<float>* vit_out,
+                      std::vector<float>* emb);
+};
+
+absl::Status TrainingWorker::Impl::Connect() {
+  absl::StatusOr<std::unique_ptr<UcxWorker>> u = UcxWorker::Create();
+  if (!u.ok()) return u.status();
+  ucx = std::move(*u);
+  scheduler = std::make_unique<SchedulerClient>(options.scheduler);
+  scheduler::v1::Worker me;
+  me.set_role(options.role);
+  me.set_rank(options.rank);
+  me.set_ucx_address(ucx->address());
+  me.set_endpoint(options.endpoint);
+  absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
+      scheduler->Register(me, options.startup_timeout);
+  if (!reg.ok()) return reg.status();
+  job = reg->job();
+  plan = reg->plan();
+  start_iteration = reg->start_iteration();
+  if (reg->preprocess().empty()) {
+    return absl::FailedPreconditionError("the scheduler knows no preprocess service");
+  }
+  absl::StatusOr<ModelConfig> m = ModelConfigByName(job.model());
+  if (!m.ok()) return m.status();
+  model = *m;
+  train.adam.lr = static_cast<float>(job.train().lr());
+  train.adam.beta1 = static_cast<float>(job.train().beta1());
+  train.adam.beta2 = static_cast<float>(job.train().beta2());
+  train.adam.weight_decay = static_cast<float>(job.train().weight_decay());
+  train.warmup_steps = job.train().warmup_steps();
+  train.clip_norm = job.train().clip_norm();
+
+  absl::StatusOr<scheduler::v1::GetPlanResponse> all =
+      scheduler->WaitForAllWorkers(options.startup_timeout);
+  if (!all.ok()) return all.status();
+  encoder_addresses.resize(plan.encoder().gpus());
+  llm_addresses.resize(plan.llm().gpus());
+  for (const scheduler::v1::Worker& w : all->workers()) {
+    auto& list =
+        w.role() == common::v1::ROLE_ENCODER_WORKER ? encoder_addresses : llm_addresses;
+    if (w.rank() >= 0 && w.rank() < static_cast<int>(list.size())) list[w.rank()] = w.ucx_address();
+  }
+  data = std::make_unique<DataClient>(
+      grpc::CreateChannel(reg->preprocess(), grpc::InsecureChannelCredentials()), ucx.get());
+
+  const int enc = plan.encoder().dp(), llm_dp = plan.llm().dp();
+  SchedulerStore store(scheduler.get());
+  GlooOptions g;
+  g.host = options.host;
+  g.timeout = options.startup_timeout;
+  g.prefix = encoder ? "encoder" : "llm";
+  g.rank = options.rank;
+  g.size = encoder ? enc : llm_dp;
+  absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, g);
+  if (!c.ok()) return c.status();
+  module_comm = std::move(*c);
+  g.prefix = "job";
+  g.rank = encoder ? options.rank : enc + options.rank;
+  g.size = enc + llm_dp;
+  c = ConnectGloo(&store, g);
+  if (!c.ok()) return c.status();
+  job_comm = std::move(*c);
+
+  if (encoder) {
+    vit = std::make_unique<VitEncoder>(model.vit);
+    projector = std::make_unique<Projector>(model);
+    sets = {&vit->params(), &projector->params()};
+    modules = {Module::kEncoder, Module::kProjector};
+  } else {
+    llm = std::make_unique<Llm>(model.llm);
+    sets = {&llm->params()};
+    modules = {Module::kLlm};
+  }
+  for (size_t i = 0; i < sets.size(); ++i) {
+    if (reg->checkpoint_step_dir().empty()) {
+      sets[i]->Initialize(ModuleSeed(job.seed(), modules[i]));
+      continue;
+    }
+    const char* name = kModuleNames[static_cast<int>(modules[i])];
+    absl::Status s = LoadModuleCheckpoint(
+        absl::StrCat(reg->checkpoint_step_dir(), "/", name, ".ckpt"), name, sets[i]);
+    if (!s.ok()) return s;
+  }
+
+  prometheus::Registry& r = chassis->registry();
+  const std::string role = RoleLabel(options.role), rank = std::to_string(options.rank);
+  const prometheus::Labels labels = {{"role", role}, {"rank", rank}};
+  iterations = &prometheus::BuildCounter()
+                    .Name("loom_worker_iterations_total")
+                    .Help("Training iterations this worker finished.")
+                    .Register(r)
+                    .Add(labels);
+  compute_seconds = &prometheus::BuildCounter()
+                         .Name("loom_worker_compute_seconds_total")
+                         .Help("Time spent computing forward and backward.")
+                         .Register(r)
+                         .Add(labels);
+  wait_seconds = &prometheus::BuildCounter()
+                      .Name("loom_worker_wait_seconds_total")
+                      .Help("Time spent waiting for peers' tensors and collectives.")
+                      .Register(r)
+                      .Add(labels);
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("loom_worker_ucx_bytes_total")
+                    .Help("Bytes moved over UCX by this worker, by direction.")
+                    .Register(r);
+  ucx_sent = &bytes.Add({{"role", role}, {"rank", rank}, {"direction", "sent"}});
+  ucx_received = &bytes.Add({{"role", role}, {"rank", rank}, {"direction", "received"}});
+  iteration_seconds = &prometheus::BuildHistogram()
+                           .Name("loom_worker_iteration_seconds")
+                           .Help("Wall time of one training iteration on this worker.")
+                           .Register(r)
+                           .Add(labels, prometheus::Histogram::BucketBoundaries{
+                                            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
+  IterationData d;
+  d.iteration = iteration;
+  absl::StatusOr<scheduler::v1::Assignment> a = scheduler->GetAssignment(iteration);
+  if (!a.ok()) return a.status();
+  d.assignment = std::move(*a);
+  const auto& bins = d.assignment.bins();
+  for (int b = 0; b < bins.size(); ++b) {
+    if ((encoder ? bins[b].encoder_rank() : bins[b].llm_rank()) == options.rank) d.bins.push_back(b);
+  }
+  // Encoder: slot by slot (each slot's bins feed the LLM ranks' same
+  // microbatch), LLM: its own order.
+  std::stable_sort(d.bins.begin(), d.bins.end(), [&](int x, int y) {
+    return std::make_pair(bins[x].microbatch(), bins[x].llm_rank()) <
+           std::make_pair(bins[y].microbatch(), bins[y].llm_rank());
+  });
+  std::vector<int> indices;
+  for (int b : d.bins) indices.insert(indices.end(), bins[b].indices().begin(), bins[b].indices().end());
+  if (indices.empty()) return d;
+  absl::StatusOr<std::vector<Sample>> samples =
+      data->FetchSamples(iteration, indices, /*tokens_only=*/!encoder);
+  if (!samples.ok()) return samples.status();
+  for (size_t k = 0; k < indices.size(); ++k) d.samples[indices[k]] = std::move((*samples)[k]);
+  return d;
+}
+
+std::vector<float> TrainingWorker::Impl::Tiles(const IterationData& d,
+                                               const scheduler::v1::Bin& bin, int* n) const {
+  std::vector<float> tiles;
+  *n = 0;
+  for (int i : bin.indices()) {
+    const Sample& s = d.samples.at(i);
+    tiles.insert(tiles.end(), s.tiles.begin(), s.tiles.end());
+    *n += s.num_tiles;
+  }
+  return tiles;
+}
+
+void TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& tiles, int n,
+                                          std::vector<float>* vit_out, std::vector<float>* emb) {
+  vit_out->resize(static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim);
+  emb->resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
+  vit->Forward(tiles.data(), n, vit_out->data());
+  projector->Forward(vit_out->data(), n, emb->data());
+}
+
+absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, double* compute,
+                                                    double* wait,
+                                                    scheduler::v1::ReportTimingsRequest* timings) {
+  const auto& bins = d.assignment.bins();
+  std::map<int, double> seconds;  // by bin
+  std::vector<float> vit_out;
+  int live = -1;  // the bin whose activations the modules hold
+  for (int b : d.bins) {
+    int n = 0;
+    std::vector<float> tiles = Tiles(d, bins[b], &n);
+    if (n == 0) continue;
+    const auto t0 = Clock::now();
+    auto emb = std::make_shared<std::vector<float>>();
+    ForwardEncoder(tiles, n, &vit_out, emb.get());
+    live = b;
+    seconds[b] += Since(t0);
+    const int llm_rank = bins[b].llm_rank();
+    absl::Status s = ucx->Send(llm_addresses.at(llm_rank), TransferTag(Direction::kEmbeddings, d.iteration, b),
+                               emb->data(), emb->size() * sizeof(float), emb);
+    if (!s.ok()) return s;
+  }
+  std::vector<float> emb_scratch, dvit;
+  for (int b : d.bins) {
+    int n = 0;
+    std::vector<float> tiles = Tiles(d, bins[b], &n);
+    if (n == 0) continue;
+    std::vector<float> grad(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
+    const auto w0 = Clock::now();
+    absl::Status s = ucx->RecvAll(
+        {{TransferTag(Direction::kGradients, d.iteration, b), grad.data(), grad.size() * sizeof(float)}},
+        options.transfer_timeout);
+    *wait += Since(w0);
+    if (!s.ok()) return s;
+    const auto t0 = Clock::now();
+    if (live != b) ForwardEncoder(tiles, n, &vit_out, &emb_scratch);  // recompute
+    live = -1;
+    dvit.assign(vit_out.size(), 0.0f);
+    projector->Backward(grad.data(), dvit.data());
+    vit->Backward(dvit.data());
+    seconds[b] += Since(t0);
+  }
+  for (const auto& [b, sec] : seconds) {
+    scheduler::v1::MicrobatchTiming* t = timings->add_timings();
+    t->set_microbatch(bins[b].microbatch());
+    t->set_llm_rank(bins[b].llm_rank());
+    t->set_seconds(sec);
+    *compute += sec;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* compute,
+                                                double* wait,
+                                                scheduler::v1::ReportTimingsRequest* timings,
+                                                double* loss_sum, double* tokens,
+                                                double* samples, int64_t* loss_tokens) {
+  const auto& bins = d.assignment.bins();
+  // The gradient scale needs the whole global batch's loss tokens first.
+  double lt = 0;
+  for (const auto& [i, s] : d.samples) lt += static_cast<double>(LossTokens(s));
+  const auto w0 = Clock::now();
+  if (absl::Status s = module_comm->AllreduceSum(&lt, 1); !s.ok()) return s;
+  *wait += Since(w0);
+  if (lt <= 0) return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
+  *loss_tokens = static_cast<int64_t>(lt);
+  const float scale = 1.0f / static_cast<float>(lt);
+  for (int b : d.bins) {
+    std::vector<const Sample*> mb;
+    int tiles = 0;
+    for (int i : bins[b].indices()) {
+      mb.push_back(&d.samples.at(i));
+      tiles += d.samples.at(i).num_tiles;
+    }
+    LlmBatch batch = PackSamples(mb);
+    const int image_tokens = tiles * model.tokens_per_tile();
+    if (batch.image_positions() != image_tokens) {
+      return absl::DataLossError(absl::StrCat("bin ", b, ": ", batch.image_positions(),
+                                              " image slots for ", image_tokens, " image tokens"));
+    }
+    std::vector<float> emb(static_cast<size_t>(image_tokens) * model.llm.dim);
+    if (image_tokens > 0) {
+      const auto r0 = Clock::now();
+      absl::Status s = ucx->RecvAll({{TransferTag(Direction::kEmbeddings, d.iteration, b), emb.data(),
+                                      emb.size() * sizeof(float)}},
+                                    options.transfer_timeout);
+      *wait += Since(r0);
+      if (!s.ok()) return s;
+    }
+    const auto t0 = Clock::now();
+    llm->Forward(batch, image_tokens > 0 ? emb.data() : nullptr);
+    auto grad = std::make_shared<std::vector<float>>(emb.size(), 0.0f);
+    kernels::LossSum loss = llm->Backward(scale, image_tokens > 0 ? grad->data() : nullptr);
+    const double sec = Since(t0);
+    *compute += sec;
+    *loss_sum += loss.sum;
+    *tokens += batch.T();
+    *samples += static_cast<double>(mb.size());
+    scheduler::v1::MicrobatchTiming* t = timings->add_timings();
+    t->set_microbatch(bins[b].microbatch());
+    t->set_llm_rank(options.rank);
+    t->set_seconds(sec);
+    if (image_tokens > 0) {
+      absl::Status s = ucx->Send(encoder_addresses.at(bins[b].encoder_rank()),
+                                 TransferTag(Direction::kGradients, d.iteration, b), grad->data(),
+                                 grad->size() * sizeof(float), grad);
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
+  const auto t0 = Clock::now();
+  const int64_t step = d.iteration + 1;
+  double compute = 0, wait = 0, loss_sum = 0, tokens = 0, samples = 0;
+  int64_t loss_tokens = 0;
+  scheduler::v1::ReportTimingsRequest timings;
+  timings.set_role(options.role);
+  timings.set_rank(options.rank);
+  timings.set_iteration(d.iteration);
+  for (ParamSet* p : sets) p->ZeroGrad();
+  absl::Status s = encoder ? EncoderIteration(d, &compute, &wait, &timings)
+                           : LlmIteration(d, &compute, &wait, &timings, &loss_sum, &tokens,
+                                          &samples, &loss_tokens);
+  if (!s.ok()) return s;
+
+  const auto w0 = Clock::now();
+  for (ParamSet* p : sets) {
+    if (s = module_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
+  }
+  // Σ g² of each module (from its rank 0: replicas hold equal gradients),
+  // and the LLM ranks' loss, tokens and samples.
+  const bool first = options.rank == 0;
+  const double sq = first ? GradSumOfSquares(sets) : 0.0;
+  double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, loss_sum, tokens, samples};
+  if (s = job_comm->AllreduceSum(scalars, 5); !s.ok()) return s;
+  wait += Since(w0);
+  const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
+  const double lr = OptimizerStep(sets, train, step, grad_norm);
+
+  iterations->Increment();
+  compute_seconds->Increment(compute);
+  wait_seconds->Increment(wait);
+  const UcxWorker::Stats st = ucx->stats();
+  ucx_sent->Increment(static_cast<double>(st.bytes_sent - ucx_sent_seen));
+  ucx_received->Increment(static_cast<double>(st.bytes_received - ucx_received_seen));
+  ucx_sent_seen = st.bytes_sent;
+  ucx_received_seen = st.bytes_received;
+  if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
+    LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
+  }
+  const double seconds = Since(t0);
+  iteration_seconds->Observe(seconds);
+  if (!encoder && first) {
+    scheduler::v1::StepReport report;
+    report.set_iteration(d.iteration);
+    report.set_loss(scalars[2] / static_cast<double>(loss_tokens));
+    report.set_samples(static_cast<int64_t>(scalars[4]));
+    report.set_tokens(static_cast<int64_t>(scalars[3]));
+    report.set_loss_tokens(loss_tokens);
+    report.set_grad_norm(grad_norm);
+    report.set_lr(lr);
+    report.set_seconds(seconds);
+    report.set_microbatch_imbalance(d.assignment.summary().objective());
+    if (s = scheduler->ReportStep(report); !s.ok()) return s;
+  }
+  const int every = job.checkpoint().every();
+  if (every > 0 && step % every == 0) return Checkpoint(step);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
+  if (options.rank == 0) {  // DP replicas hold the same weights; rank 0 writes them
+    const std::string dir = StepDir(job.checkpoint().dir(), step);
+    if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+    for (size_t i = 0; i < sets.size(); ++i) {
+      const char* name = kModuleNames[static_cast<int>(modules[i])];
+      absl::Status s = SaveModuleCheckpoint(*sets[i], name, absl::StrCat(dir, "/", name, ".ckpt"));
+      if (!s.ok()) return s;
+    }
+  }
+  return scheduler->ReportCheckpoint(options.role, options.rank, step);
+}
+
+TrainingWorker::TrainingWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TrainingWorker::~TrainingWorker() { (void)Stop(); }
+
+absl::StatusOr<std::unique_ptr<TrainingWorker>> TrainingWorker::Start(
+    Chassis* chassis, const TrainingWorkerOptions& options) {
+  if (options.role != common::v1::ROLE_ENCODER_WORKER && options.role != common::v1::ROLE_LLM_WORKER) {
+    return absl::InvalidArgumentError("a training worker is an encoder or an LLM worker");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->chassis = chassis;
+  impl->encoder = options.role == common::v1::ROLE_ENCODER_WORKER;
+  if (absl::Status s = impl->Connect(); !s.ok()) return s;
+  std::unique_ptr<TrainingWorker> w(new TrainingWorker(std::move(impl)));
+  w->thread_ = std::thread([p = w.get()] { p->Run(); });
+  return w;
+}
+
+void TrainingWorker::Run() {
+  Impl& m = *impl_;
+  absl::Status result;
+  LOOM_LOG(INFO).With("start_iteration", m.start_iteration).With("end", m.job.train().steps())
+      << "training";
+  std::future<absl::StatusOr<IterationData>> next =
+      std::async(std::launch::async, [&m, i = m.start_iteration] { return m.Fetch(i); });
+  for (int64_t i = m.start_iteration; !m.stop.load(); ++i) {
+    absl::StatusOr<IterationData> d = next.get();
+    if (!d.ok()) {
+      // The scheduler answers OUT_OF_RANGE past the job's last iteration.
+      if (d.status().code() != absl::StatusCode::kOutOfRange || m.job.train().steps() == 0) {
+        result = d.status();
+      }
+      break;
+    }
+    next = std::async(std::launch::async, [&m, i] { return m.Fetch(i + 1); });  // overlaps
+    if (absl::Status s = m.RunIteration(*d); !s.ok()) {
+      result = absl::Status(s.code(), absl::StrCat("iteration ", i, ": ", s.message()));
+      break;
+    }
+  }
+  if (next.valid()) next.wait();
+  if (m.stop.load() && result.code() == absl::StatusCode::kCancelled) result = absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    status_ = result;
+  }
+  if (result.ok()) {
+    LOOM_LOG(INFO) << "training finished";
+  } else if (!m.stop.load()) {
+    LOOM_LOG(ERROR).With("error", std::string(result.message())) << "training failed; stopping";
+    kill(getpid(), SIGTERM);  // the chassis stops the process; main reports the error
+  }
+  finished_.store(true);
+}
+
+absl::Status TrainingWorker::Stop(absl::Duration wait) {
+  if (!thread_.joinable()) return status();
+  impl_->stop.store(true);
+  impl_->ucx->Cancel();
+  const absl::Time until = absl::Now() + wait;
+  while (!finished_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  if (!finished_.load()) {
+    // Blocked in a collective whose peers are gone: Gloo's own timeout ends
+    // it later; the process is exiting, so leave the thread behind.
+    thread_.detach();
+    return absl::DeadlineExceededError("the training thread did not stop in time");
+  }
+  thread_.join();
+  return status();
+}
+
+absl::Status TrainingWorker::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+}  // namespace loom

@@ -1,0 +1,91 @@
+// One rank of a disaggregated training job: an encoder worker (ViT +
+// projector) or an LLM worker. loom-encoder-worker and loom-llm-worker run
+// one each, next to their gRPC service.
+//
+// Start(): UCX worker; RegisterWorker with loom-scheduler (which answers the
+// plan and the job); waits until every worker registered (their UCX
+// addresses); connects two Gloo groups over the scheduler's rendezvous
+// store: this module's DP ranks, and all the job's workers (for the few
+// scalars both modules need: the global gradient norm, the loss). Weights
+// start from the job's seed, or from the checkpoint the job resumes from.
+// Then a thread trains, one iteration at a time:
+//
+//   encoder rank e                              LLM rank l
+//   ──────────────                              ──────────
+//   bins with encoder_rank e, by (slot, LLM)    bins with llm_rank l, by slot
+//   forward each bin; send its image            Σ loss tokens over LLM ranks
+//     embeddings to the bin's LLM rank  ──UCX─▶ per bin: receive embeddings,
+//                                                 forward + backward (scale =
+//   per bin, same order: receive the  ◀──UCX──    1 / global loss tokens),
+//     embedding gradient, recompute the           send the embedding gradient
+//     forward, backward                         allreduce LLM gradients
+//   allreduce encoder gradients (Gloo)
+//   ─────────── job group: Σ g² of both modules, loss, tokens ───────────
+//   clip to the global norm; AdamW (runtime/train/trainer.h OptimizerStep)
+//
+// Sends are asynchronous, so a microbatch's embeddings travel while the
+// next one computes; the next iteration's assignment and samples are fetched
+// while this one computes. Every K iterations each rank 0 writes its
+// modules' checkpoint and every rank reports to the scheduler, which
+// completes the checkpoint. LLM rank 0 reports each step's loss.
+//
+// Summation order is fixed (bins in assignment order, ring allreduce), so a
+// run is deterministic given its assignments.
+#ifndef LOOM_SERVICES_WORKER_TRAINING_WORKER_H_
+#define LOOM_SERVICES_WORKER_TRAINING_WORKER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "loom/common/v1/common.pb.h"
+#include "services/common/chassis.h"
+
+namespace loom {
+
+struct TrainingWorkerOptions {
+  common::v1::Role role = common::v1::ROLE_UNSPECIFIED;  // ENCODER_WORKER or LLM_WORKER
+  int rank = 0;
+  std::string scheduler;  // host:port
+  std::string host;       // address peers reach this process on (Gloo); "": hostname
+  std::string endpoint;   // this worker's gRPC host:port, for the scheduler's records
+  absl::Duration startup_timeout = absl::Seconds(120);
+  absl::Duration transfer_timeout = absl::Seconds(300);  // one iteration's receives
+};
+
+class TrainingWorker {
+ public:
+  // Connects everything, then starts the training thread. `chassis` (not
+  // owned, must outlive the worker) holds the metrics.
+  static absl::StatusOr<std::unique_ptr<TrainingWorker>> Start(Chassis* chassis,
+                                                               const TrainingWorkerOptions& options);
+  ~TrainingWorker();
+
+  // Stops the training thread (between iterations, or cancelling a wait).
+  // Returns the thread's outcome: OK when it finished the job or was stopped.
+  absl::Status Stop(absl::Duration wait = absl::Seconds(10));
+
+  // Set once the thread ended by itself (the job's last step, or an error).
+  bool finished() const { return finished_.load(); }
+  absl::Status status() const;
+
+  struct Impl;
+
+ private:
+  explicit TrainingWorker(std::unique_ptr<Impl> impl);
+  void Run();
+
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+  std::atomic<bool> finished_{false};
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_WORKER_TRAINING_WORKER_H_

@@ -1,0 +1,73 @@
+#include "services/worker/worker_main.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/base/log.h"
+#include "services/common/init.h"
+#include "services/worker/training_worker.h"
+
+ABSL_FLAG(int, rank, 0, "This process's rank within its module (0-based).");
+ABSL_FLAG(std::string, scheduler, "",
+          "host:port of loom-scheduler: register and train. Empty: serve GetInfo only.");
+ABSL_FLAG(std::string, advertise_host, "",
+          "Address other workers reach this one on (collectives). Empty: the hostname.");
+ABSL_FLAG(absl::Duration, startup_timeout, absl::Seconds(120),
+          "How long to wait for the scheduler and every other worker.");
+
+namespace loom {
+
+int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
+  InitService(argc, argv, b.name,
+              absl::StrCat(b.name, ": ", b.summary,
+                           "\nFlags: --host --grpc_port --metrics_port --shutdown_deadline "
+                           "--log_level --rank --scheduler --advertise_host --startup_timeout"));
+  const int rank = absl::GetFlag(FLAGS_rank);
+  if (rank < 0) {
+    std::fprintf(stderr, "%s: --rank must be >= 0, got %d\n", b.name, rank);
+    return 1;
+  }
+  Chassis chassis(ChassisOptionsFromFlags(b.name, b.role, rank));
+  std::unique_ptr<grpc::Service> service = b.make_service(&chassis);
+  chassis.AddService(service.get(), b.service_full_name);
+  if (absl::Status s = chassis.Start(); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", b.name, std::string(s.message()).c_str());
+    return 1;
+  }
+  std::unique_ptr<TrainingWorker> worker;
+  if (!absl::GetFlag(FLAGS_scheduler).empty()) {
+    TrainingWorkerOptions o;
+    o.role = b.role;
+    o.rank = rank;
+    o.scheduler = absl::GetFlag(FLAGS_scheduler);
+    o.host = absl::GetFlag(FLAGS_advertise_host);
+    o.endpoint = absl::StrCat(o.host.empty() ? "localhost" : o.host, ":", chassis.grpc_port());
+    o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
+    absl::StatusOr<std::unique_ptr<TrainingWorker>> w = TrainingWorker::Start(&chassis, o);
+    if (!w.ok()) {
+      LOOM_LOG(ERROR).With("error", std::string(w.status().message())) << "cannot join the job";
+      std::fprintf(stderr, "%s: %s\n", b.name, std::string(w.status().message()).c_str());
+      chassis.Shutdown();
+      return 1;
+    }
+    worker = std::move(*w);
+  }
+  chassis.ServeUntilSignal();
+  if (worker == nullptr) return 0;
+  absl::Status s = worker->Stop(absl::Seconds(5));
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+    LOOM_LOG(WARNING) << "training thread still blocked; exiting without it";
+    std::fflush(nullptr);
+    _exit(0);
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", b.name, std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace loom
