@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/base/file.h"
@@ -108,6 +110,9 @@ absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::st
   };
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
+  // A run (e.g. a resume) in the same folder keeps the previous log as .prev;
+  // the new one must not hold an old "serving" record.
+  std::rename(log.c_str(), (log + ".prev").c_str());
   absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(argv, log);
   if (!p.ok()) {
     return absl::Status(p.status().code(), absl::StrCat(LogName(s), ": ", p.status().message(),
