@@ -171,7 +171,7 @@ void Chassis::Shutdown() {
   LOOM_LOG(INFO) << "stopped";
 }
 
-int Chassis::ServeUntilSignal() {
+int Chassis::ServeUntilSignal(const std::function<void()>& on_signal) {
   if (absl::Status s = started_ ? absl::OkStatus() : Start(); !s.ok()) {
     LOOM_LOG(ERROR).With("code", absl::StatusCodeToString(s.code()))
         << "cannot start: " << s.message();
@@ -185,6 +185,7 @@ int Chassis::ServeUntilSignal() {
   while (sigwait(&set, &sig) != 0) {
   }
   LOOM_LOG(INFO).With("signal", sig == SIGTERM ? "SIGTERM" : "SIGINT") << "signal received";
+  if (on_signal) on_signal();
   Shutdown();
   return 0;
 }

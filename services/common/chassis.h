@@ -24,6 +24,7 @@
 #define LOOM_SERVICES_COMMON_CHASSIS_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,10 +82,11 @@ class Chassis {
   // Idempotent; returns once both servers have stopped.
   void Shutdown();
 
-  // Start() (unless already started), then block until SIGTERM or SIGINT (blocked by InitService()),
-  // then Shutdown(). Returns the process exit code: 0 after a clean
-  // shutdown, 1 if Start() failed.
-  int ServeUntilSignal();
+  // Start() (unless already started), then block until SIGTERM or SIGINT (blocked by
+  // InitService()), then Shutdown(). Returns the process exit code: 0 after a clean shutdown, 1 if
+  // Start() failed. `on_signal` (optional) runs first thing after the signal, before Shutdown(): a
+  // service's chance to stop its own work.
+  int ServeUntilSignal(const std::function<void()>& on_signal = nullptr);
 
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }

@@ -12,10 +12,17 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
 
 }  // namespace
 
-SchedulerClient::SchedulerClient(const std::string& target, absl::Duration deadline)
+SchedulerClient::SchedulerClient(const std::string& target, absl::Duration deadline,
+                                 const std::atomic<bool>* cancel)
     : stub_(scheduler::v1::SchedulerService::NewStub(
           grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
-      deadline_(deadline) {}
+      deadline_(deadline),
+      cancel_(cancel) {}
+
+absl::Status SchedulerClient::Cancelled() const {
+  if (cancel_ != nullptr && cancel_->load()) return absl::CancelledError("stopping");
+  return absl::OkStatus();
+}
 
 absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
     const scheduler::v1::Worker& w, absl::Duration wait) {
@@ -31,6 +38,7 @@ absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
     const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (!retry || absl::Now() >= until) return FromGrpcStatus(s, "scheduler RegisterWorker");
+    if (absl::Status c = Cancelled(); !c.ok()) return c;
     absl::SleepFor(absl::Milliseconds(100));
   }
 }
@@ -45,10 +53,11 @@ absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorker
     grpc::Status s = stub_->GetPlan(&ctx, scheduler::v1::GetPlanRequest(), &response);
     if (!s.ok()) return FromGrpcStatus(s, "scheduler GetPlan");
     if (response.complete()) return response;
+    if (absl::Status c = Cancelled(); !c.ok()) return c;
     if (absl::Now() >= until) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("only ", response.workers_size(), " workers registered within ",
-                       absl::FormatDuration(wait)));
+      return absl::DeadlineExceededError(absl::StrCat("only ", response.workers_size(),
+                                                      " workers registered within ",
+                                                      absl::FormatDuration(wait)));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -122,17 +131,18 @@ absl::StatusOr<std::string> SchedulerStore::Get(const std::string& key, absl::Du
   const absl::Time until = absl::Now() + timeout;
   scheduler::v1::GetKeyRequest request;
   request.set_key(key);
-  for (absl::Duration pause = absl::Milliseconds(2);; pause = std::min(pause * 2, absl::Milliseconds(50))) {
+  for (absl::Duration pause = absl::Milliseconds(2);;
+       pause = std::min(pause * 2, absl::Milliseconds(50))) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, client_->deadline());
     scheduler::v1::GetKeyResponse response;
     grpc::Status s = client_->stub()->GetKey(&ctx, request, &response);
     if (s.ok()) return std::move(*response.mutable_value());
     if (s.error_code() != grpc::StatusCode::NOT_FOUND) return FromGrpcStatus(s, "scheduler GetKey");
+    if (absl::Status c = client_->Cancelled(); !c.ok()) return c;
     if (absl::Now() >= until) {
-      return absl::DeadlineExceededError(absl::StrCat("rendezvous key \"", key,
-                                                      "\" not set within ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous key \"", key, "\" not set within ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(pause);
   }

@@ -4,6 +4,7 @@
 #ifndef LOOM_SERVICES_WORKER_SCHEDULER_CLIENT_H_
 #define LOOM_SERVICES_WORKER_SCHEDULER_CLIENT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -17,7 +18,10 @@ namespace loom {
 
 class SchedulerClient {
  public:
-  SchedulerClient(const std::string& target, absl::Duration deadline = absl::Seconds(60));
+  // While `*cancel` (optional) is true, the waiting calls (Register,
+  // WaitForAllWorkers, the store's Get) return CANCELLED.
+  SchedulerClient(const std::string& target, absl::Duration deadline = absl::Seconds(60),
+                  const std::atomic<bool>* cancel = nullptr);
 
   // Retries while the scheduler is not up yet (UNAVAILABLE), until `wait`.
   absl::StatusOr<scheduler::v1::RegisterWorkerResponse> Register(const scheduler::v1::Worker& w,
@@ -32,10 +36,13 @@ class SchedulerClient {
 
   scheduler::v1::SchedulerService::Stub* stub() { return stub_.get(); }
   absl::Duration deadline() const { return deadline_; }
+  // CANCELLED once cancelled; OK otherwise.
+  absl::Status Cancelled() const;
 
  private:
   std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
   absl::Duration deadline_;
+  const std::atomic<bool>* cancel_;
 };
 
 // KeyValueStore over the scheduler's SetKey/GetKey (Get polls NOT_FOUND).

@@ -45,8 +45,8 @@ uint64_t TransferTag(Direction d, int64_t iteration, int bin) {
 struct IterationData {
   int64_t iteration = 0;
   scheduler::v1::Assignment assignment;
-  std::vector<int> bins;                 // this rank's bins, in compute order
-  std::map<int, Sample> samples;         // by global-batch index
+  std::vector<int> bins;          // this rank's bins, in compute order
+  std::map<int, Sample> samples;  // by global-batch index
 };
 
 }  // namespace
@@ -98,10 +98,7 @@ struct TrainingWorker::Impl {
 };
 
 absl::Status TrainingWorker::Impl::Connect() {
-  absl::StatusOr<std::unique_ptr<UcxWorker>> u = UcxWorker::Create();
-  if (!u.ok()) return u.status();
-  ucx = std::move(*u);
-  scheduler = std::make_unique<SchedulerClient>(options.scheduler);
+  scheduler = std::make_unique<SchedulerClient>(options.scheduler, absl::Seconds(60), &stop);
   scheduler::v1::Worker me;
   me.set_role(options.role);
   me.set_rank(options.rank);
@@ -132,8 +129,7 @@ absl::Status TrainingWorker::Impl::Connect() {
   encoder_addresses.resize(plan.encoder().gpus());
   llm_addresses.resize(plan.llm().gpus());
   for (const scheduler::v1::Worker& w : all->workers()) {
-    auto& list =
-        w.role() == common::v1::ROLE_ENCODER_WORKER ? encoder_addresses : llm_addresses;
+    auto& list = w.role() == common::v1::ROLE_ENCODER_WORKER ? encoder_addresses : llm_addresses;
     if (w.rank() >= 0 && w.rank() < static_cast<int>(list.size())) list[w.rank()] = w.ucx_address();
   }
   data = std::make_unique<DataClient>(
@@ -219,7 +215,8 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   d.assignment = std::move(*a);
   const auto& bins = d.assignment.bins();
   for (int b = 0; b < bins.size(); ++b) {
-    if ((encoder ? bins[b].encoder_rank() : bins[b].llm_rank()) == options.rank) d.bins.push_back(b);
+    if ((encoder ? bins[b].encoder_rank() : bins[b].llm_rank()) == options.rank)
+      d.bins.push_back(b);
   }
   // Encoder: slot by slot (each slot's bins feed the LLM ranks' same
   // microbatch), LLM: its own order.
@@ -228,7 +225,8 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
            std::make_pair(bins[y].microbatch(), bins[y].llm_rank());
   });
   std::vector<int> indices;
-  for (int b : d.bins) indices.insert(indices.end(), bins[b].indices().begin(), bins[b].indices().end());
+  for (int b : d.bins)
+    indices.insert(indices.end(), bins[b].indices().begin(), bins[b].indices().end());
   if (indices.empty()) return d;
   absl::StatusOr<std::vector<Sample>> samples =
       data->FetchSamples(iteration, indices, /*tokens_only=*/!encoder);
@@ -274,8 +272,9 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     live = b;
     seconds[b] += Since(t0);
     const int llm_rank = bins[b].llm_rank();
-    absl::Status s = ucx->Send(llm_addresses.at(llm_rank), TransferTag(Direction::kEmbeddings, d.iteration, b),
-                               emb->data(), emb->size() * sizeof(float), emb);
+    absl::Status s =
+        ucx->Send(llm_addresses.at(llm_rank), TransferTag(Direction::kEmbeddings, d.iteration, b),
+                  emb->data(), emb->size() * sizeof(float), emb);
     if (!s.ok()) return s;
   }
   std::vector<float> emb_scratch, dvit;
@@ -285,9 +284,9 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     if (n == 0) continue;
     std::vector<float> grad(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
     const auto w0 = Clock::now();
-    absl::Status s = ucx->RecvAll(
-        {{TransferTag(Direction::kGradients, d.iteration, b), grad.data(), grad.size() * sizeof(float)}},
-        options.transfer_timeout);
+    absl::Status s = ucx->RecvAll({{TransferTag(Direction::kGradients, d.iteration, b), grad.data(),
+                                    grad.size() * sizeof(float)}},
+                                  options.transfer_timeout);
     *wait += Since(w0);
     if (!s.ok()) return s;
     const auto t0 = Clock::now();
@@ -311,8 +310,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
 absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* compute,
                                                 double* wait,
                                                 scheduler::v1::ReportTimingsRequest* timings,
-                                                double* loss_sum, double* tokens,
-                                                double* samples, int64_t* loss_tokens) {
+                                                double* loss_sum, double* tokens, double* samples,
+                                                int64_t* loss_tokens) {
   const auto& bins = d.assignment.bins();
   // The gradient scale needs the whole global batch's loss tokens first.
   double lt = 0;
@@ -320,7 +319,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   const auto w0 = Clock::now();
   if (absl::Status s = module_comm->AllreduceSum(&lt, 1); !s.ok()) return s;
   *wait += Since(w0);
-  if (lt <= 0) return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
+  if (lt <= 0)
+    return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
   *loss_tokens = static_cast<int64_t>(lt);
   const float scale = 1.0f / static_cast<float>(lt);
   for (int b : d.bins) {
@@ -339,8 +339,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     std::vector<float> emb(static_cast<size_t>(image_tokens) * model.llm.dim);
     if (image_tokens > 0) {
       const auto r0 = Clock::now();
-      absl::Status s = ucx->RecvAll({{TransferTag(Direction::kEmbeddings, d.iteration, b), emb.data(),
-                                      emb.size() * sizeof(float)}},
+      absl::Status s = ucx->RecvAll({{TransferTag(Direction::kEmbeddings, d.iteration, b),
+                                      emb.data(), emb.size() * sizeof(float)}},
                                     options.transfer_timeout);
       *wait += Since(r0);
       if (!s.ok()) return s;
@@ -447,14 +447,17 @@ TrainingWorker::~TrainingWorker() { (void)Stop(); }
 
 absl::StatusOr<std::unique_ptr<TrainingWorker>> TrainingWorker::Start(
     Chassis* chassis, const TrainingWorkerOptions& options) {
-  if (options.role != common::v1::ROLE_ENCODER_WORKER && options.role != common::v1::ROLE_LLM_WORKER) {
+  if (options.role != common::v1::ROLE_ENCODER_WORKER &&
+      options.role != common::v1::ROLE_LLM_WORKER) {
     return absl::InvalidArgumentError("a training worker is an encoder or an LLM worker");
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->chassis = chassis;
   impl->encoder = options.role == common::v1::ROLE_ENCODER_WORKER;
-  if (absl::Status s = impl->Connect(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<UcxWorker>> u = UcxWorker::Create();
+  if (!u.ok()) return u.status();
+  impl->ucx = std::move(*u);
   std::unique_ptr<TrainingWorker> w(new TrainingWorker(std::move(impl)));
   w->thread_ = std::thread([p = w.get()] { p->Run(); });
   return w;
@@ -462,7 +465,11 @@ absl::StatusOr<std::unique_ptr<TrainingWorker>> TrainingWorker::Start(
 
 void TrainingWorker::Run() {
   Impl& m = *impl_;
-  absl::Status result;
+  absl::Status result = m.Connect();
+  if (!result.ok()) {
+    Finish(absl::Status(result.code(), absl::StrCat("cannot join the job: ", result.message())));
+    return;
+  }
   LOOM_LOG(INFO).With("start_iteration", m.start_iteration).With("end", m.job.train().steps())
       << "training";
   std::future<absl::StatusOr<IterationData>> next =
@@ -483,7 +490,13 @@ void TrainingWorker::Run() {
     }
   }
   if (next.valid()) next.wait();
-  if (m.stop.load() && result.code() == absl::StatusCode::kCancelled) result = absl::OkStatus();
+  Finish(result);
+}
+
+void TrainingWorker::Finish(absl::Status result) {
+  Impl& m = *impl_;
+  // Once asked to stop, a failed call means a peer stopped first.
+  if (m.stop.load()) result = absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
     status_ = result;
@@ -497,10 +510,14 @@ void TrainingWorker::Run() {
   finished_.store(true);
 }
 
-absl::Status TrainingWorker::Stop(absl::Duration wait) {
-  if (!thread_.joinable()) return status();
+void TrainingWorker::RequestStop() {
   impl_->stop.store(true);
   impl_->ucx->Cancel();
+}
+
+absl::Status TrainingWorker::Stop(absl::Duration wait) {
+  if (!thread_.joinable()) return status();
+  RequestStop();
   const absl::Time until = absl::Now() + wait;
   while (!finished_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
   if (!finished_.load()) {

@@ -59,11 +59,16 @@ struct TrainingWorkerOptions {
 
 class TrainingWorker {
  public:
-  // Connects everything, then starts the training thread. `chassis` (not
-  // owned, must outlive the worker) holds the metrics.
-  static absl::StatusOr<std::unique_ptr<TrainingWorker>> Start(Chassis* chassis,
-                                                               const TrainingWorkerOptions& options);
+  // Starts the thread that connects everything (scheduler, peers, Gloo;
+  // errors end the thread like training errors do) and then trains.
+  // `chassis` (not owned, must outlive the worker) holds the metrics.
+  static absl::StatusOr<std::unique_ptr<TrainingWorker>> Start(
+      Chassis* chassis, const TrainingWorkerOptions& options);
   ~TrainingWorker();
+
+  // Asks the training thread to stop; errors from then on (peers stopping
+  // too) count as a clean stop. Returns at once.
+  void RequestStop();
 
   // Stops the training thread (between iterations, or cancelling a wait).
   // Returns the thread's outcome: OK when it finished the job or was stopped.
@@ -78,6 +83,7 @@ class TrainingWorker {
  private:
   explicit TrainingWorker(std::unique_ptr<Impl> impl);
   void Run();
+  void Finish(absl::Status result);
 
   std::unique_ptr<Impl> impl_;
   std::thread thread_;

@@ -48,14 +48,16 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
     o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
     absl::StatusOr<std::unique_ptr<TrainingWorker>> w = TrainingWorker::Start(&chassis, o);
     if (!w.ok()) {
-      LOOM_LOG(ERROR).With("error", std::string(w.status().message())) << "cannot join the job";
+      LOOM_LOG(ERROR).With("error", std::string(w.status().message())) << "cannot start";
       std::fprintf(stderr, "%s: %s\n", b.name, std::string(w.status().message()).c_str());
       chassis.Shutdown();
       return 1;
     }
     worker = std::move(*w);
   }
-  chassis.ServeUntilSignal();
+  chassis.ServeUntilSignal([&worker] {
+    if (worker != nullptr) worker->RequestStop();
+  });
   if (worker == nullptr) return 0;
   absl::Status s = worker->Stop(absl::Seconds(5));
   if (s.code() == absl::StatusCode::kDeadlineExceeded) {
