@@ -38,11 +38,10 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
   };
   switch (s.binary->role) {
     case common::v1::ROLE_PREPROCESS: {
-      std::vector<std::string> a = {
-          "--shards=" + options_.shards, "--config=" + job.model(),
-          absl::StrCat("--seed=", job.seed()),
-          absl::StrCat("--global_batch=", job.data().global_batch()),
-          absl::StrCat("--threads=", job.data().threads())};
+      std::vector<std::string> a = {"--shards=" + options_.shards, "--config=" + job.model(),
+                                    absl::StrCat("--seed=", job.seed()),
+                                    absl::StrCat("--global_batch=", job.data().global_batch()),
+                                    absl::StrCat("--threads=", job.data().threads())};
       if (options_.resume_step > 0) {
         a.push_back(absl::StrCat("--start_iteration=", options_.resume_step));
         a.push_back(absl::StrCat("--cursor=", job.checkpoint().dir(), "/step-",

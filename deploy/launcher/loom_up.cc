@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_encoder_dp) != 0) {
     job.mutable_parallel()->set_encoder_dp(absl::GetFlag(FLAGS_encoder_dp));
   }
-  if (absl::GetFlag(FLAGS_llm_dp) != 0) job.mutable_parallel()->set_llm_dp(absl::GetFlag(FLAGS_llm_dp));
+  if (absl::GetFlag(FLAGS_llm_dp) != 0)
+    job.mutable_parallel()->set_llm_dp(absl::GetFlag(FLAGS_llm_dp));
   if (absl::Status s = loom::ValidateJob(job); !s.ok()) return Fail(std::string(s.message()));
 
   loom::LauncherOptions o;
@@ -149,15 +150,17 @@ int main(int argc, char** argv) {
     absl::StatusOr<int64_t> step = loom::LatestCompleteCheckpoint(job.checkpoint().dir());
     if (!step.ok()) return Fail("--resume: " + std::string(step.status().message()));
     o.resume_step = *step;
-    std::fprintf(info, "loom up: resuming after step %lld (%s)\n",
-                 static_cast<long long>(*step), job.checkpoint().dir().c_str());
+    std::fprintf(info, "loom up: resuming after step %lld (%s)\n", static_cast<long long>(*step),
+                 job.checkpoint().dir().c_str());
   }
   absl::StatusOr<std::string> shards = EnsureData(job, bin_dir, run_dir);
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   o.shards = *shards;
   o.job_path = run_dir + "/job.json";
-  if (absl::Status s = loom::MakeDirectories(run_dir); !s.ok()) return Fail(std::string(s.message()));
-  if (absl::Status s = loom::WriteFileAtomically(o.job_path, loom::JobToJson(job) + "\n"); !s.ok()) {
+  if (absl::Status s = loom::MakeDirectories(run_dir); !s.ok())
+    return Fail(std::string(s.message()));
+  if (absl::Status s = loom::WriteFileAtomically(o.job_path, loom::JobToJson(job) + "\n");
+      !s.ok()) {
     return Fail(std::string(s.message()));
   }
   // One BLAS thread per worker: the ranks share this machine's cores.
@@ -228,6 +231,7 @@ int main(int argc, char** argv) {
   }
   const bool clean = launcher.Stop();
   std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
-  std::fprintf(info, "loom up: %s\n", clean ? "stopped cleanly" : "some services did not exit cleanly");
+  std::fprintf(info, "loom up: %s\n",
+               clean ? "stopped cleanly" : "some services did not exit cleanly");
   return clean ? rc : 1;
 }

@@ -34,7 +34,8 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
   std::unique_ptr<grpc::Service> service = b.make_service(&chassis);
   chassis.AddService(service.get(), b.service_full_name);
   if (absl::Status s = chassis.Start(); !s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", b.name, std::string(s.message()).c_str());
+    LOOM_LOG(ERROR).With("code", absl::StatusCodeToString(s.code()))
+        << "cannot start: " << s.message();
     return 1;
   }
   std::unique_ptr<TrainingWorker> worker;

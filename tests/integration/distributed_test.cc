@@ -49,7 +49,8 @@ std::vector<double> Losses(const std::string& out) {
     const std::string step_text = line.substr(7, line.find(',') - 7);
     const std::string loss_text = line.substr(l + 7, line.find(',', l) - l - 7);
     if (!absl::SimpleAtod(step_text, &step) || !absl::SimpleAtod(loss_text, &loss)) continue;
-    if (static_cast<size_t>(step) != losses.size() + 1) losses.resize(static_cast<size_t>(step) - 1);
+    if (static_cast<size_t>(step) != losses.size() + 1)
+      losses.resize(static_cast<size_t>(step) - 1);
     losses.push_back(loss);
   }
   return losses;
@@ -71,15 +72,14 @@ class DistributedTest : public ::testing::Test {
   static void SetUpTestSuite() {
     data_ = TempPath("data");
     int rc = 0;
-    const std::string out =
-        RunToEnd({Runfile("runtime/data/loom-datagen"), "--preset=onevision", "--samples=160",
-             "--out=" + data_},
-            "datagen.log", &rc);
+    const std::string out = RunToEnd({Runfile("runtime/data/loom-datagen"), "--preset=onevision",
+                                      "--samples=160", "--out=" + data_},
+                                     "datagen.log", &rc);
     ASSERT_EQ(rc, 0) << out;
     local_ = Losses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny",
-                         absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
-                         "--shards=" + data_ + "/*.tar"},
-                        "local.log", &rc));
+                              absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
+                              "--shards=" + data_ + "/*.tar"},
+                             "local.log", &rc));
     ASSERT_EQ(rc, 0);
     ASSERT_EQ(local_.size(), static_cast<size_t>(kSteps));
     // The model learns: this is no frozen-loss agreement.
@@ -87,16 +87,13 @@ class DistributedTest : public ::testing::Test {
   }
 
   // `loom up` with a job written to a file; its JSON lines' losses.
-  static std::vector<double> LoomUp(const std::string& name, const std::string& job,
-                                    int steps, bool resume, std::string* out = nullptr) {
+  static std::vector<double> LoomUp(const std::string& name, const std::string& job, int steps,
+                                    bool resume, std::string* out = nullptr) {
     const std::string config = TempPath(name + ".txtpb");
     EXPECT_TRUE(WriteFileAtomically(config, job).ok());
-    std::vector<std::string> argv = {Runfile("deploy/launcher/loom-up"),
-                                     "--bin_dir=" + Runfile(""),
-                                     "--run_dir=" + TempPath(name),
-                                     "--config=" + config,
-                                     absl::StrCat("--steps=", steps),
-                                     "--json"};
+    std::vector<std::string> argv = {Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
+                                     "--run_dir=" + TempPath(name),      "--config=" + config,
+                                     absl::StrCat("--steps=", steps),    "--json"};
     if (resume) argv.push_back("--resume");
     int rc = 0;
     const std::string text = RunToEnd(argv, name + (resume ? "-resume" : "") + ".log", &rc);
@@ -144,19 +141,21 @@ TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {
 TEST_F(DistributedTest, BadJobConfigIsNamedAndNothingStarts) {
   std::string out;
   const std::string config = TempPath("bad.json");
-  ASSERT_TRUE(WriteFileAtomically(config, R"({"parallel": {"llm_dp": 2, "encoder_ranks": 2}})").ok());
+  ASSERT_TRUE(
+      WriteFileAtomically(config, R"({"parallel": {"llm_dp": 2, "encoder_ranks": 2}})").ok());
   int rc = 0;
   out = RunToEnd({Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
-             "--run_dir=" + TempPath("bad"), "--config=" + config},
-            "bad.log", &rc);
+                  "--run_dir=" + TempPath("bad"), "--config=" + config},
+                 "bad.log", &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("encoder_ranks"), std::string::npos) << out;
   EXPECT_EQ(out.find("starting"), std::string::npos) << out;
 
-  ASSERT_TRUE(WriteFileAtomically(config, R"({"parallel": {"llm_dp": 0, "microbatches": -1}})").ok());
+  ASSERT_TRUE(
+      WriteFileAtomically(config, R"({"parallel": {"llm_dp": 0, "microbatches": -1}})").ok());
   out = RunToEnd({Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
-             "--run_dir=" + TempPath("bad"), "--config=" + config},
-            "bad2.log", &rc);
+                  "--run_dir=" + TempPath("bad"), "--config=" + config},
+                 "bad2.log", &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("parallel.microbatches: must be >= 1, got -1"), std::string::npos) << out;
 }
@@ -165,9 +164,10 @@ TEST_F(DistributedTest, ResumeWithoutACheckpointIsAnError) {
   int rc = 0;
   const std::string config = TempPath("none.txtpb");
   ASSERT_TRUE(WriteFileAtomically(config, Job("loom", 5)).ok());
-  const std::string out = RunToEnd({Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
-                               "--run_dir=" + TempPath("none"), "--config=" + config, "--resume"},
-                              "none.log", &rc);
+  const std::string out =
+      RunToEnd({Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
+                "--run_dir=" + TempPath("none"), "--config=" + config, "--resume"},
+               "none.log", &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("--resume: no checkpoint folder"), std::string::npos) << out;
 }

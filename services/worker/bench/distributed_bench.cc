@@ -1,0 +1,286 @@
+// The disaggregated-training benchmark (not a test): two measurements, each
+// side by side with its reference in one run, runs alternating.
+//
+// 1. Iteration time of `loom up` (tiny model, encoder DP 2, LLM DP 2, the
+//    onevision preset) with the `loom` assignment against `sequential`:
+//    per run the mean wall time of the iterations after the warm-up, as LLM
+//    rank 0 reports them; the median over alternating runs; the ratio.
+// 2. Activation-transfer throughput: Loom's path for embeddings (UcxWorker
+//    Send of one buffer per microbatch, the receiver's RecvAll), between two
+//    processes, against `ucx_perftest -t tag_bw` (Debian ucx-utils) at the
+//    same message size and count; the ratio (aim >= 0.8).
+//
+//   bazel run -c opt //services/worker/bench:distributed_bench
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "runtime/base/file.h"
+#include "runtime/base/runfiles.h"
+#include "runtime/comm/ucx.h"
+#include "services/common/subprocess.h"
+
+ABSL_FLAG(std::string, work_dir, "/tmp/loom-distributed-bench", "Data, runs and logs.");
+ABSL_FLAG(int, rounds, 3, "Alternating rounds of each measurement.");
+ABSL_FLAG(int, steps, 12, "Iterations per `loom up` run.");
+ABSL_FLAG(int, warmup, 2, "Iterations left out at the start of each run.");
+ABSL_FLAG(int, samples, 512, "onevision samples generated for the runs.");
+ABSL_FLAG(std::string, sizes, "65536,1048576,8388608", "Transfer message sizes (bytes).");
+ABSL_FLAG(int64_t, transfer_bytes, 512 << 20, "Bytes moved per transfer measurement.");
+ABSL_FLAG(bool, skip_training, false, "Only the transfer measurement.");
+// Internal: the receiving process of the transfer measurement.
+ABSL_FLAG(std::string, receiver, "", "(internal) run as receiver; write the address here.");
+ABSL_FLAG(std::string, peer, "", "(internal) the sender's address file.");
+
+namespace {
+
+using loom::Subprocess;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int Messages(int64_t size) {
+  return static_cast<int>(
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_transfer_bytes) / size, 16, 4000));
+}
+
+std::vector<int64_t> Sizes() {
+  std::vector<int64_t> sizes;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
+    int64_t v;
+    if (absl::SimpleAtoi(s, &v) && v > 0) sizes.push_back(v);
+  }
+  return sizes;
+}
+
+std::string Hex(const std::string& bytes) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += d[c >> 4];
+    out += d[c & 15];
+  }
+  return out;
+}
+
+std::string Unhex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  }
+  return out;
+}
+
+// Waits for a file another process writes atomically.
+std::string AwaitFile(const std::string& path) {
+  for (int i = 0; i < 3000; ++i) {
+    absl::StatusOr<std::string> s = loom::ReadFile(path);
+    if (s.ok() && !s->empty()) return *s;
+    usleep(10000);
+  }
+  return "";
+}
+
+constexpr uint64_t kAckTag = 0xACC;
+
+// The receiver: for each size, every round twice (warm-up + timed): receive
+// all messages, then acknowledge.
+int Receiver() {
+  auto ucx = loom::UcxWorker::Create();
+  if (!ucx.ok()) return 1;
+  (void)loom::WriteFileAtomically(absl::GetFlag(FLAGS_receiver), Hex((*ucx)->address()));
+  const std::string peer = Unhex(AwaitFile(absl::GetFlag(FLAGS_peer)));
+  auto ack = std::make_shared<int>(1);
+  for (int64_t size : Sizes()) {
+    const int n = Messages(size);
+    std::vector<char> buf(static_cast<size_t>(size) * n);
+    for (int round = 0; round < 2 * absl::GetFlag(FLAGS_rounds); ++round) {
+      std::vector<loom::UcxWorker::RecvBuffer> bufs;
+      for (int i = 0; i < n; ++i) {
+        bufs.push_back(
+            {static_cast<uint64_t>(1000000 + i), buf.data() + size * i, static_cast<size_t>(size)});
+      }
+      if (!(*ucx)->RecvAll(bufs, absl::Seconds(120)).ok()) return 1;
+      (void)(*ucx)->Send(peer, kAckTag, ack.get(), sizeof(int), ack);
+    }
+  }
+  (*ucx)->Flush(absl::Seconds(10));
+  return 0;
+}
+
+// Loom's transfer: n sends of `size` bytes, timed until the receiver's ack.
+double LoomTransfer(loom::UcxWorker* ucx, const std::string& peer, int64_t size) {
+  const int n = Messages(size);
+  auto data = std::make_shared<std::vector<char>>(static_cast<size_t>(size), 1);
+  int ack = 0;
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < n; ++i) {
+    (void)ucx->Send(peer, 1000000 + i, data->data(), data->size(), data);
+  }
+  if (!ucx->RecvAll({{kAckTag, &ack, sizeof(int)}}, absl::Seconds(120)).ok()) return 0;
+  const double s = absl::ToDoubleSeconds(absl::Now() - t0);
+  return static_cast<double>(size) * n / s / (1 << 20);
+}
+
+// ucx_perftest -t tag_bw at `size`: the "Final" line's overall bandwidth (MB/s, 2^20 bytes).
+double Perftest(int64_t size, int port, const std::string& log_dir) {
+  const int n = Messages(size);
+  const std::vector<std::string> common = {"-t", "tag_bw",        "-s", absl::StrCat(size),
+                                           "-n", absl::StrCat(n), "-p", absl::StrCat(port)};
+  std::vector<std::string> server = {"/usr/bin/ucx_perftest"};
+  server.insert(server.end(), common.begin(), common.end());
+  auto srv = Subprocess::Start(server, absl::StrCat(log_dir, "/perftest_server_", port, ".log"));
+  if (!srv.ok()) return 0;
+  usleep(300000);
+  std::vector<std::string> client = {"/usr/bin/ucx_perftest", "127.0.0.1"};
+  client.insert(client.end(), common.begin(), common.end());
+  auto cli = Subprocess::Start(client, absl::StrCat(log_dir, "/perftest_client_", port, ".log"));
+  if (!cli.ok()) return 0;
+  (void)(*cli)->Wait(absl::Seconds(120));
+  (void)(*srv)->Wait(absl::Seconds(10));
+  for (absl::string_view line : absl::StrSplit((*cli)->ReadLog(), '\n')) {
+    if (!absl::StartsWith(line, "Final:")) continue;
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    double bw = 0;
+    if (f.size() >= 7 && absl::SimpleAtod(f[6], &bw)) return bw;
+  }
+  std::fprintf(stderr, "ucx_perftest gave no Final line:\n%s\n", (*cli)->ReadLog().c_str());
+  return 0;
+}
+
+void TransferBench(const std::string& self, const std::string& dir) {
+  auto ucx = loom::UcxWorker::Create();
+  if (!ucx.ok()) return;
+  const std::string me = dir + "/sender.addr", peer_file = dir + "/receiver.addr";
+  std::remove(peer_file.c_str());
+  (void)loom::WriteFileAtomically(me, Hex((*ucx)->address()));
+  auto rx = Subprocess::Start(
+      {self, "--receiver=" + peer_file, "--peer=" + me, "--sizes=" + absl::GetFlag(FLAGS_sizes),
+       absl::StrCat("--transfer_bytes=", absl::GetFlag(FLAGS_transfer_bytes)),
+       absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds))},
+      dir + "/receiver.log");
+  if (!rx.ok()) return;
+  const std::string peer = Unhex(AwaitFile(peer_file));
+  std::printf(
+      "\nActivation transfer between two processes (UCX %s), median of %d alternating runs:\n",
+      std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "transports of UCX's choice",
+      absl::GetFlag(FLAGS_rounds));
+  std::printf("  %10s %8s %16s %22s %8s\n", "size", "messages", "loom MiB/s", "ucx_perftest MiB/s",
+              "ratio");
+  int port = 13400;
+  for (int64_t size : Sizes()) {
+    std::vector<double> ours, ref;
+    for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+      (void)LoomTransfer(ucx->get(), peer, size);  // warm-up (wire-up, registration)
+      ours.push_back(LoomTransfer(ucx->get(), peer, size));
+      ref.push_back(Perftest(size, port++, dir));
+    }
+    const double a = Median(ours), b = Median(ref);
+    std::printf("  %10lld %8d %16.0f %22.0f %8.3f\n", static_cast<long long>(size), Messages(size),
+                a, b, b > 0 ? a / b : 0);
+    std::fflush(stdout);
+  }
+  (void)(*rx)->Wait(absl::Seconds(60));
+}
+
+struct RunResult {
+  double seconds = 0;    // mean iteration time after the warm-up
+  double imbalance = 0;  // mean assignment objective
+};
+
+bool Field(const std::string& line, const std::string& name, double* v) {
+  const size_t at = line.find("\"" + name + "\":");
+  if (at == std::string::npos) return false;
+  const size_t start = at + name.size() + 3;
+  return absl::SimpleAtod(line.substr(start, line.find_first_of(",}", start) - start), v);
+}
+
+RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const std::string& dir,
+                 const std::string& algorithm, int run) {
+  const std::string config = absl::StrCat(dir, "/", algorithm, ".txtpb");
+  (void)loom::WriteFileAtomically(
+      config, absl::StrCat("algorithm: '", algorithm, "'\ndata { samples: ",
+                           absl::GetFlag(FLAGS_samples), " generated_dir: '", dir, "/data' }\n"));
+  const std::string log = absl::StrCat(dir, "/", algorithm, "-", run, ".log");
+  auto up = Subprocess::Start({loom_up, "--bin_dir=" + bin_dir, "--config=" + config,
+                               "--run_dir=" + absl::StrCat(dir, "/run-", algorithm, "-", run),
+                               absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--json"},
+                              log);
+  RunResult r;
+  if (!up.ok()) return r;
+  (void)(*up)->Wait(absl::Minutes(10));
+  std::vector<double> secs, imb;
+  const std::vector<std::string> lines = absl::StrSplit((*up)->ReadLog(), '\n');
+  for (const std::string& line : lines) {
+    double it, s, m;
+    if (!Field(line, "iteration", &it) || !Field(line, "seconds", &s) ||
+        !Field(line, "microbatch_imbalance", &m) || it < absl::GetFlag(FLAGS_warmup)) {
+      continue;
+    }
+    secs.push_back(s);
+    imb.push_back(m);
+  }
+  for (double s : secs) r.seconds += s / secs.size();
+  for (double m : imb) r.imbalance += m / imb.size();
+  if (secs.empty()) std::fprintf(stderr, "no iterations in %s\n", log.c_str());
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_receiver).empty()) return Receiver();
+  const std::string dir = absl::GetFlag(FLAGS_work_dir);
+  (void)loom::MakeDirectories(dir);
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  self[n > 0 ? n : 0] = 0;
+
+  if (!absl::GetFlag(FLAGS_skip_training)) {
+    std::string tried;
+    const std::string loom_up = loom::FindRunfile("deploy/launcher/loom-up", &tried);
+    if (loom_up.empty()) {
+      std::fprintf(stderr, "loom-up not found (%s); use bazel run\n", tried.c_str());
+      return 1;
+    }
+    const std::string bin_dir =
+        loom_up.substr(0, loom_up.size() - strlen("/deploy/launcher/loom-up"));
+    std::map<std::string, std::vector<double>> secs, imb;
+    for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+      for (const char* alg : r % 2 == 0 ? std::vector<const char*>{"sequential", "loom"}
+                                        : std::vector<const char*>{"loom", "sequential"}) {
+        RunResult res = LoomUp(loom_up, bin_dir, dir, alg, r);
+        secs[alg].push_back(res.seconds);
+        imb[alg].push_back(res.imbalance);
+        std::printf("  run %d %-10s  %.4f s/iteration  imbalance %.4f\n", r, alg, res.seconds,
+                    res.imbalance);
+        std::fflush(stdout);
+      }
+    }
+    const double s = Median(secs["sequential"]), l = Median(secs["loom"]);
+    std::printf(
+        "\nIteration time, onevision preset, tiny model, encoder DP 2 + LLM DP 2 processes, 16 "
+        "samples/iteration, iterations %d..%d, median of %d alternating runs:\n"
+        "  sequential %.4f s   loom %.4f s   ratio sequential/loom %.3f   (microbatch "
+        "imbalance %.4f vs %.4f)\n",
+        absl::GetFlag(FLAGS_warmup) + 1, absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_rounds), s,
+        l, l > 0 ? s / l : 0, Median(imb["sequential"]), Median(imb["loom"]));
+    std::fflush(stdout);
+  }
+  TransferBench(self, dir);
+  return 0;
+}
