@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,11 @@ void ProgressOrWait(ucp_worker_h worker, int efd, int max_wait_ms) {
   }
 }
 
+// Idle polls before sleeping on the event fd while work is outstanding
+// (~100 µs): a transfer in flight usually has its next event within
+// microseconds, and shared-memory transports' events wake late.
+constexpr int kSpins = 2000;
+
 void CloseEndpoint(ucp_worker_h worker, ucp_ep_h ep) {
   ucp_request_param_t p;
   std::memset(&p, 0, sizeof(p));
@@ -135,15 +141,31 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
 UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 void UcxWorker::ProgressLoop() {
+  int idle_polls = 0;
   for (;;) {
-    bool idle = false;
+    bool sleep = false;
     {
       absl::MutexLock lock(&mu_);
       if (stop_) return;
-      idle = ucp_worker_progress(impl_->worker) == 0 && impl_->efd >= 0 &&
-             ucp_worker_arm(impl_->worker) == UCS_OK;
+      if (receiving_ > 0) {
+        // A RecvAll is driving progress itself; polling here too would only
+        // take a core from it.
+        mu_.Unlock();
+        absl::SleepFor(absl::Milliseconds(1));
+        mu_.Lock();
+        continue;
+      }
+      if (ucp_worker_progress(impl_->worker) != 0) {
+        idle_polls = 0;
+        continue;
+      }
+      // Sends in flight: keep polling (the lock is free between polls, so
+      // Send() gets in) a while before sleeping on the event fd.
+      if (in_flight_ > 0 && ++idle_polls < kSpins) continue;
+      idle_polls = 0;
+      sleep = impl_->efd >= 0 && ucp_worker_arm(impl_->worker) == UCS_OK;
     }
-    if (idle) {
+    if (sleep) {
       pollfd p{impl_->efd, POLLIN, 0};
       ::poll(&p, 1, 10);
     }
@@ -189,12 +211,19 @@ absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& remote_address) {
   arg->endpoints = &endpoints_;
   ucp_ep_params_t p;
   std::memset(&p, 0, sizeof(p));
-  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
   p.address = reinterpret_cast<const ucp_address_t*>(raw->data());
-  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p.err_handler.cb = EndpointError;
-  p.err_handler.arg = arg;
+  // Peer-failure handling excludes UCX 1.13's shared-memory and CMA
+  // transports ("no peer failure handler"), leaving TCP between processes of
+  // one host at a third of the bandwidth. By default a dead peer is found by
+  // the receive deadlines instead; LOOM_UCX_PEER_ERRORS=1 asks UCX for it.
+  const char* peer_errors = std::getenv("LOOM_UCX_PEER_ERRORS");
+  if (peer_errors != nullptr && std::string(peer_errors) == "1") {
+    p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = EndpointError;
+    p.err_handler.arg = arg;
+  }
   ucp_ep_h ep = nullptr;
   if (ucs_status_t s = ucp_ep_create(impl_->worker, &p, &ep); s != UCS_OK) {
     return UcsError("endpoint", s);
@@ -307,6 +336,8 @@ absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Du
     }
     return true;
   };
+  int idle_polls = 0;
+  ++receiving_;
   while (result.ok() && !all_done()) {
     if (cancelled_.load()) {
       result = absl::CancelledError("UCX receive cancelled: this worker is stopping");
@@ -320,8 +351,14 @@ absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Du
     }
     mu_.Unlock();
     mu_.Lock();
-    ProgressOrWait(impl_->worker, impl_->efd, 5);
+    if (ucp_worker_progress(impl_->worker) != 0) {
+      idle_polls = 0;
+    } else if (++idle_polls >= kSpins) {
+      idle_polls = 0;
+      ProgressOrWait(impl_->worker, impl_->efd, 5);
+    }
   }
+  --receiving_;
   // Cancel what is still outstanding, then free every request.
   for (RecvOp& op : ops) {
     if (op.request != nullptr && !op.done) ucp_request_cancel(impl_->worker, op.request);

@@ -10,7 +10,11 @@
 // Sends are asynchronous: Send() keeps the bytes alive (shared_ptr) until
 // UCX is done with them. A background thread drives progress (sleeping on
 // the worker's event fd when idle), since a peer's wire-up and every
-// rendezvous need this side to make progress too. Receives
+// rendezvous need this side to make progress too; while a transfer is in
+// flight it polls for ~100 µs before sleeping. Endpoints do not ask UCX for
+// peer-failure handling (UCX 1.13 then offers only TCP between processes of
+// one host); a dead peer shows as a receive deadline, or set
+// LOOM_UCX_PEER_ERRORS=1 for UCX's own detection. Receives
 // block with a deadline and cancel cleanly on timeout, so a peer that dies
 // or never sends cannot hang the caller.
 #ifndef LOOM_RUNTIME_COMM_UCX_H_
@@ -89,6 +93,7 @@ class UcxWorker {
   std::thread progress_thread_;
   std::map<std::string, void*> endpoints_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int receiving_ ABSL_GUARDED_BY(mu_) = 0;  // RecvAll calls driving progress
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -142,12 +142,16 @@ double Perftest(int64_t size, int port, const std::string& log_dir) {
                                            "-n", absl::StrCat(n), "-p", absl::StrCat(port)};
   std::vector<std::string> server = {"/usr/bin/ucx_perftest"};
   server.insert(server.end(), common.begin(), common.end());
-  auto srv = Subprocess::Start(server, absl::StrCat(log_dir, "/perftest_server_", port, ".log"));
+  const std::string srv_log = absl::StrCat(log_dir, "/perftest_server_", port, ".log");
+  const std::string cli_log = absl::StrCat(log_dir, "/perftest_client_", port, ".log");
+  std::remove(srv_log.c_str());  // logs are appended to; a stale Final line must not count
+  std::remove(cli_log.c_str());
+  auto srv = Subprocess::Start(server, srv_log);
   if (!srv.ok()) return 0;
   usleep(300000);
   std::vector<std::string> client = {"/usr/bin/ucx_perftest", "127.0.0.1"};
   client.insert(client.end(), common.begin(), common.end());
-  auto cli = Subprocess::Start(client, absl::StrCat(log_dir, "/perftest_client_", port, ".log"));
+  auto cli = Subprocess::Start(client, cli_log);
   if (!cli.ok()) return 0;
   (void)(*cli)->Wait(absl::Seconds(120));
   (void)(*srv)->Wait(absl::Seconds(10));
@@ -215,6 +219,7 @@ RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const s
       config, absl::StrCat("algorithm: '", algorithm, "'\ndata { samples: ",
                            absl::GetFlag(FLAGS_samples), " generated_dir: '", dir, "/data' }\n"));
   const std::string log = absl::StrCat(dir, "/", algorithm, "-", run, ".log");
+  std::remove(log.c_str());
   auto up = Subprocess::Start({loom_up, "--bin_dir=" + bin_dir, "--config=" + config,
                                "--run_dir=" + absl::StrCat(dir, "/run-", algorithm, "-", run),
                                absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--json"},
