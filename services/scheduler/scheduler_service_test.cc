@@ -1,8 +1,11 @@
 #include "services/scheduler/scheduler_service.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "gtest/gtest.h"
+#include "runtime/base/file.h"
 #include "runtime/data/datagen.h"
 #include "services/common/chassis_testing.h"
 #include "services/preprocess/preprocess_service.h"
@@ -67,6 +70,9 @@ class ServedScheduleTest : public ::testing::Test {
         sched::CoefficientsOnOneGpu(*ModelConfigByName("tiny"), sched::ClusterSpec());
     so.preprocess = absl::StrCat("127.0.0.1:", data_chassis_->grpc_port());
     so.retained_iterations = 3;
+    so.job.mutable_train()->set_steps(8);
+    so.job.mutable_checkpoint()->set_every(2);
+    so.job.mutable_checkpoint()->set_dir(std::string(std::getenv("TEST_TMPDIR")) + "/ckpt");
     chassis_ = std::make_unique<Chassis>(
         testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
     auto service = SchedulerServiceImpl::Create(chassis_.get(), so);
@@ -232,6 +238,93 @@ TEST_F(ServedScheduleTest, TimingReportsRefitTheCostModel) {
   EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   bad.set_rank(a.bins(0).encoder_rank());
   EXPECT_TRUE(Report(bad, &response).ok());
+}
+
+TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
+  scheduler::v1::Assignment a;
+  EXPECT_EQ(Assignment(8, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE);  // steps: 8
+
+  auto step = [&](int64_t iteration, double loss) {
+    scheduler::v1::ReportStepRequest r;
+    r.mutable_step()->set_iteration(iteration);
+    r.mutable_step()->set_loss(loss);
+    scheduler::v1::ReportStepResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    return stub_->ReportStep(ctx.get(), r, &response).error_code();
+  };
+  EXPECT_EQ(step(0, 2.5), grpc::StatusCode::OK);
+  EXPECT_EQ(step(0, 2.5), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(step(1, std::nan("")), grpc::StatusCode::INVALID_ARGUMENT);
+  auto progress = [&] {
+    scheduler::v1::GetProgressRequest r;
+    r.set_after_iteration(-1);
+    scheduler::v1::GetProgressResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    EXPECT_TRUE(stub_->GetProgress(ctx.get(), r, &response).ok());
+    return response;
+  };
+  EXPECT_EQ(progress().steps_size(), 1);
+  EXPECT_EQ(progress().end_iteration(), 8);
+  EXPECT_EQ(progress().last_checkpoint(), -1);
+
+  auto checkpoint = [&](common::v1::Role role, int rank, int64_t step_no, bool* complete) {
+    scheduler::v1::ReportCheckpointRequest r;
+    r.set_role(role);
+    r.set_rank(rank);
+    r.set_step(step_no);
+    scheduler::v1::ReportCheckpointResponse response;
+    auto ctx = testing::ContextWithDeadline(30);
+    grpc::Status s = stub_->ReportCheckpoint(ctx.get(), r, &response);
+    *complete = response.complete();
+    return s.error_code();
+  };
+  bool complete = false;
+  EXPECT_EQ(checkpoint(common::v1::ROLE_LLM_WORKER, 0, 3, &complete),
+            grpc::StatusCode::INVALID_ARGUMENT);  // not a multiple of every = 2
+  EXPECT_EQ(checkpoint(common::v1::ROLE_SCHEDULER, 0, 2, &complete),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(checkpoint(common::v1::ROLE_LLM_WORKER, 5, 2, &complete),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  int reported = 0;
+  for (auto role : {common::v1::ROLE_ENCODER_WORKER, common::v1::ROLE_LLM_WORKER}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_EQ(checkpoint(role, rank, 2, &complete), grpc::StatusCode::OK);
+      EXPECT_EQ(complete, ++reported == 4) << "complete only once every worker reported";
+    }
+  }
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ckpt/step-2/";
+  for (const char* f : {"COMPLETE", kCursorFile, kSchedulerStateFile}) {
+    EXPECT_TRUE(ReadFile(dir + f).ok()) << f;
+  }
+  EXPECT_EQ(progress().last_checkpoint(), 2);
+  EXPECT_EQ(checkpoint(common::v1::ROLE_LLM_WORKER, 0, 2, &complete),
+            grpc::StatusCode::ALREADY_EXISTS);
+
+  auto get = [&](const std::string& key, std::string* value) {
+    scheduler::v1::GetKeyRequest r;
+    r.set_key(key);
+    scheduler::v1::GetKeyResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    grpc::StatusCode c = stub_->GetKey(ctx.get(), r, &response).error_code();
+    *value = response.value();
+    return c;
+  };
+  auto set = [&](const std::string& key, const std::string& value) {
+    scheduler::v1::SetKeyRequest r;
+    r.set_key(key);
+    r.set_value(value);
+    scheduler::v1::SetKeyResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    return stub_->SetKey(ctx.get(), r, &response).error_code();
+  };
+  std::string v;
+  EXPECT_EQ(get("llm/rank0", &v), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(set("llm/rank0", "addr"), grpc::StatusCode::OK);
+  EXPECT_EQ(get("llm/rank0", &v), grpc::StatusCode::OK);
+  EXPECT_EQ(v, "addr");
+  EXPECT_EQ(set("", "x"), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(set("big", std::string(2 << 20, 'x')), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(get("llm/rank0", &v), grpc::StatusCode::OK);  // nothing accepted was lost
 }
 
 }  // namespace
