@@ -31,10 +31,10 @@ struct LauncherOptions {
   std::string bin_dir;  // Bazel's bin folder: <bin_dir>/services/<x>/<binary>
   std::string run_dir;  // logs go to <run_dir>/logs
   std::string host = "127.0.0.1";
-  int base_port = 0;  // 0: free ports; else process i gets base+2i, base+2i+1
-  job::v1::JobConfig job;  // defaults applied, validated
-  std::string job_path;    // the same job as a file, for loom-scheduler --job
-  std::string shards;      // glob the preprocess service reads
+  int base_port = 0;        // 0: free ports; else process i gets base+2i, base+2i+1
+  job::v1::JobConfig job;   // defaults applied, validated
+  std::string job_path;     // the same job as a file, for loom-scheduler --job
+  std::string shards;       // glob the preprocess service reads
   int64_t resume_step = 0;  // > 0: continue after this complete checkpoint
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);

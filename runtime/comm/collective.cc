@@ -23,8 +23,8 @@ absl::StatusOr<std::string> InMemoryStore::Get(const std::string& key, absl::Dur
   absl::MutexLock lock(&mu_);
   auto present = [&] { return values_.count(key) > 0; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("store key \"", key, "\" not set within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("store key \"", key, "\" not set within ", absl::FormatDuration(timeout)));
   }
   return values_[key];
 }
@@ -78,8 +78,8 @@ class GlooCommunicator final : public Communicator {
     try {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, static_cast<size_t>(n));
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<T>));
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
       opts.setTag(tag_++);
       opts.setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
       gloo::allreduce(opts);
@@ -100,9 +100,9 @@ class GlooCommunicator final : public Communicator {
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
                                                           const GlooOptions& options) {
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Gloo group \"", options.prefix, "\": rank ", options.rank,
-                     " is not in [0, ", options.size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("Gloo group \"", options.prefix, "\": rank ",
+                                                   options.rank, " is not in [0, ", options.size,
+                                                   ")"));
   }
   try {
     gloo::transport::tcp::attr attr;

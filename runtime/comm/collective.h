@@ -56,10 +56,10 @@ class Communicator {
 };
 
 struct GlooOptions {
-  std::string prefix;     // names this group in the store: "encoder", "llm", "job"
+  std::string prefix;  // names this group in the store: "encoder", "llm", "job"
   int rank = 0;
   int size = 1;
-  std::string host;       // address peers reach this rank on; "": this machine's hostname
+  std::string host;  // address peers reach this rank on; "": this machine's hostname
   absl::Duration timeout = absl::Seconds(120);  // rendezvous and each collective
 };
 

@@ -37,9 +37,7 @@ inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm"};
 // Each module draws its initial weights from its own stream of the job's
 // seed, so a process holding one module initialises it exactly as the
 // single-process model does.
-inline uint64_t ModuleSeed(uint64_t seed, Module m) {
-  return seed * 3 + static_cast<uint64_t>(m);
-}
+inline uint64_t ModuleSeed(uint64_t seed, Module m) { return seed * 3 + static_cast<uint64_t>(m); }
 
 class MultimodalModel {
  public:

@@ -37,7 +37,8 @@ bool Contains(const std::vector<std::string>& names, const std::string& name) {
 class FirstError : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
-    if (error.empty()) error = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    if (error.empty())
+      error = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
   }
   std::string error;
 };
@@ -52,7 +53,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   job::v1::DataConfig* d = job->mutable_data();
   Default<std::string>(d->mutable_preset(), "onevision");
   if (d->samples() == 0) d->set_samples(512);
-  if (d->generated_dir().empty()) d->set_generated_dir(absl::StrCat(run_dir, "/data/", d->preset()));
+  if (d->generated_dir().empty())
+    d->set_generated_dir(absl::StrCat(run_dir, "/data/", d->preset()));
   if (d->global_batch() == 0) d->set_global_batch(16);
   if (d->threads() == 0) d->set_threads(2);
   job::v1::ParallelConfig* p = job->mutable_parallel();
@@ -72,8 +74,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (!ModelConfigByName(job.model()).ok()) {
-    return Bad("model", absl::StrCat("unknown model config \"", job.model(), "\" (known: ",
-                                     absl::StrJoin(ModelConfigNames(), ", "), ")"));
+    return Bad("model", absl::StrCat("unknown model config \"", job.model(),
+                                     "\" (known: ", absl::StrJoin(ModelConfigNames(), ", "), ")"));
   }
   if (!Contains(sched::AlgorithmNames(), job.algorithm())) {
     return Bad("algorithm", absl::StrCat("unknown algorithm \"", job.algorithm(), "\" (known: ",
@@ -94,15 +96,17 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (!s.ok()) return s;
   const int64_t bins = static_cast<int64_t>(p.llm_dp()) * p.microbatches();
   if (d.global_batch() < bins) {
-    return Bad("data.global_batch",
-               absl::StrCat(d.global_batch(), " samples cannot fill parallel.llm_dp × "
-                            "parallel.microbatches = ", bins, " microbatches"));
+    return Bad("data.global_batch", absl::StrCat(d.global_batch(),
+                                                 " samples cannot fill parallel.llm_dp × "
+                                                 "parallel.microbatches = ",
+                                                 bins, " microbatches"));
   }
   const job::v1::TrainConfig& t = job.train();
   if (s.ok()) s = AtLeast("train.steps", t.steps(), 0);
   if (s.ok()) s = AtLeast("train.warmup_steps", t.warmup_steps(), 0);
   if (!s.ok()) return s;
-  if (!(t.lr() > 0 && t.lr() < 1)) return Bad("train.lr", absl::StrCat("must be in (0, 1), got ", t.lr()));
+  if (!(t.lr() > 0 && t.lr() < 1))
+    return Bad("train.lr", absl::StrCat("must be in (0, 1), got ", t.lr()));
   if (!(t.clip_norm() >= 0)) return Bad("train.clip_norm", "must be >= 0 (0: no clipping)");
   if (!(t.weight_decay() >= 0 && t.weight_decay() < 1)) {
     return Bad("train.weight_decay", "must be in [0, 1)");

@@ -44,7 +44,8 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   for (int k = 0; k < response.samples_size(); ++k) {
     const data::v1::SampleTensors& t = response.samples(k);
     const int64_t expect =
-        tokens_only ? 0 : static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
+        tokens_only ? 0
+                    : static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
     if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect) {
       return absl::DataLossError(
           absl::StrCat("FetchSamples: inconsistent descriptor for ", t.key()));

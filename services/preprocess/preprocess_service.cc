@@ -174,8 +174,7 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     t->set_num_tiles(s.sample.num_tiles);
     t->set_tile_size(tile_size_);
     t->set_tiles_tag(request->tag_base() + 2 * static_cast<uint64_t>(k));
-    const size_t tile_bytes =
-        request->tokens_only() ? 0 : s.sample.tiles.size() * sizeof(float);
+    const size_t tile_bytes = request->tokens_only() ? 0 : s.sample.tiles.size() * sizeof(float);
     t->set_tiles_bytes(static_cast<int64_t>(tile_bytes));
     t->set_tokens_tag(request->tag_base() + 2 * static_cast<uint64_t>(k) + 1);
     t->set_num_tokens(static_cast<int32_t>(s.sample.tokens.size()));

@@ -57,8 +57,8 @@ absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Crea
   scheduler::v1::CostCoefficients costs = p.costs();
   if (options.start_iteration > 0) {
     // The resumed job continues with the cost model it had.
-    const std::string path =
-        absl::StrCat(StepDir(options.job.checkpoint().dir(), options.start_iteration), "/", kSchedulerStateFile);
+    const std::string path = absl::StrCat(
+        StepDir(options.job.checkpoint().dir(), options.start_iteration), "/", kSchedulerStateFile);
     absl::StatusOr<std::string> bytes = ReadFile(path);
     if (!bytes.ok() || !costs.ParseFromString(*bytes)) {
       return absl::DataLossError(absl::StrCat("resume: cannot read the scheduler state ", path));
@@ -148,7 +148,8 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   *response->mutable_job() = options_.job;
   response->set_start_iteration(options_.start_iteration);
   if (options_.start_iteration > 0) {
-    response->set_checkpoint_step_dir(StepDir(options_.job.checkpoint().dir(), options_.start_iteration));
+    response->set_checkpoint_step_dir(
+        StepDir(options_.job.checkpoint().dir(), options_.start_iteration));
   }
   response->set_preprocess(options_.preprocess);
   return grpc::Status::OK;
@@ -160,8 +161,8 @@ absl::Status SchedulerServiceImpl::ValidateWorkerId(Role role, int rank) const {
   }
   const int ranks = RanksOf(options_.plan, role);
   if (rank < 0 || rank >= ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is outside the plan's ",
-                                                   ranks, " ranks of ", Role_Name(role)));
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is outside the plan's ", ranks,
+                                                   " ranks of ", Role_Name(role)));
   }
   return absl::OkStatus();
 }
@@ -334,9 +335,9 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   const scheduler::v1::StepReport& r = request->step();
   if (r.iteration() < options_.start_iteration) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("step.iteration: ", r.iteration(), " is before this job's start, ",
-                     options_.start_iteration)));
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("step.iteration: ", r.iteration(),
+                                                                " is before this job's start, ",
+                                                                options_.start_iteration)));
   }
   if (!std::isfinite(r.loss()) || r.samples() < 0 || r.tokens() < 0 || r.loss_tokens() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -415,8 +416,8 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
   if (grpc::Status s = preprocess_->GetCursor(&ctx, request, &cursor); !s.ok()) {
     return FromGrpcStatus(s, "preprocess GetCursor");
   }
-  absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kCursorFile),
-                                       cursor.cursor().SerializeAsString());
+  absl::Status s =
+      WriteFileAtomically(absl::StrCat(dir, "/", kCursorFile), cursor.cursor().SerializeAsString());
   std::string costs;
   {
     absl::MutexLock lock(&mu_);
@@ -432,8 +433,8 @@ grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
                                           const scheduler::v1::SetKeyRequest* request,
                                           scheduler::v1::SetKeyResponse*) {
   if (request->key().empty() || request->key().size() > kMaxKeyBytes) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("key: must be 1 to ", kMaxKeyBytes, " bytes")));
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("key: must be 1 to ", kMaxKeyBytes, " bytes")));
   }
   if (request->value().size() > kMaxValueBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -457,7 +458,8 @@ grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext*,
   absl::MutexLock lock(&mu_);
   auto it = keys_.find(request->key());
   if (it == keys_.end()) {
-    return ToGrpcStatus(absl::NotFoundError(absl::StrCat("key \"", request->key(), "\" is not set")));
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("key \"", request->key(), "\" is not set")));
   }
   response->set_value(it->second);
   return grpc::Status::OK;
