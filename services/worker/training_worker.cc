@@ -259,7 +259,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
                                                     double* wait,
                                                     scheduler::v1::ReportTimingsRequest* timings) {
   const auto& bins = d.assignment.bins();
-  std::map<int, double> seconds;  // by bin
+  std::map<int, double> seconds;                             // by bin
+  std::map<int, std::pair<std::vector<float>, int>> inputs;  // bin -> (tiles, count), for backward
   std::vector<float> vit_out;
   int live = -1;  // the bin whose activations the modules hold
   for (int b : d.bins) {
@@ -269,6 +270,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const auto t0 = Clock::now();
     auto emb = std::make_shared<std::vector<float>>();
     ForwardEncoder(tiles, n, &vit_out, emb.get());
+    inputs[b] = {std::move(tiles), n};
     live = b;
     seconds[b] += Since(t0);
     const int llm_rank = bins[b].llm_rank();
@@ -279,9 +281,9 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
   }
   std::vector<float> emb_scratch, dvit;
   for (int b : d.bins) {
-    int n = 0;
-    std::vector<float> tiles = Tiles(d, bins[b], &n);
-    if (n == 0) continue;
+    auto in = inputs.find(b);
+    if (in == inputs.end()) continue;  // no tiles: nothing was sent
+    const auto& [tiles, n] = in->second;
     std::vector<float> grad(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
     const auto w0 = Clock::now();
     absl::Status s = ucx->RecvAll({{TransferTag(Direction::kGradients, d.iteration, b), grad.data(),
