@@ -2,10 +2,15 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "runtime/base/file.h"
 #include "services/common/health_client.h"
 #include "services/common/http_get.h"
@@ -31,6 +36,46 @@ std::string Launcher::scheduler_target() const {
   return s == nullptr ? "" : absl::StrCat(options_.host, ":", s->ports.grpc_port);
 }
 
+double CpuPeakFlops() {
+  std::string cpuinfo;
+  if (absl::StatusOr<std::string> r = ReadFile("/proc/cpuinfo"); r.ok()) cpuinfo = *r;
+  double hz = 0;
+  if (absl::StatusOr<std::string> khz =
+          ReadFile("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
+      khz.ok()) {
+    double v = 0;
+    if (absl::SimpleAtod(absl::StripAsciiWhitespace(*khz), &v)) hz = v * 1e3;
+  }
+  if (hz <= 0) {
+    const size_t at = cpuinfo.find("cpu MHz");
+    const size_t colon = at == std::string::npos ? at : cpuinfo.find(':', at);
+    double mhz = 0;
+    if (colon != std::string::npos &&
+        absl::SimpleAtod(absl::StripAsciiWhitespace(
+                             cpuinfo.substr(colon + 1, cpuinfo.find('\n', colon) - colon - 1)),
+                         &mhz)) {
+      hz = mhz * 1e6;
+    }
+  }
+  if (hz <= 0) hz = 2e9;
+  auto has = [&](const char* flag) { return cpuinfo.find(flag) != std::string::npos; };
+  // fp32 FLOPs per cycle and core: two FMA units of 16 (AVX-512) or 8 (AVX2) lanes.
+  const double per_cycle = has(" avx512f") ? 64 : (has(" avx2") && has(" fma")) ? 32 : 8;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return cores * hz * per_cycle;
+}
+
+std::string PrometheusTargets(const std::vector<LaunchedService>& services,
+                              const std::string& host) {
+  std::vector<std::string> groups;
+  for (const LaunchedService& s : services) {
+    if (s.ports.metrics_port <= 0) continue;
+    groups.push_back(absl::StrFormat("{\"targets\":[\"%s:%d\"],\"labels\":{\"service\":\"%s\"}}",
+                                     host, s.ports.metrics_port, s.binary->name));
+  }
+  return absl::StrCat("[", absl::StrJoin(groups, ",\n"), "]\n");
+}
+
 std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
   const job::v1::JobConfig& job = options_.job;
   auto target = [&](common::v1::Role role) {
@@ -50,10 +95,10 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
       return a;
     }
     case common::v1::ROLE_SCHEDULER: {
-      std::vector<std::string> a = {"--job=" + options_.job_path, "--run_dir=" + options_.run_dir,
-                                    "--preprocess=" + target(common::v1::ROLE_PREPROCESS)};
-      if (options_.resume_step > 0) a.push_back("--resume");
-      return a;
+      // The job itself arrives by SubmitJob (loom.control.v1), as in any deployment.
+      return {"--run_dir=" + options_.run_dir,
+              "--preprocess=" + target(common::v1::ROLE_PREPROCESS),
+              absl::StrFormat("--peak_flops=%.6g", options_.peak_flops)};
     }
     default:
       return {absl::StrCat("--rank=", s.rank), "--scheduler=" + target(common::v1::ROLE_SCHEDULER),

@@ -2,7 +2,8 @@
 // on this machine.
 //
 // Start() launches, for the job: loom-preprocess (its shards, seed, batch;
-// the cursor when resuming), then loom-scheduler (--job, --preprocess), then
+// the cursor when resuming), then loom-scheduler (--preprocess; the job
+// itself is submitted over the control API by the caller), then
 // encoder_dp loom-encoder-worker and llm_dp loom-llm-worker ranks
 // (--scheduler), each logging to <run_dir>/logs/<name>[-<rank>].log and
 // each stage waiting for the previous one's "serving" record (its ports);
@@ -33,9 +34,9 @@ struct LauncherOptions {
   std::string host = "127.0.0.1";
   int base_port = 0;        // 0: free ports; else process i gets base+2i, base+2i+1
   job::v1::JobConfig job;   // defaults applied, validated
-  std::string job_path;     // the same job as a file, for loom-scheduler --job
   std::string shards;       // glob the preprocess service reads
   int64_t resume_step = 0;  // > 0: continue after this complete checkpoint
+  double peak_flops = 0;    // of the machine, for the scheduler's MFU (CpuPeakFlops)
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);
 };
@@ -80,6 +81,14 @@ class Launcher {
   std::vector<LaunchedService> services_;
   bool stopped_ = false;
 };
+
+// This machine's peak fp32 FLOP/s (cores x clock x FMA lanes): the MFU
+// denominator when the workers run on its CPU cores.
+double CpuPeakFlops();
+
+// Prometheus file_sd targets (JSON): every service's /metrics address.
+std::string PrometheusTargets(const std::vector<LaunchedService>& services,
+                              const std::string& host);
 
 // One line per service for the terminal: name, rank, pid, ports, health.
 std::string FormatServiceTable(const std::vector<LaunchedService>& services,

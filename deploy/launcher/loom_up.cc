@@ -10,21 +10,25 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "deploy/launcher/launcher.h"
 #include "runtime/base/file.h"
 #include "runtime/data/loader.h"
 #include "runtime/train/train_checkpoint.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
-#include "services/worker/scheduler_client.h"
+#include "services/scheduler/control_client.h"
 
 ABSL_FLAG(std::string, config, "",
           "Job config file (loom.job.v1.JobConfig, JSON or text format). Default: the "
@@ -34,6 +38,9 @@ ABSL_FLAG(int, steps, -1, "Stop after this many iterations (overrides train.step
 ABSL_FLAG(bool, json, false,
           "One JSON line per iteration on stdout; everything else goes to stderr.");
 ABSL_FLAG(bool, resume, false, "Continue the job after its newest complete checkpoint.");
+ABSL_FLAG(bool, submit, true,
+          "Submit the job over the control API once the services are up; with --nosubmit, "
+          "wait for a job of the config's name submitted by someone else (loomctl submit).");
 ABSL_FLAG(int, encoder_dp, 0, "Overrides parallel.encoder_dp.");
 ABSL_FLAG(int, llm_dp, 0, "Overrides parallel.llm_dp.");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -111,12 +118,140 @@ std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
       r.microbatch_imbalance());
 }
 
+// What the watching thread hands the main thread.
+struct Watched {
+  absl::Mutex mu;
+  std::deque<loom::control::v1::JobEvent> events ABSL_GUARDED_BY(mu);
+  absl::Status result ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;
+};
+
+// Submits the job over the control API (or waits for someone to), then
+// prints its progress until it ends, a signal arrives or a service exits.
+int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
+           loom::Launcher& launcher) {
+  const std::string target = launcher.scheduler_target();
+  const std::string run_dir = o.run_dir;
+  (void)loom::WriteFileAtomically(run_dir + "/scheduler_address", target + "\n");
+  (void)loom::WriteFileAtomically(run_dir + "/prometheus_targets.json",
+                                  loom::PrometheusTargets(launcher.services(), o.host));
+  loom::ControlClient control(target);
+  if (absl::GetFlag(FLAGS_submit)) {
+    loom::control::v1::JobSpec spec;
+    *spec.mutable_config() = job;
+    spec.set_resume(o.resume_step > 0);
+    absl::StatusOr<loom::control::v1::Job> j = control.Submit(spec);
+    if (!j.ok()) {
+      std::fprintf(stderr, "loom up: %s\n", std::string(j.status().message()).c_str());
+      return 1;
+    }
+    std::fprintf(info, "loom up: job %s submitted (loomctl --scheduler %s get %s)\n",
+                 j->job_id().c_str(), target.c_str(), j->job_id().c_str());
+  } else {
+    std::fprintf(info, "loom up: waiting for job %s: loomctl --scheduler %s submit FILE\n",
+                 job.name().c_str(), target.c_str());
+  }
+  std::fflush(info);
+  std::atomic<bool> stop{false};
+  Watched w;
+  std::thread watcher([&] {
+    absl::Status s;
+    for (;;) {  // the job may not be submitted yet
+      absl::StatusOr<loom::control::v1::Job> j = control.Get(job.name());
+      if (j.ok() || (j.status().code() != absl::StatusCode::kNotFound &&
+                     j.status().code() != absl::StatusCode::kUnavailable)) {
+        s = j.status();
+        break;
+      }
+      if (stop.load()) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    if (s.ok() && !stop.load()) {
+      s = control.Watch(
+          job.name(), o.resume_step - 1,
+          [&](const loom::control::v1::JobEvent& e) {
+            absl::MutexLock lock(&w.mu);
+            w.events.push_back(e);
+            return true;
+          },
+          absl::InfiniteDuration(), &stop);
+    }
+    absl::MutexLock lock(&w.mu);
+    w.result = s;
+    w.done = true;
+  });
+  int rc = 0;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  const timespec tick = {0, 100 * 1000 * 1000};
+  for (bool over = false; !over;) {
+    int sig = sigtimedwait(&set, nullptr, &tick);
+    if (sig == SIGTERM || sig == SIGINT) {
+      std::fprintf(info, "\nloom up: %s received, stopping\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      break;
+    }
+    if (const loom::LaunchedService* s = launcher.FindExited()) {
+      std::fprintf(stderr, "loom up: %s rank %d exited (%s); stopping the rest (its log: %s)\n",
+                   s->binary->name.c_str(), s->rank,
+                   loom::DescribeWaitStatus(s->exit_status).c_str(),
+                   s->process->log_path().c_str());
+      rc = 1;
+      break;
+    }
+    std::deque<loom::control::v1::JobEvent> events;
+    bool done = false;
+    absl::Status result;
+    {
+      absl::MutexLock lock(&w.mu);
+      events.swap(w.events);
+      done = w.done;
+      result = w.result;
+    }
+    for (const loom::control::v1::JobEvent& e : events) {
+      const loom::control::v1::Job& j = e.job();
+      if (e.kind() == loom::control::v1::JobEvent::KIND_STEP) {
+        if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", JsonLine(e.step()).c_str());
+        std::fprintf(info, "%s\n", ProgressLine(e.step(), j.end_iteration()).c_str());
+      } else if (e.kind() == loom::control::v1::JobEvent::KIND_CHECKPOINT) {
+        std::fprintf(info, "loom up: checkpoint %lld complete\n",
+                     static_cast<long long>(e.checkpoint_step()));
+      } else if (e.kind() == loom::control::v1::JobEvent::KIND_STATE) {
+        std::fprintf(info, "loom up: job %s %s%s\n", j.job_id().c_str(),
+                     loom::JobStateName(j.state()).c_str(),
+                     j.message().empty() ? "" : absl::StrCat(" (", j.message(), ")").c_str());
+        if (j.state() == loom::control::v1::JOB_STATE_SUCCEEDED) {
+          std::fprintf(info, "loom up: %lld iterations done%s\n",
+                       static_cast<long long>(j.end_iteration()),
+                       j.last_checkpoint() >= j.end_iteration() ? ", checkpoint complete" : "");
+        }
+        if (j.state() == loom::control::v1::JOB_STATE_FAILED) rc = 1;
+        over = over || loom::IsFinalJobState(j.state());
+      }
+    }
+    std::fflush(stdout);
+    std::fflush(info);
+    if (done && !over) {
+      if (!result.ok()) {
+        std::fprintf(stderr, "loom up: %s\n", std::string(result.message()).c_str());
+        rc = 1;
+      }
+      over = true;
+    }
+  }
+  stop.store(true);
+  watcher.join();
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   loom::InitService(argc, argv, "loom-up",
                     "loom-up: run a training job with every Loom service as its own process.\n"
-                    "  loom up [--config FILE] [--steps N] [--json] [--resume]");
+                    "  loom up [--config FILE] [--steps N] [--json] [--resume] [--nosubmit]");
   if (absl::GetFlag(FLAGS_json)) info = stderr;
   const std::string run_dir = absl::GetFlag(FLAGS_run_dir);
   const std::string bin_dir =
@@ -156,10 +291,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::string> shards = EnsureData(job, bin_dir, run_dir);
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   o.shards = *shards;
-  o.job_path = run_dir + "/job.json";
+  o.peak_flops = loom::CpuPeakFlops();
   if (absl::Status s = loom::MakeDirectories(run_dir); !s.ok())
     return Fail(std::string(s.message()));
-  if (absl::Status s = loom::WriteFileAtomically(o.job_path, loom::JobToJson(job) + "\n");
+  if (absl::Status s =
+          loom::WriteFileAtomically(run_dir + "/job.json", loom::JobToJson(job) + "\n");
       !s.ok()) {
     return Fail(std::string(s.message()));
   }
@@ -187,48 +323,7 @@ int main(int argc, char** argv) {
   std::fflush(info);
 
   int rc = 0;
-  if (!absl::GetFlag(FLAGS_exit_when_healthy)) {
-    loom::SchedulerClient scheduler(launcher.scheduler_target());
-    const int64_t end = job.train().steps();
-    const int every = job.checkpoint().every();
-    const bool final_checkpoint = end > 0 && every > 0 && end % every == 0;
-    int64_t last = o.resume_step - 1;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    const timespec tick = {0, 100 * 1000 * 1000};
-    for (;;) {
-      int sig = sigtimedwait(&set, nullptr, &tick);
-      if (sig == SIGTERM || sig == SIGINT) {
-        std::fprintf(info, "\nloom up: %s received, stopping\n",
-                     sig == SIGINT ? "SIGINT" : "SIGTERM");
-        break;
-      }
-      if (const loom::LaunchedService* s = launcher.FindExited()) {
-        std::fprintf(stderr, "loom up: %s rank %d exited (%s); stopping the rest (its log: %s)\n",
-                     s->binary->name.c_str(), s->rank,
-                     loom::DescribeWaitStatus(s->exit_status).c_str(),
-                     s->process->log_path().c_str());
-        rc = 1;
-        break;
-      }
-      absl::StatusOr<loom::scheduler::v1::GetProgressResponse> p = scheduler.GetProgress(last);
-      if (!p.ok()) continue;
-      for (const loom::scheduler::v1::StepReport& r : p->steps()) {
-        if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", JsonLine(r).c_str());
-        std::fprintf(info, "%s\n", ProgressLine(r, end).c_str());
-        last = r.iteration();
-      }
-      std::fflush(stdout);
-      std::fflush(info);
-      if (end > 0 && last + 1 >= end && (!final_checkpoint || p->last_checkpoint() >= end)) {
-        std::fprintf(info, "loom up: %lld iterations done%s\n", static_cast<long long>(end),
-                     final_checkpoint ? ", checkpoint complete" : "");
-        break;
-      }
-    }
-  }
+  if (!absl::GetFlag(FLAGS_exit_when_healthy)) rc = RunJob(job, o, launcher);
   const bool clean = launcher.Stop();
   std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
   std::fprintf(info, "loom up: %s\n",

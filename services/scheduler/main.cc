@@ -3,6 +3,10 @@
 //   loom-scheduler --plan plan.json --preprocess HOST:PORT [--algorithm loom]
 //   loom-scheduler --llm_dp 2 --microbatches 4 --encoder_dp 2 --preprocess HOST:PORT
 //   loom-scheduler --job job.json --preprocess HOST:PORT [--resume]
+//   loom-scheduler --preprocess HOST:PORT     (the job comes by SubmitJob)
+//
+// Serves loom.scheduler.v1.SchedulerService (the workers) and
+// loom.control.v1.ControlService (loomctl, loom up, automation).
 #include <cstdio>
 #include <memory>
 
@@ -11,6 +15,7 @@
 #include "runtime/train/train_checkpoint.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
+#include "services/scheduler/control_service.h"
 #include "services/scheduler/plan.h"
 #include "services/scheduler/schedule.h"
 #include "services/scheduler/scheduler_service.h"
@@ -31,17 +36,18 @@ ABSL_FLAG(std::string, job, "",
 ABSL_FLAG(std::string, run_dir, ".loom/run", "Roots the job's default folders.");
 ABSL_FLAG(bool, resume, false,
           "Continue the job after its newest complete checkpoint (in checkpoint.dir).");
+ABSL_FLAG(double, peak_flops, 0,
+          "Peak FLOP/s of all the workers' devices together, for loom_train_mfu_ratio (0: the "
+          "plan's GPU peak times its GPUs).");
 
 namespace {
 
-absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags(const loom::job::v1::JobConfig* job) {
+absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
   absl::StatusOr<loom::scheduler::v1::Plan> read = loom::sched::PlanFromFileOrDegrees(
-      absl::GetFlag(FLAGS_plan), job ? job->parallel().llm_dp() : absl::GetFlag(FLAGS_llm_dp),
-      job ? job->parallel().microbatches() : absl::GetFlag(FLAGS_microbatches),
-      job ? job->parallel().encoder_dp() : absl::GetFlag(FLAGS_encoder_dp));
+      absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_llm_dp), absl::GetFlag(FLAGS_microbatches),
+      absl::GetFlag(FLAGS_encoder_dp));
   if (!read.ok()) return read.status();
   loom::scheduler::v1::Plan plan = std::move(*read);
-  if (job != nullptr) plan.set_model(job->model());
   if (!plan.has_costs()) {
     absl::StatusOr<loom::ModelConfig> model =
         loom::ModelConfigByName(plan.model().empty() ? absl::GetFlag(FLAGS_config) : plan.model());
@@ -59,51 +65,58 @@ int main(int argc, char** argv) {
                     "loom-scheduler: the profiler/scheduler and control plane.\n"
                     "  loom-scheduler (--plan FILE | --llm_dp N --microbatches M --encoder_dp E) "
                     "--preprocess HOST:PORT [--algorithm loom]\n"
-                    "  loom-scheduler (no plan: GetInfo only)\n"
+                    "  loom-scheduler --job FILE --preprocess HOST:PORT [--resume]\n"
+                    "  loom-scheduler --preprocess HOST:PORT (the job comes by SubmitJob)\n"
                     "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
-                    "--config --retained_iterations --ilp_seconds --job --run_dir --resume");
+                    "--config --retained_iterations --ilp_seconds --job --run_dir --resume "
+                    "--peak_flops");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
-  std::unique_ptr<loom::SchedulerServiceImpl> service;
-  const bool has_job = !absl::GetFlag(FLAGS_job).empty();
-  const bool has_plan = has_job || !absl::GetFlag(FLAGS_plan).empty() ||
-                        absl::GetFlag(FLAGS_llm_dp) || absl::GetFlag(FLAGS_microbatches) ||
-                        absl::GetFlag(FLAGS_encoder_dp);
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "loom-scheduler: %s\n", std::string(s.message()).c_str());
     return 2;
   };
-  if (has_plan) {
+  if (absl::GetFlag(FLAGS_peak_flops) < 0) {
+    return fail(absl::InvalidArgumentError("--peak_flops: must be >= 0"));
+  }
+  loom::SchedulerDeployment deployment;
+  deployment.plan_file = absl::GetFlag(FLAGS_plan);
+  deployment.preprocess = absl::GetFlag(FLAGS_preprocess);
+  deployment.run_dir = absl::GetFlag(FLAGS_run_dir);
+  deployment.retained_iterations = absl::GetFlag(FLAGS_retained_iterations);
+  deployment.ilp_seconds = absl::GetFlag(FLAGS_ilp_seconds);
+  deployment.peak_flops = absl::GetFlag(FLAGS_peak_flops);
+  auto service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);
+  const bool has_job = !absl::GetFlag(FLAGS_job).empty();
+  const bool has_degrees = absl::GetFlag(FLAGS_llm_dp) || absl::GetFlag(FLAGS_microbatches) ||
+                           absl::GetFlag(FLAGS_encoder_dp);
+  if (has_job) {  // the job of the deployment, submitted at start
+    absl::StatusOr<loom::job::v1::JobConfig> job =
+        loom::LoadJobConfig(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_run_dir));
+    if (!job.ok()) return fail(job.status());
+    loom::control::v1::JobSpec spec;
+    *spec.mutable_config() = *job;
+    spec.set_resume(absl::GetFlag(FLAGS_resume));
+    absl::StatusOr<loom::SchedulerServiceOptions> o = loom::OptionsForJob(spec, deployment);
+    if (!o.ok()) return fail(o.status());
+    if (absl::Status s = service->Configure(*o); !s.ok()) return fail(s);
+  } else if (!deployment.plan_file.empty() || has_degrees) {  // a plan without a job config
     loom::SchedulerServiceOptions o;
-    if (has_job) {
-      absl::StatusOr<loom::job::v1::JobConfig> job =
-          loom::LoadJobConfig(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_run_dir));
-      if (!job.ok()) return fail(job.status());
-      o.job = *job;
-    } else {
-      o.job.set_model(absl::GetFlag(FLAGS_config));
-      o.job.set_algorithm(absl::GetFlag(FLAGS_algorithm));
-      loom::ApplyJobDefaults(absl::GetFlag(FLAGS_run_dir), &o.job);
-    }
-    absl::StatusOr<loom::scheduler::v1::Plan> plan = PlanFromFlags(has_job ? &o.job : nullptr);
+    o.job.set_model(absl::GetFlag(FLAGS_config));
+    o.job.set_algorithm(absl::GetFlag(FLAGS_algorithm));
+    loom::ApplyJobDefaults(deployment.run_dir, &o.job);
+    absl::StatusOr<loom::scheduler::v1::Plan> plan = PlanFromFlags();
     if (!plan.ok()) return fail(plan.status());
-    if (absl::GetFlag(FLAGS_resume)) {
-      absl::StatusOr<int64_t> step = loom::LatestCompleteCheckpoint(o.job.checkpoint().dir());
-      if (!step.ok()) return fail(step.status());
-      o.start_iteration = *step;
-    }
     o.plan = *plan;
     o.algorithm = o.job.algorithm();
-    o.preprocess = absl::GetFlag(FLAGS_preprocess);
-    o.retained_iterations = absl::GetFlag(FLAGS_retained_iterations);
-    o.ilp_seconds = absl::GetFlag(FLAGS_ilp_seconds);
-    absl::StatusOr<std::unique_ptr<loom::SchedulerServiceImpl>> created =
-        loom::SchedulerServiceImpl::Create(&chassis, o);
-    if (!created.ok()) return fail(created.status());
-    service = std::move(*created);
-  } else {
-    service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);
+    o.preprocess = deployment.preprocess;
+    o.retained_iterations = deployment.retained_iterations;
+    o.ilp_seconds = deployment.ilp_seconds;
+    o.peak_flops = deployment.peak_flops;
+    if (absl::Status s = service->Configure(o); !s.ok()) return fail(s);
   }
+  loom::ControlServiceImpl control(service.get(), deployment);
   chassis.AddService(service.get(), loom::scheduler::v1::SchedulerService::service_full_name());
+  chassis.AddService(&control, loom::control::v1::ControlService::service_full_name());
   return chassis.ServeUntilSignal();
 }

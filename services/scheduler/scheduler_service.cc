@@ -8,7 +8,10 @@
 #include "absl/strings/str_join.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "runtime/base/file.h"
+#include "runtime/base/log.h"
+#include "runtime/model/config.h"
 #include "runtime/train/train_checkpoint.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/assign.h"
@@ -30,11 +33,65 @@ constexpr size_t kRetainedSteps = 100000;
 
 }  // namespace
 
+SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis) {
+  prometheus::Registry& registry = chassis->registry();
+  auto counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+  };
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+  };
+  assignments_ = counter("loom_scheduler_assignments_total", "Iteration assignments computed.");
+  reports_ =
+      counter("loom_scheduler_timing_reports_total", "Microbatch timings received from workers.");
+  registered_ = gauge("loom_scheduler_workers_registered", "Workers registered with the job.");
+  llm_imbalance_ = gauge("loom_scheduler_llm_microbatch_imbalance_ratio",
+                         "Newest assignment: the LLM's max bin cost over its lower bound.");
+  encoder_imbalance_ = gauge("loom_scheduler_encoder_microbatch_imbalance_ratio",
+                             "Newest assignment: the encoder's max bin cost over its lower bound.");
+  checkpoints_ = counter("loom_checkpoints_completed_total", "Coordinated checkpoints completed.");
+  checkpoint_seconds_ = &prometheus::BuildHistogram()
+                             .Name("loom_checkpoint_duration_seconds")
+                             .Help("Coordinated checkpoint: first worker's report to COMPLETE.")
+                             .Register(registry)
+                             .Add({}, prometheus::Histogram::BucketBoundaries{
+                                          0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300});
+  iterations_ = counter("loom_train_iterations_total", "Training iterations finished.");
+  samples_ = counter("loom_train_samples_total", "Samples trained on.");
+  tokens_ = counter("loom_train_tokens_total", "Packed LLM tokens (text and image) trained on.");
+  loss_ = gauge("loom_train_loss", "Newest iteration's mean loss per loss token.");
+  mfu_ = gauge("loom_train_mfu_ratio",
+               "Newest iteration's model FLOPs per second over the workers' peak (0-1).");
+  iteration_seconds_ = &prometheus::BuildHistogram()
+                            .Name("loom_train_iteration_seconds")
+                            .Help("Wall time of one training iteration (LLM rank 0).")
+                            .Register(registry)
+                            .Add({}, prometheus::Histogram::BucketBoundaries{
+                                         0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+}
+
 absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Create(
     Chassis* chassis, const SchedulerServiceOptions& options) {
+  auto service = std::make_unique<SchedulerServiceImpl>(chassis);
+  if (absl::Status s = service->Configure(options); !s.ok()) return s;
+  return service;
+}
+
+absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& options) {
+  absl::MutexLock configure(&configure_mu_);
+  if (configured_.load()) {
+    const std::string& held = options_.job.name();
+    if (held == options.job.name()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("job.config.name: this scheduler already holds job \"", held, "\""));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("this scheduler holds job \"", held,
+                     "\"; it runs one job (its deployment's workers train it)"));
+  }
   const auto& names = sched::AlgorithmNames();
   if (std::find(names.begin(), names.end(), options.algorithm) == names.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("--algorithm: unknown \"", options.algorithm,
+    return absl::InvalidArgumentError(absl::StrCat("algorithm: unknown \"", options.algorithm,
                                                    "\"; known: ", absl::StrJoin(names, ", ")));
   }
   const scheduler::v1::Plan& p = options.plan;
@@ -51,9 +108,6 @@ absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Crea
   if (options.start_iteration < 0) {
     return absl::InvalidArgumentError("start_iteration must be >= 0");
   }
-  auto service = std::make_unique<SchedulerServiceImpl>(chassis);
-  service->options_ = options;
-  service->configured_ = true;
   scheduler::v1::CostCoefficients costs = p.costs();
   if (options.start_iteration > 0) {
     // The resumed job continues with the cost model it had.
@@ -63,51 +117,31 @@ absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Crea
     if (!bytes.ok() || !costs.ParseFromString(*bytes)) {
       return absl::DataLossError(absl::StrCat("resume: cannot read the scheduler state ", path));
     }
-    service->last_checkpoint_ = options.start_iteration;
   }
-  service->costs_ = std::make_unique<sched::CostModel>(costs);
+  absl::StatusOr<ModelConfig> model = ModelConfigByName(p.model().empty() ? "tiny" : p.model());
+  if (model.ok()) flops_ = sched::AnalyticFlops(*model, /*recompute=*/false);
+  peak_flops_ = options.peak_flops > 0 ? options.peak_flops
+                                       : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());
+  options_ = options;
   if (!options.preprocess.empty()) {
-    service->preprocess_ = data::v1::PreprocessService::NewStub(
+    preprocess_ = data::v1::PreprocessService::NewStub(
         grpc::CreateChannel(options.preprocess, grpc::InsecureChannelCredentials()));
   }
-  prometheus::Registry& registry = chassis->registry();
-  service->assignments_ = &prometheus::BuildCounter()
-                               .Name("loom_scheduler_assignments_total")
-                               .Help("Iteration assignments computed.")
-                               .Register(registry)
-                               .Add({});
-  service->reports_ = &prometheus::BuildCounter()
-                           .Name("loom_scheduler_timing_reports_total")
-                           .Help("Microbatch timings received from workers.")
-                           .Register(registry)
-                           .Add({});
-  service->registered_ = &prometheus::BuildGauge()
-                              .Name("loom_scheduler_workers_registered")
-                              .Help("Workers registered with the scheduler.")
-                              .Register(registry)
-                              .Add({});
-  auto& imbalance = prometheus::BuildGauge()
-                        .Name("loom_scheduler_microbatch_imbalance_ratio")
-                        .Help("Newest assignment: max bin cost over the lower bound, by module.")
-                        .Register(registry);
-  service->llm_imbalance_ = &imbalance.Add({{"module", "llm"}});
-  service->encoder_imbalance_ = &imbalance.Add({{"module", "encoder"}});
-  service->checkpoints_ = &prometheus::BuildCounter()
-                               .Name("loom_checkpoints_completed_total")
-                               .Help("Coordinated checkpoints made complete.")
-                               .Register(registry)
-                               .Add({});
-  service->checkpoint_seconds_ =
-      &prometheus::BuildGauge()
-           .Name("loom_checkpoint_duration_seconds")
-           .Help("Newest complete checkpoint: first worker report to COMPLETE.")
-           .Register(registry)
-           .Add({});
-  return service;
+  {
+    absl::MutexLock lock(&mu_);
+    costs_ = std::make_unique<sched::CostModel>(costs);
+    if (options.start_iteration > 0) last_checkpoint_ = options.start_iteration;
+    submit_time_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+    SetStateLocked(control::v1::JOB_STATE_PENDING);
+  }
+  configured_.store(true);  // options_ is immutable from here on
+  return absl::OkStatus();
 }
 
 absl::Status SchedulerServiceImpl::Configured() const {
-  if (!configured_) return absl::FailedPreconditionError("this scheduler has no plan");
+  if (!configured_.load()) {
+    return absl::FailedPreconditionError("this scheduler has no job yet (SubmitJob)");
+  }
   return absl::OkStatus();
 }
 
@@ -121,7 +155,9 @@ grpc::Status SchedulerServiceImpl::GetInfo(grpc::ServerContext*,
 grpc::Status SchedulerServiceImpl::RegisterWorker(
     grpc::ServerContext*, const scheduler::v1::RegisterWorkerRequest* request,
     scheduler::v1::RegisterWorkerResponse* response) {
-  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  if (!configured_.load()) {  // workers start before the job is submitted: they retry
+    return ToGrpcStatus(absl::UnavailableError("no job submitted yet"));
+  }
   const scheduler::v1::Worker& w = request->worker();
   if (w.role() != common::v1::ROLE_ENCODER_WORKER && w.role() != common::v1::ROLE_LLM_WORKER) {
     return ToGrpcStatus(
@@ -144,6 +180,11 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   }
   it->second = w;  // a retry may bring a new endpoint
   registered_->Set(static_cast<double>(workers_.size()));
+  if (state_ == control::v1::JOB_STATE_PENDING &&
+      static_cast<int>(workers_.size()) ==
+          options_.plan.encoder().gpus() + options_.plan.llm().gpus()) {
+    SetStateLocked(control::v1::JOB_STATE_RUNNING);
+  }
   *response->mutable_plan() = options_.plan;
   *response->mutable_job() = options_.job;
   response->set_start_iteration(options_.start_iteration);
@@ -180,7 +221,7 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext*,
 }
 
 absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
-SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
+SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
   if (iteration < 0) {
     return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
   }
@@ -207,6 +248,22 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
   };
   absl::StatusOr<std::shared_ptr<const Computed>> hit = cached();
   if (!hit.ok() || *hit) return hit;
+  {
+    // Iterations already computed are handed out whatever the state (every
+    // worker of an iteration gets it); a new one waits out a pause and is
+    // refused once the job was stopped.
+    absl::MutexLock lock(&mu_);
+    while (state_ == control::v1::JOB_STATE_PAUSED && absl::Now() < deadline) {
+      changed_.WaitWithDeadline(&mu_, deadline);
+    }
+    if (stop_at_ >= 0 && iteration >= stop_at_) {
+      return absl::OutOfRangeError(
+          absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_));
+    }
+    if (state_ == control::v1::JOB_STATE_PAUSED) {
+      return absl::UnavailableError("the job is paused; retry");
+    }
+  }
   absl::MutexLock compute(&compute_mu_);
   hit = cached();  // another caller may have computed it meanwhile
   if (!hit.ok() || *hit) return hit;
@@ -245,6 +302,16 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
   llm_imbalance_->Set(computed->assignment.summary().llm().max_over_lower_bound());
   encoder_imbalance_->Set(computed->assignment.summary().encoder().max_over_lower_bound());
   absl::MutexLock lock(&mu_);
+  if (stop_at_ >= 0 && iteration >= stop_at_) {  // stopped while computing
+    return absl::OutOfRangeError(
+        absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_));
+  }
+  const int every = options_.job.checkpoint().every();
+  if (checkpoint_requested_ || (every > 0 && (iteration + 1) % every == 0)) {
+    computed->assignment.set_checkpoint(true);
+    checkpoint_steps_.insert(iteration + 1);
+    checkpoint_requested_ = false;
+  }
   assignments_by_iteration_[iteration] = computed;
   newest_ = std::max(newest_, iteration);
   while (!assignments_by_iteration_.empty() &&
@@ -254,11 +321,15 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration) {
   return std::shared_ptr<const Computed>(computed);
 }
 
-grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext*,
+grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
                                                  const scheduler::v1::GetAssignmentRequest* request,
                                                  scheduler::v1::GetAssignmentResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(request->iteration());
+  // A paused job holds the call until a second before the caller's deadline
+  // (at most 10 s); the caller retries the UNAVAILABLE that follows.
+  const absl::Time deadline = std::min(absl::FromChrono(context->deadline()) - absl::Seconds(1),
+                                       absl::Now() + absl::Seconds(10));
+  absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(request->iteration(), deadline);
   if (!c.ok()) return ToGrpcStatus(c.status());
   *response->mutable_assignment() = (*c)->assignment;
   return grpc::Status::OK;
@@ -343,13 +414,17 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
     return ToGrpcStatus(absl::InvalidArgumentError(
         "step: loss must be finite and samples, tokens, loss_tokens non-negative"));
   }
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (!steps_.empty() && r.iteration() <= steps_.back().iteration()) {
     return ToGrpcStatus(absl::AlreadyExistsError(
         absl::StrCat("step.iteration: ", r.iteration(), " was already reported")));
   }
   steps_.push_back(r);
   if (steps_.size() > kRetainedSteps) steps_.pop_front();
+  AddEventLocked(control::v1::JobEvent::KIND_STEP, &r, 0);
+  MaybeSucceedLocked();
+  lock.Release();
+  ObserveStepMetrics(r);
   return grpc::Status::OK;
 }
 
@@ -374,31 +449,43 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
   if (absl::Status s = ValidateWorkerId(request->role(), request->rank()); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  const int every = options_.job.checkpoint().every();
   const int64_t step = request->step();
-  if (every <= 0 || step <= 0 || step % every != 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "step: ", step, " is not a checkpoint step of this job (checkpoint.every = ", every, ")")));
-  }
   const int parts = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
   {
     absl::MutexLock lock(&mu_);
+    if (!IsCheckpointStep(step)) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("step: ", step, " is not a checkpoint step of this job (checkpoint.every = ",
+                       options_.job.checkpoint().every(), ", none requested there)")));
+    }
     if (step <= last_checkpoint_) {
       return ToGrpcStatus(absl::AlreadyExistsError(
           absl::StrCat("step: checkpoint ", step, " is already complete")));
     }
     auto& reported = checkpoint_parts_[step];
+    checkpoint_started_.try_emplace(step, absl::Now());
     reported.insert({request->role(), request->rank()});
     if (static_cast<int>(reported.size()) < parts) return grpc::Status::OK;
     checkpoint_parts_.erase(step);
   }
-  const absl::Time t0 = absl::Now();
-  if (absl::Status s = CompleteCheckpoint(step); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CompleteCheckpoint(step); !s.ok()) {
+    absl::MutexLock lock(&mu_);
+    job_message_ = absl::StrCat("checkpoint ", step, " failed: ", s.message());
+    stop_at_ = newest_ + 1;
+    SetStateLocked(control::v1::JOB_STATE_FAILED);
+    return ToGrpcStatus(s);
+  }
   checkpoints_->Increment();
-  checkpoint_seconds_->Set(absl::ToDoubleSeconds(absl::Now() - t0));
   response->set_complete(true);
   absl::MutexLock lock(&mu_);
+  if (auto t = checkpoint_started_.find(step); t != checkpoint_started_.end()) {
+    checkpoint_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t->second));
+    checkpoint_started_.erase(t);
+  }
   last_checkpoint_ = std::max(last_checkpoint_, step);
+  checkpoint_steps_.erase(step);
+  AddEventLocked(control::v1::JobEvent::KIND_CHECKPOINT, nullptr, step);
+  MaybeSucceedLocked();
   return grpc::Status::OK;
 }
 
@@ -463,6 +550,185 @@ grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext*,
   }
   response->set_value(it->second);
   return grpc::Status::OK;
+}
+
+// ---- The job lifecycle (loom.control.v1) ----
+
+namespace {
+
+constexpr size_t kRetainedEvents = 10000;
+
+bool IsFinal(control::v1::JobState s) {
+  return s == control::v1::JOB_STATE_SUCCEEDED || s == control::v1::JOB_STATE_CANCELLED ||
+         s == control::v1::JOB_STATE_FAILED;
+}
+
+std::string StateName(control::v1::JobState s) {
+  std::string name = control::v1::JobState_Name(s);
+  return name.substr(std::string("JOB_STATE_").size());
+}
+
+}  // namespace
+
+control::v1::Job SchedulerServiceImpl::JobLocked() const {
+  control::v1::Job j;
+  j.set_job_id(options_.job.name());
+  j.set_state(state_);
+  *j.mutable_config() = options_.job;
+  j.set_start_iteration(options_.start_iteration);
+  j.set_end_iteration(options_.job.train().steps());
+  j.set_completed_iterations(steps_.empty() ? options_.start_iteration
+                                            : steps_.back().iteration() + 1);
+  j.set_last_checkpoint(last_checkpoint_);
+  j.set_pending_checkpoint(checkpoint_steps_.empty() ? 0 : *checkpoint_steps_.begin());
+  j.set_workers_registered(static_cast<int>(workers_.size()));
+  j.set_workers_expected(options_.plan.encoder().gpus() + options_.plan.llm().gpus());
+  if (!steps_.empty()) *j.mutable_last_step() = steps_.back();
+  j.set_message(job_message_);
+  j.set_submit_time_seconds(submit_time_);
+  return j;
+}
+
+void SchedulerServiceImpl::AddEventLocked(control::v1::JobEvent::Kind kind,
+                                          const scheduler::v1::StepReport* step,
+                                          int64_t checkpoint_step) {
+  control::v1::JobEvent e;
+  e.set_kind(kind);
+  *e.mutable_job() = JobLocked();
+  if (step != nullptr) *e.mutable_step() = *step;
+  e.set_checkpoint_step(checkpoint_step);
+  events_.emplace_back(++event_seq_, std::move(e));
+  if (events_.size() > kRetainedEvents) events_.pop_front();
+  changed_.SignalAll();
+}
+
+void SchedulerServiceImpl::SetStateLocked(control::v1::JobState state) {
+  if (state_ == state) return;
+  LOOM_LOG(INFO).With("job", options_.job.name()).With("from", StateName(state_))
+      << "job " << StateName(state);
+  state_ = state;
+  AddEventLocked(control::v1::JobEvent::KIND_STATE, nullptr, 0);
+}
+
+void SchedulerServiceImpl::MaybeSucceedLocked() {
+  const int64_t end = options_.job.train().steps();
+  if (end <= 0 || IsFinal(state_) || steps_.empty() || steps_.back().iteration() + 1 < end) return;
+  if (!checkpoint_steps_.empty()) return;  // the last checkpoint is still being written
+  SetStateLocked(control::v1::JOB_STATE_SUCCEEDED);
+}
+
+bool SchedulerServiceImpl::IsCheckpointStep(int64_t step) const {
+  const int every = options_.job.checkpoint().every();
+  return step > 0 && ((every > 0 && step % every == 0) || checkpoint_steps_.count(step) > 0);
+}
+
+void SchedulerServiceImpl::ObserveStepMetrics(const scheduler::v1::StepReport& r) {
+  iterations_->Increment();
+  samples_->Increment(static_cast<double>(r.samples()));
+  tokens_->Increment(static_cast<double>(r.tokens()));
+  loss_->Set(r.loss());
+  iteration_seconds_->Observe(r.seconds());
+  std::shared_ptr<const Computed> c;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = assignments_by_iteration_.find(r.iteration());
+    if (it != assignments_by_iteration_.end()) c = it->second;
+  }
+  if (c == nullptr || r.seconds() <= 0 || peak_flops_ <= 0) return;
+  // Model FLOPs of the batch as trained: ViT FLOPs per tile, the LLM's over
+  // each sample's real packed length (attention per sample, block-diagonal).
+  double flops = 0;
+  for (const sched::SampleShape& s : c->shapes) {
+    const double l = s.length();
+    flops += flops_.encoder_per_tile * s.tiles + flops_.llm_per_token * l +
+             flops_.llm_per_token_sq * l * l;
+  }
+  mfu_->Set(flops / r.seconds() / peak_flops_);
+}
+
+absl::Status SchedulerServiceImpl::FindJobLocked(const std::string& job_id) const {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
+  if (!configured_.load() || options_.job.name() != job_id) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job \"", job_id, "\""));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<control::v1::Job> SchedulerServiceImpl::GetJob(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
+  return JobLocked();
+}
+
+absl::StatusOr<std::pair<int64_t, control::v1::Job>> SchedulerServiceImpl::Snapshot(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
+  return std::make_pair(event_seq_, JobLocked());
+}
+
+absl::StatusOr<control::v1::Job> SchedulerServiceImpl::PauseJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
+  if (state_ != control::v1::JOB_STATE_RUNNING && state_ != control::v1::JOB_STATE_PENDING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is ", StateName(state_),
+                     "; only a RUNNING or PENDING job can be paused"));
+  }
+  SetStateLocked(control::v1::JOB_STATE_PAUSED);
+  return JobLocked();
+}
+
+absl::StatusOr<control::v1::Job> SchedulerServiceImpl::ResumeJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
+  if (state_ != control::v1::JOB_STATE_PAUSED) {
+    return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" is ", StateName(state_),
+                                                      "; only a PAUSED job can be resumed"));
+  }
+  const bool all = static_cast<int>(workers_.size()) ==
+                   options_.plan.encoder().gpus() + options_.plan.llm().gpus();
+  SetStateLocked(all ? control::v1::JOB_STATE_RUNNING : control::v1::JOB_STATE_PENDING);
+  return JobLocked();
+}
+
+absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CancelJob(const std::string& job_id,
+                                                                 const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
+  if (IsFinal(state_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is already ", StateName(state_)));
+  }
+  job_message_ = reason.empty() ? "cancelled by CancelJob" : reason;
+  stop_at_ = std::max(newest_ + 1, options_.start_iteration);
+  SetStateLocked(control::v1::JOB_STATE_CANCELLED);
+  return JobLocked();
+}
+
+absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CheckpointJob(const std::string& job_id,
+                                                                     int64_t* step) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
+  if (state_ != control::v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" is ", StateName(state_),
+                                                      "; only a RUNNING job can checkpoint"));
+  }
+  checkpoint_requested_ = true;
+  *step = 0;
+  return JobLocked();
+}
+
+std::vector<std::pair<int64_t, control::v1::JobEvent>> SchedulerServiceImpl::EventsAfter(
+    int64_t after_seq, absl::Duration wait) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time until = absl::Now() + wait;
+  while (event_seq_ <= after_seq && absl::Now() < until) changed_.WaitWithDeadline(&mu_, until);
+  std::vector<std::pair<int64_t, control::v1::JobEvent>> out;
+  for (const auto& e : events_) {
+    if (e.first > after_seq) out.push_back(e);
+  }
+  return out;
 }
 
 }  // namespace loom

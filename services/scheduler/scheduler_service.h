@@ -5,6 +5,7 @@
 #ifndef LOOM_SERVICES_SCHEDULER_SCHEDULER_SERVICE_H_
 #define LOOM_SERVICES_SCHEDULER_SCHEDULER_SERVICE_H_
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "loom/control/v1/control.pb.h"
 #include "loom/data/v1/data.grpc.pb.h"
 #include "loom/job/v1/job.pb.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
@@ -23,6 +25,7 @@
 namespace prometheus {
 class Counter;
 class Gauge;
+class Histogram;
 }  // namespace prometheus
 
 namespace loom {
@@ -39,18 +42,44 @@ struct SchedulerServiceOptions {
   // Resume: continue after the checkpoint of step `start_iteration` (the
   // iteration after it is numbered start_iteration); 0 starts fresh.
   int64_t start_iteration = 0;
+  // Peak FLOP/s of all the job's worker devices together, the denominator
+  // of loom_train_mfu_ratio; 0: the plan's gpu_peak_flops times its GPUs.
+  double peak_flops = 0;
 };
 
 // Thread-safe: gRPC calls its methods from many threads at once.
 class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Service {
  public:
-  // `chassis` is not owned and must outlive this service. Without a plan
-  // (the GetInfo-only form) the other RPCs answer FAILED_PRECONDITION.
-  explicit SchedulerServiceImpl(const Chassis* chassis) : chassis_(chassis) {}
+  // `chassis` is not owned and must outlive this service. Until a job is
+  // configured (Configure, or SubmitJob through the control API) the worker
+  // RPCs answer FAILED_PRECONDITION.
+  explicit SchedulerServiceImpl(Chassis* chassis);
 
-  // INVALID_ARGUMENT: an unknown algorithm, a plan without degrees.
+  // A service with its job configured. INVALID_ARGUMENT: an unknown
+  // algorithm, a plan without degrees.
   static absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> Create(
       Chassis* chassis, const SchedulerServiceOptions& options);
+
+  // The job lifecycle behind loom.control.v1 (control_service.h). Configure
+  // takes the one job this scheduler runs: FAILED_PRECONDITION when it holds
+  // one already (ALREADY_EXISTS when it has the same name).
+  absl::Status Configure(const SchedulerServiceOptions& options);
+  // NOT_FOUND unless `job_id` names the job held.
+  absl::StatusOr<control::v1::Job> GetJob(const std::string& job_id) const;
+  // FAILED_PRECONDITION for a transition the state does not allow.
+  absl::StatusOr<control::v1::Job> PauseJob(const std::string& job_id);
+  absl::StatusOr<control::v1::Job> ResumeJob(const std::string& job_id);
+  absl::StatusOr<control::v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  // The checkpoint is placed after the next iteration computed; *step is its
+  // step once placed (0 until then).
+  absl::StatusOr<control::v1::Job> CheckpointJob(const std::string& job_id, int64_t* step);
+  // Events with a sequence number above `after_seq` (each paired with its
+  // number), waiting up to `wait` for one. Empty when nothing happened
+  // within `wait`.
+  std::vector<std::pair<int64_t, control::v1::JobEvent>> EventsAfter(int64_t after_seq,
+                                                                     absl::Duration wait) const;
+  // The job with the sequence number of the newest event it includes.
+  absl::StatusOr<std::pair<int64_t, control::v1::Job>> Snapshot(const std::string& job_id) const;
 
   grpc::Status GetInfo(grpc::ServerContext* context, const scheduler::v1::GetInfoRequest* request,
                        scheduler::v1::GetInfoResponse* response) override;
@@ -85,16 +114,30 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
     std::vector<sched::SampleShape> shapes;  // by batch index
   };
 
-  absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(int64_t iteration);
+  // `deadline`: how long a paused job may hold the call.
+  absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(int64_t iteration,
+                                                                absl::Time deadline);
   absl::Status Configured() const;
   absl::Status ValidateWorkerId(common::v1::Role role, int rank) const;
   // Writes the cursor and the scheduler's state into the step's folder, then
   // COMPLETE. Called once every worker reported its part.
   absl::Status CompleteCheckpoint(int64_t step);
+  // Job lifecycle helpers; mu_ held.
+  control::v1::Job JobLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FindJobLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(control::v1::JobState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddEventLocked(control::v1::JobEvent::Kind kind, const scheduler::v1::StepReport* step,
+                      int64_t checkpoint_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSucceedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsCheckpointStep(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ObserveStepMetrics(const scheduler::v1::StepReport& r);
 
-  const Chassis* chassis_;
-  SchedulerServiceOptions options_;
-  bool configured_ = false;
+  Chassis* chassis_;
+  SchedulerServiceOptions options_;  // immutable once configured_
+  std::atomic<bool> configured_{false};
+  absl::Mutex configure_mu_;  // one Configure at a time
+  sched::ModelFlops flops_;   // per tile / token of the job's model, for MFU
+  double peak_flops_ = 0;
   std::unique_ptr<data::v1::PreprocessService::Stub> preprocess_;
   prometheus::Counter* assignments_ = nullptr;
   prometheus::Counter* reports_ = nullptr;
@@ -111,10 +154,29 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::deque<scheduler::v1::StepReport> steps_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::set<std::pair<int, int>>> checkpoint_parts_ ABSL_GUARDED_BY(mu_);
   int64_t last_checkpoint_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int64_t, absl::Time> checkpoint_started_ ABSL_GUARDED_BY(mu_);  // first report
   std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(mu_);
   size_t key_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Counter* checkpoints_ = nullptr;
-  prometheus::Gauge* checkpoint_seconds_ = nullptr;
+  prometheus::Histogram* checkpoint_seconds_ = nullptr;
+  prometheus::Counter* iterations_ = nullptr;
+  prometheus::Counter* samples_ = nullptr;
+  prometheus::Counter* tokens_ = nullptr;
+  prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* mfu_ = nullptr;
+  prometheus::Histogram* iteration_seconds_ = nullptr;
+
+  // The job's state, events for WatchJob, and the control requests that the
+  // worker RPCs act on.
+  control::v1::JobState state_ ABSL_GUARDED_BY(mu_) = control::v1::JOB_STATE_UNSPECIFIED;
+  std::string job_message_ ABSL_GUARDED_BY(mu_);
+  double submit_time_ ABSL_GUARDED_BY(mu_) = 0;
+  bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<int64_t> checkpoint_steps_ ABSL_GUARDED_BY(mu_);  // placed, not complete yet
+  int64_t stop_at_ ABSL_GUARDED_BY(mu_) = -1;  // cancelled: no assignment from here on
+  std::deque<std::pair<int64_t, control::v1::JobEvent>> events_ ABSL_GUARDED_BY(mu_);
+  int64_t event_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::CondVar changed_;
 };
 
 // Checkpoint files the scheduler writes into DIR/step-N/ besides the

@@ -64,14 +64,31 @@ absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorker
 }
 
 absl::StatusOr<scheduler::v1::Assignment> SchedulerClient::GetAssignment(int64_t iteration) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, deadline_);
   scheduler::v1::GetAssignmentRequest request;
   request.set_iteration(iteration);
-  scheduler::v1::GetAssignmentResponse response;
-  grpc::Status s = stub_->GetAssignment(&ctx, request, &response);
-  if (!s.ok()) return FromGrpcStatus(s, "scheduler GetAssignment");
-  return std::move(*response.mutable_assignment());
+  absl::Time unreachable_since = absl::InfiniteFuture();
+  for (;;) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, deadline_);
+    scheduler::v1::GetAssignmentResponse response;
+    grpc::Status s = stub_->GetAssignment(&ctx, request, &response);
+    if (s.ok()) return std::move(*response.mutable_assignment());
+    // A paused job answers UNAVAILABLE after holding the call: wait on. A
+    // scheduler that cannot be reached gets `deadline_` to come back.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      return FromGrpcStatus(s, "scheduler GetAssignment");
+    }
+    const bool paused = s.error_message().find("paused") != std::string::npos;
+    if (paused) {
+      unreachable_since = absl::InfiniteFuture();
+    } else if (unreachable_since == absl::InfiniteFuture()) {
+      unreachable_since = absl::Now();
+    } else if (absl::Now() - unreachable_since > deadline_) {
+      return FromGrpcStatus(s, "scheduler GetAssignment");
+    }
+    if (absl::Status c = Cancelled(); !c.ok()) return c;
+    if (!paused) absl::SleepFor(absl::Milliseconds(200));
+  }
 }
 
 absl::Status SchedulerClient::ReportTimings(const scheduler::v1::ReportTimingsRequest& request) {

@@ -80,6 +80,7 @@ struct TrainingWorker::Impl {
   prometheus::Counter* wait_seconds = nullptr;
   prometheus::Counter* ucx_sent = nullptr;
   prometheus::Counter* ucx_received = nullptr;
+  prometheus::Counter* data_stall_seconds = nullptr;
   prometheus::Histogram* iteration_seconds = nullptr;
   int64_t ucx_sent_seen = 0, ucx_received_seen = 0;
 
@@ -192,12 +193,23 @@ absl::Status TrainingWorker::Impl::Connect() {
                       .Help("Time spent waiting for peers' tensors and collectives.")
                       .Register(r)
                       .Add(labels);
-  auto& bytes = prometheus::BuildCounter()
-                    .Name("loom_worker_ucx_bytes_total")
-                    .Help("Bytes moved over UCX by this worker, by direction.")
-                    .Register(r);
-  ucx_sent = &bytes.Add({{"role", role}, {"rank", rank}, {"direction", "sent"}});
-  ucx_received = &bytes.Add({{"role", role}, {"rank", rank}, {"direction", "received"}});
+  ucx_sent = &prometheus::BuildCounter()
+                  .Name("loom_worker_ucx_sent_bytes_total")
+                  .Help("Bytes this worker sent over UCX (embeddings, gradients).")
+                  .Register(r)
+                  .Add(labels);
+  ucx_received = &prometheus::BuildCounter()
+                      .Name("loom_worker_ucx_received_bytes_total")
+                      .Help("Bytes this worker received over UCX (samples, embeddings, gradients).")
+                      .Register(r)
+                      .Add(labels);
+  data_stall_seconds = &prometheus::BuildCounter()
+                            .Name("loom_worker_data_stall_seconds_total")
+                            .Help(
+                                "Time the training loop waited for its next iteration's "
+                                "assignment and samples (includes a paused job).")
+                            .Register(r)
+                            .Add(labels);
   iteration_seconds = &prometheus::BuildHistogram()
                            .Name("loom_worker_iteration_seconds")
                            .Help("Wall time of one training iteration on this worker.")
@@ -425,8 +437,9 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     report.set_microbatch_imbalance(d.assignment.summary().objective());
     if (s = scheduler->ReportStep(report); !s.ok()) return s;
   }
-  const int every = job.checkpoint().every();
-  if (every > 0 && step % every == 0) return Checkpoint(step);
+  // The scheduler marks the iterations a checkpoint follows (checkpoint.every
+  // or a CheckpointJob).
+  if (d.assignment.checkpoint()) return Checkpoint(step);
   return absl::OkStatus();
 }
 
@@ -477,11 +490,16 @@ void TrainingWorker::Run() {
   std::future<absl::StatusOr<IterationData>> next =
       std::async(std::launch::async, [&m, i = m.start_iteration] { return m.Fetch(i); });
   for (int64_t i = m.start_iteration; !m.stop.load(); ++i) {
+    const absl::Time waiting = absl::Now();
     absl::StatusOr<IterationData> d = next.get();
+    m.data_stall_seconds->Increment(absl::ToDoubleSeconds(absl::Now() - waiting));
     if (!d.ok()) {
-      // The scheduler answers OUT_OF_RANGE past the job's last iteration.
-      if (d.status().code() != absl::StatusCode::kOutOfRange || m.job.train().steps() == 0) {
+      // The scheduler answers OUT_OF_RANGE past the job's last iteration
+      // and once the job was cancelled: the end of training.
+      if (d.status().code() != absl::StatusCode::kOutOfRange) {
         result = d.status();
+      } else {
+        LOOM_LOG(INFO).With("reason", std::string(d.status().message())) << "job ended";
       }
       break;
     }

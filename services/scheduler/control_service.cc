@@ -1,0 +1,167 @@
+#include "services/scheduler/control_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/model/config.h"
+#include "runtime/train/train_checkpoint.h"
+#include "services/common/grpc_status.h"
+#include "services/common/job.h"
+#include "services/scheduler/plan.h"
+#include "services/scheduler/schedule.h"
+
+namespace loom {
+namespace {
+
+bool IsFinal(control::v1::JobState s) {
+  return s == control::v1::JOB_STATE_SUCCEEDED || s == control::v1::JOB_STATE_CANCELLED ||
+         s == control::v1::JOB_STATE_FAILED;
+}
+
+// A job id is a DNS label (it names Kubernetes objects and folders).
+absl::Status ValidateJobId(const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 63 && id.front() != '-' && id.back() != '-';
+  for (char c : id) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("job.config.name: \"", id,
+                   "\" is not a job id (1-63 of a-z, 0-9, '-', not starting or ending in '-')"));
+}
+
+}  // namespace
+
+absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec& spec,
+                                                      const SchedulerDeployment& deployment) {
+  SchedulerServiceOptions o;
+  o.job = spec.config();
+  ApplyJobDefaults(deployment.run_dir, &o.job);
+  if (absl::Status s = ValidateJobId(o.job.name()); !s.ok()) return s;
+  if (absl::Status s = ValidateJob(o.job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("job.config.", s.message()));
+  }
+  const job::v1::ParallelConfig& p = o.job.parallel();
+  absl::StatusOr<scheduler::v1::Plan> plan = sched::PlanFromFileOrDegrees(
+      deployment.plan_file, p.llm_dp(), p.microbatches(), p.encoder_dp());
+  if (!plan.ok()) return plan.status();
+  plan->set_model(o.job.model());
+  if (!plan->has_costs()) {
+    absl::StatusOr<ModelConfig> model = ModelConfigByName(o.job.model());
+    if (!model.ok()) return model.status();
+    *plan->mutable_costs() = sched::CoefficientsOnOneGpu(*model, sched::ClusterSpec());
+  }
+  o.plan = std::move(*plan);
+  if (spec.resume()) {
+    absl::StatusOr<int64_t> step = LatestCompleteCheckpoint(o.job.checkpoint().dir());
+    if (!step.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("job.resume: ", step.status().message()));
+    }
+    o.start_iteration = *step;
+  }
+  o.algorithm = o.job.algorithm();
+  o.preprocess = deployment.preprocess;
+  o.retained_iterations = deployment.retained_iterations;
+  o.ilp_seconds = deployment.ilp_seconds;
+  o.peak_flops = deployment.peak_flops;
+  return o;
+}
+
+grpc::Status ControlServiceImpl::SubmitJob(grpc::ServerContext*,
+                                           const control::v1::SubmitJobRequest* request,
+                                           control::v1::SubmitJobResponse* response) {
+  if (!request->has_job()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("job: missing"));
+  }
+  absl::StatusOr<SchedulerServiceOptions> o = OptionsForJob(request->job(), deployment_);
+  if (!o.ok()) return ToGrpcStatus(o.status());
+  if (absl::Status s = scheduler_->Configure(*o); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<control::v1::Job> job = scheduler_->GetJob(o->job.name());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlServiceImpl::GetJob(grpc::ServerContext*,
+                                        const control::v1::GetJobRequest* request,
+                                        control::v1::GetJobResponse* response) {
+  absl::StatusOr<control::v1::Job> job = scheduler_->GetJob(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlServiceImpl::WatchJob(grpc::ServerContext* context,
+                                          const control::v1::WatchJobRequest* request,
+                                          grpc::ServerWriter<control::v1::JobEvent>* writer) {
+  absl::StatusOr<std::pair<int64_t, control::v1::Job>> snapshot =
+      scheduler_->Snapshot(request->job_id());
+  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+  auto [seq, job] = std::move(*snapshot);
+  control::v1::JobEvent first;
+  first.set_kind(control::v1::JobEvent::KIND_SNAPSHOT);
+  *first.mutable_job() = job;
+  if (!writer->Write(first)) return grpc::Status::CANCELLED;
+  // Steps finished before the snapshot that the caller has not seen.
+  int64_t after_iteration = request->after_iteration();
+  for (const auto& [s, e] : scheduler_->EventsAfter(-1, absl::ZeroDuration())) {
+    if (s > seq || e.kind() != control::v1::JobEvent::KIND_STEP) continue;
+    if (e.step().iteration() <= after_iteration) continue;
+    after_iteration = e.step().iteration();
+    if (!writer->Write(e)) return grpc::Status::CANCELLED;
+  }
+  bool final = IsFinal(job.state());
+  while (!final) {
+    if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    for (auto& [s, e] : scheduler_->EventsAfter(seq, absl::Milliseconds(250))) {
+      seq = s;
+      if (e.kind() == control::v1::JobEvent::KIND_STEP) {
+        if (e.step().iteration() <= after_iteration) continue;
+        after_iteration = e.step().iteration();
+      }
+      if (!writer->Write(e)) return grpc::Status::CANCELLED;
+      final = final || (e.kind() == control::v1::JobEvent::KIND_STATE && IsFinal(e.job().state()));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlServiceImpl::PauseJob(grpc::ServerContext*,
+                                          const control::v1::PauseJobRequest* request,
+                                          control::v1::PauseJobResponse* response) {
+  absl::StatusOr<control::v1::Job> job = scheduler_->PauseJob(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlServiceImpl::ResumeJob(grpc::ServerContext*,
+                                           const control::v1::ResumeJobRequest* request,
+                                           control::v1::ResumeJobResponse* response) {
+  absl::StatusOr<control::v1::Job> job = scheduler_->ResumeJob(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlServiceImpl::CheckpointJob(grpc::ServerContext*,
+                                               const control::v1::CheckpointJobRequest* request,
+                                               control::v1::CheckpointJobResponse* response) {
+  int64_t step = 0;
+  absl::StatusOr<control::v1::Job> job = scheduler_->CheckpointJob(request->job_id(), &step);
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(*job);
+  response->set_step(step);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlServiceImpl::CancelJob(grpc::ServerContext*,
+                                           const control::v1::CancelJobRequest* request,
+                                           control::v1::CancelJobResponse* response) {
+  if (request->reason().size() > 1024) {
+    return ToGrpcStatus(absl::InvalidArgumentError("reason: over 1024 bytes"));
+  }
+  absl::StatusOr<control::v1::Job> job =
+      scheduler_->CancelJob(request->job_id(), request->reason());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = std::move(*job);
+  return grpc::Status::OK;
+}
+
+}  // namespace loom

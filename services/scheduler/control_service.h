@@ -1,0 +1,60 @@
+// loom.control.v1.ControlService, served by loom-scheduler: SubmitJob turns
+// a JobSpec into the scheduler's job (validated, planned), the other calls
+// read and steer that job's lifecycle (SchedulerServiceImpl holds it).
+#ifndef LOOM_SERVICES_SCHEDULER_CONTROL_SERVICE_H_
+#define LOOM_SERVICES_SCHEDULER_CONTROL_SERVICE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "loom/control/v1/control.grpc.pb.h"
+#include "services/scheduler/scheduler_service.h"
+
+namespace loom {
+
+// What the deployment fixes for every job it runs (loom-scheduler's flags).
+struct SchedulerDeployment {
+  std::string plan_file;  // a searched plan (JSON); empty: degrees from the job
+  std::string preprocess;
+  std::string run_dir = ".loom/run";  // roots the job's default folders
+  int retained_iterations = 16;
+  double ilp_seconds = 10;
+  double peak_flops = 0;
+};
+
+// The scheduler options of `spec`: defaults applied, validated (errors name
+// the field as "job.config.<field>"), planned, and on resume placed after
+// the newest complete checkpoint (FAILED_PRECONDITION when there is none).
+absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec& spec,
+                                                      const SchedulerDeployment& deployment);
+
+class ControlServiceImpl final : public control::v1::ControlService::Service {
+ public:
+  // `scheduler` is not owned and must outlive this service.
+  ControlServiceImpl(SchedulerServiceImpl* scheduler, SchedulerDeployment deployment)
+      : scheduler_(scheduler), deployment_(std::move(deployment)) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* context, const control::v1::SubmitJobRequest* request,
+                         control::v1::SubmitJobResponse* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const control::v1::GetJobRequest* request,
+                      control::v1::GetJobResponse* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context, const control::v1::WatchJobRequest* request,
+                        grpc::ServerWriter<control::v1::JobEvent>* writer) override;
+  grpc::Status PauseJob(grpc::ServerContext* context, const control::v1::PauseJobRequest* request,
+                        control::v1::PauseJobResponse* response) override;
+  grpc::Status ResumeJob(grpc::ServerContext* context, const control::v1::ResumeJobRequest* request,
+                         control::v1::ResumeJobResponse* response) override;
+  grpc::Status CheckpointJob(grpc::ServerContext* context,
+                             const control::v1::CheckpointJobRequest* request,
+                             control::v1::CheckpointJobResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const control::v1::CancelJobRequest* request,
+                         control::v1::CancelJobResponse* response) override;
+
+ private:
+  SchedulerServiceImpl* scheduler_;
+  SchedulerDeployment deployment_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_SCHEDULER_CONTROL_SERVICE_H_

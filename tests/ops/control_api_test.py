@@ -1,0 +1,228 @@
+"""The control API (loom.control.v1) from a second client written against the
+proto alone: python3-grpcio with messages built from control.proto's
+FileDescriptorSet, no generated code. It drives every call and every error
+code of the API against a real `loom up --nosubmit` deployment (preprocess,
+scheduler, one encoder and one LLM worker), and checks loomctl's exit codes.
+
+usage: control_api_test.py DESCRIPTOR_SET LOOM_UP BIN_DIR LOOMCTL TMPDIR
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+
+DESCRIPTORS, LOOM_UP, BIN_DIR, LOOMCTL, TMP = sys.argv[1:6]
+JOB = "ctl-test"
+DEADLINE = 10  # seconds, every unary call
+
+pool = descriptor_pool.DescriptorPool()
+for f in descriptor_pb2.FileDescriptorSet.FromString(open(DESCRIPTORS, "rb").read()).file:
+    pool.Add(f)
+factory = message_factory.MessageFactory(pool)
+
+
+def message(name):
+    d = pool.FindMessageTypeByName(name)
+    get = getattr(message_factory, "GetMessageClass", None)
+    return get(d) if get else factory.GetPrototype(d)
+
+
+C = "loom.control.v1."
+STATE = {v.number: v.name for v in pool.FindEnumTypeByName(C + "JobState").values}
+KIND = {v.number: v.name for v in pool.FindMessageTypeByName(C + "JobEvent").enum_types_by_name["Kind"].values}
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+class Control:
+    def __init__(self, target):
+        self.channel = grpc.insecure_channel(target)
+
+    def call(self, method, **fields):
+        req = message(C + method + "Request")(**fields)
+        resp = message(C + method + "Response")
+        rpc = self.channel.unary_unary("/loom.control.v1.ControlService/" + method,
+                                       request_serializer=lambda m: m.SerializeToString(),
+                                       response_deserializer=resp.FromString)
+        return rpc(req, timeout=DEADLINE)
+
+    def watch(self, job_id, timeout):
+        req = message(C + "WatchJobRequest")(job_id=job_id, after_iteration=-1)
+        rpc = self.channel.unary_stream("/loom.control.v1.ControlService/WatchJob",
+                                        request_serializer=lambda m: m.SerializeToString(),
+                                        response_deserializer=message(C + "JobEvent").FromString)
+        return rpc(req, timeout=timeout)
+
+
+def expect_error(code, contains, fn, what):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        check(e.code() == code and contains in e.details(),
+              "%s -> %s (%s)" % (what, e.code().name, e.details()))
+        return
+    check(False, "%s -> %s expected, call succeeded" % (what, code.name))
+
+
+def wait_for(pred, what, seconds=120):
+    until = time.time() + seconds
+    while time.time() < until:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    check(False, "timed out waiting for " + what)
+    return None
+
+
+def main():
+    run = os.path.join(TMP, "run")
+    config_path = os.path.join(TMP, "job.json")
+    config = {"name": JOB, "data": {"samples": 48, "global_batch": 8},
+              "parallel": {"encoder_dp": 1, "llm_dp": 1, "microbatches": 2},
+              "checkpoint": {"dir": os.path.join(TMP, "ckpt")}}
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    log = open(os.path.join(TMP, "loom_up.log"), "w")
+    up = subprocess.Popen([LOOM_UP, "--bin_dir=" + BIN_DIR, "--run_dir=" + run, "--config=" + config_path,
+                           "--nosubmit"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        address_file = os.path.join(run, "scheduler_address")
+        target = wait_for(lambda: os.path.exists(address_file) and open(address_file).read().strip(),
+                          "loom up to start the services", 300)
+        if not target:
+            return
+        ctl = Control(target)
+        G = grpc.StatusCode
+
+        # Before any job.
+        expect_error(G.NOT_FOUND, JOB, lambda: ctl.call("GetJob", job_id=JOB), "GetJob before SubmitJob")
+        expect_error(G.INVALID_ARGUMENT, "job_id", lambda: ctl.call("GetJob", job_id=""), "GetJob(\"\")")
+        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "get", JOB], capture_output=True, text=True)
+        check(r.returncode == 1 and "NOT_FOUND" in r.stderr, "loomctl get before submit exits 1 with NOT_FOUND")
+
+        JobSpec = message(C + "JobSpec")
+        JobConfig = message("loom.job.v1.JobConfig")
+
+        def spec(**changes):
+            c = json.loads(json.dumps(config))
+            for k, v in changes.items():
+                if isinstance(v, dict):
+                    c.setdefault(k, {}).update(v)
+                else:
+                    c[k] = v
+            return JobSpec(config=json_format.ParseDict(c, JobConfig()))
+
+        expect_error(G.INVALID_ARGUMENT, "job.config.parallel.llm_dp",
+                     lambda: ctl.call("SubmitJob", job=spec(parallel={"llm_dp": -1})), "SubmitJob llm_dp -1")
+        expect_error(G.INVALID_ARGUMENT, "job.config.name",
+                     lambda: ctl.call("SubmitJob", job=spec(name="Not_A_Label")), "SubmitJob bad name")
+        expect_error(G.INVALID_ARGUMENT, "job.config.algorithm",
+                     lambda: ctl.call("SubmitJob", job=spec(algorithm="fastest")), "SubmitJob bad algorithm")
+        expect_error(G.INVALID_ARGUMENT, "job", lambda: ctl.call("SubmitJob"), "SubmitJob without job")
+        no_ckpt = spec()
+        no_ckpt.resume = True
+        expect_error(G.FAILED_PRECONDITION, "job.resume",
+                     lambda: ctl.call("SubmitJob", job=no_ckpt), "SubmitJob resume without a checkpoint")
+
+        job = ctl.call("SubmitJob", job=spec()).job
+        check(job.job_id == JOB and STATE[job.state] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING"),
+              "SubmitJob -> %s" % STATE[job.state])
+        expect_error(G.ALREADY_EXISTS, JOB, lambda: ctl.call("SubmitJob", job=spec()), "SubmitJob again")
+        expect_error(G.FAILED_PRECONDITION, JOB, lambda: ctl.call("SubmitJob", job=spec(name="other")),
+                     "SubmitJob of a second job")
+        expect_error(G.NOT_FOUND, "nope", lambda: ctl.call("PauseJob", job_id="nope"), "PauseJob unknown")
+        expect_error(G.NOT_FOUND, "nope", lambda: ctl.call("CancelJob", job_id="nope"), "CancelJob unknown")
+        expect_error(G.NOT_FOUND, "nope", lambda: next(iter(ctl.watch("nope", 10))), "WatchJob unknown")
+
+        events = []
+        watch_result = {}
+
+        def watcher():
+            try:
+                for e in ctl.watch(JOB, 600):
+                    events.append(e)
+                watch_result["code"] = grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                watch_result["code"] = e.code()
+        t = threading.Thread(target=watcher)
+        t.start()
+
+        get = lambda: ctl.call("GetJob", job_id=JOB).job
+        wait_for(lambda: get().completed_iterations >= 2, "2 iterations", 300)
+        check(STATE[get().state] == "JOB_STATE_RUNNING", "GetJob -> RUNNING with 4/4... workers")
+        expect_error(G.FAILED_PRECONDITION, "RUNNING", lambda: ctl.call("ResumeJob", job_id=JOB),
+                     "ResumeJob of a running job")
+
+        job = ctl.call("PauseJob", job_id=JOB).job
+        check(STATE[job.state] == "JOB_STATE_PAUSED", "PauseJob -> PAUSED")
+        expect_error(G.FAILED_PRECONDITION, "PAUSED", lambda: ctl.call("PauseJob", job_id=JOB), "PauseJob again")
+        expect_error(G.FAILED_PRECONDITION, "PAUSED", lambda: ctl.call("CheckpointJob", job_id=JOB),
+                     "CheckpointJob while paused")
+        time.sleep(3)  # iterations handed out before the pause finish
+        c1 = get().completed_iterations
+        time.sleep(3)
+        c2 = get().completed_iterations
+        check(c1 == c2, "no iteration finishes while paused (%d, then %d)" % (c1, c2))
+
+        job = ctl.call("ResumeJob", job_id=JOB).job
+        check(STATE[job.state] == "JOB_STATE_RUNNING", "ResumeJob -> RUNNING")
+        wait_for(lambda: get().completed_iterations > c2, "progress after ResumeJob", 120)
+
+        ctl.call("CheckpointJob", job_id=JOB)
+        done = wait_for(lambda: [e for e in events if KIND[e.kind] == "KIND_CHECKPOINT"],
+                        "the requested checkpoint", 120)
+        if done:
+            step = done[0].checkpoint_step
+            path = os.path.join(TMP, "ckpt", "step-%d" % step, "COMPLETE")
+            check(os.path.exists(path), "checkpoint %d complete on disk (%s)" % (step, path))
+            check(get().last_checkpoint == step, "GetJob shows last_checkpoint %d" % step)
+
+        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "--json", "get", JOB], capture_output=True, text=True)
+        check(r.returncode == 0 and json.loads(r.stdout)["job_id"] == JOB, "loomctl --json get")
+
+        job = ctl.call("CancelJob", job_id=JOB, reason="control API test done").job
+        check(STATE[job.state] == "JOB_STATE_CANCELLED" and job.message == "control API test done",
+              "CancelJob -> CANCELLED with the reason")
+        expect_error(G.FAILED_PRECONDITION, "CANCELLED", lambda: ctl.call("CancelJob", job_id=JOB), "CancelJob again")
+        expect_error(G.FAILED_PRECONDITION, "CANCELLED", lambda: ctl.call("ResumeJob", job_id=JOB),
+                     "ResumeJob of a cancelled job")
+        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "pause", JOB], capture_output=True, text=True)
+        check(r.returncode == 1 and "FAILED_PRECONDITION" in r.stderr, "loomctl pause of a cancelled job exits 1")
+
+        t.join(60)
+        check(not t.is_alive() and watch_result.get("code") == grpc.StatusCode.OK,
+              "WatchJob ends by itself after the final state")
+        kinds = [KIND[e.kind] for e in events]
+        states = [STATE[e.job.state] for e in events if KIND[e.kind] == "KIND_STATE"]
+        check(kinds[:1] == ["KIND_SNAPSHOT"], "WatchJob starts with a snapshot")
+        check("KIND_STEP" in kinds and "KIND_CHECKPOINT" in kinds, "WatchJob streams steps and checkpoints")
+        check(states[-3:] == ["JOB_STATE_PAUSED", "JOB_STATE_RUNNING", "JOB_STATE_CANCELLED"],
+              "WatchJob state events %s" % states)
+        try:
+            rc = up.wait(120)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check(rc == 0, "loom up stops every service and exits 0 once the job is cancelled (rc %s)" % rc)
+    finally:
+        if up.poll() is None:
+            up.terminate()
+            up.wait(60)
+        log.close()
+    if failures:
+        print(open(os.path.join(TMP, "loom_up.log")).read()[-4000:])
+
+
+main()
+print("%d failed" % len(failures))
+sys.exit(1 if failures else 0)
