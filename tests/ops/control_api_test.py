@@ -160,7 +160,7 @@ def main():
 
         get = lambda: ctl.call("GetJob", job_id=JOB).job
         wait_for(lambda: get().completed_iterations >= 2, "2 iterations", 300)
-        check(STATE[get().state] == "JOB_STATE_RUNNING", "GetJob -> RUNNING with 4/4... workers")
+        check(STATE[get().state] == "JOB_STATE_RUNNING", "GetJob -> RUNNING once both workers registered")
         expect_error(G.FAILED_PRECONDITION, "RUNNING", lambda: ctl.call("ResumeJob", job_id=JOB),
                      "ResumeJob of a running job")
 
