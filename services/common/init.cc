@@ -12,6 +12,9 @@
 
 ABSL_FLAG(std::string, log_level, "info",
           "Least severe log records written: debug, info, warning or error.");
+ABSL_FLAG(bool, check_flags, false,
+          "Parse and check the command line, print \"flags ok\" and exit 0 without starting "
+          "(how the Helm chart's test checks every container's args).");
 
 namespace loom {
 
@@ -37,6 +40,10 @@ std::vector<std::string> InitService(int argc, char** argv, const std::string& s
     std::exit(1);
   }
   log::SetMinLevel(level);
+  if (absl::GetFlag(FLAGS_check_flags)) {
+    std::printf("%s: flags ok\n", service_name.c_str());
+    std::exit(0);
+  }
   BlockTerminationSignals();
   return std::vector<std::string>(positional.begin(), positional.end());
 }

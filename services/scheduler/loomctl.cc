@@ -32,13 +32,15 @@ ABSL_FLAG(bool, json, false, "Print jobs and events as JSON, one per line.");
 ABSL_FLAG(bool, resume, false, "submit: continue after the job's newest complete checkpoint.");
 ABSL_FLAG(bool, watch, false, "submit: then follow the job until it ends.");
 ABSL_FLAG(std::string, reason, "", "cancel: why (kept in the job's message).");
-ABSL_FLAG(std::string, run_dir, ".loom/run", "submit: roots the job's default folders.");
+ABSL_FLAG(std::string, run_dir, ".loom/run",
+          "loom up's run folder (its scheduler_address); validate: roots the default folders.");
 
 namespace {
 
 constexpr char kUsage[] =
     "loomctl: drive a Loom job through loom-scheduler's control API.\n"
     "  loomctl submit JOB_FILE [--resume] [--watch]   (JSON or text loom.job.v1.JobConfig)\n"
+    "  loomctl validate JOB_FILE    (offline: print the job with defaults, or what is wrong)\n"
     "  loomctl get JOB_ID\n"
     "  loomctl watch JOB_ID         (steps, checkpoints, state changes until the job ends)\n"
     "  loomctl pause JOB_ID | resume JOB_ID | checkpoint JOB_ID\n"
@@ -136,6 +138,13 @@ int main(int argc, char** argv) {
   const std::string command = args[1];
   if (args.size() != 3) return Usage(absl::StrCat(command, ": takes exactly one argument"));
   const std::string arg = args[2];
+  if (command == "validate") {
+    absl::StatusOr<loom::job::v1::JobConfig> job =
+        loom::LoadJobConfig(arg, absl::GetFlag(FLAGS_run_dir));
+    if (!job.ok()) return Error(job.status());
+    std::printf("%s\n", loom::JobToJson(*job).c_str());
+    return 0;
+  }
   const std::string target = SchedulerTarget();
   if (target.empty()) {
     return Usage("no scheduler: pass --scheduler HOST:PORT or set LOOM_SCHEDULER");

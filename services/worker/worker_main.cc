@@ -5,12 +5,16 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
 #include "services/common/init.h"
 #include "services/worker/training_worker.h"
 
 ABSL_FLAG(int, rank, 0, "This process's rank within its module (0-based).");
+ABSL_FLAG(bool, rank_from_hostname, false,
+          "Take the rank from the hostname's last '-N' (a StatefulSet pod, loom-encoder-3 -> 3) "
+          "instead of --rank.");
 ABSL_FLAG(std::string, scheduler, "",
           "host:port of loom-scheduler: register and train. Empty: serve GetInfo only.");
 ABSL_FLAG(std::string, advertise_host, "",
@@ -24,8 +28,20 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
   InitService(argc, argv, b.name,
               absl::StrCat(b.name, ": ", b.summary,
                            "\nFlags: --host --grpc_port --metrics_port --shutdown_deadline "
-                           "--log_level --rank --scheduler --advertise_host --startup_timeout"));
-  const int rank = absl::GetFlag(FLAGS_rank);
+                           "--log_level --rank --rank_from_hostname --scheduler --advertise_host "
+                           "--startup_timeout --check_flags"));
+  int rank = absl::GetFlag(FLAGS_rank);
+  if (absl::GetFlag(FLAGS_rank_from_hostname)) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const std::string name(host);
+    const size_t dash = name.rfind('-');
+    if (dash == std::string::npos || !absl::SimpleAtoi(name.substr(dash + 1), &rank)) {
+      std::fprintf(stderr, "%s: --rank_from_hostname: hostname \"%s\" does not end in -N\n", b.name,
+                   name.c_str());
+      return 1;
+    }
+  }
   if (rank < 0) {
     std::fprintf(stderr, "%s: --rank must be >= 0, got %d\n", b.name, rank);
     return 1;

@@ -1,0 +1,167 @@
+"""The Helm chart helm/loom rendered offline (tools/helm-render: Go's
+text/template + sprig, values checked against values.schema.json), with the
+default values and with every option on. Every rendered object has
+apiVersion, kind and metadata; the objects are those the chart promises;
+every container's args pass that service's own flag parser (--check_flags);
+the job ConfigMap is a valid job (loomctl validate); bad values are refused
+naming the value.
+
+usage: helm_test.py HELM_RENDER CHART_DIR BIN_DIR DASHBOARD TMPDIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+RENDER, CHART, BIN, DASHBOARD, TMP = sys.argv[1:6]
+BINARIES = {
+    "loom-scheduler": "services/scheduler/loom-scheduler",
+    "loom-preprocess": "services/preprocess/loom-preprocess",
+    "loom-encoder-worker": "services/encoder_worker/loom-encoder-worker",
+    "loom-llm-worker": "services/llm_worker/loom-llm-worker",
+}
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def render(*args):
+    r = subprocess.run([RENDER, "--name", "train", "--namespace", "ml", *args, CHART],
+                       capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+def objects(text):
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def containers(obj):
+    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return spec.get("containers", [])
+
+
+def check_render(name, args, expect):
+    rc, out, err = render(*args)
+    check(rc == 0, "%s: renders%s" % (name, "" if rc == 0 else ": " + err))
+    if rc != 0:
+        return []
+    objs = objects(out)
+    for o in objs:
+        ok = isinstance(o.get("apiVersion"), str) and isinstance(o.get("kind"), str) and \
+            isinstance(o.get("metadata"), dict) and o["metadata"].get("name")
+        check(bool(ok), "%s: %s %s has apiVersion, kind and metadata.name" %
+              (name, o.get("kind"), (o.get("metadata") or {}).get("name")))
+    kinds = sorted("%s/%s" % (o["kind"], o["metadata"]["name"]) for o in objs)
+    check(kinds == sorted(expect), "%s: objects %s" % (name, kinds))
+    return objs
+
+
+def check_args(name, objs):
+    for o in objs:
+        for c in containers(o):
+            binary = os.path.basename(c["command"][0])
+            path = os.path.join(BIN, BINARIES.get(binary, binary))
+            r = subprocess.run([path, "--check_flags", *c["args"]], capture_output=True, text=True)
+            check(r.returncode == 0 and "flags ok" in r.stdout,
+                  "%s: %s accepts its args %s%s" % (name, binary, c["args"],
+                                                   "" if r.returncode == 0 else ": " + r.stderr.strip()))
+            # The check can fail: a flag the service does not know is refused.
+            r = subprocess.run([path, "--check_flags", *c["args"], "--no_such_flag=1"],
+                               capture_output=True, text=True)
+            check(r.returncode != 0, "%s: %s refuses an unknown flag" % (name, binary))
+
+
+def by(objs, kind, name):
+    for o in objs:
+        if o["kind"] == kind and o["metadata"]["name"] == name:
+            return o
+    return None
+
+
+def main():
+    base = ["ConfigMap/train-loom-job", "ConfigMap/train-loom-dashboards",
+            "Deployment/train-loom-scheduler", "Service/train-loom-scheduler",
+            "Deployment/train-loom-preprocess", "Service/train-loom-preprocess",
+            "StatefulSet/train-loom-encoder", "Service/train-loom-encoder",
+            "StatefulSet/train-loom-llm", "Service/train-loom-llm"]
+    objs = check_render("defaults", [], base)
+    check_args("defaults", objs)
+    if objs:
+        for module, dp in (("encoder", 2), ("llm", 2)):
+            s = by(objs, "StatefulSet", "train-loom-" + module)
+            svc = by(objs, "Service", "train-loom-" + module)
+            check(s["spec"]["podManagementPolicy"] == "Parallel" and s["spec"]["replicas"] == dp,
+                  "%s StatefulSet: Parallel, %d replicas (parallel.%s_dp)" % (module, dp, module))
+            check(svc["spec"].get("clusterIP") == "None" and s["spec"]["serviceName"] == svc["metadata"]["name"],
+                  "%s: headless Service named by the StatefulSet" % module)
+            c = containers(s)[0]
+            env = {e["name"] for e in c.get("env", [])}
+            check("NCCL_DEBUG" in env and "UCX_LOG_LEVEL" in env, "%s: NCCL_ and UCX_ environment from values" % module)
+            check(c["resources"]["limits"].get("nvidia.com/gpu") == 1, "%s: one GPU per rank" % module)
+            check(c["readinessProbe"]["grpc"]["port"] == 50051 and "grpc" in c["livenessProbe"],
+                  "%s: grpc.health.v1 liveness and readiness probes" % module)
+        job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+        path = os.path.join(TMP, "job.json")
+        json.dump(job, open(path, "w"))
+        r = subprocess.run([os.path.join(BIN, "services/scheduler/loomctl"), "validate", path],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, "the job ConfigMap is a valid loom.job.v1.JobConfig%s" %
+              ("" if r.returncode == 0 else ": " + r.stderr.strip()))
+        dash = by(objs, "ConfigMap", "train-loom-dashboards")
+        check(dash["metadata"]["labels"].get("grafana_dashboard") == "1" and
+              json.loads(dash["data"]["loom.json"]) == json.load(open(DASHBOARD)),
+              "dashboards ConfigMap: deploy/grafana/loom.json, labelled for the Grafana sidecar")
+
+    values = os.path.join(TMP, "all-on.yaml")
+    open(values, "w").write("""
+submitOnStart: true
+resumeStep: 200
+serviceMonitor: {enabled: true, labels: {release: prometheus}}
+podDisruptionBudget: {enabled: true}
+rdma: {enabled: true}
+env:
+  nccl: {NCCL_IB_HCA: mlx5, NCCL_SOCKET_IFNAME: eth0}
+  ucx: {UCX_TLS: "rc,sm,self", UCX_NET_DEVICES: "mlx5_0:1"}
+job:
+  name: big
+  model: vit300m-llm1b
+  parallel: {encoder_dp: 4, llm_dp: 8, microbatches: 4}
+  data: {shards: "/data/laion/*.tar", global_batch: 256}
+scheduler: {peakFlops: 1.2e16, extraArgs: ["--ilp_seconds=30"]}
+workers: {llm: {extraArgs: ["--log_level=debug"]}}
+""")
+    all_on = base + ["ServiceMonitor/train-loom"] + \
+        ["PodDisruptionBudget/train-loom-" + c for c in ("scheduler", "preprocess", "encoder-worker", "llm-worker")]
+    objs = check_render("all options", ["-f", values], all_on)
+    check_args("all options", objs)
+    if objs:
+        llm = containers(by(objs, "StatefulSet", "train-loom-llm"))[0]
+        check(llm["resources"]["limits"].get("rdma/rdma_shared_device_a") == 1 and
+              "IPC_LOCK" in llm["securityContext"]["capabilities"]["add"], "rdma: resource and IPC_LOCK")
+        check(by(objs, "StatefulSet", "train-loom-llm")["spec"]["replicas"] == 8, "llm replicas follow parallel.llm_dp")
+        pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+        check("--start_iteration=200" in pre and any(a.startswith("--cursor=") and "step-200" in a for a in pre),
+              "resumeStep: preprocess restarts from the checkpoint's cursor")
+        sched = containers(by(objs, "Deployment", "train-loom-scheduler"))[0]["args"]
+        check("--resume" in sched and "--ilp_seconds=30" in sched, "resumeStep: scheduler --resume; extraArgs")
+
+    for what, args, named in [
+        ("llm_dp 0", ["--set", "job.parallel.llm_dp=0"], "job.parallel.llm_dp"),
+        ("an env key without NCCL_", ["--set", "env.nccl.DEBUG=INFO"], "env.nccl"),
+        ("a bad pull policy", ["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy"),
+        ("an unknown value", ["--set", "workers.encoder.replica=3"], "workers.encoder"),
+        ("a bad job name", ["--set", "job.name=Big_Job"], "job.name"),
+    ]:
+        rc, out, err = render(*args)
+        check(rc != 0 and named in err, "refuses %s, naming %s (%s)" % (what, named, err.strip().splitlines()[-1] if err.strip() else ""))
+
+
+main()
+print("%d failed" % len(failures))
+sys.exit(1 if failures else 0)
