@@ -70,6 +70,7 @@ class ServedScheduleTest : public ::testing::Test {
         sched::CoefficientsOnOneGpu(*ModelConfigByName("tiny"), sched::ClusterSpec());
     so.preprocess = absl::StrCat("127.0.0.1:", data_chassis_->grpc_port());
     so.retained_iterations = 3;
+    so.job.set_name("t");
     so.job.mutable_train()->set_steps(8);
     so.job.mutable_checkpoint()->set_every(2);
     so.job.mutable_checkpoint()->set_dir(std::string(std::getenv("TEST_TMPDIR")) + "/ckpt");
@@ -116,6 +117,67 @@ class ServedScheduleTest : public ::testing::Test {
   std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
   std::unique_ptr<data::v1::PreprocessService::Stub> data_stub_;
 };
+
+// The control API's requests act on the assignments workers get: a pause
+// holds new iterations (computed ones are still served), a checkpoint request
+// marks the next iteration computed, a cancel ends the job there.
+TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
+  using control::v1::JobEvent;
+  scheduler::v1::Assignment a;
+  ASSERT_TRUE(Assignment(0, &a).ok());
+  EXPECT_FALSE(a.checkpoint());
+  ASSERT_TRUE(Assignment(1, &a).ok());
+  EXPECT_TRUE(a.checkpoint()) << "checkpoint.every = 2: after iteration 1";
+
+  EXPECT_EQ(service_->GetJob("t")->state(), control::v1::JOB_STATE_PENDING) << "no workers yet";
+  EXPECT_EQ(service_->GetJob("x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->GetJob("").status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(service_->PauseJob("t")->state(), control::v1::JOB_STATE_PAUSED);
+  EXPECT_TRUE(Assignment(1, &a).ok()) << "computed before the pause: still served";
+  {
+    scheduler::v1::GetAssignmentRequest r;
+    r.set_iteration(2);
+    scheduler::v1::GetAssignmentResponse response;
+    auto ctx = testing::ContextWithDeadline(3);
+    grpc::Status s = stub_->GetAssignment(ctx.get(), r, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    EXPECT_NE(s.error_message().find("paused"), std::string::npos) << s.error_message();
+  }
+  EXPECT_EQ(service_->PauseJob("t").status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(service_->ResumeJob("t")->state(), control::v1::JOB_STATE_PENDING);
+  EXPECT_EQ(service_->ResumeJob("t").status().code(), absl::StatusCode::kFailedPrecondition);
+  int64_t step = -1;
+  EXPECT_EQ(service_->CheckpointJob("t", &step).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "only a RUNNING job checkpoints";
+
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(Register(common::v1::ROLE_ENCODER_WORKER, r, "e" + std::to_string(r)).ok());
+    ASSERT_TRUE(Register(common::v1::ROLE_LLM_WORKER, r, "l" + std::to_string(r)).ok());
+  }
+  EXPECT_EQ(service_->GetJob("t")->state(), control::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(service_->CheckpointJob("t", &step).ok());
+  ASSERT_TRUE(Assignment(2, &a).ok());
+  EXPECT_TRUE(a.checkpoint()) << "requested: after the next iteration computed";
+  EXPECT_EQ(service_->GetJob("t")->pending_checkpoint(), 2) << "step 2 is still being written";
+
+  absl::StatusOr<control::v1::Job> cancelled = service_->CancelJob("t", "enough");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), control::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled->message(), "enough");
+  EXPECT_TRUE(Assignment(2, &a).ok()) << "handed out before the cancel: every worker gets it";
+  EXPECT_EQ(Assignment(3, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(service_->CancelJob("t", "").status().code(), absl::StatusCode::kFailedPrecondition);
+
+  std::vector<control::v1::JobState> states;
+  for (const auto& [seq, e] : service_->EventsAfter(0, absl::ZeroDuration())) {
+    if (e.kind() == JobEvent::KIND_STATE) states.push_back(e.job().state());
+  }
+  EXPECT_EQ(states, (std::vector<control::v1::JobState>{
+                        control::v1::JOB_STATE_PENDING,  // accepted
+                        control::v1::JOB_STATE_PAUSED, control::v1::JOB_STATE_PENDING,
+                        control::v1::JOB_STATE_RUNNING, control::v1::JOB_STATE_CANCELLED}));
+}
 
 TEST_F(ServedScheduleTest, RegistrationIsTheRendezvous) {
   using common::v1::ROLE_ENCODER_WORKER;
