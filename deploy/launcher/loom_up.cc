@@ -38,6 +38,9 @@ ABSL_FLAG(int, steps, -1, "Stop after this many iterations (overrides train.step
 ABSL_FLAG(bool, json, false,
           "One JSON line per iteration on stdout; everything else goes to stderr.");
 ABSL_FLAG(bool, resume, false, "Continue the job after its newest complete checkpoint.");
+ABSL_FLAG(bool, exit_on_job_end, true,
+          "Stop every service once the job ends (SUCCEEDED, CANCELLED, FAILED); with "
+          "--noexit_on_job_end they keep serving until Ctrl-C (to inspect the finished job).");
 ABSL_FLAG(bool, submit, true,
           "Submit the job over the control API once the services are up; with --nosubmit, "
           "wait for a job of the config's name submitted by someone else (loomctl submit).");
@@ -228,12 +231,12 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
                        j.last_checkpoint() >= j.end_iteration() ? ", checkpoint complete" : "");
         }
         if (j.state() == loom::control::v1::JOB_STATE_FAILED) rc = 1;
-        over = over || loom::IsFinalJobState(j.state());
+        over = over || (loom::IsFinalJobState(j.state()) && absl::GetFlag(FLAGS_exit_on_job_end));
       }
     }
     std::fflush(stdout);
     std::fflush(info);
-    if (done && !over) {
+    if (done && !over && !(result.ok() && !absl::GetFlag(FLAGS_exit_on_job_end))) {
       if (!result.ok()) {
         std::fprintf(stderr, "loom up: %s\n", std::string(result.message()).c_str());
         rc = 1;

@@ -95,7 +95,7 @@ def main():
         json.dump(config, f)
     log = open(os.path.join(TMP, "loom_up.log"), "w")
     up = subprocess.Popen([LOOM_UP, "--bin_dir=" + BIN_DIR, "--run_dir=" + run, "--config=" + config_path,
-                           "--nosubmit"], stdout=log, stderr=subprocess.STDOUT)
+                           "--nosubmit", "--noexit_on_job_end"], stdout=log, stderr=subprocess.STDOUT)
     try:
         address_file = os.path.join(run, "scheduler_address")
         target = wait_for(lambda: os.path.exists(address_file) and open(address_file).read().strip(),
@@ -199,6 +199,8 @@ def main():
                      "ResumeJob of a cancelled job")
         r = subprocess.run([LOOMCTL, "--scheduler=" + target, "pause", JOB], capture_output=True, text=True)
         check(r.returncode == 1 and "FAILED_PRECONDITION" in r.stderr, "loomctl pause of a cancelled job exits 1")
+        job = get()
+        check(STATE[job.state] == "JOB_STATE_CANCELLED", "GetJob after the end -> CANCELLED")
 
         t.join(60)
         check(not t.is_alive() and watch_result.get("code") == grpc.StatusCode.OK,
@@ -209,11 +211,12 @@ def main():
         check("KIND_STEP" in kinds and "KIND_CHECKPOINT" in kinds, "WatchJob streams steps and checkpoints")
         check(states[-3:] == ["JOB_STATE_PAUSED", "JOB_STATE_RUNNING", "JOB_STATE_CANCELLED"],
               "WatchJob state events %s" % states)
+        up.send_signal(2)  # --noexit_on_job_end: Ctrl-C stops it
         try:
             rc = up.wait(120)
         except subprocess.TimeoutExpired:
             rc = None
-        check(rc == 0, "loom up stops every service and exits 0 once the job is cancelled (rc %s)" % rc)
+        check(rc == 0, "loom up stops every service and exits 0 on SIGINT (rc %s)" % rc)
     finally:
         if up.poll() is None:
             up.terminate()
