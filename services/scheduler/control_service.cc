@@ -55,12 +55,16 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
     }
     o.start_iteration = *step;
   }
-  o.algorithm = o.job.algorithm();
-  o.preprocess = deployment.preprocess;
-  o.retained_iterations = deployment.retained_iterations;
-  o.ilp_seconds = deployment.ilp_seconds;
-  o.peak_flops = deployment.peak_flops;
+  ApplyDeployment(deployment, &o);
   return o;
+}
+
+void ApplyDeployment(const SchedulerDeployment& deployment, SchedulerServiceOptions* o) {
+  o->algorithm = o->job.algorithm();
+  o->preprocess = deployment.preprocess;
+  o->retained_iterations = deployment.retained_iterations;
+  o->ilp_seconds = deployment.ilp_seconds;
+  o->peak_flops = deployment.peak_flops;
 }
 
 grpc::Status ControlServiceImpl::SubmitJob(grpc::ServerContext*,

@@ -28,6 +28,9 @@ struct SchedulerDeployment {
 absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec& spec,
                                                       const SchedulerDeployment& deployment);
 
+// Sets the options the deployment fixes (and the algorithm from o->job).
+void ApplyDeployment(const SchedulerDeployment& deployment, SchedulerServiceOptions* o);
+
 class ControlServiceImpl final : public control::v1::ControlService::Service {
  public:
   // `scheduler` is not owned and must outlive this service.

@@ -108,11 +108,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<loom::scheduler::v1::Plan> plan = PlanFromFlags();
     if (!plan.ok()) return fail(plan.status());
     o.plan = *plan;
-    o.algorithm = o.job.algorithm();
-    o.preprocess = deployment.preprocess;
-    o.retained_iterations = deployment.retained_iterations;
-    o.ilp_seconds = deployment.ilp_seconds;
-    o.peak_flops = deployment.peak_flops;
+    loom::ApplyDeployment(deployment, &o);
     if (absl::Status s = service->Configure(o); !s.ok()) return fail(s);
   }
   loom::ControlServiceImpl control(service.get(), deployment);

@@ -16,6 +16,9 @@ import time
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
+from ops_testing import LoomUp, check, finish
+import ops_testing
+
 DESCRIPTORS, LOOM_UP, BIN_DIR, LOOMCTL, TMP = sys.argv[1:6]
 JOB = "ctl-test"
 DEADLINE = 10  # seconds, every unary call
@@ -35,13 +38,6 @@ def message(name):
 C = "loom.control.v1."
 STATE = {v.number: v.name for v in pool.FindEnumTypeByName(C + "JobState").values}
 KIND = {v.number: v.name for v in pool.FindMessageTypeByName(C + "JobEvent").enum_types_by_name["Kind"].values}
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 class Control:
@@ -75,29 +71,21 @@ def expect_error(code, contains, fn, what):
 
 
 def wait_for(pred, what, seconds=120):
-    until = time.time() + seconds
-    while time.time() < until:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    check(False, "timed out waiting for " + what)
-    return None
+    v = ops_testing.wait_for(pred, seconds)
+    if v is None:
+        check(False, "timed out waiting for " + what)
+    return v
 
 
 def main():
-    run = os.path.join(TMP, "run")
     config_path = os.path.join(TMP, "job.json")
     config = {"name": JOB, "data": {"samples": 48, "global_batch": 8},
               "parallel": {"encoder_dp": 1, "llm_dp": 1, "microbatches": 2},
               "checkpoint": {"dir": os.path.join(TMP, "ckpt")}}
     with open(config_path, "w") as f:
         json.dump(config, f)
-    log = open(os.path.join(TMP, "loom_up.log"), "w")
-    up = subprocess.Popen([LOOM_UP, "--bin_dir=" + BIN_DIR, "--run_dir=" + run, "--config=" + config_path,
-                           "--nosubmit", "--noexit_on_job_end"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        address_file = os.path.join(run, "scheduler_address")
+    with LoomUp(LOOM_UP, BIN_DIR, TMP, ["--config=" + config_path, "--nosubmit", "--noexit_on_job_end"]) as up:
+        address_file = os.path.join(up.run_dir, "scheduler_address")
         target = wait_for(lambda: os.path.exists(address_file) and open(address_file).read().strip(),
                           "loom up to start the services", 300)
         if not target:
@@ -211,21 +199,10 @@ def main():
         check("KIND_STEP" in kinds and "KIND_CHECKPOINT" in kinds, "WatchJob streams steps and checkpoints")
         check(states[-3:] == ["JOB_STATE_PAUSED", "JOB_STATE_RUNNING", "JOB_STATE_CANCELLED"],
               "WatchJob state events %s" % states)
-        up.send_signal(2)  # --noexit_on_job_end: Ctrl-C stops it
-        try:
-            rc = up.wait(120)
-        except subprocess.TimeoutExpired:
-            rc = None
+        up.process.send_signal(2)  # --noexit_on_job_end: Ctrl-C stops it
+        rc = up.wait(120)
         check(rc == 0, "loom up stops every service and exits 0 on SIGINT (rc %s)" % rc)
-    finally:
-        if up.poll() is None:
-            up.terminate()
-            up.wait(60)
-        log.close()
-    if failures:
-        print(open(os.path.join(TMP, "loom_up.log")).read()[-4000:])
 
 
 main()
-print("%d failed" % len(failures))
-sys.exit(1 if failures else 0)
+finish()

@@ -15,6 +15,8 @@ import sys
 
 import yaml
 
+from ops_testing import check, finish
+
 RENDER, CHART, BIN, DASHBOARD, TMP = sys.argv[1:6]
 BINARIES = {
     "loom-scheduler": "services/scheduler/loom-scheduler",
@@ -22,13 +24,6 @@ BINARIES = {
     "loom-encoder-worker": "services/encoder_worker/loom-encoder-worker",
     "loom-llm-worker": "services/llm_worker/loom-llm-worker",
 }
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 def render(*args):
@@ -163,5 +158,4 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
 
 
 main()
-print("%d failed" % len(failures))
-sys.exit(1 if failures else 0)
+finish()

@@ -16,8 +16,9 @@ import time
 import urllib.parse
 import urllib.request
 
+from ops_testing import LoomUp, check, finish, wait_for
+
 LOOM_UP, BIN_DIR, LOOMCTL, PROM_CONFIG, DASHBOARD, TMP = sys.argv[1:7]
-failures = []
 
 # Labels a Loom metric may carry besides role and rank, each with its reason.
 EXTRA_LABELS = {
@@ -26,12 +27,6 @@ EXTRA_LABELS = {
 }
 # prometheus-cpp's own exporter metrics (like client_golang's promhttp_*).
 LIBRARY_PREFIX = "exposer_"
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
 
 
 def free_port():
@@ -45,19 +40,6 @@ def free_port():
 def get(url, timeout=10):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
-
-
-def wait_for(pred, seconds):
-    until = time.time() + seconds
-    while time.time() < until:
-        try:
-            v = pred()
-            if v:
-                return v
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return None
 
 
 def dashboard_exprs():
@@ -110,16 +92,13 @@ def check_conventions(metrics_text, service):
 
 
 def main():
-    run = os.path.join(TMP, "run")
     job_path = os.path.join(TMP, "job.json")
     json.dump({"name": "prom", "data": {"samples": 48, "global_batch": 8},
                "parallel": {"encoder_dp": 1, "llm_dp": 1, "microbatches": 2},
                "checkpoint": {"dir": os.path.join(TMP, "ckpt"), "every": 3}}, open(job_path, "w"))
-    log = open(os.path.join(TMP, "loom_up.log"), "w")
-    up = subprocess.Popen([LOOM_UP, "--bin_dir=" + BIN_DIR, "--run_dir=" + run, "--config=" + job_path,
-                           "--steps=0"], stdout=log, stderr=subprocess.STDOUT)
-    prom = None
-    try:
+
+    with LoomUp(LOOM_UP, BIN_DIR, TMP, ["--config=" + job_path, "--steps=0"]) as up:
+        run = up.run_dir
         targets_file = os.path.join(run, "prometheus_targets.json")
         if not wait_for(lambda: os.path.exists(targets_file), 300):
             check(False, "loom up wrote " + targets_file)
@@ -142,66 +121,58 @@ def main():
                                  "--storage.tsdb.path=" + os.path.join(TMP, "tsdb"),
                                  "--web.listen-address=127.0.0.1:%d" % port], stdout=prom_log,
                                 stderr=subprocess.STDOUT)
-        api = "http://127.0.0.1:%d/api/v1/" % port
-        check(wait_for(lambda: "Ready" in get("http://127.0.0.1:%d/-/ready" % port), 60) is not None,
-              "prometheus is ready")
-
-        def query(expr):
-            r = json.loads(get(api + "query?" + urllib.parse.urlencode({"query": expr})))
-            if r.get("status") != "success":
-                return None
-            return [float(s["value"][1]) for s in r["data"]["result"]]
-
-        def active_targets():
-            t = json.loads(get(api + "targets"))["data"]["activeTargets"]
-            return [x for x in t if x["health"] == "up"]
-        services = len(json.load(open(targets_file)))
-        up_targets = wait_for(lambda: len(active_targets()) == services and active_targets(), 60)
-        check(bool(up_targets), "prometheus scrapes all %d services of loom up" % services)
-
-        exprs = [(t, e.replace("$__rate_interval", "30s")) for t, e in dashboard_exprs()]
-        check(len(exprs) >= 15, "the dashboard has %d expressions" % len(exprs))
-
-        def missing():
-            out = []
-            for title, e in exprs:
-                v = query(e)
-                if not v or not any(math.isfinite(x) for x in v):
-                    out.append((title, e, v))
-            return out
-        left = missing()
-        until = time.time() + 240
-        while left and time.time() < until:
-            time.sleep(2)
-            left = missing()
-        for title, e in exprs:
-            check(all(e != m[1] for m in left), "dashboard panel '%s': %s returns data" % (title, e))
-        samples = query("loom_train_samples_total")
-        check(bool(samples) and samples[0] > 0, "loom_train_samples_total = %s" % samples)
-        mfu = query("loom_train_mfu_ratio")
-        check(bool(mfu) and 0 < mfu[0] < 1, "MFU is a ratio in (0, 1): %s" % mfu)
-
-        for t in json.load(open(targets_file)):
-            check_conventions(get("http://%s/metrics" % t["targets"][0]), t["labels"]["service"])
-
-        address = open(os.path.join(run, "scheduler_address")).read().strip()
-        r = subprocess.run([LOOMCTL, "--scheduler=" + address, "cancel", "prom"], capture_output=True, text=True)
-        check(r.returncode == 0, "loomctl cancel prom")
         try:
+            api = "http://127.0.0.1:%d/api/v1/" % port
+            check(wait_for(lambda: "Ready" in get("http://127.0.0.1:%d/-/ready" % port), 60) is not None,
+                  "prometheus is ready")
+
+            def query(expr):
+                r = json.loads(get(api + "query?" + urllib.parse.urlencode({"query": expr})))
+                if r.get("status") != "success":
+                    return None
+                return [float(s["value"][1]) for s in r["data"]["result"]]
+
+            def active_targets():
+                t = json.loads(get(api + "targets"))["data"]["activeTargets"]
+                return [x for x in t if x["health"] == "up"]
+            services = len(json.load(open(targets_file)))
+            up_targets = wait_for(lambda: len(active_targets()) == services and active_targets(), 60)
+            check(bool(up_targets), "prometheus scrapes all %d services of loom up" % services)
+
+            exprs = [(t, e.replace("$__rate_interval", "30s")) for t, e in dashboard_exprs()]
+            check(len(exprs) >= 15, "the dashboard has %d expressions" % len(exprs))
+
+            def missing():
+                out = []
+                for title, e in exprs:
+                    v = query(e)
+                    if not v or not any(math.isfinite(x) for x in v):
+                        out.append((title, e, v))
+                return out
+            left = missing()
+            until = time.time() + 240
+            while left and time.time() < until:
+                time.sleep(2)
+                left = missing()
+            for title, e in exprs:
+                check(all(e != m[1] for m in left), "dashboard panel '%s': %s returns data" % (title, e))
+            samples = query("loom_train_samples_total")
+            check(bool(samples) and samples[0] > 0, "loom_train_samples_total = %s" % samples)
+            mfu = query("loom_train_mfu_ratio")
+            check(bool(mfu) and 0 < mfu[0] < 1, "MFU is a ratio in (0, 1): %s" % mfu)
+
+            for t in json.load(open(targets_file)):
+                check_conventions(get("http://%s/metrics" % t["targets"][0]), t["labels"]["service"])
+
+            address = open(os.path.join(run, "scheduler_address")).read().strip()
+            r = subprocess.run([LOOMCTL, "--scheduler=" + address, "cancel", "prom"], capture_output=True, text=True)
+            check(r.returncode == 0, "loomctl cancel prom")
             rc = up.wait(120)
-        except subprocess.TimeoutExpired:
-            rc = None
-        check(rc == 0, "loom up exits 0 after the cancel (rc %s)" % rc)
-    finally:
-        for p in (up, prom):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                p.wait(60)
-        log.close()
-    if failures:
-        print(open(os.path.join(TMP, "loom_up.log")).read()[-3000:])
+            check(rc == 0, "loom up exits 0 after the cancel (rc %s)" % rc)
+        finally:
+            prom.terminate()
+            prom.wait(60)
 
 
 main()
-print("%d failed" % len(failures))
-sys.exit(1 if failures else 0)
+finish()
