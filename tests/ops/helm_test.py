@@ -57,6 +57,57 @@ def check_render(name, args, expect):
     return objs
 
 
+def labels_match(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_references(name, objs):
+    """What a cluster would otherwise only show at install: selectors that
+    select, names that resolve, ports that exist."""
+    workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    services = [o for o in objs if o["kind"] == "Service"]
+    configmaps = {o["metadata"]["name"] for o in objs if o["kind"] == "ConfigMap"}
+    bad = []
+    for o in objs:
+        n = o["metadata"]["name"]
+        if len(n) > 63 or not all(c.isalnum() and c.islower() or c.isdigit() or c == "-" for c in n):
+            bad.append("%s %s: not a DNS label" % (o["kind"], n))
+    for w in workloads:
+        pod = w["spec"]["template"]["metadata"]["labels"]
+        if not labels_match(w["spec"]["selector"]["matchLabels"], pod):
+            bad.append("%s %s: selector does not select its pods" % (w["kind"], w["metadata"]["name"]))
+        spec = w["spec"]["template"]["spec"]
+        for v in spec.get("volumes", []):
+            if "configMap" in v and v["configMap"]["name"] not in configmaps:
+                bad.append("%s: volume of a missing ConfigMap %s" % (w["metadata"]["name"], v["configMap"]["name"]))
+        volumes = {v["name"] for v in spec.get("volumes", [])}
+        for c in spec["containers"]:
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in volumes:
+                    bad.append("%s: mount of a missing volume %s" % (c["name"], m["name"]))
+        if w["kind"] == "StatefulSet" and not any(s["metadata"]["name"] == w["spec"]["serviceName"] for s in services):
+            bad.append("StatefulSet %s: no Service %s" % (w["metadata"]["name"], w["spec"]["serviceName"]))
+    for s in services:
+        selected = [w for w in workloads if labels_match(s["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
+        if len(selected) != 1:
+            bad.append("Service %s selects %d workloads" % (s["metadata"]["name"], len(selected)))
+            continue
+        ports = {p["name"] for c in selected[0]["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+        for p in s["spec"]["ports"]:
+            if p["targetPort"] not in ports:
+                bad.append("Service %s: targetPort %s is no container port" % (s["metadata"]["name"], p["targetPort"]))
+    for m in (o for o in objs if o["kind"] == "ServiceMonitor"):
+        hits = [s for s in services if labels_match(m["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        if len(hits) != len(services) or any("metrics" not in {p["name"] for p in s["spec"]["ports"]} for s in hits):
+            bad.append("ServiceMonitor selects %d of %d Services with a metrics port" % (len(hits), len(services)))
+    for b in (o for o in objs if o["kind"] == "PodDisruptionBudget"):
+        if sum(labels_match(b["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])
+               for w in workloads) != 1:
+            bad.append("PodDisruptionBudget %s does not select one workload" % b["metadata"]["name"])
+    check(not bad, "%s: selectors, services, ports, volumes and config maps resolve%s" %
+          (name, "" if not bad else ": " + "; ".join(bad)))
+
+
 def check_args(name, objs):
     for o in objs:
         for c in containers(o):
@@ -87,6 +138,7 @@ def main():
             "StatefulSet/train-loom-llm", "Service/train-loom-llm"]
     objs = check_render("defaults", [], base)
     check_args("defaults", objs)
+    check_references("defaults", objs)
     if objs:
         for module, dp in (("encoder", 2), ("llm", 2)):
             s = by(objs, "StatefulSet", "train-loom-" + module)
@@ -135,6 +187,7 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         ["PodDisruptionBudget/train-loom-" + c for c in ("scheduler", "preprocess", "encoder-worker", "llm-worker")]
     objs = check_render("all options", ["-f", values], all_on)
     check_args("all options", objs)
+    check_references("all options", objs)
     if objs:
         llm = containers(by(objs, "StatefulSet", "train-loom-llm"))[0]
         check(llm["resources"]["limits"].get("rdma/rdma_shared_device_a") == 1 and
