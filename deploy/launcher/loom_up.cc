@@ -236,12 +236,16 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
     }
     std::fflush(stdout);
     std::fflush(info);
-    if (done && !over && !(result.ok() && !absl::GetFlag(FLAGS_exit_on_job_end))) {
+    // The watch ended: the job is final (maybe already in the first
+    // snapshot, so without a state event above), or the watch failed.
+    if (done && !over) {
       if (!result.ok()) {
         std::fprintf(stderr, "loom up: %s\n", std::string(result.message()).c_str());
         rc = 1;
+        over = true;
+      } else {
+        over = absl::GetFlag(FLAGS_exit_on_job_end);
       }
-      over = true;
     }
   }
   stop.store(true);

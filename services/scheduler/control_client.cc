@@ -27,17 +27,6 @@ absl::StatusOr<control::v1::Job> Call(control::v1::ControlService::Stub* stub, M
 
 }  // namespace
 
-std::string JobStateName(control::v1::JobState state) {
-  std::string name = control::v1::JobState_Name(state);
-  const std::string prefix = "JOB_STATE_";
-  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
-}
-
-bool IsFinalJobState(control::v1::JobState s) {
-  return s == control::v1::JOB_STATE_SUCCEEDED || s == control::v1::JOB_STATE_CANCELLED ||
-         s == control::v1::JOB_STATE_FAILED;
-}
-
 ControlClient::ControlClient(const std::string& target, absl::Duration deadline)
     : stub_(control::v1::ControlService::NewStub(
           grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "loom/control/v1/control.grpc.pb.h"
+#include "services/scheduler/job_state.h"
 
 namespace loom {
 
@@ -42,10 +43,6 @@ class ControlClient {
   std::unique_ptr<control::v1::ControlService::Stub> stub_;
   absl::Duration deadline_;
 };
-
-// "RUNNING" for JOB_STATE_RUNNING.
-std::string JobStateName(control::v1::JobState state);
-bool IsFinalJobState(control::v1::JobState state);
 
 }  // namespace loom
 

@@ -5,16 +5,12 @@
 #include "runtime/train/train_checkpoint.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
+#include "services/scheduler/job_state.h"
 #include "services/scheduler/plan.h"
 #include "services/scheduler/schedule.h"
 
 namespace loom {
 namespace {
-
-bool IsFinal(control::v1::JobState s) {
-  return s == control::v1::JOB_STATE_SUCCEEDED || s == control::v1::JOB_STATE_CANCELLED ||
-         s == control::v1::JOB_STATE_FAILED;
-}
 
 // A job id is a DNS label (it names Kubernetes objects and folders).
 absl::Status ValidateJobId(const std::string& id) {
@@ -110,7 +106,7 @@ grpc::Status ControlServiceImpl::WatchJob(grpc::ServerContext* context,
     after_iteration = e.step().iteration();
     if (!writer->Write(e)) return grpc::Status::CANCELLED;
   }
-  bool final = IsFinal(job.state());
+  bool final = IsFinalJobState(job.state());
   while (!final) {
     if (context->IsCancelled()) return grpc::Status::CANCELLED;
     for (auto& [s, e] : scheduler_->EventsAfter(seq, absl::Milliseconds(250))) {
@@ -120,7 +116,8 @@ grpc::Status ControlServiceImpl::WatchJob(grpc::ServerContext* context,
         after_iteration = e.step().iteration();
       }
       if (!writer->Write(e)) return grpc::Status::CANCELLED;
-      final = final || (e.kind() == control::v1::JobEvent::KIND_STATE && IsFinal(e.job().state()));
+      final = final ||
+              (e.kind() == control::v1::JobEvent::KIND_STATE && IsFinalJobState(e.job().state()));
     }
   }
   return grpc::Status::OK;

@@ -15,6 +15,7 @@
 #include "runtime/train/train_checkpoint.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/assign.h"
+#include "services/scheduler/job_state.h"
 #include "services/scheduler/schedule.h"
 
 namespace loom {
@@ -558,16 +559,6 @@ namespace {
 
 constexpr size_t kRetainedEvents = 10000;
 
-bool IsFinal(control::v1::JobState s) {
-  return s == control::v1::JOB_STATE_SUCCEEDED || s == control::v1::JOB_STATE_CANCELLED ||
-         s == control::v1::JOB_STATE_FAILED;
-}
-
-std::string StateName(control::v1::JobState s) {
-  std::string name = control::v1::JobState_Name(s);
-  return name.substr(std::string("JOB_STATE_").size());
-}
-
 }  // namespace
 
 control::v1::Job SchedulerServiceImpl::JobLocked() const {
@@ -604,15 +595,16 @@ void SchedulerServiceImpl::AddEventLocked(control::v1::JobEvent::Kind kind,
 
 void SchedulerServiceImpl::SetStateLocked(control::v1::JobState state) {
   if (state_ == state) return;
-  LOOM_LOG(INFO).With("job", options_.job.name()).With("from", StateName(state_))
-      << "job " << StateName(state);
+  LOOM_LOG(INFO).With("job", options_.job.name()).With("from", JobStateName(state_))
+      << "job " << JobStateName(state);
   state_ = state;
   AddEventLocked(control::v1::JobEvent::KIND_STATE, nullptr, 0);
 }
 
 void SchedulerServiceImpl::MaybeSucceedLocked() {
   const int64_t end = options_.job.train().steps();
-  if (end <= 0 || IsFinal(state_) || steps_.empty() || steps_.back().iteration() + 1 < end) return;
+  if (end <= 0 || IsFinalJobState(state_) || steps_.empty() || steps_.back().iteration() + 1 < end)
+    return;
   if (!checkpoint_steps_.empty()) return;  // the last checkpoint is still being written
   SetStateLocked(control::v1::JOB_STATE_SUCCEEDED);
 }
@@ -672,7 +664,7 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::PauseJob(const std::strin
   if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
   if (state_ != control::v1::JOB_STATE_RUNNING && state_ != control::v1::JOB_STATE_PENDING) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job \"", job_id, "\" is ", StateName(state_),
+        absl::StrCat("job \"", job_id, "\" is ", JobStateName(state_),
                      "; only a RUNNING or PENDING job can be paused"));
   }
   SetStateLocked(control::v1::JOB_STATE_PAUSED);
@@ -683,8 +675,8 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::ResumeJob(const std::stri
   absl::MutexLock lock(&mu_);
   if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
   if (state_ != control::v1::JOB_STATE_PAUSED) {
-    return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" is ", StateName(state_),
-                                                      "; only a PAUSED job can be resumed"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job_id, "\" is ", JobStateName(state_), "; only a PAUSED job can be resumed"));
   }
   const bool all = static_cast<int>(workers_.size()) ==
                    options_.plan.encoder().gpus() + options_.plan.llm().gpus();
@@ -696,9 +688,9 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CancelJob(const std::stri
                                                                  const std::string& reason) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
-  if (IsFinal(state_)) {
+  if (IsFinalJobState(state_)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job \"", job_id, "\" is already ", StateName(state_)));
+        absl::StrCat("job \"", job_id, "\" is already ", JobStateName(state_)));
   }
   job_message_ = reason.empty() ? "cancelled by CancelJob" : reason;
   stop_at_ = std::max(newest_ + 1, options_.start_iteration);
@@ -711,8 +703,8 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CheckpointJob(const std::
   absl::MutexLock lock(&mu_);
   if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
   if (state_ != control::v1::JOB_STATE_RUNNING) {
-    return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" is ", StateName(state_),
-                                                      "; only a RUNNING job can checkpoint"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job_id, "\" is ", JobStateName(state_), "; only a RUNNING job can checkpoint"));
   }
   checkpoint_requested_ = true;
   *step = 0;
