@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "deploy/launcher/launcher.h"
 #include "runtime/base/file.h"
+#include "runtime/base/runfiles.h"
 #include "runtime/data/loader.h"
 #include "runtime/train/train_checkpoint.h"
 #include "services/common/init.h"
@@ -47,8 +48,9 @@ ABSL_FLAG(bool, submit, true,
 ABSL_FLAG(int, encoder_dp, 0, "Overrides parallel.encoder_dp.");
 ABSL_FLAG(int, llm_dp, 0, "Overrides parallel.llm_dp.");
 ABSL_FLAG(std::string, bin_dir, "",
-          "Bazel's bin folder holding services/*/loom-*; default: the one this "
-          "binary was built into.");
+          "Folder holding services/*/loom-* and runtime/data/loom-datagen; default: this "
+          "binary's runfiles (RUNFILES_DIR/loom), where Bazel puts the service binaries "
+          "together with their data files.");
 ABSL_FLAG(std::string, run_dir, ".loom/run", "Folder for this run's logs, data and checkpoints.");
 ABSL_FLAG(std::string, bind_host, "127.0.0.1", "Address every service binds.");
 ABSL_FLAG(int, base_port, 0,
@@ -64,8 +66,12 @@ namespace {
 
 FILE* info = stdout;  // stderr with --json
 
-// <bin>/deploy/launcher/loom-up -> <bin>
-std::string DefaultBinDir() {
+// The service binaries with their data: this binary's runfiles tree (they
+// are its data dependencies), which its children also read their data from
+// (RUNFILES_DIR, set by ExportRunfilesDir); else the folder this binary was
+// built into (<bin>/deploy/launcher/loom-up -> <bin>).
+std::string DefaultBinDir(const std::string& runfiles) {
+  if (!runfiles.empty()) return runfiles + "/loom";
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) return ".";
@@ -256,13 +262,14 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string runfiles = loom::ExportRunfilesDir();  // before any thread starts
   loom::InitService(argc, argv, "loom-up",
                     "loom-up: run a training job with every Loom service as its own process.\n"
                     "  loom up [--config FILE] [--steps N] [--json] [--resume] [--nosubmit]");
   if (absl::GetFlag(FLAGS_json)) info = stderr;
   const std::string run_dir = absl::GetFlag(FLAGS_run_dir);
   const std::string bin_dir =
-      absl::GetFlag(FLAGS_bin_dir).empty() ? DefaultBinDir() : absl::GetFlag(FLAGS_bin_dir);
+      absl::GetFlag(FLAGS_bin_dir).empty() ? DefaultBinDir(runfiles) : absl::GetFlag(FLAGS_bin_dir);
 
   loom::job::v1::JobConfig job;
   if (!absl::GetFlag(FLAGS_config).empty()) {

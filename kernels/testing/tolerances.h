@@ -85,6 +85,13 @@ inline constexpr Tolerance kDisaggregatedVsLocalLoss = {
     "equal to 6 decimals over 20 AdamW steps; 1e-5 relative still catches a wrong scale "
     "(a missing 1/loss_tokens or clip is O(1e-2) by step 2)"};
 
+// A bin's cost summed from the same samples in another order of double
+// additions (an assignment's largest bin computed by two implementations).
+inline constexpr Tolerance kSameSumOtherOrderF64 = {
+    0, 1e-12,
+    "the same doubles added in another order: up to ~100 terms, each rounding <= 1.1e-16 "
+    "relative, so <= ~1e-14; 1e-12 cannot hide a different assignment (costs differ by >1e-6)"};
+
 }  // namespace loom::testing
 
 #endif  // LOOM_KERNELS_TESTING_TOLERANCES_H_

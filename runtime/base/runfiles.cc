@@ -1,6 +1,7 @@
 #include "runtime/base/runfiles.h"
 
 #include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,7 +12,34 @@ std::string Dir(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
+
+std::string SelfExe() {
+  char exe[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  return n > 0 ? std::string(exe, static_cast<size_t>(n)) : "";
+}
+
+bool IsDir(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
 }  // namespace
+
+std::string RunfilesRoot() {
+  for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    const char* dir = std::getenv(var);
+    if (dir != nullptr && IsDir(dir)) return dir;
+  }
+  const std::string self = SelfExe();
+  if (!self.empty() && IsDir(self + ".runfiles")) return self + ".runfiles";
+  return "";
+}
+
+std::string ExportRunfilesDir() {
+  const std::string root = RunfilesRoot();
+  if (!root.empty()) ::setenv("RUNFILES_DIR", root.c_str(), /*overwrite=*/0);
+  return root;
+}
 
 std::vector<std::string> RunfileCandidates(const std::string& rel) {
   std::vector<std::string> out;
@@ -20,10 +48,8 @@ std::vector<std::string> RunfileCandidates(const std::string& rel) {
   for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
     if (const char* dir = std::getenv(var)) out.push_back(std::string(dir) + "/loom/" + rel);
   }
-  char exe[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    const std::string self(exe, static_cast<size_t>(n));
+  const std::string self = SelfExe();
+  if (!self.empty()) {
     out.push_back(self + ".runfiles/loom/" + rel);
     out.push_back(Dir(self) + "/" + base);
     out.push_back(Dir(self) + "/../lib/loom/" + base);

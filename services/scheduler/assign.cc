@@ -13,10 +13,21 @@
 namespace loom::sched {
 namespace {
 
-// Samples' costs in units of each module's mean bin cost (total / bins).
+// Samples' costs per module: e (encoder) and l (LLM), either as given
+// (Raw: the units of the caller, times on each module's own ranks) or in units
+// of each module's mean bin cost (Normalize: total / bins).
 struct Normalized {
   std::vector<double> e, l;
 };
+
+Normalized Raw(const std::vector<SampleLoad>& samples) {
+  Normalized n;
+  for (const SampleLoad& s : samples) {
+    n.e.push_back(s.encoder);
+    n.l.push_back(s.llm);
+  }
+  return n;
+}
 
 Normalized Normalize(const std::vector<SampleLoad>& samples, int bins) {
   double te = 0, tl = 0;
@@ -146,16 +157,89 @@ Groups EntrainGroups(const Normalized& n, int bins, const AssignOptions& o) {
   return groups;
 }
 
-// The loom algorithm's packing: vector greedy then local search on the most
-// loaded bin.
+// Largest bin of either module: max over bins of max(encoder, LLM), in the
+// units of `n`. The objective `loom` and `ilp` minimise (on raw costs).
+double LargestBin(const Normalized& n, const Groups& groups) {
+  double worst = 0;
+  for (const std::vector<int>& g : groups) {
+    double e = 0, l = 0;
+    for (int i : g) {
+      e += n.e[i];
+      l += n.l[i];
+    }
+    worst = std::max({worst, e, l});
+  }
+  return worst;
+}
+
+// The plain 2-D greedy: samples by decreasing max(encoder, LLM) cost, each to
+// the bin whose resulting max(encoder, LLM) is least (ties: the lowest bin).
+Groups PlainGreedyGroups(const Normalized& n, int bins) {
+  std::vector<double> key(n.e.size());
+  for (size_t i = 0; i < key.size(); ++i) key[i] = std::max(n.e[i], n.l[i]);
+  Groups groups(bins);
+  std::vector<double> e(bins, 0), l(bins, 0);
+  for (int i : ByDecreasing(key)) {
+    int best = 0;
+    double best_max = INFINITY;
+    for (int g = 0; g < bins; ++g) {
+      const double mx = std::max(e[g] + n.e[i], l[g] + n.l[i]);
+      if (mx < best_max) {
+        best = g;
+        best_max = mx;
+      }
+    }
+    groups[best].push_back(i);
+    e[best] += n.e[i];
+    l[best] += n.l[i];
+  }
+  FillEmpty(n, &groups);
+  return groups;
+}
+
+// The vector greedy: like the plain one, but a sample's key favours the
+// one that loads both modules, and ties between bins go to the one whose
+// loads stay most even (least e² + l²).
+Groups VectorGreedyGroups(const Normalized& n, int bins) {
+  std::vector<double> key(n.e.size());
+  for (size_t i = 0; i < key.size(); ++i) {
+    key[i] = std::max(n.e[i], n.l[i]) + 1e-3 * std::min(n.e[i], n.l[i]);
+  }
+  Groups groups(bins);
+  std::vector<double> e(bins, 0), l(bins, 0);
+  for (int i : ByDecreasing(key)) {
+    int best = 0;
+    double best_max = INFINITY, best_sq = INFINITY;
+    for (int g = 0; g < bins; ++g) {
+      const double ge = e[g] + n.e[i], gl = l[g] + n.l[i];
+      const double mx = std::max(ge, gl), sq = ge * ge + gl * gl;
+      if (mx < best_max - 1e-12 || (mx < best_max + 1e-12 && sq < best_sq)) {
+        best = g;
+        best_max = mx;
+        best_sq = sq;
+      }
+    }
+    groups[best].push_back(i);
+    e[best] += n.e[i];
+    l[best] += n.l[i];
+  }
+  FillEmpty(n, &groups);
+  return groups;
+}
+
+// The loom algorithm's local search: from a start assignment, moves and swaps
+// samples out of the most loaded bin while that lowers it without making
+// another bin as loaded. The largest bin never rises.
 constexpr int kResplitTries = 4;  // lightest bins tried for a re-split of the heaviest
 
-class VectorPacker {
+class LocalSearch {
  public:
-  VectorPacker(const Normalized& n, int bins) : n_(n), groups_(bins), e_(bins, 0), l_(bins, 0) {}
+  LocalSearch(const Normalized& n, Groups start)
+      : n_(n), groups_(std::move(start)), e_(groups_.size(), 0), l_(groups_.size(), 0) {
+    for (size_t g = 0; g < groups_.size(); ++g) Refresh(static_cast<int>(g));
+  }
 
   Groups Run() {
-    Greedy();
     Improve();
     return std::move(groups_);
   }
@@ -167,30 +251,6 @@ class VectorPacker {
     groups_[g].push_back(i);
     e_[g] += n_.e[i];
     l_[g] += n_.l[i];
-  }
-
-  void Greedy() {
-    std::vector<double> key(n_.e.size());
-    for (size_t i = 0; i < key.size(); ++i) {
-      key[i] = std::max(n_.e[i], n_.l[i]) + 1e-3 * std::min(n_.e[i], n_.l[i]);
-    }
-    const int bins = static_cast<int>(groups_.size());
-    for (int i : ByDecreasing(key)) {
-      int best = 0;
-      double best_max = INFINITY, best_sq = INFINITY;
-      for (int g = 0; g < bins; ++g) {
-        const double e = e_[g] + n_.e[i], l = l_[g] + n_.l[i];
-        const double mx = std::max(e, l), sq = e * e + l * l;
-        if (mx < best_max - 1e-12 || (mx < best_max + 1e-12 && sq < best_sq)) {
-          best = g;
-          best_max = mx;
-          best_sq = sq;
-        }
-      }
-      Add(best, i);
-    }
-    FillEmpty(n_, &groups_);
-    for (size_t g = 0; g < groups_.size(); ++g) Refresh(static_cast<int>(g));
   }
 
   // Recomputes the loads of group g from its samples.
@@ -225,10 +285,19 @@ class VectorPacker {
         if (b == a || Load(b) >= m) break;
         if ((improved = SwapWith(a, b, m))) break;
       }
-      for (int k = 0, tried = 0; !improved && k < bins && tried < kResplitTries; ++k) {
-        if (light[k] == a) continue;
-        ++tried;
-        improved = Resplit(a, light[k], m);
+      // Re-split partners: the lightest bins, then those with the most room
+      // in the module that binds a (a bin light overall may be full there).
+      std::vector<int> slack = light;
+      const bool llm_binds = l_[a] >= e_[a];
+      std::stable_sort(slack.begin(), slack.end(),
+                       [&](int x, int y) { return llm_binds ? l_[x] < l_[y] : e_[x] < e_[y]; });
+      for (const std::vector<int>* partners : {&light, &slack}) {
+        for (int k = 0, tried = 0; !improved && k < bins && tried < kResplitTries; ++k) {
+          const int b = (*partners)[k];
+          if (b == a) continue;
+          ++tried;
+          improved = Resplit(a, b, m);
+        }
       }
       if (!improved) return;
     }
@@ -324,6 +393,21 @@ class VectorPacker {
   Groups groups_;
   std::vector<double> e_, l_;
 };
+
+// `loom`: the best (least LargestBin on the costs as given) of every cheap
+// heuristic Loom ships, improved by the local search. So it is never worse
+// than any of them on any batch, and the search only ever lowers it.
+Groups LoomGroups(const Normalized& raw, const Normalized& n, int bins, const AssignOptions& o) {
+  Groups candidates[] = {VectorGreedyGroups(raw, bins), PlainGreedyGroups(raw, bins),
+                         LptGroups(n, bins), Sequential(raw.e.size(), bins),
+                         EntrainGroups(n, bins, o)};
+  FillEmpty(n, &candidates[4]);
+  Groups* best = &candidates[0];
+  for (Groups& c : candidates) {
+    if (LargestBin(raw, c) < LargestBin(raw, *best)) best = &c;
+  }
+  return LocalSearch(raw, std::move(*best)).Run();
+}
 
 // DistTrain's 1F1B order of one rank's microbatches, given their sizes:
 // smallest first, the p-1 next smallest last (largest of them first), best
@@ -454,8 +538,8 @@ absl::Status Validate(const std::vector<SampleLoad>& samples, const AssignOption
 }  // namespace
 
 const std::vector<std::string>& AlgorithmNames() {
-  static const auto* names =
-      new std::vector<std::string>{"sequential", "lpt", "disttrain", "entrain", "ilp", "loom"};
+  static const auto* names = new std::vector<std::string>{
+      "sequential", "lpt", "disttrain", "entrain", "greedy", "ilp", "loom"};
   return *names;
 }
 
@@ -469,6 +553,7 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
   if (absl::Status s = Validate(samples, o); !s.ok()) return s;
   const int bins = o.llm_dp * o.microbatches;
   const Normalized n = Normalize(samples, bins);
+  const Normalized raw = Raw(samples);
   AssignResult result;
   Groups groups;
   std::vector<std::vector<int>> ranks;
@@ -493,8 +578,11 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
     FillEmpty(n, &groups);
     ranks = RanksInOrder(bins, o.microbatches);
     order_1f1b = false;
+  } else if (algorithm == "greedy") {
+    groups = PlainGreedyGroups(raw, bins);
+    ranks = balanced_ranks();
   } else if (algorithm == "loom") {
-    groups = VectorPacker(n, bins).Run();
+    groups = LoomGroups(raw, n, bins, o);
     ranks = balanced_ranks();
   } else {  // ilp
     const int64_t variables = static_cast<int64_t>(samples.size()) * bins;
@@ -503,8 +591,9 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
           absl::StrCat("ilp: ", samples.size(), " samples x ", bins, " bins = ", variables,
                        " variables, above the limit of ", o.ilp_max_variables));
     }
-    Groups start = LptGroups(n, bins);
-    absl::StatusOr<IlpSolution> sol = SolveBinIlp(n.e, n.l, bins, start, o.ilp_time_limit_seconds);
+    Groups start = LoomGroups(raw, n, bins, o);
+    absl::StatusOr<IlpSolution> sol =
+        SolveBinIlp(raw.e, raw.l, bins, start, o.ilp_time_limit_seconds);
     if (!sol.ok()) return sol.status();
     groups = std::move(sol->groups);
     result.ilp_bound = sol->bound;
@@ -536,15 +625,21 @@ AssignmentQuality MeasureAssignment(const std::vector<SampleLoad>& samples,
     const double lb = std::max(mean, largest);
     m.max_over_lower_bound = lb > 0 ? mx / lb : 1.0;
     m.cv = mean > 0 ? std::sqrt(var / k) / mean : 0.0;
-    return std::make_pair(m, mean > 0 ? mx / mean : 0.0);
+    return std::make_pair(m, mean);
   };
-  auto [e, eo] = measure([](const SampleLoad& s) { return s.encoder; },
-                         [](const BinAssignment& b) { return b.encoder; });
-  auto [l, lo] = measure([](const SampleLoad& s) { return s.llm; },
-                         [](const BinAssignment& b) { return b.llm; });
+  auto [e, mean_e] = measure([](const SampleLoad& s) { return s.encoder; },
+                             [](const BinAssignment& b) { return b.encoder; });
+  auto [l, mean_l] = measure([](const SampleLoad& s) { return s.llm; },
+                             [](const BinAssignment& b) { return b.llm; });
   q.encoder = e;
   q.llm = l;
-  q.objective = std::max(eo, lo);
+  for (const BinAssignment& b : result.bins) {
+    q.largest_bin = std::max({q.largest_bin, b.encoder, b.llm});
+  }
+  const double mean = std::max(mean_e, mean_l);
+  q.objective = mean > 0 ? q.largest_bin / mean : 0.0;
+  q.lower_bound = mean;
+  for (const SampleLoad& s : samples) q.lower_bound = std::max({q.lower_bound, s.encoder, s.llm});
   return q;
 }
 

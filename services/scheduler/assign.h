@@ -3,10 +3,11 @@
 // LLM rank's microbatches are put in the order it runs them.
 //
 // Every sample loads both modules (its images the encoder, its packed length
-// the LLM), so a bin has two costs. Each module's costs are compared in units
-// of its mean bin cost (total / bins), so that neither module is ignored when
-// their scales differ; the objective of `ilp` and `loom` is the largest bin
-// cost of either module in those units (1.0 is a perfect split).
+// the LLM), so a bin has two costs. Costs are times on each module's own
+// ranks, in one unit (the scheduler's: seconds), and a microbatch slot lasts
+// as long as the slower module's bin, so modules are compared in the units
+// given: the objective of `greedy`, `ilp` and `loom` is the largest bin of
+// either module, max over bins of max(encoder, LLM).
 //
 // Algorithms (all deterministic; every LLM rank gets `microbatches` bins, every
 // bin at least one sample):
@@ -29,18 +30,22 @@
 //               then walk the bins in execution order deferring each bin's
 //               LLM load above the mean to a later bin with room, without
 //               raising the encoder's maximum.
+//   greedy      the plain 2-D greedy, a baseline: samples by decreasing
+//               max(encoder, LLM) cost, each to the bin whose resulting
+//               max(encoder, LLM) is least.
 //   ilp         DFLOP's exact formulation: minimise C with every bin's encoder
 //               cost <= C and LLM cost <= C, every sample in one bin, every
 //               bin non-empty; COIN-OR CBC under a time limit, started from
-//               the lpt solution. The quality reference; not deterministic
+//               the loom solution. The quality reference; not deterministic
 //               when the time limit cuts the search.
-//   loom        ours: vector greedy (samples by decreasing larger cost, each
-//               to the bin whose larger cost grows least), then a local search
-//               that moves or swaps samples out of the most loaded bin while
-//               that lowers it without making another bin as loaded; bins go
-//               to ranks so that rank totals balance, in DistTrain's 1F1B
-//               order; each microbatch slot's bins go to the encoder ranks
-//               with the least accumulated load.
+//   loom        ours: the best of the cheap heuristics above (sequential, lpt,
+//               entrain, greedy, and a vector greedy that breaks ties towards
+//               even loads), then a local search that moves or swaps samples
+//               out of the most loaded bin while that lowers it without making
+//               another bin as loaded, so it is never worse than any of them;
+//               bins go to ranks so that rank totals balance, in DistTrain's
+//               1F1B order; each microbatch slot's bins go to the encoder
+//               ranks with the least accumulated load.
 #ifndef LOOM_SERVICES_SCHEDULER_ASSIGN_H_
 #define LOOM_SERVICES_SCHEDULER_ASSIGN_H_
 
@@ -81,7 +86,7 @@ struct BinAssignment {
 
 struct AssignResult {
   std::vector<BinAssignment> bins;  // by llm_rank, then microbatch
-  double ilp_bound = 0;             // ilp: proven lower bound on the objective
+  double ilp_bound = 0;             // ilp: proven lower bound on the largest bin
   bool ilp_optimal = false;
 };
 
@@ -100,7 +105,9 @@ struct ModuleQuality {
 
 struct AssignmentQuality {
   ModuleQuality encoder, llm;
-  double objective = 0;  // max over bins and modules of cost / mean bin cost
+  double largest_bin = 0;  // max over bins of max(encoder, LLM), in the costs' units
+  double lower_bound = 0;  // max(mean encoder bin, mean LLM bin, largest sample's max)
+  double objective = 0;    // largest_bin / max(mean encoder bin, mean LLM bin)
 };
 
 AssignmentQuality MeasureAssignment(const std::vector<SampleLoad>& samples,

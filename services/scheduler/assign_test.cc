@@ -1,8 +1,11 @@
 #include "services/scheduler/assign.h"
 
+#include <algorithm>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 #include "runtime/base/rng.h"
 
 namespace loom::sched {
@@ -43,7 +46,7 @@ TEST(AssignTest, KnownOptimumOneModule) {
   EXPECT_NEAR(Objective(s, o, "sequential"), 9.0 / 6.0, 1e-9);  // {5,4} {3,3} {2,1}
   AssignResult ilp = RunAlgorithm(s, o, "ilp");
   EXPECT_TRUE(ilp.ilp_optimal);
-  EXPECT_NEAR(ilp.ilp_bound, 1.0, 1e-6);
+  EXPECT_NEAR(ilp.ilp_bound, 6.0, 1e-6);  // in the costs' units: the mean bin
 }
 
 // LPT's greedy is not optimal on {3,3,2,2,2} in 2 bins (it makes 7/5 against
@@ -176,10 +179,148 @@ TEST(AssignTest, IlpIsValidAndNoWorseThanItsStart) {
   const AssignOptions o = Bins(2, 3, 2);
   AssignResult r = RunAlgorithm(s, o, "ilp");
   CheckValid(s, o, r, "ilp");
-  const double ilp = MeasureAssignment(s, r).objective;
-  EXPECT_LE(ilp, Objective(s, o, "lpt") + 1e-6);
-  EXPECT_LE(r.ilp_bound, ilp + 1e-6);
-  EXPECT_GE(r.ilp_bound, 1.0 - 1e-6);  // no split beats the mean
+  const AssignmentQuality q = MeasureAssignment(s, r);
+  EXPECT_LE(q.objective, Objective(s, o, "loom") + 1e-9);  // it starts from loom's
+  EXPECT_LE(r.ilp_bound, q.largest_bin + 1e-9);
+  EXPECT_GE(r.ilp_bound, q.lower_bound * (1 - 1e-6));  // no split beats the mean
+}
+
+// Batches of the kinds people train on, with costs in one time unit (each
+// module's time on its own ranks) and the encoder's total a given share of
+// the LLM's.
+enum class Mix { kDocument, kVideo, kTextHeavy, kOnevision, kMixture };
+
+std::vector<SampleLoad> Distribution(Mix mix, uint64_t seed, int n, double encoder_share) {
+  Rng rng(seed);
+  std::vector<SampleLoad> s(n);
+  for (SampleLoad& x : s) {
+    Mix kind = mix;
+    if (mix == Mix::kMixture) kind = static_cast<Mix>(rng.UniformInt(0, 3));
+    double tiles = 0, text = 0;
+    switch (kind) {
+      case Mix::kDocument:  // one page image of 1-12 tiles, a short question and answer
+        tiles = static_cast<double>(rng.UniformInt(1, 12));
+        text = rng.LogNormal(60, 0.6, 8, 600);
+        break;
+      case Mix::kVideo:  // 8-64 frames, a caption
+        tiles = static_cast<double>(rng.UniformInt(8, 64));
+        text = rng.LogNormal(100, 0.5, 10, 800);
+        break;
+      case Mix::kTextHeavy:  // mostly long text-only samples, a few small images
+        tiles = rng.Bernoulli(0.6) ? 0 : static_cast<double>(rng.UniformInt(1, 4));
+        text = rng.LogNormal(700, 0.9, 20, 8192);
+        break;
+      default:  // onevision-like: 20% text-only, a heavy tail of tiles
+        tiles = rng.Bernoulli(0.2) ? 0 : std::round(rng.LogNormal(4, 0.9, 1, 40));
+        text = rng.LogNormal(120, 0.7, 10, 1000);
+        break;
+    }
+    const double len = tiles * 64 + text;  // 64 image tokens per tile after the projector
+    x.encoder = tiles;
+    x.llm = len + len * len / 4096;  // a*L + b*L^2
+    x.transfer = tiles * 1e-3;
+  }
+  double te = 0, tl = 0;
+  for (const SampleLoad& x : s) {
+    te += x.encoder;
+    tl += x.llm;
+  }
+  for (SampleLoad& x : s) {
+    x.encoder *= te > 0 ? encoder_share * tl / te : 0;
+    x.llm *= 1e-3;  // milliseconds
+    x.encoder *= 1e-3;
+  }
+  return s;
+}
+
+// The plain 2-D greedy, written here from its definition as the reference
+// the shipped algorithms are held to: samples by decreasing max(encoder, LLM)
+// cost (ties: lower index), each to the bin whose resulting max(encoder, LLM)
+// is least (ties: lower bin). Returns its largest bin.
+double PlainGreedyLargestBin(const std::vector<SampleLoad>& s, int bins) {
+  std::vector<int> order(s.size());
+  for (size_t i = 0; i < s.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return std::max(s[a].encoder, s[a].llm) > std::max(s[b].encoder, s[b].llm);
+  });
+  std::vector<double> e(bins, 0), l(bins, 0);
+  for (int i : order) {
+    int best = 0;
+    for (int g = 1; g < bins; ++g) {
+      if (std::max(e[g] + s[i].encoder, l[g] + s[i].llm) <
+          std::max(e[best] + s[i].encoder, l[best] + s[i].llm)) {
+        best = g;
+      }
+    }
+    e[best] += s[i].encoder;
+    l[best] += s[i].llm;
+  }
+  double worst = 0;
+  for (int g = 0; g < bins; ++g) worst = std::max({worst, e[g], l[g]});
+  return worst;
+}
+
+// `loom` is never worse than the plain 2-D greedy nor than any other
+// algorithm Loom ships (the ILP aside: it starts from loom's answer and only
+// improves it), on every batch of every distribution, compared in the units
+// the costs are given in; at 4096 samples it is within 1% of the lower bound.
+TEST(AssignTest, LoomIsNeverWorseThanAnyHeuristic) {
+  const Mix mixes[] = {Mix::kDocument, Mix::kVideo, Mix::kTextHeavy, Mix::kOnevision,
+                       Mix::kMixture};
+  const char* mix_names[] = {"document", "video", "text-heavy", "onevision", "mixture"};
+  struct Shape {
+    int samples, llm_dp, microbatches, encoder_dp;
+  };
+  const Shape shapes[] = {{4096, 8, 8, 8}, {512, 4, 4, 2}, {97, 3, 5, 2}};
+  int cases = 0;
+  for (int k = 0; k < 5; ++k) {
+    for (double share : {0.3, 0.9, 1.0, 1.6}) {
+      for (uint64_t seed : {11, 12}) {
+        for (const Shape& sh : shapes) {
+          const std::vector<SampleLoad> s = Distribution(mixes[k], seed, sh.samples, share);
+          const AssignOptions o = Bins(sh.llm_dp, sh.microbatches, sh.encoder_dp);
+          SCOPED_TRACE(absl::StrCat(mix_names[k], " encoder share ", share, " seed ", seed, " ",
+                                    sh.samples, " samples in ", sh.llm_dp, "x", sh.microbatches));
+          std::map<std::string, AssignmentQuality> q;
+          for (const std::string& a : AlgorithmNames()) {
+            if (a == "ilp") continue;
+            AssignResult r = RunAlgorithm(s, o, a);
+            CheckValid(s, o, r, a);
+            q[a] = MeasureAssignment(s, r);
+          }
+          // Equal bins may differ by the order their costs were summed in.
+          const double loom = q["loom"].largest_bin / (1 + testing::kSameSumOtherOrderF64.rtol);
+          for (const auto& [a, quality] : q) {
+            EXPECT_LE(loom, quality.largest_bin) << "vs " << a;
+          }
+          EXPECT_LE(loom, PlainGreedyLargestBin(s, sh.llm_dp * sh.microbatches))
+              << "vs the plain 2-D greedy";
+          // Within 1% of the lower bound at 4096 samples, except text-heavy:
+          // its encoder load sits in ~25 image samples of 1-4 tiles per bin,
+          // so one tile is ~1.6% of a bin and the best integral split itself
+          // can be that far above the mean the bound is made of.
+          if (sh.samples == 4096) {
+            EXPECT_LE(loom, (mixes[k] == Mix::kTextHeavy ? 1.02 : 1.01) * q["loom"].lower_bound);
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 5 * 4 * 2 * 3);
+}
+
+// Costs in different scales: the module with the larger times decides the
+// iteration, so a split that evens the small module at the cost of the large
+// one is worse (the old per-module normalisation preferred it).
+TEST(AssignTest, ComparesModulesInTheUnitsGiven) {
+  // Encoder costs are tiny next to the LLM's: only the LLM's split matters.
+  std::vector<SampleLoad> s;
+  for (int i = 0; i < 8; ++i) s.push_back({i < 4 ? 1e-3 : 0.0, static_cast<double>(1 + i % 4), 0});
+  const AssignOptions o = Bins(2, 1);
+  const AssignmentQuality q = MeasureAssignment(s, RunAlgorithm(s, o, "loom"));
+  EXPECT_NEAR(q.largest_bin, 10.0, 1e-9);  // LLM 1+2+3+4 = 20 in two bins of 10
+  EXPECT_NEAR(q.objective, 1.0, 1e-9);
 }
 
 }  // namespace

@@ -98,8 +98,8 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
 
   struct Best {
     double time = INFINITY;
-    int tp_e, pp_e, dp_e, tp_l, pp_l, dp_l, m;
-    double enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l;
+    int tp_e = 0, pp_e = 0, dp_e = 0, tp_l = 0, pp_l = 0, dp_l = 0, m = 0;
+    double enc_stage = 0, llm_stage = 0, mem_e = 0, mem_l = 0, ar_e = 0, ar_l = 0;
   } best;
   int64_t candidates = 0;
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);

@@ -106,6 +106,8 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
   s->mutable_llm()->set_max_over_lower_bound(q.llm.max_over_lower_bound);
   s->mutable_llm()->set_cv(q.llm.cv);
   s->set_objective(q.objective);
+  s->set_largest_bin(q.largest_bin);
+  s->set_lower_bound(q.lower_bound);
   s->set_simulated_iteration_seconds(sim->iteration_seconds);
   s->set_wall_seconds(wall);
   s->set_ilp_bound(result->ilp_bound);

@@ -1,6 +1,6 @@
 // loom-schedule: the scheduler's planning and assignment, offline.
 //
-//   loom-schedule plan --batch SCAN.jsonl --gpus 1296 --global_batch 4096 \
+//   loom-schedule plan --batch SCAN.jsonl --gpus 1296 --global_batch 4096
 //       [--config vit300m-llm7b] [--output plan.json]
 //   loom-schedule assign --batch SCAN.jsonl (--plan plan.json |
 //       --llm_dp N --microbatches M --encoder_dp E) --algorithm loom --output out.json

@@ -165,9 +165,14 @@ double Perftest(int64_t size, int port, const std::string& log_dir) {
   return 0;
 }
 
-void TransferBench(const std::string& self, const std::string& dir) {
+// False when a measurement produced no figure (the cause is printed).
+bool TransferBench(const std::string& self, const std::string& dir) {
   auto ucx = loom::UcxWorker::Create();
-  if (!ucx.ok()) return;
+  if (!ucx.ok()) {
+    std::fprintf(stderr, "distributed_bench: UCX: %s\n",
+                 std::string(ucx.status().message()).c_str());
+    return false;
+  }
   const std::string me = dir + "/sender.addr", peer_file = dir + "/receiver.addr";
   std::remove(peer_file.c_str());
   (void)loom::WriteFileAtomically(me, Hex((*ucx)->address()));
@@ -176,7 +181,11 @@ void TransferBench(const std::string& self, const std::string& dir) {
        absl::StrCat("--transfer_bytes=", absl::GetFlag(FLAGS_transfer_bytes)),
        absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds))},
       dir + "/receiver.log");
-  if (!rx.ok()) return;
+  if (!rx.ok()) {
+    std::fprintf(stderr, "distributed_bench: cannot start the receiver: %s\n",
+                 std::string(rx.status().message()).c_str());
+    return false;
+  }
   const std::string peer = Unhex(AwaitFile(peer_file));
   std::printf(
       "\nActivation transfer between two processes (UCX %s), median of %d alternating runs:\n",
@@ -185,7 +194,10 @@ void TransferBench(const std::string& self, const std::string& dir) {
   std::printf("  %10s %8s %16s %22s %8s\n", "size", "messages", "loom MiB/s", "ucx_perftest MiB/s",
               "ratio");
   int port = 13400;
+  bool complete = !peer.empty() && !Sizes().empty();
+  if (peer.empty()) std::fprintf(stderr, "distributed_bench: the receiver wrote no address\n");
   for (int64_t size : Sizes()) {
+    if (peer.empty()) break;
     std::vector<double> ours, ref;
     for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
       (void)LoomTransfer(ucx->get(), peer, size);  // warm-up (wire-up, registration)
@@ -196,8 +208,14 @@ void TransferBench(const std::string& self, const std::string& dir) {
     std::printf("  %10lld %8d %16.0f %22.0f %8.3f\n", static_cast<long long>(size), Messages(size),
                 a, b, b > 0 ? a / b : 0);
     std::fflush(stdout);
+    if (a <= 0 || b <= 0) {
+      std::fprintf(stderr, "distributed_bench: no transfer figure at %lld bytes (%s)\n",
+                   static_cast<long long>(size), a <= 0 ? "loom" : "ucx_perftest");
+      complete = false;
+    }
   }
   (void)(*rx)->Wait(absl::Seconds(60));
+  return complete;
 }
 
 struct RunResult {
@@ -225,7 +243,11 @@ RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const s
                                absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--json"},
                               log);
   RunResult r;
-  if (!up.ok()) return r;
+  if (!up.ok()) {
+    std::fprintf(stderr, "distributed_bench: cannot start %s: %s\n", loom_up.c_str(),
+                 std::string(up.status().message()).c_str());
+    return r;
+  }
   (void)(*up)->Wait(absl::Minutes(10));
   std::vector<double> secs, imb;
   const std::vector<std::string> lines = absl::StrSplit((*up)->ReadLog(), '\n');
@@ -240,13 +262,17 @@ RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const s
   }
   for (double s : secs) r.seconds += s / secs.size();
   for (double m : imb) r.imbalance += m / imb.size();
-  if (secs.empty()) std::fprintf(stderr, "no iterations in %s\n", log.c_str());
+  if (secs.empty()) {
+    std::fprintf(stderr, "distributed_bench: %s run %d produced no iterations; its log (%s):\n%s\n",
+                 algorithm.c_str(), run, log.c_str(), (*up)->ReadLog().c_str());
+  }
   return r;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::ExportRunfilesDir();  // loom-up and the services it starts read their data here
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_receiver).empty()) return Receiver();
   const std::string dir = absl::GetFlag(FLAGS_work_dir);
@@ -277,6 +303,13 @@ int main(int argc, char** argv) {
       }
     }
     const double s = Median(secs["sequential"]), l = Median(secs["loom"]);
+    for (const auto& [alg, v] : secs) {
+      if (std::count(v.begin(), v.end(), 0.0) > 0) {
+        std::fprintf(stderr, "distributed_bench: FAILED: a %s run produced no figure (above)\n",
+                     alg.c_str());
+        return 1;
+      }
+    }
     std::printf(
         "\nIteration time, onevision preset, tiny model, encoder DP 2 + LLM DP 2 processes, 16 "
         "samples/iteration, iterations %d..%d, median of %d alternating runs:\n"
@@ -286,6 +319,9 @@ int main(int argc, char** argv) {
         l, l > 0 ? s / l : 0, Median(imb["sequential"]), Median(imb["loom"]));
     std::fflush(stdout);
   }
-  TransferBench(self, dir);
+  if (!TransferBench(self, dir)) {
+    std::fprintf(stderr, "distributed_bench: FAILED: the transfer measurement is incomplete\n");
+    return 1;
+  }
   return 0;
 }
