@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "runtime/base/file.h"
+#include "runtime/checkpoint/steps.h"
 #include "services/common/health_client.h"
 #include "services/common/http_get.h"
 
@@ -89,8 +90,8 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
                                     absl::StrCat("--threads=", job.data().threads())};
       if (options_.resume_step > 0) {
         a.push_back(absl::StrCat("--start_iteration=", options_.resume_step));
-        a.push_back(absl::StrCat("--cursor=", job.checkpoint().dir(), "/step-",
-                                 options_.resume_step, "/data_cursor.binpb"));
+        a.push_back(absl::StrCat("--cursor=", StepDir(job.checkpoint().dir(), options_.resume_step),
+                                 "/", kDataCursorFile));
       }
       return a;
     }

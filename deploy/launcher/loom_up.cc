@@ -25,8 +25,8 @@
 #include "deploy/launcher/launcher.h"
 #include "runtime/base/file.h"
 #include "runtime/base/runfiles.h"
+#include "runtime/checkpoint/steps.h"
 #include "runtime/data/loader.h"
-#include "runtime/train/train_checkpoint.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
 #include "services/scheduler/control_client.h"
@@ -38,7 +38,11 @@ ABSL_FLAG(std::string, config, "",
 ABSL_FLAG(int, steps, -1, "Stop after this many iterations (overrides train.steps; 0: never).");
 ABSL_FLAG(bool, json, false,
           "One JSON line per iteration on stdout; everything else goes to stderr.");
-ABSL_FLAG(bool, resume, false, "Continue the job after its newest complete checkpoint.");
+ABSL_FLAG(bool, resume, false,
+          "Continue the job after the newest complete checkpoint of its run (the run that "
+          "last started fresh in checkpoint.dir, with the same model, seed, batch and data).");
+ABSL_FLAG(int64_t, resume_step, 0,
+          "Continue after this complete checkpoint step of the job's run (implies --resume).");
 ABSL_FLAG(bool, exit_on_job_end, true,
           "Stop every service once the job ends (SUCCEEDED, CANCELLED, FAILED); with "
           "--noexit_on_job_end they keep serving until Ctrl-C (to inspect the finished job).");
@@ -149,6 +153,7 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
     loom::control::v1::JobSpec spec;
     *spec.mutable_config() = job;
     spec.set_resume(o.resume_step > 0);
+    spec.set_resume_step(o.resume_step);  // the step preprocess starts from
     absl::StatusOr<loom::control::v1::Job> j = control.Submit(spec);
     if (!j.ok()) {
       std::fprintf(stderr, "loom up: %s\n", std::string(j.status().message()).c_str());
@@ -295,8 +300,9 @@ int main(int argc, char** argv) {
   o.base_port = absl::GetFlag(FLAGS_base_port);
   o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
   o.job = job;
-  if (absl::GetFlag(FLAGS_resume)) {
-    absl::StatusOr<int64_t> step = loom::LatestCompleteCheckpoint(job.checkpoint().dir());
+  if (absl::GetFlag(FLAGS_resume) || absl::GetFlag(FLAGS_resume_step) > 0) {
+    absl::StatusOr<int64_t> step = loom::ResumableStep(
+        job.checkpoint().dir(), loom::JobCheckpointIdentity(job), absl::GetFlag(FLAGS_resume_step));
     if (!step.ok()) return Fail("--resume: " + std::string(step.status().message()));
     o.resume_step = *step;
     std::fprintf(info, "loom up: resuming after step %lld (%s)\n", static_cast<long long>(*step),

@@ -1,9 +1,5 @@
 #include "runtime/train/train_checkpoint.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
-
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/file.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -15,38 +11,21 @@ const char* const* kModules = kModuleNames;
 
 }  // namespace
 
-std::string StepDir(const std::string& dir, int64_t step) {
-  return absl::StrCat(dir, "/step-", step);
-}
-
-absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir) {
-  const std::string sd = StepDir(dir, step);
-  if (absl::Status s = MakeDirectories(sd); !s.ok()) return s;
+absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir,
+                                    const CheckpointRun& run,
+                                    const std::vector<std::pair<std::string, std::string>>& extra) {
+  if (absl::Status s = BeginCheckpointStep(dir, step); !s.ok()) return s;
+  const std::string sd = PartialStepDir(dir, step);
+  for (const auto& [name, bytes] : extra) {
+    if (absl::Status s = WriteFileAtomically(absl::StrCat(sd, "/", name), bytes); !s.ok()) return s;
+  }
   auto sets = model.param_sets();
   for (size_t i = 0; i < sets.size(); ++i) {
     absl::Status s =
         SaveModuleCheckpoint(*sets[i], kModules[i], absl::StrCat(sd, "/", kModules[i], ".ckpt"));
     if (!s.ok()) return s;
   }
-  return WriteFileAtomically(sd + "/COMPLETE", absl::StrCat("step ", step, "\n"));
-}
-
-absl::StatusOr<int64_t> LatestCompleteCheckpoint(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return absl::NotFoundError(absl::StrCat("no checkpoint folder ", dir));
-  int64_t best = -1;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    int64_t step;
-    if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) continue;
-    struct stat st;
-    if (stat(absl::StrCat(dir, "/", name, "/COMPLETE").c_str(), &st) == 0 && step > best) {
-      best = step;
-    }
-  }
-  closedir(d);
-  if (best < 0) return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", dir));
-  return best;
+  return CommitCheckpointStep(dir, step, run);
 }
 
 absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir) {

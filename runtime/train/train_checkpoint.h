@@ -1,26 +1,26 @@
 // Whole-model training checkpoints for the single-process trainer:
 //   DIR/step-<N>/{encoder,projector,llm}.ckpt   (runtime/checkpoint format)
-//   DIR/step-<N>/COMPLETE                       written last: the step is
-//                                               complete only when it exists
-// The data cursor needs no file here: batch s is samples [s·B, (s+1)·B).
+// in the step folders of runtime/checkpoint/steps.h: written aside, then
+// renamed into place whole, and tied to their run.
 #ifndef LOOM_RUNTIME_TRAIN_TRAIN_CHECKPOINT_H_
 #define LOOM_RUNTIME_TRAIN_TRAIN_CHECKPOINT_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/checkpoint/steps.h"
 #include "runtime/model/model.h"
 
 namespace loom {
 
-// DIR/step-<N>
-std::string StepDir(const std::string& dir, int64_t step);
-
-absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir);
-
-// The highest step with a COMPLETE marker under `dir`; NOT_FOUND if none.
-absl::StatusOr<int64_t> LatestCompleteCheckpoint(const std::string& dir);
+// Writes step `step` of `run`: `extra` files (name, bytes) and the modules
+// into the partial folder, then commits it.
+absl::Status SaveTrainingCheckpoint(
+    MultimodalModel& model, int64_t step, const std::string& dir, const CheckpointRun& run,
+    const std::vector<std::pair<std::string, std::string>>& extra = {});
 
 // Loads step `step` from `dir` into `model`.
 absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir);

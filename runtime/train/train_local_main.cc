@@ -49,7 +49,7 @@ int Fail(const std::string& what) {
   return 1;
 }
 std::string CursorPath(const std::string& dir, int64_t step) {
-  return dir + "/step-" + std::to_string(step) + "/data_cursor.binpb";
+  return loom::StepDir(dir, step) + "/" + loom::kDataCursorFile;
 }
 }  // namespace
 
@@ -113,11 +113,25 @@ int main(int argc, char** argv) {
                  "loom-train-local: --checkpoint_every and --resume need --checkpoint_dir\n");
     return 1;
   }
+  // What a resume must not change (the batch split may).
+  const std::string identity = absl::StrCat(
+      "trainer=loom-train-local model=", config->name, " seed=", absl::GetFlag(FLAGS_seed),
+      " global_batch=", batch,
+      " data=", absl::GetFlag(FLAGS_shards).empty() ? "synthetic" : absl::GetFlag(FLAGS_shards));
+  loom::CheckpointRun run;
   int first_step = 0;
+  if (!ckpt_dir.empty() && !absl::GetFlag(FLAGS_resume)) {
+    absl::StatusOr<loom::CheckpointRun> r = loom::StartCheckpointRun(ckpt_dir, identity);
+    if (!r.ok()) return Fail("--checkpoint_dir: " + std::string(r.status().message()));
+    run = *r;
+  }
   if (absl::GetFlag(FLAGS_resume)) {
-    absl::StatusOr<int64_t> latest = loom::LatestCompleteCheckpoint(ckpt_dir);
+    absl::StatusOr<loom::CheckpointRun> r = loom::ReadCheckpointRun(ckpt_dir);
+    absl::StatusOr<int64_t> latest =
+        r.ok() ? loom::ResumableStep(ckpt_dir, identity) : absl::StatusOr<int64_t>(r.status());
     absl::Status loaded =
         latest.ok() ? loom::LoadTrainingCheckpoint(model, *latest, ckpt_dir) : latest.status();
+    if (r.ok()) run = *r;
     if (!loaded.ok()) {
       std::fprintf(stderr, "loom-train-local: --resume: %s\n",
                    std::string(loaded.message()).c_str());
@@ -158,15 +172,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(st.tokens), st.seconds, st.grad_norm, st.lr);
     std::fflush(stdout);
     if (every > 0 && st.step % every == 0) {
-      absl::Status c = absl::OkStatus();
-      if (loader != nullptr) {  // the cursor first: COMPLETE is written last
-        c = loom::MakeDirectories(ckpt_dir + "/step-" + std::to_string(st.step));
-        if (c.ok()) {
-          c = loom::WriteFileAtomically(CursorPath(ckpt_dir, st.step),
-                                        loader->Cursor().SerializeAsString());
-        }
-      }
-      if (c.ok()) c = loom::SaveTrainingCheckpoint(model, st.step, ckpt_dir);
+      std::vector<std::pair<std::string, std::string>> extra;
+      if (loader != nullptr)
+        extra.push_back({loom::kDataCursorFile, loader->Cursor().SerializeAsString()});
+      absl::Status c = loom::SaveTrainingCheckpoint(model, st.step, ckpt_dir, run, extra);
       if (!c.ok()) {
         std::fprintf(stderr, "loom-train-local: checkpoint: %s\n",
                      std::string(c.message()).c_str());

@@ -90,10 +90,12 @@ TEST(TrainerTest, ResumingFromACheckpointContinuesTheSameRun) {
   MultimodalModel first(c);
   first.Initialize(6);
   std::vector<double> resumed = TrainRange(first, 0, 10, 6);
-  ASSERT_TRUE(SaveTrainingCheckpoint(first, 10, dir).ok());
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "tiny seed 6");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(SaveTrainingCheckpoint(first, 10, dir, *run).ok());
   MultimodalModel second(c);
   second.Initialize(123);  // anything: the checkpoint replaces it
-  absl::StatusOr<int64_t> latest = LatestCompleteCheckpoint(dir);
+  absl::StatusOr<int64_t> latest = ResumableStep(dir, "tiny seed 6");
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, 10);
   ASSERT_TRUE(LoadTrainingCheckpoint(second, 10, dir).ok());

@@ -161,4 +161,11 @@ std::string JobToJson(const job::v1::JobConfig& job) {
   return out;
 }
 
+std::string JobCheckpointIdentity(const job::v1::JobConfig& job) {
+  const job::v1::DataConfig& d = job.data();
+  return absl::StrCat(
+      "model=", job.model(), " seed=", job.seed(), " global_batch=", d.global_batch(),
+      " data=", d.shards().empty() ? absl::StrCat(d.preset(), ":", d.samples()) : d.shards());
+}
+
 }  // namespace loom

@@ -33,6 +33,11 @@ absl::StatusOr<job::v1::JobConfig> LoadJobConfig(const std::string& path,
 // The job as one line of JSON (for logs and for handing to a child process).
 std::string JobToJson(const job::v1::JobConfig& job);
 
+// What a resume must not change, as one line (runtime/checkpoint/steps.h):
+// the model, the seed, the global batch and the data. The parallel degrees,
+// the assignment algorithm and the step count may change.
+std::string JobCheckpointIdentity(const job::v1::JobConfig& job);
+
 }  // namespace loom
 
 #endif  // LOOM_SERVICES_COMMON_JOB_H_

@@ -1,8 +1,8 @@
 #include "services/scheduler/control_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
-#include "runtime/train/train_checkpoint.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
 #include "services/scheduler/job_state.h"
@@ -44,12 +44,17 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
     *plan->mutable_costs() = sched::CoefficientsOnOneGpu(*model, sched::ClusterSpec());
   }
   o.plan = std::move(*plan);
-  if (spec.resume()) {
-    absl::StatusOr<int64_t> step = LatestCompleteCheckpoint(o.job.checkpoint().dir());
-    if (!step.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("job.resume: ", step.status().message()));
+  const std::string& ckpt = o.job.checkpoint().dir();
+  if (spec.resume() || spec.resume_step() > 0) {
+    absl::StatusOr<int64_t> step =
+        ResumableStep(ckpt, JobCheckpointIdentity(o.job), spec.resume_step());
+    absl::StatusOr<CheckpointRun> run = ReadCheckpointRun(ckpt);
+    if (!step.ok() || !run.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job.resume: ", (step.ok() ? run.status() : step.status()).message()));
     }
     o.start_iteration = *step;
+    o.run = *run;
   }
   ApplyDeployment(deployment, &o);
   return o;

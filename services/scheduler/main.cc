@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
+#include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
-#include "runtime/train/train_checkpoint.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
 #include "services/scheduler/control_service.h"
@@ -35,7 +35,11 @@ ABSL_FLAG(std::string, job, "",
           "--plan), algorithm, steps, checkpoints. Replaces --config/--algorithm/--llm_dp/...");
 ABSL_FLAG(std::string, run_dir, ".loom/run", "Roots the job's default folders.");
 ABSL_FLAG(bool, resume, false,
-          "Continue the job after its newest complete checkpoint (in checkpoint.dir).");
+          "Continue the job after the newest complete checkpoint of its run (in "
+          "checkpoint.dir).");
+ABSL_FLAG(int64_t, resume_step, 0,
+          "Continue after this complete checkpoint step of the job's run (implies --resume; "
+          "loom-preprocess must start from the same step's cursor).");
 ABSL_FLAG(double, peak_flops, 0,
           "Peak FLOP/s of all the workers' devices together, for loom_train_mfu_ratio (0: the "
           "plan's GPU peak times its GPUs).");
@@ -61,15 +65,16 @@ absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  loom::InitService(argc, argv, "loom-scheduler",
-                    "loom-scheduler: the profiler/scheduler and control plane.\n"
-                    "  loom-scheduler (--plan FILE | --llm_dp N --microbatches M --encoder_dp E) "
-                    "--preprocess HOST:PORT [--algorithm loom]\n"
-                    "  loom-scheduler --job FILE --preprocess HOST:PORT [--resume]\n"
-                    "  loom-scheduler --preprocess HOST:PORT (the job comes by SubmitJob)\n"
-                    "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
-                    "--config --retained_iterations --ilp_seconds --job --run_dir --resume "
-                    "--peak_flops");
+  loom::InitService(
+      argc, argv, "loom-scheduler",
+      "loom-scheduler: the profiler/scheduler and control plane.\n"
+      "  loom-scheduler (--plan FILE | --llm_dp N --microbatches M --encoder_dp E) "
+      "--preprocess HOST:PORT [--algorithm loom]\n"
+      "  loom-scheduler --job FILE --preprocess HOST:PORT [--resume]\n"
+      "  loom-scheduler --preprocess HOST:PORT (the job comes by SubmitJob)\n"
+      "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
+      "--config --retained_iterations --ilp_seconds --job --run_dir --resume --resume_step "
+      "--peak_flops");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
   auto fail = [](const absl::Status& s) {
@@ -97,6 +102,7 @@ int main(int argc, char** argv) {
     loom::control::v1::JobSpec spec;
     *spec.mutable_config() = *job;
     spec.set_resume(absl::GetFlag(FLAGS_resume));
+    spec.set_resume_step(absl::GetFlag(FLAGS_resume_step));
     absl::StatusOr<loom::SchedulerServiceOptions> o = loom::OptionsForJob(spec, deployment);
     if (!o.ok()) return fail(o.status());
     if (absl::Status s = service->Configure(*o); !s.ok()) return fail(s);

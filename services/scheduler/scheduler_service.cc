@@ -10,9 +10,10 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "runtime/base/file.h"
+#include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
-#include "runtime/train/train_checkpoint.h"
 #include "services/common/grpc_status.h"
+#include "services/common/job.h"
 #include "services/scheduler/assign.h"
 #include "services/scheduler/schedule.h"
 
@@ -117,11 +118,18 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
       return absl::DataLossError(absl::StrCat("resume: cannot read the scheduler state ", path));
     }
   }
+  SchedulerServiceOptions accepted = options;
+  if (options.start_iteration == 0) {  // a fresh run: the checkpoint folder is now its
+    absl::StatusOr<CheckpointRun> run =
+        StartCheckpointRun(options.job.checkpoint().dir(), JobCheckpointIdentity(options.job));
+    if (!run.ok()) return run.status();
+    accepted.run = *run;
+  }
   absl::StatusOr<ModelConfig> model = ModelConfigByName(p.model().empty() ? "tiny" : p.model());
   if (model.ok()) flops_ = sched::AnalyticFlops(*model, /*recompute=*/false);
   peak_flops_ = options.peak_flops > 0 ? options.peak_flops
                                        : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());
-  options_ = options;
+  options_ = accepted;
   if (!options.preprocess.empty()) {
     preprocess_ = data::v1::PreprocessService::NewStub(
         grpc::CreateChannel(options.preprocess, grpc::InsecureChannelCredentials()));
@@ -307,6 +315,12 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
   }
   const int every = options_.job.checkpoint().every();
   if (checkpoint_requested_ || (every > 0 && (iteration + 1) % every == 0)) {
+    // Before any worker can see the mark: an empty partial folder for the
+    // step (whatever an interrupted earlier write of it left is dropped).
+    if (absl::Status s = BeginCheckpointStep(options_.job.checkpoint().dir(), iteration + 1);
+        !s.ok()) {
+      return s;
+    }
     computed->assignment.set_checkpoint(true);
     checkpoint_steps_.insert(iteration + 1);
     checkpoint_requested_ = false;
@@ -489,8 +503,9 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
 }
 
 absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
-  const std::string dir = StepDir(options_.job.checkpoint().dir(), step);
-  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  // Every worker wrote its part into the partial folder; the scheduler adds
+  // its own and renames the folder into place (runtime/checkpoint/steps.h).
+  const std::string dir = PartialStepDir(options_.job.checkpoint().dir(), step);
   if (!preprocess_) {
     return absl::FailedPreconditionError("no preprocess service to read the data cursor from");
   }
@@ -502,16 +517,16 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
   if (grpc::Status s = preprocess_->GetCursor(&ctx, request, &cursor); !s.ok()) {
     return FromGrpcStatus(s, "preprocess GetCursor");
   }
-  absl::Status s =
-      WriteFileAtomically(absl::StrCat(dir, "/", kCursorFile), cursor.cursor().SerializeAsString());
+  absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kDataCursorFile),
+                                       cursor.cursor().SerializeAsString());
   std::string costs;
   {
     absl::MutexLock lock(&mu_);
     costs = costs_->coefficients().SerializeAsString();
   }
   if (s.ok()) s = WriteFileAtomically(absl::StrCat(dir, "/", kSchedulerStateFile), costs);
-  // Every part is durable: the step is complete (what LatestCompleteCheckpoint looks for).
-  if (s.ok()) s = WriteFileAtomically(dir + "/COMPLETE", absl::StrCat("step ", step, "\n"));
+  // Every part is durable: the step becomes visible, complete.
+  if (s.ok()) s = CommitCheckpointStep(options_.job.checkpoint().dir(), step, options_.run);
   return s;
 }
 

@@ -19,6 +19,7 @@
 #include "loom/data/v1/data.grpc.pb.h"
 #include "loom/job/v1/job.pb.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
+#include "runtime/checkpoint/steps.h"
 #include "services/common/chassis.h"
 #include "services/scheduler/cost_model.h"
 
@@ -42,6 +43,9 @@ struct SchedulerServiceOptions {
   // Resume: continue after the checkpoint of step `start_iteration` (the
   // iteration after it is numbered start_iteration); 0 starts fresh.
   int64_t start_iteration = 0;
+  // The run the job's checkpoints belong to (runtime/checkpoint/steps.h):
+  // a fresh job starts one, a resumed job continues the one it resumes.
+  CheckpointRun run;
   // Peak FLOP/s of all the job's worker devices together, the denominator
   // of loom_train_mfu_ratio; 0: the plan's gpu_peak_flops times its GPUs.
   double peak_flops = 0;
@@ -180,9 +184,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
 };
 
 // Checkpoint files the scheduler writes into DIR/step-N/ besides the
-// workers' module files: the preprocess cursor before batch N and the cost
-// model's coefficients.
-inline constexpr char kCursorFile[] = "data_cursor.binpb";
+// workers' module files: the preprocess cursor before batch N
+// (kDataCursorFile) and the cost model's coefficients.
 inline constexpr char kSchedulerStateFile[] = "scheduler_costs.binpb";
 
 }  // namespace loom

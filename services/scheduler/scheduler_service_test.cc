@@ -355,7 +355,7 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
     }
   }
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ckpt/step-2/";
-  for (const char* f : {"COMPLETE", kCursorFile, kSchedulerStateFile}) {
+  for (const char* f : {"COMPLETE", kDataCursorFile, kSchedulerStateFile}) {
     EXPECT_TRUE(ReadFile(dir + f).ok()) << f;
   }
   EXPECT_EQ(progress().last_checkpoint(), 2);

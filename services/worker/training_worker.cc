@@ -14,10 +14,10 @@
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/steps.h"
 #include "runtime/comm/collective.h"
 #include "runtime/comm/ucx.h"
 #include "runtime/model/model.h"
-#include "runtime/train/train_checkpoint.h"
 #include "runtime/train/trainer.h"
 #include "services/preprocess/data_client.h"
 #include "services/worker/scheduler_client.h"
@@ -445,7 +445,9 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
 
 absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
   if (options.rank == 0) {  // DP replicas hold the same weights; rank 0 writes them
-    const std::string dir = StepDir(job.checkpoint().dir(), step);
+    // Into the step's partial folder, which the scheduler emptied when it
+    // marked the step and renames into place once every part is written.
+    const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
     if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
     for (size_t i = 0; i < sets.size(); ++i) {
       const char* name = kModuleNames[static_cast<int>(modules[i])];

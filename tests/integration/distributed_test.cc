@@ -1,14 +1,19 @@
 // Disaggregated training end to end: `loom up` (preprocess, scheduler, two
 // encoder and two LLM worker processes) against loom-train-local on the same
 // shards and seed, loss by loss over 20 steps, for the `sequential` and the
-// `loom` assignment; a run stopped at 10 and resumed to 20 against the
-// uninterrupted one; and a bad job config named.
+// `loom` assignment; encoder DP != LLM DP (fan-in, fan-out); a run stopped at
+// 10 and resumed to 20, with the same and with other degrees, against the
+// uninterrupted one; a fresh run in a reused folder never resuming the older
+// run's steps; and a bad job config named.
+#include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
@@ -36,30 +41,40 @@ std::string RunToEnd(const std::vector<std::string>& argv, const std::string& lo
 }
 
 // The "loss" of every JSON line that has one, by its "step".
-std::vector<double> Losses(const std::string& out) {
-  std::vector<double> losses;
-  size_t at = 0;
-  while ((at = out.find("\"step\":", at)) != std::string::npos) {
-    const size_t line_end = out.find('\n', at);
-    const std::string line = out.substr(at, line_end - at);
-    at = line_end;
-    const size_t l = line.find("\"loss\":");
-    if (l == std::string::npos) continue;
-    double step = 0, loss = 0;
-    const std::string step_text = line.substr(7, line.find(',') - 7);
-    const std::string loss_text = line.substr(l + 7, line.find(',', l) - l - 7);
-    if (!absl::SimpleAtod(step_text, &step) || !absl::SimpleAtod(loss_text, &loss)) continue;
-    if (static_cast<size_t>(step) != losses.size() + 1)
-      losses.resize(static_cast<size_t>(step) - 1);
-    losses.push_back(loss);
+std::map<int, double> StepLosses(const std::string& out) {
+  std::map<int, double> losses;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    const size_t at = line.find("\"step\":"), l = line.find("\"loss\":");
+    if (at == absl::string_view::npos || l == absl::string_view::npos) continue;
+    int step = 0;
+    double loss = 0;
+    const absl::string_view step_text = line.substr(at + 7, line.find(',', at) - at - 7);
+    const absl::string_view loss_text = line.substr(l + 7, line.find(',', l) - l - 7);
+    if (absl::SimpleAtoi(step_text, &step) && absl::SimpleAtod(loss_text, &loss)) {
+      losses[step] = loss;
+    }
   }
   return losses;
+}
+
+// Steps first..last of `losses`, which must hold exactly those steps.
+std::vector<double> Steps(const std::map<int, double>& losses, int first, int last,
+                          const std::string& what) {
+  std::vector<int> printed;
+  for (const auto& [step, loss] : losses) printed.push_back(step);
+  std::vector<int> want;
+  for (int s = first; s <= last; ++s) want.push_back(s);
+  EXPECT_EQ(printed, want) << what << ": the steps printed";
+  std::vector<double> out;
+  for (int s = first; s <= last; ++s) out.push_back(losses.count(s) ? losses.at(s) : NAN);
+  return out;
 }
 
 void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>& want,
                       const std::string& what) {
   const testing::Tolerance tol = testing::kDisaggregatedVsLocalLoss;
   ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_FALSE(want.empty()) << what;
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_LE(std::abs(got[i] - want[i]), tol.atol + tol.rtol * std::abs(want[i]))
         << what << ", step " << i + 1 << ": " << got[i] << " vs " << want[i] << " (" << tol.reason
@@ -76,66 +91,108 @@ class DistributedTest : public ::testing::Test {
                                       "--samples=160", "--out=" + data_},
                                      "datagen.log", &rc);
     ASSERT_EQ(rc, 0) << out;
-    local_ = Losses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny",
-                              absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
-                              "--shards=" + data_ + "/*.tar"},
-                             "local.log", &rc));
+    local_ = Steps(StepLosses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny",
+                                        absl::StrCat("--steps=", kSteps), "--seed=1",
+                                        "--batch_size=16", "--shards=" + data_ + "/*.tar"},
+                                       "local.log", &rc)),
+                   1, kSteps, "loom-train-local");
     ASSERT_EQ(rc, 0);
-    ASSERT_EQ(local_.size(), static_cast<size_t>(kSteps));
     // The model learns: this is no frozen-loss agreement.
     ASSERT_LT(local_.back(), local_.front() - 1.0);
   }
 
-  // `loom up` with a job written to a file; its JSON lines' losses.
-  static std::vector<double> LoomUp(const std::string& name, const std::string& job, int steps,
-                                    bool resume, std::string* out = nullptr) {
+  // `loom up` in run folder `name` with a job written to a file and `extra`
+  // flags; its JSON lines' losses by step.
+  static std::map<int, double> LoomUp(const std::string& name, const std::string& job, int steps,
+                                      const std::vector<std::string>& extra = {},
+                                      std::string* out = nullptr) {
     const std::string config = TempPath(name + ".txtpb");
     EXPECT_TRUE(WriteFileAtomically(config, job).ok());
     std::vector<std::string> argv = {Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
                                      "--run_dir=" + TempPath(name),      "--config=" + config,
                                      absl::StrCat("--steps=", steps),    "--json"};
-    if (resume) argv.push_back("--resume");
+    argv.insert(argv.end(), extra.begin(), extra.end());
     int rc = 0;
-    const std::string text = RunToEnd(argv, name + (resume ? "-resume" : "") + ".log", &rc);
+    const std::string text = RunToEnd(argv, absl::StrCat(name, "-", ++runs_, ".log"), &rc);
     EXPECT_EQ(rc, 0) << text;
     if (out != nullptr) *out = text;
-    return Losses(text);
+    return StepLosses(text);
   }
 
-  static std::string Job(const std::string& algorithm, int checkpoint_every) {
+  static std::string Job(const std::string& algorithm, int checkpoint_every, int encoder_dp = 2,
+                         int llm_dp = 2) {
     return absl::StrCat("algorithm: '", algorithm, "'\nseed: 1\nmodel: 'tiny'\n",
                         "data { shards: '", data_, "/*.tar' global_batch: 16 }\n",
-                        "parallel { encoder_dp: 2 llm_dp: 2 microbatches: 2 }\n",
-                        "checkpoint { every: ", checkpoint_every, " }\n");
+                        "parallel { encoder_dp: ", encoder_dp, " llm_dp: ", llm_dp,
+                        " microbatches: 2 }\n", "checkpoint { every: ", checkpoint_every, " }\n");
+  }
+
+  static std::vector<double> Local(int first, int last) {
+    return std::vector<double>(local_.begin() + first - 1, local_.begin() + last);
   }
 
   static std::string data_;
   static std::vector<double> local_;
+  static int runs_;
 };
 
 std::string DistributedTest::data_;
 std::vector<double> DistributedTest::local_;
+int DistributedTest::runs_ = 0;
 
 TEST_F(DistributedTest, SequentialAssignmentMatchesTheSingleProcessRun) {
-  ExpectSameLosses(LoomUp("sequential", Job("sequential", 0), kSteps, false), local_,
-                   "sequential vs loom-train-local");
+  ExpectSameLosses(Steps(LoomUp("sequential", Job("sequential", 0), kSteps), 1, kSteps, "seq"),
+                   local_, "sequential vs loom-train-local");
+}
+
+// Encoder DP != LLM DP: the bins of one microbatch slot fan in from fewer
+// encoder ranks (1 -> 3 LLM ranks) and fan out to fewer LLM ranks (3 -> 2).
+TEST_F(DistributedTest, FanInAndFanOutMatchTheSingleProcessRun) {
+  ExpectSameLosses(Steps(LoomUp("fan-out", Job("loom", 0, 1, 3), 8), 1, 8, "1+3"), Local(1, 8),
+                   "encoder DP 1, LLM DP 3 vs loom-train-local");
+  ExpectSameLosses(Steps(LoomUp("fan-in", Job("loom", 0, 3, 2), 8), 1, 8, "3+2"), Local(1, 8),
+                   "encoder DP 3, LLM DP 2 vs loom-train-local");
 }
 
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {
   std::string out;
-  const std::vector<double> full = LoomUp("loom", Job("loom", 10), kSteps, false, &out);
+  const std::vector<double> full =
+      Steps(LoomUp("loom", Job("loom", 10), kSteps, {}, &out), 1, kSteps, "loom");
   ExpectSameLosses(full, local_, "loom vs loom-train-local");
   EXPECT_NE(out.find("checkpoint complete"), std::string::npos) << out;
 
-  // Stop after 10 (checkpoint 10 complete), then resume to 20.
-  const std::vector<double> first = LoomUp("resumed", Job("loom", 10), 10, false);
-  ASSERT_EQ(first.size(), 10u);
-  std::string resumed_out;
-  std::vector<double> resumed = LoomUp("resumed", Job("loom", 10), kSteps, true, &resumed_out);
-  EXPECT_NE(resumed_out.find("resuming after step 10"), std::string::npos) << resumed_out;
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps)) << "steps 11..20 expected";
-  for (size_t i = 0; i < 10; ++i) resumed[i] = first[i];
-  ExpectSameLosses(resumed, full, "10 + resumed 10 vs uninterrupted 20");
+  // Stop after 10 (checkpoint 10 complete), then resume to 20: the resumed
+  // run must train exactly steps 11..20 (a run that ignored --resume would
+  // print steps 1..20) and equal the uninterrupted run there.
+  Steps(LoomUp("resumed", Job("loom", 10), 10), 1, 10, "first 10");
+  const std::vector<double> rest =
+      Steps(LoomUp("resumed", Job("loom", 10), kSteps, {"--resume"}), 11, kSteps, "resumed");
+  ExpectSameLosses(rest, Local(11, kSteps), "resumed 11..20 vs loom-train-local");
+  ExpectSameLosses(rest, std::vector<double>(full.begin() + 10, full.end()),
+                   "resumed 11..20 vs uninterrupted");
+
+  // The same checkpoint (2 + 2 workers) resumed with other degrees (1 + 1).
+  const std::vector<double> other = Steps(
+      LoomUp("resumed", Job("loom", 10, 1, 1), kSteps, {"--resume_step=10"}), 11, kSteps, "1+1");
+  ExpectSameLosses(other, Local(11, kSteps), "resumed with DP 1 + 1 vs loom-train-local");
+
+  // A fresh run in the reused folder (its step 5), then --resume: it must
+  // continue that run at 5, never the older run's 10 or 20.
+  Steps(LoomUp("resumed", Job("loom", 5), 5), 1, 5, "fresh run in a reused folder");
+  std::string again;
+  const std::vector<double> six =
+      Steps(LoomUp("resumed", Job("loom", 5), 6, {"--resume"}, &again), 6, 6, "resumed fresh run");
+  EXPECT_NE(again.find("resuming after step 5"), std::string::npos) << again;
+  ExpectSameLosses(six, Local(6, 6), "the fresh run's step 6");
+  // The older run's step 20 is not this run's: named, refused.
+  int rc = 0;
+  const std::string refused =
+      RunToEnd({Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
+                "--run_dir=" + TempPath("resumed"), "--config=" + TempPath("resumed.txtpb"),
+                "--resume_step=20"},
+               "refused.log", &rc);
+  EXPECT_EQ(rc, 1) << refused;
+  EXPECT_NE(refused.find("belongs to run"), std::string::npos) << refused;
 }
 
 TEST_F(DistributedTest, BadJobConfigIsNamedAndNothingStarts) {
@@ -169,7 +226,7 @@ TEST_F(DistributedTest, ResumeWithoutACheckpointIsAnError) {
                 "--run_dir=" + TempPath("none"), "--config=" + config, "--resume"},
                "none.log", &rc);
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("--resume: no checkpoint folder"), std::string::npos) << out;
+  EXPECT_NE(out.find("--resume: no run in checkpoint folder"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -197,7 +197,8 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         check("--start_iteration=200" in pre and any(a.startswith("--cursor=") and "step-200" in a for a in pre),
               "resumeStep: preprocess restarts from the checkpoint's cursor")
         sched = containers(by(objs, "Deployment", "train-loom-scheduler"))[0]["args"]
-        check("--resume" in sched and "--ilp_seconds=30" in sched, "resumeStep: scheduler --resume; extraArgs")
+        check("--resume_step=200" in sched and "--ilp_seconds=30" in sched,
+              "resumeStep: the scheduler resumes the same step as preprocess; extraArgs")
 
     for what, args, named in [
         ("llm_dp 0", ["--set", "job.parallel.llm_dp=0"], "job.parallel.llm_dp"),

@@ -1,0 +1,197 @@
+#include "runtime/checkpoint/steps.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "runtime/base/file.h"
+
+namespace loom {
+namespace {
+
+constexpr char kRunFile[] = "RUN";
+constexpr char kCompleteFile[] = "COMPLETE";
+
+// "key value" lines -> map.
+std::map<std::string, std::string> Fields(const std::string& text) {
+  std::map<std::string, std::string> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits(' ', 1));
+    out[std::string(kv.first)] = std::string(kv.second);
+  }
+  return out;
+}
+
+std::string RunText(const CheckpointRun& run) {
+  return absl::StrCat("run ", run.id, "\nidentity ", run.identity, "\n");
+}
+
+absl::Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  const int rc = ::nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); },
+      16, FTW_DEPTH | FTW_PHYS);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot open ", dir, ": ", std::strerror(errno)));
+  ::fsync(fd);
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+struct CompleteStep {
+  int64_t step = 0;
+  std::string run, identity;
+};
+
+// Every complete step under `dir`, by step.
+std::map<int64_t, CompleteStep> CompleteSteps(const std::string& dir) {
+  std::map<int64_t, CompleteStep> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    int64_t step;
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    absl::StatusOr<std::string> text = ReadFile(absl::StrCat(dir, "/", name, "/", kCompleteFile));
+    if (!text.ok()) continue;
+    std::map<std::string, std::string> f = Fields(*text);
+    out[step] = {step, f["run"], f["identity"]};
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
+std::string StepDir(const std::string& dir, int64_t step) {
+  return absl::StrCat(dir, "/step-", step);
+}
+
+std::string PartialStepDir(const std::string& dir, int64_t step) {
+  return StepDir(dir, step) + ".partial";
+}
+
+absl::StatusOr<CheckpointRun> StartCheckpointRun(const std::string& dir,
+                                                 const std::string& identity) {
+  if (identity.find('\n') != std::string::npos) {
+    return absl::InvalidArgumentError("checkpoint identity: must be one line");
+  }
+  std::random_device rd;
+  CheckpointRun run;
+  run.id = absl::StrFormat("%08x%08x", rd(), rd());
+  run.identity = identity;
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kRunFile), RunText(run));
+      !s.ok()) {
+    return s;
+  }
+  return run;
+}
+
+absl::StatusOr<CheckpointRun> ReadCheckpointRun(const std::string& dir) {
+  absl::StatusOr<std::string> text = ReadFile(absl::StrCat(dir, "/", kRunFile));
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat("no run in checkpoint folder ", dir, " (no ", kRunFile,
+                                            " file: no run was started there)"));
+  }
+  std::map<std::string, std::string> f = Fields(*text);
+  if (f["run"].empty()) return absl::DataLossError(absl::StrCat(dir, "/", kRunFile, ": no run id"));
+  return CheckpointRun{f["run"], f["identity"]};
+}
+
+absl::Status BeginCheckpointStep(const std::string& dir, int64_t step) {
+  const std::string partial = PartialStepDir(dir, step);
+  if (absl::Status s = RemoveTree(partial); !s.ok()) return s;
+  return MakeDirectories(partial);
+}
+
+absl::Status CommitCheckpointStep(const std::string& dir, int64_t step, const CheckpointRun& run) {
+  const std::string partial = PartialStepDir(dir, step), final_dir = StepDir(dir, step);
+  struct stat st;
+  if (::stat(partial.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint step ", step, ": no partial folder ", partial));
+  }
+  if (absl::Status s = WriteFileAtomically(absl::StrCat(partial, "/", kCompleteFile),
+                                           absl::StrCat("step ", step, "\n", RunText(run)));
+      !s.ok()) {
+    return s;
+  }
+  // An existing step N (an older run's, or this step written again) goes
+  // aside first: rename() cannot replace a non-empty folder.
+  if (::stat(final_dir.c_str(), &st) == 0) {
+    const std::string old = absl::StrCat(final_dir, ".replaced");
+    if (absl::Status s = RemoveTree(old); !s.ok()) return s;
+    if (::rename(final_dir.c_str(), old.c_str()) != 0) {
+      return absl::InternalError(
+          absl::StrCat("cannot move ", final_dir, " aside: ", std::strerror(errno)));
+    }
+    if (absl::Status s = RemoveTree(old); !s.ok()) return s;
+  }
+  if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", partial, " to ", final_dir, ": ", std::strerror(errno)));
+  }
+  return SyncDir(dir);
+}
+
+absl::StatusOr<int64_t> ResumableStep(const std::string& dir, const std::string& identity,
+                                      int64_t want) {
+  absl::StatusOr<CheckpointRun> run = ReadCheckpointRun(dir);
+  if (!run.ok()) return run.status();
+  const std::map<int64_t, CompleteStep> steps = CompleteSteps(dir);
+  std::vector<std::string> others;
+  const CompleteStep* pick = nullptr;
+  for (const auto& [step, c] : steps) {
+    if (c.run != run->id) {
+      others.push_back(absl::StrCat(step, " (run ", c.run.empty() ? "unknown" : c.run, ")"));
+    } else if (want > 0 ? step == want : true) {
+      pick = &c;
+    }
+  }
+  if (want > 0 && steps.count(want) > 0 && steps.at(want).run != run->id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", StepDir(dir, want), " belongs to run ", steps.at(want).run,
+                     ", not to run ", run->id, " that ", dir, "/", kRunFile,
+                     " names (a later fresh run started in this folder)"));
+  }
+  if (pick == nullptr) {
+    std::string what = want > 0 ? absl::StrCat("no complete step ", want) : "no complete step";
+    return absl::NotFoundError(absl::StrCat(
+        what, " of run ", run->id, " in ", dir,
+        others.empty()
+            ? ""
+            : absl::StrCat("; steps of other runs, not resumed: ", absl::StrJoin(others, ", "))));
+  }
+  if (pick->identity != identity) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", StepDir(dir, pick->step), " was written by a job with another identity: \"",
+        pick->identity, "\"; this job is \"", identity, "\""));
+  }
+  return pick->step;
+}
+
+}  // namespace loom

@@ -1,0 +1,98 @@
+#include "runtime/checkpoint/steps.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+#include "runtime/base/file.h"
+
+namespace loom {
+namespace {
+
+std::string Dir(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Writes step N of `run`: one part, then the commit.
+void WriteStep(const std::string& dir, int64_t step, const CheckpointRun& run,
+               const std::string& part) {
+  ASSERT_TRUE(BeginCheckpointStep(dir, step).ok());
+  ASSERT_TRUE(WriteFileAtomically(PartialStepDir(dir, step) + "/part", part).ok());
+  ASSERT_TRUE(CommitCheckpointStep(dir, step, run).ok());
+}
+
+TEST(StepsTest, AStepIsVisibleOnlyOnceCommitted) {
+  const std::string dir = Dir("visible");
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "model=tiny");
+  ASSERT_TRUE(run.ok());
+  ASSERT_TRUE(BeginCheckpointStep(dir, 5).ok());
+  ASSERT_TRUE(WriteFileAtomically(PartialStepDir(dir, 5) + "/part", "a").ok());
+  EXPECT_FALSE(Exists(StepDir(dir, 5)));
+  EXPECT_EQ(ResumableStep(dir, "model=tiny").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(CommitCheckpointStep(dir, 5, *run).ok());
+  EXPECT_FALSE(Exists(PartialStepDir(dir, 5)));
+  EXPECT_EQ(*ReadFile(StepDir(dir, 5) + "/part"), "a");
+  EXPECT_EQ(*ResumableStep(dir, "model=tiny"), 5);
+}
+
+// A crash mid-write leaves a partial folder; the next write of that step
+// starts from an empty one, so no step mixes files of two writes.
+TEST(StepsTest, AnInterruptedWriteLeavesNothingBehind) {
+  const std::string dir = Dir("interrupted");
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "id");
+  ASSERT_TRUE(run.ok());
+  ASSERT_TRUE(BeginCheckpointStep(dir, 3).ok());
+  ASSERT_TRUE(WriteFileAtomically(PartialStepDir(dir, 3) + "/stale", "old").ok());
+  WriteStep(dir, 3, *run, "new");
+  EXPECT_FALSE(Exists(StepDir(dir, 3) + "/stale"));
+  EXPECT_EQ(*ReadFile(StepDir(dir, 3) + "/part"), "new");
+}
+
+// The case: run A reached step 20; a fresh run B in the same folder
+// stops at step 10. Resuming must continue B at 10, never A's 20, and say so.
+TEST(StepsTest, AFreshRunNeverResumesAnOlderRunsStep) {
+  const std::string dir = Dir("reused");
+  absl::StatusOr<CheckpointRun> a = StartCheckpointRun(dir, "id");
+  ASSERT_TRUE(a.ok());
+  WriteStep(dir, 10, *a, "a10");
+  WriteStep(dir, 20, *a, "a20");
+  absl::StatusOr<CheckpointRun> b = StartCheckpointRun(dir, "id");
+  ASSERT_TRUE(b.ok());
+  ASSERT_NE(a->id, b->id);
+  absl::StatusOr<int64_t> none = ResumableStep(dir, "id");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("20 (run " + a->id + ")"), std::string::npos)
+      << none.status();
+  WriteStep(dir, 10, *b, "b10");  // replaces A's step 10
+  EXPECT_EQ(*ResumableStep(dir, "id"), 10);
+  EXPECT_EQ(*ReadFile(StepDir(dir, 10) + "/part"), "b10");
+  absl::StatusOr<int64_t> old = ResumableStep(dir, "id", 20);
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(old.status().message().find("belongs to run " + a->id), std::string::npos)
+      << old.status();
+  EXPECT_EQ(*ResumableStep(dir, "id", 10), 10);
+}
+
+TEST(StepsTest, ResumeRefusesAnotherIdentityAndAMissingRun) {
+  const std::string dir = Dir("identity");
+  EXPECT_EQ(ResumableStep(dir, "x").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "model=tiny seed=1");
+  ASSERT_TRUE(run.ok());
+  WriteStep(dir, 4, *run, "p");
+  absl::StatusOr<int64_t> other = ResumableStep(dir, "model=vit300m-llm1b seed=1");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("model=tiny seed=1"), std::string::npos);
+  EXPECT_EQ(ResumableStep(dir, "model=tiny seed=1", 7).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(StartCheckpointRun(dir, "two\nlines").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loom
