@@ -12,10 +12,14 @@ common=(--config tiny --batch_size 8 --microbatches 2 --seed 3 --shards "$dir/sh
 
 "$train" "${common[@]}" --steps 12 2>/dev/null > "$dir/full.jsonl"
 "$train" "${common[@]}" --steps 6 --checkpoint_dir "$dir/ckpt" --checkpoint_every 6 2>/dev/null > "$dir/a.jsonl"
-"$train" "${common[@]}" --steps 12 --checkpoint_dir "$dir/ckpt" --resume 2>/dev/null > "$dir/b.jsonl"
+"$train" "${common[@]}" --steps 12 --checkpoint_dir "$dir/ckpt" --resume 2>"$dir/b.err" > "$dir/b.jsonl"
 test -f "$dir/ckpt/step-6/data_cursor.binpb"
 
 loss() { sed -n "s/.*\"step\":$2,\"loss\":\([0-9.]*\).*/\1/p" "$1"; }
+steps() { sed -n 's/.*"step":\([0-9]*\),.*/\1/p' "$1" | tr '\n' ' '; }
+# The resumed run trains exactly steps 7-12: one that ignored --resume would
+# train 1-12 and print the same losses at 7-12.
+[ "$(steps "$dir/b.jsonl")" = "7 8 9 10 11 12 " ] || { echo "resumed steps: $(steps "$dir/b.jsonl")"; exit 1; }
 for s in 1 2 3 4 5 6; do
   [ "$(loss "$dir/full.jsonl" $s)" = "$(loss "$dir/a.jsonl" $s)" ] || { echo "step $s differs"; exit 1; }
 done
@@ -25,6 +29,17 @@ for s in 7 8 9 10 11 12; do
 done
 first=$(loss "$dir/full.jsonl" 1); last=$(loss "$dir/full.jsonl" 12)
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || { echo "loss $first -> $last"; exit 1; }
+
+# A fresh run in the reused checkpoint folder (stopped at 4) is a new run:
+# --resume continues it at 4, never the older run's step 6; another seed is
+# refused, naming the identity.
+"$train" "${common[@]}" --steps 4 --checkpoint_dir "$dir/ckpt" --checkpoint_every 4 2>/dev/null >/dev/null
+"$train" "${common[@]}" --steps 5 --checkpoint_dir "$dir/ckpt" --resume 2>"$dir/c.err" > "$dir/c.jsonl"
+[ "$(steps "$dir/c.jsonl")" = "5 " ] || { echo "fresh run resumed at: $(steps "$dir/c.jsonl")"; exit 1; }
+[ "$(loss "$dir/c.jsonl" 5)" = "$(loss "$dir/full.jsonl" 5)" ] || { echo "step 5 differs"; exit 1; }
+if "$train" --config tiny --batch_size 8 --microbatches 2 --seed 4 --shards "$dir/shards/*.tar" \
+    --steps 5 --checkpoint_dir "$dir/ckpt" --resume 2>"$dir/err" >/dev/null; then exit 1; fi
+grep -q "another identity" "$dir/err" || { cat "$dir/err"; exit 1; }
 
 # Clear errors for bad flags.
 if "$train" --config tiny --steps 1 --shards "$dir/none/*.tar" 2>"$dir/err"; then exit 1; fi
