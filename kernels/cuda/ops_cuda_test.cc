@@ -15,6 +15,7 @@
 #include "kernels/rope/rope.h"
 #include "kernels/testing/gradcheck.h"
 #include "runtime/backends/cuda/device.h"
+#include "runtime/backends/cuda/gpu_testing.h"
 
 #ifdef LOOM_WITH_CUDA
 #include <cuda_runtime.h>
@@ -33,8 +34,8 @@ using loom::testing::RandomVector;
 class CudaOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!loom::cuda::CompiledWithCuda()) GTEST_SKIP() << "built without CUDA";
-    if (loom::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    LOOM_REQUIRE_GPU_OR_SKIP(loom::cuda::CompiledWithCuda(), "built without CUDA");
+    LOOM_REQUIRE_GPU_OR_SKIP(loom::cuda::DeviceCount() > 0, "no usable CUDA device");
   }
 };
 

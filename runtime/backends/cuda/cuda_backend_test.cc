@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/backends/cuda/gpu_testing.h"
 #include "runtime/tensor/tensor.h"
 
 namespace loom {
@@ -10,7 +11,7 @@ namespace {
 
 TEST(CudaBackendTest, RoundTripsATensorThroughTheDevice) {
   absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend(0);
-  if (!b.ok()) GTEST_SKIP() << b.status();
+  LOOM_REQUIRE_GPU_OR_SKIP(b.ok(), b.status());
   Tensor t = Tensor::Zeros({3, 5}, DType::kF32, b->get());
   EXPECT_EQ(t.device().ToString(), "cuda:0");
   std::vector<float> host(15), back(15, -1.0f);

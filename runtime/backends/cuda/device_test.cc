@@ -1,6 +1,7 @@
 #include "runtime/backends/cuda/device.h"
 
 #include "gtest/gtest.h"
+#include "runtime/backends/cuda/gpu_testing.h"
 
 namespace loom::cuda {
 namespace {
@@ -8,6 +9,7 @@ namespace {
 TEST(CudaDeviceTest, ReportsWhatWasCompiledIn) {
   absl::StatusOr<std::string> v = LibraryVersions();
   if (!CompiledWithCuda()) {
+    EXPECT_FALSE(GpuRequired()) << "LOOM_REQUIRE_GPU=1 but built without CUDA";
     EXPECT_EQ(DeviceCount(), 0);
     EXPECT_EQ(v.status().code(), absl::StatusCode::kUnimplemented);
     return;
@@ -18,7 +20,7 @@ TEST(CudaDeviceTest, ReportsWhatWasCompiledIn) {
 
 // CUDA-vs-CPU agreement; runs only where a GPU exists.
 TEST(CudaDeviceTest, AxpyAgreesWithTheCpu) {
-  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  LOOM_REQUIRE_GPU_OR_SKIP(DeviceCount() > 0, "no usable CUDA device");
   std::vector<float> x(1000), y(1000), want(1000);
   for (int i = 0; i < 1000; ++i) {
     x[i] = 0.5f * i;
@@ -30,7 +32,7 @@ TEST(CudaDeviceTest, AxpyAgreesWithTheCpu) {
 }
 
 TEST(CudaDeviceTest, AxpyRejectsMismatchedSizes) {
-  if (!CompiledWithCuda()) GTEST_SKIP() << "built without CUDA";
+  LOOM_REQUIRE_GPU_OR_SKIP(CompiledWithCuda(), "built without CUDA");
   std::vector<float> x(3), y(4);
   EXPECT_EQ(Axpy(1.0f, x, &y).code(), absl::StatusCode::kInvalidArgument);
 }
