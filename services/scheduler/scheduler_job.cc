@@ -34,6 +34,8 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   if (!steps_.empty()) *j.mutable_last_step() = steps_.back();
   j.set_message(job_message_);
   j.set_submit_time_seconds(submit_time_);
+  j.set_assigned_iterations(std::max(newest_ + 1, options_.start_iteration));
+  j.set_paused_requests(paused_requests_);
   return j;
 }
 
@@ -140,7 +142,8 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CheckpointJob(const std::
         "job \"", job_id, "\" is ", JobStateName(state_), "; only a RUNNING job can checkpoint"));
   }
   checkpoint_requested_ = true;
-  *step = 0;
+  // The mark goes on the next iteration computed; the checkpoint follows it.
+  *step = std::max(newest_ + 1, options_.start_iteration) + 1;
   return JobLocked();
 }
 

@@ -260,6 +260,7 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
     // worker of an iteration gets it); a new one waits out a pause and is
     // refused once the job was stopped.
     absl::MutexLock lock(&mu_);
+    if (state_ == control::v1::JOB_STATE_PAUSED) ++paused_requests_;
     while (state_ == control::v1::JOB_STATE_PAUSED && absl::Now() < deadline) {
       changed_.WaitWithDeadline(&mu_, deadline);
     }
@@ -339,9 +340,9 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
                                                  scheduler::v1::GetAssignmentResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   // A paused job holds the call until a second before the caller's deadline
-  // (at most 10 s); the caller retries the UNAVAILABLE that follows.
+  // (at most pause_hold); the caller retries the UNAVAILABLE that follows.
   const absl::Time deadline = std::min(absl::FromChrono(context->deadline()) - absl::Seconds(1),
-                                       absl::Now() + absl::Seconds(10));
+                                       absl::Now() + options_.pause_hold);
   absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(request->iteration(), deadline);
   if (!c.ok()) return ToGrpcStatus(c.status());
   *response->mutable_assignment() = (*c)->assignment;

@@ -46,6 +46,10 @@ struct SchedulerServiceOptions {
   // The run the job's checkpoints belong to (runtime/checkpoint/steps.h):
   // a fresh job starts one, a resumed job continues the one it resumes.
   CheckpointRun run;
+  // How long a GetAssignment for a new iteration of a paused job is held
+  // (at most until a second before the caller's deadline) before it answers
+  // UNAVAILABLE "paused" and the worker asks again.
+  absl::Duration pause_hold = absl::Seconds(10);
   // Peak FLOP/s of all the job's worker devices together, the denominator
   // of loom_train_mfu_ratio; 0: the plan's gpu_peak_flops times its GPUs.
   double peak_flops = 0;
@@ -154,6 +158,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::map<std::pair<int, int>, scheduler::v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);
   int64_t newest_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t paused_requests_ ABSL_GUARDED_BY(mu_) = 0;  // Job.paused_requests
   std::unique_ptr<sched::CostModel> costs_ ABSL_GUARDED_BY(mu_);
   std::deque<scheduler::v1::StepReport> steps_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::set<std::pair<int, int>>> checkpoint_parts_ ABSL_GUARDED_BY(mu_);

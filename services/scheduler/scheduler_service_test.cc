@@ -70,6 +70,7 @@ class ServedScheduleTest : public ::testing::Test {
         sched::CoefficientsOnOneGpu(*ModelConfigByName("tiny"), sched::ClusterSpec());
     so.preprocess = absl::StrCat("127.0.0.1:", data_chassis_->grpc_port());
     so.retained_iterations = 3;
+    so.pause_hold = absl::Milliseconds(200);  // answers "paused" long before any deadline
     so.job.set_name("t");
     so.job.mutable_train()->set_steps(8);
     so.job.mutable_checkpoint()->set_every(2);
@@ -138,7 +139,7 @@ TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
     scheduler::v1::GetAssignmentRequest r;
     r.set_iteration(2);
     scheduler::v1::GetAssignmentResponse response;
-    auto ctx = testing::ContextWithDeadline(3);
+    auto ctx = testing::ContextWithDeadline(30);
     grpc::Status s = stub_->GetAssignment(ctx.get(), r, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
     EXPECT_NE(s.error_message().find("paused"), std::string::npos) << s.error_message();
@@ -157,6 +158,7 @@ TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
   }
   EXPECT_EQ(service_->GetJob("t")->state(), control::v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(service_->CheckpointJob("t", &step).ok());
+  EXPECT_EQ(step, 3) << "iterations 0 and 1 are computed: the mark goes on 2, step 3 follows it";
   ASSERT_TRUE(Assignment(2, &a).ok());
   EXPECT_TRUE(a.checkpoint()) << "requested: after the next iteration computed";
   EXPECT_EQ(service_->GetJob("t")->pending_checkpoint(), 2) << "step 2 is still being written";

@@ -157,21 +157,32 @@ def main():
         expect_error(G.FAILED_PRECONDITION, "PAUSED", lambda: ctl.call("PauseJob", job_id=JOB), "PauseJob again")
         expect_error(G.FAILED_PRECONDITION, "PAUSED", lambda: ctl.call("CheckpointJob", job_id=JOB),
                      "CheckpointJob while paused")
-        time.sleep(3)  # iterations handed out before the pause finish
-        c1 = get().completed_iterations
-        time.sleep(3)
-        c2 = get().completed_iterations
-        check(c1 == c2, "no iteration finishes while paused (%d, then %d)" % (c1, c2))
+        # Synchronised on the scheduler's counters, not on time: the iterations
+        # handed out before the pause finish, then every worker asks for the
+        # next one and is held; by then a broken pause would have handed it out.
+        # (one computation may have passed the gate just before the pause).
+        at_pause = job.assigned_iterations
+        wait_for(lambda: get().paused_requests >= job.workers_expected, "every worker held by the pause", 120)
+        assigned = get().assigned_iterations
+        wait_for(lambda: get().completed_iterations >= assigned, "iterations before the pause finish", 120)
+        held = get()
+        check(assigned <= at_pause + 1 and held.assigned_iterations == assigned and
+              held.completed_iterations == assigned,
+              "no iteration handed out or finished while paused (%d assigned at the pause, %d once held; "
+              "now %d assigned, %d done)" % (at_pause, assigned, held.assigned_iterations,
+                                             held.completed_iterations))
+        c2 = held.completed_iterations
 
         job = ctl.call("ResumeJob", job_id=JOB).job
         check(STATE[job.state] == "JOB_STATE_RUNNING", "ResumeJob -> RUNNING")
         wait_for(lambda: get().completed_iterations > c2, "progress after ResumeJob", 120)
 
-        ctl.call("CheckpointJob", job_id=JOB)
+        requested = ctl.call("CheckpointJob", job_id=JOB).step
         done = wait_for(lambda: [e for e in events if KIND[e.kind] == "KIND_CHECKPOINT"],
                         "the requested checkpoint", 120)
         if done:
             step = done[0].checkpoint_step
+            check(requested == step, "CheckpointJob answered the step it completed (%d, then %d)" % (requested, step))
             path = os.path.join(TMP, "ckpt", "step-%d" % step, "COMPLETE")
             check(os.path.exists(path), "checkpoint %d complete on disk (%s)" % (step, path))
             check(get().last_checkpoint == step, "GetJob shows last_checkpoint %d" % step)
