@@ -17,6 +17,15 @@ PreprocessOptions PreprocessOptionsFor(const ModelConfig& config) {
   return o;
 }
 
+absl::Status CheckTokenizerFits(const Tokenizer& tokenizer, const ModelConfig& config) {
+  if (tokenizer.vocab_size() > config.llm.vocab) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the tokenizer has ", tokenizer.vocab_size(), " pieces; model ", config.name,
+        " has a vocabulary of ", config.llm.vocab, " (use the model's own tokenizer)"));
+  }
+  return absl::OkStatus();
+}
+
 TileGrid ChooseTileGrid(int width, int height, int max_tiles, int tile_size) {
   const double aspect = static_cast<double>(width) / height;
   TileGrid best;

@@ -68,6 +68,10 @@ struct PreprocessOptions {
 // Tile size, tokens per tile and maximum sequence from the model config.
 PreprocessOptions PreprocessOptionsFor(const ModelConfig& config);
 
+// FAILED_PRECONDITION, naming both sizes, when the tokenizer's ids do not all
+// fit the model's vocabulary (the embedding would be read out of bounds).
+absl::Status CheckTokenizerFits(const Tokenizer& tokenizer, const ModelConfig& config);
+
 struct TileGrid {
   int cols = 1;
   int rows = 1;

@@ -173,5 +173,14 @@ TEST(PreprocessTest, Utf8Validation) {
   EXPECT_FALSE(IsValidUtf8("abc\xe2\x82"));       // cut short
 }
 
+TEST(PreprocessTest, TokenizerMustFitTheModelVocabulary) {
+  ModelConfig c = *ModelConfigByName("tiny");
+  EXPECT_TRUE(CheckTokenizerFits(testing::TestTokenizer(), c).ok());
+  c.llm.vocab = 100;
+  absl::Status s = CheckTokenizerFits(testing::TestTokenizer(), c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("a vocabulary of 100"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace loom::data

@@ -1,8 +1,46 @@
 #include "runtime/model/model.h"
 
+#include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
 
 namespace loom {
+
+absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_only,
+                             const ModelConfig& config, const std::string& key) {
+  const int s = config.vit.tile_size;
+  auto bad = [&](const std::string& what) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sample ", key, " from loom-preprocess does not fit model ", config.name, ": ",
+                     what, " (is loom-preprocess running with --config=", config.name, "?)"));
+  };
+  if (sample.num_tiles < 0) return bad(absl::StrCat(sample.num_tiles, " tiles"));
+  if (sample.num_tiles > 0 && tile_size != s) {
+    return bad(absl::StrCat("tiles of ", tile_size, " px; the model takes ", s, " px tiles"));
+  }
+  const size_t want_floats = tokens_only ? 0 : static_cast<size_t>(sample.num_tiles) * 3 * s * s;
+  if (sample.tiles.size() != want_floats) {
+    return bad(absl::StrCat(sample.tiles.size(), " tile values for ", sample.num_tiles,
+                            " tiles; want ", want_floats));
+  }
+  int64_t slots = 0;
+  for (int32_t t : sample.tokens) {
+    if (t == -1) {
+      ++slots;
+    } else if (t < 0 || t >= config.llm.vocab) {
+      return bad(absl::StrCat("token id ", t, " outside the vocabulary of ", config.llm.vocab));
+    }
+  }
+  const int64_t want_slots = static_cast<int64_t>(sample.num_tiles) * config.tokens_per_tile();
+  if (slots != want_slots) {
+    return bad(absl::StrCat(slots, " image-token slots for ", sample.num_tiles,
+                            " tiles; the model has ", config.tokens_per_tile(), " per tile"));
+  }
+  if (static_cast<int64_t>(sample.tokens.size()) > config.llm.max_seq) {
+    return bad(absl::StrCat(sample.tokens.size(), " tokens; the model's longest sequence is ",
+                            config.llm.max_seq));
+  }
+  return absl::OkStatus();
+}
 
 int64_t LossTokens(const Sample& s) {
   int64_t n = 0;

@@ -5,8 +5,10 @@
 #define LOOM_RUNTIME_MODEL_MODEL_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kernels/loss/crossentropy.h"
 #include "runtime/model/config.h"
 #include "runtime/model/llm.h"
@@ -22,6 +24,16 @@ struct Sample {
   std::vector<int32_t> tokens;  // text ids, -1 at each image-token slot
                                 // (num_tiles * tokens_per_tile of them, in tile order)
 };
+
+// What a worker checks of every sample it receives from loom-preprocess
+// before it touches the model: tiles of the model's tile size (`tile_size` as
+// the sender described them), tiles.size() = num_tiles x 3 x S x S (unless
+// tokens_only), exactly num_tiles x tokens_per_tile image slots (-1), and
+// every text id inside the vocabulary. FAILED_PRECONDITION naming the sample
+// `key`, what it holds and what the model needs: a preprocess started with
+// another model config than the worker's.
+absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_only,
+                             const ModelConfig& config, const std::string& key);
 
 // Loss tokens of a sample: positions whose next token is text.
 int64_t LossTokens(const Sample& s);

@@ -32,6 +32,37 @@ Sample MakeSample(const ModelConfig& c, int tiles, int text_before, int text_aft
   return s;
 }
 
+// What a worker refuses from a preprocess started with another model config.
+TEST(CheckSampleFitsTest, NamesWhatDoesNotFitTheModel) {
+  const ModelConfig c = Micro(false);
+  const Sample good = MakeSample(c, 2, 3, 4, 5);
+  EXPECT_TRUE(CheckSampleFits(good, c.vit.tile_size, false, c, "k").ok());
+  Sample tokens_only = good;
+  tokens_only.tiles.clear();
+  EXPECT_TRUE(CheckSampleFits(tokens_only, c.vit.tile_size, true, c, "k").ok());
+
+  absl::Status s = CheckSampleFits(good, 16, false, c, "doc-7");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("sample doc-7"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("tiles of 16 px; the model takes 8 px tiles"), std::string::npos) << s;
+  Sample cut = good;
+  cut.tiles.pop_back();
+  EXPECT_EQ(CheckSampleFits(cut, 8, false, c, "k").code(), absl::StatusCode::kFailedPrecondition);
+  Sample slots = good;
+  slots.tokens.push_back(-1);  // a preprocess with more tokens per tile
+  s = CheckSampleFits(slots, 8, false, c, "k");
+  EXPECT_NE(s.message().find("image-token slots"), std::string::npos) << s;
+  Sample vocab = good;
+  vocab.tokens[0] = c.llm.vocab;  // a tokenizer larger than the model's vocabulary
+  s = CheckSampleFits(vocab, 8, false, c, "k");
+  EXPECT_NE(s.message().find("token id 11 outside the vocabulary of 11"), std::string::npos) << s;
+  vocab.tokens[0] = -2;
+  EXPECT_FALSE(CheckSampleFits(vocab, 8, false, c, "k").ok());
+  Sample negative = good;
+  negative.num_tiles = -1;
+  EXPECT_FALSE(CheckSampleFits(negative, 8, false, c, "k").ok());
+}
+
 TEST(PackTest, TargetsArePredictableTextAndPositionsRestart) {
   Sample a, b;
   a.tokens = {5, -1, -1, 7, 8};

@@ -82,9 +82,8 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<loom::data::Tokenizer>> tok =
         loom::data::Tokenizer::Load(absl::GetFlag(FLAGS_tokenizer));
     if (!tok.ok()) return Fail("--tokenizer: " + std::string(tok.status().message()));
-    if ((*tok)->vocab_size() > config->llm.vocab) {
-      return Fail("--tokenizer has " + std::to_string((*tok)->vocab_size()) +
-                  " pieces; the model's vocab is " + std::to_string(config->llm.vocab));
+    if (absl::Status s = loom::data::CheckTokenizerFits(**tok, *config); !s.ok()) {
+      return Fail("--tokenizer: " + std::string(s.message()));
     }
     tokenizer = std::move(*tok);
     absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(shards);

@@ -5,8 +5,10 @@
 
 namespace loom {
 DataClient::DataClient(std::shared_ptr<grpc::Channel> channel, UcxWorker* ucx,
-                       absl::Duration deadline)
-    : stub_(data::v1::PreprocessService::NewStub(channel)), ucx_(ucx), deadline_(deadline) {}
+                       absl::Duration deadline, const ModelConfig* model)
+    : stub_(data::v1::PreprocessService::NewStub(channel)), ucx_(ucx), deadline_(deadline) {
+  if (model != nullptr) model_ = *model;
+}
 
 absl::StatusOr<data::v1::GetBatchResponse> DataClient::GetBatch(int64_t iteration) {
   grpc::ClientContext ctx;
@@ -59,6 +61,13 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     buffers.push_back({t.tokens_tag(), out[k].tokens.data(), out[k].tokens.size() * 4});
   }
   if (absl::Status r = ucx_->RecvAll(buffers, deadline_); !r.ok()) return r;
+  for (int k = 0; model_ && k < response.samples_size(); ++k) {
+    const data::v1::SampleTensors& t = response.samples(k);
+    if (absl::Status s = CheckSampleFits(out[k], t.tile_size(), tokens_only, *model_, t.key());
+        !s.ok()) {
+      return s;
+    }
+  }
   return out;
 }
 

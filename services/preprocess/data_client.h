@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,9 +19,11 @@ namespace loom {
 
 class DataClient {
  public:
-  // `ucx` is not owned and must outlive the client.
+  // `ucx` is not owned and must outlive the client. With `model` (copied),
+  // every fetched sample is checked against it (data::CheckSampleFits)
+  // before it is handed out.
   DataClient(std::shared_ptr<grpc::Channel> channel, UcxWorker* ucx,
-             absl::Duration deadline = absl::Seconds(30));
+             absl::Duration deadline = absl::Seconds(30), const ModelConfig* model = nullptr);
 
   absl::StatusOr<data::v1::GetBatchResponse> GetBatch(int64_t iteration);
 
@@ -34,6 +37,7 @@ class DataClient {
   std::unique_ptr<data::v1::PreprocessService::Stub> stub_;
   UcxWorker* ucx_;
   absl::Duration deadline_;
+  std::optional<ModelConfig> model_;
   std::atomic<uint64_t> next_tag_base_{1};
 };
 

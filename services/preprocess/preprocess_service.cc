@@ -27,6 +27,9 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
       data::Tokenizer::Load(options.tokenizer);
   if (!tokenizer.ok())
     return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", tokenizer.status().message()));
+  if (absl::Status s = data::CheckTokenizerFits(**tokenizer, *config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", s.message()));
+  }
   service->tokenizer_ = std::move(*tokenizer);
   absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
   if (!shards.ok())

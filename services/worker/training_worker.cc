@@ -134,7 +134,8 @@ absl::Status TrainingWorker::Impl::Connect() {
     if (w.rank() >= 0 && w.rank() < static_cast<int>(list.size())) list[w.rank()] = w.ucx_address();
   }
   data = std::make_unique<DataClient>(
-      grpc::CreateChannel(reg->preprocess(), grpc::InsecureChannelCredentials()), ucx.get());
+      grpc::CreateChannel(reg->preprocess(), grpc::InsecureChannelCredentials()), ucx.get(),
+      absl::Seconds(30), &model);
 
   const int enc = plan.encoder().dp(), llm_dp = plan.llm().dp();
   SchedulerStore store(scheduler.get());
