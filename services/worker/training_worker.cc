@@ -73,7 +73,8 @@ struct TrainingWorker::Impl {
   std::vector<ParamSet*> sets;
   std::vector<Module> modules;
 
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop{false};    // asked to stop (RequestStop)
+  std::atomic<bool> cancel{false};  // stop or failure: waiting calls give up
 
   prometheus::Counter* iterations = nullptr;
   prometheus::Counter* compute_seconds = nullptr;
@@ -99,7 +100,7 @@ struct TrainingWorker::Impl {
 };
 
 absl::Status TrainingWorker::Impl::Connect() {
-  scheduler = std::make_unique<SchedulerClient>(options.scheduler, absl::Seconds(60), &stop);
+  scheduler = std::make_unique<SchedulerClient>(options.scheduler, absl::Seconds(60), &cancel);
   scheduler::v1::Worker me;
   me.set_role(options.role);
   me.set_rank(options.rank);
@@ -461,7 +462,13 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
 
 TrainingWorker::TrainingWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-TrainingWorker::~TrainingWorker() { (void)Stop(); }
+// Never destroys the state under a running thread: it waits for the thread
+// (a stop request cancels its waits; a collective ends by Gloo's timeout).
+TrainingWorker::~TrainingWorker() {
+  if (!thread_.joinable()) return;
+  RequestStop();
+  thread_.join();
+}
 
 absl::StatusOr<std::unique_ptr<TrainingWorker>> TrainingWorker::Start(
     Chassis* chassis, const TrainingWorkerOptions& options) {
@@ -512,8 +519,23 @@ void TrainingWorker::Run() {
       break;
     }
   }
+  if (!result.ok()) {
+    // Fail visibly now (the process starts stopping, its sockets close and
+    // its peers see it), and make the prefetch give up instead of waiting
+    // out its deadlines.
+    Announce(result);
+    m.cancel.store(true);
+    m.ucx->Cancel();
+  }
   if (next.valid()) next.wait();
   Finish(result);
+}
+
+void TrainingWorker::Announce(const absl::Status& result) {
+  Impl& m = *impl_;
+  if (m.stop.load() || announced_.exchange(true)) return;
+  LOOM_LOG(ERROR).With("error", std::string(result.message())) << "training failed; stopping";
+  kill(getpid(), SIGTERM);  // the chassis stops the process; main reports the error
 }
 
 void TrainingWorker::Finish(absl::Status result) {
@@ -526,15 +548,15 @@ void TrainingWorker::Finish(absl::Status result) {
   }
   if (result.ok()) {
     LOOM_LOG(INFO) << "training finished";
-  } else if (!m.stop.load()) {
-    LOOM_LOG(ERROR).With("error", std::string(result.message())) << "training failed; stopping";
-    kill(getpid(), SIGTERM);  // the chassis stops the process; main reports the error
+  } else {
+    Announce(result);
   }
   finished_.store(true);
 }
 
 void TrainingWorker::RequestStop() {
   impl_->stop.store(true);
+  impl_->cancel.store(true);
   impl_->ucx->Cancel();
 }
 
@@ -545,8 +567,8 @@ absl::Status TrainingWorker::Stop(absl::Duration wait) {
   while (!finished_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
   if (!finished_.load()) {
     // Blocked in a collective whose peers are gone: Gloo's own timeout ends
-    // it later; the process is exiting, so leave the thread behind.
-    thread_.detach();
+    // it later. The thread stays joinable (the destructor waits for it); a
+    // process that cannot wait exits without destroying it (worker_main).
     return absl::DeadlineExceededError("the training thread did not stop in time");
   }
   thread_.join();

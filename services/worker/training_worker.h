@@ -83,10 +83,13 @@ class TrainingWorker {
  private:
   explicit TrainingWorker(std::unique_ptr<Impl> impl);
   void Run();
+  // Logs a failure and raises SIGTERM (once; not after a stop request).
+  void Announce(const absl::Status& result);
   void Finish(absl::Status result);
 
   std::unique_ptr<Impl> impl_;
   std::thread thread_;
+  std::atomic<bool> announced_{false};  // a failure was logged and SIGTERM raised
   std::atomic<bool> finished_{false};
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
