@@ -13,6 +13,33 @@ def check(cond, what):
         failures.append(what)
 
 
+def listening_ports(pid):
+    """TCP ports process `pid` listens on (from /proc: its socket inodes in LISTEN state).
+
+    Lets a test start a server on port 0 and learn the port the kernel chose,
+    instead of picking a free port and hoping it stays free.
+    """
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = []
+    for table in ("/proc/%d/net/tcp" % pid, "/proc/%d/net/tcp6" % pid):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # state LISTEN, inode ours
+                ports.append(int(f[1].rsplit(":", 1)[1], 16))
+    return sorted(set(ports))
+
+
 def wait_for(pred, seconds, interval=0.2):
     """pred()'s first truthy value within `seconds` (OSError counts as not yet), else None."""
     until = time.time() + seconds

@@ -9,14 +9,13 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 
-from ops_testing import LoomUp, check, finish, wait_for
+from ops_testing import LoomUp, check, finish, listening_ports, wait_for
 
 LOOM_UP, BIN_DIR, LOOMCTL, PROM_CONFIG, DASHBOARD, TMP = sys.argv[1:7]
 
@@ -27,14 +26,6 @@ EXTRA_LABELS = {
 }
 # prometheus-cpp's own exporter metrics (like client_golang's promhttp_*).
 LIBRARY_PREFIX = "exposer_"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def get(url, timeout=10):
@@ -115,13 +106,15 @@ def main():
             r = subprocess.run(["promtool", "check", "config", path], capture_output=True, text=True)
             check(r.returncode == 0, "promtool check config " + os.path.basename(os.path.dirname(path)) + "/" +
                   os.path.basename(path) + ("" if r.returncode == 0 else ": " + r.stdout + r.stderr))
-        port = free_port()
         prom_log = open(os.path.join(TMP, "prometheus.log"), "w")
         prom = subprocess.Popen(["prometheus", "--config.file=" + config_path,
                                  "--storage.tsdb.path=" + os.path.join(TMP, "tsdb"),
-                                 "--web.listen-address=127.0.0.1:%d" % port], stdout=prom_log,
+                                 "--web.listen-address=127.0.0.1:0"], stdout=prom_log,
                                 stderr=subprocess.STDOUT)
         try:
+            ports = wait_for(lambda: listening_ports(prom.pid), 60)  # the port the kernel chose
+            check(bool(ports), "prometheus listens (on port %s)" % ports)
+            port = ports[0] if ports else 0
             api = "http://127.0.0.1:%d/api/v1/" % port
             check(wait_for(lambda: "Ready" in get("http://127.0.0.1:%d/-/ready" % port), 60) is not None,
                   "prometheus is ready")
