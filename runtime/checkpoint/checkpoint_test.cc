@@ -5,14 +5,10 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "runtime/base/test_paths.h"
 
 namespace loom {
 namespace {
-
-std::string Tmp(const std::string& name) {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return std::string(d ? d : "/tmp") + "/" + name;
-}
 
 ParamSet Make(int extra = 0) {
   ParamSet p;
@@ -30,7 +26,7 @@ TEST(CheckpointTest, RoundTripsWeightsOptimizerStateAndStep) {
     a.adam_v()[i] = 0.2f * i;
   }
   a.step() = 17;
-  const std::string path = Tmp("rt.ckpt");
+  const std::string path = testing::TempPath("rt.ckpt");
   ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", path).ok());
   ParamSet b = Make();
   b.Initialize(99);  // different weights, to be overwritten
@@ -46,7 +42,7 @@ TEST(CheckpointTest, RoundTripsWeightsOptimizerStateAndStep) {
 
 TEST(CheckpointTest, RejectsTheWrongModuleOrShapeNamingIt) {
   ParamSet a = Make();
-  const std::string path = Tmp("m.ckpt");
+  const std::string path = testing::TempPath("m.ckpt");
   ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", path).ok());
   ParamSet b = Make();
   absl::Status s = LoadModuleCheckpoint(path, "llm", &b);
@@ -60,7 +56,7 @@ TEST(CheckpointTest, RejectsTheWrongModuleOrShapeNamingIt) {
 
 TEST(CheckpointTest, DetectsCorruptionAndTruncation) {
   ParamSet a = Make();
-  const std::string path = Tmp("c.ckpt");
+  const std::string path = testing::TempPath("c.ckpt");
   ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", path).ok());
   std::stringstream ss;
   ss << std::ifstream(path, std::ios::binary).rdbuf();
@@ -68,18 +64,19 @@ TEST(CheckpointTest, DetectsCorruptionAndTruncation) {
 
   std::string flipped = bytes;
   flipped[flipped.size() / 2] ^= 0x40;
-  std::ofstream(Tmp("flip.ckpt"), std::ios::binary) << flipped;
+  std::ofstream(testing::TempPath("flip.ckpt"), std::ios::binary) << flipped;
   ParamSet b = Make();
-  EXPECT_EQ(LoadModuleCheckpoint(Tmp("flip.ckpt"), "encoder", &b).code(),
+  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("flip.ckpt"), "encoder", &b).code(),
             absl::StatusCode::kDataLoss);
 
-  std::ofstream(Tmp("short.ckpt"), std::ios::binary) << bytes.substr(0, bytes.size() / 3);
-  EXPECT_EQ(LoadModuleCheckpoint(Tmp("short.ckpt"), "encoder", &b).code(),
+  std::ofstream(testing::TempPath("short.ckpt"), std::ios::binary)
+      << bytes.substr(0, bytes.size() / 3);
+  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("short.ckpt"), "encoder", &b).code(),
             absl::StatusCode::kDataLoss);
-  std::ofstream(Tmp("empty.ckpt"), std::ios::binary) << "";
-  EXPECT_EQ(LoadModuleCheckpoint(Tmp("empty.ckpt"), "encoder", &b).code(),
+  std::ofstream(testing::TempPath("empty.ckpt"), std::ios::binary) << "";
+  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("empty.ckpt"), "encoder", &b).code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(LoadModuleCheckpoint(Tmp("missing.ckpt"), "encoder", &b).code(),
+  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("missing.ckpt"), "encoder", &b).code(),
             absl::StatusCode::kNotFound);
 }
 

@@ -6,13 +6,10 @@
 
 #include "gtest/gtest.h"
 #include "runtime/base/file.h"
+#include "runtime/base/test_paths.h"
 
 namespace loom {
 namespace {
-
-std::string Dir(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
 
 bool Exists(const std::string& path) {
   struct stat st;
@@ -28,7 +25,7 @@ void WriteStep(const std::string& dir, int64_t step, const CheckpointRun& run,
 }
 
 TEST(StepsTest, AStepIsVisibleOnlyOnceCommitted) {
-  const std::string dir = Dir("visible");
+  const std::string dir = testing::TempPath("visible");
   absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "model=tiny");
   ASSERT_TRUE(run.ok());
   ASSERT_TRUE(BeginCheckpointStep(dir, 5).ok());
@@ -44,7 +41,7 @@ TEST(StepsTest, AStepIsVisibleOnlyOnceCommitted) {
 // A crash mid-write leaves a partial folder; the next write of that step
 // starts from an empty one, so no step mixes files of two writes.
 TEST(StepsTest, AnInterruptedWriteLeavesNothingBehind) {
-  const std::string dir = Dir("interrupted");
+  const std::string dir = testing::TempPath("interrupted");
   absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "id");
   ASSERT_TRUE(run.ok());
   ASSERT_TRUE(BeginCheckpointStep(dir, 3).ok());
@@ -57,7 +54,7 @@ TEST(StepsTest, AnInterruptedWriteLeavesNothingBehind) {
 // The case: run A reached step 20; a fresh run B in the same folder
 // stops at step 10. Resuming must continue B at 10, never A's 20, and say so.
 TEST(StepsTest, AFreshRunNeverResumesAnOlderRunsStep) {
-  const std::string dir = Dir("reused");
+  const std::string dir = testing::TempPath("reused");
   absl::StatusOr<CheckpointRun> a = StartCheckpointRun(dir, "id");
   ASSERT_TRUE(a.ok());
   WriteStep(dir, 10, *a, "a10");
@@ -80,7 +77,7 @@ TEST(StepsTest, AFreshRunNeverResumesAnOlderRunsStep) {
 }
 
 TEST(StepsTest, ResumeRefusesAnotherIdentityAndAMissingRun) {
-  const std::string dir = Dir("identity");
+  const std::string dir = testing::TempPath("identity");
   EXPECT_EQ(ResumableStep(dir, "x").status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "model=tiny seed=1");
   ASSERT_TRUE(run.ok());

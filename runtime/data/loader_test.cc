@@ -4,15 +4,12 @@
 
 #include "gtest/gtest.h"
 #include "runtime/base/file.h"
+#include "runtime/base/test_paths.h"
 #include "runtime/data/data_testing.h"
 #include "runtime/data/datagen.h"
 
 namespace loom::data {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
 
 // 40 caption samples in 4 shards, written once per test binary.
 const std::vector<std::string>& CaptionShards() {
@@ -21,7 +18,7 @@ const std::vector<std::string>& CaptionShards() {
     o.preset = "caption";
     o.samples = 40;
     o.seed = 3;
-    o.out_dir = TempDir("caption");
+    o.out_dir = loom::testing::TempPath("caption");
     o.samples_per_shard = 10;
     return new std::vector<std::string>(*WriteDataset(o));
   }();
@@ -135,7 +132,7 @@ TEST(LoaderTest, BadSamplesAreSkippedAndValidOnesInTheSameShardSurvive) {
   add(SampleMembers("bad_truncated", "<image> x", {{"0.png", std::string(4000, 'z')}}));
   std::string tar = *TarToMemory(m);
   tar.resize(tar.size() - 1024 - 2000);  // cut inside the last sample
-  const std::string path = TempDir("bad.tar");
+  const std::string path = loom::testing::TempPath("bad.tar");
   ASSERT_TRUE(loom::WriteFileAtomically(path, tar).ok());
 
   LoaderOptions o = Options(2);
@@ -165,16 +162,17 @@ TEST(LoaderTest, BadSamplesAreSkippedAndValidOnesInTheSameShardSurvive) {
 
 TEST(LoaderTest, NoUsableSampleIsAnErrorNotAHang) {
   std::vector<TarMember> m = testing::SampleMembers("only", "", {});
-  const std::string path = TempDir("useless.tar");
+  const std::string path = loom::testing::TempPath("useless.tar");
   ASSERT_TRUE(WriteTar(path, m).ok());
   LoaderOptions o = Options(2);
   o.shards = {path};
   auto loader = *DataLoader::Open(o, &testing::TestTokenizer());
   EXPECT_EQ(loader->Next().status().code(), absl::StatusCode::kFailedPrecondition);
-  o.shards = {TempDir("nothing-here.tar")};
+  o.shards = {loom::testing::TempPath("nothing-here.tar")};
   EXPECT_EQ(DataLoader::Open(o, &testing::TestTokenizer()).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(ExpandShardGlob(TempDir("none-*.tar")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ExpandShardGlob(loom::testing::TempPath("none-*.tar")).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "gtest/gtest.h"
+#include "runtime/base/test_paths.h"
 #include "runtime/data/data_testing.h"
 
 namespace loom::data {
@@ -26,10 +27,6 @@ std::vector<TarMember> ThreeSamples() {
   return m;
 }
 
-std::string TempPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
 TEST(ShardTest, SplitsWebDatasetNames) {
   std::string key, ext;
   ASSERT_TRUE(SplitMemberName("dir/abc.0.png", &key, &ext));
@@ -43,7 +40,7 @@ TEST(ShardTest, SplitsWebDatasetNames) {
 }
 
 TEST(ShardTest, IndexThenReadEachSampleAtItsOffset) {
-  const std::string path = TempPath("three.tar");
+  const std::string path = loom::testing::TempPath("three.tar");
   ASSERT_TRUE(WriteTar(path, ThreeSamples()).ok());
   absl::StatusOr<ShardIndex> index = IndexShard(path, ShardLimits{});
   ASSERT_TRUE(index.ok()) << index.status();
@@ -73,7 +70,7 @@ TEST(ShardTest, TruncatedTarKeepsEverySampleBeforeTheCut) {
   EXPECT_EQ(part.broken[0].reason, "truncated_tar");
 
   // The same through the file index, and every indexed sample reads back.
-  const std::string path = TempPath("cut.tar");
+  const std::string path = loom::testing::TempPath("cut.tar");
   std::ofstream(path, std::ios::binary) << cut;
   absl::StatusOr<ShardIndex> index = IndexShard(path, ShardLimits{});
   ASSERT_TRUE(index.ok());
@@ -87,13 +84,13 @@ TEST(ShardTest, TruncatedTarKeepsEverySampleBeforeTheCut) {
 TEST(ShardTest, GarbageAndEmptyInputsDoNotCrash) {
   EXPECT_TRUE(ReadShardFromMemory("", ShardLimits{}).samples.empty());
   EXPECT_TRUE(ReadShardFromMemory(std::string(5000, 'x'), ShardLimits{}).samples.empty());
-  const std::string path = TempPath("garbage.tar");
+  const std::string path = loom::testing::TempPath("garbage.tar");
   std::ofstream(path, std::ios::binary) << std::string(3000, '\x7f');
   absl::StatusOr<ShardIndex> index = IndexShard(path, ShardLimits{});
   ASSERT_TRUE(index.ok());
   EXPECT_TRUE(index->samples.empty());
   EXPECT_FALSE(index->error.empty());
-  EXPECT_EQ(IndexShard(TempPath("missing.tar"), ShardLimits{}).status().code(),
+  EXPECT_EQ(IndexShard(loom::testing::TempPath("missing.tar"), ShardLimits{}).status().code(),
             absl::StatusCode::kNotFound);
 }
 

@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
+#include "runtime/base/test_paths.h"
 #include "runtime/train/synthetic_data.h"
 #include "runtime/train/train_checkpoint.h"
 
@@ -82,7 +83,7 @@ std::vector<double> TrainRange(MultimodalModel& model, int from, int to, uint64_
 
 TEST(TrainerTest, ResumingFromACheckpointContinuesTheSameRun) {
   const ModelConfig c = *ModelConfigByName("tiny");
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ckpt";
+  const std::string dir = testing::TempPath("ckpt");
   MultimodalModel straight(c);
   straight.Initialize(6);
   const std::vector<double> all = TrainRange(straight, 0, 20, 6);

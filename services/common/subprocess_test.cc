@@ -6,18 +6,14 @@
 #include <cstdlib>
 
 #include "gtest/gtest.h"
+#include "runtime/base/test_paths.h"
 
 namespace loom {
 namespace {
 
-std::string TempLog(const char* name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
-
 TEST(SubprocessTest, CapturesOutputAndExitStatus) {
-  auto child =
-      Subprocess::Start({"/bin/sh", "-c", "echo hello; echo oops >&2; exit 3"}, TempLog("a.log"));
+  auto child = Subprocess::Start({"/bin/sh", "-c", "echo hello; echo oops >&2; exit 3"},
+                                 testing::TempPath("a.log"));
   ASSERT_TRUE(child.ok()) << child.status();
   absl::StatusOr<int> st = (*child)->Wait(absl::Seconds(10));
   ASSERT_TRUE(st.ok()) << st.status();
@@ -28,7 +24,7 @@ TEST(SubprocessTest, CapturesOutputAndExitStatus) {
 }
 
 TEST(SubprocessTest, WaitTimesOutThenSignalStopsTheChild) {
-  auto child = Subprocess::Start({"/bin/sleep", "30"}, TempLog("b.log"));
+  auto child = Subprocess::Start({"/bin/sleep", "30"}, testing::TempPath("b.log"));
   ASSERT_TRUE(child.ok());
   EXPECT_EQ((*child)->Wait(absl::Milliseconds(50)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -40,7 +36,7 @@ TEST(SubprocessTest, WaitTimesOutThenSignalStopsTheChild) {
 }
 
 TEST(SubprocessTest, StartFailsForAMissingBinary) {
-  auto child = Subprocess::Start({"/nonexistent/loom-x"}, TempLog("c.log"));
+  auto child = Subprocess::Start({"/nonexistent/loom-x"}, testing::TempPath("c.log"));
   EXPECT_FALSE(child.ok());
   EXPECT_NE(child.status().message().find("/nonexistent/loom-x"), absl::string_view::npos);
 }
@@ -59,8 +55,8 @@ TEST(ServingPortsTest, FindsTheServingRecord) {
 }
 
 TEST(ServingPortsTest, ReportsAChildThatExitsBeforeServing) {
-  auto child =
-      Subprocess::Start({"/bin/sh", "-c", "echo cannot bind >&2; exit 1"}, TempLog("d.log"));
+  auto child = Subprocess::Start({"/bin/sh", "-c", "echo cannot bind >&2; exit 1"},
+                                 testing::TempPath("d.log"));
   ASSERT_TRUE(child.ok());
   absl::StatusOr<ServingPorts> p = WaitForServing(**child, absl::Seconds(10));
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);

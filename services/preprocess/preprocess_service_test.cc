@@ -1,6 +1,7 @@
 #include "services/preprocess/preprocess_service.h"
 
 #include "gtest/gtest.h"
+#include "runtime/base/test_paths.h"
 #include "runtime/data/datagen.h"
 #include "services/common/chassis_testing.h"
 #include "services/common/http_get.h"
@@ -37,7 +38,7 @@ TEST(PreprocessServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
 class ServedDataTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ov";
+    const std::string dir = testing::TempPath("ov");
     data::DatagenOptions g;
     g.preset = "onevision";
     g.samples = 24;

@@ -35,8 +35,8 @@ grep -q '"key":"ok","images":\[\],"image_tokens":0' "$out" || { echo "text-only 
   || { echo "summary: $summary"; exit 1; }
 
 # Errors name what is wrong and exit non-zero.
-if "$bin" scan --shards "$dir/none-*.tar" --output "$out" 2>err.txt; then exit 1; fi
-grep -q "no shard matches" err.txt
-if "$bin" scan --shards "$dir/*.tar" 2>err.txt; then exit 1; fi
-grep -q -- "--output is required" err.txt
+if "$bin" scan --shards "$dir/none-*.tar" --output "$out" 2>"$TEST_TMPDIR/err.txt"; then exit 1; fi
+grep -q "no shard matches" "$TEST_TMPDIR/err.txt"
+if "$bin" scan --shards "$dir/*.tar" 2>"$TEST_TMPDIR/err.txt"; then exit 1; fi
+grep -q -- "--output is required" "$TEST_TMPDIR/err.txt"
 echo PASS

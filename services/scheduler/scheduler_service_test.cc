@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/base/file.h"
+#include "runtime/base/test_paths.h"
 #include "runtime/data/datagen.h"
 #include "services/common/chassis_testing.h"
 #include "services/preprocess/preprocess_service.h"
@@ -44,7 +45,7 @@ TEST(SchedulerServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
 class ServedScheduleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ov";
+    const std::string dir = testing::TempPath("ov");
     data::DatagenOptions g;
     g.preset = "onevision";
     g.samples = 32;
@@ -74,7 +75,7 @@ class ServedScheduleTest : public ::testing::Test {
     so.job.set_name("t");
     so.job.mutable_train()->set_steps(8);
     so.job.mutable_checkpoint()->set_every(2);
-    so.job.mutable_checkpoint()->set_dir(std::string(std::getenv("TEST_TMPDIR")) + "/ckpt");
+    so.job.mutable_checkpoint()->set_dir(testing::TempPath("ckpt"));
     chassis_ = std::make_unique<Chassis>(
         testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
     auto service = SchedulerServiceImpl::Create(chassis_.get(), so);
@@ -356,7 +357,7 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
       EXPECT_EQ(complete, ++reported == 4) << "complete only once every worker reported";
     }
   }
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ckpt/step-2/";
+  const std::string dir = testing::TempPath("ckpt/step-2/");
   for (const char* f : {"COMPLETE", kDataCursorFile, kSchedulerStateFile}) {
     EXPECT_TRUE(ReadFile(dir + f).ok()) << f;
   }

@@ -43,14 +43,7 @@ std::string TestName(const ServiceBinary& b) {
 }
 
 std::string BinaryPath(const ServiceBinary& b) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "loom", "/", b.package, "/", b.name);
-}
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/", name);
+  return testing::RunfilePath(absl::StrCat(b.package, "/", b.name));
 }
 
 absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b, const std::string& target) {

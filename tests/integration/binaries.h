@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "loom/common/v1/common.pb.h"
+#include "runtime/base/test_paths.h"
 #include "services/common/catalog.h"
 
 namespace loom {
@@ -17,8 +18,7 @@ std::string TestName(const ServiceBinary& b);
 // The binary's path in the test's runfiles.
 std::string BinaryPath(const ServiceBinary& b);
 
-// A path in the test's private temporary folder.
-std::string TempPath(const std::string& name);
+using testing::TempPath;  // runtime/base/test_paths.h
 
 // Calls the binary's own GetInfo RPC at `target`, with a deadline.
 absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b, const std::string& target);

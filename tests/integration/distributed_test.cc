@@ -25,9 +25,7 @@ namespace {
 
 constexpr int kSteps = 20;
 
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
-}
+std::string Runfile(const std::string& path) { return testing::RunfilePath(path); }
 
 // Runs argv to completion; its stdout+stderr.
 std::string RunToEnd(const std::vector<std::string>& argv, const std::string& log, int* exit_code) {

@@ -12,14 +12,9 @@
 namespace loom {
 namespace {
 
-std::string LoomUp() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/deploy/launcher/loom-up");
-}
+std::string LoomUp() { return testing::RunfilePath("deploy/launcher/loom-up"); }
 
-std::string BinDir() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"));
-}
+std::string BinDir() { return testing::RunfilePath(""); }
 
 // The default job with a small generated dataset (first-run generation of
 // the default 512 samples is for people, not for every test).
