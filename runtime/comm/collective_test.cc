@@ -1,9 +1,11 @@
 #include "runtime/comm/collective.h"
 
+#include <cmath>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 
 namespace loom {
 namespace {
@@ -48,7 +50,8 @@ TEST(Gloo, AllreduceSumsAndEveryRankGetsTheSameBits) {
     for (int64_t i = 0; i < n; i += 997) {
       double want = 0;
       for (int r = 0; r < size; ++r) want += 0.1f * static_cast<float>((i * 7 + r * 13) % 101);
-      EXPECT_NEAR(out[0][i], want, 1e-4) << i;
+      const testing::Tolerance tol = testing::kAllreduceSumF32;
+      EXPECT_NEAR(out[0][i], want, tol.atol + tol.rtol * std::abs(want)) << i << ": " << tol.reason;
     }
     for (int r = 1; r < size; ++r) {
       EXPECT_EQ(out[r], out[0]) << "rank " << r << " differs from rank 0";

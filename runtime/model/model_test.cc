@@ -117,7 +117,8 @@ TEST(ModelTest, GradientIsTheSameForAnySplitIntoMicrobatches) {
   const double l_whole = whole.ForwardBackward({&s1, &s2, &s3}, scale).sum;
   const double l_split =
       split.ForwardBackward({&s3}, scale).sum + split.ForwardBackward({&s2, &s1}, scale).sum;
-  EXPECT_NEAR(l_whole, l_split, 1e-4 * l_whole);
+  const testing::Tolerance tol = testing::kSplitInvarianceF32;
+  EXPECT_NEAR(l_whole, l_split, tol.atol + tol.rtol * l_whole) << tol.reason;
   auto a = whole.param_sets(), b = split.param_sets();
   for (size_t m = 0; m < a.size(); ++m) {
     EXPECT_TRUE(testing::AllClose(b[m]->grads().data(), a[m]->grads().data(), a[m]->size(),
