@@ -57,6 +57,19 @@ class Cfg:
         self.tpt = self.Np // 4 if self.pixel_shuffle else self.Np
 
 
+# A deliberate change to the reference model (argv[2]), which must make the
+# comparison fail: the mutation check in golden_test.sh shows the tolerances
+# catch realistic modelling mistakes, the subtle RoPE layout one included.
+MUTATIONS = {
+    "rope-halves": "RoPE rotates the two halves of each head (Hugging Face) instead of pairs",
+    "rms-eps": "RMSNorm eps 1e-5 instead of 1e-6",
+    "no-causal": "LLM attention not causal inside a sequence",
+    "gelu-erf": "exact (erf) GELU instead of the tanh approximation",
+    "rope-theta": "RoPE theta doubled",
+}
+MUTATION = sys.argv[2] if len(sys.argv) > 2 else ""
+
+
 def params_of(d, prefix):
     return {k[len(prefix):]: v.clone().requires_grad_(True) for k, v in d.items()
             if k.startswith(prefix)}
@@ -80,9 +93,13 @@ def vit_forward(cfg, p, tiles):
         o = (att @ v).permute(0, 2, 1, 3).reshape(N * cfg.Np, cfg.Dv)
         x = x + F.linear(o, p[b + "attn.proj.weight"], p[b + "attn.proj.bias"])
         h = F.layer_norm(x, (cfg.Dv,), p[b + "ln2.weight"], p[b + "ln2.bias"], eps=1e-5)
-        h = F.gelu(F.linear(h, p[b + "mlp.fc1.weight"], p[b + "mlp.fc1.bias"]), approximate="tanh")
+        h = F.gelu(F.linear(h, p[b + "mlp.fc1.weight"], p[b + "mlp.fc1.bias"]), approximate=GELU())
         x = x + F.linear(h, p[b + "mlp.fc2.weight"], p[b + "mlp.fc2.bias"])
     return F.layer_norm(x, (cfg.Dv,), p["ln_f.weight"], p["ln_f.bias"], eps=1e-5)
+
+
+def GELU():
+    return "none" if MUTATION == "gelu-erf" else "tanh"
 
 
 def projector_forward(cfg, p, x, N):
@@ -90,11 +107,12 @@ def projector_forward(cfg, p, x, N):
         G, C = cfg.G, cfg.Dv
         x = x.reshape(N, G // 2, 2, G // 2, 2, C).permute(0, 1, 3, 2, 4, 5)
         x = x.reshape(N * (G // 2) * (G // 2), 4 * C)
-    h = F.gelu(F.linear(x, p["fc1.weight"], p["fc1.bias"]), approximate="tanh")
+    h = F.gelu(F.linear(x, p["fc1.weight"], p["fc1.bias"]), approximate=GELU())
     return F.linear(h, p["fc2.weight"], p["fc2.bias"])
 
 
 def rms_norm(x, w, eps=1e-6):
+    eps = 1e-5 if MUTATION == "rms-eps" else eps
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
@@ -102,13 +120,16 @@ def rope(x, pos, theta):
     # x: (T, H, hd), interleaved pairs (2i, 2i+1), angle = pos * theta^(-2i/hd)
     hd = x.shape[-1]
     i = torch.arange(hd // 2, dtype=torch.float64)
+    theta = 2 * theta if MUTATION == "rope-theta" else theta
     ang = pos.to(torch.float64)[:, None] * torch.pow(torch.tensor(theta, dtype=torch.float64),
                                                       -2.0 * i / hd)[None, :]
     c, s = torch.cos(ang).float()[:, None, :], torch.sin(ang).float()[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
+    first, second = (slice(0, hd // 2), slice(hd // 2, hd)) if MUTATION == "rope-halves" else \
+        (slice(0, None, 2), slice(1, None, 2))
+    x0, x1 = x[..., first], x[..., second]
     out = torch.empty_like(x)
-    out[..., 0::2] = x0 * c - x1 * s
-    out[..., 1::2] = x0 * s + x1 * c
+    out[..., first] = x0 * c - x1 * s
+    out[..., second] = x0 * s + x1 * c
     return out
 
 
@@ -122,7 +143,7 @@ def llm_forward(cfg, p, tokens, positions, seq_ids, image_emb):
     hd = cfg.D // cfg.H
     same = seq_ids[:, None] == seq_ids[None, :]
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    mask = same & causal
+    mask = same if MUTATION == "no-causal" else same & causal
     for l in range(cfg.L):
         b = f"layers.{l}."
         h = rms_norm(x, p[b + "attn_norm.weight"])
@@ -189,6 +210,8 @@ def check(name, got, want, tol, failures):
 
 
 def main():
+    if MUTATION and MUTATION not in MUTATIONS:
+        sys.exit(f"unknown mutation {MUTATION!r}; known: {', '.join(MUTATIONS)}")
     d = read_dump(sys.argv[1])
     cfg = Cfg(d["config"], d["hparams"])
     tol = {k: d[f"tolerance/{k}"].tolist() for k in ("logits", "grads", "losses")}

@@ -10,3 +10,15 @@ for variant in "" "--pixel_shuffle"; do
   "$dump" --out "$out" --steps 10 $variant
   /usr/bin/python3 "$script" "$out"
 done
+
+# Mutation check: each deliberate change to the reference model must fail the
+# comparison (exit 1, "golden: FAILED"), or the tolerances could hide it.
+for mutation in rope-halves rms-eps no-causal gelu-erf rope-theta; do
+  if /usr/bin/python3 "$script" "$TEST_TMPDIR/golden.bin" "$mutation" >"$TEST_TMPDIR/m.log" 2>&1; then
+    echo "golden mutation $mutation passed the comparison: the golden test cannot see it"
+    cat "$TEST_TMPDIR/m.log"
+    exit 1
+  fi
+  grep -q "golden: FAILED" "$TEST_TMPDIR/m.log" || { cat "$TEST_TMPDIR/m.log"; exit 1; }
+  echo "golden mutation $mutation: fails as it must ($(grep -m1 -o '^  [a-z/_.0-9]*' "$TEST_TMPDIR/m.log" | tr -d ' '))"
+done
