@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
+#include "runtime/base/json_line.h"
 #include "services/common/subprocess.h"
 #include "tests/integration/binaries.h"
 
@@ -42,14 +43,9 @@ std::string RunToEnd(const std::vector<std::string>& argv, const std::string& lo
 std::map<int, double> StepLosses(const std::string& out) {
   std::map<int, double> losses;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    const size_t at = line.find("\"step\":"), l = line.find("\"loss\":");
-    if (at == absl::string_view::npos || l == absl::string_view::npos) continue;
-    int step = 0;
-    double loss = 0;
-    const absl::string_view step_text = line.substr(at + 7, line.find(',', at) - at - 7);
-    const absl::string_view loss_text = line.substr(l + 7, line.find(',', l) - l - 7);
-    if (absl::SimpleAtoi(step_text, &step) && absl::SimpleAtod(loss_text, &loss)) {
-      losses[step] = loss;
+    double step = 0, loss = 0;
+    if (JsonNumberField(line, "step", &step) && JsonNumberField(line, "loss", &loss)) {
+      losses[static_cast<int>(step)] = loss;
     }
   }
   return losses;

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/file.h"
+#include "runtime/base/json_line.h"
 #include "runtime/base/runfiles.h"
 #include "runtime/comm/ucx.h"
 #include "services/common/subprocess.h"
@@ -223,13 +224,6 @@ struct RunResult {
   double imbalance = 0;  // mean assignment objective
 };
 
-bool Field(const std::string& line, const std::string& name, double* v) {
-  const size_t at = line.find("\"" + name + "\":");
-  if (at == std::string::npos) return false;
-  const size_t start = at + name.size() + 3;
-  return absl::SimpleAtod(line.substr(start, line.find_first_of(",}", start) - start), v);
-}
-
 RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const std::string& dir,
                  const std::string& algorithm, int run) {
   const std::string config = absl::StrCat(dir, "/", algorithm, ".txtpb");
@@ -253,8 +247,10 @@ RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const s
   const std::vector<std::string> lines = absl::StrSplit((*up)->ReadLog(), '\n');
   for (const std::string& line : lines) {
     double it, s, m;
-    if (!Field(line, "iteration", &it) || !Field(line, "seconds", &s) ||
-        !Field(line, "microbatch_imbalance", &m) || it < absl::GetFlag(FLAGS_warmup)) {
+    if (!loom::JsonNumberField(line, "iteration", &it) ||
+        !loom::JsonNumberField(line, "seconds", &s) ||
+        !loom::JsonNumberField(line, "microbatch_imbalance", &m) ||
+        it < absl::GetFlag(FLAGS_warmup)) {
       continue;
     }
     secs.push_back(s);
