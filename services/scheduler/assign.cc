@@ -172,39 +172,17 @@ double LargestBin(const Normalized& n, const Groups& groups) {
   return worst;
 }
 
-// The plain 2-D greedy: samples by decreasing max(encoder, LLM) cost, each to
-// the bin whose resulting max(encoder, LLM) is least (ties: the lowest bin).
-Groups PlainGreedyGroups(const Normalized& n, int bins) {
-  std::vector<double> key(n.e.size());
-  for (size_t i = 0; i < key.size(); ++i) key[i] = std::max(n.e[i], n.l[i]);
-  Groups groups(bins);
-  std::vector<double> e(bins, 0), l(bins, 0);
-  for (int i : ByDecreasing(key)) {
-    int best = 0;
-    double best_max = INFINITY;
-    for (int g = 0; g < bins; ++g) {
-      const double mx = std::max(e[g] + n.e[i], l[g] + n.l[i]);
-      if (mx < best_max) {
-        best = g;
-        best_max = mx;
-      }
-    }
-    groups[best].push_back(i);
-    e[best] += n.e[i];
-    l[best] += n.l[i];
-  }
-  FillEmpty(n, &groups);
-  return groups;
-}
-
-// The vector greedy: like the plain one, but a sample's key favours the
+// The 2-D greedy: samples by decreasing max(encoder, LLM) cost, each to the
+// bin whose resulting max(encoder, LLM) is least. Plain (`even` false): ties
+// go to the lowest bin. Vector (`even` true): a sample's key also favours the
 // one that loads both modules, and ties between bins go to the one whose
 // loads stay most even (least e² + l²).
-Groups VectorGreedyGroups(const Normalized& n, int bins) {
+Groups GreedyGroups(const Normalized& n, int bins, bool even) {
   std::vector<double> key(n.e.size());
   for (size_t i = 0; i < key.size(); ++i) {
-    key[i] = std::max(n.e[i], n.l[i]) + 1e-3 * std::min(n.e[i], n.l[i]);
+    key[i] = std::max(n.e[i], n.l[i]) + (even ? 1e-3 * std::min(n.e[i], n.l[i]) : 0.0);
   }
+  const double tie = even ? 1e-12 : 0.0;
   Groups groups(bins);
   std::vector<double> e(bins, 0), l(bins, 0);
   for (int i : ByDecreasing(key)) {
@@ -212,8 +190,8 @@ Groups VectorGreedyGroups(const Normalized& n, int bins) {
     double best_max = INFINITY, best_sq = INFINITY;
     for (int g = 0; g < bins; ++g) {
       const double ge = e[g] + n.e[i], gl = l[g] + n.l[i];
-      const double mx = std::max(ge, gl), sq = ge * ge + gl * gl;
-      if (mx < best_max - 1e-12 || (mx < best_max + 1e-12 && sq < best_sq)) {
+      const double mx = std::max(ge, gl), sq = even ? ge * ge + gl * gl : 0.0;
+      if (mx < best_max - tie || (even && mx < best_max + tie && sq < best_sq)) {
         best = g;
         best_max = mx;
         best_sq = sq;
@@ -398,9 +376,9 @@ class LocalSearch {
 // heuristic Loom ships, improved by the local search. So it is never worse
 // than any of them on any batch, and the search only ever lowers it.
 Groups LoomGroups(const Normalized& raw, const Normalized& n, int bins, const AssignOptions& o) {
-  Groups candidates[] = {VectorGreedyGroups(raw, bins), PlainGreedyGroups(raw, bins),
-                         LptGroups(n, bins), Sequential(raw.e.size(), bins),
-                         EntrainGroups(n, bins, o)};
+  Groups candidates[] = {GreedyGroups(raw, bins, /*even=*/true),
+                         GreedyGroups(raw, bins, /*even=*/false), LptGroups(n, bins),
+                         Sequential(raw.e.size(), bins), EntrainGroups(n, bins, o)};
   FillEmpty(n, &candidates[4]);
   Groups* best = &candidates[0];
   for (Groups& c : candidates) {
@@ -579,7 +557,7 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
     ranks = RanksInOrder(bins, o.microbatches);
     order_1f1b = false;
   } else if (algorithm == "greedy") {
-    groups = PlainGreedyGroups(raw, bins);
+    groups = GreedyGroups(raw, bins, /*even=*/false);
     ranks = balanced_ranks();
   } else if (algorithm == "loom") {
     groups = LoomGroups(raw, n, bins, o);
