@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gradcheck.h"
+#include "kernels/testing/tolerances.h"
 
 namespace loom::kernels {
 namespace {
@@ -19,7 +20,8 @@ TEST(GeluTest, MatchesKnownValues) {
   gelu_forward(y, x, 5);
   // tanh-approximate GELU at these points (as torch.nn.functional.gelu(approximate="tanh")).
   const float want[] = {-0.0036373f, -0.1588080f, 0.0f, 0.8411920f, 2.9963627f};
-  for (int i = 0; i < 5; ++i) EXPECT_NEAR(y[i], want[i], 1e-6) << x[i];
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NEAR(y[i], want[i], loom::testing::ClosedFormF32(want[i])) << x[i];
 }
 
 TEST(GeluTest, BackwardMatchesFiniteDifferences) {
@@ -40,7 +42,8 @@ TEST(SwiGluTest, IsSiluOfGateTimesUp) {
   float y[3];
   swiglu_forward(y, gate, up, 3);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_NEAR(y[i], gate[i] / (1.0 + std::exp(-gate[i])) * up[i], 1e-6);
+    const double want = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+    EXPECT_NEAR(y[i], want, loom::testing::ClosedFormF32(want));
   }
 }
 

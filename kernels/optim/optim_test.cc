@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 
 namespace loom::kernels {
 namespace {
@@ -14,9 +15,9 @@ TEST(AdamWTest, FirstStepMovesEachParameterByLrTimesSign) {
   AdamWConfig c;
   c.lr = 0.1f;
   adamw_update(p.data(), g.data(), m.data(), v.data(), 3, c, 1);
-  EXPECT_NEAR(p[0], 0.9f, 1e-6);
-  EXPECT_NEAR(p[1], -1.9f, 1e-6);
-  EXPECT_NEAR(p[2], 0.5f, 1e-6);
+  EXPECT_NEAR(p[0], 0.9f, loom::testing::ClosedFormF32(0.9));
+  EXPECT_NEAR(p[1], -1.9f, loom::testing::ClosedFormF32(1.9));
+  EXPECT_NEAR(p[2], 0.5f, loom::testing::ClosedFormF32(0.5));
 }
 
 TEST(AdamWTest, TwoStepsMatchTheFormulaWithDecoupledDecay) {
@@ -40,18 +41,18 @@ TEST(AdamWTest, TwoStepsMatchTheFormulaWithDecoupledDecay) {
     Vv = 0.99 * Vv + 0.01 * g * g;
     P -= 0.01 * (M / (1 - std::pow(0.9, t))) / (std::sqrt(Vv / (1 - std::pow(0.99, t))) + 1e-8);
   }
-  EXPECT_NEAR(p, P, 1e-6);
+  EXPECT_NEAR(p, P, loom::testing::ClosedFormF32(P));
 }
 
 TEST(ClipTest, ScalesDownOnlyAboveTheMaximum) {
   std::vector<float> a = {3.0f, 0.0f}, b = {4.0f};
   std::vector<GradSpan> grads = {{a.data(), 2}, {b.data(), 1}};
-  EXPECT_NEAR(global_norm(grads), 5.0, 1e-12);
-  EXPECT_NEAR(clip_global_norm(grads, 10.0), 5.0, 1e-12);
+  EXPECT_NEAR(global_norm(grads), 5.0, loom::testing::ClosedFormF64(5.0));
+  EXPECT_NEAR(clip_global_norm(grads, 10.0), 5.0, loom::testing::ClosedFormF64(5.0));
   EXPECT_EQ(a[0], 3.0f);  // below the maximum: untouched
-  EXPECT_NEAR(clip_global_norm(grads, 1.0), 5.0, 1e-12);
-  EXPECT_NEAR(global_norm(grads), 1.0, 1e-6);
-  EXPECT_NEAR(a[0] / b[0], 0.75, 1e-6);  // direction kept
+  EXPECT_NEAR(clip_global_norm(grads, 1.0), 5.0, loom::testing::ClosedFormF64(5.0));
+  EXPECT_NEAR(global_norm(grads), 1.0, loom::testing::ClosedFormF32(1.0));
+  EXPECT_NEAR(a[0] / b[0], 0.75, loom::testing::ClosedFormF32(0.75));  // direction kept
 }
 
 }  // namespace

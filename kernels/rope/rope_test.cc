@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gradcheck.h"
+#include "kernels/testing/tolerances.h"
 
 namespace loom::kernels {
 namespace {
@@ -37,8 +38,9 @@ TEST(RopeTest, ScoresDependOnlyOnRelativePosition) {
     for (int d = 0; d < HD; ++d) dot += x[d] * x[3 * C + C + d];  // q of row 0, k of row 1
     return dot;
   };
-  EXPECT_NEAR(score(3, 1), score(10, 8), 1e-4);
-  EXPECT_NEAR(score(0, 4), score(7, 11), 1e-4);
+  const loom::testing::Tolerance t = loom::testing::kRotationInvarianceF32;
+  EXPECT_NEAR(score(3, 1), score(10, 8), t.atol + t.rtol * std::abs(score(3, 1))) << t.reason;
+  EXPECT_NEAR(score(0, 4), score(7, 11), t.atol + t.rtol * std::abs(score(0, 4))) << t.reason;
 }
 
 TEST(RopeTest, BackwardMatchesFiniteDifferences) {

@@ -14,11 +14,43 @@ struct Tolerance {
   const char* reason;
 };
 
+// |got - want| that `t` allows for a wanted value.
+constexpr double Allowed(const Tolerance& t, double want) {
+  return t.atol + t.rtol * (want < 0 ? -want : want);
+}
+
 // Fast (blocked, vectorised) CPU kernel against its plain reference, fp32.
 inline constexpr Tolerance kFastVsReferenceF32 = {
     1e-5, 1e-5,
     "fp32 sums of up to ~1e3 terms of O(1) values taken in another order (BLAS blocks and "
     "vectorises K): rounding grows like sqrt(K)*eps(6e-8)*|terms| ~ 2e-6 relative"};
+
+// An fp32 kernel's few operations on O(1) values against the closed form in
+// double, or a constant printed to 7 significant digits.
+inline constexpr Tolerance kClosedFormF32 = {
+    1e-6, 1e-6,
+    "a few fp32 roundings (eps 6e-8) of values up to ~4, plus 5e-8 for 7-digit constants: "
+    "~1e-6 at most; a wrong formula (a missing bias correction, erf vs tanh GELU) is >= 1e-4"};
+
+// Double arithmetic on a few O(1) values against the exact closed form.
+inline constexpr Tolerance kClosedFormF64 = {
+    1e-12, 1e-12,
+    "a few double roundings (eps 1.1e-16) of O(1) values: ~1e-15; 1e-12 leaves 1000x margin"};
+
+// A normalisation's output statistics (mean 0, variance or RMS 1) over a row
+// of C fp32 values, with eps added to the variance.
+inline constexpr Tolerance kNormStatisticsF32 = {
+    1e-5, 1e-3,
+    "fp32 output summed over C <= 64 values (~1e-6 rounding), and eps = 1e-5 in the "
+    "denominator shifts a variance of ~3-25 by eps/var <= 3.3e-6 relative (layer norm: 1 - "
+    "var/(var+eps)); 1e-3 relative is loose for that but a missing mean or wrong divisor is O(1)"};
+
+// A rotation applied in fp32 and scored by a dot product of 8 values: the
+// score depends only on the relative position (RoPE's defining property).
+inline constexpr Tolerance kRotationInvarianceF32 = {
+    1e-5, 1e-5,
+    "sin/cos of angles up to ~11 rad in fp32 (~1e-6 each) through a dot product of 8 O(1) "
+    "terms: ~1e-6; a wrong frequency or pairing changes the score by O(1e-1)"};
 
 // Analytic gradient against central finite differences of an fp32 kernel.
 inline constexpr Tolerance kFiniteDifferenceF32 = {
@@ -107,6 +139,15 @@ inline constexpr Tolerance kSameSumOtherOrderF64 = {
     0, 1e-12,
     "the same doubles added in another order: up to ~100 terms, each rounding <= 1.1e-16 "
     "relative, so <= ~1e-14; 1e-12 cannot hide a different assignment (costs differ by >1e-6)"};
+
+// An ILP solution from COIN-OR CBC against its known optimum.
+inline constexpr Tolerance kIlpSolver = {
+    1e-6, 1e-6,
+    "CBC accepts a solution within its integrality and primal tolerances (1e-7 and 1e-6 by "
+    "default) of the constraints, so its C can be that far above the true maximum bin"};
+
+inline double ClosedFormF32(double want) { return Allowed(kClosedFormF32, want); }
+inline double ClosedFormF64(double want) { return Allowed(kClosedFormF64, want); }
 
 }  // namespace loom::testing
 

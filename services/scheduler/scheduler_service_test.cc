@@ -5,6 +5,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
 #include "runtime/base/test_paths.h"
 #include "runtime/data/datagen.h"
@@ -237,7 +238,7 @@ TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {
     }
     EXPECT_EQ(got, expected);
     EXPECT_EQ(a.summary().algorithm(), "loom");
-    EXPECT_GE(a.summary().llm().max_over_lower_bound(), 1.0 - 1e-9);
+    EXPECT_GE(a.summary().llm().max_over_lower_bound(), 1.0 - testing::ClosedFormF64(1.0));
   }
   scheduler::v1::Assignment a;
   EXPECT_EQ(Assignment(-1, &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);

@@ -1,6 +1,7 @@
 #include "services/scheduler/simulate.h"
 
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 
 namespace loom::sched {
 namespace {
@@ -25,7 +26,7 @@ TEST(SimulateTest, OneBinIsTheSumOfItsParts) {
   auto r = SimulateIteration({Bin(0, 0, 0, 3, 6, 1)}, o);
   ASSERT_TRUE(r.ok()) << r.status();
   // enc F 1, transfer 1, LLM F 2 + B 4 -> 8, transfer 1, enc B 2 -> 11, + 0.25.
-  EXPECT_NEAR(r->iteration_seconds, 11.25, 1e-12);
+  EXPECT_NEAR(r->iteration_seconds, 11.25, testing::ClosedFormF64(11.25));
 }
 
 // Uniform microbatches through p LLM stages in 1F1B: (m + p - 1)(F + B).
@@ -37,8 +38,9 @@ TEST(SimulateTest, OneFOneBMakespanOfUniformMicrobatches) {
   for (int j = 0; j < 8; ++j) bins.push_back(Bin(0, j, 0, 0, 12));  // F 1, B 2 per stage
   auto r = SimulateIteration(bins, o);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_NEAR(r->iteration_seconds, (8 + 4 - 1) * 3.0, 1e-9);
-  EXPECT_NEAR(r->llm_utilization, 8 * 12.0 / (33.0 * 4), 1e-9);
+  EXPECT_NEAR(r->iteration_seconds, (8 + 4 - 1) * 3.0, testing::ClosedFormF64((8 + 4 - 1) * 3.0));
+  EXPECT_NEAR(r->llm_utilization, 8 * 12.0 / (33.0 * 4),
+              testing::ClosedFormF64(8 * 12.0 / (33.0 * 4)));
 }
 
 // The slowest DP rank sets the iteration: balancing bins shortens it.
@@ -52,8 +54,8 @@ TEST(SimulateTest, ImbalanceAcrossRanksCosts) {
   auto even = SimulateIteration(
       {Bin(0, 0, 0, 0, 6), Bin(0, 1, 0, 0, 3), Bin(1, 0, 1, 0, 3), Bin(1, 1, 1, 0, 6)}, o);
   ASSERT_TRUE(skewed.ok() && even.ok());
-  EXPECT_NEAR(skewed->iteration_seconds, 12, 1e-9);
-  EXPECT_NEAR(even->iteration_seconds, 9, 1e-9);
+  EXPECT_NEAR(skewed->iteration_seconds, 12, testing::ClosedFormF64(12));
+  EXPECT_NEAR(even->iteration_seconds, 9, testing::ClosedFormF64(9));
 }
 
 // An encoder shared by two LLM ranks serialises their encoder work.
@@ -65,7 +67,7 @@ TEST(SimulateTest, SharedEncoderRankSerialises) {
   ASSERT_TRUE(r.ok());
   // enc F 1, 1 (ends 2); rank 1 LLM 2..5; enc B of rank 0's bin at 4..6, then
   // rank 1's at 6..8.
-  EXPECT_NEAR(r->iteration_seconds, 8, 1e-9);
+  EXPECT_NEAR(r->iteration_seconds, 8, testing::ClosedFormF64(8));
 }
 
 TEST(SimulateTest, RejectsBinsOutsideThePlan) {
