@@ -300,6 +300,7 @@ int main(int argc, char** argv) {
   o.base_port = absl::GetFlag(FLAGS_base_port);
   o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
   o.job = job;
+  if (absl::GetFlag(FLAGS_resume_step) < 0) return Fail("--resume_step: must be >= 0");
   if (absl::GetFlag(FLAGS_resume) || absl::GetFlag(FLAGS_resume_step) > 0) {
     absl::StatusOr<int64_t> step = loom::ResumableStep(
         job.checkpoint().dir(), loom::JobCheckpointIdentity(job), absl::GetFlag(FLAGS_resume_step));

@@ -37,7 +37,9 @@ std::string RunfilesRoot() {
 
 std::string ExportRunfilesDir() {
   const std::string root = RunfilesRoot();
-  if (!root.empty()) ::setenv("RUNFILES_DIR", root.c_str(), /*overwrite=*/0);
+  // Overwrites a RUNFILES_DIR that is not a folder (RunfilesRoot passed it
+  // over), so children see the same root this program uses.
+  if (!root.empty()) ::setenv("RUNFILES_DIR", root.c_str(), /*overwrite=*/1);
   return root;
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -54,10 +55,15 @@ absl::Status RemoveTree(const std::string& path) {
 
 absl::Status SyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0)
+  if (fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open ", dir, ": ", std::strerror(errno)));
-  ::fsync(fd);
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("cannot fsync ", dir, ": ", std::strerror(err)));
+  }
   return absl::OkStatus();
 }
 
@@ -104,10 +110,6 @@ absl::StatusOr<CheckpointRun> StartCheckpointRun(const std::string& dir,
   run.id = absl::StrFormat("%08x%08x", rd(), rd());
   run.identity = identity;
   if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
-  if (absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kRunFile), RunText(run));
-      !s.ok()) {
-    return s;
-  }
   return run;
 }
 
@@ -140,22 +142,32 @@ absl::Status CommitCheckpointStep(const std::string& dir, int64_t step, const Ch
       !s.ok()) {
     return s;
   }
-  // An existing step N (an older run's, or this step written again) goes
-  // aside first: rename() cannot replace a non-empty folder.
-  if (::stat(final_dir.c_str(), &st) == 0) {
-    const std::string old = absl::StrCat(final_dir, ".replaced");
-    if (absl::Status s = RemoveTree(old); !s.ok()) return s;
-    if (::rename(final_dir.c_str(), old.c_str()) != 0) {
-      return absl::InternalError(
-          absl::StrCat("cannot move ", final_dir, " aside: ", std::strerror(errno)));
+  // The folder is this run's from its first complete step on. RUN first: a
+  // crash before the step appears leaves a run with no step yet, which a
+  // resume refuses by name, rather than an older run silently resumed.
+  absl::StatusOr<CheckpointRun> current = ReadCheckpointRun(dir);
+  if (!current.ok() || current->id != run.id) {
+    if (absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kRunFile), RunText(run));
+        !s.ok()) {
+      return s;
     }
-    if (absl::Status s = RemoveTree(old); !s.ok()) return s;
   }
-  if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
+  if (::stat(final_dir.c_str(), &st) != 0) {
+    if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
+      return absl::InternalError(
+          absl::StrCat("cannot rename ", partial, " to ", final_dir, ": ", std::strerror(errno)));
+    }
+    return SyncDir(dir);
+  }
+  // An existing step N (an older run's, or this step written again): one
+  // atomic exchange, so a step N is visible at every moment; the old one,
+  // now under the partial name, is removed after.
+  if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
     return absl::InternalError(
-        absl::StrCat("cannot rename ", partial, " to ", final_dir, ": ", std::strerror(errno)));
+        absl::StrCat("cannot exchange ", partial, " and ", final_dir, ": ", std::strerror(errno)));
   }
-  return SyncDir(dir);
+  if (absl::Status s = SyncDir(dir); !s.ok()) return s;
+  return RemoveTree(partial);
 }
 
 absl::StatusOr<int64_t> ResumableStep(const std::string& dir, const std::string& identity,
@@ -173,10 +185,13 @@ absl::StatusOr<int64_t> ResumableStep(const std::string& dir, const std::string&
     }
   }
   if (want > 0 && steps.count(want) > 0 && steps.at(want).run != run->id) {
+    const std::string& owner = steps.at(want).run;
     return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", StepDir(dir, want), " belongs to run ", steps.at(want).run,
+        absl::StrCat("checkpoint ", StepDir(dir, want), " ",
+                     owner.empty() ? "names no run (written before checkpoints had runs)"
+                                   : absl::StrCat("belongs to run ", owner),
                      ", not to run ", run->id, " that ", dir, "/", kRunFile,
-                     " names (a later fresh run started in this folder)"));
+                     " names (a later fresh run checkpointed in this folder)"));
   }
   if (pick == nullptr) {
     std::string what = want > 0 ? absl::StrCat("no complete step ", want) : "no complete step";

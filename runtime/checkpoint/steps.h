@@ -2,7 +2,9 @@
 // job (workers write module files, loom-scheduler completes the step):
 //
 //   DIR/RUN                 the run this folder belongs to: written when a
-//                           fresh run starts (replacing an earlier run's)
+//                           fresh run commits its first step (replacing an
+//                           earlier run's), so a fresh start that never
+//                           checkpoints orphans nothing
 //   DIR/step-<N>.partial/   step N being written; invisible to a resume
 //   DIR/step-<N>/           step N, complete: COMPLETE names its run and the
 //                           job's checkpoint identity; it appears only whole,
@@ -42,7 +44,8 @@ std::string StepDir(const std::string& dir, int64_t step);
 // complete.
 std::string PartialStepDir(const std::string& dir, int64_t step);
 
-// A fresh run: a new id, written to DIR/RUN (DIR is created).
+// A fresh run: a new id (DIR is created). The folder becomes the run's at
+// its first CommitCheckpointStep.
 absl::StatusOr<CheckpointRun> StartCheckpointRun(const std::string& dir,
                                                  const std::string& identity);
 
@@ -54,8 +57,9 @@ absl::StatusOr<CheckpointRun> ReadCheckpointRun(const std::string& dir);
 absl::Status BeginCheckpointStep(const std::string& dir, int64_t step);
 
 // Completes step N: COMPLETE (step, run, identity) into the partial folder,
-// then the folder is renamed to DIR/step-<N>, replacing an existing one (an
-// older run's). FAILED_PRECONDITION if the partial folder does not exist.
+// DIR/RUN set to `run` if it names another, then the partial folder and
+// DIR/step-<N> are exchanged atomically (an existing step N, an older run's,
+// is removed after). FAILED_PRECONDITION if the partial folder does not exist.
 absl::Status CommitCheckpointStep(const std::string& dir, int64_t step, const CheckpointRun& run);
 
 // The step a resume continues after: `want` if > 0, else the newest complete

@@ -53,6 +53,7 @@ TEST(StepsTest, AnInterruptedWriteLeavesNothingBehind) {
 
 // The case: run A reached step 20; a fresh run B in the same folder
 // stops at step 10. Resuming must continue B at 10, never A's 20, and say so.
+// A fresh start that never checkpointed takes nothing away from A.
 TEST(StepsTest, AFreshRunNeverResumesAnOlderRunsStep) {
   const std::string dir = testing::TempPath("reused");
   absl::StatusOr<CheckpointRun> a = StartCheckpointRun(dir, "id");
@@ -62,17 +63,20 @@ TEST(StepsTest, AFreshRunNeverResumesAnOlderRunsStep) {
   absl::StatusOr<CheckpointRun> b = StartCheckpointRun(dir, "id");
   ASSERT_TRUE(b.ok());
   ASSERT_NE(a->id, b->id);
-  absl::StatusOr<int64_t> none = ResumableStep(dir, "id");
-  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(none.status().message().find("20 (run " + a->id + ")"), std::string::npos)
-      << none.status();
-  WriteStep(dir, 10, *b, "b10");  // replaces A's step 10
+  EXPECT_EQ(*ResumableStep(dir, "id"), 20) << "B has no step yet: the folder is still A's";
+  WriteStep(dir, 10, *b, "b10");  // B's first step: the folder is B's; A's step 10 replaced
+  EXPECT_EQ(ReadCheckpointRun(dir)->id, b->id);
   EXPECT_EQ(*ResumableStep(dir, "id"), 10);
   EXPECT_EQ(*ReadFile(StepDir(dir, 10) + "/part"), "b10");
+  EXPECT_FALSE(Exists(PartialStepDir(dir, 10))) << "the replaced step is removed";
   absl::StatusOr<int64_t> old = ResumableStep(dir, "id", 20);
   EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(old.status().message().find("belongs to run " + a->id), std::string::npos)
       << old.status();
+  absl::StatusOr<int64_t> none = ResumableStep(dir, "id", 15);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("20 (run " + a->id + ")"), std::string::npos)
+      << none.status();
   EXPECT_EQ(*ResumableStep(dir, "id", 10), 10);
 }
 

@@ -1,5 +1,7 @@
 #include "services/preprocess/data_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "services/common/grpc_status.h"
 
@@ -51,6 +53,22 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect) {
       return absl::DataLossError(
           absl::StrCat("FetchSamples: inconsistent descriptor for ", t.key()));
+    }
+    if (model_) {  // before allocating what the sender asks for
+      Sample shape;
+      shape.num_tiles = t.num_tiles();
+      shape.tokens.resize(std::min<size_t>(t.num_tokens(), model_->llm.max_seq + 1));
+      if (t.num_tiles() > 0 && t.tile_size() != model_->vit.tile_size) {
+        return CheckSampleFits(shape, t.tile_size(), true, *model_, t.key());
+      }
+      if (t.num_tokens() > model_->llm.max_seq ||
+          static_cast<int64_t>(t.num_tiles()) * model_->tokens_per_tile() > t.num_tokens()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sample ", t.key(), " from loom-preprocess does not fit model ", model_->name, ": ",
+            t.num_tiles(), " tiles and ", t.num_tokens(), " tokens (the model takes at most ",
+            model_->llm.max_seq, " tokens, ", model_->tokens_per_tile(),
+            " per tile); is loom-preprocess running with --config=", model_->name, "?"));
+      }
     }
     out[k].num_tiles = t.num_tiles();
     out[k].tiles.resize(static_cast<size_t>(t.tiles_bytes() / 4));

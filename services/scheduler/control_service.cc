@@ -45,6 +45,10 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   }
   o.plan = std::move(*plan);
   const std::string& ckpt = o.job.checkpoint().dir();
+  if (spec.resume_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job.resume_step: must be >= 0, got ", spec.resume_step()));
+  }
   if (spec.resume() || spec.resume_step() > 0) {
     absl::StatusOr<int64_t> step =
         ResumableStep(ckpt, JobCheckpointIdentity(o.job), spec.resume_step());

@@ -1,7 +1,7 @@
 // loomctl: drives a Loom job through loom-scheduler's control API
 // (loom.control.v1). Every call carries a deadline (--timeout).
 //
-//   loomctl submit JOB_FILE [--resume] [--watch]
+//   loomctl submit JOB_FILE [--resume | --resume_step N] [--watch]
 //   loomctl get|watch|pause|resume|checkpoint|cancel JOB_ID [--reason TEXT]
 //
 // The scheduler is --scheduler HOST:PORT, else $LOOM_SCHEDULER, else the
@@ -29,7 +29,11 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each call.");
 ABSL_FLAG(absl::Duration, watch_timeout, absl::Hours(24 * 365),
           "How long `watch` (and `submit --watch`) follows the job.");
 ABSL_FLAG(bool, json, false, "Print jobs and events as JSON, one per line.");
-ABSL_FLAG(bool, resume, false, "submit: continue after the job's newest complete checkpoint.");
+ABSL_FLAG(bool, resume, false,
+          "submit: continue after the newest complete checkpoint of the job's run.");
+ABSL_FLAG(int64_t, resume_step, 0,
+          "submit: continue after this complete checkpoint step of the job's run (the step "
+          "loom-preprocess was started from).");
 ABSL_FLAG(bool, watch, false, "submit: then follow the job until it ends.");
 ABSL_FLAG(std::string, reason, "", "cancel: why (kept in the job's message).");
 ABSL_FLAG(std::string, run_dir, ".loom/run",
@@ -39,13 +43,15 @@ namespace {
 
 constexpr char kUsage[] =
     "loomctl: drive a Loom job through loom-scheduler's control API.\n"
-    "  loomctl submit JOB_FILE [--resume] [--watch]   (JSON or text loom.job.v1.JobConfig)\n"
+    "  loomctl submit JOB_FILE [--resume | --resume_step N] [--watch]   (JSON or text "
+    "loom.job.v1.JobConfig)\n"
     "  loomctl validate JOB_FILE    (offline: print the job with defaults, or what is wrong)\n"
     "  loomctl get JOB_ID\n"
     "  loomctl watch JOB_ID         (steps, checkpoints, state changes until the job ends)\n"
     "  loomctl pause JOB_ID | resume JOB_ID | checkpoint JOB_ID\n"
     "  loomctl cancel JOB_ID [--reason TEXT]\n"
-    "Flags: --scheduler HOST:PORT --timeout --watch_timeout --json --resume --watch --reason "
+    "Flags: --scheduler HOST:PORT --timeout --watch_timeout --json --resume --resume_step --watch "
+    "--reason "
     "--run_dir";
 
 std::string Json(const google::protobuf::Message& m) {
@@ -159,6 +165,7 @@ int main(int argc, char** argv) {
     loom::control::v1::JobSpec spec;
     *spec.mutable_config() = *config;
     spec.set_resume(absl::GetFlag(FLAGS_resume));
+    spec.set_resume_step(absl::GetFlag(FLAGS_resume_step));
     job = client.Submit(spec);
     if (job.ok() && absl::GetFlag(FLAGS_watch)) {
       PrintJob(*job);

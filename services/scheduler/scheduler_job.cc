@@ -35,7 +35,7 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   j.set_message(job_message_);
   j.set_submit_time_seconds(submit_time_);
   j.set_assigned_iterations(std::max(newest_ + 1, options_.start_iteration));
-  j.set_paused_requests(paused_requests_);
+  j.set_paused_requests(state_ == control::v1::JOB_STATE_PAUSED ? paused_requests_ : 0);
   return j;
 }
 
@@ -141,9 +141,20 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CheckpointJob(const std::
     return absl::FailedPreconditionError(absl::StrCat(
         "job \"", job_id, "\" is ", JobStateName(state_), "; only a RUNNING job can checkpoint"));
   }
-  checkpoint_requested_ = true;
+  if (marking_step_ > 0) {  // a mark is being placed right now: it serves this request
+    *step = marking_step_;
+    return JobLocked();
+  }
   // The mark goes on the next iteration computed; the checkpoint follows it.
-  *step = std::max(newest_ + 1, options_.start_iteration) + 1;
+  const int64_t next = std::max(newest_ + 1, options_.start_iteration);
+  const int64_t end = options_.job.train().steps();
+  if (end > 0 && next >= end) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" has handed out its last iteration (", end,
+                     "); its final checkpoint, if any, is already on its way"));
+  }
+  checkpoint_requested_ = true;
+  *step = next + 1;
   return JobLocked();
 }
 

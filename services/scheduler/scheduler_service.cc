@@ -260,10 +260,11 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
     // worker of an iteration gets it); a new one waits out a pause and is
     // refused once the job was stopped.
     absl::MutexLock lock(&mu_);
-    if (state_ == control::v1::JOB_STATE_PAUSED) ++paused_requests_;
+    ++paused_requests_;  // held by the pause while it waits here
     while (state_ == control::v1::JOB_STATE_PAUSED && absl::Now() < deadline) {
       changed_.WaitWithDeadline(&mu_, deadline);
     }
+    --paused_requests_;
     if (stop_at_ >= 0 && iteration >= stop_at_) {
       return absl::OutOfRangeError(
           absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_));
@@ -309,22 +310,37 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
   assignments_->Increment();
   llm_imbalance_->Set(computed->assignment.summary().llm().max_over_lower_bound());
   encoder_imbalance_->Set(computed->assignment.summary().encoder().max_over_lower_bound());
+  bool mark = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const int every = options_.job.checkpoint().every();
+    mark = checkpoint_requested_ || (every > 0 && (iteration + 1) % every == 0);
+    checkpoint_requested_ = false;
+    if (mark) marking_step_ = iteration + 1;  // a CheckpointJob now gets this step
+  }
+  if (mark) {
+    // Before any worker can see the mark, outside the main lock (compute_mu_
+    // still serialises this): an empty partial folder for the step, dropping
+    // whatever an interrupted earlier write of it left.
+    if (absl::Status s = BeginCheckpointStep(options_.job.checkpoint().dir(), iteration + 1);
+        !s.ok()) {
+      absl::MutexLock lock(&mu_);
+      marking_step_ = 0;
+      job_message_ = absl::StrCat("checkpoint ", iteration + 1, " cannot start: ", s.message());
+      stop_at_ = newest_ + 1;
+      SetStateLocked(control::v1::JOB_STATE_FAILED);
+      return s;
+    }
+  }
   absl::MutexLock lock(&mu_);
+  marking_step_ = 0;
   if (stop_at_ >= 0 && iteration >= stop_at_) {  // stopped while computing
     return absl::OutOfRangeError(
         absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_));
   }
-  const int every = options_.job.checkpoint().every();
-  if (checkpoint_requested_ || (every > 0 && (iteration + 1) % every == 0)) {
-    // Before any worker can see the mark: an empty partial folder for the
-    // step (whatever an interrupted earlier write of it left is dropped).
-    if (absl::Status s = BeginCheckpointStep(options_.job.checkpoint().dir(), iteration + 1);
-        !s.ok()) {
-      return s;
-    }
+  if (mark) {
     computed->assignment.set_checkpoint(true);
     checkpoint_steps_.insert(iteration + 1);
-    checkpoint_requested_ = false;
   }
   assignments_by_iteration_[iteration] = computed;
   newest_ = std::max(newest_, iteration);

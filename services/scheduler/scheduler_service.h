@@ -158,7 +158,12 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::map<std::pair<int, int>, scheduler::v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);
   int64_t newest_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t paused_requests_ ABSL_GUARDED_BY(mu_) = 0;  // Job.paused_requests
+  // Requests for a new iteration waiting in AssignmentFor now; while paused,
+  // Job.paused_requests (the calls held by the pause).
+  int64_t paused_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  // The step an assignment being computed will carry the checkpoint mark
+  // for (0: none), from the decision until it is published.
+  int64_t marking_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<sched::CostModel> costs_ ABSL_GUARDED_BY(mu_);
   std::deque<scheduler::v1::StepReport> steps_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::set<std::pair<int, int>>> checkpoint_parts_ ABSL_GUARDED_BY(mu_);

@@ -540,8 +540,9 @@ void TrainingWorker::Announce(const absl::Status& result) {
 
 void TrainingWorker::Finish(absl::Status result) {
   Impl& m = *impl_;
-  // Once asked to stop, a failed call means a peer stopped first.
-  if (m.stop.load()) result = absl::OkStatus();
+  // Once asked to stop, a failed call means a peer stopped first; unless the
+  // stop is this worker's own failure (Announce raised the SIGTERM).
+  if (m.stop.load() && !announced_.load()) result = absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
     status_ = result;

@@ -76,6 +76,8 @@ class TrainingWorker {
 
   // Set once the thread ended by itself (the job's last step, or an error).
   bool finished() const { return finished_.load(); }
+  // Set once the thread failed on its own error (logged, SIGTERM raised).
+  bool failed() const { return announced_.load(); }
   absl::Status status() const;
 
   struct Impl;

@@ -80,7 +80,7 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
   if (s.code() == absl::StatusCode::kDeadlineExceeded) {
     LOOM_LOG(WARNING) << "training thread still blocked; exiting without it";
     std::fflush(nullptr);
-    _exit(0);
+    _exit(worker->failed() ? 1 : 0);  // a worker that failed exits non-zero either way
   }
   if (!s.ok()) {
     std::fprintf(stderr, "%s: %s\n", b.name, std::string(s.message()).c_str());
