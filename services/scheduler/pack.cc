@@ -193,14 +193,24 @@ void Lpt(const std::vector<int>& items, const std::vector<double>& size, std::ve
 
 }  // namespace
 
-Normalized CommonScale(const std::vector<SampleLoad>& samples, int bins) {
-  double te = 0, tl = 0;
+namespace {
+struct Totals {
+  double e = 0, l = 0;
+};
+Totals TotalsOf(const std::vector<SampleLoad>& samples) {
+  Totals t;
   for (const SampleLoad& s : samples) {
-    te += s.encoder;
-    tl += s.llm;
+    t.e += s.encoder;
+    t.l += s.llm;
   }
+  return t;
+}
+}  // namespace
+
+Normalized CommonScale(const std::vector<SampleLoad>& samples, int bins) {
+  const Totals t = TotalsOf(samples);
   Normalized n;
-  const double mean = std::max(te, tl) / bins;
+  const double mean = std::max(t.e, t.l) / bins;
   n.scale = mean > 0 ? mean : 1.0;
   for (const SampleLoad& s : samples) {
     n.e.push_back(s.encoder / n.scale);
@@ -210,22 +220,15 @@ Normalized CommonScale(const std::vector<SampleLoad>& samples, int bins) {
 }
 
 Normalized Normalize(const std::vector<SampleLoad>& samples, int bins) {
-  double te = 0, tl = 0;
-  for (const SampleLoad& s : samples) {
-    te += s.encoder;
-    tl += s.llm;
-  }
+  const Totals t = TotalsOf(samples);
   Normalized n;
-  n.e.resize(samples.size());
-  n.l.resize(samples.size());
-  for (size_t i = 0; i < samples.size(); ++i) {
-    n.e[i] = te > 0 ? samples[i].encoder * bins / te : 0;
-    n.l[i] = tl > 0 ? samples[i].llm * bins / tl : 0;
+  for (const SampleLoad& s : samples) {
+    n.e.push_back(t.e > 0 ? s.encoder * bins / t.e : 0);
+    n.l.push_back(t.l > 0 ? s.llm * bins / t.l : 0);
   }
   return n;
 }
 
-// Sample indices sorted by decreasing key, ties by index.
 std::vector<int> ByDecreasing(const std::vector<double>& key) {
   std::vector<int> order(key.size());
   std::iota(order.begin(), order.end(), 0);
