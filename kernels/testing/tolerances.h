@@ -106,6 +106,15 @@ inline constexpr Tolerance kGoldenLosses = {
     "ten AdamW steps compound the per-step differences above; Adam's normalisation amplifies "
     "differences on near-zero gradients, so allow 1e-4 relative on the loss"};
 
+// A tensor-parallel layer (runtime/parallel) against the same layer on one
+// device: the contraction over K is split into tp partial sums that the
+// all-reduce adds, so only the order of fp32 additions differs.
+inline constexpr Tolerance kTensorParallelF32 = {
+    1e-6, 1e-5,
+    "K <= 16 products of O(1) values summed in tp parts then all-reduced: each partial sum and "
+    "the reduction round at eps 6e-8 of values up to ~5, ~1e-6 absolute at most; a missing or "
+    "doubled all-reduce, or a wrong slice, is O(1e-1)"};
+
 // A Gloo allreduce (ring, fp32) of N ranks' vectors against their sum in
 // rank order (runtime/comm).
 inline constexpr Tolerance kAllreduceSumF32 = {

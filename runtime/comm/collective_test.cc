@@ -6,31 +6,12 @@
 
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
+#include "runtime/comm/comm_testing.h"
 
 namespace loom {
 namespace {
 
-// Runs `fn(rank)` on `size` threads, each with its own communicator.
-template <typename Fn>
-void OnRanks(int size, const std::string& prefix, InMemoryStore* store, Fn fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.prefix = prefix;
-      o.rank = r;
-      o.size = size;
-      o.host = "127.0.0.1";
-      o.timeout = absl::Seconds(20);
-      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(store, o);
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      EXPECT_EQ((*comm)->rank(), r);
-      EXPECT_EQ((*comm)->size(), size);
-      fn(r, comm->get());
-    });
-  }
-  for (std::thread& t : threads) t.join();
-}
+using testing::OnRanks;
 
 TEST(Gloo, AllreduceSumsAndEveryRankGetsTheSameBits) {
   for (int size : {1, 2, 3}) {
