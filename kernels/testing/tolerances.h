@@ -115,6 +115,15 @@ inline constexpr Tolerance kTensorParallelF32 = {
     "the reduction round at eps 6e-8 of values up to ~5, ~1e-6 absolute at most; a missing or "
     "doubled all-reduce, or a wrong slice, is O(1e-1)"};
 
+// A whole module (the ViT, the LLM: two layers, vocab-parallel loss) split
+// over tp ranks against the module on one rank.
+inline constexpr Tolerance kTensorParallelModelF32 = {
+    1e-6, 1e-4,
+    "every row-parallel output, every column-parallel input gradient and the softmax sums are "
+    "added in tp parts then all-reduced: a few fp32 roundings per layer that LayerNorm/RMSNorm "
+    "backward and attention's softmax amplify on small, cancelling gradients (1e-5 relative "
+    "seen on the smallest); a missing all-reduce, a doubled bias or a wrong slice is >1e-2"};
+
 // A Gloo allreduce (ring, fp32) of N ranks' vectors against their sum in
 // rank order (runtime/comm).
 inline constexpr Tolerance kAllreduceSumF32 = {

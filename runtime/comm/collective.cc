@@ -68,18 +68,25 @@ class GlooCommunicator final : public Communicator {
       : context_(std::move(context)), timeout_(timeout) {}
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
-  absl::Status AllreduceSum(float* data, int64_t n) override { return Allreduce(data, n); }
-  absl::Status AllreduceSum(double* data, int64_t n) override { return Allreduce(data, n); }
+  absl::Status AllreduceSum(float* data, int64_t n) override {
+    return Allreduce(data, n, &gloo::sum<float>);
+  }
+  absl::Status AllreduceSum(double* data, int64_t n) override {
+    return Allreduce(data, n, &gloo::sum<double>);
+  }
+  absl::Status AllreduceMax(float* data, int64_t n) override {
+    return Allreduce(data, n, &gloo::max<float>);
+  }
 
  private:
   template <typename T>
-  absl::Status Allreduce(T* data, int64_t n) {
+  absl::Status Allreduce(T* data, int64_t n,
+                         void (*reduce)(void*, const void*, const void*, size_t)) {
     if (size() == 1 || n == 0) return absl::OkStatus();
     try {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, static_cast<size_t>(n));
-      opts.setReduceFunction(
-          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+      opts.setReduceFunction(reduce);
       opts.setTag(tag_++);
       opts.setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
       gloo::allreduce(opts);

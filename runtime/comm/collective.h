@@ -53,6 +53,8 @@ class Communicator {
   // timeout) leaves `data` unspecified and the communicator unusable.
   virtual absl::Status AllreduceSum(float* data, int64_t n) = 0;
   virtual absl::Status AllreduceSum(double* data, int64_t n) = 0;
+  // In place: data[i] = max over ranks of data[i] (vocab-parallel softmax).
+  virtual absl::Status AllreduceMax(float* data, int64_t n) = 0;
 };
 
 struct GlooOptions {

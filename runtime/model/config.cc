@@ -82,6 +82,30 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateTensorParallel(const ModelConfig& c, int encoder_tp, int llm_tp) {
+  struct Split {
+    const char* field;
+    int tp;
+    const char* what;
+    int n;
+  };
+  const Split splits[] = {
+      {"encoder_tp", encoder_tp, "ViT heads", c.vit.heads},
+      {"encoder_tp", encoder_tp, "ViT mlp_hidden", c.vit.mlp_hidden},
+      {"llm_tp", llm_tp, "LLM heads", c.llm.heads},
+      {"llm_tp", llm_tp, "LLM ffn_hidden", c.llm.ffn_hidden},
+      {"llm_tp", llm_tp, "LLM vocab", c.llm.vocab},
+  };
+  for (const Split& s : splits) {
+    if (s.tp < 1) return absl::InvalidArgumentError(absl::StrCat(s.field, ": must be >= 1"));
+    if (s.n % s.tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(s.field, ": ", s.tp, " does not divide the ",
+                                                     s.what, " (", s.n, ") of model ", c.name));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int64_t VitParameterCount(const VitConfig& c) {
   const int64_t D = c.dim, H = c.mlp_hidden;
   const int64_t block = 2 * D + 2 * D +         // ln1, ln2

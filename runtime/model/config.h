@@ -63,6 +63,12 @@ std::vector<std::string> ModelConfigNames();
 // RoPE, an odd patch grid with pixel shuffle, ...).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
+// INVALID_ARGUMENT naming `encoder_tp` or `llm_tp` when the degree is below
+// 1 or does not divide what tensor parallelism splits: the ViT's heads and
+// MLP width; the LLM's heads, FFN width and vocabulary (no padding, so the
+// vocabulary never depends on the TP degree).
+absl::Status ValidateTensorParallel(const ModelConfig& config, int encoder_tp, int llm_tp);
+
 // Parameter counts per module.
 int64_t VitParameterCount(const VitConfig& c);
 int64_t ProjectorParameterCount(const ModelConfig& c);

@@ -10,10 +10,16 @@
 #include "kernels/norm/norm.h"
 #include "kernels/rope/rope.h"
 #include "runtime/base/log.h"
+#include "runtime/parallel/tensor_parallel.h"
 
 namespace loom {
 
 using namespace kernels;  // NOLINT
+using parallel::AllReduceTp;
+
+TpShard ShardOf(Communicator* tp) {
+  return tp == nullptr ? TpShard{} : TpShard{tp->rank(), tp->size()};
+}
 
 int LlmBatch::image_positions() const {
   int n = 0;
@@ -21,142 +27,177 @@ int LlmBatch::image_positions() const {
   return n;
 }
 
-Llm::Llm(const LlmConfig& c) : config_(c) {
+Llm::Llm(const LlmConfig& c, Communicator* tp) : config_(c), tp_(tp), params_(ShardOf(tp)) {
+  const TpShard shard = params_.shard();
+  LOOM_CHECK(c.heads % shard.size == 0 && c.ffn_hidden % shard.size == 0 &&
+             c.vocab % shard.size == 0)
+      << "LLM heads " << c.heads << ", ffn_hidden " << c.ffn_hidden << ", vocab " << c.vocab
+      << " in " << shard.size << " TP parts";
+  heads_ = c.heads / shard.size;
+  ffn_ = c.ffn_hidden / shard.size;
+  vocab_ = c.vocab / shard.size;
+  vocab_start_ = shard.rank * vocab_;
   const int64_t D = c.dim, F = c.ffn_hidden, V = c.vocab;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
-  wte_ = params_.Add("wte", {V, D}, Init::kNormal, std);
+  wte_ = params_.Add("wte", {V, D}, Init::kNormal, std, Split::kRows);
   for (int l = 0; l < c.layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerIds id;
     id.rms1 = params_.Add(p + "attn_norm.weight", {D}, Init::kOnes);
-    id.qkv = params_.Add(p + "attn.qkv.weight", {3 * D, D}, Init::kNormal, std);
-    id.proj = params_.Add(p + "attn.proj.weight", {D, D}, Init::kNormal, proj_std);
+    id.qkv = params_.Add(p + "attn.qkv.weight", {3 * D, D}, Init::kNormal, std, Split::kQkvRows);
+    id.proj = params_.Add(p + "attn.proj.weight", {D, D}, Init::kNormal, proj_std, Split::kCols);
     id.rms2 = params_.Add(p + "mlp_norm.weight", {D}, Init::kOnes);
-    id.gate = params_.Add(p + "mlp.gate.weight", {F, D}, Init::kNormal, std);
-    id.up = params_.Add(p + "mlp.up.weight", {F, D}, Init::kNormal, std);
-    id.down = params_.Add(p + "mlp.down.weight", {D, F}, Init::kNormal, proj_std);
+    id.gate = params_.Add(p + "mlp.gate.weight", {F, D}, Init::kNormal, std, Split::kRows);
+    id.up = params_.Add(p + "mlp.up.weight", {F, D}, Init::kNormal, std, Split::kRows);
+    id.down = params_.Add(p + "mlp.down.weight", {D, F}, Init::kNormal, proj_std, Split::kCols);
     ids_.push_back(id);
   }
   rmsf_ = params_.Add("norm.weight", {D}, Init::kOnes);
-  lm_head_ = params_.Add("lm_head.weight", {V, D}, Init::kNormal, std);
+  lm_head_ = params_.Add("lm_head.weight", {V, D}, Init::kNormal, std, Split::kRows);
   params_.Finalize();
   acts_.resize(c.layers);
 }
 
-void Llm::Forward(const LlmBatch& b, const float* image_emb) {
+absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb) {
   const LlmConfig& c = config_;
-  const int T = b.T(), D = c.dim, F = c.ffn_hidden, V = c.vocab, NH = c.heads, HD = D / NH;
+  // Per rank: NH heads (D = NH * HD of attention width), F FFN units, V
+  // vocabulary rows; the residual stream (T, C) is whole on every rank.
+  const int T = b.T(), C = c.dim, HD = c.dim / c.heads, NH = heads_, D = NH * HD, F = ffn_,
+            V = vocab_;
   LOOM_CHECK(b.targets.size() == b.tokens.size() && b.positions.size() == b.tokens.size())
       << "LlmBatch: tokens, targets and positions differ in length";
   LOOM_CHECK(!b.cu_seqlens.empty() && b.cu_seqlens.front() == 0 && b.cu_seqlens.back() == T)
       << "LlmBatch: cu_seqlens must run from 0 to T";
   batch_ = &b;
-  const size_t TD = static_cast<size_t>(T) * D;
-  std::vector<float> x(TD, 0.0f);
-  embedding_forward(x.data(), b.tokens.data(), params_.param(wte_), T, D);
+  const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D;
+  std::vector<float> x(TC);
+  if (absl::Status s = parallel::VocabParallelEmbeddingForward(
+          tp_, x.data(), b.tokens.data(), params_.param(wte_), T, C, vocab_start_, V);
+      !s.ok()) {
+    return s;
+  }
   int img = 0;
   for (int t = 0; t < T; ++t) {
     if (b.tokens[t] >= 0) continue;
     LOOM_CHECK(image_emb != nullptr) << "image positions but no image embeddings";
-    std::memcpy(x.data() + static_cast<size_t>(t) * D, image_emb + static_cast<size_t>(img++) * D,
-                sizeof(float) * D);
+    std::memcpy(x.data() + static_cast<size_t>(t) * C, image_emb + static_cast<size_t>(img++) * C,
+                sizeof(float) * C);
   }
   const int64_t att_size = attention_att_size(b.cu_seqlens.data(), b.S(), NH);
   for (int l = 0; l < c.layers; ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = acts_[l];
     a.x = x;
-    a.r1.resize(TD);
+    a.r1.resize(TC);
     a.rr1.resize(T);
-    rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, D);
+    rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C);
     a.qkv.resize(3 * TD);
-    matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv), nullptr, T, D, 3 * D);
+    matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv), nullptr, T, C, 3 * D);
     rope_forward(a.qkv.data(), b.positions.data(), T, NH, HD, c.rope_theta);
     a.att.resize(att_size);
     a.atto.resize(TD);
     attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), b.cu_seqlens.data(), b.S(), NH, HD,
                       /*causal=*/true);
-    a.x1.resize(TD);
-    matmul_forward(a.x1.data(), a.atto.data(), params_.param(id.proj), nullptr, T, D, D);
-    for (size_t i = 0; i < TD; ++i) a.x1[i] += a.x[i];
-    a.r2.resize(TD);
+    a.x1.resize(TC);
+    if (absl::Status s = parallel::RowParallelForward(tp_, a.x1.data(), a.atto.data(),
+                                                      params_.param(id.proj), nullptr, T, D, C);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < TC; ++i) a.x1[i] += a.x[i];
+    a.r2.resize(TC);
     a.rr2.resize(T);
-    rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), T, D);
+    rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), T, C);
     const size_t TF = static_cast<size_t>(T) * F;
     a.gate.resize(TF);
     a.up.resize(TF);
     a.s.resize(TF);
-    matmul_forward(a.gate.data(), a.r2.data(), params_.param(id.gate), nullptr, T, D, F);
-    matmul_forward(a.up.data(), a.r2.data(), params_.param(id.up), nullptr, T, D, F);
+    matmul_forward(a.gate.data(), a.r2.data(), params_.param(id.gate), nullptr, T, C, F);
+    matmul_forward(a.up.data(), a.r2.data(), params_.param(id.up), nullptr, T, C, F);
     swiglu_forward(a.s.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
-    matmul_forward(x.data(), a.s.data(), params_.param(id.down), nullptr, T, F, D);
-    for (size_t i = 0; i < TD; ++i) x[i] += a.x1[i];
+    if (absl::Status s = parallel::RowParallelForward(tp_, x.data(), a.s.data(),
+                                                      params_.param(id.down), nullptr, T, F, C);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < TC; ++i) x[i] += a.x1[i];
   }
   xf_ = x;
-  rf_.resize(TD);
+  rf_.resize(TC);
   rrf_.resize(T);
-  rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, D);
+  rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C);
   logits_.resize(static_cast<size_t>(T) * V);
-  matmul_forward(logits_.data(), rf_.data(), params_.param(lm_head_), nullptr, T, D, V);
+  matmul_forward(logits_.data(), rf_.data(), params_.param(lm_head_), nullptr, T, C, V);
+  return absl::OkStatus();
 }
 
-LossSum Llm::Loss() const {
-  return crossentropy_forward(logits_.data(), batch_->targets.data(), batch_->T(), config_.vocab);
+absl::StatusOr<LossSum> Llm::Loss() const {
+  return parallel::VocabParallelCrossEntropy(tp_, logits_.data(), batch_->targets.data(),
+                                             batch_->T(), vocab_, vocab_start_, 0.0f, nullptr);
 }
 
-LossSum Llm::Backward(float grad_scale, float* dimage_emb) {
+absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb) {
   const LlmConfig& c = config_;
   const LlmBatch& b = *batch_;
-  const int T = b.T(), D = c.dim, F = c.ffn_hidden, V = c.vocab, NH = c.heads, HD = D / NH;
-  const size_t TD = static_cast<size_t>(T) * D, TF = static_cast<size_t>(T) * F;
+  const int T = b.T(), C = c.dim, HD = c.dim / c.heads, NH = heads_, D = NH * HD, F = ffn_,
+            V = vocab_;
+  const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
+               TF = static_cast<size_t>(T) * F;
 
   std::vector<float> dlogits(static_cast<size_t>(T) * V);
-  LossSum loss = crossentropy_forward_backward(dlogits.data(), logits_.data(), b.targets.data(), T,
-                                               V, grad_scale);
-  std::vector<float> dtmp(TD, 0.0f), dx(TD, 0.0f);
+  absl::StatusOr<LossSum> loss = parallel::VocabParallelCrossEntropy(
+      tp_, logits_.data(), b.targets.data(), T, V, vocab_start_, grad_scale, dlogits.data());
+  if (!loss.ok()) return loss.status();
+  // Each column-parallel layer's input gradient is a partial sum over the
+  // TP group: f's all-reduce completes it before the norm below it.
+  std::vector<float> dtmp(TC, 0.0f), dx(TC, 0.0f);
   matmul_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
-                  params_.param(lm_head_), T, D, V);
+                  params_.param(lm_head_), T, C, V);
+  if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
   rmsnorm_backward(dx.data(), params_.grad(rmsf_), dtmp.data(), xf_.data(), params_.param(rmsf_),
-                   rrf_.data(), T, D);
-  std::vector<float> ds, dgate, dup, dqkv;
+                   rrf_.data(), T, C);
+  std::vector<float> ds, dgate, dup, dqkv, datto;
   for (int l = c.layers - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
     const LayerActs& a = acts_[l];
     ds.assign(TF, 0.0f);
-    matmul_backward(ds.data(), params_.grad(id.down), nullptr, dx.data(), a.s.data(),
-                    params_.param(id.down), T, F, D);
+    parallel::RowParallelBackward(ds.data(), params_.grad(id.down), nullptr, dx.data(), a.s.data(),
+                                  params_.param(id.down), T, F, C);
     dgate.assign(TF, 0.0f);
     dup.assign(TF, 0.0f);
     swiglu_backward(dgate.data(), dup.data(), a.gate.data(), a.up.data(), ds.data(),
                     static_cast<int64_t>(TF));
-    dtmp.assign(TD, 0.0f);
+    dtmp.assign(TC, 0.0f);
     matmul_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), a.r2.data(),
-                    params_.param(id.gate), T, D, F);
+                    params_.param(id.gate), T, C, F);
     matmul_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), a.r2.data(),
-                    params_.param(id.up), T, D, F);
+                    params_.param(id.up), T, C, F);
+    if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     rmsnorm_backward(dx.data(), params_.grad(id.rms2), dtmp.data(), a.x1.data(),
-                     params_.param(id.rms2), a.rr2.data(), T, D);
-    dtmp.assign(TD, 0.0f);
-    matmul_backward(dtmp.data(), params_.grad(id.proj), nullptr, dx.data(), a.atto.data(),
-                    params_.param(id.proj), T, D, D);
+                     params_.param(id.rms2), a.rr2.data(), T, C);
+    datto.assign(TD, 0.0f);
+    parallel::RowParallelBackward(datto.data(), params_.grad(id.proj), nullptr, dx.data(),
+                                  a.atto.data(), params_.param(id.proj), T, D, C);
     dqkv.assign(3 * TD, 0.0f);
-    attention_backward(dqkv.data(), dtmp.data(), a.qkv.data(), a.att.data(), b.cu_seqlens.data(),
+    attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), b.cu_seqlens.data(),
                        b.S(), NH, HD, /*causal=*/true);
     rope_backward(dqkv.data(), b.positions.data(), T, NH, HD, c.rope_theta);
-    dtmp.assign(TD, 0.0f);
+    dtmp.assign(TC, 0.0f);
     matmul_backward(dtmp.data(), params_.grad(id.qkv), nullptr, dqkv.data(), a.r1.data(),
-                    params_.param(id.qkv), T, D, 3 * D);
+                    params_.param(id.qkv), T, C, 3 * D);
+    if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
-                     params_.param(id.rms1), a.rr1.data(), T, D);
+                     params_.param(id.rms1), a.rr1.data(), T, C);
   }
-  embedding_backward(params_.grad(wte_), dx.data(), b.tokens.data(), T, D);
+  parallel::VocabParallelEmbeddingBackward(params_.grad(wte_), dx.data(), b.tokens.data(), T, C,
+                                           vocab_start_, V);
   if (dimage_emb != nullptr) {
     int img = 0;
     for (int t = 0; t < T; ++t) {
       if (b.tokens[t] >= 0) continue;
-      float* d = dimage_emb + static_cast<size_t>(img++) * D;
-      const float* g = dx.data() + static_cast<size_t>(t) * D;
-      for (int k = 0; k < D; ++k) d[k] += g[k];
+      float* d = dimage_emb + static_cast<size_t>(img++) * C;
+      const float* g = dx.data() + static_cast<size_t>(t) * C;
+      for (int k = 0; k < C; ++k) d[k] += g[k];
     }
   }
   return loss;

@@ -8,13 +8,25 @@
 // The loss of a microbatch is returned as a sum with its token count; the
 // gradient is scaled by `grad_scale` = 1 / (loss tokens in the whole global
 // batch), so any split into microbatches and ranks gives the same gradient.
+//
+// Tensor parallelism (Megatron's, runtime/parallel/tensor_parallel.h) over
+// the TP group `tp` (null: one rank, no communication): the embedding and
+// lm_head are vocab-parallel (rows of the vocabulary; the cross-entropy
+// all-reduces the max, then the sums), QKV, gate and up column-parallel (the
+// heads and the FFN units split), attention output and down row-parallel
+// (one all-reduce after each, forward; one before each norm, backward).
+// Norms are replicated. Every rank of the group calls Forward and Backward
+// with the same batch; each returns the whole loss.
 #ifndef LOOM_RUNTIME_MODEL_LLM_H_
 #define LOOM_RUNTIME_MODEL_LLM_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/loss/crossentropy.h"
+#include "runtime/comm/collective.h"
 #include "runtime/model/config.h"
 #include "runtime/model/params.h"
 
@@ -33,21 +45,25 @@ struct LlmBatch {
 
 class Llm {
  public:
-  explicit Llm(const LlmConfig& config);
+  // `tp` (not owned; null for one rank) must divide the heads, the FFN
+  // width and the vocabulary (checked; ValidateParallelism names the field).
+  explicit Llm(const LlmConfig& config, Communicator* tp = nullptr);
 
   ParamSet& params() { return params_; }
   const LlmConfig& config() const { return config_; }
 
   // image_emb (batch.image_positions(), D) fills the -1 positions in order
-  // (may be null when there are none). Keeps activations and logits.
-  void Forward(const LlmBatch& batch, const float* image_emb);
-  const std::vector<float>& logits() const { return logits_; }  // (T, V)
+  // (may be null when there are none). Keeps activations and logits. Errors
+  // only from the TP group's collectives.
+  absl::Status Forward(const LlmBatch& batch, const float* image_emb);
+  // (T, V / tp): this rank's columns of the vocabulary.
+  const std::vector<float>& logits() const { return logits_; }
 
   // Loss of the last Forward, no gradient.
-  kernels::LossSum Loss() const;
+  absl::StatusOr<kernels::LossSum> Loss() const;
   // Loss of the last Forward and backward through the whole LLM: parameter
   // gradients +=, dimage_emb (image_positions, D) += (may be null).
-  kernels::LossSum Backward(float grad_scale, float* dimage_emb);
+  absl::StatusOr<kernels::LossSum> Backward(float grad_scale, float* dimage_emb);
 
  private:
   struct LayerIds {
@@ -58,7 +74,9 @@ class Llm {
   };
 
   LlmConfig config_;
+  Communicator* tp_;
   ParamSet params_;
+  int heads_, ffn_, vocab_, vocab_start_;  // this rank's part
   int wte_, rmsf_, lm_head_;
   std::vector<LayerIds> ids_;
 

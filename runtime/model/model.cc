@@ -63,6 +63,17 @@ LlmBatch PackSamples(const std::vector<const Sample*>& samples) {
   return b;
 }
 
+namespace {
+
+// The single-process model has no TP group: its modules' calls cannot fail.
+void NoGroup(const absl::Status& s) { LOOM_CHECK(s.ok()) << s.message(); }
+kernels::LossSum NoGroup(absl::StatusOr<kernels::LossSum> loss) {
+  NoGroup(loss.status());
+  return *loss;
+}
+
+}  // namespace
+
 MultimodalModel::MultimodalModel(const ModelConfig& config)
     : config_(config), vit_(config.vit), projector_(config), llm_(config.llm) {}
 
@@ -95,28 +106,28 @@ void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
   if (num_tiles_ > 0) {
     vit_out_.resize(static_cast<size_t>(num_tiles_) * config_.vit.patches_per_tile() *
                     config_.vit.dim);
-    vit_.Forward(tiles_.data(), num_tiles_, vit_out_.data());
+    NoGroup(vit_.Forward(tiles_.data(), num_tiles_, vit_out_.data()));
     projector_.Forward(vit_out_.data(), num_tiles_, image_emb_.data());
   }
-  llm_.Forward(batch_, image_emb_.data());
+  NoGroup(llm_.Forward(batch_, image_emb_.data()));
 }
 
 kernels::LossSum MultimodalModel::ForwardBackward(const std::vector<const Sample*>& mb,
                                                   float grad_scale) {
   Forward(mb);
   std::vector<float> dimage(image_emb_.size(), 0.0f);
-  kernels::LossSum loss = llm_.Backward(grad_scale, dimage.data());
+  kernels::LossSum loss = NoGroup(llm_.Backward(grad_scale, dimage.data()));
   if (num_tiles_ > 0) {
     std::vector<float> dvit(vit_out_.size(), 0.0f);
     projector_.Backward(dimage.data(), dvit.data());
-    vit_.Backward(dvit.data());
+    NoGroup(vit_.Backward(dvit.data()));
   }
   return loss;
 }
 
 kernels::LossSum MultimodalModel::Evaluate(const std::vector<const Sample*>& mb) {
   Forward(mb);
-  return llm_.Loss();
+  return NoGroup(llm_.Loss());
 }
 
 }  // namespace loom

@@ -1,17 +1,91 @@
 #include "runtime/model/params.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "runtime/base/log.h"
 
 namespace loom {
+namespace {
 
-int ParamSet::Add(std::string name, Shape shape, Init init, float std) {
+// The stream of one master tensor: FNV-1a of its name, mixed with the seed
+// by SplitMix64's finaliser.
+uint64_t TensorSeed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = seed ^ h;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The dimension `split` divides, or -1.
+int SplitDim(Split split) {
+  switch (split) {
+    case Split::kReplicated:
+      return -1;
+    case Split::kRows:
+    case Split::kQkvRows:
+      return 0;
+    case Split::kCols:
+      return 1;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::vector<SliceRun> SliceRuns(const ParamSpec& s, TpShard shard) {
+  const int64_t numel = NumElements(s.master_shape);
+  if (s.split == Split::kReplicated || shard.size == 1) return {{0, 0, numel}};
+  const int64_t rows = s.master_shape[0], cols = numel / rows;
+  std::vector<SliceRun> runs;
+  switch (s.split) {
+    case Split::kRows: {
+      const int64_t n = rows / shard.size;
+      runs.push_back({shard.rank * n * cols, 0, n * cols});
+      break;
+    }
+    case Split::kQkvRows: {
+      const int64_t block = rows / 3, n = block / shard.size;
+      for (int64_t b = 0; b < 3; ++b) {
+        runs.push_back({(b * block + shard.rank * n) * cols, b * n * cols, n * cols});
+      }
+      break;
+    }
+    case Split::kCols: {
+      const int64_t n = cols / shard.size;
+      for (int64_t r = 0; r < rows; ++r) runs.push_back({r * cols + shard.rank * n, r * n, n});
+      break;
+    }
+    case Split::kReplicated:
+      break;
+  }
+  return runs;
+}
+
+ParamSet::ParamSet(TpShard shard) : shard_(shard) {
+  LOOM_CHECK(shard.size >= 1 && shard.rank >= 0 && shard.rank < shard.size)
+      << "TP rank " << shard.rank << " of " << shard.size;
+}
+
+int ParamSet::Add(std::string name, Shape master_shape, Init init, float std, Split split) {
   LOOM_CHECK(!finalized_) << "Add after Finalize: " << name;
   ParamSpec s;
   s.name = std::move(name);
-  s.shape = std::move(shape);
+  s.master_shape = std::move(master_shape);
+  s.shape = s.master_shape;
+  s.split = split;
+  const int dim = shard_.size > 1 ? SplitDim(split) : -1;
+  if (dim >= 0) {
+    LOOM_CHECK(static_cast<int>(s.shape.size()) > dim) << s.name << ": no dimension " << dim;
+    const int64_t parts = split == Split::kQkvRows ? 3 * shard_.size : shard_.size;
+    LOOM_CHECK(s.shape[dim] % parts == 0) << s.name << ": dimension " << dim << " of "
+                                          << ShapeString(s.shape) << " in " << parts << " parts";
+    LOOM_CHECK(split != Split::kCols || s.shape.size() == 2) << s.name << ": kCols needs a matrix";
+    s.shape[dim] /= shard_.size;
+  }
   s.numel = NumElements(s.shape);
   s.offset = total_;
   s.init = init;
@@ -32,27 +106,26 @@ void ParamSet::Finalize() {
 
 void ParamSet::Initialize(uint64_t seed) {
   LOOM_CHECK(finalized_) << "Initialize before Finalize";
-  // mt19937_64 and our own Box-Muller: std::normal_distribution is not the
-  // same on every standard library.
-  std::mt19937_64 rng(seed);
-  auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) / 9007199254740992.0; };
+  std::vector<float> master;
   for (const ParamSpec& s : specs_) {
     float* p = data_.data() + s.offset;
-    for (int64_t i = 0; i < s.numel; ++i) {
-      switch (s.init) {
-        case Init::kZeros:
-          p[i] = 0.0f;
-          break;
-        case Init::kOnes:
-          p[i] = 1.0f;
-          break;
-        case Init::kNormal: {
-          const double u1 = uniform(), u2 = uniform();
-          p[i] = static_cast<float>(s.std * std::sqrt(-2.0 * std::log(u1)) *
-                                    std::cos(6.283185307179586 * u2));
-          break;
-        }
-      }
+    if (s.init != Init::kNormal) {
+      std::fill(p, p + s.numel, s.init == Init::kOnes ? 1.0f : 0.0f);
+      continue;
+    }
+    // mt19937_64 and our own Box-Muller: std::normal_distribution is not the
+    // same on every standard library. The whole master tensor is drawn, so a
+    // slice is the same values whatever the TP degree.
+    std::mt19937_64 rng(TensorSeed(seed, s.name));
+    auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) / 9007199254740992.0; };
+    master.resize(NumElements(s.master_shape));
+    for (float& x : master) {
+      const double u1 = uniform(), u2 = uniform();
+      x = static_cast<float>(s.std * std::sqrt(-2.0 * std::log(u1)) *
+                             std::cos(6.283185307179586 * u2));
+    }
+    for (const SliceRun& r : SliceRuns(s, shard_)) {
+      std::memcpy(p + r.offset, master.data() + r.master_offset, sizeof(float) * r.length);
     }
   }
   std::fill(m_.begin(), m_.end(), 0.0f);
@@ -61,5 +134,68 @@ void ParamSet::Initialize(uint64_t seed) {
 }
 
 void ParamSet::ZeroGrad() { std::fill(grad_.begin(), grad_.end(), 0.0f); }
+
+ParamSet ParamSet::MasterLayout() const {
+  ParamSet master;
+  for (const ParamSpec& s : specs_) master.Add(s.name, s.master_shape, s.init, s.std, s.split);
+  master.Finalize();
+  return master;
+}
+
+void ParamSet::AddToMaster(ParamSet* master) const {
+  LOOM_CHECK(master->specs_.size() == specs_.size()) << "not this set's master";
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    if (s.split == Split::kReplicated && shard_.rank != 0) continue;
+    const int64_t mo = master->specs_[i].offset;
+    for (const SliceRun& r : SliceRuns(s, shard_)) {
+      for (auto [from, to] : {std::make_pair(&data_, &master->data_),
+                              std::make_pair(&m_, &master->m_), std::make_pair(&v_, &master->v_)}) {
+        const float* src = from->data() + s.offset + r.offset;
+        float* dst = to->data() + mo + r.master_offset;
+        for (int64_t k = 0; k < r.length; ++k) dst[k] += src[k];
+      }
+    }
+  }
+}
+
+void ParamSet::SliceFromMaster(const ParamSet& master) {
+  LOOM_CHECK(master.specs_.size() == specs_.size()) << "not this set's master";
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    const int64_t mo = master.specs_[i].offset;
+    for (const SliceRun& r : SliceRuns(s, shard_)) {
+      for (auto [from, to] : {std::make_pair(&master.data_, &data_),
+                              std::make_pair(&master.m_, &m_), std::make_pair(&master.v_, &v_)}) {
+        std::memcpy(to->data() + s.offset + r.offset, from->data() + mo + r.master_offset,
+                    sizeof(float) * r.length);
+      }
+    }
+  }
+  step_ = master.step_;
+}
+
+double ParamSet::OwnedGradSumOfSquares() const {
+  double ss = 0;
+  for (const ParamSpec& s : specs_) {
+    if (s.split == Split::kReplicated && shard_.rank != 0) continue;
+    const float* g = grad_.data() + s.offset;
+    for (int64_t i = 0; i < s.numel; ++i) ss += static_cast<double>(g[i]) * g[i];
+  }
+  return ss;
+}
+
+absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* master) {
+  *master = local.MasterLayout();
+  local.AddToMaster(master);
+  master->step() = local.step();
+  if (tp == nullptr || tp->size() == 1) return absl::OkStatus();
+  for (std::vector<float>* b : {&master->data(), &master->adam_m(), &master->adam_v()}) {
+    if (absl::Status s = tp->AllreduceSum(b->data(), static_cast<int64_t>(b->size())); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace loom

@@ -2,6 +2,12 @@
 // fp32 buffer with named slices. Flat buffers make the optimizer step, the
 // gradient allreduce and checkpoints one contiguous operation each.
 //
+// Under tensor parallelism a ParamSet holds one TP rank's part of the
+// module: each tensor is declared whole (its master shape) with how it is
+// split (Split), and the set keeps this rank's slice. The master tensors are
+// what the seed and a checkpoint describe, so every TP degree starts from, and
+// saves, the same model (MasterLayout, AddToMaster, SliceFromMaster).
+//
 // Usage: Add() every tensor, then Finalize() to allocate; pointers are stable
 // from then on. Thread-safety: none.
 #ifndef LOOM_RUNTIME_MODEL_PARAMS_H_
@@ -11,9 +17,25 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "runtime/comm/collective.h"
 #include "runtime/tensor/tensor.h"
 
 namespace loom {
+
+// How a tensor is divided over the module's TP group (Megatron's layers).
+enum class Split : uint8_t {
+  kReplicated,  // every rank holds it whole: norms, row-parallel biases, positions
+  kRows,        // dim 0 in tp parts: column-parallel weights/biases, vocab-parallel tables
+  kCols,        // dim 1 in tp parts: row-parallel weights
+  kQkvRows,     // dim 0 as three blocks (q, k, v), each in tp parts: the heads split
+};
+
+// This ParamSet's place in its TP group.
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
 
 enum class Init : uint8_t {
   kZeros,
@@ -23,22 +45,54 @@ enum class Init : uint8_t {
 
 struct ParamSpec {
   std::string name;  // "blocks.0.attn.qkv.weight"
-  Shape shape;
+  Shape shape;       // this rank's slice
+  Shape master_shape;
+  Split split = Split::kReplicated;
   int64_t offset = 0;  // into the flat buffers
-  int64_t numel = 0;
+  int64_t numel = 0;   // of the slice
   Init init = Init::kZeros;
   float std = 0.0f;
 };
 
+// A contiguous run of a slice inside its master tensor.
+struct SliceRun {
+  int64_t master_offset = 0;  // elements into the master tensor
+  int64_t offset = 0;         // elements into the slice
+  int64_t length = 0;
+};
+// The runs that make up `spec`'s slice on `shard`, in slice order.
+std::vector<SliceRun> SliceRuns(const ParamSpec& spec, TpShard shard);
+
 class ParamSet {
  public:
-  // Returns the index of the new parameter.
-  int Add(std::string name, Shape shape, Init init, float std = 0.0f);
+  explicit ParamSet(TpShard shard = {});
+
+  // `master_shape` is the whole tensor; the set holds `shard`'s part of it
+  // (the split dimension must divide by the TP size: checked, model configs
+  // are validated before). Returns the index of the new parameter.
+  int Add(std::string name, Shape master_shape, Init init, float std = 0.0f,
+          Split split = Split::kReplicated);
   void Finalize();
 
-  // Deterministic initialisation from `seed` (same values on every machine).
+  // Deterministic initialisation: each master tensor from its own stream of
+  // (`seed`, its name), then sliced; the same values on every machine, for
+  // every TP degree and whatever else the set holds.
   void Initialize(uint64_t seed);
   void ZeroGrad();
+
+  TpShard shard() const { return shard_; }
+  // A set of the master tensors (TP size 1), allocated, all zeros.
+  ParamSet MasterLayout() const;
+  // master.{data, adam_m, adam_v} += this slice's values at their place;
+  // replicated tensors only from TP rank 0. Summing every rank's contribution
+  // (an all-reduce over the TP group of zeroed buffers) gathers the master.
+  void AddToMaster(ParamSet* master) const;
+  // This slice's {data, adam_m, adam_v} and step from the master's.
+  void SliceFromMaster(const ParamSet& master);
+  // Σ g² over what this rank owns: its slices, and the replicated tensors
+  // on TP rank 0 (the others hold the same gradient). Summed over the TP
+  // group it is the module's Σ g².
+  double OwnedGradSumOfSquares() const;
 
   float* param(int i) { return data_.data() + specs_[i].offset; }
   float* grad(int i) { return grad_.data() + specs_[i].offset; }
@@ -46,19 +100,28 @@ class ParamSet {
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t size() const { return total_; }
 
+  const std::vector<float>& data() const { return data_; }
   std::vector<float>& data() { return data_; }
   std::vector<float>& grads() { return grad_; }
   std::vector<float>& adam_m() { return m_; }
   std::vector<float>& adam_v() { return v_; }
   int64_t& step() { return step_; }
+  int64_t step() const { return step_; }
 
  private:
+  TpShard shard_;
   std::vector<ParamSpec> specs_;
   int64_t total_ = 0;
   bool finalized_ = false;
   std::vector<float> data_, grad_, m_, v_;
   int64_t step_ = 0;  // optimizer steps taken
 };
+
+// The master tensors of a module split over the TP group `tp` (null: one
+// rank): every rank calls it; each gets the whole module (data, AdamW state,
+// step) in `master`. One all-reduce of the master size per buffer: the
+// simple gather, for checkpoints; issue 12 shards them.
+absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* master);
 
 }  // namespace loom
 

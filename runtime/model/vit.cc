@@ -7,12 +7,21 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/norm/norm.h"
+#include "runtime/base/log.h"
+#include "runtime/parallel/tensor_parallel.h"
 
 namespace loom {
 
 using namespace kernels;  // NOLINT: the kernels are this file's vocabulary
 
-VitEncoder::VitEncoder(const VitConfig& c) : config_(c) {
+VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp)
+    : config_(c), tp_(tp), params_(tp == nullptr ? TpShard{} : TpShard{tp->rank(), tp->size()}) {
+  const int parts = params_.shard().size;
+  LOOM_CHECK(c.heads % parts == 0 && c.mlp_hidden % parts == 0)
+      << "ViT heads " << c.heads << ", mlp_hidden " << c.mlp_hidden << " in " << parts
+      << " TP parts";
+  heads_ = c.heads / parts;
+  hidden_ = c.mlp_hidden / parts;
   const int64_t D = c.dim, H = c.mlp_hidden;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
   patch_w_ = params_.Add("patch_embed.weight", {D, c.patch_dim()}, Init::kNormal, std);
@@ -23,15 +32,15 @@ VitEncoder::VitEncoder(const VitConfig& c) : config_(c) {
     LayerIds id;
     id.ln1_w = params_.Add(p + "ln1.weight", {D}, Init::kOnes);
     id.ln1_b = params_.Add(p + "ln1.bias", {D}, Init::kZeros);
-    id.qkv_w = params_.Add(p + "attn.qkv.weight", {3 * D, D}, Init::kNormal, std);
-    id.qkv_b = params_.Add(p + "attn.qkv.bias", {3 * D}, Init::kZeros);
-    id.proj_w = params_.Add(p + "attn.proj.weight", {D, D}, Init::kNormal, proj_std);
+    id.qkv_w = params_.Add(p + "attn.qkv.weight", {3 * D, D}, Init::kNormal, std, Split::kQkvRows);
+    id.qkv_b = params_.Add(p + "attn.qkv.bias", {3 * D}, Init::kZeros, 0.0f, Split::kQkvRows);
+    id.proj_w = params_.Add(p + "attn.proj.weight", {D, D}, Init::kNormal, proj_std, Split::kCols);
     id.proj_b = params_.Add(p + "attn.proj.bias", {D}, Init::kZeros);
     id.ln2_w = params_.Add(p + "ln2.weight", {D}, Init::kOnes);
     id.ln2_b = params_.Add(p + "ln2.bias", {D}, Init::kZeros);
-    id.fc1_w = params_.Add(p + "mlp.fc1.weight", {H, D}, Init::kNormal, std);
-    id.fc1_b = params_.Add(p + "mlp.fc1.bias", {H}, Init::kZeros);
-    id.fc2_w = params_.Add(p + "mlp.fc2.weight", {D, H}, Init::kNormal, proj_std);
+    id.fc1_w = params_.Add(p + "mlp.fc1.weight", {H, D}, Init::kNormal, std, Split::kRows);
+    id.fc1_b = params_.Add(p + "mlp.fc1.bias", {H}, Init::kZeros, 0.0f, Split::kRows);
+    id.fc2_w = params_.Add(p + "mlp.fc2.weight", {D, H}, Init::kNormal, proj_std, Split::kCols);
     id.fc2_b = params_.Add(p + "mlp.fc2.bias", {D}, Init::kZeros);
     ids_.push_back(id);
   }
@@ -41,10 +50,14 @@ VitEncoder::VitEncoder(const VitConfig& c) : config_(c) {
   acts_.resize(c.layers);
 }
 
-void VitEncoder::Forward(const float* tiles, int N, float* out) {
+absl::Status VitEncoder::Forward(const float* tiles, int N, float* out) {
   const VitConfig& c = config_;
-  const int Np = c.patches_per_tile(), D = c.dim, H = c.mlp_hidden, NH = c.heads, HD = D / NH;
+  // Per rank: NH heads (A = NH * HD of attention width), H hidden units; the
+  // residual stream (T, D) is whole on every rank.
+  const int Np = c.patches_per_tile(), D = c.dim, HD = c.dim / c.heads, NH = heads_, A = NH * HD,
+            H = hidden_;
   const int T = N * Np;
+  const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
   N_ = N;
   cu_.resize(N + 1);
   for (int n = 0; n <= N; ++n) cu_[n] = n * Np;
@@ -52,7 +65,7 @@ void VitEncoder::Forward(const float* tiles, int N, float* out) {
 
   patches_.resize(static_cast<size_t>(T) * c.patch_dim());
   patchify(patches_.data(), tiles, N, c.tile_size, c.patch);
-  std::vector<float> x(static_cast<size_t>(T) * D);
+  std::vector<float> x(TD);
   matmul_forward(x.data(), patches_.data(), params_.param(patch_w_), params_.param(patch_b_), T,
                  c.patch_dim(), D);
   add_position_forward(x.data(), params_.param(pos_), N, Np, D);
@@ -61,23 +74,27 @@ void VitEncoder::Forward(const float* tiles, int N, float* out) {
     const LayerIds& id = ids_[l];
     LayerActs& a = acts_[l];
     a.x = x;
-    a.ln1.resize(T * D);
+    a.ln1.resize(TD);
     a.mean1.resize(T);
     a.rstd1.resize(T);
     layernorm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x.data(),
                       params_.param(id.ln1_w), params_.param(id.ln1_b), T, D);
-    a.qkv.resize(static_cast<size_t>(T) * 3 * D);
+    a.qkv.resize(3 * TA);
     matmul_forward(a.qkv.data(), a.ln1.data(), params_.param(id.qkv_w), params_.param(id.qkv_b), T,
-                   D, 3 * D);
+                   D, 3 * A);
     a.att.resize(att_size);
-    a.atto.resize(T * D);
+    a.atto.resize(TA);
     attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), N, NH, HD,
                       /*causal=*/false);
-    a.x1.resize(T * D);
-    matmul_forward(a.x1.data(), a.atto.data(), params_.param(id.proj_w), params_.param(id.proj_b),
-                   T, D, D);
-    for (int64_t i = 0; i < static_cast<int64_t>(T) * D; ++i) a.x1[i] += a.x[i];
-    a.ln2.resize(T * D);
+    a.x1.resize(TD);
+    if (absl::Status s =
+            parallel::RowParallelForward(tp_, a.x1.data(), a.atto.data(), params_.param(id.proj_w),
+                                         params_.param(id.proj_b), T, A, D);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < TD; ++i) a.x1[i] += a.x[i];
+    a.ln2.resize(TD);
     a.mean2.resize(T);
     a.rstd2.resize(T);
     layernorm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x1.data(),
@@ -87,57 +104,66 @@ void VitEncoder::Forward(const float* tiles, int N, float* out) {
                    H);
     a.g.resize(a.h.size());
     gelu_forward(a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
-    matmul_forward(x.data(), a.g.data(), params_.param(id.fc2_w), params_.param(id.fc2_b), T, H, D);
-    for (int64_t i = 0; i < static_cast<int64_t>(T) * D; ++i) x[i] += a.x1[i];
+    if (absl::Status s = parallel::RowParallelForward(
+            tp_, x.data(), a.g.data(), params_.param(id.fc2_w), params_.param(id.fc2_b), T, H, D);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < TD; ++i) x[i] += a.x1[i];
   }
   xf_ = x;
   meanf_.resize(T);
   rstdf_.resize(T);
   layernorm_forward(out, meanf_.data(), rstdf_.data(), xf_.data(), params_.param(lnf_w_),
                     params_.param(lnf_b_), T, D);
+  return absl::OkStatus();
 }
 
-void VitEncoder::Backward(const float* dout) {
+absl::Status VitEncoder::Backward(const float* dout) {
   const VitConfig& c = config_;
-  const int Np = c.patches_per_tile(), D = c.dim, H = c.mlp_hidden, NH = c.heads, HD = D / NH;
+  const int Np = c.patches_per_tile(), D = c.dim, HD = c.dim / c.heads, NH = heads_, A = NH * HD,
+            H = hidden_;
   const int N = N_, T = N * Np;
-  const size_t TD = static_cast<size_t>(T) * D;
+  const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
 
   std::vector<float> dx(TD, 0.0f);  // gradient w.r.t. the residual stream
   layernorm_backward(dx.data(), params_.grad(lnf_w_), params_.grad(lnf_b_), dout, xf_.data(),
                      params_.param(lnf_w_), meanf_.data(), rstdf_.data(), T, D);
-  std::vector<float> dtmp, dg, dh, dqkv;
+  std::vector<float> dtmp, dg, dh, dqkv, datto;
   for (int l = c.layers - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
     const LayerActs& a = acts_[l];
     // x2 = x1 + fc2(gelu(fc1(ln2(x1))))
     dg.assign(static_cast<size_t>(T) * H, 0.0f);
-    matmul_backward(dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b), dx.data(),
-                    a.g.data(), params_.param(id.fc2_w), T, H, D);
+    parallel::RowParallelBackward(dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
+                                  dx.data(), a.g.data(), params_.param(id.fc2_w), T, H, D);
     dh.assign(dg.size(), 0.0f);
     gelu_backward(dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
     dtmp.assign(TD, 0.0f);
     matmul_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
                     a.ln2.data(), params_.param(id.fc1_w), T, D, H);
+    if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     // dx (now d x1) += LN2 backward
     layernorm_backward(dx.data(), params_.grad(id.ln2_w), params_.grad(id.ln2_b), dtmp.data(),
                        a.x1.data(), params_.param(id.ln2_w), a.mean2.data(), a.rstd2.data(), T, D);
     // x1 = x + proj(attn(qkv(ln1(x))))
-    dtmp.assign(TD, 0.0f);
-    matmul_backward(dtmp.data(), params_.grad(id.proj_w), params_.grad(id.proj_b), dx.data(),
-                    a.atto.data(), params_.param(id.proj_w), T, D, D);
-    dqkv.assign(static_cast<size_t>(T) * 3 * D, 0.0f);
-    attention_backward(dqkv.data(), dtmp.data(), a.qkv.data(), a.att.data(), cu_.data(), N, NH, HD,
+    datto.assign(TA, 0.0f);
+    parallel::RowParallelBackward(datto.data(), params_.grad(id.proj_w), params_.grad(id.proj_b),
+                                  dx.data(), a.atto.data(), params_.param(id.proj_w), T, A, D);
+    dqkv.assign(3 * TA, 0.0f);
+    attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(), N, NH, HD,
                        /*causal=*/false);
     dtmp.assign(TD, 0.0f);
     matmul_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
-                    a.ln1.data(), params_.param(id.qkv_w), T, D, 3 * D);
+                    a.ln1.data(), params_.param(id.qkv_w), T, D, 3 * A);
+    if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     layernorm_backward(dx.data(), params_.grad(id.ln1_w), params_.grad(id.ln1_b), dtmp.data(),
                        a.x.data(), params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), T, D);
   }
   add_position_backward(params_.grad(pos_), dx.data(), N, Np, D);
   matmul_backward(nullptr, params_.grad(patch_w_), params_.grad(patch_b_), dx.data(),
                   patches_.data(), params_.param(patch_w_), T, c.patch_dim(), D);
+  return absl::OkStatus();
 }
 
 }  // namespace loom

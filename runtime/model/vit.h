@@ -5,13 +5,21 @@
 //     -> L × [x += attn(LN1(x)); x += MLP_gelu(LN2(x))] -> LN_f -> (N·Np, D)
 //
 // Forward keeps the activations Backward needs; Backward accumulates into the
-// parameter gradients. Model code is single-device; parallelism lives apart.
+// parameter gradients.
+//
+// Tensor parallelism over the TP group `tp` (null: one rank), Megatron's:
+// QKV and fc1 column-parallel (heads and hidden units split, with their
+// biases), attention output and fc2 row-parallel (their biases whole, added
+// after the all-reduce); patch embedding, positions and norms replicated.
+// Every rank of the group runs the same tiles and holds the whole output.
 #ifndef LOOM_RUNTIME_MODEL_VIT_H_
 #define LOOM_RUNTIME_MODEL_VIT_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "runtime/comm/collective.h"
 #include "runtime/model/config.h"
 #include "runtime/model/params.h"
 
@@ -19,15 +27,18 @@ namespace loom {
 
 class VitEncoder {
  public:
-  explicit VitEncoder(const VitConfig& config);
+  // `tp` (not owned; null for one rank) must divide the heads and the MLP
+  // width (checked; ValidateParallelism names the field).
+  explicit VitEncoder(const VitConfig& config, Communicator* tp = nullptr);
 
   ParamSet& params() { return params_; }
   const VitConfig& config() const { return config_; }
 
   // tiles (N, 3, S, S), normalised pixels -> out (N * Np, D).
-  void Forward(const float* tiles, int N, float* out);
+  // Errors only from the TP group's collectives.
+  absl::Status Forward(const float* tiles, int N, float* out);
   // dout (N * Np, D) for the last Forward; accumulates parameter gradients.
-  void Backward(const float* dout);
+  absl::Status Backward(const float* dout);
 
  private:
   struct LayerIds {
@@ -38,7 +49,9 @@ class VitEncoder {
   };
 
   VitConfig config_;
+  Communicator* tp_;
   ParamSet params_;
+  int heads_, hidden_;  // this rank's part
   int patch_w_, patch_b_, pos_, lnf_w_, lnf_b_;
   std::vector<LayerIds> ids_;
 

@@ -1,5 +1,9 @@
 #include "runtime/parallel/tensor_parallel.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "kernels/matmul/matmul.h"
 #include "runtime/base/log.h"
 
@@ -61,6 +65,81 @@ void RowParallelBackward(float* dinp_shard, float* dweight_shard, float* dbias, 
                          int N) {
   kernels::matmul_backward(dinp_shard, dweight_shard, dbias, dout, inp_shard, weight_shard, M,
                            k_shard, N);
+}
+
+absl::Status VocabParallelEmbeddingForward(Communicator* tp, float* out, const int32_t* tokens,
+                                           const float* table_shard, int T, int C, int vocab_start,
+                                           int v_shard) {
+  std::fill(out, out + static_cast<int64_t>(T) * C, 0.0f);
+  for (int t = 0; t < T; ++t) {
+    const int v = tokens[t] - vocab_start;
+    if (tokens[t] < 0 || v < 0 || v >= v_shard) continue;
+    std::memcpy(out + static_cast<int64_t>(t) * C, table_shard + static_cast<int64_t>(v) * C,
+                sizeof(float) * C);
+  }
+  return AllReduceTp(tp, out, static_cast<int64_t>(T) * C);
+}
+
+void VocabParallelEmbeddingBackward(float* dtable_shard, const float* dout, const int32_t* tokens,
+                                    int T, int C, int vocab_start, int v_shard) {
+  for (int t = 0; t < T; ++t) {
+    const int v = tokens[t] - vocab_start;
+    if (tokens[t] < 0 || v < 0 || v >= v_shard) continue;
+    float* d = dtable_shard + static_cast<int64_t>(v) * C;
+    const float* g = dout + static_cast<int64_t>(t) * C;
+    for (int c = 0; c < C; ++c) d[c] += g[c];
+  }
+}
+
+absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Communicator* tp,
+                                                           const float* logits_shard,
+                                                           const int32_t* targets, int T,
+                                                           int v_shard, int vocab_start,
+                                                           float grad_scale, float* dlogits_shard) {
+  if (tp == nullptr || tp->size() == 1) {
+    return dlogits_shard == nullptr
+               ? kernels::crossentropy_forward(logits_shard, targets, T, v_shard)
+               : kernels::crossentropy_forward_backward(dlogits_shard, logits_shard, targets, T,
+                                                        v_shard, grad_scale);
+  }
+  auto row = [&](int t) { return logits_shard + static_cast<int64_t>(t) * v_shard; };
+  std::vector<float> mx(T);
+  for (int t = 0; t < T; ++t) mx[t] = *std::max_element(row(t), row(t) + v_shard);
+  if (absl::Status s = tp->AllreduceMax(mx.data(), T); !s.ok()) return s;
+  // Per row: Σ exp(x - max) over this rank's columns, and the target's
+  // logit - max where this rank holds the target (else 0).
+  std::vector<double> sums(2 * static_cast<size_t>(T), 0.0);
+  for (int t = 0; t < T; ++t) {
+    if (targets[t] < 0) continue;
+    const float* x = row(t);
+    double s = 0;
+    for (int v = 0; v < v_shard; ++v) s += std::exp(static_cast<double>(x[v] - mx[t]));
+    sums[2 * t] = s;
+    const int v = targets[t] - vocab_start;
+    if (v >= 0 && v < v_shard) sums[2 * t + 1] = x[v] - mx[t];
+  }
+  if (absl::Status s = tp->AllreduceSum(sums.data(), 2 * static_cast<int64_t>(T)); !s.ok())
+    return s;
+  kernels::LossSum out;
+  for (int t = 0; t < T; ++t) {
+    float* d =
+        dlogits_shard == nullptr ? nullptr : dlogits_shard + static_cast<int64_t>(t) * v_shard;
+    if (targets[t] < 0) {
+      if (d != nullptr) std::fill(d, d + v_shard, 0.0f);
+      continue;
+    }
+    const double lse = std::log(sums[2 * t]);
+    out.sum += lse - sums[2 * t + 1];
+    ++out.count;
+    if (d == nullptr) continue;
+    const float* x = row(t);
+    for (int v = 0; v < v_shard; ++v) {
+      d[v] = static_cast<float>(std::exp(static_cast<double>(x[v] - mx[t]) - lse)) * grad_scale;
+    }
+    const int v = targets[t] - vocab_start;
+    if (v >= 0 && v < v_shard) d[v] -= grad_scale;
+  }
+  return out;
 }
 
 }  // namespace loom::parallel

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/loss/crossentropy.h"
 #include "runtime/comm/collective.h"
 
 namespace loom::parallel {
@@ -60,6 +61,30 @@ absl::Status RowParallelForward(Communicator* tp, float* out, const float* inp_s
 void RowParallelBackward(float* dinp_shard, float* dweight_shard, float* dbias, const float* dout,
                          const float* inp_shard, const float* weight_shard, int M, int k_shard,
                          int N);
+
+// The vocab-parallel embedding: rank r holds rows [vocab_start, vocab_start +
+// v_shard) of the table. out (T, C) = each token's row, from the rank that
+// holds it (the others add zeros; g's all-reduce). Negative tokens (image
+// positions) stay zero, for the caller to fill.
+absl::Status VocabParallelEmbeddingForward(Communicator* tp, float* out, const int32_t* tokens,
+                                           const float* table_shard, int T, int C, int vocab_start,
+                                           int v_shard);
+// dtable_shard += dout rows of the tokens this rank holds (identity backward).
+void VocabParallelEmbeddingBackward(float* dtable_shard, const float* dout, const int32_t* tokens,
+                                    int T, int C, int vocab_start, int v_shard);
+
+// Cross-entropy over logits split by vocabulary: logits_shard (T, v_shard)
+// holds columns [vocab_start, vocab_start + v_shard). Megatron's
+// vocab-parallel cross-entropy: the row max all-reduced (max), then Σ exp and
+// the target's logit (sums), so no rank ever holds whole logits. With
+// `dlogits_shard` non-null it is set to (softmax - onehot) · grad_scale on
+// rows with a target (>= 0), 0 elsewhere. A group of one is the kernel's
+// crossentropy_forward(_backward) itself.
+absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Communicator* tp,
+                                                           const float* logits_shard,
+                                                           const int32_t* targets, int T,
+                                                           int v_shard, int vocab_start,
+                                                           float grad_scale, float* dlogits_shard);
 
 }  // namespace loom::parallel
 

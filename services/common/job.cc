@@ -61,6 +61,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (p->encoder_dp() == 0) p->set_encoder_dp(2);
   if (p->llm_dp() == 0) p->set_llm_dp(2);
   if (p->microbatches() == 0) p->set_microbatches(2);
+  if (p->encoder_tp() == 0) p->set_encoder_tp(1);
+  if (p->llm_tp() == 0) p->set_llm_tp(1);
   job::v1::TrainConfig* t = job->mutable_train();
   if (!t->has_lr()) t->set_lr(1e-3);
   if (!t->has_warmup_steps()) t->set_warmup_steps(10);
@@ -94,6 +96,11 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (s.ok()) s = AtLeast("parallel.llm_dp", p.llm_dp(), 1);
   if (s.ok()) s = AtLeast("parallel.microbatches", p.microbatches(), 1);
   if (!s.ok()) return s;
+  if (absl::Status tp =
+          ValidateTensorParallel(*ModelConfigByName(job.model()), p.encoder_tp(), p.llm_tp());
+      !tp.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.", tp.message()));
+  }
   const int64_t bins = static_cast<int64_t>(p.llm_dp()) * p.microbatches();
   if (d.global_batch() < bins) {
     return Bad("data.global_batch", absl::StrCat(d.global_batch(),

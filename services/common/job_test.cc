@@ -23,6 +23,8 @@ TEST(JobConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(job->data().generated_dir(), "/run/data/onevision");
   EXPECT_EQ(job->parallel().encoder_dp(), 2);
   EXPECT_EQ(job->parallel().llm_dp(), 2);
+  EXPECT_EQ(job->parallel().encoder_tp(), 1);
+  EXPECT_EQ(job->parallel().llm_tp(), 1);
   EXPECT_EQ(job->checkpoint().dir(), "/run/checkpoints");
   EXPECT_DOUBLE_EQ(job->train().clip_norm(), 1.0);
 }
@@ -67,6 +69,12 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"data { preset: 'nope' }", "data.preset"},
            Case{"parallel { llm_dp: -1 }", "parallel.llm_dp"},
            Case{"parallel { encoder_dp: -2 }", "parallel.encoder_dp"},
+           Case{"parallel { llm_tp: -1 }", "parallel.llm_tp"},
+           Case{"parallel { llm_tp: 3 }", "parallel.llm_tp: 3 does not divide the LLM heads (4)"},
+           Case{"parallel { encoder_tp: 8 }",
+                "parallel.encoder_tp: 8 does not divide the ViT heads"},
+           Case{"model: 'vit300m-llm7b' parallel { llm_tp: 64 }",
+                "parallel.llm_tp: 64 does not divide the LLM heads (32)"},
            Case{"data { global_batch: 3 } parallel { llm_dp: 2 microbatches: 2 }",
                 "data.global_batch"},
            Case{"train { lr: 5 }", "train.lr"},

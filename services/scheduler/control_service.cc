@@ -34,8 +34,14 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
     return absl::InvalidArgumentError(absl::StrCat("job.config.", s.message()));
   }
   const job::v1::ParallelConfig& p = o.job.parallel();
-  absl::StatusOr<scheduler::v1::Plan> plan = sched::PlanFromFileOrDegrees(
-      deployment.plan_file, p.llm_dp(), p.microbatches(), p.encoder_dp());
+  sched::Degrees degrees;
+  degrees.llm_dp = p.llm_dp();
+  degrees.microbatches = p.microbatches();
+  degrees.encoder_dp = p.encoder_dp();
+  degrees.llm_tp = p.llm_tp();
+  degrees.encoder_tp = p.encoder_tp();
+  absl::StatusOr<scheduler::v1::Plan> plan =
+      sched::PlanFromFileOrDegrees(deployment.plan_file, degrees);
   if (!plan.ok()) return plan.status();
   plan->set_model(o.job.model());
   if (!plan->has_costs()) {

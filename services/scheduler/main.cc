@@ -24,6 +24,8 @@ ABSL_FLAG(std::string, plan, "", "The job's plan (JSON from `loom-schedule plan`
 ABSL_FLAG(int, llm_dp, 0, "Instead of --plan: LLM DP ranks.");
 ABSL_FLAG(int, microbatches, 0, "Instead of --plan: microbatches per LLM rank.");
 ABSL_FLAG(int, encoder_dp, 0, "Instead of --plan: encoder DP ranks.");
+ABSL_FLAG(int, llm_tp, 1, "With --llm_dp: ranks splitting each LLM layer.");
+ABSL_FLAG(int, encoder_tp, 1, "With --encoder_dp: ranks splitting each encoder layer.");
 ABSL_FLAG(std::string, config, "tiny", "Model config, for costs when the plan has none.");
 ABSL_FLAG(std::string, algorithm, "loom",
           "Assignment: sequential, lpt, disttrain, entrain, ilp, loom.");
@@ -47,9 +49,14 @@ ABSL_FLAG(double, peak_flops, 0,
 namespace {
 
 absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
-  absl::StatusOr<loom::scheduler::v1::Plan> read = loom::sched::PlanFromFileOrDegrees(
-      absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_llm_dp), absl::GetFlag(FLAGS_microbatches),
-      absl::GetFlag(FLAGS_encoder_dp));
+  loom::sched::Degrees degrees;
+  degrees.llm_dp = absl::GetFlag(FLAGS_llm_dp);
+  degrees.microbatches = absl::GetFlag(FLAGS_microbatches);
+  degrees.encoder_dp = absl::GetFlag(FLAGS_encoder_dp);
+  degrees.llm_tp = absl::GetFlag(FLAGS_llm_tp);
+  degrees.encoder_tp = absl::GetFlag(FLAGS_encoder_tp);
+  absl::StatusOr<loom::scheduler::v1::Plan> read =
+      loom::sched::PlanFromFileOrDegrees(absl::GetFlag(FLAGS_plan), degrees);
   if (!read.ok()) return read.status();
   loom::scheduler::v1::Plan plan = std::move(*read);
   if (!plan.has_costs()) {

@@ -1,6 +1,7 @@
 #include "services/scheduler/schedule.h"
 
 #include <chrono>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
@@ -9,22 +10,24 @@
 
 namespace loom::sched {
 
-scheduler::v1::Plan PlanOfDegrees(int llm_dp, int microbatches, int encoder_dp) {
+scheduler::v1::Plan PlanOfDegrees(const Degrees& d) {
   scheduler::v1::Plan plan;
-  for (auto [module, dp] : {std::make_pair(plan.mutable_llm(), llm_dp),
-                            std::make_pair(plan.mutable_encoder(), encoder_dp)}) {
-    module->set_tp(1);
+  for (auto [module, dp, tp] :
+       {std::make_tuple(plan.mutable_llm(), d.llm_dp, d.llm_tp),
+        std::make_tuple(plan.mutable_encoder(), d.encoder_dp, d.encoder_tp)}) {
+    module->set_tp(tp);
     module->set_pp(1);
     module->set_dp(dp);
-    module->set_gpus(dp);
+    module->set_gpus(tp * dp);
   }
-  plan.set_microbatches(microbatches);
-  plan.set_cluster_gpus(llm_dp + encoder_dp);
+  plan.set_microbatches(d.microbatches);
+  plan.set_cluster_gpus(plan.llm().gpus() + plan.encoder().gpus());
   return plan;
 }
 
-absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& path, int llm_dp,
-                                                          int microbatches, int encoder_dp) {
+absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& path,
+                                                          const Degrees& d) {
+  const int llm_dp = d.llm_dp, microbatches = d.microbatches, encoder_dp = d.encoder_dp;
   const bool degrees = llm_dp != 0 || microbatches != 0 || encoder_dp != 0;
   if (!path.empty()) {
     if (degrees) {
@@ -44,7 +47,10 @@ absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& pat
     return absl::InvalidArgumentError(
         "give --plan FILE, or --llm_dp, --microbatches and --encoder_dp (each >= 1)");
   }
-  return PlanOfDegrees(llm_dp, microbatches, encoder_dp);
+  if (d.llm_tp < 1 || d.encoder_tp < 1) {
+    return absl::InvalidArgumentError("--llm_tp and --encoder_tp must be >= 1");
+  }
+  return PlanOfDegrees(d);
 }
 
 absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Plan& plan,

@@ -13,14 +13,23 @@
 
 namespace loom::sched {
 
-// A plan of the given degrees with no cost prediction (`--llm_dp ...`).
-scheduler::v1::Plan PlanOfDegrees(int llm_dp, int microbatches, int encoder_dp);
+// The degrees a job or the flags give instead of a plan file (0: not given).
+struct Degrees {
+  int llm_dp = 0;
+  int microbatches = 0;
+  int encoder_dp = 0;
+  int llm_tp = 1;
+  int encoder_tp = 1;
+};
+
+// A plan of the given degrees (pp 1) with no cost prediction (`--llm_dp ...`).
+scheduler::v1::Plan PlanOfDegrees(const Degrees& d);
 
 // The job's plan from `--plan FILE` (JSON of loom-schedule plan) or from the
-// three degrees; INVALID_ARGUMENT naming the flag when both or neither are
-// given, or the file is not a plan.
-absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& path, int llm_dp,
-                                                          int microbatches, int encoder_dp);
+// degrees; INVALID_ARGUMENT naming the flag when both or neither are given,
+// or the file is not a plan.
+absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& path,
+                                                          const Degrees& d);
 
 // INVALID_ARGUMENT: a plan without degrees, keys and loads of different
 // lengths; otherwise Assign's errors.

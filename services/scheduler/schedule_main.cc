@@ -100,9 +100,9 @@ int Plan(const BatchFile& batch) {
 }
 
 absl::StatusOr<scheduler::v1::Plan> PlanForAssign() {
-  absl::StatusOr<scheduler::v1::Plan> plan =
-      PlanFromFileOrDegrees(absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_llm_dp),
-                            absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_encoder_dp));
+  absl::StatusOr<scheduler::v1::Plan> plan = PlanFromFileOrDegrees(
+      absl::GetFlag(FLAGS_plan), {absl::GetFlag(FLAGS_llm_dp), absl::GetFlag(FLAGS_microbatches),
+                                  absl::GetFlag(FLAGS_encoder_dp)});
   if (plan.ok() && plan->model().empty()) plan->set_model(absl::GetFlag(FLAGS_config));
   return plan;
 }

@@ -41,6 +41,29 @@ TEST(SchedulerServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// A plan the workers cannot run as it says is refused before anything
+// registers: pipeline stages (not run yet), a TP degree that does not divide
+// the model's heads.
+TEST(SchedulerServiceImplTest, RefusesPlansTheWorkersCannotRun) {
+  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER, /*rank=*/0));
+  SchedulerServiceImpl service(&chassis);
+  SchedulerServiceOptions so;
+  so.job.set_name("t");
+  so.job.set_model("tiny");
+  so.plan = sched::PlanOfDegrees({/*llm_dp=*/1, /*microbatches=*/2, /*encoder_dp=*/1});
+  so.plan.mutable_llm()->set_pp(2);
+  so.plan.mutable_llm()->set_gpus(2);
+  absl::Status s = service.Configure(so);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("llm.pp 2"), std::string::npos) << s;
+  so.plan = sched::PlanOfDegrees({1, 2, 1, /*llm_tp=*/3});
+  s = service.Configure(so);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("llm_tp: 3 does not divide the LLM heads"), std::string::npos) << s;
+  so.plan = sched::PlanOfDegrees({1, 2, 1, /*llm_tp=*/2, /*encoder_tp=*/2});
+  EXPECT_TRUE(service.Configure(so).ok());
+}
+
 // A preprocess service over generated shards and a scheduler reading from it,
 // with a plan of LLM DP 2 x 2 microbatches and encoder DP 2.
 class ServedScheduleTest : public ::testing::Test {
@@ -67,7 +90,7 @@ class ServedScheduleTest : public ::testing::Test {
     ASSERT_TRUE(data_chassis_->Start().ok());
 
     SchedulerServiceOptions so;
-    so.plan = sched::PlanOfDegrees(/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2);
+    so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
     *so.plan.mutable_costs() =
         sched::CoefficientsOnOneGpu(*ModelConfigByName("tiny"), sched::ClusterSpec());
     so.preprocess = absl::StrCat("127.0.0.1:", data_chassis_->grpc_port());

@@ -18,6 +18,7 @@
 #include "runtime/comm/collective.h"
 #include "runtime/comm/ucx.h"
 #include "runtime/model/model.h"
+#include "runtime/parallel/grid.h"
 #include "runtime/train/trainer.h"
 #include "services/preprocess/data_client.h"
 #include "services/worker/scheduler_client.h"
@@ -64,14 +65,21 @@ struct TrainingWorker::Impl {
   std::unique_ptr<UcxWorker> ucx;
   std::unique_ptr<SchedulerClient> scheduler;
   std::unique_ptr<DataClient> data;
-  std::unique_ptr<Communicator> module_comm, job_comm;
-  std::vector<std::string> encoder_addresses, llm_addresses;  // by rank
+  // This module's grid (tp x 1 x dp) and this worker's place in it; the
+  // other module's grid says where a bin's tensors go.
+  parallel::GridShape encoder_grid, llm_grid;
+  parallel::GridPosition pos;
+  // The TP group (null when tp is 1), the DP group (same TP position), and
+  // every worker of the job (the global norm, the loss).
+  std::unique_ptr<Communicator> tp_comm, dp_comm, job_comm;
+  std::vector<std::string> encoder_addresses, llm_addresses;  // by worker rank
 
   std::unique_ptr<VitEncoder> vit;
   std::unique_ptr<Projector> projector;
   std::unique_ptr<Llm> llm;
   std::vector<ParamSet*> sets;
   std::vector<Module> modules;
+  std::vector<Communicator*> set_tp;  // each set's TP group (null: held whole)
 
   std::atomic<bool> stop{false};    // asked to stop (RequestStop)
   std::atomic<bool> cancel{false};  // stop or failure: waiting calls give up
@@ -94,9 +102,11 @@ struct TrainingWorker::Impl {
                             scheduler::v1::ReportTimingsRequest* timings, double* loss_sum,
                             double* tokens, double* samples, int64_t* loss_tokens);
   absl::Status Checkpoint(int64_t step);
+  // The worker ranks of DP replica `dp`'s TP group in the other module.
+  std::vector<int> PeerGroup(int dp) const;
   std::vector<float> Tiles(const IterationData& d, const scheduler::v1::Bin& bin, int* n) const;
-  void ForwardEncoder(const std::vector<float>& tiles, int n, std::vector<float>* vit_out,
-                      std::vector<float>* emb);
+  absl::Status ForwardEncoder(const std::vector<float>& tiles, int n, std::vector<float>* vit_out,
+                              std::vector<float>* emb);
 };
 
 absl::Status TrainingWorker::Impl::Connect() {
@@ -138,43 +148,72 @@ absl::Status TrainingWorker::Impl::Connect() {
       grpc::CreateChannel(reg->preprocess(), grpc::InsecureChannelCredentials()), ucx.get(),
       absl::Seconds(30), &model);
 
-  const int enc = plan.encoder().dp(), llm_dp = plan.llm().dp();
+  encoder_grid = {plan.encoder().tp(), plan.encoder().pp(), plan.encoder().dp()};
+  llm_grid = {plan.llm().tp(), plan.llm().pp(), plan.llm().dp()};
+  const parallel::GridShape& grid = encoder ? encoder_grid : llm_grid;
+  if (grid.pp != 1) {
+    return absl::UnimplementedError(absl::StrCat("plan: ", encoder ? "encoder" : "llm", ".pp ",
+                                                 grid.pp,
+                                                 ": this worker does not run pipeline stages yet"));
+  }
+  if (options.rank < 0 || options.rank >= grid.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank ", options.rank, " is outside the plan's ", grid.size(), " ranks"));
+  }
+  pos = parallel::PositionOf(grid, options.rank);
+  const std::string module_name = encoder ? "encoder" : "llm";
   SchedulerStore store(scheduler.get());
-  GlooOptions g;
-  g.host = options.host;
-  g.timeout = options.startup_timeout;
-  g.prefix = encoder ? "encoder" : "llm";
-  g.rank = options.rank;
-  g.size = encoder ? enc : llm_dp;
-  absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, g);
+  auto connect = [&](const std::string& prefix, int rank,
+                     int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    GlooOptions g;
+    g.host = options.host;
+    g.timeout = options.startup_timeout;
+    g.prefix = prefix;
+    g.rank = rank;
+    g.size = size;
+    return ConnectGloo(&store, g);
+  };
+  if (grid.tp > 1) {
+    absl::StatusOr<std::unique_ptr<Communicator>> c =
+        connect(absl::StrCat(module_name, "-tp-dp", pos.dp), pos.tp, grid.tp);
+    if (!c.ok()) return c.status();
+    tp_comm = std::move(*c);
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> c =
+      connect(absl::StrCat(module_name, "-dp-tp", pos.tp), pos.dp, grid.dp);
   if (!c.ok()) return c.status();
-  module_comm = std::move(*c);
-  g.prefix = "job";
-  g.rank = encoder ? options.rank : enc + options.rank;
-  g.size = enc + llm_dp;
-  c = ConnectGloo(&store, g);
+  dp_comm = std::move(*c);
+  const int encoder_workers = encoder_grid.size();
+  c = connect("job", encoder ? options.rank : encoder_workers + options.rank,
+              encoder_workers + llm_grid.size());
   if (!c.ok()) return c.status();
   job_comm = std::move(*c);
 
   if (encoder) {
-    vit = std::make_unique<VitEncoder>(model.vit);
+    vit = std::make_unique<VitEncoder>(model.vit, tp_comm.get());
     projector = std::make_unique<Projector>(model);
     sets = {&vit->params(), &projector->params()};
     modules = {Module::kEncoder, Module::kProjector};
+    set_tp = {tp_comm.get(), nullptr};
   } else {
-    llm = std::make_unique<Llm>(model.llm);
+    llm = std::make_unique<Llm>(model.llm, tp_comm.get());
     sets = {&llm->params()};
     modules = {Module::kLlm};
+    set_tp = {tp_comm.get()};
   }
   for (size_t i = 0; i < sets.size(); ++i) {
     if (reg->checkpoint_step_dir().empty()) {
       sets[i]->Initialize(ModuleSeed(job.seed(), modules[i]));
       continue;
     }
+    // Checkpoints hold the master tensors: this rank takes its slice, so a
+    // job resumes under any TP degree.
     const char* name = kModuleNames[static_cast<int>(modules[i])];
+    ParamSet master = sets[i]->MasterLayout();
     absl::Status s = LoadModuleCheckpoint(
-        absl::StrCat(reg->checkpoint_step_dir(), "/", name, ".ckpt"), name, sets[i]);
+        absl::StrCat(reg->checkpoint_step_dir(), "/", name, ".ckpt"), name, &master);
     if (!s.ok()) return s;
+    sets[i]->SliceFromMaster(master);
   }
 
   prometheus::Registry& r = chassis->registry();
@@ -229,8 +268,7 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   d.assignment = std::move(*a);
   const auto& bins = d.assignment.bins();
   for (int b = 0; b < bins.size(); ++b) {
-    if ((encoder ? bins[b].encoder_rank() : bins[b].llm_rank()) == options.rank)
-      d.bins.push_back(b);
+    if ((encoder ? bins[b].encoder_rank() : bins[b].llm_rank()) == pos.dp) d.bins.push_back(b);
   }
   // Encoder: slot by slot (each slot's bins feed the LLM ranks' same
   // microbatch), LLM: its own order.
@@ -261,12 +299,21 @@ std::vector<float> TrainingWorker::Impl::Tiles(const IterationData& d,
   return tiles;
 }
 
-void TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& tiles, int n,
-                                          std::vector<float>* vit_out, std::vector<float>* emb) {
+absl::Status TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& tiles, int n,
+                                                  std::vector<float>* vit_out,
+                                                  std::vector<float>* emb) {
   vit_out->resize(static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim);
   emb->resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
-  vit->Forward(tiles.data(), n, vit_out->data());
+  if (absl::Status s = vit->Forward(tiles.data(), n, vit_out->data()); !s.ok()) return s;
   projector->Forward(vit_out->data(), n, emb->data());
+  return absl::OkStatus();
+}
+
+std::vector<int> TrainingWorker::Impl::PeerGroup(int dp) const {
+  const parallel::GridShape& other = encoder ? llm_grid : encoder_grid;
+  std::vector<int> ranks;
+  for (int t = 0; t < other.tp; ++t) ranks.push_back(parallel::RankOf(other, {t, 0, dp}));
+  return ranks;
 }
 
 absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, double* compute,
@@ -283,15 +330,19 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     if (n == 0) continue;
     const auto t0 = Clock::now();
     auto emb = std::make_shared<std::vector<float>>();
-    ForwardEncoder(tiles, n, &vit_out, emb.get());
+    if (absl::Status s = ForwardEncoder(tiles, n, &vit_out, emb.get()); !s.ok()) return s;
     inputs[b] = {std::move(tiles), n};
     live = b;
     seconds[b] += Since(t0);
-    const int llm_rank = bins[b].llm_rank();
-    absl::Status s =
-        ucx->Send(llm_addresses.at(llm_rank), TransferTag(Direction::kEmbeddings, d.iteration, b),
-                  emb->data(), emb->size() * sizeof(float), emb);
-    if (!s.ok()) return s;
+    // The TP group's ranks hold the same embeddings: its first sends them to
+    // every rank of the receiving LLM replica's TP group.
+    if (pos.tp != 0) continue;
+    for (int peer : PeerGroup(bins[b].llm_rank())) {
+      absl::Status s =
+          ucx->Send(llm_addresses.at(peer), TransferTag(Direction::kEmbeddings, d.iteration, b),
+                    emb->data(), emb->size() * sizeof(float), emb);
+      if (!s.ok()) return s;
+    }
   }
   std::vector<float> emb_scratch, dvit;
   for (int b : d.bins) {
@@ -306,11 +357,13 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     *wait += Since(w0);
     if (!s.ok()) return s;
     const auto t0 = Clock::now();
-    if (live != b) ForwardEncoder(tiles, n, &vit_out, &emb_scratch);  // recompute
+    if (live != b) {  // recompute
+      if (absl::Status s = ForwardEncoder(tiles, n, &vit_out, &emb_scratch); !s.ok()) return s;
+    }
     live = -1;
     dvit.assign(vit_out.size(), 0.0f);
     projector->Backward(grad.data(), dvit.data());
-    vit->Backward(dvit.data());
+    if (absl::Status s = vit->Backward(dvit.data()); !s.ok()) return s;
     seconds[b] += Since(t0);
   }
   for (const auto& [b, sec] : seconds) {
@@ -333,7 +386,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   double lt = 0;
   for (const auto& [i, s] : d.samples) lt += static_cast<double>(LossTokens(s));
   const auto w0 = Clock::now();
-  if (absl::Status s = module_comm->AllreduceSum(&lt, 1); !s.ok()) return s;
+  if (absl::Status s = dp_comm->AllreduceSum(&lt, 1); !s.ok()) return s;
   *wait += Since(w0);
   if (lt <= 0)
     return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
@@ -362,22 +415,29 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       if (!s.ok()) return s;
     }
     const auto t0 = Clock::now();
-    llm->Forward(batch, image_tokens > 0 ? emb.data() : nullptr);
+    if (absl::Status s = llm->Forward(batch, image_tokens > 0 ? emb.data() : nullptr); !s.ok()) {
+      return s;
+    }
     auto grad = std::make_shared<std::vector<float>>(emb.size(), 0.0f);
-    kernels::LossSum loss = llm->Backward(scale, image_tokens > 0 ? grad->data() : nullptr);
+    absl::StatusOr<kernels::LossSum> loss =
+        llm->Backward(scale, image_tokens > 0 ? grad->data() : nullptr);
+    if (!loss.ok()) return loss.status();
     const double sec = Since(t0);
     *compute += sec;
-    *loss_sum += loss.sum;
+    *loss_sum += loss->sum;
     *tokens += batch.T();
     *samples += static_cast<double>(mb.size());
     scheduler::v1::MicrobatchTiming* t = timings->add_timings();
     t->set_microbatch(bins[b].microbatch());
-    t->set_llm_rank(options.rank);
+    t->set_llm_rank(pos.dp);
     t->set_seconds(sec);
-    if (image_tokens > 0) {
-      absl::Status s = ucx->Send(encoder_addresses.at(bins[b].encoder_rank()),
-                                 TransferTag(Direction::kGradients, d.iteration, b), grad->data(),
-                                 grad->size() * sizeof(float), grad);
+    // Every TP rank holds the whole embedding gradient: the first sends it
+    // to every rank of the encoder replica's TP group.
+    if (image_tokens == 0 || pos.tp != 0) continue;
+    for (int peer : PeerGroup(bins[b].encoder_rank())) {
+      absl::Status s =
+          ucx->Send(encoder_addresses.at(peer), TransferTag(Direction::kGradients, d.iteration, b),
+                    grad->data(), grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }
   }
@@ -391,7 +451,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   int64_t loss_tokens = 0;
   scheduler::v1::ReportTimingsRequest timings;
   timings.set_role(options.role);
-  timings.set_rank(options.rank);
+  timings.set_rank(pos.dp);
   timings.set_iteration(d.iteration);
   for (ParamSet* p : sets) p->ZeroGrad();
   absl::Status s = encoder ? EncoderIteration(d, &compute, &wait, &timings)
@@ -401,13 +461,20 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
 
   const auto w0 = Clock::now();
   for (ParamSet* p : sets) {
-    if (s = module_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
+    if (s = dp_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
   }
-  // Σ g² of each module (from its rank 0: replicas hold equal gradients),
-  // and the LLM ranks' loss, tokens and samples.
-  const bool first = options.rank == 0;
-  const double sq = first ? GradSumOfSquares(sets) : 0.0;
-  double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, loss_sum, tokens, samples};
+  // Σ g² of each module from DP replica 0 (replicas hold equal gradients),
+  // each TP rank its own slices and rank 0 what they hold whole; the loss,
+  // tokens and samples from each LLM replica's first TP rank.
+  double sq = 0;
+  if (pos.dp == 0) {
+    for (size_t i = 0; i < sets.size(); ++i) {
+      if (set_tp[i] != nullptr || pos.tp == 0) sq += sets[i]->OwnedGradSumOfSquares();
+    }
+  }
+  const bool reports = pos.tp == 0;
+  double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, reports ? loss_sum : 0.0,
+                       reports ? tokens : 0.0, reports ? samples : 0.0};
   if (s = job_comm->AllreduceSum(scalars, 5); !s.ok()) return s;
   wait += Since(w0);
   const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
@@ -421,12 +488,14 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   ucx_received->Increment(static_cast<double>(st.bytes_received - ucx_received_seen));
   ucx_sent_seen = st.bytes_sent;
   ucx_received_seen = st.bytes_received;
-  if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
-    LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
+  if (reports) {
+    if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
+      LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
+    }
   }
   const double seconds = Since(t0);
   iteration_seconds->Observe(seconds);
-  if (!encoder && first) {
+  if (!encoder && options.rank == 0) {
     scheduler::v1::StepReport report;
     report.set_iteration(d.iteration);
     report.set_loss(scalars[2] / static_cast<double>(loss_tokens));
@@ -446,15 +515,24 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
 }
 
 absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
-  if (options.rank == 0) {  // DP replicas hold the same weights; rank 0 writes them
-    // Into the step's partial folder, which the scheduler emptied when it
-    // marked the step and renames into place once every part is written.
-    const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
-    if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  // DP replicas hold the same weights: replica 0's TP group gathers the
+  // master tensors (the layout-independent checkpoint) and its first rank
+  // writes them into the step's partial folder, which the scheduler emptied
+  // when it marked the step and renames into place once every part is written.
+  if (pos.dp == 0) {
+    std::vector<ParamSet> masters(sets.size());
     for (size_t i = 0; i < sets.size(); ++i) {
-      const char* name = kModuleNames[static_cast<int>(modules[i])];
-      absl::Status s = SaveModuleCheckpoint(*sets[i], name, absl::StrCat(dir, "/", name, ".ckpt"));
-      if (!s.ok()) return s;
+      if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &masters[i]); !s.ok()) return s;
+    }
+    if (pos.tp == 0) {
+      const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
+      if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+      for (size_t i = 0; i < sets.size(); ++i) {
+        const char* name = kModuleNames[static_cast<int>(modules[i])];
+        absl::Status s =
+            SaveModuleCheckpoint(masters[i], name, absl::StrCat(dir, "/", name, ".ckpt"));
+        if (!s.ok()) return s;
+      }
     }
   }
   return scheduler->ReportCheckpoint(options.role, options.rank, step);

@@ -2,12 +2,18 @@
 // projector) or an LLM worker. loom-encoder-worker and loom-llm-worker run
 // one each, next to their gRPC service.
 //
+// Each module is a grid of tp x dp ranks (runtime/parallel/grid.h, rank =
+// dp * tp_size + tp); "rank e" below is a DP replica, a TP group whose ranks
+// all run the same bins, each holding its slice of every split layer.
+//
 // Start(): UCX worker; RegisterWorker with loom-scheduler (which answers the
 // plan and the job); waits until every worker registered (their UCX
-// addresses); connects two Gloo groups over the scheduler's rendezvous
-// store: this module's DP ranks, and all the job's workers (for the few
-// scalars both modules need: the global gradient norm, the loss). Weights
-// start from the job's seed, or from the checkpoint the job resumes from.
+// addresses); connects Gloo groups over the scheduler's rendezvous store:
+// this rank's TP group (when tp > 1), its DP group (the ranks of the same
+// TP position), and all the job's workers (for the few scalars both modules
+// need: the global gradient norm, the loss). Weights start from the job's
+// seed, or from the checkpoint the job resumes from (master tensors: each
+// rank keeps its slice).
 // Then a thread trains, one iteration at a time:
 //
 //   encoder rank e                              LLM rank l
@@ -23,10 +29,12 @@
 //   ─────────── job group: Σ g² of both modules, loss, tokens ───────────
 //   clip to the global norm; AdamW (runtime/train/trainer.h OptimizerStep)
 //
-// Sends are asynchronous, so a microbatch's embeddings travel while the
-// next one computes; the next iteration's assignment and samples are fetched
-// while this one computes. Every K iterations each rank 0 writes its
-// modules' checkpoint and every rank reports to the scheduler, which
+// A bin's embeddings go from the encoder replica's TP rank 0 to every rank of
+// the LLM replica's TP group; its gradient from the LLM replica's TP rank 0
+// to every encoder TP rank. Sends are asynchronous, so a microbatch's
+// embeddings travel while the next one computes; the next iteration's assignment and samples are
+// fetched while this one computes. Every K iterations each module's DP replica 0 gathers its master
+// tensors over its TP group, its rank 0 writes them, and every rank reports to the scheduler, which
 // completes the checkpoint. LLM rank 0 reports each step's loss.
 //
 // Summation order is fixed (bins in assignment order, ring allreduce), so a

@@ -1,11 +1,14 @@
 // Disaggregated training end to end: `loom up` (preprocess, scheduler, two
 // encoder and two LLM worker processes) against loom-train-local on the same
 // shards and seed, loss by loss over 20 steps, for the `sequential` and the
-// `loom` assignment; encoder DP != LLM DP (fan-in, fan-out); a run stopped at
-// 10 and resumed to 20, with the same and with other degrees, against the
-// uninterrupted one; a fresh run in a reused folder never resuming the older
-// run's steps; and a bad job config named.
+// `loom` assignment; encoder DP != LLM DP (fan-in, fan-out); tensor
+// parallelism in both modules, and checkpoints moving between TP layouts; a
+// run stopped at 10 and resumed to 20, with the same and with other degrees,
+// against the uninterrupted one; a fresh run in a reused folder never
+// resuming the older run's steps; and a bad job config named.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -69,6 +72,12 @@ void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>&
   const testing::Tolerance tol = testing::kDisaggregatedVsLocalLoss;
   ASSERT_EQ(got.size(), want.size()) << what;
   ASSERT_FALSE(want.empty()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+  }
+  std::printf("%s: largest relative loss difference %.2e over %zu steps\n", what.c_str(), worst,
+              want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_LE(std::abs(got[i] - want[i]), tol.atol + tol.rtol * std::abs(want[i]))
         << what << ", step " << i + 1 << ": " << got[i] << " vs " << want[i] << " (" << tol.reason
@@ -115,10 +124,16 @@ class DistributedTest : public ::testing::Test {
 
   static std::string Job(const std::string& algorithm, int checkpoint_every, int encoder_dp = 2,
                          int llm_dp = 2) {
+    return JobWith(algorithm, checkpoint_every,
+                   absl::StrCat("encoder_dp: ", encoder_dp, " llm_dp: ", llm_dp));
+  }
+  // `parallel` holds the ParallelConfig fields besides microbatches (2).
+  static std::string JobWith(const std::string& algorithm, int checkpoint_every,
+                             const std::string& parallel) {
     return absl::StrCat("algorithm: '", algorithm, "'\nseed: 1\nmodel: 'tiny'\n",
-                        "data { shards: '", data_, "/*.tar' global_batch: 16 }\n",
-                        "parallel { encoder_dp: ", encoder_dp, " llm_dp: ", llm_dp,
-                        " microbatches: 2 }\n", "checkpoint { every: ", checkpoint_every, " }\n");
+                        "data { shards: '", data_, "/*.tar' global_batch: 16 }\n", "parallel { ",
+                        parallel, " microbatches: 2 }\n", "checkpoint { every: ", checkpoint_every,
+                        " }\n");
   }
 
   static std::vector<double> Local(int first, int last) {
@@ -146,6 +161,29 @@ TEST_F(DistributedTest, FanInAndFanOutMatchTheSingleProcessRun) {
                    "encoder DP 1, LLM DP 3 vs loom-train-local");
   ExpectSameLosses(Steps(LoomUp("fan-in", Job("loom", 0, 3, 2), 8), 1, 8, "3+2"), Local(1, 8),
                    "encoder DP 3, LLM DP 2 vs loom-train-local");
+}
+
+// Tensor parallelism in both modules with different DP on the two sides:
+// encoder TP2 x DP1 (2 workers) feeding LLM TP2 x DP2 (4 workers), each bin's
+// embeddings going to the whole TP group of its LLM replica. Then the
+// layout-independent checkpoint: its step 10 resumed with no TP at all
+// (DP 2 + 1), and the step 10 of a DP-only run resumed under TP4 x DP1 in
+// both modules, each equal to the single-process run.
+TEST_F(DistributedTest, TensorParallelMatchesAndCheckpointsMoveAcrossLayouts) {
+  const std::string tp = "encoder_tp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 2";
+  ExpectSameLosses(Steps(LoomUp("tp", JobWith("loom", 10, tp), kSteps), 1, kSteps, "tp"), local_,
+                   "encoder TP2 x DP1, LLM TP2 x DP2 vs loom-train-local");
+  const std::vector<double> untp = Steps(
+      LoomUp("tp", JobWith("loom", 10, "encoder_dp: 2 llm_dp: 1"), kSteps, {"--resume_step=10"}),
+      11, kSteps, "TP checkpoint resumed without TP");
+  ExpectSameLosses(untp, Local(11, kSteps), "TP2 checkpoint resumed as DP 2 + 1");
+
+  Steps(LoomUp("dp", Job("loom", 10, 2, 2), 10), 1, 10, "DP-only first 10");
+  const std::vector<double> tp4 =
+      Steps(LoomUp("dp", JobWith("loom", 10, "encoder_tp: 4 encoder_dp: 1 llm_tp: 4 llm_dp: 1"),
+                   kSteps, {"--resume_step=10"}),
+            11, kSteps, "DP checkpoint resumed under TP4");
+  ExpectSameLosses(tp4, Local(11, kSteps), "DP 2 + 2 checkpoint resumed as TP4 + TP4");
 }
 
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {

@@ -115,7 +115,7 @@ int Main() {
       const std::vector<SampleLoad> loads(all.begin(), all.begin() + n);
       for (int bins : Ints(absl::GetFlag(FLAGS_bins))) {
         const int m = std::min(8, bins), dp = bins / m;
-        scheduler::v1::Plan plan = PlanOfDegrees(dp, m, dp);
+        scheduler::v1::Plan plan = PlanOfDegrees({dp, m, dp});
         plan.mutable_llm()->set_pp(2);
         Row row;
         row.where = preset + " " + std::to_string(n) + "x" + std::to_string(bins);
