@@ -110,11 +110,13 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
 absl::Status Launcher::Start() {
   if (absl::Status s = MakeDirectories(options_.run_dir + "/logs"); !s.ok()) return s;
   for (const ServiceBinary& b : ServiceCatalog()) {
-    // A module's workers are its grid: tp x dp ranks (runtime/parallel/grid.h).
+    // A module's workers are its grid: tp x pp x dp ranks (runtime/parallel/grid.h).
     const job::v1::ParallelConfig& p = options_.job.parallel();
     int ranks = 1;
-    if (b.role == common::v1::ROLE_ENCODER_WORKER) ranks = p.encoder_tp() * p.encoder_dp();
-    if (b.role == common::v1::ROLE_LLM_WORKER) ranks = p.llm_tp() * p.llm_dp();
+    if (b.role == common::v1::ROLE_ENCODER_WORKER) {
+      ranks = p.encoder_tp() * p.encoder_pp() * p.encoder_dp();
+    }
+    if (b.role == common::v1::ROLE_LLM_WORKER) ranks = p.llm_tp() * p.llm_pp() * p.llm_dp();
     for (int r = 0; r < ranks; ++r) {
       LaunchedService s;
       s.binary = &b;

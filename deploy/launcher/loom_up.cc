@@ -53,6 +53,8 @@ ABSL_FLAG(int, encoder_dp, 0, "Overrides parallel.encoder_dp.");
 ABSL_FLAG(int, llm_dp, 0, "Overrides parallel.llm_dp.");
 ABSL_FLAG(int, encoder_tp, 0, "Overrides parallel.encoder_tp.");
 ABSL_FLAG(int, llm_tp, 0, "Overrides parallel.llm_tp.");
+ABSL_FLAG(int, encoder_pp, 0, "Overrides parallel.encoder_pp.");
+ABSL_FLAG(int, llm_pp, 0, "Overrides parallel.llm_pp.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Folder holding services/*/loom-* and runtime/data/loom-datagen; default: this "
           "binary's runfiles (RUNFILES_DIR/loom), where Bazel puts the service binaries "
@@ -298,6 +300,11 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_llm_tp) != 0)
     job.mutable_parallel()->set_llm_tp(absl::GetFlag(FLAGS_llm_tp));
+  if (absl::GetFlag(FLAGS_encoder_pp) != 0) {
+    job.mutable_parallel()->set_encoder_pp(absl::GetFlag(FLAGS_encoder_pp));
+  }
+  if (absl::GetFlag(FLAGS_llm_pp) != 0)
+    job.mutable_parallel()->set_llm_pp(absl::GetFlag(FLAGS_llm_pp));
   if (absl::Status s = loom::ValidateJob(job); !s.ok()) return Fail(std::string(s.message()));
 
   loom::LauncherOptions o;
@@ -331,12 +338,13 @@ int main(int argc, char** argv) {
   setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
 
   const loom::job::v1::ParallelConfig& par = job.parallel();
-  const int services = 2 + par.encoder_tp() * par.encoder_dp() + par.llm_tp() * par.llm_dp();
+  const int services = 2 + par.encoder_tp() * par.encoder_pp() * par.encoder_dp() +
+                       par.llm_tp() * par.llm_pp() * par.llm_dp();
   std::fprintf(info,
-               "loom up: job %s: model %s, encoder TP %d x DP %d, LLM TP %d x DP %d, %s "
-               "assignment, %s\n",
-               job.name().c_str(), job.model().c_str(), par.encoder_tp(), par.encoder_dp(),
-               par.llm_tp(), par.llm_dp(), job.algorithm().c_str(),
+               "loom up: job %s: model %s, encoder TP %d x PP %d x DP %d, LLM TP %d x PP %d x DP "
+               "%d, %s assignment, %s\n",
+               job.name().c_str(), job.model().c_str(), par.encoder_tp(), par.encoder_pp(),
+               par.encoder_dp(), par.llm_tp(), par.llm_pp(), par.llm_dp(), job.algorithm().c_str(),
                job.train().steps() > 0 ? absl::StrCat(job.train().steps(), " iterations").c_str()
                                        : "until stopped");
   std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services, run_dir.c_str());

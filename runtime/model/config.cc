@@ -1,5 +1,7 @@
 #include "runtime/model/config.h"
 
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -10,6 +12,15 @@ ModelConfig Tiny() {
   ModelConfig c;
   c.name = "tiny";
   return c;  // the defaults in config.h
+}
+
+// tiny with more layers, for pipeline stages (LLM PP up to 6, ViT PP up to 4).
+ModelConfig TinyDeep() {
+  ModelConfig c;
+  c.name = "tiny-deep";
+  c.vit.layers = 4;
+  c.llm.layers = 6;
+  return c;
 }
 
 // ViT-L/14-like encoder at 336 px tiles (~300M parameters).
@@ -48,10 +59,13 @@ ModelConfig Vit300MLlm7B() {
 
 }  // namespace
 
-std::vector<std::string> ModelConfigNames() { return {"tiny", "vit300m-llm1b", "vit300m-llm7b"}; }
+std::vector<std::string> ModelConfigNames() {
+  return {"tiny", "tiny-deep", "vit300m-llm1b", "vit300m-llm7b"};
+}
 
 absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
   if (name == "tiny") return Tiny();
+  if (name == "tiny-deep") return TinyDeep();
   if (name == "vit300m-llm1b") return Vit300MLlm1B();
   if (name == "vit300m-llm7b") return Vit300MLlm7B();
   return absl::NotFoundError(absl::StrCat("unknown model config '", name,
@@ -82,7 +96,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateTensorParallel(const ModelConfig& c, int encoder_tp, int llm_tp) {
+absl::Status ValidateModelParallel(const ModelConfig& c, int encoder_tp, int encoder_pp, int llm_tp,
+                                   int llm_pp) {
   struct Split {
     const char* field;
     int tp;
@@ -101,6 +116,16 @@ absl::Status ValidateTensorParallel(const ModelConfig& c, int encoder_tp, int ll
     if (s.n % s.tp != 0) {
       return absl::InvalidArgumentError(absl::StrCat(s.field, ": ", s.tp, " does not divide the ",
                                                      s.what, " (", s.n, ") of model ", c.name));
+    }
+  }
+  for (auto [field, pp, what, layers] :
+       {std::make_tuple("encoder_pp", encoder_pp, "ViT", c.vit.layers),
+        std::make_tuple("llm_pp", llm_pp, "LLM", c.llm.layers)}) {
+    if (pp < 1) return absl::InvalidArgumentError(absl::StrCat(field, ": must be >= 1"));
+    if (pp > layers) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", pp, " stages for the ", what,
+                                                     "'s ", layers, " layers of model ", c.name,
+                                                     " (each stage holds at least one)"));
     }
   }
   return absl::OkStatus();

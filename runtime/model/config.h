@@ -1,6 +1,7 @@
 // Model configurations: the ViT encoder, the projector and the LLM, by name.
 //
 //   tiny            trains in seconds on 2 CPU cores (tests, loom-train-local)
+//   tiny-deep       tiny with a 4-layer ViT and a 6-layer LLM (pipeline stages)
 //   vit300m-llm1b   ~300M ViT + ~1B LLM, for GPUs
 //   vit300m-llm7b   ~300M ViT + ~7B LLM, for GPUs
 #ifndef LOOM_RUNTIME_MODEL_CONFIG_H_
@@ -63,11 +64,13 @@ std::vector<std::string> ModelConfigNames();
 // RoPE, an odd patch grid with pixel shuffle, ...).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
-// INVALID_ARGUMENT naming `encoder_tp` or `llm_tp` when the degree is below
-// 1 or does not divide what tensor parallelism splits: the ViT's heads and
-// MLP width; the LLM's heads, FFN width and vocabulary (no padding, so the
-// vocabulary never depends on the TP degree).
-absl::Status ValidateTensorParallel(const ModelConfig& config, int encoder_tp, int llm_tp);
+// INVALID_ARGUMENT naming `encoder_tp`, `llm_tp`, `encoder_pp` or `llm_pp`
+// when a degree is below 1, a TP degree does not divide what tensor
+// parallelism splits (the ViT's heads and MLP width; the LLM's heads, FFN
+// width and vocabulary: no padding, so the vocabulary never depends on the
+// TP degree), or a module has more pipeline stages than layers.
+absl::Status ValidateModelParallel(const ModelConfig& config, int encoder_tp, int encoder_pp,
+                                   int llm_tp, int llm_pp);
 
 // Parameter counts per module.
 int64_t VitParameterCount(const VitConfig& c);

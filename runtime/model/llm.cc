@@ -27,7 +27,12 @@ int LlmBatch::image_positions() const {
   return n;
 }
 
-Llm::Llm(const LlmConfig& c, Communicator* tp) : config_(c), tp_(tp), params_(ShardOf(tp)) {
+Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers)
+    : config_(c), tp_(tp), params_(ShardOf(tp)) {
+  first_ = layers.first;
+  last_ = layers.last < 0 ? c.layers : layers.last;
+  LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= c.layers)
+      << "LLM layers [" << first_ << ", " << last_ << ") of " << c.layers;
   const TpShard shard = params_.shard();
   LOOM_CHECK(c.heads % shard.size == 0 && c.ffn_hidden % shard.size == 0 &&
              c.vocab % shard.size == 0)
@@ -39,8 +44,8 @@ Llm::Llm(const LlmConfig& c, Communicator* tp) : config_(c), tp_(tp), params_(Sh
   vocab_start_ = shard.rank * vocab_;
   const int64_t D = c.dim, F = c.ffn_hidden, V = c.vocab;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
-  wte_ = params_.Add("wte", {V, D}, Init::kNormal, std, Split::kRows);
-  for (int l = 0; l < c.layers; ++l) {
+  if (first_stage()) wte_ = params_.Add("wte", {V, D}, Init::kNormal, std, Split::kRows);
+  for (int l = first_; l < last_; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerIds id;
     id.rms1 = params_.Add(p + "attn_norm.weight", {D}, Init::kOnes);
@@ -52,13 +57,15 @@ Llm::Llm(const LlmConfig& c, Communicator* tp) : config_(c), tp_(tp), params_(Sh
     id.down = params_.Add(p + "mlp.down.weight", {D, F}, Init::kNormal, proj_std, Split::kCols);
     ids_.push_back(id);
   }
-  rmsf_ = params_.Add("norm.weight", {D}, Init::kOnes);
-  lm_head_ = params_.Add("lm_head.weight", {V, D}, Init::kNormal, std, Split::kRows);
+  if (last_stage()) {
+    rmsf_ = params_.Add("norm.weight", {D}, Init::kOnes);
+    lm_head_ = params_.Add("lm_head.weight", {V, D}, Init::kNormal, std, Split::kRows);
+  }
   params_.Finalize();
-  acts_.resize(c.layers);
+  acts_.resize(ids_.size());
 }
 
-absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb) {
+absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float* input) {
   const LlmConfig& c = config_;
   // Per rank: NH heads (D = NH * HD of attention width), F FFN units, V
   // vocabulary rows; the residual stream (T, C) is whole on every rank.
@@ -71,20 +78,25 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb) {
   batch_ = &b;
   const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D;
   std::vector<float> x(TC);
-  if (absl::Status s = parallel::VocabParallelEmbeddingForward(
-          tp_, x.data(), b.tokens.data(), params_.param(wte_), T, C, vocab_start_, V);
-      !s.ok()) {
-    return s;
-  }
-  int img = 0;
-  for (int t = 0; t < T; ++t) {
-    if (b.tokens[t] >= 0) continue;
-    LOOM_CHECK(image_emb != nullptr) << "image positions but no image embeddings";
-    std::memcpy(x.data() + static_cast<size_t>(t) * C, image_emb + static_cast<size_t>(img++) * C,
-                sizeof(float) * C);
+  if (!first_stage()) {
+    LOOM_CHECK(input != nullptr) << "a later pipeline stage needs the previous stage's output";
+    std::memcpy(x.data(), input, sizeof(float) * TC);
+  } else {
+    if (absl::Status s = parallel::VocabParallelEmbeddingForward(
+            tp_, x.data(), b.tokens.data(), params_.param(wte_), T, C, vocab_start_, V);
+        !s.ok()) {
+      return s;
+    }
+    int img = 0;
+    for (int t = 0; t < T; ++t) {
+      if (b.tokens[t] >= 0) continue;
+      LOOM_CHECK(image_emb != nullptr) << "image positions but no image embeddings";
+      std::memcpy(x.data() + static_cast<size_t>(t) * C, image_emb + static_cast<size_t>(img++) * C,
+                  sizeof(float) * C);
+    }
   }
   const int64_t att_size = attention_att_size(b.cu_seqlens.data(), b.S(), NH);
-  for (int l = 0; l < c.layers; ++l) {
+  for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = acts_[l];
     a.x = x;
@@ -122,7 +134,8 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb) {
     }
     for (size_t i = 0; i < TC; ++i) x[i] += a.x1[i];
   }
-  xf_ = x;
+  xf_ = std::move(x);
+  if (!last_stage()) return absl::OkStatus();
   rf_.resize(TC);
   rrf_.resize(T);
   rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C);
@@ -132,11 +145,13 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb) {
 }
 
 absl::StatusOr<LossSum> Llm::Loss() const {
+  LOOM_CHECK(last_stage()) << "the loss is on the last pipeline stage";
   return parallel::VocabParallelCrossEntropy(tp_, logits_.data(), batch_->targets.data(),
                                              batch_->T(), vocab_, vocab_start_, 0.0f, nullptr);
 }
 
-absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb) {
+absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const float* doutput,
+                                      float* dinput) {
   const LlmConfig& c = config_;
   const LlmBatch& b = *batch_;
   const int T = b.T(), C = c.dim, HD = c.dim / c.heads, NH = heads_, D = NH * HD, F = ffn_,
@@ -144,20 +159,26 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb) {
   const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
                TF = static_cast<size_t>(T) * F;
 
-  std::vector<float> dlogits(static_cast<size_t>(T) * V);
-  absl::StatusOr<LossSum> loss = parallel::VocabParallelCrossEntropy(
-      tp_, logits_.data(), b.targets.data(), T, V, vocab_start_, grad_scale, dlogits.data());
-  if (!loss.ok()) return loss.status();
   // Each column-parallel layer's input gradient is a partial sum over the
   // TP group: f's all-reduce completes it before the norm below it.
   std::vector<float> dtmp(TC, 0.0f), dx(TC, 0.0f);
-  matmul_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
-                  params_.param(lm_head_), T, C, V);
-  if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
-  rmsnorm_backward(dx.data(), params_.grad(rmsf_), dtmp.data(), xf_.data(), params_.param(rmsf_),
-                   rrf_.data(), T, C);
+  absl::StatusOr<LossSum> loss = LossSum{};
+  if (last_stage()) {
+    std::vector<float> dlogits(static_cast<size_t>(T) * V);
+    loss = parallel::VocabParallelCrossEntropy(tp_, logits_.data(), b.targets.data(), T, V,
+                                               vocab_start_, grad_scale, dlogits.data());
+    if (!loss.ok()) return loss.status();
+    matmul_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
+                    params_.param(lm_head_), T, C, V);
+    if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
+    rmsnorm_backward(dx.data(), params_.grad(rmsf_), dtmp.data(), xf_.data(), params_.param(rmsf_),
+                     rrf_.data(), T, C);
+  } else {
+    LOOM_CHECK(doutput != nullptr) << "an earlier pipeline stage needs the next stage's gradient";
+    std::memcpy(dx.data(), doutput, sizeof(float) * TC);
+  }
   std::vector<float> ds, dgate, dup, dqkv, datto;
-  for (int l = c.layers - 1; l >= 0; --l) {
+  for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
     const LayerActs& a = acts_[l];
     ds.assign(TF, 0.0f);
@@ -188,6 +209,11 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb) {
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
                      params_.param(id.rms1), a.rr1.data(), T, C);
+  }
+  if (!first_stage()) {
+    LOOM_CHECK(dinput != nullptr) << "a later pipeline stage hands back its input gradient";
+    std::memcpy(dinput, dx.data(), sizeof(float) * TC);
+    return loss;
   }
   parallel::VocabParallelEmbeddingBackward(params_.grad(wte_), dx.data(), b.tokens.data(), T, C,
                                            vocab_start_, V);

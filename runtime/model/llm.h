@@ -17,6 +17,12 @@
 // (one all-reduce after each, forward; one before each norm, backward).
 // Norms are replicated. Every rank of the group calls Forward and Backward
 // with the same batch; each returns the whole loss.
+//
+// Pipeline parallelism: an Llm built with a LayerRange is one stage. The
+// first stage embeds tokens (and takes the image embeddings), the others
+// take the previous stage's hidden states (T, C); the last stage ends in the
+// final norm, lm_head and loss, the others hand their hidden states on.
+// Parameter names keep the layer's index in the whole model.
 #ifndef LOOM_RUNTIME_MODEL_LLM_H_
 #define LOOM_RUNTIME_MODEL_LLM_H_
 
@@ -47,23 +53,35 @@ class Llm {
  public:
   // `tp` (not owned; null for one rank) must divide the heads, the FFN
   // width and the vocabulary (checked; ValidateParallelism names the field).
-  explicit Llm(const LlmConfig& config, Communicator* tp = nullptr);
+  explicit Llm(const LlmConfig& config, Communicator* tp = nullptr, LayerRange layers = {});
 
   ParamSet& params() { return params_; }
   const LlmConfig& config() const { return config_; }
 
-  // image_emb (batch.image_positions(), D) fills the -1 positions in order
-  // (may be null when there are none). Keeps activations and logits. Errors
-  // only from the TP group's collectives.
-  absl::Status Forward(const LlmBatch& batch, const float* image_emb);
-  // (T, V / tp): this rank's columns of the vocabulary.
-  const std::vector<float>& logits() const { return logits_; }
+  bool first_stage() const { return first_ == 0; }
+  bool last_stage() const { return last_ == config_.layers; }
 
-  // Loss of the last Forward, no gradient.
+  // First stage: image_emb (batch.image_positions(), C) fills the -1
+  // positions in order (may be null when there are none). Other stages:
+  // `input` (T, C), the previous stage's output. Keeps `batch` (which must
+  // outlive Backward), the activations and, on the last stage, the logits.
+  // Errors only from the TP group's collectives.
+  absl::Status Forward(const LlmBatch& batch, const float* image_emb, const float* input = nullptr);
+  // (T, V / tp): this rank's columns of the vocabulary (last stage).
+  const std::vector<float>& logits() const { return logits_; }
+  // (T, C): the hidden states for the next stage (other stages).
+  const std::vector<float>& output() const { return xf_; }
+
+  // Loss of the last Forward, no gradient (last stage).
   absl::StatusOr<kernels::LossSum> Loss() const;
-  // Loss of the last Forward and backward through the whole LLM: parameter
-  // gradients +=, dimage_emb (image_positions, D) += (may be null).
-  absl::StatusOr<kernels::LossSum> Backward(float grad_scale, float* dimage_emb);
+  // Backward through this stage's layers: parameter gradients +=. The last
+  // stage starts from the loss (returned); the others from `doutput` (T, C),
+  // the next stage's input gradient (their loss is zero). The first stage
+  // ends with dimage_emb (image_positions, C) += (may be null), the others
+  // write `dinput` (T, C).
+  absl::StatusOr<kernels::LossSum> Backward(float grad_scale, float* dimage_emb,
+                                            const float* doutput = nullptr,
+                                            float* dinput = nullptr);
 
  private:
   struct LayerIds {
@@ -76,8 +94,9 @@ class Llm {
   LlmConfig config_;
   Communicator* tp_;
   ParamSet params_;
-  int heads_, ffn_, vocab_, vocab_start_;  // this rank's part
-  int wte_, rmsf_, lm_head_;
+  int heads_, ffn_, vocab_, vocab_start_;    // this rank's part
+  int first_, last_;                         // this stage's layers
+  int wte_ = -1, rmsf_ = -1, lm_head_ = -1;  // -1: not on this stage
   std::vector<LayerIds> ids_;
 
   const LlmBatch* batch_ = nullptr;

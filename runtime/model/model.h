@@ -51,6 +51,13 @@ inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm"};
 // single-process model does.
 inline uint64_t ModuleSeed(uint64_t seed, Module m) { return seed * 3 + static_cast<uint64_t>(m); }
 
+// The layers pipeline stage `stage` of `pp` holds (parallel::SplitLayers),
+// balancing per-token matmul FLOPs: the LLM's last stage also runs lm_head
+// (C·V against a layer's 4C² + 3CF); the ViT's first the patch embedding,
+// its last the projector. 1 <= pp <= layers (ValidateModelParallel).
+LayerRange LlmStageLayers(const ModelConfig& config, int pp, int stage);
+LayerRange VitStageLayers(const ModelConfig& config, int pp, int stage);
+
 class MultimodalModel {
  public:
   explicit MultimodalModel(const ModelConfig& config);

@@ -142,12 +142,24 @@ ParamSet ParamSet::MasterLayout() const {
   return master;
 }
 
-void ParamSet::AddToMaster(ParamSet* master) const {
-  LOOM_CHECK(master->specs_.size() == specs_.size()) << "not this set's master";
+int ParamSet::Find(const std::string& name) const {
   for (size_t i = 0; i < specs_.size(); ++i) {
-    const ParamSpec& s = specs_[i];
+    if (specs_[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int64_t ParamSet::MasterOffset(const ParamSet& master, const ParamSpec& s) {
+  const int i = master.Find(s.name);
+  LOOM_CHECK(i >= 0 && master.specs_[i].shape == s.master_shape)
+      << "the master holds no tensor " << s.name << " " << ShapeString(s.master_shape);
+  return master.specs_[i].offset;
+}
+
+void ParamSet::AddToMaster(ParamSet* master) const {
+  for (const ParamSpec& s : specs_) {
     if (s.split == Split::kReplicated && shard_.rank != 0) continue;
-    const int64_t mo = master->specs_[i].offset;
+    const int64_t mo = MasterOffset(*master, s);
     for (const SliceRun& r : SliceRuns(s, shard_)) {
       for (auto [from, to] : {std::make_pair(&data_, &master->data_),
                               std::make_pair(&m_, &master->m_), std::make_pair(&v_, &master->v_)}) {
@@ -160,10 +172,8 @@ void ParamSet::AddToMaster(ParamSet* master) const {
 }
 
 void ParamSet::SliceFromMaster(const ParamSet& master) {
-  LOOM_CHECK(master.specs_.size() == specs_.size()) << "not this set's master";
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const ParamSpec& s = specs_[i];
-    const int64_t mo = master.specs_[i].offset;
+  for (const ParamSpec& s : specs_) {
+    const int64_t mo = MasterOffset(master, s);
     for (const SliceRun& r : SliceRuns(s, shard_)) {
       for (auto [from, to] : {std::make_pair(&master.data_, &data_),
                               std::make_pair(&master.m_, &m_), std::make_pair(&master.v_, &v_)}) {

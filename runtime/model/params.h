@@ -31,6 +31,14 @@ enum class Split : uint8_t {
   kQkvRows,     // dim 0 as three blocks (q, k, v), each in tp parts: the heads split
 };
 
+// The layers one pipeline stage of a module holds: [first, last); last -1:
+// to the end. The first stage also holds the module's input layers
+// (embeddings), the last its output layers (final norm, head).
+struct LayerRange {
+  int first = 0;
+  int last = -1;
+};
+
 // This ParamSet's place in its TP group.
 struct TpShard {
   int rank = 0;
@@ -86,9 +94,14 @@ class ParamSet {
   // master.{data, adam_m, adam_v} += this slice's values at their place;
   // replicated tensors only from TP rank 0. Summing every rank's contribution
   // (an all-reduce over the TP group of zeroed buffers) gathers the master.
+  // `master` holds these tensors whole, matched by name, and may hold more
+  // (the whole module, of which this set is one pipeline stage).
   void AddToMaster(ParamSet* master) const;
-  // This slice's {data, adam_m, adam_v} and step from the master's.
+  // This slice's {data, adam_m, adam_v} and step from the master's (matched
+  // by name, as above).
   void SliceFromMaster(const ParamSet& master);
+  // The index of the tensor named `name`, or -1.
+  int Find(const std::string& name) const;
   // Σ g² over what this rank owns: its slices, and the replicated tensors
   // on TP rank 0 (the others hold the same gradient). Summed over the TP
   // group it is the module's Σ g².
@@ -109,6 +122,8 @@ class ParamSet {
   int64_t step() const { return step_; }
 
  private:
+  static int64_t MasterOffset(const ParamSet& master, const ParamSpec& s);
+
   TpShard shard_;
   std::vector<ParamSpec> specs_;
   int64_t total_ = 0;

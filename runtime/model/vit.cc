@@ -1,6 +1,7 @@
 #include "runtime/model/vit.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/activation/activation.h"
 #include "kernels/attention/attention.h"
@@ -14,8 +15,12 @@ namespace loom {
 
 using namespace kernels;  // NOLINT: the kernels are this file's vocabulary
 
-VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp)
+VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers)
     : config_(c), tp_(tp), params_(tp == nullptr ? TpShard{} : TpShard{tp->rank(), tp->size()}) {
+  first_ = layers.first;
+  last_ = layers.last < 0 ? c.layers : layers.last;
+  LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= c.layers)
+      << "ViT layers [" << first_ << ", " << last_ << ") of " << c.layers;
   const int parts = params_.shard().size;
   LOOM_CHECK(c.heads % parts == 0 && c.mlp_hidden % parts == 0)
       << "ViT heads " << c.heads << ", mlp_hidden " << c.mlp_hidden << " in " << parts
@@ -24,10 +29,12 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp)
   hidden_ = c.mlp_hidden / parts;
   const int64_t D = c.dim, H = c.mlp_hidden;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
-  patch_w_ = params_.Add("patch_embed.weight", {D, c.patch_dim()}, Init::kNormal, std);
-  patch_b_ = params_.Add("patch_embed.bias", {D}, Init::kZeros);
-  pos_ = params_.Add("pos_embed", {c.patches_per_tile(), D}, Init::kNormal, std);
-  for (int l = 0; l < c.layers; ++l) {
+  if (first_stage()) {
+    patch_w_ = params_.Add("patch_embed.weight", {D, c.patch_dim()}, Init::kNormal, std);
+    patch_b_ = params_.Add("patch_embed.bias", {D}, Init::kZeros);
+    pos_ = params_.Add("pos_embed", {c.patches_per_tile(), D}, Init::kNormal, std);
+  }
+  for (int l = first_; l < last_; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
     LayerIds id;
     id.ln1_w = params_.Add(p + "ln1.weight", {D}, Init::kOnes);
@@ -44,13 +51,15 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp)
     id.fc2_b = params_.Add(p + "mlp.fc2.bias", {D}, Init::kZeros);
     ids_.push_back(id);
   }
-  lnf_w_ = params_.Add("ln_f.weight", {D}, Init::kOnes);
-  lnf_b_ = params_.Add("ln_f.bias", {D}, Init::kZeros);
+  if (last_stage()) {
+    lnf_w_ = params_.Add("ln_f.weight", {D}, Init::kOnes);
+    lnf_b_ = params_.Add("ln_f.bias", {D}, Init::kZeros);
+  }
   params_.Finalize();
-  acts_.resize(c.layers);
+  acts_.resize(ids_.size());
 }
 
-absl::Status VitEncoder::Forward(const float* tiles, int N, float* out) {
+absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   const VitConfig& c = config_;
   // Per rank: NH heads (A = NH * HD of attention width), H hidden units; the
   // residual stream (T, D) is whole on every rank.
@@ -63,14 +72,18 @@ absl::Status VitEncoder::Forward(const float* tiles, int N, float* out) {
   for (int n = 0; n <= N; ++n) cu_[n] = n * Np;
   const int64_t att_size = attention_att_size(cu_.data(), N, NH);
 
-  patches_.resize(static_cast<size_t>(T) * c.patch_dim());
-  patchify(patches_.data(), tiles, N, c.tile_size, c.patch);
   std::vector<float> x(TD);
-  matmul_forward(x.data(), patches_.data(), params_.param(patch_w_), params_.param(patch_b_), T,
-                 c.patch_dim(), D);
-  add_position_forward(x.data(), params_.param(pos_), N, Np, D);
+  if (first_stage()) {
+    patches_.resize(static_cast<size_t>(T) * c.patch_dim());
+    patchify(patches_.data(), in, N, c.tile_size, c.patch);
+    matmul_forward(x.data(), patches_.data(), params_.param(patch_w_), params_.param(patch_b_), T,
+                   c.patch_dim(), D);
+    add_position_forward(x.data(), params_.param(pos_), N, Np, D);
+  } else {
+    std::memcpy(x.data(), in, sizeof(float) * TD);
+  }
 
-  for (int l = 0; l < c.layers; ++l) {
+  for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = acts_[l];
     a.x = x;
@@ -111,7 +124,11 @@ absl::Status VitEncoder::Forward(const float* tiles, int N, float* out) {
     }
     for (size_t i = 0; i < TD; ++i) x[i] += a.x1[i];
   }
-  xf_ = x;
+  xf_ = std::move(x);
+  if (!last_stage()) {
+    std::memcpy(out, xf_.data(), sizeof(float) * TD);
+    return absl::OkStatus();
+  }
   meanf_.resize(T);
   rstdf_.resize(T);
   layernorm_forward(out, meanf_.data(), rstdf_.data(), xf_.data(), params_.param(lnf_w_),
@@ -119,7 +136,7 @@ absl::Status VitEncoder::Forward(const float* tiles, int N, float* out) {
   return absl::OkStatus();
 }
 
-absl::Status VitEncoder::Backward(const float* dout) {
+absl::Status VitEncoder::Backward(const float* dout, float* din) {
   const VitConfig& c = config_;
   const int Np = c.patches_per_tile(), D = c.dim, HD = c.dim / c.heads, NH = heads_, A = NH * HD,
             H = hidden_;
@@ -127,10 +144,14 @@ absl::Status VitEncoder::Backward(const float* dout) {
   const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
 
   std::vector<float> dx(TD, 0.0f);  // gradient w.r.t. the residual stream
-  layernorm_backward(dx.data(), params_.grad(lnf_w_), params_.grad(lnf_b_), dout, xf_.data(),
-                     params_.param(lnf_w_), meanf_.data(), rstdf_.data(), T, D);
+  if (last_stage()) {
+    layernorm_backward(dx.data(), params_.grad(lnf_w_), params_.grad(lnf_b_), dout, xf_.data(),
+                       params_.param(lnf_w_), meanf_.data(), rstdf_.data(), T, D);
+  } else {
+    std::memcpy(dx.data(), dout, sizeof(float) * TD);
+  }
   std::vector<float> dtmp, dg, dh, dqkv, datto;
-  for (int l = c.layers - 1; l >= 0; --l) {
+  for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
     const LayerActs& a = acts_[l];
     // x2 = x1 + fc2(gelu(fc1(ln2(x1))))
@@ -159,6 +180,11 @@ absl::Status VitEncoder::Backward(const float* dout) {
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     layernorm_backward(dx.data(), params_.grad(id.ln1_w), params_.grad(id.ln1_b), dtmp.data(),
                        a.x.data(), params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), T, D);
+  }
+  if (!first_stage()) {
+    LOOM_CHECK(din != nullptr) << "a later pipeline stage hands back its input gradient";
+    std::memcpy(din, dx.data(), sizeof(float) * TD);
+    return absl::OkStatus();
   }
   add_position_backward(params_.grad(pos_), dx.data(), N, Np, D);
   matmul_backward(nullptr, params_.grad(patch_w_), params_.grad(patch_b_), dx.data(),

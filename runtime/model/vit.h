@@ -12,6 +12,10 @@
 // biases), attention output and fc2 row-parallel (their biases whole, added
 // after the all-reduce); patch embedding, positions and norms replicated.
 // Every rank of the group runs the same tiles and holds the whole output.
+//
+// Pipeline parallelism: a VitEncoder built with a LayerRange is one stage;
+// the first patchifies and embeds tiles, the others take the previous
+// stage's hidden states; the last ends with the final LayerNorm.
 #ifndef LOOM_RUNTIME_MODEL_VIT_H_
 #define LOOM_RUNTIME_MODEL_VIT_H_
 
@@ -29,16 +33,21 @@ class VitEncoder {
  public:
   // `tp` (not owned; null for one rank) must divide the heads and the MLP
   // width (checked; ValidateParallelism names the field).
-  explicit VitEncoder(const VitConfig& config, Communicator* tp = nullptr);
+  explicit VitEncoder(const VitConfig& config, Communicator* tp = nullptr, LayerRange layers = {});
 
   ParamSet& params() { return params_; }
   const VitConfig& config() const { return config_; }
 
-  // tiles (N, 3, S, S), normalised pixels -> out (N * Np, D).
+  bool first_stage() const { return first_ == 0; }
+  bool last_stage() const { return last_ == config_.layers; }
+
+  // `in`: tiles (N, 3, S, S) of normalised pixels on the first stage, the
+  // previous stage's output (N * Np, D) on the others -> out (N * Np, D).
   // Errors only from the TP group's collectives.
-  absl::Status Forward(const float* tiles, int N, float* out);
-  // dout (N * Np, D) for the last Forward; accumulates parameter gradients.
-  absl::Status Backward(const float* dout);
+  absl::Status Forward(const float* in, int N, float* out);
+  // dout (N * Np, D) for the last Forward; accumulates parameter gradients;
+  // a stage after the first writes its input gradient to `din` (N * Np, D).
+  absl::Status Backward(const float* dout, float* din = nullptr);
 
  private:
   struct LayerIds {
@@ -51,8 +60,9 @@ class VitEncoder {
   VitConfig config_;
   Communicator* tp_;
   ParamSet params_;
-  int heads_, hidden_;  // this rank's part
-  int patch_w_, patch_b_, pos_, lnf_w_, lnf_b_;
+  int heads_, hidden_;                                                    // this rank's part
+  int first_, last_;                                                      // this stage's layers
+  int patch_w_ = -1, patch_b_ = -1, pos_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: another stage's
   std::vector<LayerIds> ids_;
 
   int N_ = 0;  // tiles in the last Forward

@@ -43,6 +43,14 @@ inline int GlobalStage(bool encoder, int stage, int encoder_pp) {
   return encoder ? stage : encoder_pp + stage;
 }
 
+// Where a module's `layers` split into `stages` contiguous stages (1 <=
+// stages <= layers, checked): stage s holds [bounds[s], bounds[s+1]). The
+// split minimises the largest stage's cost, each layer costing 1, the first
+// stage `first_extra` more and the last `last_extra` more (its embeddings,
+// its head and loss, in layers); each stage holds at least one layer, and of
+// equal splits the one with later stages larger wins.
+std::vector<int> SplitLayers(int layers, int stages, double first_extra, double last_extra);
+
 // "F0 F1 B0 ..." (for tests and logs).
 std::string FormatSchedule(const std::vector<PipelineOp>& ops);
 

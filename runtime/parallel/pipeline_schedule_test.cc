@@ -76,3 +76,22 @@ TEST(PipelineScheduleTest, NeverDeadlocksAndBoundsActivations) {
 
 }  // namespace
 }  // namespace loom::parallel
+
+namespace loom::parallel {
+namespace {
+
+// Layers split into contiguous stages, at least one each, the largest
+// stage's cost least; the head's cost moves layers off the last stage.
+TEST(SplitLayersTest, BalancesStagesWithTheirExtraCost) {
+  EXPECT_EQ(SplitLayers(6, 1, 0, 0), (std::vector<int>{0, 6}));
+  EXPECT_EQ(SplitLayers(6, 2, 0, 0), (std::vector<int>{0, 3, 6}));
+  EXPECT_EQ(SplitLayers(6, 3, 0, 0), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(SplitLayers(6, 6, 0, 0), (std::vector<int>{0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(SplitLayers(7, 2, 0, 0), (std::vector<int>{0, 3, 7}));    // ties: later stages larger
+  EXPECT_EQ(SplitLayers(6, 2, 0, 2.0), (std::vector<int>{0, 4, 6}));  // 4 | 2 + 2
+  EXPECT_EQ(SplitLayers(8, 3, 1.0, 3.0), (std::vector<int>{0, 3, 7, 8}));  // 4 | 4 | 4
+  EXPECT_EQ(SplitLayers(3, 3, 0, 10.0), (std::vector<int>{0, 1, 2, 3}));   // one layer at least
+}
+
+}  // namespace
+}  // namespace loom::parallel

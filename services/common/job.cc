@@ -63,6 +63,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (p->microbatches() == 0) p->set_microbatches(2);
   if (p->encoder_tp() == 0) p->set_encoder_tp(1);
   if (p->llm_tp() == 0) p->set_llm_tp(1);
+  if (p->encoder_pp() == 0) p->set_encoder_pp(1);
+  if (p->llm_pp() == 0) p->set_llm_pp(1);
   job::v1::TrainConfig* t = job->mutable_train();
   if (!t->has_lr()) t->set_lr(1e-3);
   if (!t->has_warmup_steps()) t->set_warmup_steps(10);
@@ -96,8 +98,8 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (s.ok()) s = AtLeast("parallel.llm_dp", p.llm_dp(), 1);
   if (s.ok()) s = AtLeast("parallel.microbatches", p.microbatches(), 1);
   if (!s.ok()) return s;
-  if (absl::Status tp =
-          ValidateTensorParallel(*ModelConfigByName(job.model()), p.encoder_tp(), p.llm_tp());
+  if (absl::Status tp = ValidateModelParallel(*ModelConfigByName(job.model()), p.encoder_tp(),
+                                              p.encoder_pp(), p.llm_tp(), p.llm_pp());
       !tp.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.", tp.message()));
   }

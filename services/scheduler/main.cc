@@ -26,6 +26,8 @@ ABSL_FLAG(int, microbatches, 0, "Instead of --plan: microbatches per LLM rank.")
 ABSL_FLAG(int, encoder_dp, 0, "Instead of --plan: encoder DP ranks.");
 ABSL_FLAG(int, llm_tp, 1, "With --llm_dp: ranks splitting each LLM layer.");
 ABSL_FLAG(int, encoder_tp, 1, "With --encoder_dp: ranks splitting each encoder layer.");
+ABSL_FLAG(int, llm_pp, 1, "With --llm_dp: LLM pipeline stages.");
+ABSL_FLAG(int, encoder_pp, 1, "With --encoder_dp: encoder pipeline stages.");
 ABSL_FLAG(std::string, config, "tiny", "Model config, for costs when the plan has none.");
 ABSL_FLAG(std::string, algorithm, "loom",
           "Assignment: sequential, lpt, disttrain, entrain, ilp, loom.");
@@ -55,6 +57,8 @@ absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
   degrees.encoder_dp = absl::GetFlag(FLAGS_encoder_dp);
   degrees.llm_tp = absl::GetFlag(FLAGS_llm_tp);
   degrees.encoder_tp = absl::GetFlag(FLAGS_encoder_tp);
+  degrees.llm_pp = absl::GetFlag(FLAGS_llm_pp);
+  degrees.encoder_pp = absl::GetFlag(FLAGS_encoder_pp);
   absl::StatusOr<loom::scheduler::v1::Plan> read =
       loom::sched::PlanFromFileOrDegrees(absl::GetFlag(FLAGS_plan), degrees);
   if (!read.ok()) return read.status();

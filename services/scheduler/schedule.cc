@@ -12,13 +12,13 @@ namespace loom::sched {
 
 scheduler::v1::Plan PlanOfDegrees(const Degrees& d) {
   scheduler::v1::Plan plan;
-  for (auto [module, dp, tp] :
-       {std::make_tuple(plan.mutable_llm(), d.llm_dp, d.llm_tp),
-        std::make_tuple(plan.mutable_encoder(), d.encoder_dp, d.encoder_tp)}) {
+  for (auto [module, dp, tp, pp] :
+       {std::make_tuple(plan.mutable_llm(), d.llm_dp, d.llm_tp, d.llm_pp),
+        std::make_tuple(plan.mutable_encoder(), d.encoder_dp, d.encoder_tp, d.encoder_pp)}) {
     module->set_tp(tp);
-    module->set_pp(1);
+    module->set_pp(pp);
     module->set_dp(dp);
-    module->set_gpus(tp * dp);
+    module->set_gpus(tp * pp * dp);
   }
   plan.set_microbatches(d.microbatches);
   plan.set_cluster_gpus(plan.llm().gpus() + plan.encoder().gpus());
@@ -47,8 +47,9 @@ absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& pat
     return absl::InvalidArgumentError(
         "give --plan FILE, or --llm_dp, --microbatches and --encoder_dp (each >= 1)");
   }
-  if (d.llm_tp < 1 || d.encoder_tp < 1) {
-    return absl::InvalidArgumentError("--llm_tp and --encoder_tp must be >= 1");
+  if (d.llm_tp < 1 || d.encoder_tp < 1 || d.llm_pp < 1 || d.encoder_pp < 1) {
+    return absl::InvalidArgumentError(
+        "--llm_tp, --encoder_tp, --llm_pp and --encoder_pp must be >= 1");
   }
   return PlanOfDegrees(d);
 }

@@ -20,9 +20,11 @@ struct Degrees {
   int encoder_dp = 0;
   int llm_tp = 1;
   int encoder_tp = 1;
+  int llm_pp = 1;
+  int encoder_pp = 1;
 };
 
-// A plan of the given degrees (pp 1) with no cost prediction (`--llm_dp ...`).
+// A plan of the given degrees with no cost prediction (`--llm_dp ...`).
 scheduler::v1::Plan PlanOfDegrees(const Degrees& d);
 
 // The job's plan from `--plan FILE` (JSON of loom-schedule plan) or from the

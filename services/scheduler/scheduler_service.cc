@@ -102,17 +102,12 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     }
   }
   if (p.microbatches() < 1) return absl::InvalidArgumentError("plan: microbatches must be >= 1");
-  // The workers run each module as TP x DP; pipeline stages are not run yet
-  // (issue 15): a plan with them would train another model than it says.
-  if (p.encoder().pp() != 1 || p.llm().pp() != 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("plan: encoder.pp ", p.encoder().pp(), ", llm.pp ", p.llm().pp(),
-                     ": the workers do not run pipeline stages yet; give a plan with pp 1"));
-  }
   if (!options.job.model().empty()) {
     absl::StatusOr<ModelConfig> model = ModelConfigByName(options.job.model());
     if (!model.ok()) return model.status();
-    if (absl::Status s = ValidateTensorParallel(*model, p.encoder().tp(), p.llm().tp()); !s.ok()) {
+    if (absl::Status s = ValidateModelParallel(*model, p.encoder().tp(), p.encoder().pp(),
+                                               p.llm().tp(), p.llm().pp());
+        !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
     }
   }

@@ -42,8 +42,8 @@ TEST(SchedulerServiceImplTest, GetInfoReportsRoleAndBoundPorts) {
 }
 
 // A plan the workers cannot run as it says is refused before anything
-// registers: pipeline stages (not run yet), a TP degree that does not divide
-// the model's heads.
+// registers: more pipeline stages than layers, a TP degree that does not
+// divide the model's heads.
 TEST(SchedulerServiceImplTest, RefusesPlansTheWorkersCannotRun) {
   Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER, /*rank=*/0));
   SchedulerServiceImpl service(&chassis);
@@ -51,16 +51,16 @@ TEST(SchedulerServiceImplTest, RefusesPlansTheWorkersCannotRun) {
   so.job.set_name("t");
   so.job.set_model("tiny");
   so.plan = sched::PlanOfDegrees({/*llm_dp=*/1, /*microbatches=*/2, /*encoder_dp=*/1});
-  so.plan.mutable_llm()->set_pp(2);
-  so.plan.mutable_llm()->set_gpus(2);
+  so.plan.mutable_llm()->set_pp(3);
+  so.plan.mutable_llm()->set_gpus(3);
   absl::Status s = service.Configure(so);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_NE(s.message().find("llm.pp 2"), std::string::npos) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("llm_pp: 3 stages for the LLM's 2 layers"), std::string::npos) << s;
   so.plan = sched::PlanOfDegrees({1, 2, 1, /*llm_tp=*/3});
   s = service.Configure(so);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("llm_tp: 3 does not divide the LLM heads"), std::string::npos) << s;
-  so.plan = sched::PlanOfDegrees({1, 2, 1, /*llm_tp=*/2, /*encoder_tp=*/2});
+  so.plan = sched::PlanOfDegrees({1, 2, 1, /*llm_tp=*/2, /*encoder_tp=*/2, /*llm_pp=*/2});
   EXPECT_TRUE(service.Configure(so).ok());
 }
 

@@ -19,6 +19,7 @@
 #include "runtime/comm/ucx.h"
 #include "runtime/model/model.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/parallel/pipeline_schedule.h"
 #include "runtime/train/trainer.h"
 #include "services/preprocess/data_client.h"
 #include "services/worker/scheduler_client.h"
@@ -34,12 +35,19 @@ double Since(Clock::time_point t0) {
 }
 
 // Worker-to-worker UCX tags: bit 63 set (the data client's tags never have
-// it), bit 62 the direction, then the iteration and the bin.
-enum class Direction : uint64_t { kEmbeddings = 0, kGradients = 1 };
-uint64_t TransferTag(Direction d, int64_t iteration, int bin) {
-  return (uint64_t{1} << 63) | (static_cast<uint64_t>(d) << 62) |
-         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 38) - 1)) << 24) |
-         static_cast<uint64_t>(bin);
+// it), bits 60-62 what travels, then the iteration, the bin and the stage
+// that receives it (the stage within its module).
+enum class Transfer : uint64_t {
+  kEmbeddings = 0,       // last encoder stage -> first LLM stage
+  kEmbeddingGrads = 1,   // first LLM stage -> last encoder stage
+  kActivations = 2,      // a stage -> the next stage of its module
+  kActivationGrads = 3,  // a stage -> the previous stage of its module
+};
+constexpr int kMaxTagBins = 1 << 16, kMaxTagStages = 1 << 8;
+uint64_t TransferTag(Transfer t, int64_t iteration, int bin, int stage) {
+  return (uint64_t{1} << 63) | (static_cast<uint64_t>(t) << 60) |
+         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 36) - 1)) << 24) |
+         (static_cast<uint64_t>(bin) << 8) | static_cast<uint64_t>(stage);
 }
 
 // One iteration's inputs, fetched ahead of time.
@@ -65,17 +73,19 @@ struct TrainingWorker::Impl {
   std::unique_ptr<UcxWorker> ucx;
   std::unique_ptr<SchedulerClient> scheduler;
   std::unique_ptr<DataClient> data;
-  // This module's grid (tp x 1 x dp) and this worker's place in it; the
-  // other module's grid says where a bin's tensors go.
+  // Both modules' grids (tp x pp x dp) and this worker's place in its own;
+  // the other module's grid says where a bin's tensors go.
   parallel::GridShape encoder_grid, llm_grid;
   parallel::GridPosition pos;
-  // The TP group (null when tp is 1), the DP group (same TP position), and
-  // every worker of the job (the global norm, the loss).
-  std::unique_ptr<Communicator> tp_comm, dp_comm, job_comm;
+  // The TP group (null when tp is 1), the DP group (same TP position and
+  // stage), the pipeline group (same TP position and replica, every stage;
+  // null when pp is 1), and every worker of the job (the global norm, the
+  // loss).
+  std::unique_ptr<Communicator> tp_comm, dp_comm, pp_comm, job_comm;
   std::vector<std::string> encoder_addresses, llm_addresses;  // by worker rank
 
   std::unique_ptr<VitEncoder> vit;
-  std::unique_ptr<Projector> projector;
+  std::unique_ptr<Projector> projector;  // on the encoder's last stage
   std::unique_ptr<Llm> llm;
   std::vector<ParamSet*> sets;
   std::vector<Module> modules;
@@ -102,11 +112,32 @@ struct TrainingWorker::Impl {
                             scheduler::v1::ReportTimingsRequest* timings, double* loss_sum,
                             double* tokens, double* samples, int64_t* loss_tokens);
   absl::Status Checkpoint(int64_t step);
-  // The worker ranks of DP replica `dp`'s TP group in the other module.
+
+  const parallel::GridShape& grid() const { return encoder ? encoder_grid : llm_grid; }
+  bool first_stage() const { return pos.pp == 0; }
+  bool last_stage() const { return pos.pp == grid().pp - 1; }
+  // The worker ranks of DP replica `dp`'s TP group in the other module, at
+  // the stage that meets this module: the LLM's first, the encoder's last.
   std::vector<int> PeerGroup(int dp) const;
+  // Sends `data` (kept alive until sent) to this rank's counterpart in the
+  // next (`step` 1) or previous (-1) stage, tagged with that stage.
+  absl::Status SendToStage(int step, Transfer what, int64_t iteration, int bin,
+                           std::shared_ptr<std::vector<float>> data);
+  // Receives `n` floats tagged for this stage into `out`.
+  absl::Status Receive(Transfer what, int64_t iteration, int bin, size_t n, std::vector<float>* out,
+                       double* wait);
+  // Σ over the pipeline group of per-bin seconds (each stage's part of a
+  // bin's time), so the first stage reports whole replicas' times.
+  absl::Status SumOverStages(std::vector<double>* seconds, double* wait);
+  // The input tiles of a bin, and their count.
   std::vector<float> Tiles(const IterationData& d, const scheduler::v1::Bin& bin, int* n) const;
-  absl::Status ForwardEncoder(const std::vector<float>& tiles, int n, std::vector<float>* vit_out,
+  int TileCount(const IterationData& d, const scheduler::v1::Bin& bin) const;
+  // This stage's forward of encoder input `in` (n tiles): the ViT layers
+  // into `vit_out`, and on the last stage the projector into `emb`.
+  absl::Status ForwardEncoder(const std::vector<float>& in, int n, std::vector<float>* vit_out,
                               std::vector<float>* emb);
+  // The master tensors of module `m` whole (every stage, TP 1), zeros.
+  ParamSet ModuleMaster(Module m) const;
 };
 
 absl::Status TrainingWorker::Impl::Connect() {
@@ -150,17 +181,22 @@ absl::Status TrainingWorker::Impl::Connect() {
 
   encoder_grid = {plan.encoder().tp(), plan.encoder().pp(), plan.encoder().dp()};
   llm_grid = {plan.llm().tp(), plan.llm().pp(), plan.llm().dp()};
-  const parallel::GridShape& grid = encoder ? encoder_grid : llm_grid;
-  if (grid.pp != 1) {
-    return absl::UnimplementedError(absl::StrCat("plan: ", encoder ? "encoder" : "llm", ".pp ",
-                                                 grid.pp,
-                                                 ": this worker does not run pipeline stages yet"));
-  }
-  if (options.rank < 0 || options.rank >= grid.size()) {
+  const parallel::GridShape& shape = grid();
+  if (options.rank < 0 || options.rank >= shape.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--rank ", options.rank, " is outside the plan's ", grid.size(), " ranks"));
+        absl::StrCat("--rank ", options.rank, " is outside the plan's ", shape.size(), " ranks"));
   }
-  pos = parallel::PositionOf(grid, options.rank);
+  if (plan.llm().dp() * plan.microbatches() > kMaxTagBins ||
+      std::max(encoder_grid.pp, llm_grid.pp) > kMaxTagStages) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: at most ", kMaxTagBins, " bins and ",
+                                                   kMaxTagStages, " stages per module"));
+  }
+  if (absl::Status s =
+          ValidateModelParallel(model, encoder_grid.tp, encoder_grid.pp, llm_grid.tp, llm_grid.pp);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
+  }
+  pos = parallel::PositionOf(shape, options.rank);
   const std::string module_name = encoder ? "encoder" : "llm";
   SchedulerStore store(scheduler.get());
   auto connect = [&](const std::string& prefix, int rank,
@@ -173,14 +209,20 @@ absl::Status TrainingWorker::Impl::Connect() {
     g.size = size;
     return ConnectGloo(&store, g);
   };
-  if (grid.tp > 1) {
+  if (shape.tp > 1) {
     absl::StatusOr<std::unique_ptr<Communicator>> c =
-        connect(absl::StrCat(module_name, "-tp-dp", pos.dp), pos.tp, grid.tp);
+        connect(absl::StrCat(module_name, "-tp-dp", pos.dp, "-pp", pos.pp), pos.tp, shape.tp);
     if (!c.ok()) return c.status();
     tp_comm = std::move(*c);
   }
+  if (shape.pp > 1) {
+    absl::StatusOr<std::unique_ptr<Communicator>> c =
+        connect(absl::StrCat(module_name, "-pp-tp", pos.tp, "-dp", pos.dp), pos.pp, shape.pp);
+    if (!c.ok()) return c.status();
+    pp_comm = std::move(*c);
+  }
   absl::StatusOr<std::unique_ptr<Communicator>> c =
-      connect(absl::StrCat(module_name, "-dp-tp", pos.tp), pos.dp, grid.dp);
+      connect(absl::StrCat(module_name, "-dp-tp", pos.tp, "-pp", pos.pp), pos.dp, shape.dp);
   if (!c.ok()) return c.status();
   dp_comm = std::move(*c);
   const int encoder_workers = encoder_grid.size();
@@ -190,13 +232,19 @@ absl::Status TrainingWorker::Impl::Connect() {
   job_comm = std::move(*c);
 
   if (encoder) {
-    vit = std::make_unique<VitEncoder>(model.vit, tp_comm.get());
-    projector = std::make_unique<Projector>(model);
-    sets = {&vit->params(), &projector->params()};
-    modules = {Module::kEncoder, Module::kProjector};
-    set_tp = {tp_comm.get(), nullptr};
+    vit = std::make_unique<VitEncoder>(model.vit, tp_comm.get(),
+                                       VitStageLayers(model, shape.pp, pos.pp));
+    sets = {&vit->params()};
+    modules = {Module::kEncoder};
+    set_tp = {tp_comm.get()};
+    if (last_stage()) {
+      projector = std::make_unique<Projector>(model);
+      sets.push_back(&projector->params());
+      modules.push_back(Module::kProjector);
+      set_tp.push_back(nullptr);
+    }
   } else {
-    llm = std::make_unique<Llm>(model.llm, tp_comm.get());
+    llm = std::make_unique<Llm>(model.llm, tp_comm.get(), LlmStageLayers(model, shape.pp, pos.pp));
     sets = {&llm->params()};
     modules = {Module::kLlm};
     set_tp = {tp_comm.get()};
@@ -206,10 +254,10 @@ absl::Status TrainingWorker::Impl::Connect() {
       sets[i]->Initialize(ModuleSeed(job.seed(), modules[i]));
       continue;
     }
-    // Checkpoints hold the master tensors: this rank takes its slice, so a
-    // job resumes under any TP degree.
+    // Checkpoints hold each module's master tensors whole: this rank takes
+    // its stage's slice, so a job resumes under any TP and PP degrees.
     const char* name = kModuleNames[static_cast<int>(modules[i])];
-    ParamSet master = sets[i]->MasterLayout();
+    ParamSet master = ModuleMaster(modules[i]);
     absl::Status s = LoadModuleCheckpoint(
         absl::StrCat(reg->checkpoint_step_dir(), "/", name, ".ckpt"), name, &master);
     if (!s.ok()) return s;
@@ -280,8 +328,10 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   for (int b : d.bins)
     indices.insert(indices.end(), bins[b].indices().begin(), bins[b].indices().end());
   if (indices.empty()) return d;
+  // Only the encoder's first stage reads pixels; every other rank needs the
+  // tokens and tile counts (shapes, image positions, targets).
   absl::StatusOr<std::vector<Sample>> samples =
-      data->FetchSamples(iteration, indices, /*tokens_only=*/!encoder);
+      data->FetchSamples(iteration, indices, /*tokens_only=*/!(encoder && first_stage()));
   if (!samples.ok()) return samples.status();
   for (size_t k = 0; k < indices.size(); ++k) d.samples[indices[k]] = std::move((*samples)[k]);
   return d;
@@ -299,83 +349,155 @@ std::vector<float> TrainingWorker::Impl::Tiles(const IterationData& d,
   return tiles;
 }
 
-absl::Status TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& tiles, int n,
+int TrainingWorker::Impl::TileCount(const IterationData& d, const scheduler::v1::Bin& bin) const {
+  int n = 0;
+  for (int i : bin.indices()) n += d.samples.at(i).num_tiles;
+  return n;
+}
+
+absl::Status TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& in, int n,
                                                   std::vector<float>* vit_out,
                                                   std::vector<float>* emb) {
   vit_out->resize(static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim);
+  if (absl::Status s = vit->Forward(in.data(), n, vit_out->data()); !s.ok()) return s;
+  if (!last_stage()) return absl::OkStatus();
   emb->resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
-  if (absl::Status s = vit->Forward(tiles.data(), n, vit_out->data()); !s.ok()) return s;
   projector->Forward(vit_out->data(), n, emb->data());
   return absl::OkStatus();
 }
 
 std::vector<int> TrainingWorker::Impl::PeerGroup(int dp) const {
   const parallel::GridShape& other = encoder ? llm_grid : encoder_grid;
+  const int stage = encoder ? 0 : other.pp - 1;
   std::vector<int> ranks;
-  for (int t = 0; t < other.tp; ++t) ranks.push_back(parallel::RankOf(other, {t, 0, dp}));
+  for (int t = 0; t < other.tp; ++t) ranks.push_back(parallel::RankOf(other, {t, stage, dp}));
   return ranks;
 }
 
+absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t iteration, int bin,
+                                               std::shared_ptr<std::vector<float>> data) {
+  const int peer = step > 0 ? parallel::NextStageRank(grid(), options.rank)
+                            : parallel::PrevStageRank(grid(), options.rank);
+  LOOM_CHECK(peer >= 0) << "no stage " << pos.pp + step;
+  const std::string& address = (encoder ? encoder_addresses : llm_addresses).at(peer);
+  return ucx->Send(address, TransferTag(what, iteration, bin, pos.pp + step), data->data(),
+                   data->size() * sizeof(float), data);
+}
+
+absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
+                                           std::vector<float>* out, double* wait) {
+  out->resize(n);
+  const int stage = what == Transfer::kEmbeddings || what == Transfer::kEmbeddingGrads ? 0 : pos.pp;
+  const auto w0 = Clock::now();
+  absl::Status s =
+      ucx->RecvAll({{TransferTag(what, iteration, bin, stage), out->data(), n * sizeof(float)}},
+                   options.transfer_timeout);
+  *wait += Since(w0);
+  return s;
+}
+
+absl::Status TrainingWorker::Impl::SumOverStages(std::vector<double>* seconds, double* wait) {
+  if (pp_comm == nullptr || seconds->empty()) return absl::OkStatus();
+  const auto w0 = Clock::now();
+  absl::Status s = pp_comm->AllreduceSum(seconds->data(), static_cast<int64_t>(seconds->size()));
+  *wait += Since(w0);
+  return s;
+}
+
+// Each encoder stage runs every bin's forward in order, then every backward
+// in the same order (the encoder feeds several LLM replicas, whose pipelines
+// need its embeddings slot by slot); it keeps each bin's stage input, not
+// its activations, and recomputes a bin's forward before its backward.
 absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, double* compute,
                                                     double* wait,
                                                     scheduler::v1::ReportTimingsRequest* timings) {
   const auto& bins = d.assignment.bins();
-  std::map<int, double> seconds;                             // by bin
-  std::map<int, std::pair<std::vector<float>, int>> inputs;  // bin -> (tiles, count), for backward
-  std::vector<float> vit_out;
+  const size_t patch_floats = static_cast<size_t>(model.vit.patches_per_tile()) * model.vit.dim;
+  std::vector<double> seconds(d.bins.size(), 0.0);           // by position in d.bins
+  std::map<int, std::pair<std::vector<float>, int>> inputs;  // bin -> (stage input, tiles)
+  std::vector<float> vit_out, emb_scratch;
   int live = -1;  // the bin whose activations the modules hold
-  for (int b : d.bins) {
-    int n = 0;
-    std::vector<float> tiles = Tiles(d, bins[b], &n);
-    if (n == 0) continue;
+  for (size_t k = 0; k < d.bins.size(); ++k) {
+    const int b = d.bins[k];
+    int n = TileCount(d, bins[b]);
+    if (n == 0) continue;  // text only: no stage sees this bin
+    std::vector<float> in;
+    if (first_stage()) {
+      in = Tiles(d, bins[b], &n);
+    } else if (absl::Status s =
+                   Receive(Transfer::kActivations, d.iteration, b, n * patch_floats, &in, wait);
+               !s.ok()) {
+      return s;
+    }
     const auto t0 = Clock::now();
-    auto emb = std::make_shared<std::vector<float>>();
-    if (absl::Status s = ForwardEncoder(tiles, n, &vit_out, emb.get()); !s.ok()) return s;
-    inputs[b] = {std::move(tiles), n};
+    auto out = std::make_shared<std::vector<float>>();
+    if (absl::Status s = ForwardEncoder(in, n, &vit_out, out.get()); !s.ok()) return s;
+    inputs[b] = {std::move(in), n};
     live = b;
-    seconds[b] += Since(t0);
+    seconds[k] += Since(t0);
+    if (!last_stage()) {
+      *out = vit_out;
+      if (absl::Status s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
     // The TP group's ranks hold the same embeddings: its first sends them to
-    // every rank of the receiving LLM replica's TP group.
+    // every rank of the receiving LLM replica's first-stage TP group.
     if (pos.tp != 0) continue;
     for (int peer : PeerGroup(bins[b].llm_rank())) {
       absl::Status s =
-          ucx->Send(llm_addresses.at(peer), TransferTag(Direction::kEmbeddings, d.iteration, b),
-                    emb->data(), emb->size() * sizeof(float), emb);
+          ucx->Send(llm_addresses.at(peer), TransferTag(Transfer::kEmbeddings, d.iteration, b, 0),
+                    out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
   }
-  std::vector<float> emb_scratch, dvit;
-  for (int b : d.bins) {
+  std::vector<float> grad, dvit;
+  for (size_t k = 0; k < d.bins.size(); ++k) {
+    const int b = d.bins[k];
     auto in = inputs.find(b);
     if (in == inputs.end()) continue;  // no tiles: nothing was sent
-    const auto& [tiles, n] = in->second;
-    std::vector<float> grad(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
-    const auto w0 = Clock::now();
-    absl::Status s = ucx->RecvAll({{TransferTag(Direction::kGradients, d.iteration, b), grad.data(),
-                                    grad.size() * sizeof(float)}},
-                                  options.transfer_timeout);
-    *wait += Since(w0);
+    const auto& [input, n] = in->second;
+    absl::Status s =
+        last_stage()
+            ? Receive(Transfer::kEmbeddingGrads, d.iteration, b,
+                      static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim, &grad, wait)
+            : Receive(Transfer::kActivationGrads, d.iteration, b, n * patch_floats, &grad, wait);
     if (!s.ok()) return s;
     const auto t0 = Clock::now();
     if (live != b) {  // recompute
-      if (absl::Status s = ForwardEncoder(tiles, n, &vit_out, &emb_scratch); !s.ok()) return s;
+      if (s = ForwardEncoder(input, n, &vit_out, &emb_scratch); !s.ok()) return s;
     }
     live = -1;
-    dvit.assign(vit_out.size(), 0.0f);
-    projector->Backward(grad.data(), dvit.data());
-    if (absl::Status s = vit->Backward(dvit.data()); !s.ok()) return s;
-    seconds[b] += Since(t0);
+    const float* dout = grad.data();
+    if (last_stage()) {
+      dvit.assign(vit_out.size(), 0.0f);
+      projector->Backward(grad.data(), dvit.data());
+      dout = dvit.data();
+    }
+    auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * patch_floats);
+    if (s = vit->Backward(dout, first_stage() ? nullptr : din->data()); !s.ok()) return s;
+    seconds[k] += Since(t0);
+    if (!first_stage()) {
+      if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
+    }
   }
-  for (const auto& [b, sec] : seconds) {
+  for (double sec : seconds) *compute += sec;
+  if (absl::Status s = SumOverStages(&seconds, wait); !s.ok()) return s;
+  for (size_t k = 0; k < d.bins.size(); ++k) {
+    if (inputs.count(d.bins[k]) == 0) continue;
     scheduler::v1::MicrobatchTiming* t = timings->add_timings();
-    t->set_microbatch(bins[b].microbatch());
-    t->set_llm_rank(bins[b].llm_rank());
-    t->set_seconds(sec);
-    *compute += sec;
+    t->set_microbatch(bins[d.bins[k]].microbatch());
+    t->set_llm_rank(bins[d.bins[k]].llm_rank());
+    t->set_seconds(seconds[k]);
   }
   return absl::OkStatus();
 }
 
+// Each LLM stage runs its replica's microbatches in the 1F1B order of the
+// combined pipeline (runtime/parallel/pipeline_schedule.h: encoder stages
+// first); it keeps each microbatch's stage input and recomputes the forward
+// before a backward unless that microbatch's activations are still live.
 absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* compute,
                                                 double* wait,
                                                 scheduler::v1::ReportTimingsRequest* timings,
@@ -392,56 +514,115 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
   *loss_tokens = static_cast<int64_t>(lt);
   const float scale = 1.0f / static_cast<float>(lt);
-  for (int b : d.bins) {
+
+  // Every microbatch's shapes come from the assignment: no shape exchange.
+  const int m = static_cast<int>(d.bins.size());
+  std::vector<LlmBatch> batches(m);
+  std::vector<int> image_tokens(m), sample_count(m);
+  for (int j = 0; j < m; ++j) {
+    const int b = d.bins[j];
     std::vector<const Sample*> mb;
-    int tiles = 0;
-    for (int i : bins[b].indices()) {
-      mb.push_back(&d.samples.at(i));
-      tiles += d.samples.at(i).num_tiles;
+    for (int i : bins[b].indices()) mb.push_back(&d.samples.at(i));
+    batches[j] = PackSamples(mb);
+    sample_count[j] = static_cast<int>(mb.size());
+    image_tokens[j] = TileCount(d, bins[b]) * model.tokens_per_tile();
+    if (batches[j].image_positions() != image_tokens[j]) {
+      return absl::DataLossError(absl::StrCat("bin ", b, ": ", batches[j].image_positions(),
+                                              " image slots for ", image_tokens[j],
+                                              " image tokens"));
     }
-    LlmBatch batch = PackSamples(mb);
-    const int image_tokens = tiles * model.tokens_per_tile();
-    if (batch.image_positions() != image_tokens) {
-      return absl::DataLossError(absl::StrCat("bin ", b, ": ", batch.image_positions(),
-                                              " image slots for ", image_tokens, " image tokens"));
-    }
-    std::vector<float> emb(static_cast<size_t>(image_tokens) * model.llm.dim);
-    if (image_tokens > 0) {
-      const auto r0 = Clock::now();
-      absl::Status s = ucx->RecvAll({{TransferTag(Direction::kEmbeddings, d.iteration, b),
-                                      emb.data(), emb.size() * sizeof(float)}},
-                                    options.transfer_timeout);
-      *wait += Since(r0);
+  }
+  if (m == 0) return absl::OkStatus();
+  const size_t C = model.llm.dim;
+  std::vector<std::vector<float>> inputs(m);  // embeddings (first stage) or activations
+  std::vector<double> seconds(m, 0.0);
+  std::vector<float> dout;
+  int live = -1;
+  auto forward = [&](int j) {
+    const bool img = image_tokens[j] > 0;
+    return llm->Forward(batches[j], first_stage() && img ? inputs[j].data() : nullptr,
+                        first_stage() ? nullptr : inputs[j].data());
+  };
+  const int stages = encoder_grid.pp + llm_grid.pp;
+  for (const parallel::PipelineOp& op : parallel::OneFOneBSchedule(
+           stages, parallel::GlobalStage(false, pos.pp, encoder_grid.pp), m)) {
+    const int j = op.microbatch, b = d.bins[j];
+    const size_t TC = static_cast<size_t>(batches[j].T()) * C;
+    absl::Status s;
+    if (op.kind == parallel::PipelineOp::kForward) {
+      if (!first_stage()) {
+        s = Receive(Transfer::kActivations, d.iteration, b, TC, &inputs[j], wait);
+      } else if (image_tokens[j] > 0) {
+        s = Receive(Transfer::kEmbeddings, d.iteration, b, image_tokens[j] * C, &inputs[j], wait);
+      }
       if (!s.ok()) return s;
+      const auto t0 = Clock::now();
+      if (s = forward(j); !s.ok()) return s;
+      live = j;
+      seconds[j] += Since(t0);
+      if (!last_stage()) {
+        auto out = std::make_shared<std::vector<float>>(llm->output());
+        if (s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) return s;
+      }
+      continue;
+    }
+    if (!last_stage()) {
+      if (s = Receive(Transfer::kActivationGrads, d.iteration, b, TC, &dout, wait); !s.ok()) {
+        return s;
+      }
     }
     const auto t0 = Clock::now();
-    if (absl::Status s = llm->Forward(batch, image_tokens > 0 ? emb.data() : nullptr); !s.ok()) {
-      return s;
+    if (live != j) {  // recompute
+      if (s = forward(j); !s.ok()) return s;
     }
-    auto grad = std::make_shared<std::vector<float>>(emb.size(), 0.0f);
+    live = -1;
+    const bool send_image = first_stage() && image_tokens[j] > 0;
+    auto grad = std::make_shared<std::vector<float>>(send_image ? image_tokens[j] * C : 0, 0.0f);
+    auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : TC);
     absl::StatusOr<kernels::LossSum> loss =
-        llm->Backward(scale, image_tokens > 0 ? grad->data() : nullptr);
+        llm->Backward(scale, send_image ? grad->data() : nullptr,
+                      last_stage() ? nullptr : dout.data(), first_stage() ? nullptr : din->data());
     if (!loss.ok()) return loss.status();
-    const double sec = Since(t0);
-    *compute += sec;
-    *loss_sum += loss->sum;
-    *tokens += batch.T();
-    *samples += static_cast<double>(mb.size());
-    scheduler::v1::MicrobatchTiming* t = timings->add_timings();
-    t->set_microbatch(bins[b].microbatch());
-    t->set_llm_rank(pos.dp);
-    t->set_seconds(sec);
+    seconds[j] += Since(t0);
+    if (last_stage()) {
+      *loss_sum += loss->sum;
+      *tokens += batches[j].T();
+      *samples += sample_count[j];
+    }
+    if (!first_stage()) {
+      if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
+    }
     // Every TP rank holds the whole embedding gradient: the first sends it
-    // to every rank of the encoder replica's TP group.
-    if (image_tokens == 0 || pos.tp != 0) continue;
+    // to every rank of the encoder replica's last-stage TP group.
+    if (!send_image || pos.tp != 0) continue;
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
-      absl::Status s =
-          ucx->Send(encoder_addresses.at(peer), TransferTag(Direction::kGradients, d.iteration, b),
-                    grad->data(), grad->size() * sizeof(float), grad);
+      s = ucx->Send(encoder_addresses.at(peer),
+                    TransferTag(Transfer::kEmbeddingGrads, d.iteration, b, 0), grad->data(),
+                    grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }
   }
+  for (double sec : seconds) *compute += sec;
+  if (absl::Status s = SumOverStages(&seconds, wait); !s.ok()) return s;
+  for (int j = 0; j < m; ++j) {
+    scheduler::v1::MicrobatchTiming* t = timings->add_timings();
+    t->set_microbatch(bins[d.bins[j]].microbatch());
+    t->set_llm_rank(pos.dp);
+    t->set_seconds(seconds[j]);
+  }
   return absl::OkStatus();
+}
+
+ParamSet TrainingWorker::Impl::ModuleMaster(Module m) const {
+  switch (m) {
+    case Module::kEncoder:
+      return VitEncoder(model.vit).params().MasterLayout();
+    case Module::kProjector:
+      return Projector(model).params().MasterLayout();
+    case Module::kLlm:
+      return Llm(model.llm).params().MasterLayout();
+  }
+  return ParamSet();
 }
 
 absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
@@ -464,17 +645,18 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     if (s = dp_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
   }
   // Σ g² of each module from DP replica 0 (replicas hold equal gradients),
-  // each TP rank its own slices and rank 0 what they hold whole; the loss,
-  // tokens and samples from each LLM replica's first TP rank.
+  // each stage's TP ranks their own slices and TP rank 0 what they hold
+  // whole; the loss, tokens and samples from each LLM replica's last stage,
+  // its first TP rank.
   double sq = 0;
   if (pos.dp == 0) {
     for (size_t i = 0; i < sets.size(); ++i) {
       if (set_tp[i] != nullptr || pos.tp == 0) sq += sets[i]->OwnedGradSumOfSquares();
     }
   }
-  const bool reports = pos.tp == 0;
-  double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, reports ? loss_sum : 0.0,
-                       reports ? tokens : 0.0, reports ? samples : 0.0};
+  const bool counts = pos.tp == 0 && last_stage();
+  double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, counts ? loss_sum : 0.0,
+                       counts ? tokens : 0.0, counts ? samples : 0.0};
   if (s = job_comm->AllreduceSum(scalars, 5); !s.ok()) return s;
   wait += Since(w0);
   const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
@@ -488,7 +670,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   ucx_received->Increment(static_cast<double>(st.bytes_received - ucx_received_seen));
   ucx_sent_seen = st.bytes_sent;
   ucx_received_seen = st.bytes_received;
-  if (reports) {
+  if (pos.tp == 0 && first_stage()) {  // the replica's timings, summed over its stages
     if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
       LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
     }
@@ -515,24 +697,36 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
 }
 
 absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
-  // DP replicas hold the same weights: replica 0's TP group gathers the
-  // master tensors (the layout-independent checkpoint) and its first rank
-  // writes them into the step's partial folder, which the scheduler emptied
-  // when it marked the step and renames into place once every part is written.
+  // DP replicas hold the same weights: replica 0 gathers each module's
+  // master tensors (over each stage's TP group, then over the stages into
+  // the whole module) and its first rank holding the module writes them (the
+  // layout-independent checkpoint) into the step's partial folder, which the
+  // scheduler emptied when it marked the step and renames into place once
+  // every part is written.
   if (pos.dp == 0) {
-    std::vector<ParamSet> masters(sets.size());
+    const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
     for (size_t i = 0; i < sets.size(); ++i) {
-      if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &masters[i]); !s.ok()) return s;
-    }
-    if (pos.tp == 0) {
-      const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
-      if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
-      for (size_t i = 0; i < sets.size(); ++i) {
-        const char* name = kModuleNames[static_cast<int>(modules[i])];
-        absl::Status s =
-            SaveModuleCheckpoint(masters[i], name, absl::StrCat(dir, "/", name, ".ckpt"));
-        if (!s.ok()) return s;
+      ParamSet stage;
+      if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &stage); !s.ok()) return s;
+      if (pos.tp != 0) continue;
+      const bool staged = modules[i] != Module::kProjector;  // the projector: last stage only
+      ParamSet whole;
+      if (staged && pp_comm != nullptr) {
+        whole = ModuleMaster(modules[i]);
+        stage.AddToMaster(&whole);
+        for (std::vector<float>* b : {&whole.data(), &whole.adam_m(), &whole.adam_v()}) {
+          absl::Status s = pp_comm->AllreduceSum(b->data(), static_cast<int64_t>(b->size()));
+          if (!s.ok()) return s;
+        }
+        whole.step() = stage.step();
+      } else {
+        whole = std::move(stage);
       }
+      if (staged && !first_stage()) continue;
+      if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+      const char* name = kModuleNames[static_cast<int>(modules[i])];
+      absl::Status s = SaveModuleCheckpoint(whole, name, absl::StrCat(dir, "/", name, ".ckpt"));
+      if (!s.ok()) return s;
     }
   }
   return scheduler->ReportCheckpoint(options.role, options.rank, step);

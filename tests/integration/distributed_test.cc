@@ -1,8 +1,9 @@
 // Disaggregated training end to end: `loom up` (preprocess, scheduler, two
 // encoder and two LLM worker processes) against loom-train-local on the same
 // shards and seed, loss by loss over 20 steps, for the `sequential` and the
-// `loom` assignment; encoder DP != LLM DP (fan-in, fan-out); tensor
-// parallelism in both modules, and checkpoints moving between TP layouts; a
+// `loom` assignment; encoder DP != LLM DP (fan-in, fan-out); tensor and
+// pipeline parallelism in both modules, mixed layouts, and checkpoints
+// moving between layouts; a
 // run stopped at 10 and resumed to 20, with the same and with other degrees,
 // against the uninterrupted one; a fresh run in a reused folder never
 // resuming the older run's steps; and a bad job config named.
@@ -102,6 +103,13 @@ class DistributedTest : public ::testing::Test {
     ASSERT_EQ(rc, 0);
     // The model learns: this is no frozen-loss agreement.
     ASSERT_LT(local_.back(), local_.front() - 1.0);
+    local_deep_ =
+        Steps(StepLosses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny-deep",
+                                   absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
+                                   "--shards=" + data_ + "/*.tar"},
+                                  "local-deep.log", &rc)),
+              1, kSteps, "loom-train-local tiny-deep");
+    ASSERT_EQ(rc, 0);
   }
 
   // `loom up` in run folder `name` with a job written to a file and `extra`
@@ -127,13 +135,14 @@ class DistributedTest : public ::testing::Test {
     return JobWith(algorithm, checkpoint_every,
                    absl::StrCat("encoder_dp: ", encoder_dp, " llm_dp: ", llm_dp));
   }
-  // `parallel` holds the ParallelConfig fields besides microbatches (2).
+  // `parallel`: the ParallelConfig's fields (microbatches 2 unless given).
   static std::string JobWith(const std::string& algorithm, int checkpoint_every,
-                             const std::string& parallel) {
-    return absl::StrCat("algorithm: '", algorithm, "'\nseed: 1\nmodel: 'tiny'\n",
+                             const std::string& parallel, const std::string& model = "tiny") {
+    const bool m = parallel.find("microbatches") != std::string::npos;
+    return absl::StrCat("algorithm: '", algorithm, "'\nseed: 1\nmodel: '", model, "'\n",
                         "data { shards: '", data_, "/*.tar' global_batch: 16 }\n", "parallel { ",
-                        parallel, " microbatches: 2 }\n", "checkpoint { every: ", checkpoint_every,
-                        " }\n");
+                        parallel, m ? "" : " microbatches: 2", " }\n",
+                        "checkpoint { every: ", checkpoint_every, " }\n");
   }
 
   static std::vector<double> Local(int first, int last) {
@@ -141,12 +150,13 @@ class DistributedTest : public ::testing::Test {
   }
 
   static std::string data_;
-  static std::vector<double> local_;
+  static std::vector<double> local_, local_deep_;  // models tiny and tiny-deep
   static int runs_;
 };
 
 std::string DistributedTest::data_;
 std::vector<double> DistributedTest::local_;
+std::vector<double> DistributedTest::local_deep_;
 int DistributedTest::runs_ = 0;
 
 TEST_F(DistributedTest, SequentialAssignmentMatchesTheSingleProcessRun) {
@@ -184,6 +194,52 @@ TEST_F(DistributedTest, TensorParallelMatchesAndCheckpointsMoveAcrossLayouts) {
                    kSteps, {"--resume_step=10"}),
             11, kSteps, "DP checkpoint resumed under TP4");
   ExpectSameLosses(tp4, Local(11, kSteps), "DP 2 + 2 checkpoint resumed as TP4 + TP4");
+}
+
+// The LLM in two pipeline stages (1F1B over the combined pipeline, stage
+// activations over UCX) with 4 microbatches and with 1 (fewer microbatches
+// than stages), then the encoder in two stages too; then the PP run's
+// step-10 checkpoint resumed without pipeline stages. Each equals the
+// single-process run at every step.
+TEST_F(DistributedTest, PipelineStagesMatchTheSingleProcessRun) {
+  ExpectSameLosses(
+      Steps(LoomUp("pp2", JobWith("loom", 10, "encoder_dp: 1 llm_dp: 1 llm_pp: 2 microbatches: 4"),
+                   kSteps),
+            1, kSteps, "pp2"),
+      local_, "LLM PP2, 4 microbatches vs loom-train-local");
+  ExpectSameLosses(
+      Steps(LoomUp("pp2-m1",
+                   JobWith("loom", 0, "encoder_dp: 1 llm_dp: 1 llm_pp: 2 microbatches: 1"), kSteps),
+            1, kSteps, "pp2 m1"),
+      local_, "LLM PP2, 1 microbatch vs loom-train-local");
+  ExpectSameLosses(
+      Steps(LoomUp("pp2-pp2", JobWith("loom", 0, "encoder_pp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 1"),
+                   kSteps),
+            1, kSteps, "encoder pp2 + llm pp2"),
+      local_, "encoder PP2 + LLM PP2 vs loom-train-local");
+  ExpectSameLosses(Steps(LoomUp("pp2", Job("loom", 10, 2, 2), kSteps, {"--resume_step=10"}), 11,
+                         kSteps, "PP checkpoint resumed without PP"),
+                   Local(11, kSteps), "LLM PP2 checkpoint resumed as DP 2 + 2");
+}
+
+// Three LLM stages of a 6-layer LLM (tiny-deep); and a mixed layout with
+// different DP on the two sides, encoder TP2 x DP1 feeding LLM PP2 x DP2,
+// with one sample per microbatch (8 per replica), so text-only microbatches
+// (a fifth of the onevision samples) pass through both LLM stages while the
+// encoder skips them.
+TEST_F(DistributedTest, DeeperAndMixedLayoutsMatchTheSingleProcessRun) {
+  ExpectSameLosses(
+      Steps(LoomUp("pp3", JobWith("loom", 0, "encoder_dp: 1 llm_dp: 1 llm_pp: 3", "tiny-deep"),
+                   kSteps),
+            1, kSteps, "pp3"),
+      local_deep_, "tiny-deep LLM PP3 vs loom-train-local");
+  ExpectSameLosses(
+      Steps(LoomUp("mixed",
+                   JobWith("loom", 0,
+                           "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 2 microbatches: 8"),
+                   kSteps),
+            1, kSteps, "mixed"),
+      local_, "encoder TP2 x DP1, LLM PP2 x DP2 vs loom-train-local");
 }
 
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {

@@ -178,7 +178,7 @@ env:
 job:
   name: big
   model: vit300m-llm1b
-  parallel: {encoder_dp: 4, llm_dp: 8, microbatches: 4, llm_tp: 2}
+  parallel: {encoder_dp: 4, llm_dp: 8, microbatches: 4, llm_tp: 2, llm_pp: 2}
   data: {shards: "/data/laion/*.tar", global_batch: 256}
 scheduler: {peakFlops: 1.2e16, extraArgs: ["--ilp_seconds=30"]}
 workers: {llm: {extraArgs: ["--log_level=debug"]}}
@@ -192,8 +192,8 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         llm = containers(by(objs, "StatefulSet", "train-loom-llm"))[0]
         check(llm["resources"]["limits"].get("rdma/rdma_shared_device_a") == 1 and
               "IPC_LOCK" in llm["securityContext"]["capabilities"]["add"], "rdma: resource and IPC_LOCK")
-        check(by(objs, "StatefulSet", "train-loom-llm")["spec"]["replicas"] == 16,
-              "llm replicas: its grid, parallel.llm_tp x parallel.llm_dp")
+        check(by(objs, "StatefulSet", "train-loom-llm")["spec"]["replicas"] == 32,
+              "llm replicas: its grid, parallel.llm_tp x llm_pp x llm_dp")
         check(by(objs, "StatefulSet", "train-loom-encoder")["spec"]["replicas"] == 4,
               "encoder replicas: encoder_tp (default 1) x encoder_dp")
         pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]

@@ -2,6 +2,8 @@
 // single-rank modules: the same initial master weights, the same loss, the
 // same image-embedding gradient, and every parameter gradient once the
 // slices are gathered; and the TP ranks' owned Σ g² add up to the module's.
+// Split into pipeline stages chained by hand, they equal the whole module
+// bitwise (the same operations in the same order).
 #include <random>
 #include <vector>
 
@@ -188,6 +190,108 @@ TEST(TensorParallelModelTest, MasterRoundTripsThroughEverySlice) {
     EXPECT_EQ(other.params().adam_v(), p.adam_v());
     EXPECT_EQ(other.params().step(), 7);
   });
+}
+
+// The same tensor in two sets, by name.
+void ExpectSameTensors(ParamSet& stage, ParamSet& whole, const std::string& what) {
+  for (int i = 0; i < static_cast<int>(stage.specs().size()); ++i) {
+    const ParamSpec& s = stage.specs()[i];
+    const int w = whole.Find(s.name);
+    ASSERT_GE(w, 0) << s.name;
+    const std::vector<float> got(stage.param(i), stage.param(i) + s.numel);
+    const std::vector<float> want(whole.param(w), whole.param(w) + s.numel);
+    EXPECT_EQ(got, want) << what << ": " << s.name;
+    const std::vector<float> gg(stage.grad(i), stage.grad(i) + s.numel);
+    const std::vector<float> gw(whole.grad(w), whole.grad(w) + s.numel);
+    EXPECT_EQ(gg, gw) << what << ": gradient of " << s.name;
+  }
+}
+
+TEST(PipelineStagesTest, LlmStagesChainedEqualTheWholeLlm) {
+  ModelConfig c = Small();
+  c.llm.layers = 5;
+  int image_tokens = 0;
+  const LlmBatch batch = Batch(c, &image_tokens);
+  const std::vector<float> emb =
+      testing::RandomVector(static_cast<size_t>(image_tokens) * c.llm.dim, 9);
+  Llm whole(c.llm);
+  whole.params().Initialize(kSeed);
+  ASSERT_TRUE(whole.Forward(batch, emb.data()).ok());
+  std::vector<float> want_dimage(emb.size(), 0.0f);
+  absl::StatusOr<kernels::LossSum> want = whole.Backward(0.25f, want_dimage.data());
+  ASSERT_TRUE(want.ok());
+
+  for (int pp : {2, 3, 5}) {
+    std::vector<std::unique_ptr<Llm>> stages;
+    int held = 0;
+    for (int s = 0; s < pp; ++s) {
+      const LayerRange r = LlmStageLayers(c, pp, s);
+      EXPECT_EQ(r.first, held) << "stages are contiguous";
+      EXPECT_GT(r.last, r.first) << "every stage holds a layer";
+      held = r.last;
+      stages.push_back(std::make_unique<Llm>(c.llm, nullptr, r));
+      stages.back()->params().Initialize(kSeed);
+    }
+    EXPECT_EQ(held, c.llm.layers);
+    for (int s = 0; s < pp; ++s) {
+      ASSERT_TRUE(stages[s]
+                      ->Forward(batch, s == 0 ? emb.data() : nullptr,
+                                s == 0 ? nullptr : stages[s - 1]->output().data())
+                      .ok());
+    }
+    std::vector<float> dimage(emb.size(), 0.0f), dnext, dthis;
+    kernels::LossSum loss;
+    for (int s = pp - 1; s >= 0; --s) {
+      dthis.assign(static_cast<size_t>(batch.T()) * c.llm.dim, 0.0f);
+      absl::StatusOr<kernels::LossSum> l = stages[s]->Backward(
+          0.25f, s == 0 ? dimage.data() : nullptr, s == pp - 1 ? nullptr : dnext.data(),
+          s == 0 ? nullptr : dthis.data());
+      ASSERT_TRUE(l.ok());
+      if (s == pp - 1) loss = *l;
+      dnext = dthis;
+    }
+    EXPECT_EQ(loss.sum, want->sum) << "pp " << pp;
+    EXPECT_EQ(loss.count, want->count);
+    EXPECT_EQ(dimage, want_dimage) << "pp " << pp;
+    for (int s = 0; s < pp; ++s) {
+      ExpectSameTensors(stages[s]->params(), whole.params(),
+                        "pp " + std::to_string(pp) + " stage " + std::to_string(s));
+    }
+  }
+}
+
+TEST(PipelineStagesTest, VitStagesChainedEqualTheWholeVit) {
+  ModelConfig c = Small();
+  c.vit.layers = 3;
+  const int N = 2;
+  const std::vector<float> tiles =
+      testing::RandomVector(static_cast<size_t>(N) * 3 * c.vit.tile_size * c.vit.tile_size, 4);
+  const size_t out_size = static_cast<size_t>(N) * c.vit.patches_per_tile() * c.vit.dim;
+  const std::vector<float> dout = testing::RandomVector(out_size, 5);
+  VitEncoder whole(c.vit);
+  whole.params().Initialize(kSeed);
+  std::vector<float> want(out_size);
+  ASSERT_TRUE(whole.Forward(tiles.data(), N, want.data()).ok());
+  ASSERT_TRUE(whole.Backward(dout.data()).ok());
+
+  const int pp = 3;
+  std::vector<std::unique_ptr<VitEncoder>> stages;
+  std::vector<std::vector<float>> outs(pp, std::vector<float>(out_size));
+  for (int s = 0; s < pp; ++s) {
+    stages.push_back(std::make_unique<VitEncoder>(c.vit, nullptr, VitStageLayers(c, pp, s)));
+    stages.back()->params().Initialize(kSeed);
+    ASSERT_TRUE(
+        stages[s]->Forward(s == 0 ? tiles.data() : outs[s - 1].data(), N, outs[s].data()).ok());
+  }
+  EXPECT_EQ(outs[pp - 1], want);
+  std::vector<float> d = dout, din(out_size);
+  for (int s = pp - 1; s >= 0; --s) {
+    ASSERT_TRUE(stages[s]->Backward(d.data(), s == 0 ? nullptr : din.data()).ok());
+    d = din;
+  }
+  for (int s = 0; s < pp; ++s) {
+    ExpectSameTensors(stages[s]->params(), whole.params(), "ViT stage " + std::to_string(s));
+  }
 }
 
 }  // namespace
