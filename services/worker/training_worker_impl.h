@@ -1,0 +1,148 @@
+// The state of one training worker (training_worker.h) and what its two
+// source files share: training_worker.cc connects, fetches, steps and
+// checkpoints; training_worker_stages.cc runs one iteration's pipeline
+// stages (forward, backward, the tensors between stages and modules).
+// Internal to services/worker.
+#ifndef LOOM_SERVICES_WORKER_TRAINING_WORKER_IMPL_H_
+#define LOOM_SERVICES_WORKER_TRAINING_WORKER_IMPL_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "loom/scheduler/v1/scheduler.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/histogram.h"
+#include "runtime/comm/collective.h"
+#include "runtime/comm/ucx.h"
+#include "runtime/model/model.h"
+#include "runtime/parallel/grid.h"
+#include "runtime/train/trainer.h"
+#include "services/preprocess/data_client.h"
+#include "services/worker/scheduler_client.h"
+#include "services/worker/training_worker.h"
+
+namespace loom {
+namespace worker {
+
+using Clock = std::chrono::steady_clock;
+
+inline double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Worker-to-worker UCX tags: bit 63 set (the data client's tags never have
+// it), bits 60-62 what travels, then the iteration, the bin and the stage
+// that receives it (the stage within its module).
+enum class Transfer : uint64_t {
+  kEmbeddings = 0,       // last encoder stage -> first LLM stage
+  kEmbeddingGrads = 1,   // first LLM stage -> last encoder stage
+  kActivations = 2,      // a stage -> the next stage of its module
+  kActivationGrads = 3,  // a stage -> the previous stage of its module
+};
+inline constexpr int kMaxTagBins = 1 << 16, kMaxTagStages = 1 << 8;
+inline uint64_t TransferTag(Transfer t, int64_t iteration, int bin, int stage) {
+  return (uint64_t{1} << 63) | (static_cast<uint64_t>(t) << 60) |
+         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 36) - 1)) << 24) |
+         (static_cast<uint64_t>(bin) << 8) | static_cast<uint64_t>(stage);
+}
+
+// One iteration's inputs, fetched ahead of time.
+struct IterationData {
+  int64_t iteration = 0;
+  scheduler::v1::Assignment assignment;
+  std::vector<int> bins;          // this rank's bins, in compute order
+  std::map<int, Sample> samples;  // by global-batch index
+};
+
+}  // namespace worker
+
+struct TrainingWorker::Impl {
+  TrainingWorkerOptions options;
+  Chassis* chassis = nullptr;
+  bool encoder = false;
+  job::v1::JobConfig job;
+  scheduler::v1::Plan plan;
+  ModelConfig model;
+  TrainOptions train;
+  int64_t start_iteration = 0;
+
+  std::unique_ptr<UcxWorker> ucx;
+  std::unique_ptr<SchedulerClient> scheduler;
+  std::unique_ptr<DataClient> data;
+  // Both modules' grids (tp x pp x dp) and this worker's place in its own;
+  // the other module's grid says where a bin's tensors go.
+  parallel::GridShape encoder_grid, llm_grid;
+  parallel::GridPosition pos;
+  // The TP group (null when tp is 1), the DP group (same TP position and
+  // stage), the pipeline group (same TP position and replica, every stage;
+  // null when pp is 1), and every worker of the job (the global norm, the
+  // loss).
+  std::unique_ptr<Communicator> tp_comm, dp_comm, pp_comm, job_comm;
+  std::vector<std::string> encoder_addresses, llm_addresses;  // by worker rank
+
+  std::unique_ptr<VitEncoder> vit;
+  std::unique_ptr<Projector> projector;  // on the encoder's last stage
+  std::unique_ptr<Llm> llm;
+  std::vector<ParamSet*> sets;
+  std::vector<Module> modules;
+  std::vector<Communicator*> set_tp;  // each set's TP group (null: held whole)
+
+  std::atomic<bool> stop{false};    // asked to stop (RequestStop)
+  std::atomic<bool> cancel{false};  // stop or failure: waiting calls give up
+
+  prometheus::Counter* iterations = nullptr;
+  prometheus::Counter* compute_seconds = nullptr;
+  prometheus::Counter* wait_seconds = nullptr;
+  prometheus::Counter* ucx_sent = nullptr;
+  prometheus::Counter* ucx_received = nullptr;
+  prometheus::Counter* data_stall_seconds = nullptr;
+  prometheus::Histogram* iteration_seconds = nullptr;
+  int64_t ucx_sent_seen = 0, ucx_received_seen = 0;
+
+  absl::Status Connect();
+  absl::StatusOr<worker::IterationData> Fetch(int64_t iteration);
+  absl::Status RunIteration(const worker::IterationData& d);
+  absl::Status EncoderIteration(const worker::IterationData& d, double* compute, double* wait,
+                                scheduler::v1::ReportTimingsRequest* timings);
+  absl::Status LlmIteration(const worker::IterationData& d, double* compute, double* wait,
+                            scheduler::v1::ReportTimingsRequest* timings, double* loss_sum,
+                            double* tokens, double* samples, int64_t* loss_tokens);
+  absl::Status Checkpoint(int64_t step);
+
+  const parallel::GridShape& grid() const { return encoder ? encoder_grid : llm_grid; }
+  bool first_stage() const { return pos.pp == 0; }
+  bool last_stage() const { return pos.pp == grid().pp - 1; }
+  // The worker ranks of DP replica `dp`'s TP group in the other module, at
+  // the stage that meets this module: the LLM's first, the encoder's last.
+  std::vector<int> PeerGroup(int dp) const;
+  // Sends `data` (kept alive until sent) to this rank's counterpart in the
+  // next (`step` 1) or previous (-1) stage, tagged with that stage.
+  absl::Status SendToStage(int step, worker::Transfer what, int64_t iteration, int bin,
+                           std::shared_ptr<std::vector<float>> data);
+  // Receives `n` floats tagged for this stage into `out`.
+  absl::Status Receive(worker::Transfer what, int64_t iteration, int bin, size_t n,
+                       std::vector<float>* out, double* wait);
+  // Σ over the pipeline group of per-bin seconds (each stage's part of a
+  // bin's time), so the first stage reports whole replicas' times.
+  absl::Status SumOverStages(std::vector<double>* seconds, double* wait);
+  // The input tiles of a bin, and their count.
+  std::vector<float> Tiles(const worker::IterationData& d, const scheduler::v1::Bin& bin,
+                           int* n) const;
+  int TileCount(const worker::IterationData& d, const scheduler::v1::Bin& bin) const;
+  // This stage's forward of encoder input `in` (n tiles): the ViT layers
+  // into `vit_out`, and on the last stage the projector into `emb`.
+  absl::Status ForwardEncoder(const std::vector<float>& in, int n, std::vector<float>* vit_out,
+                              std::vector<float>* emb);
+  // The master tensors of module `m` whole (every stage, TP 1), zeros.
+  ParamSet ModuleMaster(Module m) const;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_WORKER_TRAINING_WORKER_IMPL_H_

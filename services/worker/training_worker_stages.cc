@@ -1,0 +1,290 @@
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/log.h"
+#include "runtime/parallel/pipeline_schedule.h"
+#include "services/worker/training_worker_impl.h"
+
+namespace loom {
+
+using namespace worker;  // NOLINT: this file's vocabulary (tags, clock)
+
+std::vector<float> TrainingWorker::Impl::Tiles(const IterationData& d,
+                                               const scheduler::v1::Bin& bin, int* n) const {
+  std::vector<float> tiles;
+  *n = 0;
+  for (int i : bin.indices()) {
+    const Sample& s = d.samples.at(i);
+    tiles.insert(tiles.end(), s.tiles.begin(), s.tiles.end());
+    *n += s.num_tiles;
+  }
+  return tiles;
+}
+
+int TrainingWorker::Impl::TileCount(const IterationData& d, const scheduler::v1::Bin& bin) const {
+  int n = 0;
+  for (int i : bin.indices()) n += d.samples.at(i).num_tiles;
+  return n;
+}
+
+absl::Status TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& in, int n,
+                                                  std::vector<float>* vit_out,
+                                                  std::vector<float>* emb) {
+  vit_out->resize(static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim);
+  if (absl::Status s = vit->Forward(in.data(), n, vit_out->data()); !s.ok()) return s;
+  if (!last_stage()) return absl::OkStatus();
+  emb->resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
+  projector->Forward(vit_out->data(), n, emb->data());
+  return absl::OkStatus();
+}
+
+std::vector<int> TrainingWorker::Impl::PeerGroup(int dp) const {
+  const parallel::GridShape& other = encoder ? llm_grid : encoder_grid;
+  const int stage = encoder ? 0 : other.pp - 1;
+  std::vector<int> ranks;
+  for (int t = 0; t < other.tp; ++t) ranks.push_back(parallel::RankOf(other, {t, stage, dp}));
+  return ranks;
+}
+
+absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t iteration, int bin,
+                                               std::shared_ptr<std::vector<float>> data) {
+  const int peer = step > 0 ? parallel::NextStageRank(grid(), options.rank)
+                            : parallel::PrevStageRank(grid(), options.rank);
+  LOOM_CHECK(peer >= 0) << "no stage " << pos.pp + step;
+  const std::string& address = (encoder ? encoder_addresses : llm_addresses).at(peer);
+  return ucx->Send(address, TransferTag(what, iteration, bin, pos.pp + step), data->data(),
+                   data->size() * sizeof(float), data);
+}
+
+absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
+                                           std::vector<float>* out, double* wait) {
+  out->resize(n);
+  const int stage = what == Transfer::kEmbeddings || what == Transfer::kEmbeddingGrads ? 0 : pos.pp;
+  const auto w0 = Clock::now();
+  absl::Status s =
+      ucx->RecvAll({{TransferTag(what, iteration, bin, stage), out->data(), n * sizeof(float)}},
+                   options.transfer_timeout);
+  *wait += Since(w0);
+  return s;
+}
+
+absl::Status TrainingWorker::Impl::SumOverStages(std::vector<double>* seconds, double* wait) {
+  if (pp_comm == nullptr || seconds->empty()) return absl::OkStatus();
+  const auto w0 = Clock::now();
+  absl::Status s = pp_comm->AllreduceSum(seconds->data(), static_cast<int64_t>(seconds->size()));
+  *wait += Since(w0);
+  return s;
+}
+
+// Each encoder stage runs every bin's forward in order, then every backward
+// in the same order (the encoder feeds several LLM replicas, whose pipelines
+// need its embeddings slot by slot); it keeps each bin's stage input, not
+// its activations, and recomputes a bin's forward before its backward.
+absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, double* compute,
+                                                    double* wait,
+                                                    scheduler::v1::ReportTimingsRequest* timings) {
+  const auto& bins = d.assignment.bins();
+  const size_t patch_floats = static_cast<size_t>(model.vit.patches_per_tile()) * model.vit.dim;
+  std::vector<double> seconds(d.bins.size(), 0.0);           // by position in d.bins
+  std::map<int, std::pair<std::vector<float>, int>> inputs;  // bin -> (stage input, tiles)
+  std::vector<float> vit_out, emb_scratch;
+  int live = -1;  // the bin whose activations the modules hold
+  for (size_t k = 0; k < d.bins.size(); ++k) {
+    const int b = d.bins[k];
+    int n = TileCount(d, bins[b]);
+    if (n == 0) continue;  // text only: no stage sees this bin
+    std::vector<float> in;
+    if (first_stage()) {
+      in = Tiles(d, bins[b], &n);
+    } else if (absl::Status s =
+                   Receive(Transfer::kActivations, d.iteration, b, n * patch_floats, &in, wait);
+               !s.ok()) {
+      return s;
+    }
+    const auto t0 = Clock::now();
+    auto out = std::make_shared<std::vector<float>>();
+    if (absl::Status s = ForwardEncoder(in, n, &vit_out, out.get()); !s.ok()) return s;
+    inputs[b] = {std::move(in), n};
+    live = b;
+    seconds[k] += Since(t0);
+    if (!last_stage()) {
+      *out = vit_out;
+      if (absl::Status s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    // The TP group's ranks hold the same embeddings: its first sends them to
+    // every rank of the receiving LLM replica's first-stage TP group.
+    if (pos.tp != 0) continue;
+    for (int peer : PeerGroup(bins[b].llm_rank())) {
+      absl::Status s =
+          ucx->Send(llm_addresses.at(peer), TransferTag(Transfer::kEmbeddings, d.iteration, b, 0),
+                    out->data(), out->size() * sizeof(float), out);
+      if (!s.ok()) return s;
+    }
+  }
+  std::vector<float> grad, dvit;
+  for (size_t k = 0; k < d.bins.size(); ++k) {
+    const int b = d.bins[k];
+    auto in = inputs.find(b);
+    if (in == inputs.end()) continue;  // no tiles: nothing was sent
+    const auto& [input, n] = in->second;
+    absl::Status s =
+        last_stage()
+            ? Receive(Transfer::kEmbeddingGrads, d.iteration, b,
+                      static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim, &grad, wait)
+            : Receive(Transfer::kActivationGrads, d.iteration, b, n * patch_floats, &grad, wait);
+    if (!s.ok()) return s;
+    const auto t0 = Clock::now();
+    if (live != b) {  // recompute
+      if (s = ForwardEncoder(input, n, &vit_out, &emb_scratch); !s.ok()) return s;
+    }
+    live = -1;
+    const float* dout = grad.data();
+    if (last_stage()) {
+      dvit.assign(vit_out.size(), 0.0f);
+      projector->Backward(grad.data(), dvit.data());
+      dout = dvit.data();
+    }
+    auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * patch_floats);
+    if (s = vit->Backward(dout, first_stage() ? nullptr : din->data()); !s.ok()) return s;
+    seconds[k] += Since(t0);
+    if (!first_stage()) {
+      if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
+    }
+  }
+  for (double sec : seconds) *compute += sec;
+  if (absl::Status s = SumOverStages(&seconds, wait); !s.ok()) return s;
+  for (size_t k = 0; k < d.bins.size(); ++k) {
+    if (inputs.count(d.bins[k]) == 0) continue;
+    scheduler::v1::MicrobatchTiming* t = timings->add_timings();
+    t->set_microbatch(bins[d.bins[k]].microbatch());
+    t->set_llm_rank(bins[d.bins[k]].llm_rank());
+    t->set_seconds(seconds[k]);
+  }
+  return absl::OkStatus();
+}
+
+// Each LLM stage runs its replica's microbatches in the 1F1B order of the
+// combined pipeline (runtime/parallel/pipeline_schedule.h: encoder stages
+// first); it keeps each microbatch's stage input and recomputes the forward
+// before a backward unless that microbatch's activations are still live.
+absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* compute,
+                                                double* wait,
+                                                scheduler::v1::ReportTimingsRequest* timings,
+                                                double* loss_sum, double* tokens, double* samples,
+                                                int64_t* loss_tokens) {
+  const auto& bins = d.assignment.bins();
+  // The gradient scale needs the whole global batch's loss tokens first.
+  double lt = 0;
+  for (const auto& [i, s] : d.samples) lt += static_cast<double>(LossTokens(s));
+  const auto w0 = Clock::now();
+  if (absl::Status s = dp_comm->AllreduceSum(&lt, 1); !s.ok()) return s;
+  *wait += Since(w0);
+  if (lt <= 0)
+    return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
+  *loss_tokens = static_cast<int64_t>(lt);
+  const float scale = 1.0f / static_cast<float>(lt);
+
+  // Every microbatch's shapes come from the assignment: no shape exchange.
+  const int m = static_cast<int>(d.bins.size());
+  std::vector<LlmBatch> batches(m);
+  std::vector<int> image_tokens(m), sample_count(m);
+  for (int j = 0; j < m; ++j) {
+    const int b = d.bins[j];
+    std::vector<const Sample*> mb;
+    for (int i : bins[b].indices()) mb.push_back(&d.samples.at(i));
+    batches[j] = PackSamples(mb);
+    sample_count[j] = static_cast<int>(mb.size());
+    image_tokens[j] = TileCount(d, bins[b]) * model.tokens_per_tile();
+    if (batches[j].image_positions() != image_tokens[j]) {
+      return absl::DataLossError(absl::StrCat("bin ", b, ": ", batches[j].image_positions(),
+                                              " image slots for ", image_tokens[j],
+                                              " image tokens"));
+    }
+  }
+  if (m == 0) return absl::OkStatus();
+  const size_t C = model.llm.dim;
+  std::vector<std::vector<float>> inputs(m);  // embeddings (first stage) or activations
+  std::vector<double> seconds(m, 0.0);
+  std::vector<float> dout;
+  int live = -1;
+  auto forward = [&](int j) {
+    const bool img = image_tokens[j] > 0;
+    return llm->Forward(batches[j], first_stage() && img ? inputs[j].data() : nullptr,
+                        first_stage() ? nullptr : inputs[j].data());
+  };
+  const int stages = encoder_grid.pp + llm_grid.pp;
+  for (const parallel::PipelineOp& op : parallel::OneFOneBSchedule(
+           stages, parallel::GlobalStage(false, pos.pp, encoder_grid.pp), m)) {
+    const int j = op.microbatch, b = d.bins[j];
+    const size_t TC = static_cast<size_t>(batches[j].T()) * C;
+    absl::Status s;
+    if (op.kind == parallel::PipelineOp::kForward) {
+      if (!first_stage()) {
+        s = Receive(Transfer::kActivations, d.iteration, b, TC, &inputs[j], wait);
+      } else if (image_tokens[j] > 0) {
+        s = Receive(Transfer::kEmbeddings, d.iteration, b, image_tokens[j] * C, &inputs[j], wait);
+      }
+      if (!s.ok()) return s;
+      const auto t0 = Clock::now();
+      if (s = forward(j); !s.ok()) return s;
+      live = j;
+      seconds[j] += Since(t0);
+      if (!last_stage()) {
+        auto out = std::make_shared<std::vector<float>>(llm->output());
+        if (s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) return s;
+      }
+      continue;
+    }
+    if (!last_stage()) {
+      if (s = Receive(Transfer::kActivationGrads, d.iteration, b, TC, &dout, wait); !s.ok()) {
+        return s;
+      }
+    }
+    const auto t0 = Clock::now();
+    if (live != j) {  // recompute
+      if (s = forward(j); !s.ok()) return s;
+    }
+    live = -1;
+    const bool send_image = first_stage() && image_tokens[j] > 0;
+    auto grad = std::make_shared<std::vector<float>>(send_image ? image_tokens[j] * C : 0, 0.0f);
+    auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : TC);
+    absl::StatusOr<kernels::LossSum> loss =
+        llm->Backward(scale, send_image ? grad->data() : nullptr,
+                      last_stage() ? nullptr : dout.data(), first_stage() ? nullptr : din->data());
+    if (!loss.ok()) return loss.status();
+    seconds[j] += Since(t0);
+    if (last_stage()) {
+      *loss_sum += loss->sum;
+      *tokens += batches[j].T();
+      *samples += sample_count[j];
+    }
+    if (!first_stage()) {
+      if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
+    }
+    // Every TP rank holds the whole embedding gradient: the first sends it
+    // to every rank of the encoder replica's last-stage TP group.
+    if (!send_image || pos.tp != 0) continue;
+    for (int peer : PeerGroup(bins[b].encoder_rank())) {
+      s = ucx->Send(encoder_addresses.at(peer),
+                    TransferTag(Transfer::kEmbeddingGrads, d.iteration, b, 0), grad->data(),
+                    grad->size() * sizeof(float), grad);
+      if (!s.ok()) return s;
+    }
+  }
+  for (double sec : seconds) *compute += sec;
+  if (absl::Status s = SumOverStages(&seconds, wait); !s.ok()) return s;
+  for (int j = 0; j < m; ++j) {
+    scheduler::v1::MicrobatchTiming* t = timings->add_timings();
+    t->set_microbatch(bins[d.bins[j]].microbatch());
+    t->set_llm_rank(pos.dp);
+    t->set_seconds(seconds[j]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom
