@@ -17,10 +17,6 @@ namespace loom {
 using namespace kernels;  // NOLINT
 using parallel::AllReduceTp;
 
-TpShard ShardOf(Communicator* tp) {
-  return tp == nullptr ? TpShard{} : TpShard{tp->rank(), tp->size()};
-}
-
 int LlmBatch::image_positions() const {
   int n = 0;
   for (int32_t t : tokens) n += t < 0;

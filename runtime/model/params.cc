@@ -197,11 +197,15 @@ double ParamSet::OwnedGradSumOfSquares() const {
 
 absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* master) {
   *master = local.MasterLayout();
-  local.AddToMaster(master);
-  master->step() = local.step();
-  if (tp == nullptr || tp->size() == 1) return absl::OkStatus();
+  return GatherInto(local, tp, master);
+}
+
+absl::Status GatherInto(const ParamSet& part, Communicator* group, ParamSet* master) {
+  part.AddToMaster(master);
+  master->step() = part.step();
+  if (group == nullptr || group->size() == 1) return absl::OkStatus();
   for (std::vector<float>* b : {&master->data(), &master->adam_m(), &master->adam_v()}) {
-    if (absl::Status s = tp->AllreduceSum(b->data(), static_cast<int64_t>(b->size())); !s.ok()) {
+    if (absl::Status s = group->AllreduceSum(b->data(), static_cast<int64_t>(b->size())); !s.ok()) {
       return s;
     }
   }

@@ -137,6 +137,16 @@ class ParamSet {
 // step) in `master`. One all-reduce of the master size per buffer: the
 // simple gather, for checkpoints; issue 12 shards them.
 absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* master);
+// The step under it: `master` (zeros, holding `part`'s tensors whole, and
+// maybe more) gets `part` added at its place, then is summed over `group`
+// (null: alone), so every member's part is gathered; its step is `part`'s.
+// Also gathers a module's pipeline stages into the whole module.
+absl::Status GatherInto(const ParamSet& part, Communicator* group, ParamSet* master);
+
+// This rank's place in its TP group `tp` (null: a group of one).
+inline TpShard ShardOf(const Communicator* tp) {
+  return tp == nullptr ? TpShard{} : TpShard{tp->rank(), tp->size()};
+}
 
 }  // namespace loom
 

@@ -16,7 +16,7 @@ namespace loom {
 using namespace kernels;  // NOLINT: the kernels are this file's vocabulary
 
 VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers)
-    : config_(c), tp_(tp), params_(tp == nullptr ? TpShard{} : TpShard{tp->rank(), tp->size()}) {
+    : config_(c), tp_(tp), params_(ShardOf(tp)) {
   first_ = layers.first;
   last_ = layers.last < 0 ? c.layers : layers.last;
   LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= c.layers)

@@ -319,12 +319,7 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
       ParamSet whole;
       if (staged && pp_comm != nullptr) {
         whole = ModuleMaster(modules[i]);
-        stage.AddToMaster(&whole);
-        for (std::vector<float>* b : {&whole.data(), &whole.adam_m(), &whole.adam_v()}) {
-          absl::Status s = pp_comm->AllreduceSum(b->data(), static_cast<int64_t>(b->size()));
-          if (!s.ok()) return s;
-        }
-        whole.step() = stage.step();
+        if (absl::Status s = GatherInto(stage, pp_comm.get(), &whole); !s.ok()) return s;
       } else {
         whole = std::move(stage);
       }
