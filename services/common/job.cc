@@ -10,7 +10,7 @@
 #include "runtime/base/file.h"
 #include "runtime/data/datagen.h"
 #include "runtime/model/config.h"
-#include "services/scheduler/assign.h"
+#include "runtime/scheduling/assign.h"
 
 namespace loom {
 namespace {

@@ -6,8 +6,8 @@
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
 #include "services/scheduler/job_state.h"
-#include "services/scheduler/plan.h"
-#include "services/scheduler/schedule.h"
+#include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/schedule.h"
 
 namespace loom {
 namespace {

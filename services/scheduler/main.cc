@@ -16,8 +16,8 @@
 #include "services/common/init.h"
 #include "services/common/job.h"
 #include "services/scheduler/control_service.h"
-#include "services/scheduler/plan.h"
-#include "services/scheduler/schedule.h"
+#include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/schedule.h"
 #include "services/scheduler/scheduler_service.h"
 
 ABSL_FLAG(std::string, plan, "", "The job's plan (JSON from `loom-schedule plan`).");

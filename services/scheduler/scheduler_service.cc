@@ -14,8 +14,8 @@
 #include "runtime/model/config.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
-#include "services/scheduler/assign.h"
-#include "services/scheduler/schedule.h"
+#include "runtime/scheduling/assign.h"
+#include "runtime/scheduling/schedule.h"
 
 namespace loom {
 namespace {

@@ -21,7 +21,7 @@
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "runtime/checkpoint/steps.h"
 #include "services/common/chassis.h"
-#include "services/scheduler/cost_model.h"
+#include "runtime/scheduling/cost_model.h"
 
 namespace prometheus {
 class Counter;

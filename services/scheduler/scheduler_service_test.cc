@@ -11,8 +11,8 @@
 #include "runtime/data/datagen.h"
 #include "services/common/chassis_testing.h"
 #include "services/preprocess/preprocess_service.h"
-#include "services/scheduler/plan.h"
-#include "services/scheduler/schedule.h"
+#include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/schedule.h"
 
 namespace loom {
 namespace {

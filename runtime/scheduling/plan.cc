@@ -1,4 +1,4 @@
-#include "services/scheduler/plan.h"
+#include "runtime/scheduling/plan.h"
 
 #include <algorithm>
 #include <chrono>

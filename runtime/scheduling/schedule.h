@@ -1,15 +1,15 @@
 // One iteration's assignment under a plan, as the service and loom-schedule
 // hand it out: the algorithm's bins with sample keys, and a summary (quality
 // against the lower bounds, the simulated iteration, the algorithm's time).
-#ifndef LOOM_SERVICES_SCHEDULER_SCHEDULE_H_
-#define LOOM_SERVICES_SCHEDULER_SCHEDULE_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_SCHEDULE_H_
+#define LOOM_RUNTIME_SCHEDULING_SCHEDULE_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
-#include "services/scheduler/assign.h"
+#include "runtime/scheduling/assign.h"
 
 namespace loom::sched {
 
@@ -43,4 +43,4 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_SCHEDULE_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_SCHEDULE_H_

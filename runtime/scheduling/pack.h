@@ -1,13 +1,13 @@
 // The packings behind the assignment algorithms (assign.h): how a batch's
 // samples are split into bins, before assign.cc puts the bins on ranks, in
 // order, and on encoder ranks. Internal to the scheduler's assignment.
-#ifndef LOOM_SERVICES_SCHEDULER_PACK_H_
-#define LOOM_SERVICES_SCHEDULER_PACK_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_PACK_H_
+#define LOOM_RUNTIME_SCHEDULING_PACK_H_
 
 #include <cstddef>
 #include <vector>
 
-#include "services/scheduler/assign.h"
+#include "runtime/scheduling/assign.h"
 
 namespace loom::sched {
 
@@ -51,4 +51,4 @@ Groups LoomGroups(const Normalized& common, const Normalized& n, int bins, const
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_PACK_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_PACK_H_

@@ -21,15 +21,15 @@
 // (18 bytes per parameter, bf16 weights with fp32 master and moments) over
 // TP x PP, plus activations per token in flight (34 D bytes per token per
 // layer in bf16 with a fused attention, over TP).
-#ifndef LOOM_SERVICES_SCHEDULER_COST_MODEL_H_
-#define LOOM_SERVICES_SCHEDULER_COST_MODEL_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_COST_MODEL_H_
+#define LOOM_RUNTIME_SCHEDULING_COST_MODEL_H_
 
 #include <array>
 #include <vector>
 
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "runtime/model/config.h"
-#include "services/scheduler/assign.h"
+#include "runtime/scheduling/assign.h"
 
 namespace loom::sched {
 
@@ -88,4 +88,4 @@ class CostModel {
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_COST_MODEL_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_COST_MODEL_H_

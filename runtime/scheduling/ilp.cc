@@ -1,4 +1,4 @@
-#include "services/scheduler/ilp.h"
+#include "runtime/scheduling/ilp.h"
 
 #include <algorithm>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "services/scheduler/assign.h"
+#include "runtime/scheduling/assign.h"
 
 #include <algorithm>
 #include <map>

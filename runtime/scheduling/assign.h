@@ -46,8 +46,8 @@
 //               bins go to ranks so that rank totals balance, in DistTrain's
 //               1F1B order; each microbatch slot's bins go to the encoder
 //               ranks with the least accumulated load.
-#ifndef LOOM_SERVICES_SCHEDULER_ASSIGN_H_
-#define LOOM_SERVICES_SCHEDULER_ASSIGN_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_ASSIGN_H_
+#define LOOM_RUNTIME_SCHEDULING_ASSIGN_H_
 
 #include <cstdint>
 #include <string>
@@ -115,4 +115,4 @@ AssignmentQuality MeasureAssignment(const std::vector<SampleLoad>& samples,
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_ASSIGN_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_ASSIGN_H_

@@ -1,4 +1,4 @@
-#include "services/scheduler/batch_file.h"
+#include "runtime/scheduling/batch_file.h"
 
 #include <cmath>
 #include <set>

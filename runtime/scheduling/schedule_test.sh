@@ -2,7 +2,7 @@
 # loom-schedule as a user runs it: scan lines from loom-preprocess scan, a
 # plan, and an assignment by every algorithm; bad input named.
 set -euo pipefail
-sched=services/scheduler/loom-schedule
+sched=runtime/scheduling/loom-schedule
 dir="$TEST_TMPDIR/ov"
 runtime/data/loom-datagen --preset onevision --samples 48 --seed 5 --out "$dir" >/dev/null
 services/preprocess/loom-preprocess scan --shards "$dir/*.tar" --output "$dir/scan.jsonl" \

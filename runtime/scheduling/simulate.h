@@ -10,13 +10,13 @@
 // the backwards of slot t-(p-s-1). A task starts when its stage is free and
 // its inputs have arrived. Forward is 1/3 of a bin's cost, backward 2/3, split
 // evenly over a module's stages.
-#ifndef LOOM_SERVICES_SCHEDULER_SIMULATE_H_
-#define LOOM_SERVICES_SCHEDULER_SIMULATE_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_SIMULATE_H_
+#define LOOM_RUNTIME_SCHEDULING_SIMULATE_H_
 
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/scheduler/assign.h"
+#include "runtime/scheduling/assign.h"
 
 namespace loom::sched {
 
@@ -47,4 +47,4 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_SIMULATE_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_SIMULATE_H_

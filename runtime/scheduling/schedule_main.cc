@@ -16,10 +16,10 @@
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
 #include "runtime/model/config.h"
-#include "services/scheduler/batch_file.h"
-#include "services/scheduler/cost_model.h"
-#include "services/scheduler/plan.h"
-#include "services/scheduler/schedule.h"
+#include "runtime/scheduling/batch_file.h"
+#include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/schedule.h"
 
 ABSL_FLAG(std::string, batch, "", "Samples, one scan line each (loom-preprocess scan --output).");
 ABSL_FLAG(std::string, output, "-", "Where the JSON goes; - for stdout.");

@@ -1,4 +1,4 @@
-#include "services/scheduler/schedule.h"
+#include "runtime/scheduling/schedule.h"
 
 #include <chrono>
 #include <tuple>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
-#include "services/scheduler/simulate.h"
+#include "runtime/scheduling/simulate.h"
 
 namespace loom::sched {
 

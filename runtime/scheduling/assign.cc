@@ -1,4 +1,4 @@
-#include "services/scheduler/assign.h"
+#include "runtime/scheduling/assign.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "services/scheduler/ilp.h"
-#include "services/scheduler/pack.h"
+#include "runtime/scheduling/ilp.h"
+#include "runtime/scheduling/pack.h"
 
 namespace loom::sched {
 namespace {

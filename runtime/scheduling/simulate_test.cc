@@ -1,4 +1,4 @@
-#include "services/scheduler/simulate.h"
+#include "runtime/scheduling/simulate.h"
 
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"

@@ -1,9 +1,9 @@
-#include "services/scheduler/plan.h"
+#include "runtime/scheduling/plan.h"
 
 #include <cmath>
 
 #include "gtest/gtest.h"
-#include "services/scheduler/cost_model.h"
+#include "runtime/scheduling/cost_model.h"
 
 namespace loom::sched {
 namespace {

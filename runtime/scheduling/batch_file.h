@@ -1,8 +1,8 @@
 // Batch files: one sample per line in the scan line format
 // (`loom-preprocess scan` writes them), optionally with "encoder_cost" and
 // "llm_cost" that override the cost model.
-#ifndef LOOM_SERVICES_SCHEDULER_BATCH_FILE_H_
-#define LOOM_SERVICES_SCHEDULER_BATCH_FILE_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_BATCH_FILE_H_
+#define LOOM_RUNTIME_SCHEDULING_BATCH_FILE_H_
 
 #include <string>
 #include <vector>
@@ -25,4 +25,4 @@ absl::StatusOr<BatchFile> ReadBatchFile(const std::string& path);
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_BATCH_FILE_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_BATCH_FILE_H_

@@ -10,15 +10,15 @@
 // that grows with the tokens one GPU sees per microbatch (small microbatches
 // leave a GPU idle) and shrinks with TP (its all-reduces). TP stays inside a
 // node; the encoder gets the GPUs the LLM leaves.
-#ifndef LOOM_SERVICES_SCHEDULER_PLAN_H_
-#define LOOM_SERVICES_SCHEDULER_PLAN_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_PLAN_H_
+#define LOOM_RUNTIME_SCHEDULING_PLAN_H_
 
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "runtime/model/config.h"
-#include "services/scheduler/cost_model.h"
+#include "runtime/scheduling/cost_model.h"
 
 namespace loom::sched {
 
@@ -65,4 +65,4 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& cluster, const
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_PLAN_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_PLAN_H_

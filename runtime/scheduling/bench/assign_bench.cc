@@ -5,7 +5,7 @@
 // the way loom-preprocess measures them (tiles per image, text tokens from
 // the tokenizer), so no pixels are drawn.
 //
-//   bazel run -c opt //services/scheduler/bench:assign_bench
+//   bazel run -c opt //runtime/scheduling/bench:assign_bench
 //
 // Columns: max bin / lower bound per module (the bound is the larger of the
 // mean bin and the largest sample), coefficient of variation across the bins,
@@ -24,9 +24,9 @@
 #include "runtime/data/preprocess.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/model/config.h"
-#include "services/scheduler/cost_model.h"
-#include "services/scheduler/plan.h"
-#include "services/scheduler/schedule.h"
+#include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/schedule.h"
 
 ABSL_FLAG(std::string, config, "vit300m-llm1b", "Model config for the cost model.");
 ABSL_FLAG(std::string, sizes, "1024,4096,16384", "Samples per global batch.");

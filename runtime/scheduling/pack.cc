@@ -1,4 +1,4 @@
-#include "services/scheduler/pack.h"
+#include "runtime/scheduling/pack.h"
 
 #include <algorithm>
 #include <cmath>

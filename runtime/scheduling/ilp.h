@@ -1,8 +1,8 @@
 // DFLOP's per-batch ILP, solved by COIN-OR CBC: put N samples into K bins,
 // minimise C with every bin's encoder cost <= C and LLM cost <= C, every
 // sample in exactly one bin, every bin non-empty.
-#ifndef LOOM_SERVICES_SCHEDULER_ILP_H_
-#define LOOM_SERVICES_SCHEDULER_ILP_H_
+#ifndef LOOM_RUNTIME_SCHEDULING_ILP_H_
+#define LOOM_RUNTIME_SCHEDULING_ILP_H_
 
 #include <vector>
 
@@ -26,4 +26,4 @@ absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<double>& encoder,
 
 }  // namespace loom::sched
 
-#endif  // LOOM_SERVICES_SCHEDULER_ILP_H_
+#endif  // LOOM_RUNTIME_SCHEDULING_ILP_H_

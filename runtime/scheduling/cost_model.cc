@@ -1,4 +1,4 @@
-#include "services/scheduler/cost_model.h"
+#include "runtime/scheduling/cost_model.h"
 
 #include <cmath>
 
