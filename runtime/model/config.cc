@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/parallel/pipeline_schedule.h"
 
 namespace loom {
 namespace {
@@ -151,6 +152,37 @@ int64_t LlmParameterCount(const LlmConfig& c) {
   const int64_t block = 2 * D + 3 * D * D + D * D + 3 * F * D;
   return static_cast<int64_t>(c.vocab) * D + c.layers * block + D +
          static_cast<int64_t>(c.vocab) * D;
+}
+
+namespace {
+
+// Layer boundaries and each stage's share, a layer costing `layer` and the
+// first and last stages `first` and `last` more.
+StageSplit Split(int layers, int pp, double layer, double first, double last) {
+  StageSplit split;
+  split.bounds = parallel::SplitLayers(layers, pp, first / layer, last / layer);
+  const double total = layers * layer + first + last;
+  for (int s = 0; s < pp; ++s) {
+    const double cost = (split.bounds[s + 1] - split.bounds[s]) * layer + (s == 0 ? first : 0) +
+                        (s == pp - 1 ? last : 0);
+    split.share.push_back(cost / total);
+  }
+  return split;
+}
+
+}  // namespace
+
+StageSplit LlmStages(const ModelConfig& config, int pp) {
+  const LlmConfig& c = config.llm;
+  const double C = c.dim;
+  return Split(c.layers, pp, 4 * C * C + 3 * C * c.ffn_hidden, 0, C * c.vocab);
+}
+
+StageSplit VitStages(const ModelConfig& config, int pp) {
+  const VitConfig& v = config.vit;
+  const double D = v.dim;
+  const double projector = D * config.projector.hidden + config.projector.hidden * config.llm.dim;
+  return Split(v.layers, pp, 4 * D * D + 2 * D * v.mlp_hidden, D * v.patch_dim(), projector);
 }
 
 }  // namespace loom

@@ -72,6 +72,19 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 absl::Status ValidateModelParallel(const ModelConfig& config, int encoder_tp, int encoder_pp,
                                    int llm_tp, int llm_pp);
 
+// A module's pipeline stages: stage s holds layers [bounds[s], bounds[s+1]),
+// split to balance per-token matmul FLOPs (parallel::SplitLayers; the LLM's
+// head on its last stage, the ViT's patch embedding on its first and the
+// projector on its last), and share[s] is stage s's part of those FLOPs
+// (summing to 1), which the simulator divides a microbatch's time by.
+// Requires 1 <= pp <= layers (ValidateModelParallel).
+struct StageSplit {
+  std::vector<int> bounds;
+  std::vector<double> share;
+};
+StageSplit LlmStages(const ModelConfig& config, int pp);
+StageSplit VitStages(const ModelConfig& config, int pp);
+
 // Parameter counts per module.
 int64_t VitParameterCount(const VitConfig& c);
 int64_t ProjectorParameterCount(const ModelConfig& c);

@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
-#include "runtime/parallel/pipeline_schedule.h"
 
 namespace loom {
 
@@ -76,18 +75,12 @@ kernels::LossSum NoGroup(absl::StatusOr<kernels::LossSum> loss) {
 }  // namespace
 
 LayerRange LlmStageLayers(const ModelConfig& config, int pp, int stage) {
-  const LlmConfig& c = config.llm;
-  const double C = c.dim, layer = 4 * C * C + 3 * C * c.ffn_hidden;
-  const std::vector<int> b = parallel::SplitLayers(c.layers, pp, 0.0, C * c.vocab / layer);
+  const std::vector<int> b = LlmStages(config, pp).bounds;
   return {b[stage], b[stage + 1]};
 }
 
 LayerRange VitStageLayers(const ModelConfig& config, int pp, int stage) {
-  const VitConfig& v = config.vit;
-  const double D = v.dim, layer = 4 * D * D + 2 * D * v.mlp_hidden;
-  const double projector = (D * config.projector.hidden + config.projector.hidden * config.llm.dim);
-  const std::vector<int> b =
-      parallel::SplitLayers(v.layers, pp, D * v.patch_dim() / layer, projector / layer);
+  const std::vector<int> b = VitStages(config, pp).bounds;
   return {b[stage], b[stage + 1]};
 }
 

@@ -6,6 +6,7 @@ namespace loom::sched {
 namespace {
 
 constexpr double kDecay = 0.99;      // per observation: old timings fade
+constexpr double kStageDecay = 0.9;  // per iteration's stage times (one per replica)
 constexpr double kPriorPull = 1e-8;  // ridge toward the prior, relative to the data
 
 // Solves the n x n system a x = b (n <= 3) with partial pivoting; false if singular.
@@ -157,6 +158,27 @@ bool CostModel::ObserveLlm(const std::vector<SampleShape>& samples, double secon
   }
   ++observations_;
   Refit();
+  return true;
+}
+
+bool CostModel::ObserveStages(bool encoder, const std::vector<double>& seconds) {
+  auto* share = encoder ? coefficients_.mutable_encoder_stage_share()
+                        : coefficients_.mutable_llm_stage_share();
+  const int n = static_cast<int>(seconds.size());
+  if (n < 2 || (share->size() != 0 && share->size() != n)) return false;
+  double total = 0;
+  for (double s : seconds) {
+    if (!std::isfinite(s) || s < 0) return false;
+    total += s;
+  }
+  if (!(total > 0)) return false;
+  if (share->size() == 0) share->Resize(n, 1.0 / n);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    share->Set(i, kStageDecay * share->Get(i) + (1 - kStageDecay) * seconds[i] / total);
+    sum += share->Get(i);
+  }
+  for (int i = 0; i < n; ++i) share->Set(i, share->Get(i) / sum);
   return true;
 }
 

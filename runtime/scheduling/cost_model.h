@@ -68,6 +68,11 @@ class CostModel {
   // seconds. Non-finite or negative times are ignored (returns false).
   bool ObserveEncoder(const std::vector<SampleShape>& samples, double seconds);
   bool ObserveLlm(const std::vector<SampleShape>& samples, double seconds);
+  // One iteration's compute per pipeline stage of a module (one replica):
+  // the stage shares move toward its proportions with the fit's decay.
+  // False (ignored) for fewer than 2 stages, a count that differs from the
+  // shares held, or times that are negative, non-finite or all zero.
+  bool ObserveStages(bool encoder, const std::vector<double>& seconds);
 
   const scheduler::v1::CostCoefficients& coefficients() const { return coefficients_; }
   int observations() const { return observations_; }

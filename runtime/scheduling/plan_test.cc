@@ -1,5 +1,6 @@
 #include "runtime/scheduling/plan.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gtest/gtest.h"
@@ -108,6 +109,50 @@ TEST(PlanTest, LargeClusterPlanIsConsistent) {
   ExpectConsistent(*p, c, m);
   // 7B with AdamW state does not fit one 80 GiB GPU: the LLM is split.
   EXPECT_GE(p->llm().tp() * p->llm().pp(), 2);
+}
+
+// The plan carries each stage's share of a microbatch, as the workers split
+// the layers: the LLM's last stage holds the head, so it holds fewer layers.
+TEST(PlanTest, StageSharesFollowTheLayerSplit) {
+  ClusterSpec c;
+  c.gpus = 1296;
+  const ModelConfig m = Config("vit300m-llm7b");
+  absl::StatusOr<scheduler::v1::Plan> p = SearchPlan(c, m, OneVisionLike(5, 4096), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  for (const auto& [share, pp] :
+       {std::make_pair(p->costs().llm_stage_share(), p->llm().pp()),
+        std::make_pair(p->costs().encoder_stage_share(), p->encoder().pp())}) {
+    ASSERT_EQ(share.size(), pp);
+    double sum = 0;
+    for (double x : share) sum += x;
+    EXPECT_NEAR(sum, 1, 1e-12);
+  }
+  const StageSplit split = LlmStages(m, 4);
+  EXPECT_EQ(split.bounds.front(), 0);
+  EXPECT_EQ(split.bounds.back(), m.llm.layers);
+  EXPECT_LE(split.bounds[4] - split.bounds[3], split.bounds[1] - split.bounds[0]);
+  double largest = 0;
+  for (double x : split.share) largest = std::max(largest, x);
+  EXPECT_LT(largest, 0.3);  // balanced: 4 stages of about a quarter each
+}
+
+// Stage shares move toward the measured stage times; malformed reports are
+// ignored.
+TEST(CostModelTest, StageSharesRefitFromStageTimes) {
+  scheduler::v1::CostCoefficients prior;
+  prior.add_llm_stage_share(0.5);
+  prior.add_llm_stage_share(0.5);
+  CostModel costs(prior);
+  EXPECT_FALSE(costs.ObserveStages(false, {1, 2, 3}));  // 3 stages, 2 held
+  EXPECT_FALSE(costs.ObserveStages(false, {1, -1}));
+  EXPECT_FALSE(costs.ObserveStages(false, {0, 0}));
+  EXPECT_FALSE(costs.ObserveStages(false, {NAN, 1}));
+  EXPECT_FALSE(costs.ObserveStages(true, {1}));  // one stage: nothing to split
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(costs.ObserveStages(false, {1, 3}));
+  EXPECT_NEAR(costs.coefficients().llm_stage_share(0), 0.25, 1e-6);
+  EXPECT_NEAR(costs.coefficients().llm_stage_share(1), 0.75, 1e-6);
+  ASSERT_TRUE(costs.ObserveStages(true, {2, 2, 4}));  // none held: starts even
+  EXPECT_EQ(costs.coefficients().encoder_stage_share_size(), 3);
 }
 
 // More image tiles per sample: more GPUs go to the encoder.

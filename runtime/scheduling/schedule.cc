@@ -87,6 +87,10 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
   so.microbatches = o.microbatches;
   so.encoder_allreduce_seconds = plan.encoder().allreduce_seconds();
   so.llm_allreduce_seconds = plan.llm().allreduce_seconds();
+  so.encoder_stage_share.assign(plan.costs().encoder_stage_share().begin(),
+                                plan.costs().encoder_stage_share().end());
+  so.llm_stage_share.assign(plan.costs().llm_stage_share().begin(),
+                            plan.costs().llm_stage_share().end());
   absl::StatusOr<SimulationResult> sim = SimulateIteration(result->bins, so);
   if (!sim.ok()) return sim.status();
   const AssignmentQuality q = MeasureAssignment(loads, *result);

@@ -1,58 +1,78 @@
 #include "runtime/scheduling/simulate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/parallel/pipeline_schedule.h"
 
 namespace loom::sched {
 namespace {
 
-struct Task {
+struct Node {
+  SimulatedTask task;
   double duration = 0;
-  double ready = 0;  // earliest start from inputs and the stage's previous task
-  double end = 0;
+  double recompute = 0;  // of the duration, a forward run again
+  double ready = 0;      // earliest start from inputs and the stage's previous task
   int pending = 0;
-  std::vector<std::pair<int, double>> next;  // (task, delay)
+  std::vector<std::pair<int, double>> next;  // (node, delay)
 };
 
 class Graph {
  public:
-  int Add(double duration) {
-    tasks_.push_back({duration});
-    return static_cast<int>(tasks_.size()) - 1;
+  int Add(double duration, const SimulatedTask& task, double recompute = 0) {
+    nodes_.push_back({task, duration, recompute});
+    return static_cast<int>(nodes_.size()) - 1;
   }
   void Edge(int from, int to, double delay) {
-    tasks_[from].next.push_back({to, delay});
-    ++tasks_[to].pending;
+    nodes_[from].next.push_back({to, delay});
+    ++nodes_[to].pending;
   }
   // Kahn's order; false on a cycle (a schedule that deadlocks).
   bool Run() {
     std::deque<int> ready;
-    for (size_t t = 0; t < tasks_.size(); ++t) {
-      if (tasks_[t].pending == 0) ready.push_back(static_cast<int>(t));
+    for (size_t t = 0; t < nodes_.size(); ++t) {
+      if (nodes_[t].pending == 0) ready.push_back(static_cast<int>(t));
     }
     size_t done = 0;
     while (!ready.empty()) {
-      const int t = ready.front();
+      Node& n = nodes_[ready.front()];
       ready.pop_front();
       ++done;
-      Task& task = tasks_[t];
-      task.end = task.ready + task.duration;
-      for (auto [to, delay] : task.next) {
-        tasks_[to].ready = std::max(tasks_[to].ready, task.end + delay);
-        if (--tasks_[to].pending == 0) ready.push_back(to);
+      n.task.start = n.ready;
+      n.task.end = n.ready + n.duration;
+      for (auto [to, delay] : n.next) {
+        nodes_[to].ready = std::max(nodes_[to].ready, n.task.end + delay);
+        if (--nodes_[to].pending == 0) ready.push_back(to);
       }
     }
-    return done == tasks_.size();
+    return done == nodes_.size();
   }
-  const Task& operator[](int t) const { return tasks_[t]; }
-  int size() const { return static_cast<int>(tasks_.size()); }
+  const Node& operator[](int t) const { return nodes_[t]; }
+  int size() const { return static_cast<int>(nodes_.size()); }
 
  private:
-  std::vector<Task> tasks_;
+  std::vector<Node> nodes_;
 };
+
+absl::Status CheckShares(const std::vector<double>& share, int pp, const char* what) {
+  if (share.empty()) return absl::OkStatus();
+  double sum = 0;
+  for (double x : share) {
+    if (!std::isfinite(x) || x < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("simulation: ", what, " has ", x));
+    }
+    sum += x;
+  }
+  if (static_cast<int>(share.size()) != pp || std::abs(sum - 1) > 1e-6) {
+    return absl::InvalidArgumentError(absl::StrCat("simulation: ", what, " has ", share.size(),
+                                                   " entries summing to ", sum, " for ", pp,
+                                                   " stages (want one per stage, summing to 1)"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -61,8 +81,18 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   if (o.encoder_dp < 1 || o.encoder_pp < 1 || o.llm_dp < 1 || o.llm_pp < 1 || o.microbatches < 1) {
     return absl::InvalidArgumentError("simulation: every degree must be at least 1");
   }
+  if (!(o.forward_share >= 0 && o.forward_share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulation: forward_share ", o.forward_share, " is outside [0, 1]"));
+  }
+  if (absl::Status s = CheckShares(o.encoder_stage_share, o.encoder_pp, "encoder_stage_share");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckShares(o.llm_stage_share, o.llm_pp, "llm_stage_share"); !s.ok()) {
+    return s;
+  }
   const int m = o.microbatches, pe = o.encoder_pp, pl = o.llm_pp;
-  const int depth = pe + pl;
   // bin_at[r * m + j]: the bin LLM rank r runs j-th.
   std::vector<int> bin_at(static_cast<size_t>(o.llm_dp) * m, -1);
   for (size_t b = 0; b < bins.size(); ++b) {
@@ -86,83 +116,147 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
           absl::StrCat("simulation: llm_rank ", k / m, " has no microbatch ", k % m));
     }
   }
+  auto share = [](const std::vector<double>& s, int pp, int stage) {
+    return s.empty() ? 1.0 / pp : s[stage];
+  };
 
+  // Each stage's order of (forward?, bin), then its tasks with their
+  // durations (a backward that is not live recomputes), chained.
   Graph g;
   const size_t nb = bins.size();
-  std::vector<int> ef(nb * pe), eb(nb * pe), lf(nb * pl), lb(nb * pl);
+  std::vector<int> ef(nb * pe, -1), eb(nb * pe, -1), lf(nb * pl, -1), lb(nb * pl, -1);
+  struct StageRun {
+    bool encoder;
+    int dp, stage;
+    std::vector<int> nodes;
+  };
+  std::vector<StageRun> runs;
+  auto run_stage = [&](bool encoder, int dp, int s, const std::vector<std::pair<bool, int>>& ops) {
+    StageRun run{encoder, dp, s, {}};
+    const int pp = encoder ? pe : pl;
+    std::vector<int>& fwd = encoder ? ef : lf;
+    std::vector<int>& bwd = encoder ? eb : lb;
+    int live = -1;
+    for (auto [forward, b] : ops) {
+      const BinAssignment& x = bins[b];
+      const double cost = (encoder ? x.encoder : x.llm) *
+                          share(encoder ? o.encoder_stage_share : o.llm_stage_share, pp, s);
+      SimulatedTask t;
+      t.encoder = encoder;
+      t.dp = dp;
+      t.stage = s;
+      t.bin = b;
+      double duration = 0, recompute = 0;
+      if (forward) {
+        t.kind = SimulatedTask::kForward;
+        duration = cost * o.forward_share;
+        live = b;
+      } else {
+        t.kind = SimulatedTask::kBackward;
+        t.recomputed = o.recompute && live != b;
+        recompute = t.recomputed ? cost * o.forward_share : 0;
+        duration = cost * (1 - o.forward_share) + recompute;
+        live = -1;
+      }
+      const int id = g.Add(duration, t, recompute);
+      (forward ? fwd : bwd)[static_cast<size_t>(b) * pp + s] = id;
+      if (!run.nodes.empty()) g.Edge(run.nodes.back(), id, 0);
+      run.nodes.push_back(id);
+    }
+    runs.push_back(std::move(run));
+  };
+  std::vector<std::vector<int>> enc_bins(o.encoder_dp);
+  for (size_t b = 0; b < nb; ++b) {
+    if (bins[b].encoder > 0) enc_bins[bins[b].encoder_rank].push_back(static_cast<int>(b));
+  }
+  for (int e = 0; e < o.encoder_dp; ++e) {
+    std::vector<int>& order = enc_bins[e];  // slot by slot, as the workers sort
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return std::make_pair(bins[x].microbatch, bins[x].llm_rank) <
+             std::make_pair(bins[y].microbatch, bins[y].llm_rank);
+    });
+    std::vector<std::pair<bool, int>> ops;
+    for (int b : order) ops.push_back({true, b});
+    for (int b : order) ops.push_back({false, b});
+    for (int s = 0; s < pe; ++s) run_stage(true, e, s, ops);
+  }
+  for (int r = 0; r < o.llm_dp; ++r) {
+    for (int s = 0; s < pl; ++s) {
+      std::vector<std::pair<bool, int>> ops;
+      for (const parallel::PipelineOp& op :
+           parallel::OneFOneBSchedule(pe + pl, parallel::GlobalStage(false, s, pe), m)) {
+        ops.push_back({op.kind == parallel::PipelineOp::kForward,
+                       bin_at[static_cast<size_t>(r) * m + op.microbatch]});
+      }
+      run_stage(false, r, s, ops);
+    }
+  }
+  // Data dependencies of each bin.
   for (size_t b = 0; b < nb; ++b) {
     const BinAssignment& x = bins[b];
-    for (int s = 0; s < pe; ++s) {
-      ef[b * pe + s] = g.Add(x.encoder / 3 / pe);
-      eb[b * pe + s] = g.Add(2 * x.encoder / 3 / pe);
-    }
-    for (int s = 0; s < pl; ++s) {
-      lf[b * pl + s] = g.Add(x.llm / 3 / pl);
-      lb[b * pl + s] = g.Add(2 * x.llm / 3 / pl);
-    }
-    for (int s = 1; s < pe; ++s) g.Edge(ef[b * pe + s - 1], ef[b * pe + s], 0);
-    g.Edge(ef[b * pe + pe - 1], lf[b * pl], x.transfer);
+    const bool image = ef[b * pe] >= 0;
+    for (int s = 1; s < pe && image; ++s) g.Edge(ef[b * pe + s - 1], ef[b * pe + s], 0);
+    if (image) g.Edge(ef[b * pe + pe - 1], lf[b * pl], x.transfer);
     for (int s = 1; s < pl; ++s) g.Edge(lf[b * pl + s - 1], lf[b * pl + s], 0);
     g.Edge(lf[b * pl + pl - 1], lb[b * pl + pl - 1], 0);
     for (int s = pl - 1; s > 0; --s) g.Edge(lb[b * pl + s], lb[b * pl + s - 1], 0);
-    g.Edge(lb[b * pl], eb[b * pe + pe - 1], x.transfer);
-    for (int s = pe - 1; s > 0; --s) g.Edge(eb[b * pe + s], eb[b * pe + s - 1], 0);
+    if (image) g.Edge(lb[b * pl], eb[b * pe + pe - 1], x.transfer);
+    for (int s = pe - 1; s > 0 && image; --s) g.Edge(eb[b * pe + s], eb[b * pe + s - 1], 0);
   }
-  // Stage orders; the last task of each stage is where its allreduce can start.
-  std::vector<int> llm_last, enc_last;
-  auto chain = [&](const std::vector<int>& order, std::vector<int>* last) {
-    for (size_t k = 1; k < order.size(); ++k) g.Edge(order[k - 1], order[k], 0);
-    if (!order.empty()) last->push_back(order.back());
-  };
-  for (int r = 0; r < o.llm_dp; ++r) {
-    for (int s = 0; s < pl; ++s) {
-      const int warm = std::min(pl - s - 1, m);
-      std::vector<int> order;
-      auto at = [&](int j) { return static_cast<size_t>(bin_at[static_cast<size_t>(r) * m + j]); };
-      for (int j = 0; j < warm; ++j) order.push_back(lf[at(j) * pl + s]);
-      for (int j = warm; j < m; ++j) {
-        order.push_back(lf[at(j) * pl + s]);
-        order.push_back(lb[at(j - warm) * pl + s]);
-      }
-      for (int j = m - warm; j < m; ++j) order.push_back(lb[at(j) * pl + s]);
-      chain(order, &llm_last);
-    }
-  }
-  std::vector<std::vector<int>> enc_bins(o.encoder_dp);
-  for (size_t b = 0; b < nb; ++b) enc_bins[bins[b].encoder_rank].push_back(static_cast<int>(b));
-  for (int e = 0; e < o.encoder_dp; ++e) {
-    for (int s = 0; s < pe; ++s) {
-      // (key, llm_rank, task): forwards of slot t at 2t, backwards of slot
-      // t - (depth - s - 1) at 2t + 1.
-      std::vector<std::tuple<int, int, int>> keyed;
-      for (int b : enc_bins[e]) {
-        const BinAssignment& x = bins[b];
-        keyed.emplace_back(2 * x.microbatch, x.llm_rank, ef[b * pe + s]);
-        keyed.emplace_back(2 * (x.microbatch + depth - s - 1) + 1, x.llm_rank, eb[b * pe + s]);
-      }
-      std::sort(keyed.begin(), keyed.end());
-      std::vector<int> order;
-      for (const auto& k : keyed) order.push_back(std::get<2>(k));
-      chain(order, &enc_last);
-    }
+  // A stage's gradient allreduce starts when every DP rank of that stage has
+  // finished its last backward (a zero-length barrier per module stage).
+  std::vector<int> barrier_enc(pe), barrier_llm(pl);
+  for (int s = 0; s < pe; ++s) barrier_enc[s] = g.Add(0, {SimulatedTask::kAllreduce, true});
+  for (int s = 0; s < pl; ++s) barrier_llm[s] = g.Add(0, {SimulatedTask::kAllreduce, false});
+  std::vector<int> allreduce;
+  for (const StageRun& run : runs) {
+    const int barrier = (run.encoder ? barrier_enc : barrier_llm)[run.stage];
+    if (!run.nodes.empty()) g.Edge(run.nodes.back(), barrier, 0);
+    SimulatedTask t;
+    t.kind = SimulatedTask::kAllreduce;
+    t.encoder = run.encoder;
+    t.dp = run.dp;
+    t.stage = run.stage;
+    const int id = g.Add(run.encoder ? o.encoder_allreduce_seconds : o.llm_allreduce_seconds, t);
+    g.Edge(barrier, id, 0);
+    allreduce.push_back(id);
   }
   if (!g.Run()) return absl::InternalError("simulation: the stage orders deadlock");
 
   SimulationResult result;
-  result.tasks = g.size();
-  double llm_end = 0, enc_end = 0;
-  for (int t : llm_last) llm_end = std::max(llm_end, g[t].end + o.llm_allreduce_seconds);
-  for (int t : enc_last) enc_end = std::max(enc_end, g[t].end + o.encoder_allreduce_seconds);
-  result.iteration_seconds = std::max(llm_end, enc_end);
+  result.tasks = g.size() - pe - pl - static_cast<int>(allreduce.size());
+  for (int id : allreduce)
+    result.iteration_seconds = std::max(result.iteration_seconds, g[id].task.end);
   for (const BinAssignment& x : bins) {
     result.llm_compute_seconds += x.llm;
     result.encoder_compute_seconds += x.encoder;
   }
+  double span[2] = {0, 0}, busy[2] = {0, 0};
+  for (const StageRun& run : runs) {
+    if (run.nodes.empty()) continue;
+    span[run.encoder] += g[run.nodes.back()].task.end;
+    for (int id : run.nodes) {
+      busy[run.encoder] += g[id].duration;
+      result.recompute_seconds += g[id].recompute;
+    }
+  }
+  result.llm_bubble_fraction = span[0] > 0 ? 1 - busy[0] / span[0] : 0;
+  result.encoder_bubble_fraction = span[1] > 0 ? 1 - busy[1] / span[1] : 0;
   if (result.iteration_seconds > 0) {
     result.llm_utilization =
         result.llm_compute_seconds / (result.iteration_seconds * o.llm_dp * pl);
     result.encoder_utilization =
         result.encoder_compute_seconds / (result.iteration_seconds * o.encoder_dp * pe);
+  }
+  if (o.timeline) {
+    for (int id = 0; id < g.size(); ++id) {
+      const SimulatedTask& t = g[id].task;
+      if (t.kind == SimulatedTask::kAllreduce && g[id].next.size() > 0) continue;  // a barrier
+      result.timeline.push_back(t);
+    }
+    std::stable_sort(
+        result.timeline.begin(), result.timeline.end(),
+        [](const SimulatedTask& a, const SimulatedTask& b) { return a.start < b.start; });
   }
   return result;
 }

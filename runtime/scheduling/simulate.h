@@ -1,15 +1,25 @@
 // Discrete-event simulation of one training iteration under a plan and an
-// assignment: encoder DP ranks (each a pipeline of encoder stages), the
-// embedding transfer to the LLM, LLM DP ranks each a pipeline of stages in
-// 1F1B, the gradients back, and the gradient allreduce of each module.
+// assignment, in exactly the order the workers run it
+// (services/worker/training_worker_stages.cc):
 //
-// Every stage is a resource that runs its tasks in a fixed order: an LLM
-// stage s of p_llm does p_llm-s-1 warm-up forwards, then one forward one
-// backward, then the drain; an encoder stage s (the combined pipeline has
-// p = p_enc + p_llm stages) runs the forwards of microbatch slot t and then
-// the backwards of slot t-(p-s-1). A task starts when its stage is free and
-// its inputs have arrived. Forward is 1/3 of a bin's cost, backward 2/3, split
-// evenly over a module's stages.
+//   encoder stage  every bin of its DP rank forward, slot by slot (microbatch,
+//                  then LLM rank), then every backward in the same order;
+//                  text-only bins (no encoder cost) skip the encoder;
+//   LLM stage      its replica's microbatches in the 1F1B order of the
+//                  combined pipeline (parallel::OneFOneBSchedule, encoder
+//                  stages first), the same function the workers call;
+//   between them   a bin's embeddings from the last encoder stage to the first
+//                  LLM stage after `transfer`, their gradients back the same;
+//   recompute      a stage keeps each bin's input and runs the forward again
+//                  before a backward unless that bin's activations are live
+//                  (the last forward the stage ran);
+//   allreduce      each stage's gradient allreduce after its last backward.
+//
+// A bin's cost (BinAssignment::encoder, ::llm) is its forward + backward on
+// one rank of the module, all stages together; a stage takes its share of it
+// (stage shares: runtime/model/config.h's LlmStages / VitStages), and the
+// forward is `forward_share` of that. A task starts when its stage is free
+// and its inputs have arrived.
 #ifndef LOOM_RUNTIME_SCHEDULING_SIMULATE_H_
 #define LOOM_RUNTIME_SCHEDULING_SIMULATE_H_
 
@@ -28,20 +38,48 @@ struct SimulationOptions {
   int microbatches = 1;
   double encoder_allreduce_seconds = 0;  // per stage, after its last backward
   double llm_allreduce_seconds = 0;
+  // Each stage's share of a bin's time; empty: even. Must have pp entries
+  // that sum to 1 otherwise.
+  std::vector<double> encoder_stage_share, llm_stage_share;
+  double forward_share = 1.0 / 3;  // of forward + backward
+  bool recompute = true;           // as the workers do; false: activations kept
+  bool timeline = false;           // fill SimulationResult::timeline
+};
+
+// One task of the simulated timeline (seconds from the iteration's start).
+struct SimulatedTask {
+  enum Kind { kForward, kBackward, kAllreduce };
+  Kind kind = kForward;
+  bool encoder = false;
+  int dp = 0;
+  int stage = 0;
+  int bin = -1;             // index into the bins; -1 for an allreduce
+  bool recomputed = false;  // a backward that ran its forward again first
+  double start = 0;
+  double end = 0;
 };
 
 struct SimulationResult {
   double iteration_seconds = 0;
-  double llm_compute_seconds = 0;  // summed over LLM stages
+  double llm_compute_seconds = 0;  // the bins' costs, summed (no recompute)
   double encoder_compute_seconds = 0;
-  // Fraction of the LLM stages' time (iteration x stages) spent computing.
+  // Fraction of the stages' time (iteration x stages) spent on the bins'
+  // forward + backward (recompute counts as lost).
   double llm_utilization = 0;
   double encoder_utilization = 0;
+  // Idle share of each stage's time from the iteration's start to the end of
+  // its last backward (what the workers measure as their bubble), over all
+  // of a module's stages together; 0 for a module without tasks.
+  double llm_bubble_fraction = 0;
+  double encoder_bubble_fraction = 0;
+  double recompute_seconds = 0;  // summed over all stages
   int tasks = 0;
+  std::vector<SimulatedTask> timeline;  // with options.timeline, by start
 };
 
 // INVALID_ARGUMENT if the bins do not match the options (a rank, microbatch
-// or encoder rank outside them, a (rank, microbatch) twice or missing).
+// or encoder rank outside them, a (rank, microbatch) twice or missing), or
+// the stage shares are malformed.
 absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignment>& bins,
                                                    const SimulationOptions& options);
 

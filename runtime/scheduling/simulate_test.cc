@@ -1,5 +1,6 @@
 #include "runtime/scheduling/simulate.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
 
@@ -29,9 +30,11 @@ TEST(SimulateTest, OneBinIsTheSumOfItsParts) {
   EXPECT_NEAR(r->iteration_seconds, 11.25, testing::ClosedFormF64(11.25));
 }
 
-// Uniform microbatches through p LLM stages in 1F1B: (m + p - 1)(F + B).
+// Uniform microbatches through p LLM stages in 1F1B with activations kept:
+// (m + p - 1)(F + B).
 TEST(SimulateTest, OneFOneBMakespanOfUniformMicrobatches) {
   SimulationOptions o;
+  o.recompute = false;
   o.llm_pp = 4;
   o.microbatches = 8;
   std::vector<BinAssignment> bins;
@@ -58,16 +61,81 @@ TEST(SimulateTest, ImbalanceAcrossRanksCosts) {
   EXPECT_NEAR(even->iteration_seconds, 9, testing::ClosedFormF64(9));
 }
 
-// An encoder shared by two LLM ranks serialises their encoder work.
+// An encoder shared by two LLM ranks serialises their encoder work: both
+// forwards, then both backwards (the workers' order), each backward running
+// its forward again (the stage holds only the last forward's activations).
 TEST(SimulateTest, SharedEncoderRankSerialises) {
   SimulationOptions o;
   o.llm_dp = 2;
   o.encoder_dp = 1;
-  auto r = SimulateIteration({Bin(0, 0, 0, 3, 3), Bin(1, 0, 0, 3, 3)}, o);
+  const std::vector<BinAssignment> bins = {Bin(0, 0, 0, 3, 3), Bin(1, 0, 0, 3, 3)};
+  auto r = SimulateIteration(bins, o);
   ASSERT_TRUE(r.ok());
-  // enc F 1, 1 (ends 2); rank 1 LLM 2..5; enc B of rank 0's bin at 4..6, then
-  // rank 1's at 6..8.
+  // enc F 0..1, 1..2; rank 0 LLM 1..4, rank 1 2..5; enc B (recompute 1 +
+  // backward 2) of rank 0's bin 4..7, of rank 1's 7..10.
+  EXPECT_NEAR(r->iteration_seconds, 10, testing::ClosedFormF64(10));
+  EXPECT_NEAR(r->recompute_seconds, 2, testing::ClosedFormF64(2));
+  o.recompute = false;  // activations kept: 4..6, 6..8
+  r = SimulateIteration(bins, o);
+  ASSERT_TRUE(r.ok());
   EXPECT_NEAR(r->iteration_seconds, 8, testing::ClosedFormF64(8));
+}
+
+// Two LLM stages, two microbatches (F 1, B 2 per stage). Stage 0 runs F0 F1
+// B0 B1 and recomputes both backwards; stage 1 runs F0 B0 F1 B1, each
+// backward right after its forward (live, no recompute):
+//   stage 0: F0 0..1  F1 1..2  B0 4..7 (needs stage 1's B0)  B1 7..10
+//   stage 1: F0 1..2  B0 2..4  F1 4..5  B1 5..7
+TEST(SimulateTest, PipelineStagesRecomputeWhatIsNotLive) {
+  SimulationOptions o;
+  o.llm_pp = 2;
+  o.microbatches = 2;
+  o.timeline = true;
+  auto r = SimulateIteration({Bin(0, 0, 0, 0, 6), Bin(0, 1, 0, 0, 6)}, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->iteration_seconds, 10, testing::ClosedFormF64(10));
+  EXPECT_NEAR(r->recompute_seconds, 2, testing::ClosedFormF64(2));
+  // Busy 8 of stage 0's 10 s, 6 of stage 1's 7 s.
+  EXPECT_NEAR(r->llm_bubble_fraction, 1 - 14.0 / 17, testing::ClosedFormF64(1));
+  std::string order[2];
+  for (const SimulatedTask& t : r->timeline) {
+    if (t.kind == SimulatedTask::kAllreduce) continue;
+    order[t.stage] += absl::StrCat(t.kind == SimulatedTask::kForward ? "F" : "B", t.bin,
+                                   t.recomputed ? "r " : " ");
+  }
+  EXPECT_EQ(order[0], "F0 F1 B0r B1r ");
+  EXPECT_EQ(order[1], "F0 B0 F1 B1 ");
+}
+
+// Stages take their share of a bin (the workers' FLOP-balanced split): a
+// heavy last stage lengthens the pipeline against an even split.
+TEST(SimulateTest, StageSharesSetEachStagesTime) {
+  SimulationOptions o;
+  o.llm_pp = 2;
+  o.microbatches = 2;
+  o.recompute = false;
+  const std::vector<BinAssignment> bins = {Bin(0, 0, 0, 0, 12), Bin(0, 1, 0, 0, 12)};
+  auto even = SimulateIteration(bins, o);
+  o.llm_stage_share = {0.25, 0.75};
+  auto skewed = SimulateIteration(bins, o);
+  ASSERT_TRUE(even.ok() && skewed.ok());
+  // even: F 2, B 4 per stage; skewed: stage 0 F 1 B 2, stage 1 F 3 B 6.
+  EXPECT_NEAR(even->iteration_seconds, 18, testing::ClosedFormF64(18));
+  EXPECT_NEAR(skewed->iteration_seconds, 21, testing::ClosedFormF64(21));
+  o.llm_stage_share = {0.5, 0.6};
+  EXPECT_FALSE(SimulateIteration(bins, o).ok());
+  o.llm_stage_share = {1.0};
+  EXPECT_FALSE(SimulateIteration(bins, o).ok());
+}
+
+// A text-only bin (no encoder cost) never waits for the encoder or a
+// transfer, as the workers skip it.
+TEST(SimulateTest, TextOnlyBinsSkipTheEncoder) {
+  SimulationOptions o;
+  auto r = SimulateIteration({Bin(0, 0, 0, 0, 3, 5)}, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->iteration_seconds, 3, testing::ClosedFormF64(3));
+  EXPECT_EQ(r->tasks, 2);
 }
 
 TEST(SimulateTest, RejectsBinsOutsideThePlan) {

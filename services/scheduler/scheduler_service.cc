@@ -12,10 +12,10 @@
 #include "runtime/base/file.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
-#include "services/common/grpc_status.h"
-#include "services/common/job.h"
 #include "runtime/scheduling/assign.h"
 #include "runtime/scheduling/schedule.h"
+#include "services/common/grpc_status.h"
+#include "services/common/job.h"
 
 namespace loom {
 namespace {
@@ -136,6 +136,20 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   }
   absl::StatusOr<ModelConfig> model = ModelConfigByName(p.model().empty() ? "tiny" : p.model());
   if (model.ok()) flops_ = sched::AnalyticFlops(*model, /*recompute=*/false);
+  // Stage shares start from the layer split the workers use (and restart
+  // when a job resumes under another pipeline depth).
+  const std::string model_name = options.job.model().empty() ? p.model() : options.job.model();
+  absl::StatusOr<ModelConfig> stages = ModelConfigByName(model_name.empty() ? "tiny" : model_name);
+  if (stages.ok() && ValidateModelParallel(*stages, 1, p.encoder().pp(), 1, p.llm().pp()).ok()) {
+    if (costs.encoder_stage_share_size() != p.encoder().pp()) {
+      costs.clear_encoder_stage_share();
+      for (double x : VitStages(*stages, p.encoder().pp()).share) costs.add_encoder_stage_share(x);
+    }
+    if (costs.llm_stage_share_size() != p.llm().pp()) {
+      costs.clear_llm_stage_share();
+      for (double x : LlmStages(*stages, p.llm().pp()).share) costs.add_llm_stage_share(x);
+    }
+  }
   peak_flops_ = options.peak_flops > 0 ? options.peak_flops
                                        : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());
   options_ = accepted;
@@ -307,12 +321,14 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
     keys.push_back(m.record().key());
   }
   std::vector<sched::SampleLoad> loads;
+  scheduler::v1::Plan plan = options_.plan;  // with the costs as refitted now
   {
     absl::MutexLock lock(&mu_);
     loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
+    *plan.mutable_costs() = costs_->coefficients();
   }
   absl::StatusOr<scheduler::v1::Assignment> a =
-      sched::AssignForPlan(options_.plan, keys, loads, options_.algorithm, options_.ilp_seconds);
+      sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds);
   if (!a.ok()) return a.status();
   a->set_iteration(iteration);
   computed->assignment = std::move(*a);
@@ -426,7 +442,23 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
     for (int i : bin.indices()) shapes.push_back(c->shapes[i]);
     observed.emplace_back(std::move(shapes), t.seconds());
   }
+  const int stages = encoder ? options_.plan.encoder().pp() : options_.plan.llm().pp();
+  if (request->stage_seconds_size() != 0 && request->stage_seconds_size() != stages) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("stage_seconds: ", request->stage_seconds_size(), " entries for the plan's ",
+                     stages, " pipeline stages (want one per stage, or none)")));
+  }
+  for (double s : request->stage_seconds()) {
+    if (!std::isfinite(s) || s < 0) {
+      return ToGrpcStatus(
+          absl::InvalidArgumentError("stage_seconds: must be finite and non-negative"));
+    }
+  }
   absl::MutexLock lock(&mu_);
+  if (request->stage_seconds_size() > 1) {
+    costs_->ObserveStages(encoder, std::vector<double>(request->stage_seconds().begin(),
+                                                       request->stage_seconds().end()));
+  }
   for (const auto& [shapes, seconds] : observed) {
     if (encoder) {
       costs_->ObserveEncoder(shapes, seconds);
