@@ -97,13 +97,19 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
     }
     case common::v1::ROLE_SCHEDULER: {
       // The job itself arrives by SubmitJob (loom.control.v1), as in any deployment.
-      return {"--run_dir=" + options_.run_dir,
-              "--preprocess=" + target(common::v1::ROLE_PREPROCESS),
-              absl::StrFormat("--peak_flops=%.6g", options_.peak_flops)};
+      std::vector<std::string> a = {"--run_dir=" + options_.run_dir,
+                                    "--preprocess=" + target(common::v1::ROLE_PREPROCESS),
+                                    absl::StrFormat("--peak_flops=%.6g", options_.peak_flops)};
+      if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
+      return a;
     }
-    default:
-      return {absl::StrCat("--rank=", s.rank), "--scheduler=" + target(common::v1::ROLE_SCHEDULER),
-              "--advertise_host=" + options_.host};
+    default: {
+      std::vector<std::string> a = {absl::StrCat("--rank=", s.rank),
+                                    "--scheduler=" + target(common::v1::ROLE_SCHEDULER),
+                                    "--advertise_host=" + options_.host};
+      if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
+      return a;
+    }
   }
 }
 

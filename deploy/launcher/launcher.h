@@ -37,6 +37,7 @@ struct LauncherOptions {
   std::string shards;       // glob the preprocess service reads
   int64_t resume_step = 0;  // > 0: continue after this complete checkpoint
   double peak_flops = 0;    // of the machine, for the scheduler's MFU (CpuPeakFlops)
+  std::string trace_dir;    // non-empty: the scheduler and workers write their timelines there
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);
 };

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "deploy/launcher/launcher.h"
 #include "runtime/base/file.h"
 #include "runtime/base/runfiles.h"
+#include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/data/loader.h"
 #include "services/common/init.h"
@@ -60,6 +62,10 @@ ABSL_FLAG(std::string, bin_dir, "",
           "binary's runfiles (RUNFILES_DIR/loom), where Bazel puts the service binaries "
           "together with their data files.");
 ABSL_FLAG(std::string, run_dir, ".loom/run", "Folder for this run's logs, data and checkpoints.");
+ABSL_FLAG(std::string, trace, "",
+          "Write a Chrome/Perfetto trace of the run to FILE: one track per worker (forward, "
+          "backward, recompute, sends, receives, allreduces) beside the simulator's predicted "
+          "timeline of the same iterations (open in ui.perfetto.dev).");
 ABSL_FLAG(std::string, bind_host, "127.0.0.1", "Address every service binds.");
 ABSL_FLAG(int, base_port, 0,
           "0: every service picks free ports; else service i uses base+2i "
@@ -327,6 +333,15 @@ int main(int argc, char** argv) {
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   o.shards = *shards;
   o.peak_flops = loom::CpuPeakFlops();
+  const std::string trace_file = absl::GetFlag(FLAGS_trace);
+  if (!trace_file.empty()) {
+    o.trace_dir = run_dir + "/trace";
+    std::error_code ec;
+    std::filesystem::remove_all(o.trace_dir, ec);  // a previous run's timelines
+    if (absl::Status s = loom::MakeDirectories(o.trace_dir); !s.ok()) {
+      return Fail("--trace: " + std::string(s.message()));
+    }
+  }
   if (absl::Status s = loom::MakeDirectories(run_dir); !s.ok())
     return Fail(std::string(s.message()));
   if (absl::Status s =
@@ -365,6 +380,15 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_exit_when_healthy)) rc = RunJob(job, o, launcher);
   const bool clean = launcher.Stop();
   std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+  if (!trace_file.empty()) {
+    if (absl::Status s = loom::trace::MergeTrace(o.trace_dir, trace_file); !s.ok()) {
+      std::fprintf(stderr, "loom up: --trace: %s\n", std::string(s.message()).c_str());
+      rc = rc == 0 ? 1 : rc;
+    } else {
+      std::fprintf(info, "loom up: trace in %s (open in ui.perfetto.dev or chrome://tracing)\n",
+                   trace_file.c_str());
+    }
+  }
   std::fprintf(info, "loom up: %s\n",
                clean ? "stopped cleanly" : "some services did not exit cleanly");
   return clean ? rc : 1;

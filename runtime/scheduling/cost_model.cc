@@ -182,6 +182,35 @@ bool CostModel::ObserveStages(bool encoder, const std::vector<double>& seconds) 
   return true;
 }
 
+bool CostModel::ObserveForward(bool encoder, double forward, double total) {
+  if (!(total > 0) || !std::isfinite(total) || !(forward >= 0) || forward > total) return false;
+  const double old =
+      encoder ? coefficients_.encoder_forward_share() : coefficients_.llm_forward_share();
+  const double share =
+      kStageDecay * (old > 0 ? old : 1.0 / 3) + (1 - kStageDecay) * forward / total;
+  if (encoder) {
+    coefficients_.set_encoder_forward_share(share);
+  } else {
+    coefficients_.set_llm_forward_share(share);
+  }
+  return true;
+}
+
+bool CostModel::ObserveRecompute(bool encoder, double recompute, double first) {
+  if (!(first > 0) || !std::isfinite(first) || !(recompute >= 0) || !std::isfinite(recompute)) {
+    return false;
+  }
+  const double old =
+      encoder ? coefficients_.encoder_recompute_ratio() : coefficients_.llm_recompute_ratio();
+  const double ratio = kStageDecay * (old > 0 ? old : 1.0) + (1 - kStageDecay) * recompute / first;
+  if (encoder) {
+    coefficients_.set_encoder_recompute_ratio(ratio);
+  } else {
+    coefficients_.set_llm_recompute_ratio(ratio);
+  }
+  return true;
+}
+
 void CostModel::Refit() {
   if (encoder_.ata[0][0] > 0) {
     auto t = FitNonNegative(encoder_.ata, encoder_.aty, 2,

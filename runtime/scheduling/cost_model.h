@@ -73,6 +73,14 @@ class CostModel {
   // False (ignored) for fewer than 2 stages, a count that differs from the
   // shares held, or times that are negative, non-finite or all zero.
   bool ObserveStages(bool encoder, const std::vector<double>& seconds);
+  // One iteration's forward seconds out of forward + backward `total`: the
+  // forward share moves toward their ratio. False (ignored) when not
+  // 0 <= forward <= total, total > 0.
+  bool ObserveForward(bool encoder, double forward, double total);
+  // Recomputed forwards took `recompute` seconds, their first runs `first`:
+  // the recompute ratio moves toward recompute / first. False (ignored) for
+  // negative, non-finite or zero `first`.
+  bool ObserveRecompute(bool encoder, double recompute, double first);
 
   const scheduler::v1::CostCoefficients& coefficients() const { return coefficients_; }
   int observations() const { return observations_; }

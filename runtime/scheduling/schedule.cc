@@ -1,11 +1,13 @@
 #include "runtime/scheduling/schedule.h"
 
 #include <chrono>
+#include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
+#include "runtime/base/trace.h"
 #include "runtime/scheduling/simulate.h"
 
 namespace loom::sched {
@@ -58,7 +60,8 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
                                                         const std::vector<std::string>& keys,
                                                         const std::vector<SampleLoad>& loads,
                                                         const std::string& algorithm,
-                                                        double ilp_time_limit_seconds) {
+                                                        double ilp_time_limit_seconds,
+                                                        PredictedIteration* timeline) {
   if (keys.size() != loads.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(keys.size(), " keys but ", loads.size(), " sample costs"));
@@ -91,6 +94,17 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
                                 plan.costs().encoder_stage_share().end());
   so.llm_stage_share.assign(plan.costs().llm_stage_share().begin(),
                             plan.costs().llm_stage_share().end());
+  so.timeline = timeline != nullptr;
+  if (plan.costs().encoder_forward_share() > 0) {
+    so.encoder_forward_share = plan.costs().encoder_forward_share();
+  }
+  if (plan.costs().llm_forward_share() > 0) so.llm_forward_share = plan.costs().llm_forward_share();
+  if (plan.costs().encoder_recompute_ratio() > 0) {
+    so.encoder_recompute_ratio = plan.costs().encoder_recompute_ratio();
+  }
+  if (plan.costs().llm_recompute_ratio() > 0) {
+    so.llm_recompute_ratio = plan.costs().llm_recompute_ratio();
+  }
   absl::StatusOr<SimulationResult> sim = SimulateIteration(result->bins, so);
   if (!sim.ok()) return sim.status();
   const AssignmentQuality q = MeasureAssignment(loads, *result);
@@ -123,6 +137,36 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
   s->set_wall_seconds(wall);
   s->set_ilp_bound(result->ilp_bound);
   s->set_ilp_optimal(result->ilp_optimal);
+  if (timeline != nullptr) {
+    timeline->bins = result->bins;
+    timeline->simulation = std::move(*sim);
+  }
+  return out;
+}
+
+trace::v1::TraceFile PredictedTrace(const PredictedIteration& p, int64_t iteration,
+                                    bool name_tracks) {
+  trace::v1::TraceFile out;
+  std::set<int> named;
+  for (const SimulatedTask& t : p.simulation.timeline) {
+    const int tid = trace::StageTrack(t.encoder, t.dp, t.stage);
+    if (name_tracks && named.insert(tid).second) {
+      trace::NameTrack(&out, trace::kPredictedPid, tid,
+                       absl::StrCat(t.encoder ? "encoder" : "LLM", " dp ", t.dp, " stage ", t.stage,
+                                    " (predicted)"));
+    }
+    std::string name = "allreduce gradients", cat = "allreduce";
+    if (t.kind != SimulatedTask::kAllreduce) {
+      const bool f = t.kind == SimulatedTask::kForward;
+      const BinAssignment& b = p.bins[t.bin];
+      name = t.encoder ? absl::StrCat(f ? "F" : "B", " bin ", t.bin)
+                       : absl::StrCat(f ? "F" : "B", " mb ", b.microbatch, " bin ", t.bin);
+      if (t.recomputed) name += " (with recompute)";
+      cat = f ? "forward" : "backward";
+    }
+    trace::AddSpan(&out, name, cat, trace::kPredictedPid, tid, t.start * 1e6, t.end * 1e6,
+                   iteration);
+  }
   return out;
 }
 

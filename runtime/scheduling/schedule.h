@@ -9,7 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
+#include "loom/trace/v1/trace.pb.h"
 #include "runtime/scheduling/assign.h"
+#include "runtime/scheduling/simulate.h"
 
 namespace loom::sched {
 
@@ -34,12 +36,25 @@ absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& pat
                                                           const Degrees& d);
 
 // INVALID_ARGUMENT: a plan without degrees, keys and loads of different
-// lengths; otherwise Assign's errors.
+// lengths; otherwise Assign's errors. With `timeline`, the simulated
+// iteration's tasks and bins go there (PredictedTrace).
+struct PredictedIteration {
+  std::vector<BinAssignment> bins;
+  SimulationResult simulation;  // with its timeline
+};
 absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Plan& plan,
                                                         const std::vector<std::string>& keys,
                                                         const std::vector<SampleLoad>& loads,
                                                         const std::string& algorithm,
-                                                        double ilp_time_limit_seconds);
+                                                        double ilp_time_limit_seconds,
+                                                        PredictedIteration* timeline = nullptr);
+
+// The predicted timeline of `iteration` as trace spans (runtime/base/trace.h:
+// pid 2, one track per module replica and stage, microseconds from the
+// iteration's start), named as the workers name theirs; with `name_tracks`,
+// each track's name too.
+trace::v1::TraceFile PredictedTrace(const PredictedIteration& p, int64_t iteration,
+                                    bool name_tracks);
 
 }  // namespace loom::sched
 

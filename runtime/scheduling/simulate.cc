@@ -81,9 +81,17 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   if (o.encoder_dp < 1 || o.encoder_pp < 1 || o.llm_dp < 1 || o.llm_pp < 1 || o.microbatches < 1) {
     return absl::InvalidArgumentError("simulation: every degree must be at least 1");
   }
-  if (!(o.forward_share >= 0 && o.forward_share <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("simulation: forward_share ", o.forward_share, " is outside [0, 1]"));
+  for (double r : {o.encoder_recompute_ratio, o.llm_recompute_ratio}) {
+    if (!(r >= 0) || !std::isfinite(r)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("simulation: a recompute ratio of ", r, " is not finite and >= 0"));
+    }
+  }
+  for (double f : {o.encoder_forward_share, o.llm_forward_share}) {
+    if (!(f >= 0 && f <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("simulation: a forward share of ", f, " is outside [0, 1]"));
+    }
   }
   if (absl::Status s = CheckShares(o.encoder_stage_share, o.encoder_pp, "encoder_stage_share");
       !s.ok()) {
@@ -139,6 +147,7 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     int live = -1;
     for (auto [forward, b] : ops) {
       const BinAssignment& x = bins[b];
+      const double fs = encoder ? o.encoder_forward_share : o.llm_forward_share;
       const double cost = (encoder ? x.encoder : x.llm) *
                           share(encoder ? o.encoder_stage_share : o.llm_stage_share, pp, s);
       SimulatedTask t;
@@ -149,13 +158,15 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
       double duration = 0, recompute = 0;
       if (forward) {
         t.kind = SimulatedTask::kForward;
-        duration = cost * o.forward_share;
+        duration = cost * fs;
         live = b;
       } else {
         t.kind = SimulatedTask::kBackward;
         t.recomputed = o.recompute && live != b;
-        recompute = t.recomputed ? cost * o.forward_share : 0;
-        duration = cost * (1 - o.forward_share) + recompute;
+        recompute = t.recomputed
+                        ? cost * fs * (encoder ? o.encoder_recompute_ratio : o.llm_recompute_ratio)
+                        : 0;
+        duration = cost * (1 - fs) + recompute;
         live = -1;
       }
       const int id = g.Add(duration, t, recompute);

@@ -41,9 +41,14 @@ struct SimulationOptions {
   // Each stage's share of a bin's time; empty: even. Must have pp entries
   // that sum to 1 otherwise.
   std::vector<double> encoder_stage_share, llm_stage_share;
-  double forward_share = 1.0 / 3;  // of forward + backward
-  bool recompute = true;           // as the workers do; false: activations kept
-  bool timeline = false;           // fill SimulationResult::timeline
+  double encoder_forward_share = 1.0 / 3;  // of forward + backward
+  double llm_forward_share = 1.0 / 3;
+  // A recomputed forward's time over the forward's (caches are warm the
+  // second time).
+  double encoder_recompute_ratio = 1;
+  double llm_recompute_ratio = 1;
+  bool recompute = true;  // as the workers do; false: activations kept
+  bool timeline = false;  // fill SimulationResult::timeline
 };
 
 // One task of the simulated timeline (seconds from the iteration's start).

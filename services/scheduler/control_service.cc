@@ -3,11 +3,11 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
+#include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/schedule.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
 #include "services/scheduler/job_state.h"
-#include "runtime/scheduling/plan.h"
-#include "runtime/scheduling/schedule.h"
 
 namespace loom {
 namespace {
@@ -78,6 +78,7 @@ void ApplyDeployment(const SchedulerDeployment& deployment, SchedulerServiceOpti
   o->retained_iterations = deployment.retained_iterations;
   o->ilp_seconds = deployment.ilp_seconds;
   o->peak_flops = deployment.peak_flops;
+  o->trace_dir = deployment.trace_dir;
 }
 
 grpc::Status ControlServiceImpl::SubmitJob(grpc::ServerContext*,

@@ -20,6 +20,7 @@ struct SchedulerDeployment {
   int retained_iterations = 16;
   double ilp_seconds = 10;
   double peak_flops = 0;
+  std::string trace_dir;  // SchedulerServiceOptions::trace_dir
 };
 
 // The scheduler options of `spec`: defaults applied, validated (errors name

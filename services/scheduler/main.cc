@@ -13,11 +13,11 @@
 #include "absl/flags/flag.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
+#include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/schedule.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
 #include "services/scheduler/control_service.h"
-#include "runtime/scheduling/plan.h"
-#include "runtime/scheduling/schedule.h"
 #include "services/scheduler/scheduler_service.h"
 
 ABSL_FLAG(std::string, plan, "", "The job's plan (JSON from `loom-schedule plan`).");
@@ -44,6 +44,8 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(int64_t, resume_step, 0,
           "Continue after this complete checkpoint step of the job's run (implies --resume; "
           "loom-preprocess must start from the same step's cursor).");
+ABSL_FLAG(std::string, trace_dir, "",
+          "Append each iteration's simulated timeline to DIR/predicted.jsonl (loom up --trace).");
 ABSL_FLAG(double, peak_flops, 0,
           "Peak FLOP/s of all the workers' devices together, for loom_train_mfu_ratio (0: the "
           "plan's GPU peak times its GPUs).");
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
       "  loom-scheduler --preprocess HOST:PORT (the job comes by SubmitJob)\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
       "--config --retained_iterations --ilp_seconds --job --run_dir --resume --resume_step "
-      "--peak_flops");
+      "--peak_flops --trace_dir");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
   auto fail = [](const absl::Status& s) {
@@ -102,6 +104,7 @@ int main(int argc, char** argv) {
   deployment.retained_iterations = absl::GetFlag(FLAGS_retained_iterations);
   deployment.ilp_seconds = absl::GetFlag(FLAGS_ilp_seconds);
   deployment.peak_flops = absl::GetFlag(FLAGS_peak_flops);
+  deployment.trace_dir = absl::GetFlag(FLAGS_trace_dir);
   auto service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);
   const bool has_job = !absl::GetFlag(FLAGS_job).empty();
   const bool has_degrees = absl::GetFlag(FLAGS_llm_dp) || absl::GetFlag(FLAGS_microbatches) ||

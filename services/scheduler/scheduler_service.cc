@@ -10,6 +10,8 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "runtime/base/file.h"
+#include "runtime/base/log.h"
+#include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/assign.h"
@@ -327,9 +329,17 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
     loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
     *plan.mutable_costs() = costs_->coefficients();
   }
+  sched::PredictedIteration predicted;
   absl::StatusOr<scheduler::v1::Assignment> a =
-      sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds);
+      sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds,
+                           options_.trace_dir.empty() ? nullptr : &predicted);
   if (!a.ok()) return a.status();
+  if (!options_.trace_dir.empty()) {
+    const bool first = !trace_named_.exchange(true);
+    absl::Status s = trace::AppendLine(options_.trace_dir + "/predicted.jsonl",
+                                       sched::PredictedTrace(predicted, iteration, first));
+    if (!s.ok()) LOOM_LOG(WARNING).With("error", std::string(s.message())) << "trace";
+  }
   a->set_iteration(iteration);
   computed->assignment = std::move(*a);
   assignments_->Increment();
@@ -448,13 +458,34 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
         absl::StrCat("stage_seconds: ", request->stage_seconds_size(), " entries for the plan's ",
                      stages, " pipeline stages (want one per stage, or none)")));
   }
+  double total = 0;
+  for (const auto& [shapes, seconds] : observed) total += seconds;
+  if (!std::isfinite(request->forward_seconds()) || request->forward_seconds() < 0 ||
+      request->forward_seconds() > total * (1 + 1e-9)) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("forward_seconds: ", request->forward_seconds(),
+                                                " is outside 0 .. the timings' total ", total)));
+  }
   for (double s : request->stage_seconds()) {
     if (!std::isfinite(s) || s < 0) {
       return ToGrpcStatus(
           absl::InvalidArgumentError("stage_seconds: must be finite and non-negative"));
     }
   }
+  if (!std::isfinite(request->recompute_seconds()) || request->recompute_seconds() < 0 ||
+      !std::isfinite(request->recomputed_forward_seconds()) ||
+      request->recomputed_forward_seconds() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "recompute_seconds, recomputed_forward_seconds: must be finite and non-negative"));
+  }
   absl::MutexLock lock(&mu_);
+  if (request->recomputed_forward_seconds() > 0) {
+    costs_->ObserveRecompute(encoder, request->recompute_seconds(),
+                             request->recomputed_forward_seconds());
+  }
+  if (request->forward_seconds() > 0) {
+    costs_->ObserveForward(encoder, std::min(request->forward_seconds(), total), total);
+  }
   if (request->stage_seconds_size() > 1) {
     costs_->ObserveStages(encoder, std::vector<double>(request->stage_seconds().begin(),
                                                        request->stage_seconds().end()));

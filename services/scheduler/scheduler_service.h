@@ -20,8 +20,8 @@
 #include "loom/job/v1/job.pb.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "runtime/checkpoint/steps.h"
-#include "services/common/chassis.h"
 #include "runtime/scheduling/cost_model.h"
+#include "services/common/chassis.h"
 
 namespace prometheus {
 class Counter;
@@ -53,6 +53,9 @@ struct SchedulerServiceOptions {
   // Peak FLOP/s of all the job's worker devices together, the denominator
   // of loom_train_mfu_ratio; 0: the plan's gpu_peak_flops times its GPUs.
   double peak_flops = 0;
+  // Non-empty: each iteration's simulated timeline is appended to
+  // DIR/predicted.jsonl (runtime/base/trace.h; loom up --trace).
+  std::string trace_dir;
 };
 
 // Thread-safe: gRPC calls its methods from many threads at once.
@@ -143,8 +146,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   Chassis* chassis_;
   SchedulerServiceOptions options_;  // immutable once configured_
   std::atomic<bool> configured_{false};
-  absl::Mutex configure_mu_;  // one Configure at a time
-  sched::ModelFlops flops_;   // per tile / token of the job's model, for MFU
+  std::atomic<bool> trace_named_{false};  // the predicted tracks' names written
+  absl::Mutex configure_mu_;              // one Configure at a time
+  sched::ModelFlops flops_;               // per tile / token of the job's model, for MFU
   double peak_flops_ = 0;
   std::unique_ptr<data::v1::PreprocessService::Stub> preprocess_;
   prometheus::Counter* assignments_ = nullptr;

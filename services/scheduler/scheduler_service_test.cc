@@ -9,10 +9,10 @@
 #include "runtime/base/file.h"
 #include "runtime/base/test_paths.h"
 #include "runtime/data/datagen.h"
-#include "services/common/chassis_testing.h"
-#include "services/preprocess/preprocess_service.h"
 #include "runtime/scheduling/plan.h"
 #include "runtime/scheduling/schedule.h"
+#include "services/common/chassis_testing.h"
+#include "services/preprocess/preprocess_service.h"
 
 namespace loom {
 namespace {

@@ -79,6 +79,14 @@ absl::Status TrainingWorker::Impl::Connect() {
     return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
   }
   pos = parallel::PositionOf(shape, options.rank);
+  if (!options.trace_dir.empty()) {
+    trace_path =
+        absl::StrCat(options.trace_dir, "/", RoleLabel(options.role), "-", options.rank, ".jsonl");
+    trace_tid = trace::WorkerTrack(encoder, options.rank);
+    trace::NameTrack(&spans, trace::kMeasuredPid, trace_tid,
+                     absl::StrCat(encoder ? "encoder" : "LLM", " rank ", options.rank, " (tp ",
+                                  pos.tp, ", stage ", pos.pp, ", dp ", pos.dp, ")"));
+  }
   const std::string module_name = encoder ? "encoder" : "llm";
   SchedulerStore store(scheduler.get());
   auto connect = [&](const std::string& prefix, int rank,
@@ -149,6 +157,11 @@ absl::Status TrainingWorker::Impl::Connect() {
   prometheus::Registry& r = chassis->registry();
   const std::string role = RoleLabel(options.role), rank = std::to_string(options.rank);
   const prometheus::Labels labels = {{"role", role}, {"rank", rank}};
+  // Compute, wait, bubble and recompute also carry the worker's pipeline
+  // stage within its module (a function of the rank: no new series), so a
+  // dashboard sums them by stage.
+  const prometheus::Labels staged = {
+      {"role", role}, {"rank", rank}, {"stage", std::to_string(pos.pp)}};
   iterations = &prometheus::BuildCounter()
                     .Name("loom_worker_iterations_total")
                     .Help("Training iterations this worker finished.")
@@ -156,14 +169,28 @@ absl::Status TrainingWorker::Impl::Connect() {
                     .Add(labels);
   compute_seconds = &prometheus::BuildCounter()
                          .Name("loom_worker_compute_seconds_total")
-                         .Help("Time spent computing forward and backward.")
+                         .Help("Time spent computing forward, backward and recompute.")
                          .Register(r)
-                         .Add(labels);
+                         .Add(staged);
   wait_seconds = &prometheus::BuildCounter()
                       .Name("loom_worker_wait_seconds_total")
                       .Help("Time spent waiting for peers' tensors and collectives.")
                       .Register(r)
-                      .Add(labels);
+                      .Add(staged);
+  bubble_seconds = &prometheus::BuildCounter()
+                        .Name("loom_worker_bubble_seconds_total")
+                        .Help(
+                            "Idle time of this pipeline stage between its first forward and "
+                            "its last backward of each iteration (the pipeline bubble).")
+                        .Register(r)
+                        .Add(staged);
+  recompute_seconds = &prometheus::BuildCounter()
+                           .Name("loom_worker_recompute_seconds_total")
+                           .Help(
+                               "Time spent running forwards again before their backward "
+                               "(part of compute).")
+                           .Register(r)
+                           .Add(staged);
   ucx_sent = &prometheus::BuildCounter()
                   .Name("loom_worker_ucx_sent_bytes_total")
                   .Help("Bytes this worker sent over UCX (embeddings, gradients).")
@@ -234,19 +261,20 @@ ParamSet TrainingWorker::Impl::ModuleMaster(Module m) const {
 absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const auto t0 = Clock::now();
   const int64_t step = d.iteration + 1;
-  double compute = 0, wait = 0, loss_sum = 0, tokens = 0, samples = 0;
+  double compute = 0, wait = 0, bubble = 0, loss_sum = 0, tokens = 0, samples = 0;
   int64_t loss_tokens = 0;
   scheduler::v1::ReportTimingsRequest timings;
   timings.set_role(options.role);
   timings.set_rank(pos.dp);
   timings.set_iteration(d.iteration);
   for (ParamSet* p : sets) p->ZeroGrad();
-  absl::Status s = encoder ? EncoderIteration(d, &compute, &wait, &timings)
-                           : LlmIteration(d, &compute, &wait, &timings, &loss_sum, &tokens,
+  absl::Status s = encoder ? EncoderIteration(d, &compute, &wait, &bubble, &timings)
+                           : LlmIteration(d, &compute, &wait, &bubble, &timings, &loss_sum, &tokens,
                                           &samples, &loss_tokens);
   if (!s.ok()) return s;
 
   const auto w0 = Clock::now();
+  const double a0 = trace::NowMicros();
   for (ParamSet* p : sets) {
     if (s = dp_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
   }
@@ -265,18 +293,32 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
                        counts ? tokens : 0.0, counts ? samples : 0.0};
   if (s = job_comm->AllreduceSum(scalars, 5); !s.ok()) return s;
   wait += Since(w0);
+  Span("allreduce gradients", "allreduce", a0, d.iteration);
+  const double o0 = trace::NowMicros();
   const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
   const double lr = OptimizerStep(sets, train, step, grad_norm);
+  Span("optimizer", "optimizer", o0, d.iteration);
+  if (!trace_path.empty()) {
+    if (absl::Status t = trace::AppendLine(trace_path, spans); !t.ok()) {
+      LOOM_LOG(WARNING).With("error", std::string(t.message())) << "trace: stopped writing";
+      trace_path.clear();
+    }
+    spans.Clear();
+  }
 
   iterations->Increment();
   compute_seconds->Increment(compute);
   wait_seconds->Increment(wait);
+  bubble_seconds->Increment(bubble);
   const UcxWorker::Stats st = ucx->stats();
   ucx_sent->Increment(static_cast<double>(st.bytes_sent - ucx_sent_seen));
   ucx_received->Increment(static_cast<double>(st.bytes_received - ucx_received_seen));
   ucx_sent_seen = st.bytes_sent;
   ucx_received_seen = st.bytes_received;
-  if (pos.tp == 0 && first_stage()) {  // the replica's timings, summed over its stages
+  // The replica's timings, summed over its stages; not those of the first
+  // iteration this process runs (allocations, page faults and cold caches
+  // make it several times slower than the rest).
+  if (pos.tp == 0 && first_stage() && d.iteration > start_iteration) {
     if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
       LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
     }

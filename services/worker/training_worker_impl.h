@@ -18,6 +18,7 @@
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
+#include "runtime/base/trace.h"
 #include "runtime/comm/collective.h"
 #include "runtime/comm/ucx.h"
 #include "runtime/model/model.h"
@@ -45,6 +46,11 @@ enum class Transfer : uint64_t {
   kActivations = 2,      // a stage -> the next stage of its module
   kActivationGrads = 3,  // a stage -> the previous stage of its module
 };
+inline const char* TransferName(Transfer t) {
+  static const char* const kNames[] = {"embeddings", "embedding grads", "activations",
+                                       "activation grads"};
+  return kNames[static_cast<int>(t)];
+}
 inline constexpr int kMaxTagBins = 1 << 16, kMaxTagStages = 1 << 8;
 inline uint64_t TransferTag(Transfer t, int64_t iteration, int bin, int stage) {
   return (uint64_t{1} << 63) | (static_cast<uint64_t>(t) << 60) |
@@ -99,6 +105,8 @@ struct TrainingWorker::Impl {
   prometheus::Counter* iterations = nullptr;
   prometheus::Counter* compute_seconds = nullptr;
   prometheus::Counter* wait_seconds = nullptr;
+  prometheus::Counter* bubble_seconds = nullptr;
+  prometheus::Counter* recompute_seconds = nullptr;
   prometheus::Counter* ucx_sent = nullptr;
   prometheus::Counter* ucx_received = nullptr;
   prometheus::Counter* data_stall_seconds = nullptr;
@@ -108,11 +116,15 @@ struct TrainingWorker::Impl {
   absl::Status Connect();
   absl::StatusOr<worker::IterationData> Fetch(int64_t iteration);
   absl::Status RunIteration(const worker::IterationData& d);
+  // One iteration's stages. `compute` gets forward, backward and recompute
+  // seconds, `wait` receives and collectives, `bubble` the idle part of the
+  // span from the stage's first forward to its last backward.
   absl::Status EncoderIteration(const worker::IterationData& d, double* compute, double* wait,
-                                scheduler::v1::ReportTimingsRequest* timings);
+                                double* bubble, scheduler::v1::ReportTimingsRequest* timings);
   absl::Status LlmIteration(const worker::IterationData& d, double* compute, double* wait,
-                            scheduler::v1::ReportTimingsRequest* timings, double* loss_sum,
-                            double* tokens, double* samples, int64_t* loss_tokens);
+                            double* bubble, scheduler::v1::ReportTimingsRequest* timings,
+                            double* loss_sum, double* tokens, double* samples,
+                            int64_t* loss_tokens);
   absl::Status Checkpoint(int64_t step);
 
   const parallel::GridShape& grid() const { return encoder ? encoder_grid : llm_grid; }
@@ -129,8 +141,23 @@ struct TrainingWorker::Impl {
   absl::Status Receive(worker::Transfer what, int64_t iteration, int bin, size_t n,
                        std::vector<float>* out, double* wait);
   // Σ over the pipeline group of per-bin seconds (each stage's part of a
-  // bin's time), so the first stage reports whole replicas' times.
-  absl::Status SumOverStages(std::vector<double>* seconds, double* wait);
+  // bin's time), so the first stage reports whole replicas' times, and each
+  // stage's total into the report's stage_seconds (when pp > 1), and the
+  // stages' totals into forward_seconds, recompute_seconds and
+  // recomputed_forward_seconds.
+  struct StageTotals {
+    double forward = 0, recompute = 0, recomputed_forward = 0;
+  };
+  absl::Status SumOverStages(std::vector<double>* seconds, const StageTotals& totals, double* wait,
+                             int64_t iteration, scheduler::v1::ReportTimingsRequest* timings);
+
+  // With a trace directory (TrainingWorkerOptions::trace_dir): this
+  // iteration's spans on this worker's track, appended to its file after
+  // each iteration (runtime/base/trace.h).
+  std::string trace_path;
+  int trace_tid = 0;
+  trace::v1::TraceFile spans;
+  void Span(const std::string& name, const char* cat, double start_us, int64_t iteration);
   // The input tiles of a bin, and their count.
   std::vector<float> Tiles(const worker::IterationData& d, const scheduler::v1::Bin& bin,
                            int* n) const;

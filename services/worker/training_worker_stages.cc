@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <vector>
@@ -54,8 +55,19 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
                             : parallel::PrevStageRank(grid(), options.rank);
   LOOM_CHECK(peer >= 0) << "no stage " << pos.pp + step;
   const std::string& address = (encoder ? encoder_addresses : llm_addresses).at(peer);
-  return ucx->Send(address, TransferTag(what, iteration, bin, pos.pp + step), data->data(),
-                   data->size() * sizeof(float), data);
+  const double s0 = trace::NowMicros();
+  absl::Status s = ucx->Send(address, TransferTag(what, iteration, bin, pos.pp + step),
+                             data->data(), data->size() * sizeof(float), data);
+  Span(absl::StrCat("send ", TransferName(what), " bin ", bin, " to stage ", pos.pp + step), "send",
+       s0, iteration);
+  return s;
+}
+
+void TrainingWorker::Impl::Span(const std::string& name, const char* cat, double start_us,
+                                int64_t iteration) {
+  if (trace_path.empty()) return;
+  trace::AddSpan(&spans, name, cat, trace::kMeasuredPid, trace_tid, start_us, trace::NowMicros(),
+                 iteration);
 }
 
 absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
@@ -63,18 +75,46 @@ absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int
   out->resize(n);
   const int stage = what == Transfer::kEmbeddings || what == Transfer::kEmbeddingGrads ? 0 : pos.pp;
   const auto w0 = Clock::now();
+  const double s0 = trace::NowMicros();
   absl::Status s =
       ucx->RecvAll({{TransferTag(what, iteration, bin, stage), out->data(), n * sizeof(float)}},
                    options.transfer_timeout);
   *wait += Since(w0);
+  Span(absl::StrCat("receive ", TransferName(what), " bin ", bin), "receive", s0, iteration);
   return s;
 }
 
-absl::Status TrainingWorker::Impl::SumOverStages(std::vector<double>* seconds, double* wait) {
-  if (pp_comm == nullptr || seconds->empty()) return absl::OkStatus();
+absl::Status TrainingWorker::Impl::SumOverStages(std::vector<double>* seconds,
+                                                 const StageTotals& totals, double* wait,
+                                                 int64_t iteration,
+                                                 scheduler::v1::ReportTimingsRequest* timings) {
+  StageTotals sum = totals;
+  auto report = [&] {
+    timings->set_forward_seconds(sum.forward);
+    timings->set_recompute_seconds(sum.recompute);
+    timings->set_recomputed_forward_seconds(sum.recomputed_forward);
+  };
+  if (pp_comm == nullptr) {
+    report();
+    return absl::OkStatus();
+  }
+  const size_t n = seconds->size(), pp = grid().pp;
+  double own = 0;
+  for (double s : *seconds) own += s;
+  seconds->resize(n + pp + 3, 0.0);  // then each stage's total, then the totals
+  (*seconds)[n + pos.pp] = own;
+  (*seconds)[n + pp] = totals.forward;
+  (*seconds)[n + pp + 1] = totals.recompute;
+  (*seconds)[n + pp + 2] = totals.recomputed_forward;
   const auto w0 = Clock::now();
+  const double s0 = trace::NowMicros();
   absl::Status s = pp_comm->AllreduceSum(seconds->data(), static_cast<int64_t>(seconds->size()));
   *wait += Since(w0);
+  Span("allreduce stage times", "allreduce", s0, iteration);
+  for (int p = 0; p < grid().pp; ++p) timings->add_stage_seconds((*seconds)[n + p]);
+  sum = {(*seconds)[n + pp], (*seconds)[n + pp + 1], (*seconds)[n + pp + 2]};
+  report();
+  seconds->resize(n);
   return s;
 }
 
@@ -83,8 +123,11 @@ absl::Status TrainingWorker::Impl::SumOverStages(std::vector<double>* seconds, d
 // need its embeddings slot by slot); it keeps each bin's stage input, not
 // its activations, and recomputes a bin's forward before its backward.
 absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, double* compute,
-                                                    double* wait,
+                                                    double* wait, double* bubble,
                                                     scheduler::v1::ReportTimingsRequest* timings) {
+  const auto p0 = Clock::now();
+  StageTotals totals;
+  std::vector<double> first_forward(d.bins.size(), 0.0);
   const auto& bins = d.assignment.bins();
   const size_t patch_floats = static_cast<size_t>(model.vit.patches_per_tile()) * model.vit.dim;
   std::vector<double> seconds(d.bins.size(), 0.0);           // by position in d.bins
@@ -104,11 +147,15 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       return s;
     }
     const auto t0 = Clock::now();
+    const double s0 = trace::NowMicros();
     auto out = std::make_shared<std::vector<float>>();
     if (absl::Status s = ForwardEncoder(in, n, &vit_out, out.get()); !s.ok()) return s;
     inputs[b] = {std::move(in), n};
     live = b;
-    seconds[k] += Since(t0);
+    first_forward[k] = Since(t0);
+    seconds[k] += first_forward[k];
+    totals.forward += first_forward[k];
+    Span(absl::StrCat("F bin ", b), "forward", s0, d.iteration);
     if (!last_stage()) {
       *out = vit_out;
       if (absl::Status s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) {
@@ -119,12 +166,15 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     // The TP group's ranks hold the same embeddings: its first sends them to
     // every rank of the receiving LLM replica's first-stage TP group.
     if (pos.tp != 0) continue;
+    const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].llm_rank())) {
       absl::Status s =
           ucx->Send(llm_addresses.at(peer), TransferTag(Transfer::kEmbeddings, d.iteration, b, 0),
                     out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
+    Span(absl::StrCat("send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank()), "send", s1,
+         d.iteration);
   }
   std::vector<float> grad, dvit;
   for (size_t k = 0; k < d.bins.size(); ++k) {
@@ -138,11 +188,17 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
                       static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim, &grad, wait)
             : Receive(Transfer::kActivationGrads, d.iteration, b, n * patch_floats, &grad, wait);
     if (!s.ok()) return s;
-    const auto t0 = Clock::now();
     if (live != b) {  // recompute
+      const auto r0 = Clock::now();
+      const double s0 = trace::NowMicros();
       if (s = ForwardEncoder(input, n, &vit_out, &emb_scratch); !s.ok()) return s;
+      totals.recompute += Since(r0);
+      totals.recomputed_forward += first_forward[k];
+      Span(absl::StrCat("R bin ", b), "recompute", s0, d.iteration);
     }
     live = -1;
+    const auto t0 = Clock::now();
+    const double s0 = trace::NowMicros();
     const float* dout = grad.data();
     if (last_stage()) {
       dvit.assign(vit_out.size(), 0.0f);
@@ -152,12 +208,18 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * patch_floats);
     if (s = vit->Backward(dout, first_stage() ? nullptr : din->data()); !s.ok()) return s;
     seconds[k] += Since(t0);
+    Span(absl::StrCat("B bin ", b), "backward", s0, d.iteration);
     if (!first_stage()) {
       if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
     }
   }
-  for (double sec : seconds) *compute += sec;
-  if (absl::Status s = SumOverStages(&seconds, wait); !s.ok()) return s;
+  double busy = totals.recompute;
+  for (double sec : seconds) busy += sec;
+  *compute += busy;
+  *bubble += std::max(0.0, Since(p0) - busy);
+  recompute_seconds->Increment(totals.recompute);
+  if (absl::Status s = SumOverStages(&seconds, totals, wait, d.iteration, timings); !s.ok())
+    return s;
   for (size_t k = 0; k < d.bins.size(); ++k) {
     if (inputs.count(d.bins[k]) == 0) continue;
     scheduler::v1::MicrobatchTiming* t = timings->add_timings();
@@ -173,7 +235,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
 // first); it keeps each microbatch's stage input and recomputes the forward
 // before a backward unless that microbatch's activations are still live.
 absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* compute,
-                                                double* wait,
+                                                double* wait, double* bubble,
                                                 scheduler::v1::ReportTimingsRequest* timings,
                                                 double* loss_sum, double* tokens, double* samples,
                                                 int64_t* loss_tokens) {
@@ -182,8 +244,10 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   double lt = 0;
   for (const auto& [i, s] : d.samples) lt += static_cast<double>(LossTokens(s));
   const auto w0 = Clock::now();
+  const double a0 = trace::NowMicros();
   if (absl::Status s = dp_comm->AllreduceSum(&lt, 1); !s.ok()) return s;
   *wait += Since(w0);
+  Span("allreduce loss tokens", "allreduce", a0, d.iteration);
   if (lt <= 0)
     return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
   *loss_tokens = static_cast<int64_t>(lt);
@@ -212,6 +276,9 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   std::vector<double> seconds(m, 0.0);
   std::vector<float> dout;
   int live = -1;
+  const auto p0 = Clock::now();
+  StageTotals totals;
+  std::vector<double> first_forward(d.bins.size(), 0.0);
   auto forward = [&](int j) {
     const bool img = image_tokens[j] > 0;
     return llm->Forward(batches[j], first_stage() && img ? inputs[j].data() : nullptr,
@@ -231,9 +298,13 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       }
       if (!s.ok()) return s;
       const auto t0 = Clock::now();
+      const double s0 = trace::NowMicros();
       if (s = forward(j); !s.ok()) return s;
       live = j;
-      seconds[j] += Since(t0);
+      first_forward[j] = Since(t0);
+      seconds[j] += first_forward[j];
+      totals.forward += first_forward[j];
+      Span(absl::StrCat("F mb ", j, " bin ", b), "forward", s0, d.iteration);
       if (!last_stage()) {
         auto out = std::make_shared<std::vector<float>>(llm->output());
         if (s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) return s;
@@ -245,11 +316,17 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
         return s;
       }
     }
-    const auto t0 = Clock::now();
     if (live != j) {  // recompute
+      const auto r0 = Clock::now();
+      const double s0 = trace::NowMicros();
       if (s = forward(j); !s.ok()) return s;
+      totals.recompute += Since(r0);
+      totals.recomputed_forward += first_forward[j];
+      Span(absl::StrCat("R mb ", j, " bin ", b), "recompute", s0, d.iteration);
     }
     live = -1;
+    const auto t0 = Clock::now();
+    const double s0 = trace::NowMicros();
     const bool send_image = first_stage() && image_tokens[j] > 0;
     auto grad = std::make_shared<std::vector<float>>(send_image ? image_tokens[j] * C : 0, 0.0f);
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : TC);
@@ -258,6 +335,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
                       last_stage() ? nullptr : dout.data(), first_stage() ? nullptr : din->data());
     if (!loss.ok()) return loss.status();
     seconds[j] += Since(t0);
+    Span(absl::StrCat("B mb ", j, " bin ", b), "backward", s0, d.iteration);
     if (last_stage()) {
       *loss_sum += loss->sum;
       *tokens += batches[j].T();
@@ -269,15 +347,23 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     // Every TP rank holds the whole embedding gradient: the first sends it
     // to every rank of the encoder replica's last-stage TP group.
     if (!send_image || pos.tp != 0) continue;
+    const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
       s = ucx->Send(encoder_addresses.at(peer),
                     TransferTag(Transfer::kEmbeddingGrads, d.iteration, b, 0), grad->data(),
                     grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }
+    Span(absl::StrCat("send embedding grads bin ", b, " to encoder rank ", bins[b].encoder_rank()),
+         "send", s1, d.iteration);
   }
-  for (double sec : seconds) *compute += sec;
-  if (absl::Status s = SumOverStages(&seconds, wait); !s.ok()) return s;
+  double busy = totals.recompute;
+  for (double sec : seconds) busy += sec;
+  *compute += busy;
+  *bubble += std::max(0.0, Since(p0) - busy);
+  recompute_seconds->Increment(totals.recompute);
+  if (absl::Status s = SumOverStages(&seconds, totals, wait, d.iteration, timings); !s.ok())
+    return s;
   for (int j = 0; j < m; ++j) {
     scheduler::v1::MicrobatchTiming* t = timings->add_timings();
     t->set_microbatch(bins[d.bins[j]].microbatch());

@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, advertise_host, "",
           "Address other workers reach this one on (collectives). Empty: the hostname.");
 ABSL_FLAG(absl::Duration, startup_timeout, absl::Seconds(120),
           "How long to wait for the scheduler and every other worker.");
+ABSL_FLAG(std::string, trace_dir, "",
+          "Append this worker's timeline (forwards, backwards, sends, receives, allreduces) "
+          "to DIR/<role>-<rank>.jsonl, one line per iteration (loom up --trace).");
 
 namespace loom {
 
@@ -29,7 +32,7 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
               absl::StrCat(b.name, ": ", b.summary,
                            "\nFlags: --host --grpc_port --metrics_port --shutdown_deadline "
                            "--log_level --rank --rank_from_hostname --scheduler --advertise_host "
-                           "--startup_timeout --check_flags"));
+                           "--startup_timeout --trace_dir --check_flags"));
   int rank = absl::GetFlag(FLAGS_rank);
   if (absl::GetFlag(FLAGS_rank_from_hostname)) {
     char host[256] = {};
@@ -63,6 +66,7 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
     o.host = absl::GetFlag(FLAGS_advertise_host);
     o.endpoint = absl::StrCat(o.host.empty() ? "localhost" : o.host, ":", chassis.grpc_port());
     o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
+    o.trace_dir = absl::GetFlag(FLAGS_trace_dir);
     absl::StatusOr<std::unique_ptr<TrainingWorker>> w = TrainingWorker::Start(&chassis, o);
     if (!w.ok()) {
       LOOM_LOG(ERROR).With("error", std::string(w.status().message())) << "cannot start";

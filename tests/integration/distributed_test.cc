@@ -15,13 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
+#include "runtime/base/trace.h"
 #include "services/common/subprocess.h"
 #include "tests/integration/binaries.h"
 
@@ -159,6 +162,59 @@ std::vector<double> DistributedTest::local_;
 std::vector<double> DistributedTest::local_deep_;
 int DistributedTest::runs_ = 0;
 
+// `loom up --trace`: a track per worker, and per iteration each worker ran
+// its forwards and backwards in exactly the order the simulator predicts for
+// its (module, replica, stage); a stage that is not the last recomputes.
+void ExpectTraceMatchesTheSimulator(const std::string& path, int encoder_workers, int llm_workers) {
+  absl::StatusOr<std::string> json = ReadFile(path);
+  ASSERT_TRUE(json.ok()) << json.status();
+  trace::v1::TraceFile file;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*json, &file).ok());
+  // Track names: "LLM rank 3 (tp 0, stage 1, dp 1)", "LLM dp 1 stage 1 (predicted)".
+  std::map<std::pair<int, int>, std::string> track_key;  // (pid, tid) -> "LLM dp 1 stage 1"
+  int workers[2] = {0, 0};
+  for (const trace::v1::TraceEvent& e : file.trace_events()) {
+    if (e.ph() != "M" || e.name() != "thread_name") continue;
+    const std::string name = e.args().at("name");
+    const bool llm = absl::StartsWith(name, "LLM");
+    int rank = 0, tp = 0, stage = 0, dp = 0;
+    if (e.pid() == trace::kMeasuredPid &&
+        std::sscanf(name.c_str() + (llm ? 3 : 7), " rank %d (tp %d, stage %d, dp %d)", &rank, &tp,
+                    &stage, &dp) == 4) {
+      ++workers[llm];
+      track_key[{e.pid(), e.tid()}] =
+          absl::StrCat(llm ? "LLM" : "encoder", " dp ", dp, " stage ", stage, " tp ", tp);
+    } else if (e.pid() == trace::kPredictedPid) {
+      track_key[{e.pid(), e.tid()}] = name.substr(0, name.find(" (predicted)"));
+    }
+  }
+  EXPECT_EQ(workers[0], encoder_workers);
+  EXPECT_EQ(workers[1], llm_workers);
+  // (key, iteration) -> "F mb 0 bin 3, B mb 0 bin 3, ..." (recompute aside).
+  std::map<std::pair<std::string, std::string>, std::string> measured, predicted;
+  int recomputes = 0;
+  for (const trace::v1::TraceEvent& e : file.trace_events()) {
+    if (e.ph() != "X") continue;
+    if (e.cat() == "recompute") ++recomputes;
+    if (e.cat() != "forward" && e.cat() != "backward") continue;
+    auto key = track_key.find({e.pid(), e.tid()});
+    ASSERT_NE(key, track_key.end()) << "an unnamed track: " << e.name();
+    std::string name = e.name();
+    name = name.substr(0, name.find(" (with recompute)"));
+    (e.pid() == trace::kMeasuredPid ? measured
+                                    : predicted)[{key->second, e.args().at("iteration")}] +=
+        name + ", ";
+  }
+  EXPECT_GT(recomputes, 0);
+  EXPECT_GE(measured.size(), static_cast<size_t>((encoder_workers + llm_workers) * kSteps));
+  for (const auto& [key, order] : measured) {
+    const std::string stage = key.first.substr(0, key.first.find(" tp "));
+    auto p = predicted.find({stage, key.second});
+    ASSERT_NE(p, predicted.end()) << key.first << " iteration " << key.second << ": no prediction";
+    EXPECT_EQ(order, p->second) << key.first << " iteration " << key.second;
+  }
+}
+
 TEST_F(DistributedTest, SequentialAssignmentMatchesTheSingleProcessRun) {
   ExpectSameLosses(Steps(LoomUp("sequential", Job("sequential", 0), kSteps), 1, kSteps, "seq"),
                    local_, "sequential vs loom-train-local");
@@ -233,13 +289,15 @@ TEST_F(DistributedTest, DeeperAndMixedLayoutsMatchTheSingleProcessRun) {
                    kSteps),
             1, kSteps, "pp3"),
       local_deep_, "tiny-deep LLM PP3 vs loom-train-local");
+  const std::string trace = TempPath("mixed-trace.json");
   ExpectSameLosses(
       Steps(LoomUp("mixed",
                    JobWith("loom", 0,
                            "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 2 microbatches: 8"),
-                   kSteps),
+                   kSteps, {"--trace=" + trace}),
             1, kSteps, "mixed"),
       local_, "encoder TP2 x DP1, LLM PP2 x DP2 vs loom-train-local");
+  ExpectTraceMatchesTheSimulator(trace, /*encoder_workers=*/2, /*llm_workers=*/4);
 }
 
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {

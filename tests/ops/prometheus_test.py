@@ -23,6 +23,12 @@ LOOM_UP, BIN_DIR, LOOMCTL, PROM_CONFIG, DASHBOARD, TMP = sys.argv[1:7]
 EXTRA_LABELS = {
     "loom_build_info": {"version"},  # an info metric: the version is its point
     "loom_preprocess_samples_skipped_total": {"reason"},  # the issue asks for skips by reason (14 values)
+    # A worker's pipeline stage (a function of its rank: no new series), so
+    # that compute, wait and the bubble sum by stage (issue 15).
+    "loom_worker_compute_seconds_total": {"stage"},
+    "loom_worker_wait_seconds_total": {"stage"},
+    "loom_worker_bubble_seconds_total": {"stage"},
+    "loom_worker_recompute_seconds_total": {"stage"},
 }
 # prometheus-cpp's own exporter metrics (like client_golang's promhttp_*).
 LIBRARY_PREFIX = "exposer_"

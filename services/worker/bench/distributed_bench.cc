@@ -5,7 +5,14 @@
 //    onevision preset) with the `loom` assignment against `sequential`:
 //    per run the mean wall time of the iterations after the warm-up, as LLM
 //    rank 0 reports them; the median over alternating runs; the ratio.
-// 2. Activation-transfer throughput: Loom's path for embeddings (UcxWorker
+// 2. Pipeline layouts (--layouts): per layout, `loom up --trace` with the
+//    `loom` and `sequential` assignments, alternating; from each run's trace
+//    the measured iteration (first measured event to the last forward or
+//    backward) against the simulator's prediction of the same iteration
+//    (aim: within 15% once refitted), and the bubble fraction (idle share
+//    of each stage's span from its first forward to its last backward)
+//    measured and predicted.
+// 3. Activation-transfer throughput: Loom's path for embeddings (UcxWorker
 //    Send of one buffer per microbatch, the receiver's RecvAll), between two
 //    processes, against `ucx_perftest -t tag_bw` (Debian ucx-utils) at the
 //    same message size and count; the ratio (aim >= 0.8).
@@ -26,9 +33,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "runtime/base/runfiles.h"
+#include "runtime/base/trace.h"
 #include "runtime/comm/ucx.h"
 #include "services/common/subprocess.h"
 
@@ -40,6 +49,14 @@ ABSL_FLAG(int, samples, 512, "onevision samples generated for the runs.");
 ABSL_FLAG(std::string, sizes, "65536,1048576,8388608", "Transfer message sizes (bytes).");
 ABSL_FLAG(int64_t, transfer_bytes, 512 << 20, "Bytes moved per transfer measurement.");
 ABSL_FLAG(bool, skip_training, false, "Only the transfer measurement.");
+ABSL_FLAG(std::string, layouts,
+          "encoder_dp: 1 llm_dp: 1 llm_pp: 2 microbatches: 4;"
+          "encoder_dp: 1 encoder_pp: 2 llm_dp: 1 llm_pp: 2 microbatches: 4;"
+          "encoder_dp: 1 llm_dp: 2 llm_pp: 2 microbatches: 4",
+          "Pipeline layouts (ParallelConfig fields), ';'-separated; empty: none.");
+ABSL_FLAG(int, pipeline_steps, 20, "Iterations per pipeline-layout run.");
+ABSL_FLAG(int, pipeline_warmup, 6,
+          "Iterations left out at the start of a pipeline-layout run (the cost model refits).");
 // Internal: the receiving process of the transfer measurement.
 ABSL_FLAG(std::string, receiver, "", "(internal) run as receiver; write the address here.");
 ABSL_FLAG(std::string, peer, "", "(internal) the sender's address file.");
@@ -225,17 +242,26 @@ struct RunResult {
 };
 
 RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const std::string& dir,
-                 const std::string& algorithm, int run) {
+                 const std::string& algorithm, int run, const std::string& parallel = "",
+                 const std::string& trace = "") {
   const std::string config = absl::StrCat(dir, "/", algorithm, ".txtpb");
-  (void)loom::WriteFileAtomically(
-      config, absl::StrCat("algorithm: '", algorithm, "'\ndata { samples: ",
-                           absl::GetFlag(FLAGS_samples), " generated_dir: '", dir, "/data' }\n"));
+  std::string job =
+      absl::StrCat("algorithm: '", algorithm, "'\ndata { samples: ", absl::GetFlag(FLAGS_samples),
+                   " generated_dir: '", dir, "/data' }\n");
+  if (!parallel.empty()) absl::StrAppend(&job, "parallel { ", parallel, " }\n");
+  (void)loom::WriteFileAtomically(config, job);
   const std::string log = absl::StrCat(dir, "/", algorithm, "-", run, ".log");
   std::remove(log.c_str());
-  auto up = Subprocess::Start({loom_up, "--bin_dir=" + bin_dir, "--config=" + config,
-                               "--run_dir=" + absl::StrCat(dir, "/run-", algorithm, "-", run),
-                               absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--json"},
-                              log);
+  std::vector<std::string> argv = {
+      loom_up,
+      "--bin_dir=" + bin_dir,
+      "--config=" + config,
+      "--run_dir=" + absl::StrCat(dir, "/run-", algorithm, "-", run),
+      absl::StrCat("--steps=", trace.empty() ? absl::GetFlag(FLAGS_steps)
+                                             : absl::GetFlag(FLAGS_pipeline_steps)),
+      "--json"};
+  if (!trace.empty()) argv.push_back("--trace=" + trace);
+  auto up = Subprocess::Start(argv, log);
   RunResult r;
   if (!up.ok()) {
     std::fprintf(stderr, "distributed_bench: cannot start %s: %s\n", loom_up.c_str(),
@@ -263,6 +289,124 @@ RunResult LoomUp(const std::string& loom_up, const std::string& bin_dir, const s
                  algorithm.c_str(), run, log.c_str(), (*up)->ReadLog().c_str());
   }
   return r;
+}
+
+// Figures of one traced run, means over the iterations after the warm-up.
+struct TraceFigures {
+  double measured = 0, predicted = 0;                // seconds per iteration
+  double bubble_measured = 0, bubble_predicted = 0;  // idle share of the stages' spans
+  int iterations = 0;
+};
+
+TraceFigures FromTrace(const std::string& path, int warmup) {
+  TraceFigures f;
+  absl::StatusOr<std::string> json = loom::ReadFile(path);
+  loom::trace::v1::TraceFile file;
+  if (!json.ok() || !google::protobuf::util::JsonStringToMessage(*json, &file).ok()) {
+    std::fprintf(stderr, "distributed_bench: cannot read the trace %s\n", path.c_str());
+    return f;
+  }
+  struct Span {
+    double start = 1e300, end = 0, busy = 0;
+  };
+  // (iteration, pid) -> spans per track, and the iteration's measured start.
+  std::map<std::pair<int64_t, int>, std::map<int, Span>> tracks;
+  std::map<int64_t, double> start;
+  for (const loom::trace::v1::TraceEvent& e : file.trace_events()) {
+    int64_t i = 0;
+    auto it = e.args().find("iteration");
+    if (e.ph() != "X" || it == e.args().end() || !absl::SimpleAtoi(it->second, &i)) continue;
+    if (e.pid() == loom::trace::kMeasuredPid) {
+      auto [s, fresh] = start.emplace(i, e.ts());
+      if (!fresh) s->second = std::min(s->second, e.ts());
+    }
+    if (e.cat() != "forward" && e.cat() != "backward" && e.cat() != "recompute") continue;
+    Span& s = tracks[{i, e.pid()}][e.tid()];
+    s.start = std::min(s.start, e.ts());
+    s.end = std::max(s.end, e.ts() + e.dur());
+    s.busy += e.dur();
+  }
+  for (const auto& [i, t0] : start) {
+    auto m = tracks.find({i, loom::trace::kMeasuredPid});
+    auto p = tracks.find({i, loom::trace::kPredictedPid});
+    if (i < warmup || m == tracks.end() || p == tracks.end()) continue;
+    double ends[2] = {0, 0}, idle[2] = {0, 0}, span[2] = {0, 0};
+    int k = 0;
+    for (const auto* spans : {&m->second, &p->second}) {
+      for (const auto& [tid, s] : *spans) {
+        ends[k] = std::max(ends[k], s.end);
+        span[k] += s.end - s.start;
+        idle[k] += s.end - s.start - s.busy;
+      }
+      ++k;
+    }
+    f.measured += (ends[0] - t0) / 1e6;
+    f.predicted += (ends[1] - t0) / 1e6;
+    f.bubble_measured += span[0] > 0 ? idle[0] / span[0] : 0;
+    f.bubble_predicted += span[1] > 0 ? idle[1] / span[1] : 0;
+    ++f.iterations;
+  }
+  if (f.iterations > 0) {
+    f.measured /= f.iterations;
+    f.predicted /= f.iterations;
+    f.bubble_measured /= f.iterations;
+    f.bubble_predicted /= f.iterations;
+  }
+  return f;
+}
+
+// False when a layout produced no figure (the cause is printed).
+bool PipelineBench(const std::string& loom_up, const std::string& bin_dir, const std::string& dir) {
+  const std::vector<std::string> layouts =
+      absl::StrSplit(absl::GetFlag(FLAGS_layouts), ';', absl::SkipEmpty());
+  if (layouts.empty()) return true;
+  std::printf(
+      "\nPipeline layouts, tiny model, onevision, 16 samples/iteration, iterations %d..%d, "
+      "median of %d alternating runs; measured vs the simulator's prediction of the same "
+      "iterations:\n  %-62s %-10s %10s %10s %9s %8s %8s\n",
+      absl::GetFlag(FLAGS_pipeline_warmup) + 1, absl::GetFlag(FLAGS_pipeline_steps),
+      absl::GetFlag(FLAGS_rounds), "layout", "assignment", "measured s", "predicted", "pred/meas",
+      "bubble", "pred.");
+  bool complete = true;
+  int run = 100;
+  for (const std::string& layout : layouts) {
+    std::map<std::string, std::vector<TraceFigures>> figures;
+    for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+      for (const char* alg : r % 2 == 0 ? std::vector<const char*>{"sequential", "loom"}
+                                        : std::vector<const char*>{"loom", "sequential"}) {
+        const std::string trace = absl::StrCat(dir, "/trace-", run, ".json");
+        std::remove(trace.c_str());
+        (void)LoomUp(loom_up, bin_dir, dir, alg, run++, layout, trace);
+        figures[alg].push_back(FromTrace(trace, absl::GetFlag(FLAGS_pipeline_warmup)));
+      }
+    }
+    double measured[2] = {0, 0};
+    int k = 0;
+    for (const char* alg : {"sequential", "loom"}) {
+      std::vector<double> m, p, bm, bp;
+      for (const TraceFigures& f : figures[alg]) {
+        if (f.iterations == 0) continue;
+        m.push_back(f.measured);
+        p.push_back(f.predicted);
+        bm.push_back(f.bubble_measured);
+        bp.push_back(f.bubble_predicted);
+      }
+      if (m.empty()) {
+        std::fprintf(stderr, "distributed_bench: layout \"%s\", %s: no traced iteration\n",
+                     layout.c_str(), alg);
+        complete = false;
+        continue;
+      }
+      measured[k++] = Median(m);
+      std::printf("  %-62s %-10s %10.4f %10.4f %9.3f %8.3f %8.3f\n", layout.c_str(), alg, Median(m),
+                  Median(p), Median(p) / Median(m), Median(bm), Median(bp));
+    }
+    if (measured[0] > 0 && measured[1] > 0) {
+      std::printf("  %-62s sequential/loom %.3f\n", "", measured[0] / measured[1]);
+    }
+    std::fflush(stdout);
+  }
+  return complete;
 }
 
 }  // namespace
@@ -314,6 +458,16 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_warmup) + 1, absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_rounds), s,
         l, l > 0 ? s / l : 0, Median(imb["sequential"]), Median(imb["loom"]));
     std::fflush(stdout);
+  }
+  if (!absl::GetFlag(FLAGS_skip_training)) {
+    std::string tried;
+    const std::string loom_up = loom::FindRunfile("deploy/launcher/loom-up", &tried);
+    const std::string bin_dir =
+        loom_up.substr(0, loom_up.size() - strlen("/deploy/launcher/loom-up"));
+    if (!PipelineBench(loom_up, bin_dir, dir)) {
+      std::fprintf(stderr, "distributed_bench: FAILED: a pipeline layout produced no figure\n");
+      return 1;
+    }
   }
   if (!TransferBench(self, dir)) {
     std::fprintf(stderr, "distributed_bench: FAILED: the transfer measurement is incomplete\n");
