@@ -7,6 +7,12 @@ namespace {
 
 constexpr double kDecay = 0.99;      // per observation: old timings fade
 constexpr double kStageDecay = 0.9;  // per iteration's stage times (one per replica)
+
+// A decaying average of one module's ratio: `old` (0: none yet, `unseen`
+// stands in) moves toward `fresh`.
+double Blend(double old, double unseen, double fresh) {
+  return kStageDecay * (old > 0 ? old : unseen) + (1 - kStageDecay) * fresh;
+}
 constexpr double kPriorPull = 1e-8;  // ridge toward the prior, relative to the data
 
 // Solves the n x n system a x = b (n <= 3) with partial pivoting; false if singular.
@@ -161,6 +167,18 @@ bool CostModel::ObserveLlm(const std::vector<SampleShape>& samples, double secon
   return true;
 }
 
+void SetStageShares(const ModelConfig& model, int encoder_pp, int llm_pp,
+                    scheduler::v1::CostCoefficients* costs) {
+  if (costs->encoder_stage_share_size() != encoder_pp) {
+    costs->clear_encoder_stage_share();
+    for (double x : VitStages(model, encoder_pp).share) costs->add_encoder_stage_share(x);
+  }
+  if (costs->llm_stage_share_size() != llm_pp) {
+    costs->clear_llm_stage_share();
+    for (double x : LlmStages(model, llm_pp).share) costs->add_llm_stage_share(x);
+  }
+}
+
 bool CostModel::ObserveStages(bool encoder, const std::vector<double>& seconds) {
   auto* share = encoder ? coefficients_.mutable_encoder_stage_share()
                         : coefficients_.mutable_llm_stage_share();
@@ -184,14 +202,12 @@ bool CostModel::ObserveStages(bool encoder, const std::vector<double>& seconds) 
 
 bool CostModel::ObserveForward(bool encoder, double forward, double total) {
   if (!(total > 0) || !std::isfinite(total) || !(forward >= 0) || forward > total) return false;
-  const double old =
-      encoder ? coefficients_.encoder_forward_share() : coefficients_.llm_forward_share();
-  const double share =
-      kStageDecay * (old > 0 ? old : 1.0 / 3) + (1 - kStageDecay) * forward / total;
   if (encoder) {
-    coefficients_.set_encoder_forward_share(share);
+    coefficients_.set_encoder_forward_share(
+        Blend(coefficients_.encoder_forward_share(), 1.0 / 3, forward / total));
   } else {
-    coefficients_.set_llm_forward_share(share);
+    coefficients_.set_llm_forward_share(
+        Blend(coefficients_.llm_forward_share(), 1.0 / 3, forward / total));
   }
   return true;
 }
@@ -200,13 +216,12 @@ bool CostModel::ObserveRecompute(bool encoder, double recompute, double first) {
   if (!(first > 0) || !std::isfinite(first) || !(recompute >= 0) || !std::isfinite(recompute)) {
     return false;
   }
-  const double old =
-      encoder ? coefficients_.encoder_recompute_ratio() : coefficients_.llm_recompute_ratio();
-  const double ratio = kStageDecay * (old > 0 ? old : 1.0) + (1 - kStageDecay) * recompute / first;
   if (encoder) {
-    coefficients_.set_encoder_recompute_ratio(ratio);
+    coefficients_.set_encoder_recompute_ratio(
+        Blend(coefficients_.encoder_recompute_ratio(), 1.0, recompute / first));
   } else {
-    coefficients_.set_llm_recompute_ratio(ratio);
+    coefficients_.set_llm_recompute_ratio(
+        Blend(coefficients_.llm_recompute_ratio(), 1.0, recompute / first));
   }
   return true;
 }

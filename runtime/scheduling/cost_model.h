@@ -52,6 +52,13 @@ struct SampleShape {
 
 SampleShape ShapeOf(const scheduler::v1::BatchSample& sample);
 
+// Stage shares of `costs` for pipelines of encoder_pp and llm_pp stages: a
+// module's shares stay when they have one entry per stage (refitted ones,
+// say), else they start from the layer split the workers use (LlmStages /
+// VitStages). Requires 1 <= pp <= the module's layers.
+void SetStageShares(const ModelConfig& model, int encoder_pp, int llm_pp,
+                    scheduler::v1::CostCoefficients* costs);
+
 class CostModel {
  public:
   explicit CostModel(const scheduler::v1::CostCoefficients& prior);

@@ -192,8 +192,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
   k->set_llm_per_token_sq(flops.llm_per_token_sq / rate_l);
   k->set_transfer_per_image_token(flops.embedding_bytes_per_image_token /
                                   c.inter_node_bytes_per_second);
-  for (double x : VitStages(model, best.pp_e).share) k->add_encoder_stage_share(x);
-  for (double x : LlmStages(model, best.pp_l).share) k->add_llm_stage_share(x);
+  SetStageShares(model, best.pp_e, best.pp_l, k);
   plan.set_predicted_iteration_seconds(best.time);
   plan.set_predicted_mfu(useful_flops / (best.time * c.gpus * c.peak_flops));
   plan.set_candidates(candidates);

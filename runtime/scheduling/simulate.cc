@@ -235,7 +235,6 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   if (!g.Run()) return absl::InternalError("simulation: the stage orders deadlock");
 
   SimulationResult result;
-  result.tasks = g.size() - pe - pl - static_cast<int>(allreduce.size());
   for (int id : allreduce)
     result.iteration_seconds = std::max(result.iteration_seconds, g[id].task.end);
   for (const BinAssignment& x : bins) {
@@ -246,7 +245,9 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   for (const StageRun& run : runs) {
     if (run.nodes.empty()) continue;
     span[run.encoder] += g[run.nodes.back()].task.end;
+    result.tasks += static_cast<int>(run.nodes.size());
     for (int id : run.nodes) {
+      if (o.timeline) result.timeline.push_back(g[id].task);
       busy[run.encoder] += g[id].duration;
       result.recompute_seconds += g[id].recompute;
     }
@@ -260,11 +261,7 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
         result.encoder_compute_seconds / (result.iteration_seconds * o.encoder_dp * pe);
   }
   if (o.timeline) {
-    for (int id = 0; id < g.size(); ++id) {
-      const SimulatedTask& t = g[id].task;
-      if (t.kind == SimulatedTask::kAllreduce && g[id].next.size() > 0) continue;  // a barrier
-      result.timeline.push_back(t);
-    }
+    for (int id : allreduce) result.timeline.push_back(g[id].task);
     std::stable_sort(
         result.timeline.begin(), result.timeline.end(),
         [](const SimulatedTask& a, const SimulatedTask& b) { return a.start < b.start; });

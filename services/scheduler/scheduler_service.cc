@@ -143,14 +143,7 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   const std::string model_name = options.job.model().empty() ? p.model() : options.job.model();
   absl::StatusOr<ModelConfig> stages = ModelConfigByName(model_name.empty() ? "tiny" : model_name);
   if (stages.ok() && ValidateModelParallel(*stages, 1, p.encoder().pp(), 1, p.llm().pp()).ok()) {
-    if (costs.encoder_stage_share_size() != p.encoder().pp()) {
-      costs.clear_encoder_stage_share();
-      for (double x : VitStages(*stages, p.encoder().pp()).share) costs.add_encoder_stage_share(x);
-    }
-    if (costs.llm_stage_share_size() != p.llm().pp()) {
-      costs.clear_llm_stage_share();
-      for (double x : LlmStages(*stages, p.llm().pp()).share) costs.add_llm_stage_share(x);
-    }
+    sched::SetStageShares(*stages, p.encoder().pp(), p.llm().pp(), &costs);
   }
   peak_flops_ = options.peak_flops > 0 ? options.peak_flops
                                        : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());
@@ -397,108 +390,6 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(request->iteration(), deadline);
   if (!c.ok()) return ToGrpcStatus(c.status());
   *response->mutable_assignment() = (*c)->assignment;
-  return grpc::Status::OK;
-}
-
-grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
-                                                 const scheduler::v1::ReportTimingsRequest* request,
-                                                 scheduler::v1::ReportTimingsResponse* response) {
-  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
-  const Role role = request->role();
-  if (role != common::v1::ROLE_ENCODER_WORKER && role != common::v1::ROLE_LLM_WORKER) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError("role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER"));
-  }
-  const bool encoder = role == common::v1::ROLE_ENCODER_WORKER;
-  const int dp = encoder ? options_.plan.encoder().dp() : options_.plan.llm().dp();
-  if (request->rank() < 0 || request->rank() >= dp) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("rank: ", request->rank(), " is outside the plan's ", dp, " DP ranks")));
-  }
-  std::shared_ptr<const Computed> c;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = assignments_by_iteration_.find(request->iteration());
-    if (it != assignments_by_iteration_.end()) c = it->second;
-  }
-  if (!c) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        absl::StrCat("iteration: this scheduler holds no assignment for ", request->iteration())));
-  }
-  // Check every timing before using any.
-  const int m = options_.plan.microbatches();
-  std::vector<std::pair<std::vector<sched::SampleShape>, double>> observed;
-  for (int k = 0; k < request->timings_size(); ++k) {
-    const scheduler::v1::MicrobatchTiming& t = request->timings(k);
-    const int llm_rank = encoder ? t.llm_rank() : request->rank();
-    auto bad = [&](const std::string& why) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("timings[", k, "]: ", why)));
-    };
-    if (t.microbatch() < 0 || t.microbatch() >= m) {
-      return bad(absl::StrCat("microbatch ", t.microbatch(), " is outside 0..", m - 1));
-    }
-    if (llm_rank < 0 || llm_rank >= options_.plan.llm().dp()) {
-      return bad(absl::StrCat("llm_rank ", llm_rank, " is outside the plan"));
-    }
-    if (!std::isfinite(t.seconds()) || t.seconds() < 0) {
-      return bad("seconds must be finite and non-negative");
-    }
-    const scheduler::v1::Bin& bin = c->assignment.bins(llm_rank * m + t.microbatch());
-    if (encoder && bin.encoder_rank() != request->rank()) {
-      return bad(absl::StrCat("bin (llm_rank ", llm_rank, ", microbatch ", t.microbatch(),
-                              ") belongs to encoder rank ", bin.encoder_rank()));
-    }
-    std::vector<sched::SampleShape> shapes;
-    for (int i : bin.indices()) shapes.push_back(c->shapes[i]);
-    observed.emplace_back(std::move(shapes), t.seconds());
-  }
-  const int stages = encoder ? options_.plan.encoder().pp() : options_.plan.llm().pp();
-  if (request->stage_seconds_size() != 0 && request->stage_seconds_size() != stages) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("stage_seconds: ", request->stage_seconds_size(), " entries for the plan's ",
-                     stages, " pipeline stages (want one per stage, or none)")));
-  }
-  double total = 0;
-  for (const auto& [shapes, seconds] : observed) total += seconds;
-  if (!std::isfinite(request->forward_seconds()) || request->forward_seconds() < 0 ||
-      request->forward_seconds() > total * (1 + 1e-9)) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError(absl::StrCat("forward_seconds: ", request->forward_seconds(),
-                                                " is outside 0 .. the timings' total ", total)));
-  }
-  for (double s : request->stage_seconds()) {
-    if (!std::isfinite(s) || s < 0) {
-      return ToGrpcStatus(
-          absl::InvalidArgumentError("stage_seconds: must be finite and non-negative"));
-    }
-  }
-  if (!std::isfinite(request->recompute_seconds()) || request->recompute_seconds() < 0 ||
-      !std::isfinite(request->recomputed_forward_seconds()) ||
-      request->recomputed_forward_seconds() < 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        "recompute_seconds, recomputed_forward_seconds: must be finite and non-negative"));
-  }
-  absl::MutexLock lock(&mu_);
-  if (request->recomputed_forward_seconds() > 0) {
-    costs_->ObserveRecompute(encoder, request->recompute_seconds(),
-                             request->recomputed_forward_seconds());
-  }
-  if (request->forward_seconds() > 0) {
-    costs_->ObserveForward(encoder, std::min(request->forward_seconds(), total), total);
-  }
-  if (request->stage_seconds_size() > 1) {
-    costs_->ObserveStages(encoder, std::vector<double>(request->stage_seconds().begin(),
-                                                       request->stage_seconds().end()));
-  }
-  for (const auto& [shapes, seconds] : observed) {
-    if (encoder) {
-      costs_->ObserveEncoder(shapes, seconds);
-    } else {
-      costs_->ObserveLlm(shapes, seconds);
-    }
-  }
-  reports_->Increment(static_cast<double>(observed.size()));
-  *response->mutable_costs() = costs_->coefficients();
   return grpc::Status::OK;
 }
 

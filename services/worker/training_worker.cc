@@ -293,11 +293,11 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
                        counts ? tokens : 0.0, counts ? samples : 0.0};
   if (s = job_comm->AllreduceSum(scalars, 5); !s.ok()) return s;
   wait += Since(w0);
-  Span("allreduce gradients", "allreduce", a0, d.iteration);
+  Span("allreduce", a0, d.iteration, "allreduce gradients");
   const double o0 = trace::NowMicros();
   const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
   const double lr = OptimizerStep(sets, train, step, grad_norm);
-  Span("optimizer", "optimizer", o0, d.iteration);
+  Span("optimizer", o0, d.iteration, "optimizer");
   if (!trace_path.empty()) {
     if (absl::Status t = trace::AppendLine(trace_path, spans); !t.ok()) {
       LOOM_LOG(WARNING).With("error", std::string(t.message())) << "trace: stopped writing";

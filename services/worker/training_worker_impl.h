@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
@@ -157,7 +158,14 @@ struct TrainingWorker::Impl {
   std::string trace_path;
   int trace_tid = 0;
   trace::v1::TraceFile spans;
-  void Span(const std::string& name, const char* cat, double start_us, int64_t iteration);
+  // A span from `start_us` to now named StrCat(name...); nothing (not even
+  // the name) when not tracing.
+  template <typename... Parts>
+  void Span(const char* cat, double start_us, int64_t iteration, const Parts&... name) {
+    if (trace_path.empty()) return;
+    trace::AddSpan(&spans, absl::StrCat(name...), cat, trace::kMeasuredPid, trace_tid, start_us,
+                   trace::NowMicros(), iteration);
+  }
   // The input tiles of a bin, and their count.
   std::vector<float> Tiles(const worker::IterationData& d, const scheduler::v1::Bin& bin,
                            int* n) const;

@@ -58,16 +58,9 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
   const double s0 = trace::NowMicros();
   absl::Status s = ucx->Send(address, TransferTag(what, iteration, bin, pos.pp + step),
                              data->data(), data->size() * sizeof(float), data);
-  Span(absl::StrCat("send ", TransferName(what), " bin ", bin, " to stage ", pos.pp + step), "send",
-       s0, iteration);
+  Span("send", s0, iteration, "send ", TransferName(what), " bin ", bin, " to stage ",
+       pos.pp + step);
   return s;
-}
-
-void TrainingWorker::Impl::Span(const std::string& name, const char* cat, double start_us,
-                                int64_t iteration) {
-  if (trace_path.empty()) return;
-  trace::AddSpan(&spans, name, cat, trace::kMeasuredPid, trace_tid, start_us, trace::NowMicros(),
-                 iteration);
 }
 
 absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
@@ -80,7 +73,7 @@ absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int
       ucx->RecvAll({{TransferTag(what, iteration, bin, stage), out->data(), n * sizeof(float)}},
                    options.transfer_timeout);
   *wait += Since(w0);
-  Span(absl::StrCat("receive ", TransferName(what), " bin ", bin), "receive", s0, iteration);
+  Span("receive", s0, iteration, "receive ", TransferName(what), " bin ", bin);
   return s;
 }
 
@@ -110,7 +103,7 @@ absl::Status TrainingWorker::Impl::SumOverStages(std::vector<double>* seconds,
   const double s0 = trace::NowMicros();
   absl::Status s = pp_comm->AllreduceSum(seconds->data(), static_cast<int64_t>(seconds->size()));
   *wait += Since(w0);
-  Span("allreduce stage times", "allreduce", s0, iteration);
+  Span("allreduce", s0, iteration, "allreduce stage times");
   for (int p = 0; p < grid().pp; ++p) timings->add_stage_seconds((*seconds)[n + p]);
   sum = {(*seconds)[n + pp], (*seconds)[n + pp + 1], (*seconds)[n + pp + 2]};
   report();
@@ -155,7 +148,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     first_forward[k] = Since(t0);
     seconds[k] += first_forward[k];
     totals.forward += first_forward[k];
-    Span(absl::StrCat("F bin ", b), "forward", s0, d.iteration);
+    Span("forward", s0, d.iteration, "F bin ", b);
     if (!last_stage()) {
       *out = vit_out;
       if (absl::Status s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) {
@@ -173,8 +166,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
                     out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
-    Span(absl::StrCat("send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank()), "send", s1,
-         d.iteration);
+    Span("send", s1, d.iteration, "send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank());
   }
   std::vector<float> grad, dvit;
   for (size_t k = 0; k < d.bins.size(); ++k) {
@@ -194,7 +186,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       if (s = ForwardEncoder(input, n, &vit_out, &emb_scratch); !s.ok()) return s;
       totals.recompute += Since(r0);
       totals.recomputed_forward += first_forward[k];
-      Span(absl::StrCat("R bin ", b), "recompute", s0, d.iteration);
+      Span("recompute", s0, d.iteration, "R bin ", b);
     }
     live = -1;
     const auto t0 = Clock::now();
@@ -208,7 +200,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * patch_floats);
     if (s = vit->Backward(dout, first_stage() ? nullptr : din->data()); !s.ok()) return s;
     seconds[k] += Since(t0);
-    Span(absl::StrCat("B bin ", b), "backward", s0, d.iteration);
+    Span("backward", s0, d.iteration, "B bin ", b);
     if (!first_stage()) {
       if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
     }
@@ -247,7 +239,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   const double a0 = trace::NowMicros();
   if (absl::Status s = dp_comm->AllreduceSum(&lt, 1); !s.ok()) return s;
   *wait += Since(w0);
-  Span("allreduce loss tokens", "allreduce", a0, d.iteration);
+  Span("allreduce", a0, d.iteration, "allreduce loss tokens");
   if (lt <= 0)
     return absl::DataLossError(absl::StrCat("iteration ", d.iteration, ": no loss tokens"));
   *loss_tokens = static_cast<int64_t>(lt);
@@ -304,7 +296,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       first_forward[j] = Since(t0);
       seconds[j] += first_forward[j];
       totals.forward += first_forward[j];
-      Span(absl::StrCat("F mb ", j, " bin ", b), "forward", s0, d.iteration);
+      Span("forward", s0, d.iteration, "F mb ", j, " bin ", b);
       if (!last_stage()) {
         auto out = std::make_shared<std::vector<float>>(llm->output());
         if (s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) return s;
@@ -322,7 +314,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       if (s = forward(j); !s.ok()) return s;
       totals.recompute += Since(r0);
       totals.recomputed_forward += first_forward[j];
-      Span(absl::StrCat("R mb ", j, " bin ", b), "recompute", s0, d.iteration);
+      Span("recompute", s0, d.iteration, "R mb ", j, " bin ", b);
     }
     live = -1;
     const auto t0 = Clock::now();
@@ -335,7 +327,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
                       last_stage() ? nullptr : dout.data(), first_stage() ? nullptr : din->data());
     if (!loss.ok()) return loss.status();
     seconds[j] += Since(t0);
-    Span(absl::StrCat("B mb ", j, " bin ", b), "backward", s0, d.iteration);
+    Span("backward", s0, d.iteration, "B mb ", j, " bin ", b);
     if (last_stage()) {
       *loss_sum += loss->sum;
       *tokens += batches[j].T();
@@ -354,8 +346,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
                     grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }
-    Span(absl::StrCat("send embedding grads bin ", b, " to encoder rank ", bins[b].encoder_rank()),
-         "send", s1, d.iteration);
+    Span("send", s1, d.iteration, "send embedding grads bin ", b, " to encoder rank ",
+         bins[b].encoder_rank());
   }
   double busy = totals.recompute;
   for (double sec : seconds) busy += sec;

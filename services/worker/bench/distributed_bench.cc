@@ -458,12 +458,6 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_warmup) + 1, absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_rounds), s,
         l, l > 0 ? s / l : 0, Median(imb["sequential"]), Median(imb["loom"]));
     std::fflush(stdout);
-  }
-  if (!absl::GetFlag(FLAGS_skip_training)) {
-    std::string tried;
-    const std::string loom_up = loom::FindRunfile("deploy/launcher/loom-up", &tried);
-    const std::string bin_dir =
-        loom_up.substr(0, loom_up.size() - strlen("/deploy/launcher/loom-up"));
     if (!PipelineBench(loom_up, bin_dir, dir)) {
       std::fprintf(stderr, "distributed_bench: FAILED: a pipeline layout produced no figure\n");
       return 1;
