@@ -58,10 +58,25 @@ ModelConfig Vit300MLlm7B() {
   return c;
 }
 
+// A 70B-class LLM for planning at cluster scale: Llama-2-70B's width, depth
+// and vocabulary with multi-head attention (grouped-query attention comes
+// with the Hugging Face model families), the FFN narrowed from 28672 to
+// 24576 so that the parameter count stays at ~70B.
+ModelConfig Vit300MLlm70B() {
+  ModelConfig c;
+  c.name = "vit300m-llm70b";
+  c.vit = Vit300M();
+  c.projector = {/*pixel_shuffle=*/true, /*hidden=*/8192};
+  c.llm = {/*vocab=*/32000,         /*dim=*/8192,    /*layers=*/80, /*heads=*/64,
+           /*ffn_hidden=*/24576,
+           /*rope_theta=*/10000.0f, /*max_seq=*/4096};
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> ModelConfigNames() {
-  return {"tiny", "tiny-deep", "vit300m-llm1b", "vit300m-llm7b"};
+  return {"tiny", "tiny-deep", "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm70b"};
 }
 
 absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
@@ -69,6 +84,7 @@ absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
   if (name == "tiny-deep") return TinyDeep();
   if (name == "vit300m-llm1b") return Vit300MLlm1B();
   if (name == "vit300m-llm7b") return Vit300MLlm7B();
+  if (name == "vit300m-llm70b") return Vit300MLlm70B();
   return absl::NotFoundError(absl::StrCat("unknown model config '", name,
                                           "'; known: ", absl::StrJoin(ModelConfigNames(), ", ")));
 }

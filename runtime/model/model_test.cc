@@ -135,6 +135,7 @@ TEST(ConfigTest, NamedConfigsAreValidAndSized) {
   ModelConfig big = *ModelConfigByName("vit300m-llm1b");
   EXPECT_NEAR(VitParameterCount(big.vit) / 1e6, 300, 15);
   EXPECT_NEAR(LlmParameterCount(big.llm) / 1e9, 1.0, 0.1);
+  EXPECT_NEAR(LlmParameterCount(ModelConfigByName("vit300m-llm70b")->llm) / 1e9, 70, 2);
   EXPECT_EQ(ModelConfigByName("huge").status().code(), absl::StatusCode::kNotFound);
   ModelConfig bad = *ModelConfigByName("tiny");
   bad.vit.patch = 7;

@@ -27,6 +27,13 @@ double RingAllreduceSeconds(double bytes, int dp, int gpus_in_group, const Clust
   return 2.0 * (dp - 1) / dp * bytes / bw;
 }
 
+// The largest of `stages` stages holding `layers` split evenly (the
+// remainder one each on the earliest), the last also the head, in layers.
+double LaterStageUnits(int layers, int stages, double head) {
+  if (stages < 1) return 0;
+  return std::max<double>((layers + stages - 1) / stages, layers / stages + head);
+}
+
 std::vector<int> Divisors(int n, int max) {
   std::vector<int> out;
   for (int d = 1; d <= std::min(n, max); ++d) {
@@ -69,8 +76,20 @@ scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
   return c;
 }
 
-absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const ModelConfig& model,
-                                               const BatchStats& stats, const PlanLimits& limits) {
+namespace {
+
+// What a search needs of the batch and the model.
+struct Workload {
+  ModelFlops flops;                                       // with the limits' recompute
+  double B = 0;                                           // samples per iteration
+  double enc_flops = 0, llm_flops = 0, useful_flops = 0;  // per iteration
+  double enc_params = 0, llm_params = 0;
+  double budget = 0;  // bytes per GPU
+  int patches = 0;    // per tile
+};
+
+absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& model,
+                                    const BatchStats& stats, const PlanLimits& limits) {
   if (c.gpus < 2) return absl::InvalidArgumentError("gpus: a plan needs at least 2 GPUs");
   if (c.gpus_per_node < 1) return absl::InvalidArgumentError("gpus_per_node must be at least 1");
   if (!(c.peak_flops > 0) || !(c.memory_bytes > 0)) {
@@ -80,21 +99,91 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
   if (!(stats.mean_length > 0)) {
     return absl::InvalidArgumentError("the batch statistics have no tokens");
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  const ModelFlops flops = AnalyticFlops(model, limits.recompute);
+  Workload w;
+  w.flops = AnalyticFlops(model, limits.recompute);
   const ModelFlops useful = AnalyticFlops(model, false);
-  const double B = stats.global_batch;
-  const double enc_flops = B * stats.mean_tiles * flops.encoder_per_tile;
-  const double llm_flops =
-      B * (stats.mean_length * flops.llm_per_token + stats.mean_length_sq * flops.llm_per_token_sq);
-  const double useful_flops =
-      B * (stats.mean_tiles * useful.encoder_per_tile + stats.mean_length * useful.llm_per_token +
-           stats.mean_length_sq * useful.llm_per_token_sq);
-  const double enc_params =
-      static_cast<double>(VitParameterCount(model.vit) + ProjectorParameterCount(model));
-  const double llm_params = static_cast<double>(LlmParameterCount(model.llm));
-  const double budget = c.memory_bytes * limits.memory_fraction;
-  const int patches = model.vit.patches_per_tile();
+  w.B = stats.global_batch;
+  w.enc_flops = w.B * stats.mean_tiles * w.flops.encoder_per_tile;
+  w.llm_flops = w.B * (stats.mean_length * w.flops.llm_per_token +
+                       stats.mean_length_sq * w.flops.llm_per_token_sq);
+  w.useful_flops =
+      w.B * (stats.mean_tiles * useful.encoder_per_tile + stats.mean_length * useful.llm_per_token +
+             stats.mean_length_sq * useful.llm_per_token_sq);
+  w.enc_params = static_cast<double>(VitParameterCount(model.vit) + ProjectorParameterCount(model));
+  w.llm_params = static_cast<double>(LlmParameterCount(model.llm));
+  w.budget = c.memory_bytes * limits.memory_fraction;
+  w.patches = model.vit.patches_per_tile();
+  return w;
+}
+
+// Rates of one module replica (TP group) at a microbatch's tokens per GPU.
+double LlmRate(const ClusterSpec& c, const BatchStats& stats, const Workload& w, int tp, int dp,
+               int m) {
+  const double mb_tokens = w.B * stats.mean_length / (dp * m);
+  return tp * c.peak_flops * Efficiency(c, mb_tokens / tp) * TpEfficiency(tp);
+}
+double EncoderRate(const ClusterSpec& c, const BatchStats& stats, const Workload& w, int tp, int dp,
+                   int m) {
+  const double slot_tiles = w.B * stats.mean_tiles / (dp * m);
+  return tp * c.peak_flops * Efficiency(c, std::max(slot_tiles, 1.0) * w.patches / tp) *
+         TpEfficiency(tp);
+}
+
+void FillModule(scheduler::v1::ModulePlan* p, int tp, int pp, int dp, int gpus, double mem,
+                double stage, double allreduce) {
+  p->set_tp(tp);
+  p->set_pp(pp);
+  p->set_dp(dp);
+  p->set_gpus(gpus);
+  p->set_memory_bytes(mem);
+  p->set_stage_seconds(stage);
+  p->set_allreduce_seconds(allreduce);
+}
+
+// The fields both searches fill the same way: per-sample time coefficients
+// at the chosen degrees' efficiencies, the prediction and the search's cost.
+void FillCommon(const ClusterSpec& c, const ModelConfig& model, const BatchStats& stats,
+                const Workload& w, double time, int64_t candidates,
+                std::chrono::steady_clock::time_point t0, scheduler::v1::Plan* plan) {
+  const auto& e = plan->encoder();
+  const auto& l = plan->llm();
+  const int m = plan->microbatches();
+  plan->set_model(model.name);
+  plan->set_cluster_gpus(c.gpus);
+  plan->set_global_batch(stats.global_batch);
+  scheduler::v1::CostCoefficients* k = plan->mutable_costs();
+  const double rate_e = EncoderRate(c, stats, w, e.tp(), e.dp(), m);
+  const double rate_l = LlmRate(c, stats, w, l.tp(), l.dp(), m);
+  k->set_encoder_per_tile(w.flops.encoder_per_tile / rate_e);
+  k->set_llm_per_token(w.flops.llm_per_token / rate_l);
+  k->set_llm_per_token_sq(w.flops.llm_per_token_sq / rate_l);
+  k->set_transfer_per_image_token(plan->encoder_in_first_llm_stage()
+                                      ? 0
+                                      : w.flops.embedding_bytes_per_image_token /
+                                            c.inter_node_bytes_per_second);
+  SetStageShares(model, e.pp(), l.pp(), k);
+  plan->set_predicted_iteration_seconds(time);
+  plan->set_predicted_mfu(w.useful_flops / (time * c.gpus * c.peak_flops));
+  plan->set_candidates(candidates);
+  plan->set_gpu_peak_flops(c.peak_flops);
+  plan->set_gpu_memory_bytes(c.memory_bytes);
+  plan->set_link_bytes_per_second(c.inter_node_bytes_per_second);
+  plan->set_search_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace
+
+absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const ModelConfig& model,
+                                               const BatchStats& stats, const PlanLimits& limits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<Workload> work = WorkloadOf(c, model, stats, limits);
+  if (!work.ok()) return work.status();
+  const Workload& w = *work;
+  const ModelFlops& flops = w.flops;
+  const double B = w.B, enc_flops = w.enc_flops, llm_flops = w.llm_flops;
+  const double enc_params = w.enc_params, llm_params = w.llm_params, budget = w.budget;
+  const int patches = w.patches;
 
   struct Best {
     double time = INFINITY;
@@ -161,46 +250,121 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
                                                      " GiB per GPU"));
   }
   scheduler::v1::Plan plan;
-  plan.set_model(model.name);
-  plan.set_cluster_gpus(c.gpus);
-  auto fill = [](scheduler::v1::ModulePlan* p, int tp, int pp, int dp, double mem, double stage,
-                 double allreduce) {
-    p->set_tp(tp);
-    p->set_pp(pp);
-    p->set_dp(dp);
-    p->set_gpus(tp * pp * dp);
-    p->set_memory_bytes(mem);
-    p->set_stage_seconds(stage);
-    p->set_allreduce_seconds(allreduce);
-  };
-  fill(plan.mutable_encoder(), best.tp_e, best.pp_e, best.dp_e, best.mem_e, best.enc_stage,
-       best.ar_e);
-  fill(plan.mutable_llm(), best.tp_l, best.pp_l, best.dp_l, best.mem_l, best.llm_stage, best.ar_l);
+  FillModule(plan.mutable_encoder(), best.tp_e, best.pp_e, best.dp_e,
+             best.tp_e * best.pp_e * best.dp_e, best.mem_e, best.enc_stage, best.ar_e);
+  FillModule(plan.mutable_llm(), best.tp_l, best.pp_l, best.dp_l, best.tp_l * best.pp_l * best.dp_l,
+             best.mem_l, best.llm_stage, best.ar_l);
   plan.set_microbatches(best.m);
-  plan.set_global_batch(stats.global_batch);
-  // Per-sample time coefficients at the chosen plan's efficiencies.
-  const double mb_tokens = B * stats.mean_length / (best.dp_l * best.m);
-  const double rate_l =
-      best.tp_l * c.peak_flops * Efficiency(c, mb_tokens / best.tp_l) * TpEfficiency(best.tp_l);
-  const double slot_tiles = B * stats.mean_tiles / (best.dp_e * best.m);
-  const double rate_e = best.tp_e * c.peak_flops *
-                        Efficiency(c, std::max(slot_tiles, 1.0) * patches / best.tp_e) *
-                        TpEfficiency(best.tp_e);
+  FillCommon(c, model, stats, w, best.time, candidates, t0, &plan);
+  return plan;
+}
+
+absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
+                                                         const ModelConfig& model,
+                                                         const BatchStats& stats,
+                                                         const PlanLimits& limits,
+                                                         bool balance_first_stage) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<Workload> work = WorkloadOf(c, model, stats, limits);
+  if (!work.ok()) return work.status();
+  const Workload& w = *work;
+  const LlmConfig& L = model.llm;
+  // Stage costs in layers of the LLM: a layer, the head on the last stage.
+  const double layer = 4.0 * L.dim * L.dim + 3.0 * L.dim * L.ffn_hidden;
+  const double head = 1.0 * L.dim * L.vocab / layer;
+  const double llm_units = L.layers + head;
+  struct Best {
+    double time = INFINITY;
+    int tp = 0, pp = 0, dp = 0, m = 0, first_layers = 0;
+    double stage = 0, mem = 0, ar_l = 0, ar_e = 0;
+  } best;
+  int64_t candidates = 0;
+  const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
+  for (int tp : Divisors(L.heads, max_tp)) {
+    if (model.vit.heads % tp != 0) continue;  // one TP for both modules
+    for (int pp : Divisors(L.layers, limits.max_llm_pp)) {
+      const StageSplit even = LlmStages(model, pp);
+      const double static_first =
+          kParamStateBytes * (w.llm_params / pp + w.enc_params) / tp;  // stage 0 holds both
+      if (static_first > w.budget) continue;
+      for (int dp = 1; tp * pp * dp <= c.gpus; ++dp) {
+        const int gpus = tp * pp * dp;
+        const double ar_l =
+            RingAllreduceSeconds(kGradBytes * w.llm_params / (tp * pp), dp, gpus, c);
+        const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_params / tp, dp, gpus, c);
+        const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(w.B) / dp);
+        for (int m = pp; m <= max_m; ++m) {
+          ++candidates;
+          const double mb_tokens = w.B * stats.mean_length / (dp * m);
+          const double llm_mb = w.llm_flops / (dp * m) / LlmRate(c, stats, w, tp, dp, m);
+          const double enc_mb =
+              w.enc_flops > 0 ? w.enc_flops / (dp * m) / EncoderRate(c, stats, w, tp, dp, m) : 0;
+          double p2p = 0;
+          if (pp > 1) {
+            const double bw = gpus > c.gpus_per_node ? c.inter_node_bytes_per_second
+                                                     : c.intra_node_bytes_per_second;
+            p2p = 2 * mb_tokens * L.dim * 2 / tp / bw;
+          }
+          // Layers of the first stage: the LLM's own split's, or as many
+          // as leave it no slower than the others (the rest split evenly,
+          // remainders on the earliest); the largest later stage.
+          int first = even.bounds[1];
+          double later_units = 0;  // of the largest stage after the first
+          for (int st = 1; st < pp && !balance_first_stage; ++st) {
+            later_units = std::max(later_units, even.share[st] * llm_units);
+          }
+          if (balance_first_stage && pp > 1) {
+            const double enc_units = enc_mb / llm_mb * llm_units;
+            auto later = [&](int k) { return LaterStageUnits(L.layers - k, pp - 1, head); };
+            auto worst = [&](int k) { return std::max(enc_units + k, later(k)); };
+            const double x = (llm_units - (pp - 1) * enc_units) / pp;
+            first = std::clamp(static_cast<int>(x), 1, L.layers - (pp - 1));
+            for (int k : {first - 1, first + 1}) {
+              if (k >= 1 && k <= L.layers - (pp - 1) && worst(k) < worst(first)) first = k;
+            }
+            later_units = later(first);
+          }
+          const double first_units =
+              balance_first_stage ? first + (pp == 1 ? head : 0) : even.share[0] * llm_units;
+          double stage =
+              std::max(enc_mb + llm_mb * first_units / llm_units, llm_mb * later_units / llm_units);
+          stage += p2p;
+          const double time = (m + pp - 1) * stage + ar_l + ar_e;
+          if (time >= best.time) continue;
+          const double slot_tiles = w.B * stats.mean_tiles / (dp * m);
+          const double mem =
+              static_first + std::min(pp, m) * kMicrobatchHeadroom * kActBytesPerTokenLayer / tp *
+                                 (mb_tokens * L.dim * first +
+                                  slot_tiles * w.patches * model.vit.dim * model.vit.layers);
+          if (mem > w.budget) continue;
+          best = {time, tp, pp, dp, m, first, stage, mem, ar_l, ar_e};
+        }
+      }
+    }
+  }
+  if (!std::isfinite(best.time)) {
+    return absl::ResourceExhaustedError(absl::StrCat("no monolithic layout for ", model.name,
+                                                     " on ", c.gpus, " GPUs fits in ",
+                                                     w.budget / (1 << 30), " GiB per GPU"));
+  }
+  scheduler::v1::Plan plan;
+  plan.set_encoder_in_first_llm_stage(true);
+  FillModule(plan.mutable_encoder(), best.tp, 1, best.dp, 0, best.mem, best.stage, best.ar_e);
+  FillModule(plan.mutable_llm(), best.tp, best.pp, best.dp, best.tp * best.pp * best.dp, best.mem,
+             best.stage, best.ar_l);
+  plan.set_microbatches(best.m);
+  // The LLM's stage shares: the first stage's layers, the rest split evenly
+  // (the later stages taking the remainder), the head on the last.
   scheduler::v1::CostCoefficients* k = plan.mutable_costs();
-  k->set_encoder_per_tile(flops.encoder_per_tile / rate_e);
-  k->set_llm_per_token(flops.llm_per_token / rate_l);
-  k->set_llm_per_token_sq(flops.llm_per_token_sq / rate_l);
-  k->set_transfer_per_image_token(flops.embedding_bytes_per_image_token /
-                                  c.inter_node_bytes_per_second);
-  SetStageShares(model, best.pp_e, best.pp_l, k);
-  plan.set_predicted_iteration_seconds(best.time);
-  plan.set_predicted_mfu(useful_flops / (best.time * c.gpus * c.peak_flops));
-  plan.set_candidates(candidates);
-  plan.set_gpu_peak_flops(c.peak_flops);
-  plan.set_gpu_memory_bytes(c.memory_bytes);
-  plan.set_link_bytes_per_second(c.inter_node_bytes_per_second);
-  plan.set_search_seconds(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (balance_first_stage) {
+    const int rest = L.layers - best.first_layers, later = best.pp - 1;
+    for (int st = 0; st < best.pp; ++st) {
+      double units = st == 0 ? best.first_layers : rest / later + (st - 1 < rest % later ? 1 : 0);
+      if (st == best.pp - 1) units += head;
+      k->add_llm_stage_share(units / llm_units);
+    }
+  }  // else FillCommon's: the LLM's own split
+  FillCommon(c, model, stats, w, best.time, candidates, t0, &plan);
   return plan;
 }
 

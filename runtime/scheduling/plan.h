@@ -63,6 +63,22 @@ scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
 absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& cluster, const ModelConfig& model,
                                                const BatchStats& stats, const PlanLimits& limits);
 
+// The monolithic layout Megatron-LM runs multimodal models in, for
+// comparison (DistTrain's baseline): one TP x PP x DP grid for both modules,
+// the encoder inside the LLM's first pipeline stage at the LLM's TP and DP;
+// searched over the same TP, PP, DP and microbatch counts under the same
+// cost and memory model, the first stage holding both modules' state. The
+// LLM's layers split as its own pipeline would (balance_first_stage false),
+// or with fewer on the first stage so that it, encoder included, is no
+// slower than the others (Megatron's --decoder-first-pipeline-num-layers).
+// The plan has encoder_in_first_llm_stage set, encoder.pp 1 and
+// encoder.gpus 0. Errors as SearchPlan's.
+absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& cluster,
+                                                         const ModelConfig& model,
+                                                         const BatchStats& stats,
+                                                         const PlanLimits& limits,
+                                                         bool balance_first_stage);
+
 }  // namespace loom::sched
 
 #endif  // LOOM_RUNTIME_SCHEDULING_PLAN_H_

@@ -168,6 +168,47 @@ TEST(PlanTest, HeavierImagesGetMoreEncoderGpus) {
   EXPECT_GT(heavy->encoder().gpus(), light->encoder().gpus());
 }
 
+// The monolithic layout: one grid for both modules, the encoder's state on
+// the first stage; balancing that stage moves LLM layers off it and is no
+// slower than the LLM's own split.
+TEST(PlanTest, MonolithicLayoutIsOneGrid) {
+  ClusterSpec c;
+  c.gpus = 1172;
+  const ModelConfig m = Config("vit300m-llm7b");
+  const BatchStats heavy = OneVisionLike(12, 4096);
+  auto even = SearchMonolithicPlan(c, m, heavy, {}, false);
+  auto balanced = SearchMonolithicPlan(c, m, heavy, {}, true);
+  ASSERT_TRUE(even.ok()) << even.status();
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  for (const scheduler::v1::Plan* p : {&*even, &*balanced}) {
+    EXPECT_TRUE(p->encoder_in_first_llm_stage());
+    EXPECT_EQ(p->encoder().tp(), p->llm().tp());
+    EXPECT_EQ(p->encoder().dp(), p->llm().dp());
+    EXPECT_EQ(p->encoder().pp(), 1);
+    EXPECT_EQ(p->encoder().gpus(), 0);
+    EXPECT_EQ(p->llm().gpus(), p->llm().tp() * p->llm().pp() * p->llm().dp());
+    EXPECT_LE(p->llm().gpus(), c.gpus);
+    EXPECT_LE(p->llm().memory_bytes(), 0.9 * c.memory_bytes);
+    EXPECT_EQ(p->costs().transfer_per_image_token(), 0);  // embeddings stay on the GPU
+    ASSERT_EQ(p->costs().llm_stage_share_size(), p->llm().pp());
+    double sum = 0;
+    for (double x : p->costs().llm_stage_share()) sum += x;
+    EXPECT_NEAR(sum, 1, 1e-12);
+    EXPECT_GT(p->predicted_mfu(), 0);
+  }
+  EXPECT_LE(balanced->predicted_iteration_seconds(), even->predicted_iteration_seconds());
+  if (balanced->llm().pp() > 1) {
+    const auto& share = balanced->costs().llm_stage_share();
+    EXPECT_LT(share[0], share[1]);  // the encoder's stage holds fewer layers
+  }
+  c.memory_bytes = 1 << 30;
+  EXPECT_EQ(SearchMonolithicPlan(c, m, heavy, {}, true).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  c.gpus = 1;
+  EXPECT_EQ(SearchMonolithicPlan(c, m, heavy, {}, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PlanTest, RejectsWhatCannotBePlanned) {
   ClusterSpec c;
   c.gpus = 1;

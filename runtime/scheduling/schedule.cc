@@ -56,6 +56,33 @@ absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& pat
   return PlanOfDegrees(d);
 }
 
+SimulationOptions SimulationOptionsFor(const scheduler::v1::Plan& plan) {
+  SimulationOptions so;
+  so.encoder_dp = plan.encoder().dp();
+  so.encoder_pp = plan.encoder().pp();
+  so.llm_dp = plan.llm().dp();
+  so.llm_pp = plan.llm().pp();
+  so.microbatches = plan.microbatches();
+  so.encoder_in_first_llm_stage = plan.encoder_in_first_llm_stage();
+  so.encoder_allreduce_seconds = plan.encoder().allreduce_seconds();
+  so.llm_allreduce_seconds = plan.llm().allreduce_seconds();
+  so.encoder_stage_share.assign(plan.costs().encoder_stage_share().begin(),
+                                plan.costs().encoder_stage_share().end());
+  so.llm_stage_share.assign(plan.costs().llm_stage_share().begin(),
+                            plan.costs().llm_stage_share().end());
+  if (plan.costs().encoder_forward_share() > 0) {
+    so.encoder_forward_share = plan.costs().encoder_forward_share();
+  }
+  if (plan.costs().llm_forward_share() > 0) so.llm_forward_share = plan.costs().llm_forward_share();
+  if (plan.costs().encoder_recompute_ratio() > 0) {
+    so.encoder_recompute_ratio = plan.costs().encoder_recompute_ratio();
+  }
+  if (plan.costs().llm_recompute_ratio() > 0) {
+    so.llm_recompute_ratio = plan.costs().llm_recompute_ratio();
+  }
+  return so;
+}
+
 absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Plan& plan,
                                                         const std::vector<std::string>& keys,
                                                         const std::vector<SampleLoad>& loads,
@@ -75,36 +102,22 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
   o.llm_dp = plan.llm().dp();
   o.microbatches = plan.microbatches();
   o.encoder_dp = plan.encoder().dp();
-  o.pipeline_depth = plan.llm().pp() + plan.encoder().pp();
+  o.pipeline_depth =
+      plan.llm().pp() + (plan.encoder_in_first_llm_stage() ? 0 : plan.encoder().pp());
   o.ilp_time_limit_seconds = ilp_time_limit_seconds;
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<AssignResult> result = Assign(loads, o, algorithm);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!result.ok()) return result.status();
 
-  SimulationOptions so;
-  so.encoder_dp = o.encoder_dp;
-  so.encoder_pp = plan.encoder().pp();
-  so.llm_dp = o.llm_dp;
-  so.llm_pp = plan.llm().pp();
-  so.microbatches = o.microbatches;
-  so.encoder_allreduce_seconds = plan.encoder().allreduce_seconds();
-  so.llm_allreduce_seconds = plan.llm().allreduce_seconds();
-  so.encoder_stage_share.assign(plan.costs().encoder_stage_share().begin(),
-                                plan.costs().encoder_stage_share().end());
-  so.llm_stage_share.assign(plan.costs().llm_stage_share().begin(),
-                            plan.costs().llm_stage_share().end());
+  if (plan.encoder_in_first_llm_stage()) {
+    for (BinAssignment& b : result->bins) {  // each replica encodes its own bins, on its GPUs
+      b.encoder_rank = b.llm_rank;
+      b.transfer = 0;
+    }
+  }
+  SimulationOptions so = SimulationOptionsFor(plan);
   so.timeline = timeline != nullptr;
-  if (plan.costs().encoder_forward_share() > 0) {
-    so.encoder_forward_share = plan.costs().encoder_forward_share();
-  }
-  if (plan.costs().llm_forward_share() > 0) so.llm_forward_share = plan.costs().llm_forward_share();
-  if (plan.costs().encoder_recompute_ratio() > 0) {
-    so.encoder_recompute_ratio = plan.costs().encoder_recompute_ratio();
-  }
-  if (plan.costs().llm_recompute_ratio() > 0) {
-    so.llm_recompute_ratio = plan.costs().llm_recompute_ratio();
-  }
   absl::StatusOr<SimulationResult> sim = SimulateIteration(result->bins, so);
   if (!sim.ok()) return sim.status();
   const AssignmentQuality q = MeasureAssignment(loads, *result);

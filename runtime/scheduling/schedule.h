@@ -35,9 +35,14 @@ scheduler::v1::Plan PlanOfDegrees(const Degrees& d);
 absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& path,
                                                           const Degrees& d);
 
+// The simulator's options for a plan: its degrees, allreduce times, stage
+// and forward shares and recompute ratios (recompute on, as the workers run).
+SimulationOptions SimulationOptionsFor(const scheduler::v1::Plan& plan);
+
 // INVALID_ARGUMENT: a plan without degrees, keys and loads of different
-// lengths; otherwise Assign's errors. With `timeline`, the simulated
-// iteration's tasks and bins go there (PredictedTrace).
+// lengths; otherwise Assign's errors. In a monolithic plan
+// (encoder_in_first_llm_stage) each bin's encoder rank is its LLM rank. With `timeline`, the
+// simulated iteration's tasks and bins go there (PredictedTrace).
 struct PredictedIteration {
   std::vector<BinAssignment> bins;
   SimulationResult simulation;  // with its timeline

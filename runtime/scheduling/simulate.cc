@@ -100,6 +100,13 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   if (absl::Status s = CheckShares(o.llm_stage_share, o.llm_pp, "llm_stage_share"); !s.ok()) {
     return s;
   }
+  const bool mono = o.encoder_in_first_llm_stage;
+  if (mono && (o.encoder_pp != 1 || o.encoder_dp != o.llm_dp)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "simulation: the encoder in the first LLM stage needs encoder_pp 1 and encoder_dp = "
+        "llm_dp, not encoder_pp ",
+        o.encoder_pp, ", encoder_dp ", o.encoder_dp, ", llm_dp ", o.llm_dp));
+  }
   const int m = o.microbatches, pe = o.encoder_pp, pl = o.llm_pp;
   // bin_at[r * m + j]: the bin LLM rank r runs j-th.
   std::vector<int> bin_at(static_cast<size_t>(o.llm_dp) * m, -1);
@@ -110,6 +117,11 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
       return absl::InvalidArgumentError(
           absl::StrCat("simulation: bin ", b, " (llm_rank ", x.llm_rank, ", microbatch ",
                        x.microbatch, ", encoder_rank ", x.encoder_rank, ") is outside the plan"));
+    }
+    if (mono && x.encoder_rank != x.llm_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "simulation: bin ", b, " has encoder_rank ", x.encoder_rank, " and llm_rank ", x.llm_rank,
+          "; with the encoder in the first LLM stage they are one"));
     }
     int& slot = bin_at[static_cast<size_t>(x.llm_rank) * m + x.microbatch];
     if (slot >= 0) {
@@ -145,11 +157,15 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     std::vector<int>& fwd = encoder ? ef : lf;
     std::vector<int>& bwd = encoder ? eb : lb;
     int live = -1;
+    // The monolithic layout's first LLM stage carries the encoder too.
+    const bool carries_encoder = mono && !encoder && s == 0;
     for (auto [forward, b] : ops) {
       const BinAssignment& x = bins[b];
       const double fs = encoder ? o.encoder_forward_share : o.llm_forward_share;
       const double cost = (encoder ? x.encoder : x.llm) *
                           share(encoder ? o.encoder_stage_share : o.llm_stage_share, pp, s);
+      const double enc_cost = carries_encoder ? x.encoder : 0;
+      const double efs = o.encoder_forward_share;
       SimulatedTask t;
       t.encoder = encoder;
       t.dp = dp;
@@ -158,15 +174,17 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
       double duration = 0, recompute = 0;
       if (forward) {
         t.kind = SimulatedTask::kForward;
-        duration = cost * fs;
+        duration = cost * fs + enc_cost * efs;
         live = b;
       } else {
         t.kind = SimulatedTask::kBackward;
         t.recomputed = o.recompute && live != b;
-        recompute = t.recomputed
-                        ? cost * fs * (encoder ? o.encoder_recompute_ratio : o.llm_recompute_ratio)
-                        : 0;
-        duration = cost * (1 - fs) + recompute;
+        recompute =
+            t.recomputed
+                ? cost * fs * (encoder ? o.encoder_recompute_ratio : o.llm_recompute_ratio) +
+                      enc_cost * efs * o.encoder_recompute_ratio
+                : 0;
+        duration = cost * (1 - fs) + enc_cost * (1 - efs) + recompute;
         live = -1;
       }
       const int id = g.Add(duration, t, recompute);
@@ -177,7 +195,7 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     runs.push_back(std::move(run));
   };
   std::vector<std::vector<int>> enc_bins(o.encoder_dp);
-  for (size_t b = 0; b < nb; ++b) {
+  for (size_t b = 0; b < nb && !mono; ++b) {
     if (bins[b].encoder > 0) enc_bins[bins[b].encoder_rank].push_back(static_cast<int>(b));
   }
   for (int e = 0; e < o.encoder_dp; ++e) {
@@ -191,11 +209,12 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     for (int b : order) ops.push_back({false, b});
     for (int s = 0; s < pe; ++s) run_stage(true, e, s, ops);
   }
+  const int pe_llm = mono ? 0 : pe;  // encoder stages ahead of the LLM's in the pipeline
   for (int r = 0; r < o.llm_dp; ++r) {
     for (int s = 0; s < pl; ++s) {
       std::vector<std::pair<bool, int>> ops;
       for (const parallel::PipelineOp& op :
-           parallel::OneFOneBSchedule(pe + pl, parallel::GlobalStage(false, s, pe), m)) {
+           parallel::OneFOneBSchedule(pe_llm + pl, parallel::GlobalStage(false, s, pe_llm), m)) {
         ops.push_back({op.kind == parallel::PipelineOp::kForward,
                        bin_at[static_cast<size_t>(r) * m + op.microbatch]});
       }
@@ -228,7 +247,11 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     t.encoder = run.encoder;
     t.dp = run.dp;
     t.stage = run.stage;
-    const int id = g.Add(run.encoder ? o.encoder_allreduce_seconds : o.llm_allreduce_seconds, t);
+    const double seconds =
+        run.encoder
+            ? o.encoder_allreduce_seconds
+            : o.llm_allreduce_seconds + (mono && run.stage == 0 ? o.encoder_allreduce_seconds : 0);
+    const int id = g.Add(seconds, t);
     g.Edge(barrier, id, 0);
     allreduce.push_back(id);
   }

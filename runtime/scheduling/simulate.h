@@ -15,6 +15,12 @@
 //                  (the last forward the stage ran);
 //   allreduce      each stage's gradient allreduce after its last backward.
 //
+// With `encoder_in_first_llm_stage` (the monolithic layout, Megatron-LM's
+// for multimodal models) there are no encoder stages: the first LLM stage of
+// each replica runs a bin's encoder forward before its own forward and the
+// encoder backward after its own backward, on the same GPUs (no transfer),
+// and its allreduce covers the encoder's gradients too.
+//
 // A bin's cost (BinAssignment::encoder, ::llm) is its forward + backward on
 // one rank of the module, all stages together; a stage takes its share of it
 // (stage shares: runtime/model/config.h's LlmStages / VitStages), and the
@@ -48,6 +54,9 @@ struct SimulationOptions {
   double encoder_recompute_ratio = 1;
   double llm_recompute_ratio = 1;
   bool recompute = true;  // as the workers do; false: activations kept
+  // The monolithic layout above: needs encoder_pp 1, encoder_dp == llm_dp
+  // and each bin's encoder_rank equal to its llm_rank.
+  bool encoder_in_first_llm_stage = false;
   bool timeline = false;  // fill SimulationResult::timeline
 };
 
@@ -83,8 +92,9 @@ struct SimulationResult {
 };
 
 // INVALID_ARGUMENT if the bins do not match the options (a rank, microbatch
-// or encoder rank outside them, a (rank, microbatch) twice or missing), or
-// the stage shares are malformed.
+// or encoder rank outside them, a (rank, microbatch) twice or missing, an
+// encoder rank other than the LLM rank in the monolithic layout), or the
+// stage shares are malformed.
 absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignment>& bins,
                                                    const SimulationOptions& options);
 

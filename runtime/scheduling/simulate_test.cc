@@ -46,6 +46,38 @@ TEST(SimulateTest, OneFOneBMakespanOfUniformMicrobatches) {
               testing::ClosedFormF64(8 * 12.0 / (33.0 * 4)));
 }
 
+// The monolithic layout: the first LLM stage runs each bin's encoder forward
+// before its own and the encoder backward after its own, with no transfer,
+// and allreduces both modules' gradients.
+TEST(SimulateTest, EncoderInsideTheFirstLlmStage) {
+  SimulationOptions o;
+  o.recompute = false;
+  o.llm_pp = 2;
+  o.microbatches = 2;
+  o.encoder_in_first_llm_stage = true;
+  o.llm_allreduce_seconds = 0.5;
+  o.encoder_allreduce_seconds = 0.25;
+  // Per bin: encoder F 1, B 2; each LLM stage F 1, B 2; the transfer of 5
+  // does not apply on one GPU.
+  const std::vector<BinAssignment> bins = {Bin(0, 0, 0, 3, 6, 5), Bin(0, 1, 0, 3, 6, 5)};
+  auto r = SimulateIteration(bins, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Stage 0 (F0 F1 B0 B1): F0 0..2, F1 2..4, B0 5..9 (after stage 1's B0
+  // 3..5), B1 9..13 (stage 1: F0 2..3, B0 3..5, F1 5..6, B1 6..8); then
+  // 0.5 + 0.25 of allreduce.
+  EXPECT_NEAR(r->iteration_seconds, 13.75, testing::ClosedFormF64(13.75));
+  EXPECT_EQ(r->encoder_bubble_fraction, 0);  // no encoder stages of its own
+
+  auto other_rank = SimulateIteration({Bin(0, 0, 1, 3, 6), Bin(0, 1, 0, 3, 6)}, o);
+  EXPECT_EQ(other_rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other_rank.status().message().find("encoder_rank 1"), absl::string_view::npos)
+      << other_rank.status();
+  o.encoder_pp = 2;
+  auto staged = SimulateIteration(bins, o);
+  EXPECT_NE(staged.status().message().find("encoder_pp 2"), absl::string_view::npos)
+      << staged.status();
+}
+
 // The slowest DP rank sets the iteration: balancing bins shortens it.
 TEST(SimulateTest, ImbalanceAcrossRanksCosts) {
   SimulationOptions o;

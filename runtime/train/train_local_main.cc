@@ -26,7 +26,7 @@
 #include "runtime/train/trainer.h"
 
 ABSL_FLAG(std::string, config, "tiny",
-          "Model config: tiny, tiny-deep, vit300m-llm1b, vit300m-llm7b.");
+          "Model config: tiny, tiny-deep, vit300m-llm1b, vit300m-llm7b, vit300m-llm70b.");
 ABSL_FLAG(int, steps, 100, "Train until this many optimizer steps have been taken.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the weights and the data.");
 ABSL_FLAG(bool, shuffle_images, false,

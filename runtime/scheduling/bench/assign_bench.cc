@@ -20,10 +20,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
-#include "runtime/data/datagen.h"
-#include "runtime/data/preprocess.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/model/config.h"
+#include "runtime/scheduling/bench/outlines.h"
 #include "runtime/scheduling/cost_model.h"
 #include "runtime/scheduling/plan.h"
 #include "runtime/scheduling/schedule.h"
@@ -44,30 +43,6 @@ std::vector<int> Ints(const std::string& csv) {
   return out;
 }
 
-// Measures an outline as loom-preprocess would; false where it would skip the
-// sample (too long).
-bool Measure(const data::SampleOutline& o, const data::Tokenizer& tok,
-             const data::PreprocessOptions& p, SampleShape* s) {
-  *s = {};
-  s->text_tokens = 2;
-  std::string rest = o.text;
-  for (absl::string_view piece : absl::StrSplit(rest, "<image>")) {
-    if (piece.empty()) continue;
-    std::vector<int32_t> ids;
-    if (!tok.Encode(std::string_view(piece.data(), piece.size()), &ids).ok()) return false;
-    s->text_tokens += static_cast<int>(ids.size());
-  }
-  const int n = static_cast<int>(o.image_sizes.size());
-  const int per_image = n == 0 ? 0 : std::max(1, p.max_tiles / n);
-  for (auto [w, h] : o.image_sizes) {
-    const int tiles =
-        data::TileCount(data::ChooseTileGrid(w, h, per_image, p.tile_size), p.thumbnail);
-    s->tiles += tiles;
-    s->image_tokens += tiles * p.tokens_per_tile;
-  }
-  return s->length() <= p.max_seq;
-}
-
 int Main() {
   absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
   absl::StatusOr<std::unique_ptr<data::Tokenizer>> tok = data::Tokenizer::Load("");
@@ -76,7 +51,6 @@ int Main() {
                  std::string((model.ok() ? tok.status() : model.status()).message()).c_str());
     return 2;
   }
-  const data::PreprocessOptions popts = data::PreprocessOptionsFor(*model);
   const scheduler::v1::CostCoefficients costs = CoefficientsOnOneGpu(*model, ClusterSpec());
   const CostModel cost_model(costs);
   const std::vector<int> sizes = Ints(absl::GetFlag(FLAGS_sizes));
@@ -96,19 +70,13 @@ int Main() {
   std::vector<Row> rows;
   for (absl::string_view preset_view : absl::StrSplit(absl::GetFlag(FLAGS_presets), ',')) {
     const std::string preset(preset_view);
-    std::vector<std::string> keys;
-    std::vector<SampleShape> shapes;
-    for (int64_t i = 0; static_cast<int>(shapes.size()) < most; ++i) {
-      absl::StatusOr<data::SampleOutline> o = data::OutlineSample(preset, 1, i);
-      if (!o.ok()) {
-        std::fprintf(stderr, "assign_bench: %s\n", std::string(o.status().message()).c_str());
-        return 2;
-      }
-      SampleShape s;
-      if (!Measure(*o, **tok, popts, &s)) continue;
-      keys.push_back(o->key);
-      shapes.push_back(s);
+    absl::StatusOr<MeasuredBatch> batch = MeasureOutlines(preset, 1, most, *model, **tok);
+    if (!batch.ok()) {
+      std::fprintf(stderr, "assign_bench: %s\n", std::string(batch.status().message()).c_str());
+      return 2;
     }
+    const std::vector<std::string>& keys = batch->keys;
+    const std::vector<SampleShape>& shapes = batch->shapes;
     const std::vector<SampleLoad> all = cost_model.Loads(shapes, costs.transfer_per_image_token());
     for (int n : sizes) {
       const std::vector<std::string> k(keys.begin(), keys.begin() + n);
