@@ -1,0 +1,456 @@
+#include "runtime/hf/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/file.h"
+
+namespace loom::hf {
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's pattern, what ByteLevel splits with when use_regex is true.
+constexpr char kGpt2Pattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string Utf8(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xc0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    out += static_cast<char>(0xe0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+  return out;
+}
+
+// Length of the UTF-8 sequence starting with byte `c` (1 for a stray byte).
+int Utf8Length(unsigned char c) {
+  if (c >= 0xf0) return 4;
+  if (c >= 0xe0) return 3;
+  if (c >= 0xc0) return 2;
+  return 1;
+}
+
+// Well-formed UTF-8: no stray continuation bytes, overlong forms,
+// surrogates or code points past U+10FFFF.
+bool IsUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+      cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    for (int k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+std::string PairKey(const std::string& a, const std::string& b) {
+  std::string k = a;
+  k += '\0';
+  k += b;
+  return k;
+}
+
+absl::Status Bad(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+}  // namespace
+
+// What needs a library handle: the pre-tokenizer's regexes, ICU's NFC.
+struct BpeTokenizer::Impl {
+  std::vector<pcre2_code*> splits;  // applied in order, "Isolated"
+  bool add_prefix_space = false;
+  const icu::Normalizer2* nfc = nullptr;
+  ~Impl() {
+    for (pcre2_code* c : splits) pcre2_code_free(c);
+  }
+};
+
+BpeTokenizer::BpeTokenizer() : impl_(std::make_unique<Impl>()) {}
+BpeTokenizer::~BpeTokenizer() = default;
+
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return FromJson(*text, path);
+}
+
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string_view text,
+                                                                     const std::string& where) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Bad(where, "not a JSON object");
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+
+  // model
+  auto model = j.find("model");
+  if (model == j.end() || !model->is_object()) return Bad(where, "no \"model\" object");
+  if (model->value("type", std::string()) != "BPE") {
+    return Bad(where, absl::StrCat("model.type ", model->value("type", json()).dump(),
+                                   " is not supported (BPE only)"));
+  }
+  for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    auto f = model->find(field);
+    if (f != model->end() && !f->is_null() && !(f->is_string() && f->get<std::string>().empty())) {
+      return Bad(where, absl::StrCat("model.", field, " is not supported"));
+    }
+  }
+  if (model->value("byte_fallback", false)) {
+    return Bad(where, "model.byte_fallback is not supported (byte-level BPE has no unknown bytes)");
+  }
+  t->ignore_merges_ = model->value("ignore_merges", false);
+  auto vocab = model->find("vocab");
+  if (vocab == model->end() || !vocab->is_object()) return Bad(where, "no model.vocab object");
+  int32_t max_id = -1;
+  for (auto it = vocab->begin(); it != vocab->end(); ++it) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+        it->get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Bad(where,
+                 absl::StrCat("model.vocab[", json(it.key()).dump(), "] is not a non-negative id"));
+    }
+    t->vocab_[it.key()] = it->get<int32_t>();
+    max_id = std::max(max_id, it->get<int32_t>());
+  }
+  // added tokens (their ids may lie past the vocabulary)
+  auto added = j.find("added_tokens");
+  if (added != j.end() && !added->is_null()) {
+    if (!added->is_array()) return Bad(where, "added_tokens is not an array");
+    for (const json& a : *added) {
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
+          !a.contains("content") || !a["content"].is_string() ||
+          a["content"].get<std::string>().empty()) {
+        return Bad(where, absl::StrCat("added_tokens entry ", a.dump(), " lacks an id or content"));
+      }
+      const int32_t id = a["id"].get<int32_t>();
+      if (id < 0) return Bad(where, absl::StrCat("added token ", a.dump(), " has a negative id"));
+      t->added_.push_back({a["content"].get<std::string>(), id});
+      max_id = std::max(max_id, id);
+    }
+  }
+  std::sort(t->added_.begin(), t->added_.end(), [](const auto& x, const auto& y) {
+    return x.first.size() != y.first.size() ? x.first.size() > y.first.size() : x.first < y.first;
+  });
+  t->id_to_token_.assign(static_cast<size_t>(max_id + 1), "");
+  t->is_added_.assign(static_cast<size_t>(max_id + 1), false);
+  for (const auto& [token, id] : t->vocab_) t->id_to_token_[id] = token;
+  for (const auto& [content, id] : t->added_) {
+    t->id_to_token_[id] = content;
+    t->is_added_[id] = true;
+  }
+  // merges, in either form
+  auto merges = model->find("merges");
+  if (merges == model->end() || !merges->is_array()) return Bad(where, "no model.merges array");
+  int rank = 0;
+  for (const json& m : *merges) {
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ', 1);
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+        return Bad(where, absl::StrCat("merge ", m.dump(), " is not \"a b\""));
+      }
+      a = s.substr(0, space);
+      b = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      return Bad(where, absl::StrCat("merge ", m.dump(), " is neither \"a b\" nor [\"a\", \"b\"]"));
+    }
+    if (!t->vocab_.count(a) || !t->vocab_.count(b) || !t->vocab_.count(a + b)) {
+      return Bad(where, absl::StrCat("merge ", m.dump(), " has a token not in the vocabulary"));
+    }
+    t->merge_rank_.emplace(PairKey(a, b), rank++);  // the first of duplicates counts
+  }
+
+  // normalizer: none or NFC (alone or in a Sequence)
+  auto normalizer = j.find("normalizer");
+  if (normalizer != j.end() && !normalizer->is_null()) {
+    std::vector<json> parts = {*normalizer};
+    if (normalizer->value("type", std::string()) == "Sequence") {
+      parts = normalizer->value("normalizers", std::vector<json>());
+    }
+    for (const json& n : parts) {
+      if (n.value("type", std::string()) != "NFC") {
+        return Bad(where, absl::StrCat("normalizer ", n.dump(), " is not supported (NFC only)"));
+      }
+      t->nfc_ = true;
+    }
+  }
+  if (t->nfc_) {
+    UErrorCode err = U_ZERO_ERROR;
+    t->impl_->nfc = icu::Normalizer2::getNFCInstance(err);
+    if (U_FAILURE(err)) return absl::InternalError(absl::StrCat("ICU NFC: ", u_errorName(err)));
+  }
+
+  // pre-tokenizer
+  auto compile = [&](const std::string& pattern) -> absl::Status {
+    int code = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &code, &offset, nullptr);
+    if (re == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(code, msg, sizeof(msg));
+      return Bad(where, absl::StrCat("pre_tokenizer regex ", json(pattern).dump(), " at offset ",
+                                     offset, ": ", reinterpret_cast<const char*>(msg)));
+    }
+    t->impl_->splits.push_back(re);
+    return absl::OkStatus();
+  };
+  auto pre = j.find("pre_tokenizer");
+  if (pre == j.end() || !pre->is_object()) {
+    return Bad(where, "no pre_tokenizer (byte-level BPE needs ByteLevel)");
+  }
+  std::vector<json> steps = {*pre};
+  if (pre->value("type", std::string()) == "Sequence") {
+    steps = pre->value("pretokenizers", std::vector<json>());
+  }
+  bool byte_level = false;
+  for (const json& s : steps) {
+    const std::string type = s.value("type", std::string());
+    if (type == "Split" && !byte_level) {
+      const json pattern = s.value("pattern", json());
+      if (s.value("behavior", std::string()) != "Isolated" || s.value("invert", false)) {
+        return Bad(where,
+                   absl::StrCat("pre_tokenizer ", s.dump(),
+                                ": only the Isolated behaviour, not inverted, is supported"));
+      }
+      std::string regex;
+      if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
+        regex = pattern["Regex"].get<std::string>();
+      } else if (pattern.contains("String") && pattern["String"].is_string()) {
+        for (char c : pattern["String"].get<std::string>()) {  // literal
+          if (!std::isalnum(static_cast<unsigned char>(c))) regex += '\\';
+          regex += c;
+        }
+      } else {
+        return Bad(where, absl::StrCat("pre_tokenizer ", s.dump(), ": no pattern"));
+      }
+      if (absl::Status st = compile(regex); !st.ok()) return st;
+    } else if (type == "ByteLevel" && !byte_level) {
+      byte_level = true;
+      t->impl_->add_prefix_space = s.value("add_prefix_space", false);
+      if (s.value("use_regex", true)) {
+        if (absl::Status st = compile(kGpt2Pattern); !st.ok()) return st;
+      }
+    } else {
+      return Bad(where, absl::StrCat("pre_tokenizer ", s.dump(),
+                                     " is not supported (Split with a regex, then ByteLevel)"));
+    }
+  }
+  if (!byte_level) return Bad(where, "the pre_tokenizer has no ByteLevel step");
+
+  // GPT-2's byte alphabet: printable bytes stand for themselves, the others
+  // for 256, 257, ... in byte order.
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    t->byte_symbol_[b] = Utf8(printable ? b : next++);
+    if (!t->vocab_.count(t->byte_symbol_[b])) {
+      return Bad(where, absl::StrCat("model.vocab lacks the symbol of byte ", b, " (",
+                                     json(t->byte_symbol_[b]).dump(), ")"));
+    }
+  }
+  return t;
+}
+
+std::optional<int32_t> BpeTokenizer::TokenId(std::string_view token) const {
+  for (const auto& [content, id] : added_) {
+    if (content == token) return id;
+  }
+  auto it = vocab_.find(std::string(token));
+  if (it == vocab_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::Status BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const {
+  std::vector<std::string> symbols;
+  std::string whole;
+  for (unsigned char c : piece) {
+    symbols.push_back(byte_symbol_[c]);
+    whole += byte_symbol_[c];
+  }
+  if (ignore_merges_) {
+    auto it = vocab_.find(whole);
+    if (it != vocab_.end()) {
+      ids->push_back(it->second);
+      return absl::OkStatus();
+    }
+  }
+  while (symbols.size() > 1) {
+    int best = std::numeric_limits<int>::max();
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      auto r = merge_rank_.find(PairKey(symbols[i], symbols[i + 1]));
+      if (r != merge_rank_.end() && r->second < best) {
+        best = r->second;
+        at = i;
+      }
+    }
+    if (best == std::numeric_limits<int>::max()) break;
+    const std::string a = symbols[at], b = symbols[at + 1];
+    std::vector<std::string> merged;
+    for (size_t i = 0; i < symbols.size(); ++i) {
+      if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
+        merged.push_back(a + b);
+        ++i;
+      } else {
+        merged.push_back(symbols[i]);
+      }
+    }
+    symbols = std::move(merged);
+  }
+  for (const std::string& s : symbols) ids->push_back(vocab_.at(s));  // merges are in the vocab
+  return absl::OkStatus();
+}
+
+absl::Status BpeTokenizer::Encode(std::string_view text, std::vector<int32_t>* ids) const {
+  if (!IsUtf8(text)) return absl::InvalidArgumentError("tokenizer: the text is not UTF-8");
+  // 1. Added tokens, leftmost first, longest there.
+  std::vector<std::pair<std::string_view, int32_t>> segments;  // id -1: plain text
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    int32_t found = -1;
+    size_t len = 0;
+    for (const auto& [content, id] : added_) {
+      if (text.compare(i, content.size(), content) == 0) {
+        found = id;
+        len = content.size();
+        break;  // longest first
+      }
+    }
+    if (found < 0) {
+      ++i;
+      continue;
+    }
+    if (i > start) segments.push_back({text.substr(start, i - start), -1});
+    segments.push_back({text.substr(i, len), found});
+    i += len;
+    start = i;
+  }
+  if (start < text.size()) segments.push_back({text.substr(start), -1});
+
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(nullptr,
+                                                                         &pcre2_match_data_free);
+  for (const auto& [segment, id] : segments) {
+    if (id >= 0) {
+      ids->push_back(id);
+      continue;
+    }
+    // 2. Normalize.
+    std::string s(segment);
+    if (nfc_) {
+      UErrorCode err = U_ZERO_ERROR;
+      const icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
+      icu::UnicodeString n = impl_->nfc->normalize(u, err);
+      if (U_FAILURE(err)) {
+        return absl::InvalidArgumentError(absl::StrCat("NFC: ", u_errorName(err)));
+      }
+      s.clear();
+      n.toUTF8String(s);
+    }
+    if (impl_->add_prefix_space && !s.empty() && s[0] != ' ') s.insert(s.begin(), ' ');
+    // 3. Pre-tokenize: each regex splits every piece, matches and the gaps
+    // between them each a piece.
+    std::vector<std::string> pieces = {s};
+    for (pcre2_code* re : impl_->splits) {
+      md.reset(pcre2_match_data_create_from_pattern(re, nullptr));
+      std::vector<std::string> out;
+      for (const std::string& p : pieces) {
+        const auto* subject = reinterpret_cast<PCRE2_SPTR>(p.data());
+        size_t at = 0, gap = 0;
+        while (at <= p.size()) {
+          const int rc =
+              pcre2_match(re, subject, p.size(), at, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+          if (rc == PCRE2_ERROR_NOMATCH) break;
+          if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof(msg));
+            return absl::InvalidArgumentError(absl::StrCat("tokenizer: the text cannot be split: ",
+                                                           reinterpret_cast<const char*>(msg)));
+          }
+          const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+          const size_t b = ov[0], e = ov[1];
+          if (e == b) {  // an empty match: step over one character
+            if (b >= p.size()) break;
+            at = b + Utf8Length(static_cast<unsigned char>(p[b]));
+            continue;
+          }
+          if (b > gap) out.push_back(p.substr(gap, b - gap));
+          out.push_back(p.substr(b, e - b));
+          gap = at = e;
+        }
+        if (gap < p.size()) out.push_back(p.substr(gap));
+      }
+      pieces = std::move(out);
+    }
+    // 4. BPE per piece.
+    for (const std::string& p : pieces) {
+      if (absl::Status st = EncodePiece(p, ids); !st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string BpeTokenizer::Decode(const std::vector<int32_t>& ids) const {
+  // Reverse of the byte alphabet.
+  std::unordered_map<std::string, char> byte_of;
+  for (int b = 0; b < 256; ++b) byte_of[byte_symbol_[b]] = static_cast<char>(b);
+  std::string out;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= static_cast<int32_t>(id_to_token_.size())) continue;
+    const std::string& token = id_to_token_[id];
+    if (is_added_[id]) {
+      out += token;
+      continue;
+    }
+    for (size_t i = 0; i < token.size();) {
+      const int n = Utf8Length(static_cast<unsigned char>(token[i]));
+      auto it = byte_of.find(token.substr(i, n));
+      if (it != byte_of.end()) out += it->second;
+      i += n;
+    }
+  }
+  return out;
+}
+
+}  // namespace loom::hf
