@@ -285,6 +285,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string
   for (int b = 0; b < 256; ++b) {
     const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
     t->byte_symbol_[b] = Utf8(printable ? b : next++);
+    t->byte_of_symbol_[t->byte_symbol_[b]] = static_cast<char>(b);
     if (!t->vocab_.count(t->byte_symbol_[b])) {
       return Bad(where, absl::StrCat("model.vocab lacks the symbol of byte ", b, " (",
                                      json(t->byte_symbol_[b]).dump(), ")"));
@@ -302,7 +303,7 @@ std::optional<int32_t> BpeTokenizer::TokenId(std::string_view token) const {
   return it->second;
 }
 
-absl::Status BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const {
+void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const {
   std::vector<std::string> symbols;
   std::string whole;
   for (unsigned char c : piece) {
@@ -313,7 +314,7 @@ absl::Status BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32
     auto it = vocab_.find(whole);
     if (it != vocab_.end()) {
       ids->push_back(it->second);
-      return absl::OkStatus();
+      return;
     }
   }
   while (symbols.size() > 1) {
@@ -340,7 +341,6 @@ absl::Status BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32
     symbols = std::move(merged);
   }
   for (const std::string& s : symbols) ids->push_back(vocab_.at(s));  // merges are in the vocab
-  return absl::OkStatus();
 }
 
 absl::Status BpeTokenizer::Encode(std::string_view text, std::vector<int32_t>* ids) const {
@@ -425,16 +425,13 @@ absl::Status BpeTokenizer::Encode(std::string_view text, std::vector<int32_t>* i
     }
     // 4. BPE per piece.
     for (const std::string& p : pieces) {
-      if (absl::Status st = EncodePiece(p, ids); !st.ok()) return st;
+      EncodePiece(p, ids);
     }
   }
   return absl::OkStatus();
 }
 
 std::string BpeTokenizer::Decode(const std::vector<int32_t>& ids) const {
-  // Reverse of the byte alphabet.
-  std::unordered_map<std::string, char> byte_of;
-  for (int b = 0; b < 256; ++b) byte_of[byte_symbol_[b]] = static_cast<char>(b);
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || id >= static_cast<int32_t>(id_to_token_.size())) continue;
@@ -445,8 +442,8 @@ std::string BpeTokenizer::Decode(const std::vector<int32_t>& ids) const {
     }
     for (size_t i = 0; i < token.size();) {
       const int n = Utf8Length(static_cast<unsigned char>(token[i]));
-      auto it = byte_of.find(token.substr(i, n));
-      if (it != byte_of.end()) out += it->second;
+      auto it = byte_of_symbol_.find(token.substr(i, n));
+      if (it != byte_of_symbol_.end()) out += it->second;
       i += n;
     }
   }

@@ -55,7 +55,7 @@ class BpeTokenizer {
  private:
   struct Impl;
   BpeTokenizer();
-  absl::Status EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const;
+  void EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const;
 
   std::unique_ptr<Impl> impl_;
   std::unordered_map<std::string, int32_t> vocab_;
@@ -66,6 +66,7 @@ class BpeTokenizer {
   bool ignore_merges_ = false;
   bool nfc_ = false;
   std::string byte_symbol_[256];
+  std::unordered_map<std::string, char> byte_of_symbol_;  // its inverse, for Decode
 };
 
 }  // namespace loom::hf
