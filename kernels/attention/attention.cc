@@ -28,6 +28,21 @@ void SoftmaxRows(float* p, int L, bool causal) {
   }
 }
 
+// Where query head h and its key/value group sit in a row of qkv.
+struct Layout {
+  Layout(int NH, int NKV, int HD)
+      : ld(static_cast<int64_t>(NH + 2 * NKV) * HD),
+        hd(HD),
+        group(NH / NKV),
+        kv_off(NH * HD),
+        v_off((NH + NKV) * HD) {}
+  int64_t q(int h) const { return static_cast<int64_t>(h) * hd; }
+  int64_t k(int h) const { return kv_off + static_cast<int64_t>(h / group) * hd; }
+  int64_t v(int h) const { return v_off + static_cast<int64_t>(h / group) * hd; }
+  int64_t ld;
+  int hd, group, kv_off, v_off;
+};
+
 }  // namespace
 
 int64_t attention_att_size(const int32_t* cu_seqlens, int S, int NH) {
@@ -40,7 +55,9 @@ int64_t attention_att_size(const int32_t* cu_seqlens, int S, int NH) {
 }
 
 void attention_forward_reference(float* out, float* att, const float* qkv,
-                                 const int32_t* cu_seqlens, int S, int NH, int HD, bool causal) {
+                                 const int32_t* cu_seqlens, int S, int NH, int NKV, int HD,
+                                 bool causal) {
+  const Layout y(NH, NKV, HD);
   const int C = NH * HD;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   for (int s = 0; s < S; ++s) {
@@ -48,9 +65,9 @@ void attention_forward_reference(float* out, float* att, const float* qkv,
     for (int h = 0; h < NH; ++h) {
       float* a = att + static_cast<int64_t>(h) * L * L;
       for (int i = 0; i < L; ++i) {
-        const float* q = qkv + static_cast<int64_t>(start + i) * 3 * C + h * HD;
+        const float* q = qkv + (start + i) * y.ld + y.q(h);
         for (int j = 0; j < L; ++j) {
-          const float* k = qkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
+          const float* k = qkv + (start + j) * y.ld + y.k(h);
           float dot = 0;
           for (int d = 0; d < HD; ++d) dot += q[d] * k[d];
           a[static_cast<int64_t>(i) * L + j] = dot * scale;
@@ -62,7 +79,7 @@ void attention_forward_reference(float* out, float* att, const float* qkv,
         for (int d = 0; d < HD; ++d) o[d] = 0;
         for (int j = 0; j < L; ++j) {
           const float p = a[static_cast<int64_t>(i) * L + j];
-          const float* v = qkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
+          const float* v = qkv + (start + j) * y.ld + y.v(h);
           for (int d = 0; d < HD; ++d) o[d] += p * v[d];
         }
       }
@@ -73,7 +90,8 @@ void attention_forward_reference(float* out, float* att, const float* qkv,
 
 void attention_backward_reference(float* dqkv, const float* dout, const float* qkv,
                                   const float* att, const int32_t* cu_seqlens, int S, int NH,
-                                  int HD, bool causal) {
+                                  int NKV, int HD, bool causal) {
+  const Layout y(NH, NKV, HD);
   const int C = NH * HD;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   std::vector<float> datt;
@@ -89,8 +107,8 @@ void attention_backward_reference(float* dqkv, const float* dout, const float* q
         // dP[j] = g · v_j ; dV_j += p_j g
         double dot_pd = 0;
         for (int j = 0; j < n; ++j) {
-          const float* v = qkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
-          float* dv = dqkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
+          const float* v = qkv + (start + j) * y.ld + y.v(h);
+          float* dv = dqkv + (start + j) * y.ld + y.v(h);
           float d = 0;
           for (int e = 0; e < HD; ++e) {
             d += g[e] * v[e];
@@ -100,12 +118,12 @@ void attention_backward_reference(float* dqkv, const float* dout, const float* q
           dot_pd += static_cast<double>(p[j]) * d;
         }
         // dS_j = p_j (dP_j - sum p dP) ; dq_i += scale dS_j k_j ; dk_j += scale dS_j q_i
-        const float* q = qkv + static_cast<int64_t>(start + i) * 3 * C + h * HD;
-        float* dq = dqkv + static_cast<int64_t>(start + i) * 3 * C + h * HD;
+        const float* q = qkv + (start + i) * y.ld + y.q(h);
+        float* dq = dqkv + (start + i) * y.ld + y.q(h);
         for (int j = 0; j < n; ++j) {
           const float ds = p[j] * (datt[j] - static_cast<float>(dot_pd)) * scale;
-          const float* k = qkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
-          float* dk = dqkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
+          const float* k = qkv + (start + j) * y.ld + y.k(h);
+          float* dk = dqkv + (start + j) * y.ld + y.k(h);
           for (int e = 0; e < HD; ++e) {
             dq[e] += ds * k[e];
             dk[e] += ds * q[e];
@@ -118,8 +136,9 @@ void attention_backward_reference(float* dqkv, const float* dout, const float* q
 }
 
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
-                       int NH, int HD, bool causal) {
-  const int C = NH * HD, ld = 3 * C;
+                       int NH, int NKV, int HD, bool causal) {
+  const Layout y(NH, NKV, HD);
+  const int C = NH * HD, ld = static_cast<int>(y.ld);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   for (int s = 0; s < S; ++s) {
     const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
@@ -128,21 +147,21 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
     for (int h = 0; h < NH; ++h) {
       float* a = att + static_cast<int64_t>(h) * L * L;
       // a (L,L) = scale · Q (L,HD) · Kᵀ
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, HD, scale, base + h * HD, ld,
-                  base + C + h * HD, ld, 0.0f, a, L);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, HD, scale, base + y.q(h), ld,
+                  base + y.k(h), ld, 0.0f, a, L);
       SoftmaxRows(a, L, causal);
       // O (L,HD) = a · V
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, HD, L, 1.0f, a, L,
-                  base + 2 * C + h * HD, ld, 0.0f, out + static_cast<int64_t>(start) * C + h * HD,
-                  C);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, HD, L, 1.0f, a, L, base + y.v(h),
+                  ld, 0.0f, out + static_cast<int64_t>(start) * C + h * HD, C);
     }
     att += static_cast<int64_t>(NH) * L * L;
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        const int32_t* cu_seqlens, int S, int NH, int HD, bool causal) {
-  const int C = NH * HD, ld = 3 * C;
+                        const int32_t* cu_seqlens, int S, int NH, int NKV, int HD, bool causal) {
+  const Layout y(NH, NKV, HD);
+  const int C = NH * HD, ld = static_cast<int>(y.ld);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   std::vector<float> ds;
   for (int s = 0; s < S; ++s) {
@@ -156,10 +175,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const float* a = att + static_cast<int64_t>(h) * L * L;
       // dV (L,HD) += aᵀ · dO
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, HD, L, 1.0f, a, L, g + h * HD, C,
-                  1.0f, dbase + 2 * C + h * HD, ld);
+                  1.0f, dbase + y.v(h), ld);
       // dP (L,L) = dO · Vᵀ
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, HD, 1.0f, g + h * HD, C,
-                  base + 2 * C + h * HD, ld, 0.0f, ds.data(), L);
+                  base + y.v(h), ld, 0.0f, ds.data(), L);
       // dS = a ⊙ (dP − rowsum(a ⊙ dP)); masked entries have a = 0.
       for (int i = 0; i < L; ++i) {
         const float* p = a + static_cast<int64_t>(i) * L;
@@ -172,9 +191,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       }
       // dQ += scale · dS · K ; dK += scale · dSᵀ · Q
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, HD, L, scale, ds.data(), L,
-                  base + C + h * HD, ld, 1.0f, dbase + h * HD, ld);
+                  base + y.k(h), ld, 1.0f, dbase + y.q(h), ld);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, HD, L, scale, ds.data(), L,
-                  base + h * HD, ld, 1.0f, dbase + C + h * HD, ld);
+                  base + y.q(h), ld, 1.0f, dbase + y.k(h), ld);
     }
     att += static_cast<int64_t>(NH) * L * L;
   }

@@ -6,8 +6,10 @@
 // ViT, where a sequence is one tile; causal in the LLM, where it is one
 // sample). Nothing is computed across sequences or on padding: there is none.
 //
-//   qkv  (T, 3*C): per row [q | k | v], each (NH, HD), C = NH * HD
-//   out  (T, C)
+//   qkv  (T, (NH + 2 NKV) HD): per row [q (NH, HD) | k (NKV, HD) | v (NKV, HD)];
+//        grouped-query attention: query head h reads key/value head
+//        h / (NH / NKV) (NKV = NH: multi-head attention); NKV divides NH
+//   out  (T, C), C = NH * HD
 //   att  the softmax probabilities, saved for backward: for each sequence s
 //        of length L, (NH, L, L) floats, sequences one after another;
 //        attention_att_size() gives the total.
@@ -26,15 +28,16 @@ namespace loom::kernels {
 int64_t attention_att_size(const int32_t* cu_seqlens, int S, int NH);
 
 void attention_forward_reference(float* out, float* att, const float* qkv,
-                                 const int32_t* cu_seqlens, int S, int NH, int HD, bool causal);
+                                 const int32_t* cu_seqlens, int S, int NH, int NKV, int HD,
+                                 bool causal);
 void attention_backward_reference(float* dqkv, const float* dout, const float* qkv,
                                   const float* att, const int32_t* cu_seqlens, int S, int NH,
-                                  int HD, bool causal);
+                                  int NKV, int HD, bool causal);
 
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
-                       int NH, int HD, bool causal);
+                       int NH, int NKV, int HD, bool causal);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        const int32_t* cu_seqlens, int S, int NH, int HD, bool causal);
+                        const int32_t* cu_seqlens, int S, int NH, int NKV, int HD, bool causal);
 
 }  // namespace loom::kernels
 

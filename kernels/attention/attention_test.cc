@@ -16,7 +16,7 @@ using loom::testing::WeightedSum;
 
 struct Case {
   std::vector<int32_t> cu;  // cu_seqlens
-  int NH, HD;
+  int NH, NKV, HD;
   bool causal;
   const char* name;
 };
@@ -25,13 +25,15 @@ class AttentionTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionTest, BlasMatchesReferenceForwardAndBackward) {
   const Case& c = GetParam();
-  const int S = static_cast<int>(c.cu.size()) - 1, T = c.cu.back(), C = c.NH * c.HD;
-  auto qkv = RandomVector(static_cast<size_t>(T) * 3 * C, 1);
+  const int S = static_cast<int>(c.cu.size()) - 1, T = c.cu.back(), C = c.NH * c.HD,
+            W = (c.NH + 2 * c.NKV) * c.HD;
+  auto qkv = RandomVector(static_cast<size_t>(T) * W, 1);
   const int64_t na = attention_att_size(c.cu.data(), S, c.NH);
   std::vector<float> out_r(T * C), out_f(T * C), att_r(na), att_f(na);
-  attention_forward_reference(out_r.data(), att_r.data(), qkv.data(), c.cu.data(), S, c.NH, c.HD,
-                              c.causal);
-  attention_forward(out_f.data(), att_f.data(), qkv.data(), c.cu.data(), S, c.NH, c.HD, c.causal);
+  attention_forward_reference(out_r.data(), att_r.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV,
+                              c.HD, c.causal);
+  attention_forward(out_f.data(), att_f.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV, c.HD,
+                    c.causal);
   EXPECT_TRUE(AllClose(out_f.data(), out_r.data(), out_r.size(), kFastVsReferenceF32));
   EXPECT_TRUE(AllClose(att_f.data(), att_r.data(), att_r.size(), kFastVsReferenceF32));
 
@@ -39,27 +41,28 @@ TEST_P(AttentionTest, BlasMatchesReferenceForwardAndBackward) {
   auto d0 = RandomVector(qkv.size(), 3);  // backward must accumulate
   auto dr = d0, df = d0;
   attention_backward_reference(dr.data(), dout.data(), qkv.data(), att_r.data(), c.cu.data(), S,
-                               c.NH, c.HD, c.causal);
-  attention_backward(df.data(), dout.data(), qkv.data(), att_f.data(), c.cu.data(), S, c.NH, c.HD,
-                     c.causal);
+                               c.NH, c.NKV, c.HD, c.causal);
+  attention_backward(df.data(), dout.data(), qkv.data(), att_f.data(), c.cu.data(), S, c.NH, c.NKV,
+                     c.HD, c.causal);
   EXPECT_TRUE(AllClose(df.data(), dr.data(), dr.size(), kFastVsReferenceF32));
 }
 
 TEST_P(AttentionTest, ReferenceBackwardMatchesFiniteDifferences) {
   const Case& c = GetParam();
-  const int S = static_cast<int>(c.cu.size()) - 1, T = c.cu.back(), C = c.NH * c.HD;
-  auto qkv = RandomVector(static_cast<size_t>(T) * 3 * C, 4);
+  const int S = static_cast<int>(c.cu.size()) - 1, T = c.cu.back(), C = c.NH * c.HD,
+            W = (c.NH + 2 * c.NKV) * c.HD;
+  auto qkv = RandomVector(static_cast<size_t>(T) * W, 4);
   auto g = RandomVector(static_cast<size_t>(T) * C, 5);
   std::vector<float> out(T * C), att(attention_att_size(c.cu.data(), S, c.NH));
   auto loss = [&] {
-    attention_forward_reference(out.data(), att.data(), qkv.data(), c.cu.data(), S, c.NH, c.HD,
-                                c.causal);
+    attention_forward_reference(out.data(), att.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV,
+                                c.HD, c.causal);
     return WeightedSum(out, g);
   };
   loss();
   std::vector<float> dqkv(qkv.size(), 0.0f);
   attention_backward_reference(dqkv.data(), g.data(), qkv.data(), att.data(), c.cu.data(), S, c.NH,
-                               c.HD, c.causal);
+                               c.NKV, c.HD, c.causal);
   EXPECT_TRUE(CheckGradient(loss, qkv.data(), dqkv.data(), qkv.size(), /*max_checks=*/200));
 }
 
@@ -69,9 +72,9 @@ TEST(AttentionTest, SequencesDoNotSeeEachOther) {
   const int NH = 2, HD = 4, C = 8;
   auto qkv = RandomVector(7 * 3 * C, 6);
   std::vector<float> a(7 * C), b(7 * C), att(attention_att_size(cu.data(), 2, NH));
-  attention_forward(a.data(), att.data(), qkv.data(), cu.data(), 2, NH, HD, /*causal=*/false);
+  attention_forward(a.data(), att.data(), qkv.data(), cu.data(), 2, NH, NH, HD, /*causal=*/false);
   for (size_t i = 3 * 3 * C; i < qkv.size(); ++i) qkv[i] += 1.0f;
-  attention_forward(b.data(), att.data(), qkv.data(), cu.data(), 2, NH, HD, /*causal=*/false);
+  attention_forward(b.data(), att.data(), qkv.data(), cu.data(), 2, NH, NH, HD, /*causal=*/false);
   for (int i = 0; i < 3 * C; ++i) EXPECT_EQ(a[i], b[i]) << i;
 }
 
@@ -80,20 +83,60 @@ TEST(AttentionTest, CausalRowsIgnoreTheFuture) {
   const int NH = 1, HD = 4, C = 4;
   auto qkv = RandomVector(5 * 3 * C, 7);
   std::vector<float> a(5 * C), b(5 * C), att(attention_att_size(cu.data(), 1, NH));
-  attention_forward(a.data(), att.data(), qkv.data(), cu.data(), 1, NH, HD, /*causal=*/true);
+  attention_forward(a.data(), att.data(), qkv.data(), cu.data(), 1, NH, NH, HD, /*causal=*/true);
   for (size_t i = 4 * 3 * C; i < qkv.size(); ++i) qkv[i] -= 2.0f;  // change the last row only
-  attention_forward(b.data(), att.data(), qkv.data(), cu.data(), 1, NH, HD, /*causal=*/true);
+  attention_forward(b.data(), att.data(), qkv.data(), cu.data(), 1, NH, NH, HD, /*causal=*/true);
   for (int i = 0; i < 4 * C; ++i) EXPECT_EQ(a[i], b[i]) << i;
   // The first row attends only to itself: its output is its own v.
   for (int d = 0; d < HD; ++d) EXPECT_FLOAT_EQ(b[d], qkv[2 * C + d]);
 }
 
+TEST(AttentionTest, GroupedQueryEqualsMultiHeadWithSharedKeysAndValues) {
+  // NH 4 query heads over NKV 2 key/value heads = multi-head attention whose
+  // heads 0,1 share k/v head 0 and heads 2,3 share k/v head 1; the gradient
+  // of a shared k/v head is the sum over its query heads.
+  const std::vector<int32_t> cu = {0, 4, 9};
+  const int NH = 4, NKV = 2, HD = 3, T = 9, W = (NH + 2 * NKV) * HD, Wm = 3 * NH * HD;
+  auto gqa = RandomVector(T * W, 8), g = RandomVector(T * NH * HD, 9);
+  std::vector<float> mha(T * Wm);
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < HD; ++d) {
+        mha[t * Wm + h * HD + d] = gqa[t * W + h * HD + d];
+        mha[t * Wm + (NH + h) * HD + d] = gqa[t * W + (NH + h / 2) * HD + d];
+        mha[t * Wm + (2 * NH + h) * HD + d] = gqa[t * W + (NH + NKV + h / 2) * HD + d];
+      }
+    }
+  }
+  const int64_t na = attention_att_size(cu.data(), 2, NH);
+  std::vector<float> o1(T * NH * HD), o2(T * NH * HD), a1(na), a2(na);
+  attention_forward(o1.data(), a1.data(), gqa.data(), cu.data(), 2, NH, NKV, HD, true);
+  attention_forward(o2.data(), a2.data(), mha.data(), cu.data(), 2, NH, NH, HD, true);
+  EXPECT_TRUE(AllClose(o1.data(), o2.data(), o1.size(), kFastVsReferenceF32));
+  std::vector<float> d1(gqa.size(), 0.0f), d2(mha.size(), 0.0f);
+  attention_backward(d1.data(), g.data(), gqa.data(), a1.data(), cu.data(), 2, NH, NKV, HD, true);
+  attention_backward(d2.data(), g.data(), mha.data(), a2.data(), cu.data(), 2, NH, NH, HD, true);
+  std::vector<float> folded(gqa.size(), 0.0f);
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < HD; ++d) {
+        folded[t * W + h * HD + d] += d2[t * Wm + h * HD + d];
+        folded[t * W + (NH + h / 2) * HD + d] += d2[t * Wm + (NH + h) * HD + d];
+        folded[t * W + (NH + NKV + h / 2) * HD + d] += d2[t * Wm + (2 * NH + h) * HD + d];
+      }
+    }
+  }
+  EXPECT_TRUE(AllClose(d1.data(), folded.data(), d1.size(), kFastVsReferenceF32));
+}
+
 INSTANTIATE_TEST_SUITE_P(Packs, AttentionTest,
-                         ::testing::Values(Case{{0, 4}, 1, 4, false, "OneFull"},
-                                           Case{{0, 4}, 2, 3, true, "OneCausal"},
-                                           Case{{0, 3, 8, 9, 15}, 2, 4, false, "FourFull"},
-                                           Case{{0, 3, 8, 9, 15}, 3, 2, true, "FourCausal"},
-                                           Case{{0, 0, 5}, 2, 4, true, "WithEmpty"}),
+                         ::testing::Values(Case{{0, 4}, 1, 1, 4, false, "OneFull"},
+                                           Case{{0, 4}, 2, 2, 3, true, "OneCausal"},
+                                           Case{{0, 3, 8, 9, 15}, 2, 2, 4, false, "FourFull"},
+                                           Case{{0, 3, 8, 9, 15}, 3, 3, 2, true, "FourCausal"},
+                                           Case{{0, 0, 5}, 2, 2, 4, true, "WithEmpty"},
+                                           Case{{0, 3, 8, 9, 15}, 4, 2, 4, true, "GqaCausal"},
+                                           Case{{0, 6, 11}, 6, 1, 2, false, "MqaFull"}),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -32,20 +32,33 @@ __device__ int64_t AttOffset(const int32_t* cu, int s, int NH) {
   return off;
 }
 
+// Row t's query head h and its key/value head (grouped-query attention):
+// offsets into a row of (NH + 2 NKV) HD floats.
+struct Heads {
+  __device__ Heads(int NH, int NKV, int HD, int h)
+      : ld(static_cast<int64_t>(NH + 2 * NKV) * HD),
+        q(h * HD),
+        k((NH + h / (NH / NKV)) * HD),
+        v((NH + NKV + h / (NH / NKV)) * HD) {}
+  int64_t ld;
+  int q, k, v;
+};
+
 __global__ void AttentionForward(float* out, float* att, const float* qkv, const int32_t* cu, int S,
-                                 int NH, int HD, bool causal, float scale) {
+                                 int NH, int NKV, int HD, bool causal, float scale) {
   __shared__ float scratch[32];
   const int t = blockIdx.x, h = blockIdx.y, C = NH * HD;
+  const Heads y(NH, NKV, HD, h);
   const int s = SequenceOf(cu, S, t);
   const int start = cu[s], L = cu[s + 1] - start, i = t - start;
   const int n = causal ? i + 1 : L;
   float* p = att + AttOffset(cu, s, NH) + (static_cast<int64_t>(h) * L + i) * L;
-  const float* q = qkv + static_cast<int64_t>(t) * 3 * C + h * HD;
+  const float* q = qkv + t * y.ld + y.q;
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < L; j += blockDim.x) {
     float dot = -INFINITY;
     if (j < n) {
-      const float* k = qkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
+      const float* k = qkv + (start + j) * y.ld + y.k;
       dot = 0;
       for (int d = 0; d < HD; ++d) dot += q[d] * k[d];
       dot *= scale;
@@ -66,16 +79,17 @@ __global__ void AttentionForward(float* out, float* att, const float* qkv, const
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
     float acc = 0;
     for (int j = 0; j < n; ++j)
-      acc += p[j] * qkv[static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD + d];
+      acc += p[j] * qkv[(start + j) * y.ld + y.v + d];
     out[static_cast<int64_t>(t) * C + h * HD + d] = acc;
   }
 }
 
 __global__ void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                  const float* att, const int32_t* cu, int S, int NH, int HD,
-                                  bool causal, float scale, float* dp_scratch) {
+                                  const float* att, const int32_t* cu, int S, int NH, int NKV,
+                                  int HD, bool causal, float scale, float* dp_scratch) {
   __shared__ float scratch[32];
   const int t = blockIdx.x, h = blockIdx.y, C = NH * HD;
+  const Heads y(NH, NKV, HD, h);
   const int s = SequenceOf(cu, S, t);
   const int start = cu[s], L = cu[s + 1] - start, i = t - start;
   const int n = causal ? i + 1 : L;
@@ -85,8 +99,8 @@ __global__ void AttentionBackward(float* dqkv, const float* dout, const float* q
   const float* g = dout + static_cast<int64_t>(t) * C + h * HD;
   float dot = 0;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float* v = qkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
-    float* dv = dqkv + static_cast<int64_t>(start + j) * 3 * C + 2 * C + h * HD;
+    const float* v = qkv + (start + j) * y.ld + y.v;
+    float* dv = dqkv + (start + j) * y.ld + y.v;
     float d = 0;
     for (int e = 0; e < HD; ++e) {
       d += g[e] * v[e];
@@ -97,19 +111,19 @@ __global__ void AttentionBackward(float* dqkv, const float* dout, const float* q
   }
   dot = BlockSum(dot, scratch);
   __syncthreads();
-  const float* q = qkv + static_cast<int64_t>(t) * 3 * C + h * HD;
+  const float* q = qkv + t * y.ld + y.q;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const float ds = p[j] * (dp[j] - dot) * scale;
     dp[j] = ds;
-    float* dk = dqkv + static_cast<int64_t>(start + j) * 3 * C + C + h * HD;
+    float* dk = dqkv + (start + j) * y.ld + y.k;
     for (int e = 0; e < HD; ++e) atomicAdd(&dk[e], ds * q[e]);
   }
   __syncthreads();
-  float* dq = dqkv + static_cast<int64_t>(t) * 3 * C + h * HD;
+  float* dq = dqkv + t * y.ld + y.q;
   for (int e = threadIdx.x; e < HD; e += blockDim.x) {
     float acc = 0;
     for (int j = 0; j < n; ++j)
-      acc += dp[j] * qkv[static_cast<int64_t>(start + j) * 3 * C + C + h * HD + e];
+      acc += dp[j] * qkv[(start + j) * y.ld + y.k + e];
     dq[e] += acc;
   }
 }
@@ -117,18 +131,18 @@ __global__ void AttentionBackward(float* dqkv, const float* dout, const float* q
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
-                       int T, int NH, int HD, bool causal) {
+                       int T, int NH, int NKV, int HD, bool causal) {
   if (T == 0) return;
-  AttentionForward<<<dim3(T, NH), 128>>>(out, att, qkv, cu_seqlens, S, NH, HD, causal,
+  AttentionForward<<<dim3(T, NH), 128>>>(out, att, qkv, cu_seqlens, S, NH, NKV, HD, causal,
                                          1.0f / sqrtf(static_cast<float>(HD)));
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int HD,
-                        bool causal) {
+                        const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int NKV,
+                        int HD, bool causal) {
   if (T == 0) return;
-  AttentionBackward<<<dim3(T, NH), 128>>>(dqkv, dout, qkv, att, cu_seqlens, S, NH, HD, causal,
+  AttentionBackward<<<dim3(T, NH), 128>>>(dqkv, dout, qkv, att, cu_seqlens, S, NH, NKV, HD, causal,
                                           1.0f / sqrtf(static_cast<float>(HD)), scratch);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }

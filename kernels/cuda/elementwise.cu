@@ -46,26 +46,25 @@ __global__ void SwigluBackward(float* dgate, float* dup, const float* gate, cons
 }
 
 // One thread per (row, pair i, head, part q/k).
-__global__ void Rope(float* qkv, const int32_t* pos, int T, int NH, int HD, float theta,
-                     float sign) {
-  const int half = HD / 2;
-  const int64_t n = static_cast<int64_t>(T) * half * NH * 2;
+// One thread per (row, rotated head, pair): the NH q heads, then the NKV k
+// heads; pair i is (i, i + HD/2), Hugging Face's rotate-half layout.
+__global__ void Rope(float* qkv, const int32_t* pos, const float* inv_freq, int T, int NH, int NKV,
+                     int HD, float sign) {
+  const int half = HD / 2, heads = NH + NKV;
+  const int64_t n = static_cast<int64_t>(T) * half * heads;
   LOOM_GRID_LOOP(idx, n) {
     int64_t r = idx;
-    const int part = r % 2;
-    r /= 2;
-    const int h = r % NH;
-    r /= NH;
+    const int h = r % heads;
+    r /= heads;
     const int i = r % half;
     const int t = static_cast<int>(r / half);
-    const double freq = pow(static_cast<double>(theta), -2.0 * i / HD);
     double sd, cd;
-    sincos(pos[t] * freq, &sd, &cd);
+    sincos(static_cast<double>(pos[t]) * inv_freq[i], &sd, &cd);
     const float c = static_cast<float>(cd), s = sign * static_cast<float>(sd);
-    float* x = qkv + static_cast<int64_t>(t) * 3 * NH * HD + part * NH * HD + h * HD + 2 * i;
-    const float x0 = x[0], x1 = x[1];
+    float* x = qkv + static_cast<int64_t>(t) * (NH + 2 * NKV) * HD + h * HD + i;
+    const float x0 = x[0], x1 = x[half];
     x[0] = x0 * c - x1 * s;
-    x[1] = x0 * s + x1 * c;
+    x[half] = x1 * c + x0 * s;
   }
 }
 
@@ -129,15 +128,17 @@ void swiglu_backward(float* dgate, float* dup, const float* gate, const float* u
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope_forward(float* qkv, const int32_t* positions, int T, int NH, int HD, float theta) {
-  Rope<<<GridFor(static_cast<int64_t>(T) * HD * NH), kThreads>>>(qkv, positions, T, NH, HD, theta,
-                                                                 1.0f);
+void rope_forward(float* qkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                  int NKV, int HD) {
+  const int64_t n = static_cast<int64_t>(T) * (HD / 2) * (NH + NKV);
+  Rope<<<GridFor(n), kThreads>>>(qkv, positions, inv_freq, T, NH, NKV, HD, 1.0f);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope_backward(float* dqkv, const int32_t* positions, int T, int NH, int HD, float theta) {
-  Rope<<<GridFor(static_cast<int64_t>(T) * HD * NH), kThreads>>>(dqkv, positions, T, NH, HD, theta,
-                                                                 -1.0f);
+void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                   int NKV, int HD) {
+  const int64_t n = static_cast<int64_t>(T) * (HD / 2) * (NH + NKV);
+  Rope<<<GridFor(n), kThreads>>>(dqkv, positions, inv_freq, T, NH, NKV, HD, -1.0f);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,13 +1,12 @@
 // LayerNorm and RMSNorm: one block per row, block reductions in fp32.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
-#include "kernels/norm/norm.h"
 
 namespace loom::kernels::cuda {
 namespace {
 
 __global__ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                 const float* w, const float* b, int C) {
+                                 const float* w, const float* b, int C, float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* x = inp + row * C;
@@ -17,7 +16,7 @@ __global__ void LayerNormForward(float* out, float* mean, float* rstd, const flo
   const float m = BlockSum(s, scratch) / C;
   float v = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - m) * (x[c] - m);
-  const float r = rsqrtf(BlockSum(v, scratch) / C + kLayerNormEps);
+  const float r = rsqrtf(BlockSum(v, scratch) / C + eps);
   for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = (x[c] - m) * r * w[c] + b[c];
   if (threadIdx.x == 0) {
     mean[row] = m;
@@ -50,13 +49,14 @@ __global__ void LayerNormBackward(float* dinp, float* dw, float* db, const float
   }
 }
 
-__global__ void RmsNormForward(float* out, float* rrms, const float* inp, const float* w, int C) {
+__global__ void RmsNormForward(float* out, float* rrms, const float* inp, const float* w, int C,
+                               float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* x = inp + row * C;
   float s = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c] * x[c];
-  const float r = rsqrtf(BlockSum(s, scratch) / C + kRmsNormEps);
+  const float r = rsqrtf(BlockSum(s, scratch) / C + eps);
   for (int c = threadIdx.x; c < C; c += blockDim.x) out[row * C + c] = x[c] * r * w[c];
   if (threadIdx.x == 0) rrms[row] = r;
 }
@@ -82,8 +82,8 @@ __global__ void RmsNormBackward(float* dinp, float* dw, const float* dout, const
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
-  LayerNormForward<<<N, kThreads>>>(out, mean, rstd, inp, weight, bias, C);
+                       const float* bias, int N, int C, float eps) {
+  LayerNormForward<<<N, kThreads>>>(out, mean, rstd, inp, weight, bias, C, eps);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -94,8 +94,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
-void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C) {
-  RmsNormForward<<<N, kThreads>>>(out, rrms, inp, weight, C);
+void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C,
+                     float eps) {
+  RmsNormForward<<<N, kThreads>>>(out, rrms, inp, weight, C, eps);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

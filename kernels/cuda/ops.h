@@ -30,11 +30,12 @@ void f32_to_bf16(uint16_t* out, const float* in, int64_t n);  // round to neares
 void bf16_to_f32(float* out, const uint16_t* in, int64_t n);
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
+                       const float* bias, int N, int C, float eps);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
-void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C);
+void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C,
+                     float eps);
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rrms, int N, int C);
 
@@ -44,20 +45,23 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
 void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
                      const float* dout, int64_t n);
 
-void rope_forward(float* qkv, const int32_t* positions, int T, int NH, int HD, float theta);
-void rope_backward(float* dqkv, const int32_t* positions, int T, int NH, int HD, float theta);
+// inv_freq (HD/2) on the device; rows [q (NH) | k (NKV) | v (NKV)] heads.
+void rope_forward(float* qkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                  int NKV, int HD);
+void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                   int NKV, int HD);
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, int T, int C);
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int T, int C);
 
 // Packed varlen attention (kernels/attention/attention.h). cu_seqlens is on
-// the device; S sequences, T = total rows. Backward needs `scratch` of
-// attention_att_size() floats, like `att`.
+// the device; S sequences, T = total rows; NKV key/value heads (GQA).
+// Backward needs `scratch` of attention_att_size() floats, like `att`.
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
-                       int T, int NH, int HD, bool causal);
+                       int T, int NH, int NKV, int HD, bool causal);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int HD,
-                        bool causal);
+                        const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int NKV,
+                        int HD, bool causal);
 
 // Fused masked cross-entropy: writes dlogits and per-row losses (0 where the
 // target is < 0); the caller sums `losses` for the loss sum.

@@ -2,6 +2,7 @@
 // table across backends, as ggml's test-backend-ops). Runs only where a GPU
 // is visible; elsewhere each test reports itself skipped.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -113,11 +114,12 @@ TEST_F(CudaOpsTest, Norms) {
   auto x = RandomVector(N * C, 7, 2.0f), w = RandomVector(C, 8), b = RandomVector(C, 9),
        g = RandomVector(N * C, 10);
   std::vector<float> y(N * C), mean(N), rstd(N), dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
-  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  const float eps = 1e-6f;  // SigLIP's; Loom's own configs use kLayerNormEps
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
   layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), mean.data(),
                      rstd.data(), N, C);
   Dev<float> dX(x), dW(w), dB(b), dG(g), dY(y.size()), dM(N), dR(N), dDx(dx), dDw(dw), dDb(db);
-  cuda::layernorm_forward(dY.get(), dM.get(), dR.get(), dX.get(), dW.get(), dB.get(), N, C);
+  cuda::layernorm_forward(dY.get(), dM.get(), dR.get(), dX.get(), dW.get(), dB.get(), N, C, eps);
   cuda::layernorm_backward(dDx.get(), dDw.get(), dDb.get(), dG.get(), dX.get(), dW.get(), dM.get(),
                            dR.get(), N, C);
   EXPECT_TRUE(Agree(dY.Host(), y));
@@ -126,10 +128,10 @@ TEST_F(CudaOpsTest, Norms) {
   EXPECT_TRUE(Agree(dDb.Host(), db));
 
   std::vector<float> ry(N * C), rr(N), rdx(N * C, 0.0f), rdw(C, 0.0f);
-  rmsnorm_forward(ry.data(), rr.data(), x.data(), w.data(), N, C);
+  rmsnorm_forward(ry.data(), rr.data(), x.data(), w.data(), N, C, 1e-5f);
   rmsnorm_backward(rdx.data(), rdw.data(), g.data(), x.data(), w.data(), rr.data(), N, C);
   Dev<float> eY(ry.size()), eR(N), eDx(rdx), eDw(rdw);
-  cuda::rmsnorm_forward(eY.get(), eR.get(), dX.get(), dW.get(), N, C);
+  cuda::rmsnorm_forward(eY.get(), eR.get(), dX.get(), dW.get(), N, C, 1e-5f);
   cuda::rmsnorm_backward(eDx.get(), eDw.get(), dG.get(), dX.get(), dW.get(), eR.get(), N, C);
   EXPECT_TRUE(Agree(eY.Host(), ry));
   EXPECT_TRUE(Agree(eDx.Host(), rdx));
@@ -157,17 +159,19 @@ TEST_F(CudaOpsTest, Activations) {
 }
 
 TEST_F(CudaOpsTest, RopeAndEmbedding) {
-  const int T = 9, NH = 3, HD = 8, C = NH * HD, V = 11;
-  auto qkv = RandomVector(T * 3 * C, 14);
+  const int T = 9, NH = 4, NKV = 2, HD = 8, C = NH * HD, V = 11;
+  auto qkv = RandomVector(T * (NH + 2 * NKV) * HD, 14);
   const std::vector<int32_t> pos = {0, 1, 2, 3, 0, 1, 0, 1, 2};
+  std::vector<float> inv_freq(HD / 2);
+  rope_inv_freq(inv_freq.data(), HD, kRopeTheta);
   auto fwd = qkv;
-  rope_forward(fwd.data(), pos.data(), T, NH, HD, kRopeTheta);
+  rope_forward(fwd.data(), pos.data(), inv_freq.data(), T, NH, NKV, HD);
   auto bwd = qkv;
-  rope_backward(bwd.data(), pos.data(), T, NH, HD, kRopeTheta);
-  Dev<float> dF(qkv), dB(qkv);
+  rope_backward(bwd.data(), pos.data(), inv_freq.data(), T, NH, NKV, HD);
+  Dev<float> dF(qkv), dB(qkv), dInv(inv_freq);
   Dev<int32_t> dP(pos);
-  cuda::rope_forward(dF.get(), dP.get(), T, NH, HD, kRopeTheta);
-  cuda::rope_backward(dB.get(), dP.get(), T, NH, HD, kRopeTheta);
+  cuda::rope_forward(dF.get(), dP.get(), dInv.get(), T, NH, NKV, HD);
+  cuda::rope_backward(dB.get(), dP.get(), dInv.get(), T, NH, NKV, HD);
   EXPECT_TRUE(Agree(dF.Host(), fwd));
   EXPECT_TRUE(Agree(dB.Host(), bwd));
 
@@ -185,23 +189,26 @@ TEST_F(CudaOpsTest, RopeAndEmbedding) {
 }
 
 TEST_F(CudaOpsTest, Attention) {
-  for (bool causal : {false, true}) {
+  for (const auto& [causal, NKV] :
+       std::vector<std::pair<bool, int>>{{false, 2}, {true, 2}, {true, 1}}) {
     const std::vector<int32_t> cu = {0, 5, 6, 17, 40};
     const int S = 4, T = 40, NH = 2, HD = 16, C = NH * HD;
-    auto qkv = RandomVector(T * 3 * C, 17), g = RandomVector(T * C, 18);
+    auto qkv = RandomVector(T * (NH + 2 * NKV) * HD, 17), g = RandomVector(T * C, 18);
     const int64_t na = attention_att_size(cu.data(), S, NH);
     std::vector<float> out(T * C), att(na), dqkv(qkv.size(), 0.0f);
-    attention_forward_reference(out.data(), att.data(), qkv.data(), cu.data(), S, NH, HD, causal);
+    attention_forward_reference(out.data(), att.data(), qkv.data(), cu.data(), S, NH, NKV, HD,
+                                causal);
     attention_backward_reference(dqkv.data(), g.data(), qkv.data(), att.data(), cu.data(), S, NH,
-                                 HD, causal);
+                                 NKV, HD, causal);
     Dev<float> dQkv(qkv), dG(g), dOut(out.size()), dAtt(na), dScratch(na), dD(dqkv.size());
     Dev<int32_t> dCu(cu);
-    cuda::attention_forward(dOut.get(), dAtt.get(), dQkv.get(), dCu.get(), S, T, NH, HD, causal);
+    cuda::attention_forward(dOut.get(), dAtt.get(), dQkv.get(), dCu.get(), S, T, NH, NKV, HD,
+                            causal);
     cuda::attention_backward(dD.get(), dScratch.get(), dG.get(), dQkv.get(), dAtt.get(), dCu.get(),
-                             S, T, NH, HD, causal);
-    EXPECT_TRUE(Agree(dOut.Host(), out)) << "causal " << causal;
-    EXPECT_TRUE(Agree(dAtt.Host(), att)) << "causal " << causal;
-    EXPECT_TRUE(Agree(dD.Host(), dqkv)) << "causal " << causal;
+                             S, T, NH, NKV, HD, causal);
+    EXPECT_TRUE(Agree(dOut.Host(), out)) << "causal " << causal << " NKV " << NKV;
+    EXPECT_TRUE(Agree(dAtt.Host(), att)) << "causal " << causal << " NKV " << NKV;
+    EXPECT_TRUE(Agree(dD.Host(), dqkv)) << "causal " << causal << " NKV " << NKV;
   }
 }
 

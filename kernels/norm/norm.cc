@@ -5,7 +5,7 @@
 namespace loom::kernels {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
+                       const float* bias, int N, int C, float eps) {
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<long>(n) * C;
     float* y = out + static_cast<long>(n) * C;
@@ -15,7 +15,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     double v = 0;
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
     v /= C;
-    const float s = static_cast<float>(1.0 / std::sqrt(v + kLayerNormEps));
+    const float s = static_cast<float>(1.0 / std::sqrt(v + eps));
     const float mf = static_cast<float>(m);
     for (int c = 0; c < C; ++c) y[c] = (x[c] - mf) * s * weight[c] + bias[c];
     mean[n] = mf;
@@ -51,13 +51,14 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
-void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C) {
+void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C,
+                     float eps) {
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<long>(n) * C;
     float* y = out + static_cast<long>(n) * C;
     double ss = 0;
     for (int c = 0; c < C; ++c) ss += static_cast<double>(x[c]) * x[c];
-    const float r = static_cast<float>(1.0 / std::sqrt(ss / C + kRmsNormEps));
+    const float r = static_cast<float>(1.0 / std::sqrt(ss / C + eps));
     for (int c = 0; c < C; ++c) y[c] = x[c] * r * weight[c];
     rrms[n] = r;
   }

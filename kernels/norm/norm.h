@@ -9,17 +9,19 @@
 
 namespace loom::kernels {
 
+// The eps of Loom's own configs; a Hugging Face model brings its own
+// (layer_norm_eps, rms_norm_eps).
 inline constexpr float kLayerNormEps = 1e-5f;
 inline constexpr float kRmsNormEps = 1e-6f;
 
-// out = (inp - mean) * rstd * weight + bias
+// out = (inp - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps)
 void layernorm_forward(float* out,           // (N, C)
                        float* mean,          // (N) saved for backward
                        float* rstd,          // (N) saved for backward
                        const float* inp,     // (N, C)
                        const float* weight,  // (C)
                        const float* bias,    // (C)
-                       int N, int C);
+                       int N, int C, float eps);
 
 void layernorm_backward(float* dinp,          // (N, C) +=
                         float* dweight,       // (C) +=
@@ -36,7 +38,7 @@ void rmsnorm_forward(float* out,           // (N, C)
                      float* rrms,          // (N) saved for backward
                      const float* inp,     // (N, C)
                      const float* weight,  // (C)
-                     int N, int C);
+                     int N, int C, float eps);
 
 void rmsnorm_backward(float* dinp,          // (N, C) +=
                       float* dweight,       // (C) +=

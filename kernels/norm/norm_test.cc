@@ -18,7 +18,8 @@ TEST(LayerNormTest, NormalisesEachRowToZeroMeanUnitVariance) {
   const int N = 3, C = 64;
   auto x = RandomVector(N * C, 1, 3.0f);
   std::vector<float> w(C, 1.0f), b(C, 0.0f), y(N * C), mean(N), rstd(N);
-  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                    kLayerNormEps);
   for (int n = 0; n < N; ++n) {
     double m = 0, v = 0;
     for (int c = 0; c < C; ++c) m += y[n * C + c];
@@ -36,7 +37,8 @@ TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
   auto g = RandomVector(N * C, 5);
   std::vector<float> y(N * C), mean(N), rstd(N);
   auto loss = [&] {
-    layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                      kLayerNormEps);
     return WeightedSum(y, g);
   };
   loss();
@@ -52,7 +54,7 @@ TEST(RmsNormTest, ScalesEachRowToUnitRms) {
   const int N = 2, C = 32;
   auto x = RandomVector(N * C, 6, 5.0f);
   std::vector<float> w(C, 1.0f), y(N * C), rrms(N);
-  rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C);
+  rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C, kRmsNormEps);
   for (int n = 0; n < N; ++n) {
     double ss = 0;
     for (int c = 0; c < C; ++c) ss += y[n * C + c] * y[n * C + c];
@@ -66,7 +68,7 @@ TEST(RmsNormTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   auto x = RandomVector(N * C, 7), w = RandomVector(C, 8), g = RandomVector(N * C, 9);
   std::vector<float> y(N * C), rrms(N);
   auto loss = [&] {
-    rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C);
+    rmsnorm_forward(y.data(), rrms.data(), x.data(), w.data(), N, C, kRmsNormEps);
     return WeightedSum(y, g);
   };
   loss();

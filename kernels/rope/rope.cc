@@ -5,23 +5,23 @@
 namespace loom::kernels {
 namespace {
 
-// Rotates the q and k pairs of every row by sign * angle.
-void Rotate(float* qkv, const int32_t* positions, int T, int NH, int HD, float theta, float sign) {
-  const int C = NH * HD;
+// Rotates the q and k heads of every row by sign * angle: (x_i, x_{i+HD/2})
+// -> (x_i c - x_{i+HD/2} s, x_{i+HD/2} c + x_i s).
+void Rotate(float* qkv, const int32_t* positions, const float* inv_freq, int T, int NH, int NKV,
+            int HD, float sign) {
+  const int half = HD / 2, rotated = NH + NKV;  // q heads, then k heads
+  const int64_t ld = static_cast<int64_t>(NH + 2 * NKV) * HD;
   for (int t = 0; t < T; ++t) {
-    float* row = qkv + static_cast<int64_t>(t) * 3 * C;
-    for (int i = 0; i < HD / 2; ++i) {
-      const double freq = std::pow(static_cast<double>(theta), -2.0 * i / HD);
-      const double angle = positions[t] * freq;
+    float* row = qkv + t * ld;
+    for (int i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(positions[t]) * inv_freq[i];
       const float c = static_cast<float>(std::cos(angle));
       const float s = sign * static_cast<float>(std::sin(angle));
-      for (int part = 0; part < 2; ++part) {  // q, k
-        for (int h = 0; h < NH; ++h) {
-          float* x = row + part * C + h * HD + 2 * i;
-          const float x0 = x[0], x1 = x[1];
-          x[0] = x0 * c - x1 * s;
-          x[1] = x0 * s + x1 * c;
-        }
+      for (int h = 0; h < rotated; ++h) {
+        float* x = row + h * HD + i;
+        const float x0 = x[0], x1 = x[half];
+        x[0] = x0 * c - x1 * s;
+        x[half] = x1 * c + x0 * s;
       }
     }
   }
@@ -29,12 +29,20 @@ void Rotate(float* qkv, const int32_t* positions, int T, int NH, int HD, float t
 
 }  // namespace
 
-void rope_forward(float* qkv, const int32_t* positions, int T, int NH, int HD, float theta) {
-  Rotate(qkv, positions, T, NH, HD, theta, 1.0f);
+void rope_inv_freq(float* inv_freq, int HD, float theta) {
+  for (int i = 0; i < HD / 2; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(static_cast<double>(theta), 2.0 * i / HD));
+  }
 }
 
-void rope_backward(float* dqkv, const int32_t* positions, int T, int NH, int HD, float theta) {
-  Rotate(dqkv, positions, T, NH, HD, theta, -1.0f);
+void rope_forward(float* qkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                  int NKV, int HD) {
+  Rotate(qkv, positions, inv_freq, T, NH, NKV, HD, 1.0f);
+}
+
+void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                   int NKV, int HD) {
+  Rotate(dqkv, positions, inv_freq, T, NH, NKV, HD, -1.0f);
 }
 
 }  // namespace loom::kernels

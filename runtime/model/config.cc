@@ -1,9 +1,11 @@
 #include "runtime/model/config.h"
 
+#include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/rope/rope.h"
 #include "runtime/parallel/pipeline_schedule.h"
 
 namespace loom {
@@ -104,10 +106,25 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return bad("projector.pixel_shuffle", "needs an even patch grid (tile_size / patch)");
   }
   if (c.projector.hidden <= 0) return bad("projector.hidden", "must be > 0");
-  if (c.llm.heads <= 0 || c.llm.dim % c.llm.heads != 0) {
-    return bad("llm.dim", "must be divisible by llm.heads");
+  const LlmConfig& l = c.llm;
+  if (l.heads <= 0) return bad("llm.heads", "must be > 0");
+  if (l.head_dim < 0 || (l.head_dim == 0 && l.dim % l.heads != 0)) {
+    return bad("llm.dim", "must be divisible by llm.heads (or give llm.head_dim)");
   }
-  if ((c.llm.dim / c.llm.heads) % 2 != 0) return bad("llm.heads", "head dim must be even (RoPE)");
+  if (l.hd() % 2 != 0) return bad("llm.head_dim", "must be even (RoPE)");
+  if (l.kv_heads < 0 || l.heads % l.kv() != 0) {
+    return bad("llm.kv_heads", absl::StrCat(l.kv(), " does not divide the ", l.heads, " heads"));
+  }
+  if (!(l.rms_norm_eps > 0)) return bad("llm.rms_norm_eps", "must be > 0");
+  if (!(l.rope_theta > 0)) return bad("llm.rope_theta", "must be > 0");
+  if (l.rope_scaling.type == RopeScaling::Type::kLlama3 &&
+      (!(l.rope_scaling.factor >= 1) || l.rope_scaling.original_max_position_embeddings <= 0 ||
+       !(l.rope_scaling.high_freq_factor > l.rope_scaling.low_freq_factor) ||
+       !(l.rope_scaling.low_freq_factor > 0))) {
+    return bad("llm.rope_scaling",
+               "llama3 needs factor >= 1, original_max_position_embeddings > 0 "
+               "and high_freq_factor > low_freq_factor > 0");
+  }
   if (c.llm.vocab <= 1) return bad("llm.vocab", "must be > 1");
   if (c.llm.layers < 0 || c.llm.ffn_hidden <= 0) return bad("llm.layers", "must be >= 0");
   return absl::OkStatus();
@@ -125,6 +142,7 @@ absl::Status ValidateModelParallel(const ModelConfig& c, int encoder_tp, int enc
       {"encoder_tp", encoder_tp, "ViT heads", c.vit.heads},
       {"encoder_tp", encoder_tp, "ViT mlp_hidden", c.vit.mlp_hidden},
       {"llm_tp", llm_tp, "LLM heads", c.llm.heads},
+      {"llm_tp", llm_tp, "LLM key/value heads", c.llm.kv()},
       {"llm_tp", llm_tp, "LLM ffn_hidden", c.llm.ffn_hidden},
       {"llm_tp", llm_tp, "LLM vocab", c.llm.vocab},
   };
@@ -139,6 +157,12 @@ absl::Status ValidateModelParallel(const ModelConfig& c, int encoder_tp, int enc
        {std::make_tuple("encoder_pp", encoder_pp, "ViT", c.vit.layers),
         std::make_tuple("llm_pp", llm_pp, "LLM", c.llm.layers)}) {
     if (pp < 1) return absl::InvalidArgumentError(absl::StrCat(field, ": must be >= 1"));
+    if (c.llm.tie_embeddings && pp > 1 && std::string(field) == "llm_pp") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "llm_pp: ", pp, " stages, but model ", c.name,
+          " ties lm_head to the embedding table, which both ends of the pipeline would need; "
+          "tied models train with llm_pp 1 for now"));
+    }
     if (pp > layers) {
       return absl::InvalidArgumentError(absl::StrCat(field, ": ", pp, " stages for the ", what,
                                                      "'s ", layers, " layers of model ", c.name,
@@ -163,11 +187,36 @@ int64_t ProjectorParameterCount(const ModelConfig& c) {
   return in * H + H + H * D + D;
 }
 
+int64_t LlmLayerWeights(const LlmConfig& c) {
+  const int64_t D = c.dim, F = c.ffn_hidden, A = static_cast<int64_t>(c.heads) * c.hd();
+  return static_cast<int64_t>(c.qkv_rows()) * D + A * D + 3 * F * D;
+}
+
 int64_t LlmParameterCount(const LlmConfig& c) {
-  const int64_t D = c.dim, F = c.ffn_hidden;
-  const int64_t block = 2 * D + 3 * D * D + D * D + 3 * F * D;
-  return static_cast<int64_t>(c.vocab) * D + c.layers * block + D +
-         static_cast<int64_t>(c.vocab) * D;
+  const int64_t D = c.dim, table = static_cast<int64_t>(c.vocab) * D;
+  const int64_t block = 2 * D + LlmLayerWeights(c) + (c.qkv_bias ? c.qkv_rows() : 0);
+  return table + c.layers * block + D + (c.tie_embeddings ? 0 : table);
+}
+
+std::vector<float> RopeInvFreq(const LlmConfig& c) {
+  std::vector<float> f(c.hd() / 2);
+  kernels::rope_inv_freq(f.data(), c.hd(), c.rope_theta);
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type != RopeScaling::Type::kLlama3) return f;
+  const double old_len = s.original_max_position_embeddings;
+  const double low_wavelen = old_len / s.low_freq_factor;
+  const double high_wavelen = old_len / s.high_freq_factor;
+  for (float& x : f) {
+    const double wavelen = 2 * M_PI / x;
+    if (wavelen > low_wavelen) {
+      x = static_cast<float>(x / s.factor);
+    } else if (wavelen >= high_wavelen) {
+      const double smooth =
+          (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      x = static_cast<float>((1 - smooth) * x / s.factor + smooth * x);
+    }
+  }
+  return f;
 }
 
 namespace {
@@ -190,8 +239,7 @@ StageSplit Split(int layers, int pp, double layer, double first, double last) {
 
 StageSplit LlmStages(const ModelConfig& config, int pp) {
   const LlmConfig& c = config.llm;
-  const double C = c.dim;
-  return Split(c.layers, pp, 4 * C * C + 3 * C * c.ffn_hidden, 0, C * c.vocab);
+  return Split(c.layers, pp, static_cast<double>(LlmLayerWeights(c)), 0, 1.0 * c.dim * c.vocab);
 }
 
 StageSplit VitStages(const ModelConfig& config, int pp) {

@@ -33,6 +33,19 @@ struct ProjectorConfig {
   int hidden = 128;
 };
 
+// RoPE frequency scaling (config.json `rope_scaling` / `rope_parameters`).
+// kLlama3 (Llama 3.1+): wavelengths above original_max_position_embeddings /
+// low_freq_factor are divided by `factor`, those below .../high_freq_factor
+// kept, those between interpolated (Hugging Face's _compute_llama3_parameters).
+struct RopeScaling {
+  enum class Type : uint8_t { kNone, kLlama3 };
+  Type type = Type::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_position_embeddings = 0;
+};
+
 struct LlmConfig {
   int vocab = 256;
   int dim = 128;
@@ -41,7 +54,28 @@ struct LlmConfig {
   int ffn_hidden = 352;
   float rope_theta = 10000.0f;
   int max_seq = 1024;
+  // The Hugging Face families (runtime/hf/model_config.h) set these; Loom's
+  // own configs keep the defaults.
+  int kv_heads = 0;             // key/value heads (grouped-query attention); 0: heads
+  int head_dim = 0;             // 0: dim / heads
+  float rms_norm_eps = 1e-6f;   // kernels::kRmsNormEps
+  bool qkv_bias = false;        // biases on q, k and v (Qwen2)
+  bool tie_embeddings = false;  // lm_head is the embedding table (written once)
+  RopeScaling rope_scaling;
+
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int hd() const { return head_dim > 0 ? head_dim : dim / heads; }
+  // Rows of the fused q|k|v projection: (heads + 2 kv) * hd.
+  int qkv_rows() const { return (heads + 2 * kv()) * hd(); }
 };
+
+// The RoPE frequencies of `c` (hd / 2 of them): rope_theta^(-2i/hd), then
+// the scaling.
+std::vector<float> RopeInvFreq(const LlmConfig& c);
+
+// Weights one LLM layer multiplies each token by (q|k|v, o, gate, up, down):
+// its matmul FLOPs per token are twice this.
+int64_t LlmLayerWeights(const LlmConfig& c);
 
 struct ModelConfig {
   std::string name;

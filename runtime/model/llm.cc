@@ -30,23 +30,31 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers)
   LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= c.layers)
       << "LLM layers [" << first_ << ", " << last_ << ") of " << c.layers;
   const TpShard shard = params_.shard();
-  LOOM_CHECK(c.heads % shard.size == 0 && c.ffn_hidden % shard.size == 0 &&
-             c.vocab % shard.size == 0)
-      << "LLM heads " << c.heads << ", ffn_hidden " << c.ffn_hidden << ", vocab " << c.vocab
-      << " in " << shard.size << " TP parts";
+  LOOM_CHECK(c.heads % shard.size == 0 && c.kv() % shard.size == 0 &&
+             c.ffn_hidden % shard.size == 0 && c.vocab % shard.size == 0)
+      << "LLM heads " << c.heads << ", kv_heads " << c.kv() << ", ffn_hidden " << c.ffn_hidden
+      << ", vocab " << c.vocab << " in " << shard.size << " TP parts";
+  LOOM_CHECK(!c.tie_embeddings || first_ == 0 || last_ < c.layers)
+      << "tied embeddings need the first and last layers in one stage";
   heads_ = c.heads / shard.size;
+  kv_heads_ = c.kv() / shard.size;
   ffn_ = c.ffn_hidden / shard.size;
   vocab_ = c.vocab / shard.size;
   vocab_start_ = shard.rank * vocab_;
-  const int64_t D = c.dim, F = c.ffn_hidden, V = c.vocab;
+  inv_freq_ = RopeInvFreq(c);
+  const int64_t D = c.dim, F = c.ffn_hidden, V = c.vocab, A = int64_t{c.heads} * c.hd(),
+                QKV = c.qkv_rows();
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
   if (first_stage()) wte_ = params_.Add("wte", {V, D}, Init::kNormal, std, Split::kRows);
   for (int l = first_; l < last_; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerIds id;
     id.rms1 = params_.Add(p + "attn_norm.weight", {D}, Init::kOnes);
-    id.qkv = params_.Add(p + "attn.qkv.weight", {3 * D, D}, Init::kNormal, std, Split::kQkvRows);
-    id.proj = params_.Add(p + "attn.proj.weight", {D, D}, Init::kNormal, proj_std, Split::kCols);
+    id.qkv = params_.Add(p + "attn.qkv.weight", {QKV, D}, Init::kNormal, std, Split::kQkvRows, A);
+    if (c.qkv_bias) {
+      id.qkv_b = params_.Add(p + "attn.qkv.bias", {QKV}, Init::kZeros, 0.0f, Split::kQkvRows, A);
+    }
+    id.proj = params_.Add(p + "attn.proj.weight", {D, A}, Init::kNormal, proj_std, Split::kCols);
     id.rms2 = params_.Add(p + "mlp_norm.weight", {D}, Init::kOnes);
     id.gate = params_.Add(p + "mlp.gate.weight", {F, D}, Init::kNormal, std, Split::kRows);
     id.up = params_.Add(p + "mlp.up.weight", {F, D}, Init::kNormal, std, Split::kRows);
@@ -55,7 +63,9 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers)
   }
   if (last_stage()) {
     rmsf_ = params_.Add("norm.weight", {D}, Init::kOnes);
-    lm_head_ = params_.Add("lm_head.weight", {V, D}, Init::kNormal, std, Split::kRows);
+    lm_head_ = c.tie_embeddings
+                   ? wte_
+                   : params_.Add("lm_head.weight", {V, D}, Init::kNormal, std, Split::kRows);
   }
   params_.Finalize();
   acts_.resize(ids_.size());
@@ -65,14 +75,16 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   const LlmConfig& c = config_;
   // Per rank: NH heads (D = NH * HD of attention width), F FFN units, V
   // vocabulary rows; the residual stream (T, C) is whole on every rank.
-  const int T = b.T(), C = c.dim, HD = c.dim / c.heads, NH = heads_, D = NH * HD, F = ffn_,
-            V = vocab_;
+  const int T = b.T(), C = c.dim, HD = c.hd(), NH = heads_, NKV = kv_heads_, D = NH * HD,
+            W = (NH + 2 * NKV) * HD, F = ffn_, V = vocab_;
+  const float eps = c.rms_norm_eps;
   LOOM_CHECK(b.targets.size() == b.tokens.size() && b.positions.size() == b.tokens.size())
       << "LlmBatch: tokens, targets and positions differ in length";
   LOOM_CHECK(!b.cu_seqlens.empty() && b.cu_seqlens.front() == 0 && b.cu_seqlens.back() == T)
       << "LlmBatch: cu_seqlens must run from 0 to T";
   batch_ = &b;
-  const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D;
+  const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
+               TW = static_cast<size_t>(T) * W;
   std::vector<float> x(TC);
   if (!first_stage()) {
     LOOM_CHECK(input != nullptr) << "a later pipeline stage needs the previous stage's output";
@@ -98,14 +110,15 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     a.x = x;
     a.r1.resize(TC);
     a.rr1.resize(T);
-    rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C);
-    a.qkv.resize(3 * TD);
-    matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv), nullptr, T, C, 3 * D);
-    rope_forward(a.qkv.data(), b.positions.data(), T, NH, HD, c.rope_theta);
+    rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C, eps);
+    a.qkv.resize(TW);
+    matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv),
+                   id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
+    rope_forward(a.qkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
     a.att.resize(att_size);
     a.atto.resize(TD);
-    attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), b.cu_seqlens.data(), b.S(), NH, HD,
-                      /*causal=*/true);
+    attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), b.cu_seqlens.data(), b.S(), NH,
+                      NKV, HD, /*causal=*/true);
     a.x1.resize(TC);
     if (absl::Status s = parallel::RowParallelForward(tp_, a.x1.data(), a.atto.data(),
                                                       params_.param(id.proj), nullptr, T, D, C);
@@ -115,7 +128,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     for (size_t i = 0; i < TC; ++i) a.x1[i] += a.x[i];
     a.r2.resize(TC);
     a.rr2.resize(T);
-    rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), T, C);
+    rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), T, C, eps);
     const size_t TF = static_cast<size_t>(T) * F;
     a.gate.resize(TF);
     a.up.resize(TF);
@@ -134,7 +147,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   if (!last_stage()) return absl::OkStatus();
   rf_.resize(TC);
   rrf_.resize(T);
-  rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C);
+  rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C, eps);
   logits_.resize(static_cast<size_t>(T) * V);
   matmul_forward(logits_.data(), rf_.data(), params_.param(lm_head_), nullptr, T, C, V);
   return absl::OkStatus();
@@ -150,10 +163,10 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
                                       float* dinput) {
   const LlmConfig& c = config_;
   const LlmBatch& b = *batch_;
-  const int T = b.T(), C = c.dim, HD = c.dim / c.heads, NH = heads_, D = NH * HD, F = ffn_,
-            V = vocab_;
+  const int T = b.T(), C = c.dim, HD = c.hd(), NH = heads_, NKV = kv_heads_, D = NH * HD,
+            W = (NH + 2 * NKV) * HD, F = ffn_, V = vocab_;
   const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
-               TF = static_cast<size_t>(T) * F;
+               TF = static_cast<size_t>(T) * F, TW = static_cast<size_t>(T) * W;
 
   // Each column-parallel layer's input gradient is a partial sum over the
   // TP group: f's all-reduce completes it before the norm below it.
@@ -195,13 +208,14 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     datto.assign(TD, 0.0f);
     parallel::RowParallelBackward(datto.data(), params_.grad(id.proj), nullptr, dx.data(),
                                   a.atto.data(), params_.param(id.proj), T, D, C);
-    dqkv.assign(3 * TD, 0.0f);
+    dqkv.assign(TW, 0.0f);
     attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), b.cu_seqlens.data(),
-                       b.S(), NH, HD, /*causal=*/true);
-    rope_backward(dqkv.data(), b.positions.data(), T, NH, HD, c.rope_theta);
+                       b.S(), NH, NKV, HD, /*causal=*/true);
+    rope_backward(dqkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
     dtmp.assign(TC, 0.0f);
-    matmul_backward(dtmp.data(), params_.grad(id.qkv), nullptr, dqkv.data(), a.r1.data(),
-                    params_.param(id.qkv), T, C, 3 * D);
+    matmul_backward(dtmp.data(), params_.grad(id.qkv),
+                    id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(), a.r1.data(),
+                    params_.param(id.qkv), T, C, W);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
                      params_.param(id.rms1), a.rr1.data(), T, C);

@@ -5,6 +5,12 @@
 //     -> L × [x += attn_causal_rope(RMS1(x)); x += down(swiglu(gate(RMS2 x), up(RMS2 x)))]
 //     -> RMS_f -> lm_head -> logits -> cross-entropy on targets >= 0
 //
+// The Llama and Qwen2 families (LlmConfig): grouped-query attention (kv_heads
+// key/value heads shared by heads / kv_heads query heads each), an explicit
+// head_dim, q/k/v biases, Llama 3's RoPE scaling, the RMSNorm eps, and
+// lm_head tied to the embedding table. q, k and v are one fused projection
+// (rows q | k | v), RoPE in Hugging Face's rotate-half layout.
+//
 // The loss of a microbatch is returned as a sum with its token count; the
 // gradient is scaled by `grad_scale` = 1 / (loss tokens in the whole global
 // batch), so any split into microbatches and ranks gives the same gradient.
@@ -15,6 +21,7 @@
 // all-reduces the max, then the sums), QKV, gate and up column-parallel (the
 // heads and the FFN units split), attention output and down row-parallel
 // (one all-reduce after each, forward; one before each norm, backward).
+// Whole key/value groups: the TP degree divides kv_heads.
 // Norms are replicated. Every rank of the group calls Forward and Backward
 // with the same batch; each returns the whole loss.
 //
@@ -85,7 +92,7 @@ class Llm {
 
  private:
   struct LayerIds {
-    int rms1, qkv, proj, rms2, gate, up, down;
+    int rms1, qkv, qkv_b = -1, proj, rms2, gate, up, down;  // qkv_b -1: no biases
   };
   struct LayerActs {
     std::vector<float> x, r1, rr1, qkv, att, atto, x1, r2, rr2, gate, up, s;
@@ -94,9 +101,10 @@ class Llm {
   LlmConfig config_;
   Communicator* tp_;
   ParamSet params_;
-  int heads_, ffn_, vocab_, vocab_start_;    // this rank's part
-  int first_, last_;                         // this stage's layers
-  int wte_ = -1, rmsf_ = -1, lm_head_ = -1;  // -1: not on this stage
+  int heads_, kv_heads_, ffn_, vocab_, vocab_start_;  // this rank's part
+  std::vector<float> inv_freq_;                       // RoPE, hd / 2
+  int first_, last_;                                  // this stage's layers
+  int wte_ = -1, rmsf_ = -1, lm_head_ = -1;           // -1: not on this stage
   std::vector<LayerIds> ids_;
 
   const LlmBatch* batch_ = nullptr;

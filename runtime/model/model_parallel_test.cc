@@ -103,14 +103,13 @@ LlmResult RunLlm(const ModelConfig& c, Communicator* tp) {
   return r;
 }
 
-TEST(TensorParallelModelTest, LlmAtTp2AndTp4EqualsOneRank) {
-  const ModelConfig c = Small();
+void ExpectLlmTpEqualsOneRank(const ModelConfig& c, std::initializer_list<int> tps) {
   const LlmResult want = RunLlm(c, nullptr);
   EXPECT_GT(want.loss, 0);
   double want_sq = 0;
   for (float g : want.grads) want_sq += static_cast<double>(g) * g;
   EXPECT_DOUBLE_EQ(want.owned_sq, want_sq);
-  for (int tp : {2, 4}) {
+  for (int tp : tps) {
     InMemoryStore store;
     testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
       const LlmResult got = RunLlm(c, comm);
@@ -127,6 +126,26 @@ TEST(TensorParallelModelTest, LlmAtTp2AndTp4EqualsOneRank) {
           << what;
     });
   }
+}
+
+TEST(TensorParallelModelTest, LlmAtTp2AndTp4EqualsOneRank) {
+  ExpectLlmTpEqualsOneRank(Small(), {2, 4});
+}
+
+// Grouped-query attention splits whole key/value groups: 8 query heads over
+// 4 KV heads of head_dim 6 (not dim / heads), q/k/v biases (Qwen2), lm_head
+// tied to the embedding table, Llama 3's RoPE scaling.
+TEST(TensorParallelModelTest, GroupedQueryBiasedTiedLlmAtTp2AndTp4EqualsOneRank) {
+  ModelConfig c = Small();
+  c.llm.heads = 8;
+  c.llm.kv_heads = 4;
+  c.llm.head_dim = 6;
+  c.llm.qkv_bias = true;
+  c.llm.tie_embeddings = true;
+  c.llm.rope_scaling = {RopeScaling::Type::kLlama3, 4, 1, 4, 8};
+  ASSERT_TRUE(ValidateModelConfig(c).ok());
+  ASSERT_TRUE(ValidateModelParallel(c, 1, 1, 4, 1).ok());
+  ExpectLlmTpEqualsOneRank(c, {2, 4});
 }
 
 struct VitResult {

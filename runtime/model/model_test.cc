@@ -1,6 +1,8 @@
 #include "runtime/model/model.h"
 
+#include <cmath>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gradcheck.h"
@@ -17,6 +19,32 @@ ModelConfig Micro(bool pixel_shuffle) {
   c.projector = {pixel_shuffle, /*hidden=*/12};
   c.llm = {/*vocab=*/11, /*dim=*/8, /*layers=*/2, /*heads=*/2, /*ffn_hidden=*/12,
            10000.0f,     64};
+  return c;
+}
+
+// The Hugging Face LLM families' features on Micro: Llama 3 (grouped-query
+// attention, a head_dim that is not dim / heads, llama3 RoPE scaling, another
+// eps) and Qwen2 (q/k/v biases, lm_head tied to the embedding table).
+ModelConfig MicroLlama3() {
+  ModelConfig c = Micro(false);
+  c.name = "micro-llama3";
+  c.llm.heads = 4;
+  c.llm.kv_heads = 2;
+  c.llm.head_dim = 6;
+  c.llm.rms_norm_eps = 1e-5f;
+  c.llm.rope_theta = 500000.0f;
+  c.llm.rope_scaling = {RopeScaling::Type::kLlama3, /*factor=*/8, /*low_freq_factor=*/1,
+                        /*high_freq_factor=*/4, /*original_max_position_embeddings=*/16};
+  return c;
+}
+
+ModelConfig MicroQwen2() {
+  ModelConfig c = Micro(false);
+  c.name = "micro-qwen2";
+  c.llm.kv_heads = 1;
+  c.llm.qkv_bias = true;
+  c.llm.tie_embeddings = true;
+  c.llm.rope_theta = 1000000.0f;
   return c;
 }
 
@@ -75,10 +103,24 @@ TEST(PackTest, TargetsArePredictableTextAndPositionsRestart) {
   EXPECT_EQ(LossTokens(b), 1);
 }
 
-class ModelGradientTest : public ::testing::TestWithParam<bool> {};
+class ModelGradientTest : public ::testing::TestWithParam<int> {};
+
+ModelConfig Variant(int v) {
+  switch (v) {
+    case 1:
+      return Micro(true);
+    case 2:
+      return MicroLlama3();
+    case 3:
+      return MicroQwen2();
+    default:
+      return Micro(false);
+  }
+}
 
 TEST_P(ModelGradientTest, EveryModuleMatchesFiniteDifferences) {
-  const ModelConfig c = Micro(GetParam());
+  const ModelConfig c = Variant(GetParam());
+  ASSERT_TRUE(ValidateModelConfig(c).ok()) << c.name;
   MultimodalModel model(c);
   model.Initialize(7);
   // Larger weights than training init, so gradients are not all tiny.
@@ -102,7 +144,76 @@ TEST_P(ModelGradientTest, EveryModuleMatchesFiniteDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(PixelShuffle, ModelGradientTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(Variants, ModelGradientTest, ::testing::Range(0, 4), [](const auto& info) {
+  return std::string(info.param == 0   ? "Plain"
+                     : info.param == 1 ? "PixelShuffle"
+                     : info.param == 2 ? "Llama3Gqa"
+                                       : "Qwen2BiasTied");
+});
+
+TEST(ConfigTest, FamilyFeaturesShapeTheParameters) {
+  // The counted parameters are the allocated ones, for every variant.
+  for (int v = 0; v < 4; ++v) {
+    const ModelConfig c = Variant(v);
+    Llm llm(c.llm);
+    EXPECT_EQ(llm.params().size(), LlmParameterCount(c.llm)) << c.name;
+  }
+  const ModelConfig q = MicroQwen2();
+  Llm qwen(q.llm);
+  EXPECT_EQ(qwen.params().Find("lm_head.weight"), -1) << "tied: one table";
+  const int qkv = qwen.params().Find("layers.0.attn.qkv.bias");
+  ASSERT_GE(qkv, 0);
+  EXPECT_EQ(qwen.params().spec(qkv).master_shape, (Shape{(2 + 2 * 1) * 4}));
+  const ModelConfig l = MicroLlama3();
+  Llm llama(l.llm);
+  const int w = llama.params().Find("layers.1.attn.qkv.weight");
+  ASSERT_GE(w, 0);
+  EXPECT_EQ(llama.params().spec(w).master_shape, (Shape{(4 + 2 * 2) * 6, 8}));
+  EXPECT_EQ(llama.params().Find("layers.0.attn.qkv.bias"), -1);
+  EXPECT_EQ(llama.params().spec(llama.params().Find("layers.0.attn.proj.weight")).master_shape,
+            (Shape{8, 24}));
+
+  // What cannot run is refused, naming the field.
+  ModelConfig bad = MicroLlama3();
+  bad.llm.kv_heads = 3;
+  EXPECT_NE(ValidateModelConfig(bad).message().find("llm.kv_heads"), absl::string_view::npos);
+  bad = MicroLlama3();
+  bad.llm.head_dim = 5;
+  EXPECT_NE(ValidateModelConfig(bad).message().find("llm.head_dim"), absl::string_view::npos);
+  bad = MicroLlama3();
+  bad.llm.rope_scaling.high_freq_factor = 0.5f;
+  EXPECT_NE(ValidateModelConfig(bad).message().find("llm.rope_scaling"), absl::string_view::npos);
+  absl::Status s = ValidateModelParallel(MicroLlama3(), 1, 1, 4, 1);
+  EXPECT_NE(s.message().find("key/value heads"), absl::string_view::npos) << s;
+  EXPECT_TRUE(ValidateModelParallel(MicroLlama3(), 1, 1, 1, 2).ok());
+  s = ValidateModelParallel(MicroQwen2(), 1, 1, 1, 2);
+  EXPECT_NE(s.message().find("llm_pp"), absl::string_view::npos) << s;
+}
+
+TEST(ConfigTest, Llama3RopeScalingKeepsHighFrequenciesAndDividesLowOnes) {
+  // Hugging Face's _compute_llama3_parameters on head_dim 16, theta 10000,
+  // factor 8, low 1, high 4, original length 32: wavelengths below 8 stay,
+  // above 32 are divided by 8, between them interpolated.
+  LlmConfig c;
+  c.dim = 64;
+  c.heads = 4;
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8, 1, 4, 32};
+  const std::vector<float> f = RopeInvFreq(c);
+  ASSERT_EQ(f.size(), 8u);
+  for (int i = 0; i < 8; ++i) {
+    const double plain = 1.0 / std::pow(10000.0, 2.0 * i / 16), wavelen = 2 * M_PI / plain;
+    double want = plain;
+    if (wavelen > 32) {
+      want = plain / 8;
+    } else if (wavelen >= 8) {
+      const double smooth = (32 / wavelen - 1) / (4 - 1);
+      want = (1 - smooth) * plain / 8 + smooth * plain;
+    }
+    EXPECT_NEAR(f[i], want, 1e-6 * want) << i;
+  }
+  EXPECT_FLOAT_EQ(f[0], 1.0f);                                      // wavelength 6.3: kept
+  EXPECT_NEAR(f[7], 1.0 / std::pow(10000.0, 14.0 / 16) / 8, 1e-9);  // divided
+}
 
 TEST(ModelTest, GradientIsTheSameForAnySplitIntoMicrobatches) {
   const ModelConfig c = Micro(false);

@@ -48,9 +48,13 @@ std::vector<SliceRun> SliceRuns(const ParamSpec& s, TpShard shard) {
       break;
     }
     case Split::kQkvRows: {
-      const int64_t block = rows / 3, n = block / shard.size;
-      for (int64_t b = 0; b < 3; ++b) {
-        runs.push_back({(b * block + shard.rank * n) * cols, b * n * cols, n * cols});
+      const int64_t q = s.q_rows > 0 ? s.q_rows : rows / 3, kv = (rows - q) / 2;
+      int64_t master_row = 0, slice_row = 0;
+      for (const int64_t block : {q, kv, kv}) {
+        const int64_t n = block / shard.size;
+        runs.push_back({(master_row + shard.rank * n) * cols, slice_row * cols, n * cols});
+        master_row += block;
+        slice_row += n;
       }
       break;
     }
@@ -70,17 +74,30 @@ ParamSet::ParamSet(TpShard shard) : shard_(shard) {
       << "TP rank " << shard.rank << " of " << shard.size;
 }
 
-int ParamSet::Add(std::string name, Shape master_shape, Init init, float std, Split split) {
+int ParamSet::Add(std::string name, Shape master_shape, Init init, float std, Split split,
+                  int64_t q_rows) {
   LOOM_CHECK(!finalized_) << "Add after Finalize: " << name;
   ParamSpec s;
   s.name = std::move(name);
   s.master_shape = std::move(master_shape);
   s.shape = s.master_shape;
   s.split = split;
+  s.q_rows = split == Split::kQkvRows ? q_rows : 0;
+  if (split == Split::kQkvRows) {
+    const int64_t rows = s.master_shape.at(0), q = q_rows > 0 ? q_rows : rows / 3;
+    LOOM_CHECK(q > 0 && q < rows && (rows - q) % 2 == 0 && (q_rows > 0 || rows % 3 == 0))
+        << s.name << ": " << rows << " rows as q (" << q << "), k and v";
+  }
   const int dim = shard_.size > 1 ? SplitDim(split) : -1;
   if (dim >= 0) {
     LOOM_CHECK(static_cast<int>(s.shape.size()) > dim) << s.name << ": no dimension " << dim;
-    const int64_t parts = split == Split::kQkvRows ? 3 * shard_.size : shard_.size;
+    if (split == Split::kQkvRows) {
+      const int64_t rows = s.shape[0], q = q_rows > 0 ? q_rows : rows / 3;
+      LOOM_CHECK(q % shard_.size == 0 && ((rows - q) / 2) % shard_.size == 0)
+          << s.name << ": q (" << q << " rows) and k, v (" << (rows - q) / 2 << " each) in "
+          << shard_.size << " TP parts";
+    }
+    const int64_t parts = shard_.size;
     LOOM_CHECK(s.shape[dim] % parts == 0) << s.name << ": dimension " << dim << " of "
                                           << ShapeString(s.shape) << " in " << parts << " parts";
     LOOM_CHECK(split != Split::kCols || s.shape.size() == 2) << s.name << ": kCols needs a matrix";
@@ -137,7 +154,8 @@ void ParamSet::ZeroGrad() { std::fill(grad_.begin(), grad_.end(), 0.0f); }
 
 ParamSet ParamSet::MasterLayout() const {
   ParamSet master;
-  for (const ParamSpec& s : specs_) master.Add(s.name, s.master_shape, s.init, s.std, s.split);
+  for (const ParamSpec& s : specs_)
+    master.Add(s.name, s.master_shape, s.init, s.std, s.split, s.q_rows);
   master.Finalize();
   return master;
 }

@@ -29,6 +29,7 @@ enum class Split : uint8_t {
   kRows,        // dim 0 in tp parts: column-parallel weights/biases, vocab-parallel tables
   kCols,        // dim 1 in tp parts: row-parallel weights
   kQkvRows,     // dim 0 as three blocks (q, k, v), each in tp parts: the heads split
+                // (q_rows: the q block; k and v share the rest, grouped-query attention)
 };
 
 // The layers one pipeline stage of a module holds: [first, last); last -1:
@@ -60,6 +61,7 @@ struct ParamSpec {
   int64_t numel = 0;   // of the slice
   Init init = Init::kZeros;
   float std = 0.0f;
+  int64_t q_rows = 0;  // kQkvRows: master rows of the q block (k and v halve the rest)
 };
 
 // A contiguous run of a slice inside its master tensor.
@@ -78,8 +80,10 @@ class ParamSet {
   // `master_shape` is the whole tensor; the set holds `shard`'s part of it
   // (the split dimension must divide by the TP size: checked, model configs
   // are validated before). Returns the index of the new parameter.
+  // kQkvRows: `q_rows` master rows of q, then k and v of (rows - q_rows) / 2
+  // each; 0: three equal blocks.
   int Add(std::string name, Shape master_shape, Init init, float std = 0.0f,
-          Split split = Split::kReplicated);
+          Split split = Split::kReplicated, int64_t q_rows = 0);
   void Finalize();
 
   // Deterministic initialisation: each master tensor from its own stream of

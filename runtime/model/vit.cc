@@ -91,13 +91,13 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.mean1.resize(T);
     a.rstd1.resize(T);
     layernorm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x.data(),
-                      params_.param(id.ln1_w), params_.param(id.ln1_b), T, D);
+                      params_.param(id.ln1_w), params_.param(id.ln1_b), T, D, kLayerNormEps);
     a.qkv.resize(3 * TA);
     matmul_forward(a.qkv.data(), a.ln1.data(), params_.param(id.qkv_w), params_.param(id.qkv_b), T,
                    D, 3 * A);
     a.att.resize(att_size);
     a.atto.resize(TA);
-    attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), N, NH, HD,
+    attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), N, NH, NH, HD,
                       /*causal=*/false);
     a.x1.resize(TD);
     if (absl::Status s =
@@ -111,7 +111,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.mean2.resize(T);
     a.rstd2.resize(T);
     layernorm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x1.data(),
-                      params_.param(id.ln2_w), params_.param(id.ln2_b), T, D);
+                      params_.param(id.ln2_w), params_.param(id.ln2_b), T, D, kLayerNormEps);
     a.h.resize(static_cast<size_t>(T) * H);
     matmul_forward(a.h.data(), a.ln2.data(), params_.param(id.fc1_w), params_.param(id.fc1_b), T, D,
                    H);
@@ -132,7 +132,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   meanf_.resize(T);
   rstdf_.resize(T);
   layernorm_forward(out, meanf_.data(), rstdf_.data(), xf_.data(), params_.param(lnf_w_),
-                    params_.param(lnf_b_), T, D);
+                    params_.param(lnf_b_), T, D, kLayerNormEps);
   return absl::OkStatus();
 }
 
@@ -172,7 +172,8 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     parallel::RowParallelBackward(datto.data(), params_.grad(id.proj_w), params_.grad(id.proj_b),
                                   dx.data(), a.atto.data(), params_.param(id.proj_w), T, A, D);
     dqkv.assign(3 * TA, 0.0f);
-    attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(), N, NH, HD,
+    attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(), N, NH, NH,
+                       HD,
                        /*causal=*/false);
     dtmp.assign(TD, 0.0f);
     matmul_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),

@@ -91,9 +91,11 @@ ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute) {
   const double in = c.projector.pixel_shuffle ? 4 * d : d;
   vit += 2 * tokens * (in * c.projector.hidden + c.projector.hidden * c.llm.dim);
   f.encoder_per_tile = passes * vit;
-  const double D = c.llm.dim, F = c.llm.ffn_hidden, V = c.llm.vocab;
-  f.llm_per_token = passes * (c.llm.layers * 2 * (4 * D * D + 3 * D * F) + 2 * D * V);
-  f.llm_per_token_sq = passes * c.llm.layers * 2 * D;
+  const double D = c.llm.dim, V = c.llm.vocab;
+  f.llm_per_token =
+      passes * (c.llm.layers * 2 * static_cast<double>(LlmLayerWeights(c.llm)) + 2 * D * V);
+  // QKᵀ and AV over the attention width heads x head_dim.
+  f.llm_per_token_sq = passes * c.llm.layers * 2.0 * c.llm.heads * c.llm.hd();
   f.embedding_bytes_per_image_token = 2 * D;
   return f;
 }

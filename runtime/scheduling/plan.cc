@@ -192,7 +192,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
   } best;
   int64_t candidates = 0;
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
-  for (int tp_l : Divisors(model.llm.heads, max_tp)) {
+  for (int tp_l : Divisors(model.llm.kv(), max_tp)) {  // whole key/value groups
     for (int pp_l : Divisors(model.llm.layers, limits.max_llm_pp)) {
       for (int tp_e : Divisors(model.vit.heads, max_tp)) {
         for (int pp_e : Divisors(model.vit.layers, limits.max_encoder_pp)) {
@@ -270,7 +270,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
   const Workload& w = *work;
   const LlmConfig& L = model.llm;
   // Stage costs in layers of the LLM: a layer, the head on the last stage.
-  const double layer = 4.0 * L.dim * L.dim + 3.0 * L.dim * L.ffn_hidden;
+  const double layer = static_cast<double>(LlmLayerWeights(L));
   const double head = 1.0 * L.dim * L.vocab / layer;
   const double llm_units = L.layers + head;
   struct Best {
@@ -280,7 +280,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
   } best;
   int64_t candidates = 0;
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
-  for (int tp : Divisors(L.heads, max_tp)) {
+  for (int tp : Divisors(L.kv(), max_tp)) {
     if (model.vit.heads % tp != 0) continue;  // one TP for both modules
     for (int pp : Divisors(L.layers, limits.max_llm_pp)) {
       const StageSplit even = LlmStages(model, pp);

@@ -61,7 +61,7 @@ class Cfg:
 # comparison fail: the mutation check in golden_test.sh shows the tolerances
 # catch realistic modelling mistakes, the subtle RoPE layout one included.
 MUTATIONS = {
-    "rope-halves": "RoPE rotates the two halves of each head (Hugging Face) instead of pairs",
+    "rope-pairs": "RoPE rotates interleaved pairs (2i, 2i+1) (Meta's layout) instead of halves",
     "rms-eps": "RMSNorm eps 1e-5 instead of 1e-6",
     "no-causal": "LLM attention not causal inside a sequence",
     "gelu-erf": "exact (erf) GELU instead of the tanh approximation",
@@ -117,15 +117,16 @@ def rms_norm(x, w, eps=1e-6):
 
 
 def rope(x, pos, theta):
-    # x: (T, H, hd), interleaved pairs (2i, 2i+1), angle = pos * theta^(-2i/hd)
+    # x: (T, H, hd), Hugging Face's rotate-half layout: pairs (i, i + hd/2),
+    # angle = pos * theta^(-2i/hd)
     hd = x.shape[-1]
     i = torch.arange(hd // 2, dtype=torch.float64)
     theta = 2 * theta if MUTATION == "rope-theta" else theta
     ang = pos.to(torch.float64)[:, None] * torch.pow(torch.tensor(theta, dtype=torch.float64),
                                                       -2.0 * i / hd)[None, :]
     c, s = torch.cos(ang).float()[:, None, :], torch.sin(ang).float()[:, None, :]
-    first, second = (slice(0, hd // 2), slice(hd // 2, hd)) if MUTATION == "rope-halves" else \
-        (slice(0, None, 2), slice(1, None, 2))
+    first, second = (slice(0, None, 2), slice(1, None, 2)) if MUTATION == "rope-pairs" else \
+        (slice(0, hd // 2), slice(hd // 2, hd))
     x0, x1 = x[..., first], x[..., second]
     out = torch.empty_like(x)
     out[..., first] = x0 * c - x1 * s
