@@ -1,0 +1,350 @@
+#!/usr/bin/python3
+"""Golden test of the Hugging Face LLM families Loom loads (runtime/hf/hf_llm.h).
+
+For each case this script writes a tiny random Hugging Face directory
+(config.json and safetensors, single-file or sharded with the index, as
+transformers' save_pretrained lays them out), reimplements the model in plain
+torch from Hugging Face's definitions (LlamaForCausalLM / Qwen2ForCausalLM:
+RMSNorm, rotate-half RoPE with the llama3 frequency scaling, grouped-query
+attention by repeat_kv, SwiGLU, tied embeddings), and compares with Loom on
+the same packed token sequences: every logit, the loss and the gradient of
+every Hugging Face tensor (hf_golden_dump), and `loom-model logits`.
+
+  hf_golden_test.py WORKDIR HF_GOLDEN_DUMP LOOM_MODEL [MUTATION]
+
+A MUTATION changes the torch reference; the comparison must then fail
+("hf golden: FAILED"), which shows the test can see that mistake.
+Run with Debian's /usr/bin/python3 (python3-torch). No transformers.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+torch.set_default_dtype(torch.float32)
+
+MUTATIONS = {
+    "rope-pairs": "RoPE rotates interleaved pairs (2i, 2i+1) instead of halves",
+    "no-rope-scaling": "the llama3 rope_scaling ignored",
+    "gqa-tiled": "query head h reads key/value head h % kv instead of h // (heads / kv)",
+    "no-qkv-bias": "Qwen2's q/k/v biases left out",
+}
+
+DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2)}
+
+
+# ---------------------------------------------------------------- safetensors
+
+def tensor_bytes(t):
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().tobytes()
+    return t.numpy().tobytes()
+
+
+def write_safetensors(path, tensors, dtype):
+    """tensors: list of (name, fp32 tensor) stored as `dtype`."""
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors:
+        b = tensor_bytes(t.to(DTYPES[dtype][0]))
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def save_model(d, tensors, dtype, shards):
+    """As save_pretrained: model.safetensors, or `shards` files plus the index."""
+    os.makedirs(d, exist_ok=True)
+    if shards == 1:
+        write_safetensors(os.path.join(d, "model.safetensors"), tensors, dtype)
+        return
+    per = math.ceil(len(tensors) / shards)
+    weight_map, total = {}, 0
+    for k in range(shards):
+        part = tensors[k * per:(k + 1) * per]
+        fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(os.path.join(d, fname), part, dtype)
+        for name, t in part:
+            weight_map[name] = fname
+            total += t.numel() * DTYPES[dtype][1]
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    (n,) = struct.unpack_from("<Q", buf, 0)
+    header = json.loads(buf[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        assert e["dtype"] == "F32", name
+        out[name] = torch.frombuffer(bytearray(buf[8 + n + b:8 + n + end]),
+                                     dtype=torch.float32).reshape(e["shape"])
+    return out, meta
+
+
+# ------------------------------------------------------------------ the cases
+
+def llama(**over):
+    c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96,
+         "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 80, "hidden_act": "silu",
+         "rms_norm_eps": 1e-5, "max_position_embeddings": 128, "rope_theta": 500000.0,
+         "rope_scaling": None, "tie_word_embeddings": False, "attention_bias": False,
+         "mlp_bias": False, "torch_dtype": "bfloat16"}
+    c.update(over)
+    return c
+
+
+CASES = [
+    # Llama 3 style: GQA, an explicit head_dim that is not hidden / heads, untied.
+    ("llama-gqa", llama(head_dim=16), "BF16", 1),
+    # Llama 3.2 style: tied, llama3 RoPE scaling in the newer rope_parameters
+    # spelling, multi-query attention, sharded F32.
+    ("llama-tied-llama3", llama(num_key_value_heads=1, tie_word_embeddings=True,
+                                rope_theta=None, rope_scaling=None, torch_dtype="float32",
+                                rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0,
+                                                 "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0,
+                                                 "original_max_position_embeddings": 16}),
+     "F32", 3),
+    # Qwen2 style: q/k/v biases, tied, sharded BF16.
+    ("qwen2-bias-tied", {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                         "vocab_size": 80, "hidden_size": 32, "num_hidden_layers": 3,
+                         "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "intermediate_size": 64, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+                         "max_position_embeddings": 256, "rope_theta": 1000000.0,
+                         "rope_scaling": None, "tie_word_embeddings": True,
+                         "use_sliding_window": False, "torch_dtype": "bfloat16"},
+     "BF16", 2),
+]
+
+
+def head_dim(c):
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+
+
+def random_weights(c, gen):
+    """The HF tensors in save_pretrained's order, fp32 values (rounded by the dtype later)."""
+    D, V, F_, L = c["hidden_size"], c["vocab_size"], c["intermediate_size"], c["num_hidden_layers"]
+    H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
+    bias = c["model_type"] == "qwen2"
+
+    def rnd(*shape, std=0.08):
+        return torch.randn(*shape, generator=gen) * std
+
+    t = [("model.embed_tokens.weight", rnd(V, D, std=0.5))]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        t.append((p + "input_layernorm.weight", 1 + rnd(D, std=0.2)))
+        t.append((p + "self_attn.q_proj.weight", rnd(H * hd, D, std=0.25)))
+        t.append((p + "self_attn.k_proj.weight", rnd(KV * hd, D, std=0.25)))
+        t.append((p + "self_attn.v_proj.weight", rnd(KV * hd, D)))
+        if bias:
+            t.append((p + "self_attn.q_proj.bias", rnd(H * hd, std=0.3)))
+            t.append((p + "self_attn.k_proj.bias", rnd(KV * hd, std=0.3)))
+            t.append((p + "self_attn.v_proj.bias", rnd(KV * hd, std=0.3)))
+        t.append((p + "self_attn.o_proj.weight", rnd(D, H * hd)))
+        t.append((p + "post_attention_layernorm.weight", 1 + rnd(D, std=0.2)))
+        t.append((p + "mlp.gate_proj.weight", rnd(F_, D)))
+        t.append((p + "mlp.up_proj.weight", rnd(F_, D)))
+        t.append((p + "mlp.down_proj.weight", rnd(D, F_)))
+    t.append(("model.norm.weight", 1 + rnd(D, std=0.2)))
+    if not c["tie_word_embeddings"]:
+        t.append(("lm_head.weight", rnd(V, D, std=0.2)))
+    return t
+
+
+# ----------------------------------------------------------- the torch model
+
+def rope_settings(c):
+    if c.get("rope_parameters"):
+        r = dict(c["rope_parameters"])
+        return r.pop("rope_theta"), r
+    return c["rope_theta"], (c.get("rope_scaling") or {"rope_type": "default"})
+
+
+def inv_freq(c, mutation):
+    """Hugging Face's default frequencies, then _compute_llama3_parameters."""
+    dim = head_dim(c)
+    base, scaling = rope_settings(c)
+    f = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if scaling.get("rope_type", scaling.get("type")) != "llama3" or mutation == "no-rope-scaling":
+        return f
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / f
+    scaled = torch.where(wavelen > low_wavelen, f / factor, f)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x, cos, sin, mutation):
+    # x: (heads, T, hd); cos/sin: (T, hd) = cat(freqs, freqs)
+    if mutation == "rope-pairs":
+        half = x.shape[-1] // 2
+        c, s = cos[:, :half], sin[:, :half]
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out = torch.empty_like(x)
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+        return out
+    return x * cos + rotate_half(x) * sin
+
+
+def rms_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def forward(c, P, seqs, mutation):
+    """Logits (T, V) of the packed sequences and the mean next-token loss."""
+    H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
+    eps = c["rms_norm_eps"]
+    f = inv_freq(c, mutation)
+    bias = c["model_type"] == "qwen2" and mutation != "no-qkv-bias"
+    logits_all, loss_sum, n = [], 0.0, 0
+    for seq in seqs:
+        T = len(seq)
+        tok = torch.tensor(seq)
+        pos = torch.arange(T).float()
+        freqs = pos[:, None] * f[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        x = F.embedding(tok, P["model.embed_tokens.weight"])
+        for i in range(c["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
+            q = F.linear(h, P[p + "self_attn.q_proj.weight"],
+                         P[p + "self_attn.q_proj.bias"] if bias else None)
+            k = F.linear(h, P[p + "self_attn.k_proj.weight"],
+                         P[p + "self_attn.k_proj.bias"] if bias else None)
+            v = F.linear(h, P[p + "self_attn.v_proj.weight"],
+                         P[p + "self_attn.v_proj.bias"] if bias else None)
+            q = q.view(T, H, hd).transpose(0, 1)
+            k = k.view(T, KV, hd).transpose(0, 1)
+            v = v.view(T, KV, hd).transpose(0, 1)
+            q, k = apply_rope(q, cos, sin, mutation), apply_rope(k, cos, sin, mutation)
+            if mutation == "gqa-tiled":
+                k, v = k.repeat(H // KV, 1, 1), v.repeat(H // KV, 1, 1)
+            else:  # repeat_kv: head h reads group h // (H / KV)
+                k, v = k.repeat_interleave(H // KV, dim=0), v.repeat_interleave(H // KV, dim=0)
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            s = s.masked_fill(~mask, float("-inf"))
+            o = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(T, H * hd)
+            x = x + F.linear(o, P[p + "self_attn.o_proj.weight"])
+            h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
+            m = F.silu(F.linear(h, P[p + "mlp.gate_proj.weight"])) * \
+                F.linear(h, P[p + "mlp.up_proj.weight"])
+            x = x + F.linear(m, P[p + "mlp.down_proj.weight"])
+        head = P["model.embed_tokens.weight"] if c["tie_word_embeddings"] else P["lm_head.weight"]
+        logits = F.linear(rms_norm(x, P["model.norm.weight"], eps), head)
+        logits_all.append(logits)
+        loss_sum = loss_sum + F.cross_entropy(logits[:-1], tok[1:], reduction="sum")
+        n += T - 1
+    return torch.cat(logits_all), loss_sum / n
+
+
+# ----------------------------------------------------------------- comparing
+
+def check(name, got, want, tol, failures):
+    atol, rtol = tol
+    if got.shape != want.shape:
+        failures.append(f"{name}: shape torch {list(got.shape)} vs loom {list(want.shape)}")
+        return 0.0
+    bad = (got - want).abs() > atol + rtol * want.abs()
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        failures.append(f"{name}: {int(bad.sum())} of {bad.numel()} off; first [{i}] torch "
+                        f"{got.flatten()[i].item():.7g} vs loom {want.flatten()[i].item():.7g}")
+    return float((got - want).abs().max()) if got.numel() else 0.0
+
+
+def run_case(work, dump, loom_model, name, config, dtype, shards, mutation, failures):
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    d = os.path.join(work, name)
+    weights = random_weights(config, gen)
+    save_model(d, weights, dtype, shards)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({k: v for k, v in config.items() if v is not None or k == "rope_scaling"}, f,
+                  indent=2)
+    V = config["vocab_size"]
+    seqs = [torch.randint(0, V, (n,), generator=gen).tolist() for n in (23, 9)]
+    tokens = "/".join(",".join(map(str, s)) for s in seqs)
+
+    out = os.path.join(work, name + ".loom.safetensors")
+    subprocess.run([dump, "--hf", d, "--tokens", tokens, "--out", out], check=True)
+    loom, meta = read_safetensors(out)
+    tol_logits = [float(x) for x in meta["tolerance.logits"].split()]
+    tol_grads = [float(x) for x in meta["tolerance.grads"].split()]
+
+    # The reference reads the stored (dtype-rounded) values as fp32, as Loom does.
+    P = {n: t.to(DTYPES[dtype][0]).float().requires_grad_(True) for n, t in weights}
+    logits, loss = forward(config, P, seqs, mutation)
+    loss.backward()
+    err = check(f"{name} logits", logits.detach(), loom["logits"], tol_logits, failures)
+    check(f"{name} loss", loss.detach().reshape(1), loom["loss"], tol_logits, failures)
+    want_names = {"grad." + n for n in P}
+    got_names = {n for n in loom if n.startswith("grad.")}
+    if want_names != got_names:
+        failures.append(f"{name}: gradient tensors differ: only torch "
+                        f"{sorted(want_names - got_names)}, only loom {sorted(got_names - want_names)}")
+    worst = 0.0
+    for n, t in P.items():
+        if "grad." + n in loom:
+            g = t.grad if t.grad is not None else torch.zeros_like(t)  # unused by a mutation
+            worst = max(worst, check(f"{name} grad {n}", g, loom["grad." + n], tol_grads,
+                                     failures))
+
+    # The user's check: loom-model logits prints the last position's logits.
+    r = subprocess.run([loom_model, "logits", "--hf", d, "--tokens", tokens], check=True,
+                       capture_output=True, text=True)
+    printed = json.loads(r.stdout)
+    if printed["position"] != logits.shape[0] - 1 or printed["vocab"] != V:
+        failures.append(f"{name}: loom-model logits printed position {printed['position']}")
+    check(f"{name} loom-model logits", logits[-1].detach(), torch.tensor(printed["logits"]),
+          tol_logits, failures)
+    print(f"hf golden {name} ({dtype}, {shards} file{'s' if shards > 1 else ''}): logits "
+          f"max|diff| {err:.3g}, loss torch {loss.item():.6f} loom {loom['loss'].item():.6f}, "
+          f"worst grad |diff| {worst:.3g}")
+
+
+def main():
+    work, dump, loom_model = sys.argv[1:4]
+    mutation = sys.argv[4] if len(sys.argv) > 4 else ""
+    if mutation and mutation not in MUTATIONS:
+        sys.exit(f"unknown mutation {mutation!r}; known: {', '.join(MUTATIONS)}")
+    failures = []
+    for name, config, dtype, shards in CASES:
+        run_case(work, dump, loom_model, name, config, dtype, shards, mutation, failures)
+    if failures:
+        print("hf golden: FAILED\n  " + "\n  ".join(failures[:12]))
+        sys.exit(1)
+    print("hf golden: all match")
+
+
+if __name__ == "__main__":
+    main()
