@@ -98,6 +98,24 @@ def read_safetensors(path):
     return out, meta
 
 
+def read_raw(d):
+    """Every tensor of a directory (single file or index + shards): name -> (dtype, shape, bytes)."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) \
+        else ["model.safetensors"]
+    out = {}
+    for fname in files:
+        with open(os.path.join(d, fname), "rb") as f:
+            buf = f.read()
+        (n,) = struct.unpack_from("<Q", buf, 0)
+        header = json.loads(buf[8:8 + n])
+        header.pop("__metadata__", None)
+        for name, e in header.items():
+            b, end = e["data_offsets"]
+            out[name] = (e["dtype"], e["shape"], buf[8 + n + b:8 + n + end])
+    return out
+
+
 # ------------------------------------------------------------------ the cases
 
 def llama(**over):
@@ -327,6 +345,23 @@ def run_case(work, dump, loom_model, name, config, dtype, shards, mutation, fail
         failures.append(f"{name}: loom-model logits printed position {printed['position']}")
     check(f"{name} loom-model logits", logits[-1].detach(), torch.tensor(printed["logits"]),
           tol_logits, failures)
+    # Hugging Face -> Loom -> Hugging Face: every tensor back bit for bit.
+    if not mutation:
+        back = d + ".export"
+        subprocess.run([loom_model, "export", "--hf", d, "--out", back, "--dtype", dtype.lower(),
+                        "--max_shard_mb", "1"], check=True, capture_output=True)
+        src, got = read_raw(d), read_raw(back)
+        if set(src) != set(got):
+            failures.append(f"{name} export: keys differ: {sorted(set(src) ^ set(got))}")
+        diff = [k for k in src if k in got and src[k] != got[k]]
+        if diff:
+            failures.append(f"{name} export: {len(diff)} tensors differ in dtype, shape or "
+                            f"bytes, first {diff[0]}")
+        if open(os.path.join(d, "config.json")).read() != \
+                open(os.path.join(back, "config.json")).read():
+            failures.append(f"{name} export: config.json not copied as it was")
+        print(f"hf golden {name}: exported {len(got)} tensors, "
+              f"{'bit-identical' if not diff and set(src) == set(got) else 'DIFFERENT'}")
     print(f"hf golden {name} ({dtype}, {shards} file{'s' if shards > 1 else ''}): logits "
           f"max|diff| {err:.3g}, loss torch {loss.item():.6f} loom {loom['loss'].item():.6f}, "
           f"worst grad |diff| {worst:.3g}")

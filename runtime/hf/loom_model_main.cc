@@ -1,4 +1,4 @@
-// loom-model: checks a Hugging Face model as Loom loads it.
+// loom-model: Hugging Face models as Loom loads and writes them.
 //
 //   loom-model logits --hf DIR --tokens 1,2,3[/4,5,...]
 //
@@ -7,8 +7,18 @@
 // separates sequences packed into one batch) and prints the last position's
 // logits as one JSON object:
 //   {"vocab": V, "position": T-1, "logits": [...]}
-// A bad directory, config or token list exits 2 with the reason.
+//
+//   loom-model export --hf DIR --out OUT [--dtype bf16|f16|f32] [--max_shard_mb 5000]
+//
+// loads DIR into Loom's parameters and writes them back as a Hugging Face
+// directory: safetensors in `dtype` (one file, or shards with the index as
+// save_pretrained cuts them), config.json and the tokenizer and generation
+// files copied. From a BF16 checkpoint with --dtype bf16 every tensor comes
+// back bit for bit (a test).
+//
+// A bad directory, config, token list or output exits 2 with the reason.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,10 +26,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "runtime/base/file.h"
 #include "runtime/hf/hf_llm.h"
+#include "runtime/hf/safetensors.h"
 
 ABSL_FLAG(std::string, hf, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, tokens, "", "token ids: 1,2,3 ('/' between packed sequences)");
+ABSL_FLAG(std::string, out, "", "export: the directory to write");
+ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
+ABSL_FLAG(int64_t, max_shard_mb, 5000,
+          "export: largest safetensors shard, MB (save_pretrained's 5GB)");
 
 namespace {
 
@@ -52,13 +68,74 @@ int Logits() {
   return 0;
 }
 
+// The files of a Hugging Face directory that describe it beside the weights.
+constexpr const char* kSideFiles[] = {
+    "config.json",           "generation_config.json",  "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
+
+int Export() {
+  const std::string in = absl::GetFlag(FLAGS_hf), out = absl::GetFlag(FLAGS_out);
+  if (in.empty() || out.empty()) return Fail("export needs --hf DIR and --out DIR");
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  loom::hf::DType dt = loom::hf::DType::kBF16;
+  if (dtype == "f16") {
+    dt = loom::hf::DType::kF16;
+  } else if (dtype == "f32") {
+    dt = loom::hf::DType::kF32;
+  } else if (dtype != "bf16") {
+    return Fail("--dtype: '" + dtype + "' (bf16, f16 or f32)");
+  }
+  if (absl::GetFlag(FLAGS_max_shard_mb) < 1) return Fail("--max_shard_mb must be >= 1");
+  absl::StatusOr<std::unique_ptr<loom::Llm>> llm = loom::hf::OpenHfLlm(in);
+  if (!llm.ok()) return Fail(std::string(llm.status().message()));
+  const std::vector<loom::hf::NamedTensor> tensors = loom::hf::LlmToHf(
+      (*llm)->config(), (*llm)->params(), loom::hf::CausalLmKeys(), /*grads=*/false);
+  std::vector<std::vector<uint16_t>> narrow(tensors.size());
+  std::vector<loom::hf::TensorView> views;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const loom::hf::NamedTensor& t = tensors[i];
+    loom::hf::TensorView v{t.name, dt, t.shape, t.data.data(), t.data.size() * sizeof(float)};
+    if (dt != loom::hf::DType::kF32) {
+      narrow[i].resize(t.data.size());
+      for (size_t k = 0; k < t.data.size(); ++k) {
+        narrow[i][k] = dt == loom::hf::DType::kBF16 ? loom::hf::F32ToBf16(t.data[k])
+                                                    : loom::hf::F32ToF16(t.data[k]);
+      }
+      v.data = narrow[i].data();
+      v.bytes = narrow[i].size() * sizeof(uint16_t);
+    }
+    views.push_back(std::move(v));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return Fail(out + ": " + ec.message());
+  const uint64_t shard = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_shard_mb)) * 1000 * 1000;
+  if (absl::Status s = loom::hf::WriteSafetensorsModel(out, views, shard); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  for (const char* name : kSideFiles) {
+    const std::string from = in + "/" + name;
+    if (!std::filesystem::exists(from)) continue;
+    absl::StatusOr<std::string> text = loom::ReadFile(from);
+    if (!text.ok()) return Fail(std::string(text.status().message()));
+    if (absl::Status s = loom::WriteFileAtomically(out + "/" + name, *text); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
+  std::cout << "loom-model: wrote " << tensors.size() << " tensors (" << dtype << ") to " << out
+            << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("loom-model logits --hf DIR --tokens 1,2,3");
+  absl::SetProgramUsageMessage(
+      "loom-model logits --hf DIR --tokens 1,2,3 | export --hf DIR --out DIR [--dtype bf16]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) return Fail("one command: logits");
+  if (args.size() != 2) return Fail("one command: logits or export");
   const std::string command = args[1];
   if (command == "logits") return Logits();
-  return Fail("unknown command '" + command + "' (logits)");
+  if (command == "export") return Export();
+  return Fail("unknown command '" + command + "' (logits, export)");
 }
