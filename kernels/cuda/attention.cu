@@ -78,8 +78,7 @@ __global__ void AttentionForward(float* out, float* att, const float* qkv, const
   __syncthreads();
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
     float acc = 0;
-    for (int j = 0; j < n; ++j)
-      acc += p[j] * qkv[(start + j) * y.ld + y.v + d];
+    for (int j = 0; j < n; ++j) acc += p[j] * qkv[(start + j) * y.ld + y.v + d];
     out[static_cast<int64_t>(t) * C + h * HD + d] = acc;
   }
 }
@@ -122,8 +121,7 @@ __global__ void AttentionBackward(float* dqkv, const float* dout, const float* q
   float* dq = dqkv + t * y.ld + y.q;
   for (int e = threadIdx.x; e < HD; e += blockDim.x) {
     float acc = 0;
-    for (int j = 0; j < n; ++j)
-      acc += dp[j] * qkv[(start + j) * y.ld + y.k + e];
+    for (int j = 0; j < n; ++j) acc += dp[j] * qkv[(start + j) * y.ld + y.k + e];
     dq[e] += acc;
   }
 }
