@@ -8,6 +8,9 @@ namespace {
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1 / sqrt(2 pi)
+constexpr float kQuickGelu = 1.702f;
 
 #define LOOM_GRID_LOOP(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
@@ -27,6 +30,41 @@ __global__ void GeluBackward(float* dx, const float* x, const float* dout, int64
     const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
     dx[i] += dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
   }
+}
+
+template <Activation kAct>
+__device__ float ActForward(float v) {
+  if constexpr (kAct == Activation::kGeluTanh) {
+    return 0.5f * v * (1.0f + tanhf(kGeluScale * (v + kGeluCubic * v * v * v)));
+  } else if constexpr (kAct == Activation::kGeluErf) {
+    return 0.5f * v * (1.0f + erff(v * kInvSqrt2));
+  } else {
+    return v / (1.0f + expf(-kQuickGelu * v));
+  }
+}
+
+template <Activation kAct>
+__device__ float ActGrad(float v) {
+  if constexpr (kAct == Activation::kGeluTanh) {
+    const float t = tanhf(kGeluScale * (v + kGeluCubic * v * v * v));
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+  } else if constexpr (kAct == Activation::kGeluErf) {
+    return 0.5f * (1.0f + erff(v * kInvSqrt2)) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
+  } else {
+    const float s = 1.0f / (1.0f + expf(-kQuickGelu * v));
+    return s + kQuickGelu * v * s * (1.0f - s);
+  }
+}
+
+template <Activation kAct>
+__global__ void ActivationForward(float* out, const float* x, int64_t n) {
+  LOOM_GRID_LOOP(i, n) out[i] = ActForward<kAct>(x[i]);
+}
+
+template <Activation kAct>
+__global__ void ActivationBackward(float* dx, const float* x, const float* dout, int64_t n) {
+  LOOM_GRID_LOOP(i, n) dx[i] += dout[i] * ActGrad<kAct>(x[i]);
 }
 
 __global__ void SwigluForward(float* out, const float* gate, const float* up, int64_t n) {
@@ -114,6 +152,37 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
   GeluBackward<<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void activation_forward(Activation act, float* out, const float* inp, int64_t n) {
+  switch (act) {
+    case Activation::kGeluTanh:
+      ActivationForward<Activation::kGeluTanh><<<GridFor(n), kThreads>>>(out, inp, n);
+      break;
+    case Activation::kGeluErf:
+      ActivationForward<Activation::kGeluErf><<<GridFor(n), kThreads>>>(out, inp, n);
+      break;
+    case Activation::kQuickGelu:
+      ActivationForward<Activation::kQuickGelu><<<GridFor(n), kThreads>>>(out, inp, n);
+      break;
+  }
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void activation_backward(Activation act, float* dinp, const float* inp, const float* dout,
+                         int64_t n) {
+  switch (act) {
+    case Activation::kGeluTanh:
+      ActivationBackward<Activation::kGeluTanh><<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+      break;
+    case Activation::kGeluErf:
+      ActivationBackward<Activation::kGeluErf><<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+      break;
+    case Activation::kQuickGelu:
+      ActivationBackward<Activation::kQuickGelu><<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+      break;
+  }
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

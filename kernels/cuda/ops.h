@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "kernels/activation/activation.h"
+
 namespace loom::kernels::cuda {
 
 // A cuBLAS handle for the calling thread (created on first use).
@@ -41,6 +43,9 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void activation_forward(Activation act, float* out, const float* inp, int64_t n);
+void activation_backward(Activation act, float* dinp, const float* inp, const float* dout,
+                         int64_t n);
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
 void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
                      const float* dout, int64_t n);

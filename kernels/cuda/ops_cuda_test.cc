@@ -158,6 +158,22 @@ TEST_F(CudaOpsTest, Activations) {
   EXPECT_TRUE(Agree(dDu.Host(), du));
 }
 
+TEST_F(CudaOpsTest, ExactAndQuickGelu) {
+  const int n = 5000;
+  auto x = RandomVector(n, 21, 4.0f), g = RandomVector(n, 22);
+  Dev<float> dX(x), dG(g);
+  for (Activation act : {Activation::kGeluTanh, Activation::kGeluErf, Activation::kQuickGelu}) {
+    std::vector<float> y(n), dx(n, 0.0f);
+    activation_forward(act, y.data(), x.data(), n);
+    activation_backward(act, dx.data(), x.data(), g.data(), n);
+    Dev<float> dY(n), dDx(std::vector<float>(n, 0.0f));
+    cuda::activation_forward(act, dY.get(), dX.get(), n);
+    cuda::activation_backward(act, dDx.get(), dX.get(), dG.get(), n);
+    EXPECT_TRUE(Agree(dY.Host(), y)) << static_cast<int>(act);
+    EXPECT_TRUE(Agree(dDx.Host(), dx)) << static_cast<int>(act);
+  }
+}
+
 TEST_F(CudaOpsTest, RopeAndEmbedding) {
   const int T = 9, NH = 4, NKV = 2, HD = 8, C = NH * HD, V = 11;
   auto qkv = RandomVector(T * (NH + 2 * NKV) * HD, 14);

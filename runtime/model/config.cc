@@ -102,6 +102,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return bad("vit.dim", "must be divisible by vit.heads");
   }
   if (c.vit.layers < 0 || c.vit.mlp_hidden <= 0) return bad("vit.layers", "must be >= 0");
+  if (!(c.vit.norm_eps > 0)) return bad("vit.norm_eps", "must be > 0");
   if (c.projector.pixel_shuffle && c.vit.grid() % 2 != 0) {
     return bad("projector.pixel_shuffle", "needs an even patch grid (tile_size / patch)");
   }
@@ -178,7 +179,8 @@ int64_t VitParameterCount(const VitConfig& c) {
                         3 * D * D + 3 * D +     // qkv
                         D * D + D +             // attn out
                         H * D + H + D * H + D;  // mlp
-  return c.patch_dim() * D + D + c.patches_per_tile() * D + c.layers * block + 2 * D;
+  return c.patch_dim() * D + (c.patch_bias ? D : 0) + c.seq() * D + (c.class_token ? D : 0) +
+         (c.pre_norm ? 2 * D : 0) + c.layers * block + (c.final_norm ? 2 * D : 0);
 }
 
 int64_t ProjectorParameterCount(const ModelConfig& c) {

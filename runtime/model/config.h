@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/activation/activation.h"
 
 namespace loom {
 
@@ -22,15 +23,27 @@ struct VitConfig {
   int layers = 2;
   int heads = 4;
   int mlp_hidden = 256;
+  // The Hugging Face vision families (runtime/hf/hf_vision.h) set these;
+  // Loom's own configs keep the defaults.
+  bool class_token = false;  // CLIP: a learned token before the patches, not in the output
+  bool patch_bias = true;    // a bias on the patch embedding (CLIP's has none)
+  bool pre_norm = false;     // LayerNorm after the embeddings (CLIP's pre_layrnorm)
+  bool final_norm = true;    // LayerNorm after the last layer (LLaVA's features have none)
+  kernels::Activation act = kernels::Activation::kGeluTanh;  // the MLP's
+  float norm_eps = 1e-5f;                                    // kernels::kLayerNormEps
 
   int grid() const { return tile_size / patch; }
   int patches_per_tile() const { return grid() * grid(); }
   int patch_dim() const { return 3 * patch * patch; }
+  // Rows per tile inside the encoder (and between its pipeline stages): the
+  // patches and the class token.
+  int seq() const { return patches_per_tile() + (class_token ? 1 : 0); }
 };
 
 struct ProjectorConfig {
   bool pixel_shuffle = false;  // merge 2×2 patches: 4× fewer image tokens
   int hidden = 128;
+  kernels::Activation act = kernels::Activation::kGeluTanh;  // LLaVA's: kGeluErf
 };
 
 // RoPE frequency scaling (config.json `rope_scaling` / `rope_parameters`).

@@ -31,6 +31,18 @@ ModelConfig Small() {
   return c;
 }
 
+// Small with CLIP's tower as LLaVA runs it: a class token between the
+// stages, LN_pre, quick GELU, no LN_f.
+ModelConfig SmallClip() {
+  ModelConfig c = Small();
+  c.vit.class_token = true;
+  c.vit.patch_bias = false;
+  c.vit.pre_norm = true;
+  c.vit.final_norm = false;
+  c.vit.act = kernels::Activation::kQuickGelu;
+  return c;
+}
+
 // Two samples (text, image slots, text) and a text-only one, packed.
 LlmBatch Batch(const ModelConfig& c, int* image_tokens) {
   std::mt19937 rng(3);
@@ -171,17 +183,19 @@ VitResult RunVit(const ModelConfig& c, Communicator* tp) {
 }
 
 TEST(TensorParallelModelTest, VitAtTp2AndTp4EqualsOneRank) {
-  const ModelConfig c = Small();
-  const VitResult want = RunVit(c, nullptr);
-  for (int tp : {2, 4}) {
-    InMemoryStore store;
-    testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
-      const VitResult got = RunVit(c, comm);
-      const std::string what = "ViT tp " + std::to_string(tp) + " rank " + std::to_string(rank);
-      EXPECT_EQ(got.master, want.master) << what << ": initial weights";
-      ExpectClose(got.out, want.out, what + ": output");
-      ExpectClose(got.grads, want.grads, what + ": parameter gradients");
-    });
+  for (const ModelConfig& c : {Small(), SmallClip()}) {
+    const VitResult want = RunVit(c, nullptr);
+    for (int tp : {2, 4}) {
+      InMemoryStore store;
+      testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
+        const VitResult got = RunVit(c, comm);
+        const std::string what = "ViT (class token " + std::to_string(c.vit.class_token) + ") tp " +
+                                 std::to_string(tp) + " rank " + std::to_string(rank);
+        EXPECT_EQ(got.master, want.master) << what << ": initial weights";
+        ExpectClose(got.out, want.out, what + ": output");
+        ExpectClose(got.grads, want.grads, what + ": parameter gradients");
+      });
+    }
   }
 }
 
@@ -279,13 +293,18 @@ TEST(PipelineStagesTest, LlmStagesChainedEqualTheWholeLlm) {
   }
 }
 
-TEST(PipelineStagesTest, VitStagesChainedEqualTheWholeVit) {
-  ModelConfig c = Small();
+// With a class token the stages hand on seq = patches + 1 rows per tile and
+// the last drops the token's row.
+class VitStagesTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(VitStagesTest, ChainedStagesEqualTheWholeVit) {
+  ModelConfig c = GetParam() ? SmallClip() : Small();
   c.vit.layers = 3;
   const int N = 2;
   const std::vector<float> tiles =
       testing::RandomVector(static_cast<size_t>(N) * 3 * c.vit.tile_size * c.vit.tile_size, 4);
   const size_t out_size = static_cast<size_t>(N) * c.vit.patches_per_tile() * c.vit.dim;
+  const size_t stage_size = static_cast<size_t>(N) * c.vit.seq() * c.vit.dim;
   const std::vector<float> dout = testing::RandomVector(out_size, 5);
   VitEncoder whole(c.vit);
   whole.params().Initialize(kSeed);
@@ -295,15 +314,16 @@ TEST(PipelineStagesTest, VitStagesChainedEqualTheWholeVit) {
 
   const int pp = 3;
   std::vector<std::unique_ptr<VitEncoder>> stages;
-  std::vector<std::vector<float>> outs(pp, std::vector<float>(out_size));
+  std::vector<std::vector<float>> outs(pp);
   for (int s = 0; s < pp; ++s) {
     stages.push_back(std::make_unique<VitEncoder>(c.vit, nullptr, VitStageLayers(c, pp, s)));
     stages.back()->params().Initialize(kSeed);
+    outs[s].resize(s == pp - 1 ? out_size : stage_size);
     ASSERT_TRUE(
         stages[s]->Forward(s == 0 ? tiles.data() : outs[s - 1].data(), N, outs[s].data()).ok());
   }
   EXPECT_EQ(outs[pp - 1], want);
-  std::vector<float> d = dout, din(out_size);
+  std::vector<float> d = dout, din(stage_size);
   for (int s = pp - 1; s >= 0; --s) {
     ASSERT_TRUE(stages[s]->Backward(d.data(), s == 0 ? nullptr : din.data()).ok());
     d = din;
@@ -312,6 +332,8 @@ TEST(PipelineStagesTest, VitStagesChainedEqualTheWholeVit) {
     ExpectSameTensors(stages[s]->params(), whole.params(), "ViT stage " + std::to_string(s));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(ClassToken, VitStagesTest, ::testing::Bool());
 
 }  // namespace
 }  // namespace loom

@@ -48,6 +48,31 @@ ModelConfig MicroQwen2() {
   return c;
 }
 
+// The Hugging Face vision families' features on Micro, with LLaVA's
+// projector (exact GELU): CLIP as LLaVA runs it (class token, no patch bias,
+// pre-LayerNorm, quick GELU, no final LayerNorm) and SigLIP (patch bias, no
+// class token, tanh GELU, eps 1e-6, no final LayerNorm).
+ModelConfig MicroClip() {
+  ModelConfig c = Micro(false);
+  c.name = "micro-clip";
+  c.vit.class_token = true;
+  c.vit.patch_bias = false;
+  c.vit.pre_norm = true;
+  c.vit.final_norm = false;
+  c.vit.act = kernels::Activation::kQuickGelu;
+  c.projector.act = kernels::Activation::kGeluErf;
+  return c;
+}
+
+ModelConfig MicroSiglip() {
+  ModelConfig c = Micro(false);
+  c.name = "micro-siglip";
+  c.vit.final_norm = false;
+  c.vit.norm_eps = 1e-6f;
+  c.projector.act = kernels::Activation::kGeluErf;
+  return c;
+}
+
 Sample MakeSample(const ModelConfig& c, int tiles, int text_before, int text_after, uint32_t seed) {
   Sample s;
   s.num_tiles = tiles;
@@ -113,6 +138,10 @@ ModelConfig Variant(int v) {
       return MicroLlama3();
     case 3:
       return MicroQwen2();
+    case 4:
+      return MicroClip();
+    case 5:
+      return MicroSiglip();
     default:
       return Micro(false);
   }
@@ -144,20 +173,34 @@ TEST_P(ModelGradientTest, EveryModuleMatchesFiniteDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, ModelGradientTest, ::testing::Range(0, 4), [](const auto& info) {
-  return std::string(info.param == 0   ? "Plain"
-                     : info.param == 1 ? "PixelShuffle"
-                     : info.param == 2 ? "Llama3Gqa"
-                                       : "Qwen2BiasTied");
-});
+constexpr int kVariants = 6;
+std::string VariantName(const ::testing::TestParamInfo<int>& info) {
+  static const char* const kNames[kVariants] = {"Plain",         "PixelShuffle",   "Llama3Gqa",
+                                                "Qwen2BiasTied", "ClipLlavaTower", "SiglipTower"};
+  return kNames[info.param];
+}
+INSTANTIATE_TEST_SUITE_P(Variants, ModelGradientTest, ::testing::Range(0, kVariants), VariantName);
 
 TEST(ConfigTest, FamilyFeaturesShapeTheParameters) {
   // The counted parameters are the allocated ones, for every variant.
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < kVariants; ++v) {
     const ModelConfig c = Variant(v);
     Llm llm(c.llm);
     EXPECT_EQ(llm.params().size(), LlmParameterCount(c.llm)) << c.name;
+    VitEncoder vit(c.vit);
+    EXPECT_EQ(vit.params().size(), VitParameterCount(c.vit)) << c.name;
+    Projector projector(c);
+    EXPECT_EQ(projector.params().size(), ProjectorParameterCount(c)) << c.name;
   }
+  const ModelConfig clip = MicroClip();
+  VitEncoder clip_vit(clip.vit);
+  EXPECT_EQ(clip.vit.seq(), clip.vit.patches_per_tile() + 1);
+  EXPECT_EQ(clip_vit.params().spec(clip_vit.params().Find("pos_embed")).master_shape,
+            (Shape{clip.vit.seq(), clip.vit.dim}));
+  EXPECT_GE(clip_vit.params().Find("cls_token"), 0);
+  EXPECT_GE(clip_vit.params().Find("ln_pre.weight"), 0);
+  EXPECT_EQ(clip_vit.params().Find("patch_embed.bias"), -1);
+  EXPECT_EQ(clip_vit.params().Find("ln_f.weight"), -1);
   const ModelConfig q = MicroQwen2();
   Llm qwen(q.llm);
   EXPECT_EQ(qwen.params().Find("lm_head.weight"), -1) << "tied: one table";

@@ -34,7 +34,7 @@ void Projector::Forward(const float* in, int N, float* out) {
   h_.resize(static_cast<size_t>(T) * H);
   matmul_forward(h_.data(), x_.data(), params_.param(fc1_w_), params_.param(fc1_b_), T, Din, H);
   g_.resize(h_.size());
-  gelu_forward(g_.data(), h_.data(), static_cast<int64_t>(h_.size()));
+  activation_forward(c.projector.act, g_.data(), h_.data(), static_cast<int64_t>(h_.size()));
   matmul_forward(out, g_.data(), params_.param(fc2_w_), params_.param(fc2_b_), T, H, c.llm.dim);
 }
 
@@ -44,7 +44,8 @@ void Projector::Backward(const float* dout, float* din) {
   std::vector<float> dg(g_.size(), 0.0f), dh(g_.size(), 0.0f), dx(x_.size(), 0.0f);
   matmul_backward(dg.data(), params_.grad(fc2_w_), params_.grad(fc2_b_), dout, g_.data(),
                   params_.param(fc2_w_), T, H, c.llm.dim);
-  gelu_backward(dh.data(), h_.data(), dg.data(), static_cast<int64_t>(dh.size()));
+  activation_backward(c.projector.act, dh.data(), h_.data(), dg.data(),
+                      static_cast<int64_t>(dh.size()));
   matmul_backward(dx.data(), params_.grad(fc1_w_), params_.grad(fc1_b_), dh.data(), x_.data(),
                   params_.param(fc1_w_), T, Din, H);
   if (c.projector.pixel_shuffle) {

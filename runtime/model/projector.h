@@ -1,6 +1,8 @@
 // The projector: ViT patch embeddings -> LLM-width image tokens.
 //
-//   (N·Np, Dv) -> [pixel shuffle: (N·Np/4, 4·Dv)] -> fc1 -> GELU -> fc2 -> (N·tokens, Dl)
+//   (N·Np, Dv) -> [pixel shuffle: (N·Np/4, 4·Dv)] -> fc1 -> act -> fc2 -> (N·tokens, Dl)
+//
+// LLaVA's multi_modal_projector is fc1 = linear_1, act = exact GELU, fc2 = linear_2.
 #ifndef LOOM_RUNTIME_MODEL_PROJECTOR_H_
 #define LOOM_RUNTIME_MODEL_PROJECTOR_H_
 

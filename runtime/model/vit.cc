@@ -31,8 +31,13 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers)
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
   if (first_stage()) {
     patch_w_ = params_.Add("patch_embed.weight", {D, c.patch_dim()}, Init::kNormal, std);
-    patch_b_ = params_.Add("patch_embed.bias", {D}, Init::kZeros);
-    pos_ = params_.Add("pos_embed", {c.patches_per_tile(), D}, Init::kNormal, std);
+    if (c.patch_bias) patch_b_ = params_.Add("patch_embed.bias", {D}, Init::kZeros);
+    if (c.class_token) cls_ = params_.Add("cls_token", {D}, Init::kNormal, std);
+    pos_ = params_.Add("pos_embed", {c.seq(), D}, Init::kNormal, std);
+    if (c.pre_norm) {
+      lnp_w_ = params_.Add("ln_pre.weight", {D}, Init::kOnes);
+      lnp_b_ = params_.Add("ln_pre.bias", {D}, Init::kZeros);
+    }
   }
   for (int l = first_; l < last_; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
@@ -51,7 +56,7 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers)
     id.fc2_b = params_.Add(p + "mlp.fc2.bias", {D}, Init::kZeros);
     ids_.push_back(id);
   }
-  if (last_stage()) {
+  if (last_stage() && c.final_norm) {
     lnf_w_ = params_.Add("ln_f.weight", {D}, Init::kOnes);
     lnf_b_ = params_.Add("ln_f.bias", {D}, Init::kZeros);
   }
@@ -63,22 +68,37 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   const VitConfig& c = config_;
   // Per rank: NH heads (A = NH * HD of attention width), H hidden units; the
   // residual stream (T, D) is whole on every rank.
-  const int Np = c.patches_per_tile(), D = c.dim, HD = c.dim / c.heads, NH = heads_, A = NH * HD,
-            H = hidden_;
-  const int T = N * Np;
+  // L rows per tile (the patches, after the class token if any).
+  const int Np = c.patches_per_tile(), L = c.seq(), D = c.dim, HD = c.dim / c.heads, NH = heads_,
+            A = NH * HD, H = hidden_;
+  const int T = N * L;
   const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
   N_ = N;
   cu_.resize(N + 1);
-  for (int n = 0; n <= N; ++n) cu_[n] = n * Np;
+  for (int n = 0; n <= N; ++n) cu_[n] = n * L;
   const int64_t att_size = attention_att_size(cu_.data(), N, NH);
 
   std::vector<float> x(TD);
   if (first_stage()) {
-    patches_.resize(static_cast<size_t>(T) * c.patch_dim());
+    patches_.resize(static_cast<size_t>(N) * Np * c.patch_dim());
     patchify(patches_.data(), in, N, c.tile_size, c.patch);
-    matmul_forward(x.data(), patches_.data(), params_.param(patch_w_), params_.param(patch_b_), T,
+    std::vector<float> emb(static_cast<size_t>(N) * Np * D);
+    matmul_forward(emb.data(), patches_.data(), params_.param(patch_w_), Param(patch_b_), N * Np,
                    c.patch_dim(), D);
-    add_position_forward(x.data(), params_.param(pos_), N, Np, D);
+    for (int n = 0; n < N; ++n) {
+      float* tile = x.data() + static_cast<size_t>(n) * L * D;
+      if (c.class_token) std::memcpy(tile, params_.param(cls_), sizeof(float) * D);
+      std::memcpy(tile + (L - Np) * D, emb.data() + static_cast<size_t>(n) * Np * D,
+                  sizeof(float) * Np * D);
+    }
+    add_position_forward(x.data(), params_.param(pos_), N, L, D);
+    if (c.pre_norm) {
+      x0_ = x;
+      mean0_.resize(T);
+      rstd0_.resize(T);
+      layernorm_forward(x.data(), mean0_.data(), rstd0_.data(), x0_.data(), params_.param(lnp_w_),
+                        params_.param(lnp_b_), T, D, c.norm_eps);
+    }
   } else {
     std::memcpy(x.data(), in, sizeof(float) * TD);
   }
@@ -91,7 +111,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.mean1.resize(T);
     a.rstd1.resize(T);
     layernorm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x.data(),
-                      params_.param(id.ln1_w), params_.param(id.ln1_b), T, D, kLayerNormEps);
+                      params_.param(id.ln1_w), params_.param(id.ln1_b), T, D, c.norm_eps);
     a.qkv.resize(3 * TA);
     matmul_forward(a.qkv.data(), a.ln1.data(), params_.param(id.qkv_w), params_.param(id.qkv_b), T,
                    D, 3 * A);
@@ -111,12 +131,12 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.mean2.resize(T);
     a.rstd2.resize(T);
     layernorm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x1.data(),
-                      params_.param(id.ln2_w), params_.param(id.ln2_b), T, D, kLayerNormEps);
+                      params_.param(id.ln2_w), params_.param(id.ln2_b), T, D, c.norm_eps);
     a.h.resize(static_cast<size_t>(T) * H);
     matmul_forward(a.h.data(), a.ln2.data(), params_.param(id.fc1_w), params_.param(id.fc1_b), T, D,
                    H);
     a.g.resize(a.h.size());
-    gelu_forward(a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
+    activation_forward(c.act, a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
     if (absl::Status s = parallel::RowParallelForward(
             tp_, x.data(), a.g.data(), params_.param(id.fc2_w), params_.param(id.fc2_b), T, H, D);
         !s.ok()) {
@@ -129,24 +149,43 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     std::memcpy(out, xf_.data(), sizeof(float) * TD);
     return absl::OkStatus();
   }
-  meanf_.resize(T);
-  rstdf_.resize(T);
-  layernorm_forward(out, meanf_.data(), rstdf_.data(), xf_.data(), params_.param(lnf_w_),
-                    params_.param(lnf_b_), T, D, kLayerNormEps);
+  const float* y = xf_.data();
+  std::vector<float> normed;
+  if (c.final_norm) {
+    normed.resize(TD);
+    meanf_.resize(T);
+    rstdf_.resize(T);
+    layernorm_forward(normed.data(), meanf_.data(), rstdf_.data(), xf_.data(),
+                      params_.param(lnf_w_), params_.param(lnf_b_), T, D, c.norm_eps);
+    y = normed.data();
+  }
+  for (int n = 0; n < N; ++n) {  // the patches' rows, without the class token
+    std::memcpy(out + static_cast<size_t>(n) * Np * D,
+                y + (static_cast<size_t>(n) * L + L - Np) * D, sizeof(float) * Np * D);
+  }
   return absl::OkStatus();
 }
 
 absl::Status VitEncoder::Backward(const float* dout, float* din) {
   const VitConfig& c = config_;
-  const int Np = c.patches_per_tile(), D = c.dim, HD = c.dim / c.heads, NH = heads_, A = NH * HD,
-            H = hidden_;
-  const int N = N_, T = N * Np;
+  const int Np = c.patches_per_tile(), L = c.seq(), D = c.dim, HD = c.dim / c.heads, NH = heads_,
+            A = NH * HD, H = hidden_;
+  const int N = N_, T = N * L;
   const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
 
   std::vector<float> dx(TD, 0.0f);  // gradient w.r.t. the residual stream
   if (last_stage()) {
-    layernorm_backward(dx.data(), params_.grad(lnf_w_), params_.grad(lnf_b_), dout, xf_.data(),
-                       params_.param(lnf_w_), meanf_.data(), rstdf_.data(), T, D);
+    std::vector<float> dy(TD, 0.0f);  // the class token's rows get none
+    for (int n = 0; n < N; ++n) {
+      std::memcpy(dy.data() + (static_cast<size_t>(n) * L + L - Np) * D,
+                  dout + static_cast<size_t>(n) * Np * D, sizeof(float) * Np * D);
+    }
+    if (c.final_norm) {
+      layernorm_backward(dx.data(), params_.grad(lnf_w_), params_.grad(lnf_b_), dy.data(),
+                         xf_.data(), params_.param(lnf_w_), meanf_.data(), rstdf_.data(), T, D);
+    } else {
+      dx.swap(dy);
+    }
   } else {
     std::memcpy(dx.data(), dout, sizeof(float) * TD);
   }
@@ -159,7 +198,7 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     parallel::RowParallelBackward(dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
                                   dx.data(), a.g.data(), params_.param(id.fc2_w), T, H, D);
     dh.assign(dg.size(), 0.0f);
-    gelu_backward(dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
+    activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
     dtmp.assign(TD, 0.0f);
     matmul_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
                     a.ln2.data(), params_.param(id.fc1_w), T, D, H);
@@ -187,9 +226,25 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     std::memcpy(din, dx.data(), sizeof(float) * TD);
     return absl::OkStatus();
   }
-  add_position_backward(params_.grad(pos_), dx.data(), N, Np, D);
-  matmul_backward(nullptr, params_.grad(patch_w_), params_.grad(patch_b_), dx.data(),
-                  patches_.data(), params_.param(patch_w_), T, c.patch_dim(), D);
+  if (c.pre_norm) {
+    std::vector<float> dx0(TD, 0.0f);
+    layernorm_backward(dx0.data(), params_.grad(lnp_w_), params_.grad(lnp_b_), dx.data(),
+                       x0_.data(), params_.param(lnp_w_), mean0_.data(), rstd0_.data(), T, D);
+    dx.swap(dx0);
+  }
+  add_position_backward(params_.grad(pos_), dx.data(), N, L, D);
+  std::vector<float> demb(static_cast<size_t>(N) * Np * D);
+  for (int n = 0; n < N; ++n) {
+    const float* tile = dx.data() + static_cast<size_t>(n) * L * D;
+    if (c.class_token) {
+      float* dcls = params_.grad(cls_);
+      for (int i = 0; i < D; ++i) dcls[i] += tile[i];
+    }
+    std::memcpy(demb.data() + static_cast<size_t>(n) * Np * D, tile + (L - Np) * D,
+                sizeof(float) * Np * D);
+  }
+  matmul_backward(nullptr, params_.grad(patch_w_), patch_b_ < 0 ? nullptr : params_.grad(patch_b_),
+                  demb.data(), patches_.data(), params_.param(patch_w_), N * Np, c.patch_dim(), D);
   return absl::OkStatus();
 }
 

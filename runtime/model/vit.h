@@ -1,8 +1,14 @@
 // The vision encoder: a ViT over fixed-size tiles, pre-LN blocks, attention
-// full within each tile (tiles are independent sequences of (S/P)² patches).
+// full within each tile (tiles are independent sequences of (S/P)² patches,
+// after a class token where the family has one).
 //
-//   tiles (N, 3, S, S) -> patchify -> linear -> + positions
-//     -> L × [x += attn(LN1(x)); x += MLP_gelu(LN2(x))] -> LN_f -> (N·Np, D)
+//   tiles (N, 3, S, S) -> patchify -> linear -> [cls, patches] + positions -> [LN_pre]
+//     -> L × [x += attn(LN1(x)); x += MLP_act(LN2(x))] -> [LN_f] -> patches' rows (N·Np, D)
+//
+// Loom's own configs: patch bias, no class token, no LN_pre, LN_f, tanh GELU.
+// CLIP as LLaVA runs it: class token (dropped at the end), no patch bias,
+// LN_pre, quick GELU, no LN_f (features of the penultimate layer, before
+// post_layernorm). SigLIP: patch bias, no class token, no LN_f.
 //
 // Forward keeps the activations Backward needs; Backward accumulates into the
 // parameter gradients.
@@ -42,11 +48,13 @@ class VitEncoder {
   bool last_stage() const { return last_ == config_.layers; }
 
   // `in`: tiles (N, 3, S, S) of normalised pixels on the first stage, the
-  // previous stage's output (N * Np, D) on the others -> out (N * Np, D).
+  // previous stage's output (N * seq, D) on the others -> out (N * seq, D)
+  // on a stage before the last, (N * Np, D) on the last (seq = Np + the class
+  // token: VitConfig::seq()).
   // Errors only from the TP group's collectives.
   absl::Status Forward(const float* in, int N, float* out);
-  // dout (N * Np, D) for the last Forward; accumulates parameter gradients;
-  // a stage after the first writes its input gradient to `din` (N * Np, D).
+  // dout, shaped as the last Forward's out; accumulates parameter gradients;
+  // a stage after the first writes its input gradient to `din` (N * seq, D).
   absl::Status Backward(const float* dout, float* din = nullptr);
 
  private:
@@ -60,14 +68,18 @@ class VitEncoder {
   VitConfig config_;
   Communicator* tp_;
   ParamSet params_;
-  int heads_, hidden_;                                                    // this rank's part
-  int first_, last_;                                                      // this stage's layers
-  int patch_w_ = -1, patch_b_ = -1, pos_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: another stage's
+  int heads_, hidden_;  // this rank's part
+  int first_, last_;    // this stage's layers
+  // -1: another stage's, or not in this family.
+  int patch_w_ = -1, patch_b_ = -1, cls_ = -1, pos_ = -1, lnp_w_ = -1, lnp_b_ = -1, lnf_w_ = -1,
+      lnf_b_ = -1;
   std::vector<LayerIds> ids_;
+
+  float* Param(int id) { return id < 0 ? nullptr : params_.param(id); }
 
   int N_ = 0;  // tiles in the last Forward
   std::vector<int32_t> cu_;
-  std::vector<float> patches_, xf_, meanf_, rstdf_;
+  std::vector<float> patches_, x0_, mean0_, rstd0_, xf_, meanf_, rstdf_;
   std::vector<LayerActs> acts_;
 };
 

@@ -83,10 +83,10 @@ std::array<double, 3> FitNonNegative(const std::array<std::array<double, 3>, 3>&
 ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute) {
   const double passes = recompute ? 4 : 3;
   ModelFlops f;
-  const double t = c.vit.patches_per_tile(), d = c.vit.dim, h = c.vit.mlp_hidden;
-  double vit = 2 * t * c.vit.patch_dim() * d;             // patch embedding
-  vit += c.vit.layers * (2 * t * (4 * d * d + 2 * d * h)  // qkv, out, mlp
-                         + 4 * t * t * d);                // QK^T and AV, full
+  const double t = c.vit.seq(), d = c.vit.dim, h = c.vit.mlp_hidden;
+  double vit = 2 * c.vit.patches_per_tile() * c.vit.patch_dim() * d;  // patch embedding
+  vit += c.vit.layers * (2 * t * (4 * d * d + 2 * d * h)              // qkv, out, mlp
+                         + 4 * t * t * d);                            // QK^T and AV, full
   const double tokens = c.tokens_per_tile();
   const double in = c.projector.pixel_shuffle ? 4 * d : d;
   vit += 2 * tokens * (in * c.projector.hidden + c.projector.hidden * c.llm.dim);

@@ -85,7 +85,7 @@ struct Workload {
   double enc_flops = 0, llm_flops = 0, useful_flops = 0;  // per iteration
   double enc_params = 0, llm_params = 0;
   double budget = 0;  // bytes per GPU
-  int patches = 0;    // per tile
+  int patches = 0;    // encoder rows per tile (VitConfig::seq)
 };
 
 absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& model,
@@ -112,7 +112,7 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
   w.enc_params = static_cast<double>(VitParameterCount(model.vit) + ProjectorParameterCount(model));
   w.llm_params = static_cast<double>(LlmParameterCount(model.llm));
   w.budget = c.memory_bytes * limits.memory_fraction;
-  w.patches = model.vit.patches_per_tile();
+  w.patches = model.vit.seq();
   return w;
 }
 

@@ -33,7 +33,9 @@ int TrainingWorker::Impl::TileCount(const IterationData& d, const scheduler::v1:
 absl::Status TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& in, int n,
                                                   std::vector<float>* vit_out,
                                                   std::vector<float>* emb) {
-  vit_out->resize(static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim);
+  // A stage before the last hands on every row (the class token's too).
+  const int rows = last_stage() ? model.vit.patches_per_tile() : model.vit.seq();
+  vit_out->resize(static_cast<size_t>(n) * rows * model.vit.dim);
   if (absl::Status s = vit->Forward(in.data(), n, vit_out->data()); !s.ok()) return s;
   if (!last_stage()) return absl::OkStatus();
   emb->resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
@@ -122,7 +124,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
   StageTotals totals;
   std::vector<double> first_forward(d.bins.size(), 0.0);
   const auto& bins = d.assignment.bins();
-  const size_t patch_floats = static_cast<size_t>(model.vit.patches_per_tile()) * model.vit.dim;
+  const size_t stage_floats = static_cast<size_t>(model.vit.seq()) * model.vit.dim;  // per tile
   std::vector<double> seconds(d.bins.size(), 0.0);           // by position in d.bins
   std::map<int, std::pair<std::vector<float>, int>> inputs;  // bin -> (stage input, tiles)
   std::vector<float> vit_out, emb_scratch;
@@ -135,7 +137,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     if (first_stage()) {
       in = Tiles(d, bins[b], &n);
     } else if (absl::Status s =
-                   Receive(Transfer::kActivations, d.iteration, b, n * patch_floats, &in, wait);
+                   Receive(Transfer::kActivations, d.iteration, b, n * stage_floats, &in, wait);
                !s.ok()) {
       return s;
     }
@@ -178,7 +180,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
         last_stage()
             ? Receive(Transfer::kEmbeddingGrads, d.iteration, b,
                       static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim, &grad, wait)
-            : Receive(Transfer::kActivationGrads, d.iteration, b, n * patch_floats, &grad, wait);
+            : Receive(Transfer::kActivationGrads, d.iteration, b, n * stage_floats, &grad, wait);
     if (!s.ok()) return s;
     if (live != b) {  // recompute
       const auto r0 = Clock::now();
@@ -197,7 +199,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       projector->Backward(grad.data(), dvit.data());
       dout = dvit.data();
     }
-    auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * patch_floats);
+    auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * stage_floats);
     if (s = vit->Backward(dout, first_stage() ? nullptr : din->data()); !s.ok()) return s;
     seconds[k] += Since(t0);
     Span("backward", s0, d.iteration, "B bin ", b);
