@@ -18,93 +18,33 @@ namespace {
 
 using nlohmann::json;
 
-absl::Status Bad(const std::string& where, const std::string& field, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, ": ", why));
-}
-
-// Typed, checked access to one config object.
-class Fields {
- public:
-  Fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
-
-  bool Has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-
-  absl::StatusOr<int> Int(const std::string& key, int min = 1) const {
-    if (!Has(key)) return Bad(where_, key, "missing (required)");
-    const json& v = j_.at(key);
-    if (!v.is_number_integer()) return Bad(where_, key, "must be an integer, not " + v.dump());
-    const int64_t x = v.get<int64_t>();
-    if (x < min || x > (int64_t{1} << 30)) {
-      return Bad(where_, key, absl::StrCat(x, " is out of range (>= ", min, ")"));
-    }
-    return static_cast<int>(x);
-  }
-
-  absl::StatusOr<double> Number(const std::string& key) const {
-    if (!Has(key)) return Bad(where_, key, "missing (required)");
-    const json& v = j_.at(key);
-    if (!v.is_number()) return Bad(where_, key, "must be a number, not " + v.dump());
-    const double x = v.get<double>();
-    if (!std::isfinite(x) || x <= 0) return Bad(where_, key, absl::StrCat(x, " must be > 0"));
-    return x;
-  }
-
-  absl::StatusOr<bool> Bool(const std::string& key, bool absent) const {
-    if (!Has(key)) return absent;
-    const json& v = j_.at(key);
-    if (!v.is_boolean()) return Bad(where_, key, "must be true or false, not " + v.dump());
-    return v.get<bool>();
-  }
-
-  absl::StatusOr<std::string> String(const std::string& key) const {
-    if (!Has(key)) return Bad(where_, key, "missing (required)");
-    const json& v = j_.at(key);
-    if (!v.is_string()) return Bad(where_, key, "must be a string, not " + v.dump());
-    return v.get<std::string>();
-  }
-
-  const json& at(const std::string& key) const { return j_.at(key); }
-  const std::string& where() const { return where_; }
-
- private:
-  const json& j_;
-  std::string where_;
-};
-
-#define LOOM_ASSIGN(lhs, expr)                \
-  do {                                        \
-    auto loom_v = (expr);                     \
-    if (!loom_v.ok()) return loom_v.status(); \
-    lhs = *loom_v;                            \
-  } while (0)
-
 // rope_scaling or rope_parameters (with `theta_key` holding the theta in
 // the latter): the type and the llama3 fields into `c`.
 absl::Status ParseRope(const Fields& r, const std::string& field, LlmConfig* c) {
   std::string type = "default";
   if (r.Has("rope_type")) {
-    LOOM_ASSIGN(type, r.String("rope_type"));
+    LOOM_HF_ASSIGN(type, r.String("rope_type"));
   } else if (r.Has("type")) {  // the older key in rope_scaling
-    LOOM_ASSIGN(type, r.String("type"));
+    LOOM_HF_ASSIGN(type, r.String("type"));
   }
   if (type == "default") {
     c->rope_scaling = {};
     return absl::OkStatus();
   }
   if (type != "llama3") {
-    return Bad(r.where(), field + ".rope_type",
-               "'" + type + "' is not run by Loom (default and llama3 are)");
+    return BadField(r.where(), field + ".rope_type",
+                    "'" + type + "' is not run by Loom (default and llama3 are)");
   }
   RopeScaling s;
   s.type = RopeScaling::Type::kLlama3;
   double x = 0;
-  LOOM_ASSIGN(x, r.Number("factor"));
+  LOOM_HF_ASSIGN(x, r.Number("factor"));
   s.factor = static_cast<float>(x);
-  LOOM_ASSIGN(x, r.Number("low_freq_factor"));
+  LOOM_HF_ASSIGN(x, r.Number("low_freq_factor"));
   s.low_freq_factor = static_cast<float>(x);
-  LOOM_ASSIGN(x, r.Number("high_freq_factor"));
+  LOOM_HF_ASSIGN(x, r.Number("high_freq_factor"));
   s.high_freq_factor = static_cast<float>(x);
-  LOOM_ASSIGN(s.original_max_position_embeddings, r.Int("original_max_position_embeddings"));
+  LOOM_HF_ASSIGN(s.original_max_position_embeddings, r.Int("original_max_position_embeddings"));
   c->rope_scaling = s;
   return absl::OkStatus();
 }
@@ -117,68 +57,71 @@ bool SameRope(const LlmConfig& a, const LlmConfig& b) {
 }
 
 absl::StatusOr<LlmConfig> ParseLlmObject(const json& j, const std::string& where) {
-  if (!j.is_object()) return Bad(where, "config", "must be a JSON object");
+  if (!j.is_object()) return BadField(where, "config", "must be a JSON object");
   const Fields f(j, where);
   std::string type;
-  LOOM_ASSIGN(type, f.String("model_type"));
+  LOOM_HF_ASSIGN(type, f.String("model_type"));
   if (type != "llama" && type != "qwen2") {
-    return Bad(where, "model_type",
-               "'" + type + "': Loom runs llama and qwen2 language models" +
-                   (type == "qwen3" ? " (Qwen3's q_norm/k_norm are not implemented)" : ""));
+    return BadField(where, "model_type",
+                    "'" + type + "': Loom runs llama and qwen2 language models" +
+                        (type == "qwen3" ? " (Qwen3's q_norm/k_norm are not implemented)" : ""));
   }
   const bool qwen2 = type == "qwen2";
   LlmConfig c;
-  LOOM_ASSIGN(c.vocab, f.Int("vocab_size", 2));
-  LOOM_ASSIGN(c.dim, f.Int("hidden_size"));
-  LOOM_ASSIGN(c.layers, f.Int("num_hidden_layers"));
-  LOOM_ASSIGN(c.heads, f.Int("num_attention_heads"));
-  LOOM_ASSIGN(c.kv_heads, f.Int("num_key_value_heads"));
-  LOOM_ASSIGN(c.ffn_hidden, f.Int("intermediate_size"));
-  LOOM_ASSIGN(c.max_seq, f.Int("max_position_embeddings"));
+  LOOM_HF_ASSIGN(c.vocab, f.Int("vocab_size", 2));
+  LOOM_HF_ASSIGN(c.dim, f.Int("hidden_size"));
+  LOOM_HF_ASSIGN(c.layers, f.Int("num_hidden_layers"));
+  LOOM_HF_ASSIGN(c.heads, f.Int("num_attention_heads"));
+  LOOM_HF_ASSIGN(c.kv_heads, f.Int("num_key_value_heads"));
+  LOOM_HF_ASSIGN(c.ffn_hidden, f.Int("intermediate_size"));
+  LOOM_HF_ASSIGN(c.max_seq, f.Int("max_position_embeddings"));
   double eps = 0;
-  LOOM_ASSIGN(eps, f.Number("rms_norm_eps"));
+  LOOM_HF_ASSIGN(eps, f.Number("rms_norm_eps"));
   c.rms_norm_eps = static_cast<float>(eps);
   if (f.Has("head_dim")) {
-    LOOM_ASSIGN(c.head_dim, f.Int("head_dim"));
+    LOOM_HF_ASSIGN(c.head_dim, f.Int("head_dim"));
   } else if (c.dim % c.heads != 0) {
-    return Bad(where, "head_dim", "missing, and hidden_size does not divide by the heads");
+    return BadField(where, "head_dim", "missing, and hidden_size does not divide by the heads");
   } else {
     c.head_dim = c.dim / c.heads;
   }
   if (c.heads % c.kv_heads != 0) {
-    return Bad(where, "num_key_value_heads",
-               absl::StrCat(c.kv_heads, " does not divide num_attention_heads (", c.heads, ")"));
+    return BadField(
+        where, "num_key_value_heads",
+        absl::StrCat(c.kv_heads, " does not divide num_attention_heads (", c.heads, ")"));
   }
-  if (c.head_dim % 2 != 0) return Bad(where, "head_dim", "must be even (RoPE)");
-  LOOM_ASSIGN(c.tie_embeddings, f.Bool("tie_word_embeddings", false));
+  if (c.head_dim % 2 != 0) return BadField(where, "head_dim", "must be even (RoPE)");
+  LOOM_HF_ASSIGN(c.tie_embeddings, f.Bool("tie_word_embeddings", false));
   std::string act;
-  LOOM_ASSIGN(act, f.String("hidden_act"));
-  if (act != "silu") return Bad(where, "hidden_act", "'" + act + "': Loom's MLP is SwiGLU (silu)");
+  LOOM_HF_ASSIGN(act, f.String("hidden_act"));
+  if (act != "silu")
+    return BadField(where, "hidden_act", "'" + act + "': Loom's MLP is SwiGLU (silu)");
   bool flag = false;
   if (qwen2) {
     c.qkv_bias = true;
-    LOOM_ASSIGN(flag, f.Bool("use_sliding_window", false));
-    if (flag) return Bad(where, "use_sliding_window", "true: Loom's attention is full causal");
+    LOOM_HF_ASSIGN(flag, f.Bool("use_sliding_window", false));
+    if (flag) return BadField(where, "use_sliding_window", "true: Loom's attention is full causal");
   } else {
-    LOOM_ASSIGN(flag, f.Bool("attention_bias", false));
-    if (flag) return Bad(where, "attention_bias", "true (q/k/v/o biases) is not run by Loom");
-    LOOM_ASSIGN(flag, f.Bool("mlp_bias", false));
-    if (flag) return Bad(where, "mlp_bias", "true is not run by Loom");
+    LOOM_HF_ASSIGN(flag, f.Bool("attention_bias", false));
+    if (flag) return BadField(where, "attention_bias", "true (q/k/v/o biases) is not run by Loom");
+    LOOM_HF_ASSIGN(flag, f.Bool("mlp_bias", false));
+    if (flag) return BadField(where, "mlp_bias", "true is not run by Loom");
   }
 
   // RoPE, in either spelling.
   const bool has_theta = f.Has("rope_theta"), has_params = f.Has("rope_parameters");
   if (!has_theta && !has_params) {
-    return Bad(where, "rope_theta", "missing, and no rope_parameters either (RoPE needs a theta)");
+    return BadField(where, "rope_theta",
+                    "missing, and no rope_parameters either (RoPE needs a theta)");
   }
   LlmConfig old_style = c, new_style = c;
   if (has_theta) {
     double theta = 0;
-    LOOM_ASSIGN(theta, f.Number("rope_theta"));
+    LOOM_HF_ASSIGN(theta, f.Number("rope_theta"));
     old_style.rope_theta = static_cast<float>(theta);
     if (f.Has("rope_scaling")) {
       if (!f.at("rope_scaling").is_object()) {
-        return Bad(where, "rope_scaling", "must be null or an object");
+        return BadField(where, "rope_scaling", "must be null or an object");
       }
       const Fields r(f.at("rope_scaling"), where);
       if (absl::Status s = ParseRope(r, "rope_scaling", &old_style); !s.ok()) return s;
@@ -186,16 +129,16 @@ absl::StatusOr<LlmConfig> ParseLlmObject(const json& j, const std::string& where
   }
   if (has_params) {
     if (!f.at("rope_parameters").is_object()) {
-      return Bad(where, "rope_parameters", "must be an object");
+      return BadField(where, "rope_parameters", "must be an object");
     }
     const Fields r(f.at("rope_parameters"), where + " rope_parameters");
     double theta = 0;
-    LOOM_ASSIGN(theta, r.Number("rope_theta"));
+    LOOM_HF_ASSIGN(theta, r.Number("rope_theta"));
     new_style.rope_theta = static_cast<float>(theta);
     if (absl::Status s = ParseRope(r, "rope_parameters", &new_style); !s.ok()) return s;
   }
   if (has_theta && has_params && !SameRope(old_style, new_style)) {
-    return Bad(where, "rope_parameters", "disagrees with rope_theta / rope_scaling");
+    return BadField(where, "rope_parameters", "disagrees with rope_theta / rope_scaling");
   }
   c = has_params ? new_style : old_style;
 
@@ -203,12 +146,10 @@ absl::StatusOr<LlmConfig> ParseLlmObject(const json& j, const std::string& where
   whole.name = where;
   whole.llm = c;
   if (absl::Status s = ValidateModelConfig(whole); !s.ok()) {
-    return Bad(where, "config", std::string(s.message()));
+    return BadField(where, "config", std::string(s.message()));
   }
   return c;
 }
-
-#undef LOOM_ASSIGN
 
 // Loom's name for layer parameter `suffix`, and the HF tensors it is made of.
 struct LayerMap {
@@ -266,25 +207,31 @@ absl::StatusOr<LlmConfig> ReadLlmConfig(const std::string& dir) {
 
 absl::StatusOr<HfParts> LlmHfParts(const LlmConfig& c, const std::string& name,
                                    const LlmKeys& keys) {
-  const int64_t hd = c.hd();
-  if (name == "wte") return HfParts{{keys.body + "embed_tokens.weight"}, {c.vocab}};
-  if (name == "norm.weight") return HfParts{{keys.body + "norm.weight"}, {c.dim}};
-  if (name == "lm_head.weight") return HfParts{{keys.head + "weight"}, {c.vocab}};
+  const int64_t hd = c.hd(), D = c.dim, F = c.ffn_hidden, A = c.heads * hd, KV = c.kv() * hd;
+  if (name == "wte") return HfParts{{keys.body + "embed_tokens.weight"}, {{c.vocab, D}}};
+  if (name == "norm.weight") return HfParts{{keys.body + "norm.weight"}, {{D}}};
+  if (name == "lm_head.weight") return HfParts{{keys.head + "weight"}, {{c.vocab, D}}};
   std::vector<std::string> parts = absl::StrSplit(name, absl::MaxSplits('.', 2));
   int layer = -1;
   if (parts.size() == 3 && parts[0] == "layers" && absl::SimpleAtoi(parts[1], &layer)) {
+    const std::string& what = parts[2];
     for (const LayerMap& m : LayerMaps()) {
-      if (parts[2] != m.loom) continue;
+      if (what != m.loom) continue;
       HfParts out;
       const std::string prefix = absl::StrCat(keys.body, "layers.", layer, ".");
       for (const char* hf : m.hf) out.names.push_back(prefix + hf);
-      if (out.names.size() == 3) {
-        out.rows = {c.heads * hd, c.kv() * hd, c.kv() * hd};
-      } else if (parts[2] == "attn.proj.weight" || parts[2] == "mlp.down.weight" ||
-                 parts[2] == "attn_norm.weight" || parts[2] == "mlp_norm.weight") {
-        out.rows = {c.dim};
+      if (what == "attn.qkv.weight") {
+        out.shapes = {{A, D}, {KV, D}, {KV, D}};
+      } else if (what == "attn.qkv.bias") {
+        out.shapes = {{A}, {KV}, {KV}};
+      } else if (what == "attn.proj.weight") {
+        out.shapes = {{D, A}};
+      } else if (what == "mlp.down.weight") {
+        out.shapes = {{D, F}};
+      } else if (what == "attn_norm.weight" || what == "mlp_norm.weight") {
+        out.shapes = {{D}};
       } else {
-        out.rows = {c.ffn_hidden};
+        out.shapes = {{F, D}};  // gate, up
       }
       return out;
     }
@@ -294,43 +241,8 @@ absl::StatusOr<HfParts> LlmHfParts(const LlmConfig& c, const std::string& name,
 
 absl::Status LoadLlmWeights(const SafetensorsModel& model, const LlmConfig& c, const LlmKeys& keys,
                             ParamSet* params) {
-  const TpShard shard = params->shard();
-  std::vector<float> master;
-  for (int i = 0; i < static_cast<int>(params->specs().size()); ++i) {
-    const ParamSpec& spec = params->spec(i);
-    absl::StatusOr<HfParts> parts = LlmHfParts(c, spec.name, keys);
-    if (!parts.ok()) return parts.status();
-    const int64_t cols = spec.master_shape.size() == 2 ? spec.master_shape[1] : 0;
-    master.clear();
-    for (size_t k = 0; k < parts->names.size(); ++k) {
-      const std::string& hf = parts->names[k];
-      const TensorEntry* e = model.Find(hf);
-      if (e == nullptr) {
-        return absl::NotFoundError(
-            absl::StrCat(model.where(), ": no tensor ", hf, " (for ", spec.name, ")"));
-      }
-      std::vector<int64_t> want = {parts->rows[k]};
-      if (cols > 0) want.push_back(cols);
-      if (e->shape != want) {
-        std::string got, exp;
-        for (int64_t d : e->shape) absl::StrAppend(&got, got.empty() ? "" : ", ", d);
-        for (int64_t d : want) absl::StrAppend(&exp, exp.empty() ? "" : ", ", d);
-        return absl::InvalidArgumentError(
-            absl::StrCat(model.where(), ": ", hf, " is [", got, "], the config gives [", exp, "]"));
-      }
-      absl::StatusOr<std::vector<float>> data = model.ReadF32(hf);
-      if (!data.ok()) return data.status();
-      master.insert(master.end(), data->begin(), data->end());
-    }
-    if (static_cast<int64_t>(master.size()) != NumElements(spec.master_shape)) {
-      return absl::InternalError("LLM parameter " + spec.name + ": the parts do not fill it");
-    }
-    float* dst = params->param(i);
-    for (const SliceRun& r : SliceRuns(spec, shard)) {
-      std::memcpy(dst + r.offset, master.data() + r.master_offset, sizeof(float) * r.length);
-    }
-  }
-  return absl::OkStatus();
+  return LoadParams(
+      model, [&](const std::string& name) { return LlmHfParts(c, name, keys); }, params);
 }
 
 absl::Status CheckLlmTensorsKnown(const SafetensorsModel& model, const LlmConfig& c,
@@ -375,27 +287,9 @@ absl::Status CheckLlmTensorsKnown(const SafetensorsModel& model, const LlmConfig
 
 std::vector<NamedTensor> LlmToHf(const LlmConfig& c, ParamSet& master, const LlmKeys& keys,
                                  bool grads) {
-  std::vector<NamedTensor> out;
-  for (const std::string& n : LoomNames(c)) {
-    const int i = master.Find(n);
-    if (i < 0) continue;  // the caller's set lacks it: checked by the caller
-    const ParamSpec& spec = master.spec(i);
-    const float* src = grads ? master.grad(i) : master.param(i);
-    absl::StatusOr<HfParts> parts = LlmHfParts(c, n, keys);
-    LOOM_CHECK(parts.ok()) << parts.status();
-    const int64_t cols = spec.master_shape.size() == 2 ? spec.master_shape[1] : 1;
-    int64_t row = 0;
-    for (size_t k = 0; k < parts->names.size(); ++k) {
-      NamedTensor t;
-      t.name = parts->names[k];
-      t.shape = {parts->rows[k]};
-      if (spec.master_shape.size() == 2) t.shape.push_back(cols);
-      t.data.assign(src + row * cols, src + (row + parts->rows[k]) * cols);
-      row += parts->rows[k];
-      out.push_back(std::move(t));
-    }
-  }
-  return out;
+  return ParamsToHf(
+      LoomNames(c), [&](const std::string& name) { return LlmHfParts(c, name, keys); }, master,
+      grads);
 }
 
 absl::StatusOr<std::unique_ptr<Llm>> OpenHfLlm(const std::string& dir) {
@@ -411,22 +305,32 @@ absl::StatusOr<std::unique_ptr<Llm>> OpenHfLlm(const std::string& dir) {
   return llm;
 }
 
-absl::StatusOr<LlmBatch> ParseTokenBatch(const std::string& text, int vocab) {
-  std::vector<Sample> samples;
+absl::StatusOr<std::vector<std::vector<int32_t>>> ParseTokenSequences(const std::string& text,
+                                                                      int vocab) {
+  std::vector<std::vector<int32_t>> seqs;
   for (absl::string_view seq : absl::StrSplit(text, '/')) {
-    Sample s;
+    std::vector<int32_t>& s = seqs.emplace_back();
     for (absl::string_view item : absl::StrSplit(seq, ',')) {
       int id = -1;
       if (!absl::SimpleAtoi(item, &id) || id < 0 || id >= vocab) {
         return absl::InvalidArgumentError(
             absl::StrCat("--tokens: '", item, "' is not a token id in [0, ", vocab, ")"));
       }
-      s.tokens.push_back(id);
+      s.push_back(id);
     }
-    samples.push_back(std::move(s));
   }
+  return seqs;
+}
+
+absl::StatusOr<LlmBatch> ParseTokenBatch(const std::string& text, int vocab) {
+  absl::StatusOr<std::vector<std::vector<int32_t>>> seqs = ParseTokenSequences(text, vocab);
+  if (!seqs.ok()) return seqs.status();
+  std::vector<Sample> samples(seqs->size());
   std::vector<const Sample*> ptrs;
-  for (const Sample& s : samples) ptrs.push_back(&s);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    samples[i].tokens = std::move((*seqs)[i]);
+    ptrs.push_back(&samples[i]);
+  }
   return PackSamples(ptrs);
 }
 

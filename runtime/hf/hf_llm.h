@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/hf/hf_params.h"
 #include "runtime/hf/safetensors.h"
 #include "runtime/model/config.h"
 #include "runtime/model/llm.h"
@@ -54,11 +55,7 @@ absl::StatusOr<LlmConfig> ParseLlmConfig(const std::string& json_text, const std
 absl::StatusOr<LlmConfig> ReadLlmConfig(const std::string& dir);
 
 // The Hugging Face tensors a Loom LLM parameter is made of, in order (q, k, v
-// for the fused projection; one name otherwise), and how many rows each has.
-struct HfParts {
-  std::vector<std::string> names;
-  std::vector<int64_t> rows;
-};
+// for the fused projection; one name otherwise).
 absl::StatusOr<HfParts> LlmHfParts(const LlmConfig& c, const std::string& loom_name,
                                    const LlmKeys& keys);
 
@@ -74,12 +71,6 @@ absl::Status LoadLlmWeights(const SafetensorsModel& model, const LlmConfig& c, c
 absl::Status CheckLlmTensorsKnown(const SafetensorsModel& model, const LlmConfig& c,
                                   const LlmKeys& keys);
 
-// One Hugging Face tensor, fp32.
-struct NamedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
 // The whole LLM (`master`: TP 1, every layer) as Hugging Face tensors, in
 // transformers' order: embed_tokens, each layer's input_layernorm, q, k, v
 // (weights, then biases), o, post_attention_layernorm, gate, up, down, then
@@ -95,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Llm>> OpenHfLlm(const std::string& dir);
 // sequences), every id in [0, vocab), each sequence at least 1 token;
 // INVALID_ARGUMENT naming the bad item.
 absl::StatusOr<LlmBatch> ParseTokenBatch(const std::string& text, int vocab);
+// The sequences of such a list, unpacked.
+absl::StatusOr<std::vector<std::vector<int32_t>>> ParseTokenSequences(const std::string& text,
+                                                                      int vocab);
 
 }  // namespace loom::hf
 

@@ -1,11 +1,12 @@
 // loom-model: Hugging Face models as Loom loads and writes them.
 //
-//   loom-model logits --hf DIR --tokens 1,2,3[/4,5,...]
+//   loom-model logits --hf DIR --tokens 1,2,3[/4,5,...] [--pixels FILE]
 //
 // loads DIR (a LlamaForCausalLM or Qwen2ForCausalLM directory: config.json
-// and its safetensors, runtime/hf/hf_llm.h), runs the token sequences ('/'
-// separates sequences packed into one batch) and prints the last position's
-// logits as one JSON object:
+// and its safetensors, runtime/hf/hf_llm.h; or a LlavaForConditionalGeneration
+// one, runtime/hf/hf_llava.h, whose images come from --pixels), runs the
+// token sequences ('/' separates sequences packed into one batch) and prints
+// the last position's logits as one JSON object:
 //   {"vocab": V, "position": T-1, "logits": [...]}
 //
 //   loom-model export --hf DIR --out OUT [--dtype bf16|f16|f32] [--max_shard_mb 5000]
@@ -27,11 +28,15 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "runtime/base/file.h"
+#include "runtime/hf/hf_llava.h"
 #include "runtime/hf/hf_llm.h"
 #include "runtime/hf/safetensors.h"
 
 ABSL_FLAG(std::string, hf, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, tokens, "", "token ids: 1,2,3 ('/' between packed sequences)");
+ABSL_FLAG(std::string, pixels, "",
+          "logits of a LLaVA directory: safetensors with pixel_values (N, 3, S, S), normalised "
+          "as the model's image processor does; image_token_index in --tokens marks the slots");
 ABSL_FLAG(std::string, out, "", "export: the directory to write");
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
 ABSL_FLAG(int64_t, max_shard_mb, 5000,
@@ -44,19 +49,56 @@ int Fail(const std::string& why) {
   return 2;
 }
 
+// The last position's logits of a LLaVA directory's model on --tokens and
+// --pixels; the number of positions in *T.
+absl::StatusOr<std::vector<float>> LlavaLogits(int* T) {
+  absl::StatusOr<loom::hf::OpenedLlava> o = loom::hf::OpenHfLlava(absl::GetFlag(FLAGS_hf));
+  if (!o.ok()) return o.status();
+  std::vector<float> pixels;
+  if (!absl::GetFlag(FLAGS_pixels).empty()) {
+    LOOM_HF_ASSIGN(pixels, loom::hf::ReadPixelValues(absl::GetFlag(FLAGS_pixels),
+                                                     o->config.model.vit.tile_size));
+  }
+  absl::StatusOr<std::vector<loom::Sample>> samples =
+      loom::hf::LlavaSamples(absl::GetFlag(FLAGS_tokens), o->config, pixels);
+  if (!samples.ok()) return samples.status();
+  std::vector<const loom::Sample*> mb;
+  *T = 0;
+  for (const loom::Sample& s : *samples) {
+    mb.push_back(&s);
+    *T += static_cast<int>(s.tokens.size());
+  }
+  o->model->Evaluate(mb);
+  const std::vector<float>& all = o->model->llm().logits();
+  return std::vector<float>(all.end() - o->config.model.llm.vocab, all.end());
+}
+
+// The same of a LlamaForCausalLM / Qwen2ForCausalLM directory.
+absl::StatusOr<std::vector<float>> LlmLogits(int* T) {
+  absl::StatusOr<std::unique_ptr<loom::Llm>> llm = loom::hf::OpenHfLlm(absl::GetFlag(FLAGS_hf));
+  if (!llm.ok()) return llm.status();
+  if (!absl::GetFlag(FLAGS_pixels).empty()) {
+    return absl::InvalidArgumentError("--pixels: " + absl::GetFlag(FLAGS_hf) +
+                                      " is a language model without a vision tower");
+  }
+  const int V = (*llm)->config().vocab;
+  absl::StatusOr<loom::LlmBatch> batch = loom::hf::ParseTokenBatch(absl::GetFlag(FLAGS_tokens), V);
+  if (!batch.ok()) return batch.status();
+  if (absl::Status s = (*llm)->Forward(*batch, nullptr); !s.ok()) return s;
+  *T = batch->T();
+  const float* last = (*llm)->logits().data() + static_cast<size_t>(*T - 1) * V;
+  return std::vector<float>(last, last + V);
+}
+
 int Logits() {
   if (absl::GetFlag(FLAGS_hf).empty()) return Fail("--hf DIR is required");
   if (absl::GetFlag(FLAGS_tokens).empty()) return Fail("--tokens is required");
-  absl::StatusOr<std::unique_ptr<loom::Llm>> llm = loom::hf::OpenHfLlm(absl::GetFlag(FLAGS_hf));
-  if (!llm.ok()) return Fail(std::string(llm.status().message()));
-  const int V = (*llm)->config().vocab;
-  absl::StatusOr<loom::LlmBatch> batch = loom::hf::ParseTokenBatch(absl::GetFlag(FLAGS_tokens), V);
-  if (!batch.ok()) return Fail(std::string(batch.status().message()));
-  if (absl::Status s = (*llm)->Forward(*batch, nullptr); !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  const int T = batch->T();
-  const float* last = (*llm)->logits().data() + static_cast<size_t>(T - 1) * V;
+  int T = 0;
+  absl::StatusOr<std::vector<float>> logits =
+      loom::hf::IsLlavaDir(absl::GetFlag(FLAGS_hf)) ? LlavaLogits(&T) : LlmLogits(&T);
+  if (!logits.ok()) return Fail(std::string(logits.status().message()));
+  const int V = static_cast<int>(logits->size());
+  const float* last = logits->data();
   std::string out = "{\"vocab\": " + std::to_string(V) +
                     ", \"position\": " + std::to_string(T - 1) + ", \"logits\": [";
   char buf[32];
