@@ -504,6 +504,62 @@ def llava_case(work, name, config, dtype, shards, layout, mutation):
             ["--pixels", px])
 
 
+def to_classic(n):
+    """A tensor name of transformers' LLaVA layout from 4.52 in the earlier one."""
+    for new, old in (("model.language_model.", "language_model.model."),
+                     ("lm_head.", "language_model.lm_head."),
+                     ("model.vision_tower.", "vision_tower."),
+                     ("model.multi_modal_projector.", "multi_modal_projector.")):
+        if n.startswith(new):
+            return old + n[len(new):]
+    return n
+
+
+def check_export(loom_model, name, d, dtype, tokens, extra, printed, failures):
+    """`loom-model export` of d: the same tensors bit for bit (a LLaVA tower cut to the layers
+    it runs, under the pre-4.52 keys, with an identity post_layernorm), and a LLaVA export
+    computes the same logits."""
+    back = d + ".export"
+    subprocess.run([loom_model, "export", "--hf", d, "--out", back, "--dtype", dtype.lower(),
+                    "--max_shard_mb", "1"], check=True, capture_output=True)
+    src, got = read_raw(d), read_raw(back)
+    config = json.load(open(os.path.join(d, "config.json")))
+    exported = json.load(open(os.path.join(back, "config.json")))
+    if config.get("model_type") == "llava":
+        vc = config["vision_config"]
+        used = vc["num_hidden_layers"] + 1 + config["vision_feature_layer"]
+        want = {}
+        for n, v in src.items():
+            n = to_classic(n)
+            parts = n.split(".")
+            if "post_layernorm" in parts or ("layers" in parts and "vision_tower" in parts and
+                                             int(parts[parts.index("layers") + 1]) >= used):
+                continue
+            want[n] = v
+        D = vc["hidden_size"]
+        p = "vision_tower.vision_model.post_layernorm."
+        want[p + "weight"] = (dtype, [D], tensor_bytes(torch.ones(D).to(DTYPES[dtype][0])))
+        want[p + "bias"] = (dtype, [D], tensor_bytes(torch.zeros(D).to(DTYPES[dtype][0])))
+        config["vision_config"]["num_hidden_layers"] = used
+        config["vision_feature_layer"] = -1
+        r = subprocess.run([loom_model, "logits", "--hf", back, "--tokens", tokens] + extra,
+                           check=True, capture_output=True, text=True)
+        if json.loads(r.stdout) != printed:
+            failures.append(f"{name} export: the exported directory computes other logits")
+    else:
+        want = src
+    if config != exported:
+        failures.append(f"{name} export: config.json is not the source's (with the tower cut)")
+    if set(want) != set(got):
+        failures.append(f"{name} export: keys differ: {sorted(set(want) ^ set(got))[:4]}")
+    diff = [k for k in want if k in got and want[k] != got[k]]
+    if diff:
+        failures.append(f"{name} export: {len(diff)} tensors differ in dtype, shape or bytes, "
+                        f"first {diff[0]}")
+    print(f"hf golden {name}: exported {len(got)} tensors, "
+          f"{'bit-identical' if not diff and set(want) == set(got) else 'DIFFERENT'}")
+
+
 def run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, case):
     weights, seqs, reference, extra = case
     d = os.path.join(work, name)
@@ -541,22 +597,8 @@ def run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, ca
     check(f"{name} loom-model logits", logits[-1].detach(), torch.tensor(printed["logits"]),
           tol_logits, failures)
     # Hugging Face -> Loom -> Hugging Face: every tensor back bit for bit.
-    if not mutation and not extra:  # the LLaVA export: not yet
-        back = d + ".export"
-        subprocess.run([loom_model, "export", "--hf", d, "--out", back, "--dtype", dtype.lower(),
-                        "--max_shard_mb", "1"], check=True, capture_output=True)
-        src, got = read_raw(d), read_raw(back)
-        if set(src) != set(got):
-            failures.append(f"{name} export: keys differ: {sorted(set(src) ^ set(got))}")
-        diff = [k for k in src if k in got and src[k] != got[k]]
-        if diff:
-            failures.append(f"{name} export: {len(diff)} tensors differ in dtype, shape or "
-                            f"bytes, first {diff[0]}")
-        if open(os.path.join(d, "config.json")).read() != \
-                open(os.path.join(back, "config.json")).read():
-            failures.append(f"{name} export: config.json not copied as it was")
-        print(f"hf golden {name}: exported {len(got)} tensors, "
-              f"{'bit-identical' if not diff and set(src) == set(got) else 'DIFFERENT'}")
+    if not mutation:
+        check_export(loom_model, name, d, dtype, tokens, extra, printed, failures)
     print(f"hf golden {name} ({dtype}, {shards} file{'s' if shards > 1 else ''}): logits "
           f"max|diff| {err:.3g}, loss torch {loss.item():.6f} loom {loom['loss'].item():.6f}, "
           f"worst grad |diff| {worst:.3g}")

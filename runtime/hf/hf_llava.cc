@@ -363,6 +363,23 @@ std::vector<NamedTensor> LlavaToHf(MultimodalModel& model, const LlavaKeys& keys
   return out;
 }
 
+absl::StatusOr<std::string> LlavaExportConfig(const std::string& source, const LlavaConfig& c) {
+  json j = json::parse(source, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("vision_config") || !j["vision_config"].is_object()) {
+    return absl::InvalidArgumentError("the source config.json is not a LLaVA config");
+  }
+  j["vision_config"]["num_hidden_layers"] = c.model.vit.layers;
+  j["vision_feature_layer"] = -1;
+  return j.dump(2) + "\n";
+}
+
+std::vector<NamedTensor> LlavaExportExtras(const LlavaConfig& c) {
+  const int64_t D = c.model.vit.dim;
+  const std::string p = ClassicLlavaKeys().vision + "post_layernorm.";
+  return {{p + "weight", {D}, std::vector<float>(D, 1.0f)},
+          {p + "bias", {D}, std::vector<float>(D, 0.0f)}};
+}
+
 absl::StatusOr<OpenedLlava> OpenHfLlava(const std::string& dir) {
   OpenedLlava o;
   LOOM_HF_ASSIGN(o.config, ReadLlavaConfig(dir));

@@ -98,6 +98,14 @@ absl::Status CheckLlavaTensorsKnown(const SafetensorsModel& model, const LlavaCo
 // `grads`: the gradients instead.
 std::vector<NamedTensor> LlavaToHf(MultimodalModel& model, const LlavaKeys& keys, bool grads);
 
+// Loom's export of a LLaVA model, under ClassicLlavaKeys: the config.json
+// `source` (the imported directory's) with the tower cut to the layers Loom
+// runs (vision_config.num_hidden_layers, vision_feature_layer -1), and the
+// tensors transformers' tower module has that LLaVA never runs (an identity
+// post_layernorm), so that transformers loads every weight.
+absl::StatusOr<std::string> LlavaExportConfig(const std::string& source, const LlavaConfig& c);
+std::vector<NamedTensor> LlavaExportExtras(const LlavaConfig& c);
+
 // A LLaVA directory as one Loom MultimodalModel (one rank, one stage).
 struct OpenedLlava {
   LlavaConfig config;

@@ -15,7 +15,11 @@
 // directory: safetensors in `dtype` (one file, or shards with the index as
 // save_pretrained cuts them), config.json and the tokenizer and generation
 // files copied. From a BF16 checkpoint with --dtype bf16 every tensor comes
-// back bit for bit (a test).
+// back bit for bit (a test). A LLaVA directory is written under the key
+// layout of transformers before 4.52 (which later versions read too), its
+// tower cut to the layers LLaVA runs (config.json says so: vision_config's
+// num_hidden_layers, vision_feature_layer -1) with an identity
+// post_layernorm, which LLaVA never applies.
 //
 // A bad directory, config, token list or output exits 2 with the reason.
 #include <cstdio>
@@ -111,9 +115,15 @@ int Logits() {
 }
 
 // The files of a Hugging Face directory that describe it beside the weights.
-constexpr const char* kSideFiles[] = {
-    "config.json",           "generation_config.json",  "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
+constexpr const char* kSideFiles[] = {"config.json",
+                                      "generation_config.json",
+                                      "tokenizer.json",
+                                      "tokenizer_config.json",
+                                      "special_tokens_map.json",
+                                      "tokenizer.model",
+                                      "preprocessor_config.json",
+                                      "processor_config.json",
+                                      "chat_template.json"};
 
 int Export() {
   const std::string in = absl::GetFlag(FLAGS_hf), out = absl::GetFlag(FLAGS_out);
@@ -128,10 +138,26 @@ int Export() {
     return Fail("--dtype: '" + dtype + "' (bf16, f16 or f32)");
   }
   if (absl::GetFlag(FLAGS_max_shard_mb) < 1) return Fail("--max_shard_mb must be >= 1");
-  absl::StatusOr<std::unique_ptr<loom::Llm>> llm = loom::hf::OpenHfLlm(in);
-  if (!llm.ok()) return Fail(std::string(llm.status().message()));
-  const std::vector<loom::hf::NamedTensor> tensors = loom::hf::LlmToHf(
-      (*llm)->config(), (*llm)->params(), loom::hf::CausalLmKeys(), /*grads=*/false);
+  std::vector<loom::hf::NamedTensor> tensors;
+  std::string config;  // empty: copy the source's
+  if (loom::hf::IsLlavaDir(in)) {
+    absl::StatusOr<loom::hf::OpenedLlava> o = loom::hf::OpenHfLlava(in);
+    if (!o.ok()) return Fail(std::string(o.status().message()));
+    tensors = loom::hf::LlavaToHf(*o->model, loom::hf::ClassicLlavaKeys(), /*grads=*/false);
+    for (loom::hf::NamedTensor& t : loom::hf::LlavaExportExtras(o->config)) {
+      tensors.push_back(std::move(t));
+    }
+    absl::StatusOr<std::string> source = loom::ReadFile(in + "/config.json");
+    if (!source.ok()) return Fail(std::string(source.status().message()));
+    absl::StatusOr<std::string> c = loom::hf::LlavaExportConfig(*source, o->config);
+    if (!c.ok()) return Fail(std::string(c.status().message()));
+    config = *c;
+  } else {
+    absl::StatusOr<std::unique_ptr<loom::Llm>> llm = loom::hf::OpenHfLlm(in);
+    if (!llm.ok()) return Fail(std::string(llm.status().message()));
+    tensors = loom::hf::LlmToHf((*llm)->config(), (*llm)->params(), loom::hf::CausalLmKeys(),
+                                /*grads=*/false);
+  }
   std::vector<std::vector<uint16_t>> narrow(tensors.size());
   std::vector<loom::hf::TensorView> views;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -155,9 +181,15 @@ int Export() {
   if (absl::Status s = loom::hf::WriteSafetensorsModel(out, views, shard); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  if (!config.empty()) {
+    if (absl::Status s = loom::WriteFileAtomically(out + "/config.json", config); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
   for (const char* name : kSideFiles) {
     const std::string from = in + "/" + name;
     if (!std::filesystem::exists(from)) continue;
+    if (!config.empty() && std::string(name) == "config.json") continue;
     absl::StatusOr<std::string> text = loom::ReadFile(from);
     if (!text.ok()) return Fail(std::string(text.status().message()));
     if (absl::Status s = loom::WriteFileAtomically(out + "/" + name, *text); !s.ok()) {
