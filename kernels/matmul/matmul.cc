@@ -24,10 +24,10 @@ void matmul_backward_reference(float* dinp, float* dweight, float* dbias, const 
     const float* x = inp + static_cast<long>(m) * K;
     for (int n = 0; n < N; ++n) {
       const float* w = weight + static_cast<long>(n) * K;
-      float* dw = dweight + static_cast<long>(n) * K;
+      float* dw = dweight ? dweight + static_cast<long>(n) * K : nullptr;
       for (int k = 0; k < K; ++k) {
         if (dinp) dinp[static_cast<long>(m) * K + k] += g[n] * w[k];
-        dw[k] += g[n] * x[k];
+        if (dw) dw[k] += g[n] * x[k];
       }
       if (dbias) dbias[n] += g[n];
     }
@@ -57,8 +57,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                 dinp, K);
   }
   // dweight (N,K) += dout (M,N)ᵀ · inp (M,K)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dout, N, inp, K, 1.0f,
-              dweight, K);
+  if (dweight) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dout, N, inp, K, 1.0f,
+                dweight, K);
+  }
   if (dbias) {
     for (int m = 0; m < M; ++m) {
       const float* g = dout + static_cast<long>(m) * N;

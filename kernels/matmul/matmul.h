@@ -5,7 +5,9 @@
 //
 // Forward writes `out`; backward accumulates (+=) into dinp, dweight and
 // dbias, so gradients from several microbatches sum in place. `bias` and
-// `dbias` may be null; `dinp` may be null when the input needs no gradient.
+// `dbias` may be null; `dinp` may be null when the input needs no gradient,
+// `dweight` (and then `dbias`) when the weight does not train (a frozen
+// module: the backward is then one GEMM, not two).
 //
 // The _reference versions are plain loops: the specification the fast
 // versions (OpenBLAS sgemm) and the CUDA kernels are tested against.

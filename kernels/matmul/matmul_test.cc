@@ -88,6 +88,20 @@ TEST(MatmulTest, NullInputGradientIsSkipped) {
   EXPECT_TRUE(AllClose(dw_a.data(), dw_b.data(), dw_a.size(), kFastVsReferenceF32));
 }
 
+// A frozen weight: no weight gradient, the input gradient exactly as with one.
+TEST(MatmulTest, NullWeightGradientGivesTheSameInputGradient) {
+  const int M = 4, K = 6, N = 3;
+  auto inp = RandomVector(M * K, 17), w = RandomVector(N * K, 18), dout = RandomVector(M * N, 19);
+  std::vector<float> dx_a(M * K, 0.0f), dx_b(M * K, 0.0f), dw(N * K, 0.0f), db(N, 0.0f);
+  matmul_backward(dx_a.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), M, K, N);
+  matmul_backward(dx_b.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), M, K, N);
+  EXPECT_EQ(dx_a, dx_b);
+  std::vector<float> dx_r(M * K, 0.0f);
+  matmul_backward_reference(dx_r.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), M, K,
+                            N);
+  EXPECT_TRUE(AllClose(dx_r.data(), dx_a.data(), dx_a.size(), kFastVsReferenceF32));
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                          ::testing::Values(Dims{1, 1, 1}, Dims{3, 5, 7}, Dims{16, 32, 8},
                                            Dims{33, 17, 65}, Dims{64, 128, 96}),

@@ -38,8 +38,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       const float d = g[c] * weight[c];
       mean_d += d;
       mean_dx += d * xhat;
-      dweight[c] += g[c] * xhat;
-      dbias[c] += g[c];
+      if (dweight) dweight[c] += g[c] * xhat;
+      if (dbias) dbias[c] += g[c];
     }
     mean_d /= C;
     mean_dx /= C;
@@ -75,7 +75,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     double mean_dx = 0;
     for (int c = 0; c < C; ++c) {
       mean_dx += static_cast<double>(g[c]) * weight[c] * x[c];
-      dweight[c] += g[c] * x[c] * r;
+      if (dweight) dweight[c] += g[c] * x[c] * r;
     }
     mean_dx /= C;
     const float k = static_cast<float>(mean_dx) * r * r;

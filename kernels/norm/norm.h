@@ -3,7 +3,8 @@
 //
 // Forward also saves what backward needs: LayerNorm the per-row mean and
 // reciprocal standard deviation, RMSNorm the per-row reciprocal RMS.
-// Backward accumulates (+=) into dinp, dweight and dbias.
+// Backward accumulates (+=) into dinp, dweight and dbias; dweight and dbias
+// may be null (a frozen module's norms: no weight gradients).
 #ifndef LOOM_KERNELS_NORM_NORM_H_
 #define LOOM_KERNELS_NORM_NORM_H_
 

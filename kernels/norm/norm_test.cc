@@ -1,5 +1,6 @@
 #include "kernels/norm/norm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -80,6 +81,28 @@ TEST(RmsNormTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   std::vector<float> dx2 = dx;
   rmsnorm_backward(dx2.data(), dw.data(), g.data(), x.data(), w.data(), rrms.data(), N, C);
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx[i]);
+}
+
+// A frozen norm: no weight (and bias) gradient, the input gradient unchanged.
+TEST(NormTest, NullWeightGradientsGiveTheSameInputGradient) {
+  const int N = 3, C = 8;
+  auto x = RandomVector(N * C, 10), w = RandomVector(C, 11), b = RandomVector(C, 12);
+  auto g = RandomVector(N * C, 13);
+  std::vector<float> y(N * C), mean(N), rstd(N), dw(C, 0.0f), db(C, 0.0f);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                    kLayerNormEps);
+  std::vector<float> dx_a(N * C, 0.0f), dx_b(N * C, 0.0f);
+  layernorm_backward(dx_a.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  layernorm_backward(dx_b.data(), nullptr, nullptr, g.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  EXPECT_EQ(dx_a, dx_b);
+  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, kRmsNormEps);
+  std::fill(dx_a.begin(), dx_a.end(), 0.0f);
+  std::fill(dx_b.begin(), dx_b.end(), 0.0f);
+  rmsnorm_backward(dx_a.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+  rmsnorm_backward(dx_b.data(), nullptr, g.data(), x.data(), w.data(), rstd.data(), N, C);
+  EXPECT_EQ(dx_a, dx_b);
 }
 
 }  // namespace

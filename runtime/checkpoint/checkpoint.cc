@@ -77,6 +77,10 @@ absl::Status SaveModuleCheckpoint(ParamSet& params, const std::string& module,
     for (int64_t d : s.shape) Put(&out, d);
   }
   for (const std::vector<float>* v : {&params.data(), &params.adam_m(), &params.adam_v()}) {
+    if (v->empty()) {  // a frozen module's AdamW state: zeros, as it starts when unfrozen
+      out.append(static_cast<size_t>(params.size()) * sizeof(float), '\0');
+      continue;
+    }
     out.append(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(float));
   }
   Put(&out, Fnv1a(out));
@@ -134,9 +138,12 @@ absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& mo
                                                      s.name, "' ", ShapeString(s.shape)));
     }
   }
-  if (!r.GetFloats(params->data().data(), params->size()) ||
-      !r.GetFloats(params->adam_m().data(), params->size()) ||
-      !r.GetFloats(params->adam_v().data(), params->size())) {
+  std::vector<float> skipped;  // a frozen module keeps no AdamW state
+  if (params->frozen()) skipped.resize(params->size());
+  float* m = params->frozen() ? skipped.data() : params->adam_m().data();
+  float* v = params->frozen() ? skipped.data() : params->adam_v().data();
+  if (!r.GetFloats(params->data().data(), params->size()) || !r.GetFloats(m, params->size()) ||
+      !r.GetFloats(v, params->size())) {
     return corrupt("truncated tensor data");
   }
   if (r.pos() + 8 != data.size()) return corrupt("trailing bytes");

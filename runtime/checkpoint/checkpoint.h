@@ -35,6 +35,8 @@ absl::Status SaveModuleCheckpoint(ParamSet& params, const std::string& module,
 // Fills `params` (already laid out by its module) from `path`. On error
 // `params` may be partly overwritten only if the checksum failed after the
 // table matched; the caller should not use it then.
+// A frozen set (ParamSet::Freeze) is saved with zeros for its AdamW state and
+// loads the weights only.
 absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& module,
                                   ParamSet* params);
 

@@ -3,8 +3,10 @@
 #include <cmath>
 #include <tuple>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kernels/rope/rope.h"
 #include "runtime/parallel/pipeline_schedule.h"
 
@@ -79,6 +81,26 @@ ModelConfig Vit300MLlm70B() {
 
 std::vector<std::string> ModelConfigNames() {
   return {"tiny", "tiny-deep", "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm70b"};
+}
+
+absl::StatusOr<Frozen> ParseFrozen(const std::string& list) {
+  Frozen f;
+  for (absl::string_view m : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    m = absl::StripAsciiWhitespace(m);
+    bool* flag = m == "vision"      ? &f.vision
+                 : m == "projector" ? &f.projector
+                 : m == "llm"       ? &f.llm
+                                    : nullptr;
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown module \"", m, "\" (modules: vision, projector, llm)"));
+    }
+    *flag = true;
+  }
+  if (f.all()) {
+    return absl::InvalidArgumentError("vision, projector and llm all frozen: nothing would train");
+  }
+  return f;
 }
 
 absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {

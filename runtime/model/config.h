@@ -102,6 +102,34 @@ struct ModelConfig {
   }
 };
 
+// The model's three modules, in checkpoint and seed order.
+enum class Module : int { kEncoder = 0, kProjector = 1, kLlm = 2 };
+inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm"};
+
+// The modules that do not train. LLaVA's stage 1 trains the projector alone
+// (vision and llm frozen), its stage 2 everything but the vision tower. A
+// frozen module computes no weight gradients and keeps no AdamW state
+// (ParamSet::Freeze); with the vision tower frozen the encoder runs no
+// backward through it; with the projector frozen too (nothing trainable
+// before the LLM) the LLM computes no image-embedding gradient at all.
+struct Frozen {
+  bool vision = false;
+  bool projector = false;
+  bool llm = false;
+
+  bool module(Module m) const {
+    return m == Module::kEncoder ? vision : m == Module::kProjector ? projector : llm;
+  }
+  bool encoder_side() const { return vision && projector; }
+  bool all() const { return vision && projector && llm; }
+  bool any() const { return vision || projector || llm; }
+};
+
+// "vision,llm" (any of vision, projector, llm; "" none) -> Frozen;
+// INVALID_ARGUMENT naming an unknown module, or when all three are frozen
+// (nothing would train).
+absl::StatusOr<Frozen> ParseFrozen(const std::string& list);
+
 // The named config, or NOT_FOUND listing the names.
 absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name);
 std::vector<std::string> ModelConfigNames();

@@ -225,8 +225,10 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     std::memcpy(dinput, dx.data(), sizeof(float) * TC);
     return loss;
   }
-  parallel::VocabParallelEmbeddingBackward(params_.grad(wte_), dx.data(), b.tokens.data(), T, C,
-                                           vocab_start_, V);
+  if (!params_.frozen()) {
+    parallel::VocabParallelEmbeddingBackward(params_.grad(wte_), dx.data(), b.tokens.data(), T, C,
+                                             vocab_start_, V);
+  }
   if (dimage_emb != nullptr) {
     int img = 0;
     for (int t = 0; t < T; ++t) {

@@ -93,6 +93,13 @@ void MultimodalModel::Initialize(uint64_t seed) {
   llm_.params().Initialize(ModuleSeed(seed, Module::kLlm));
 }
 
+void MultimodalModel::Freeze(const Frozen& frozen) {
+  frozen_ = frozen;
+  for (Module m : {Module::kEncoder, Module::kProjector, Module::kLlm}) {
+    if (frozen.module(m)) param_sets()[static_cast<int>(m)]->Freeze();
+  }
+}
+
 void MultimodalModel::ZeroGrad() {
   for (ParamSet* p : param_sets()) p->ZeroGrad();
 }
@@ -125,12 +132,14 @@ void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
 kernels::LossSum MultimodalModel::ForwardBackward(const std::vector<const Sample*>& mb,
                                                   float grad_scale) {
   Forward(mb);
-  std::vector<float> dimage(image_emb_.size(), 0.0f);
-  kernels::LossSum loss = NoGroup(llm_.Backward(grad_scale, dimage.data()));
-  if (num_tiles_ > 0) {
-    std::vector<float> dvit(vit_out_.size(), 0.0f);
-    projector_.Backward(dimage.data(), dvit.data());
-    NoGroup(vit_.Backward(dvit.data()));
+  const bool encoder_backward = num_tiles_ > 0 && !frozen_.encoder_side();
+  std::vector<float> dimage(encoder_backward ? image_emb_.size() : 0, 0.0f);
+  kernels::LossSum loss =
+      NoGroup(llm_.Backward(grad_scale, encoder_backward ? dimage.data() : nullptr));
+  if (encoder_backward) {
+    std::vector<float> dvit(frozen_.vision ? 0 : vit_out_.size(), 0.0f);
+    projector_.Backward(dimage.data(), frozen_.vision ? nullptr : dvit.data());
+    if (!frozen_.vision) NoGroup(vit_.Backward(dvit.data()));
   }
   return loss;
 }

@@ -42,10 +42,6 @@ int64_t LossTokens(const Sample& s);
 // token where it is text (else -1), positions restarting per sample.
 LlmBatch PackSamples(const std::vector<const Sample*>& samples);
 
-// The model's three modules, in checkpoint and seed order.
-enum class Module : int { kEncoder = 0, kProjector = 1, kLlm = 2 };
-inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm"};
-
 // Each module draws its initial weights from its own stream of the job's
 // seed, so a process holding one module initialises it exactly as the
 // single-process model does.
@@ -73,6 +69,10 @@ class MultimodalModel {
   // Every module's parameters from `seed` (each module its own stream).
   void Initialize(uint64_t seed);
   void ZeroGrad();
+  // Freezes the modules `frozen` names (after their weights are set: a
+  // frozen module loads weights but no AdamW state).
+  void Freeze(const Frozen& frozen);
+  const Frozen& frozen() const { return frozen_; }
 
   // Forward and backward of one microbatch; gradients accumulate scaled by
   // `grad_scale` (1 / loss tokens of the global batch). Returns the loss sum.
@@ -84,6 +84,7 @@ class MultimodalModel {
   void Forward(const std::vector<const Sample*>& microbatch);
 
   ModelConfig config_;
+  Frozen frozen_;
   VitEncoder vit_;
   Projector projector_;
   Llm llm_;

@@ -152,6 +152,12 @@ void ParamSet::Initialize(uint64_t seed) {
 
 void ParamSet::ZeroGrad() { std::fill(grad_.begin(), grad_.end(), 0.0f); }
 
+void ParamSet::Freeze() {
+  LOOM_CHECK(finalized_) << "Freeze before Finalize";
+  frozen_ = true;
+  for (std::vector<float>* b : {&grad_, &m_, &v_}) std::vector<float>().swap(*b);
+}
+
 ParamSet ParamSet::MasterLayout() const {
   ParamSet master;
   for (const ParamSpec& s : specs_)
@@ -181,6 +187,7 @@ void ParamSet::AddToMaster(ParamSet* master) const {
     for (const SliceRun& r : SliceRuns(s, shard_)) {
       for (auto [from, to] : {std::make_pair(&data_, &master->data_),
                               std::make_pair(&m_, &master->m_), std::make_pair(&v_, &master->v_)}) {
+        if (from->empty()) continue;  // frozen: no AdamW state, the master's stays zero
         const float* src = from->data() + s.offset + r.offset;
         float* dst = to->data() + mo + r.master_offset;
         for (int64_t k = 0; k < r.length; ++k) dst[k] += src[k];
@@ -195,6 +202,7 @@ void ParamSet::SliceFromMaster(const ParamSet& master) {
     for (const SliceRun& r : SliceRuns(s, shard_)) {
       for (auto [from, to] : {std::make_pair(&master.data_, &data_),
                               std::make_pair(&master.m_, &m_), std::make_pair(&master.v_, &v_)}) {
+        if (to->empty()) continue;  // frozen: the weights only
         std::memcpy(to->data() + s.offset + r.offset, from->data() + mo + r.master_offset,
                     sizeof(float) * r.length);
       }
@@ -205,6 +213,7 @@ void ParamSet::SliceFromMaster(const ParamSet& master) {
 
 double ParamSet::OwnedGradSumOfSquares() const {
   double ss = 0;
+  if (frozen_) return ss;
   for (const ParamSpec& s : specs_) {
     if (s.split == Split::kReplicated && shard_.rank != 0) continue;
     const float* g = grad_.data() + s.offset;

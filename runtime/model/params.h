@@ -91,6 +91,14 @@ class ParamSet {
   // every TP degree and whatever else the set holds.
   void Initialize(uint64_t seed);
   void ZeroGrad();
+  // A frozen module (LLaVA's stage 1 freezes the vision tower and the LLM)
+  // keeps its weights only: its gradients and AdamW state are released,
+  // grad(i) is null (the layers then compute no weight gradients, the
+  // kernels skip a null dweight), and its part of the gradient norm is 0.
+  // The optimizer, the gradient allreduce and checkpoints skip or zero what
+  // it no longer holds. Irreversible; call after Finalize.
+  void Freeze();
+  bool frozen() const { return frozen_; }
 
   TpShard shard() const { return shard_; }
   // A set of the master tensors (TP size 1), allocated, all zeros.
@@ -112,7 +120,7 @@ class ParamSet {
   double OwnedGradSumOfSquares() const;
 
   float* param(int i) { return data_.data() + specs_[i].offset; }
-  float* grad(int i) { return grad_.data() + specs_[i].offset; }
+  float* grad(int i) { return frozen_ ? nullptr : grad_.data() + specs_[i].offset; }
   const ParamSpec& spec(int i) const { return specs_[i]; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t size() const { return total_; }
@@ -132,6 +140,7 @@ class ParamSet {
   std::vector<ParamSpec> specs_;
   int64_t total_ = 0;
   bool finalized_ = false;
+  bool frozen_ = false;
   std::vector<float> data_, grad_, m_, v_;
   int64_t step_ = 0;  // optimizer steps taken
 };

@@ -46,8 +46,9 @@ void Projector::Backward(const float* dout, float* din) {
                   params_.param(fc2_w_), T, H, c.llm.dim);
   activation_backward(c.projector.act, dh.data(), h_.data(), dg.data(),
                       static_cast<int64_t>(dh.size()));
-  matmul_backward(dx.data(), params_.grad(fc1_w_), params_.grad(fc1_b_), dh.data(), x_.data(),
-                  params_.param(fc1_w_), T, Din, H);
+  matmul_backward(din == nullptr ? nullptr : dx.data(), params_.grad(fc1_w_), params_.grad(fc1_b_),
+                  dh.data(), x_.data(), params_.param(fc1_w_), T, Din, H);
+  if (din == nullptr) return;  // a frozen encoder before it: no input gradient
   if (c.projector.pixel_shuffle) {
     pixel_shuffle_backward(din, dx.data(), N_, c.vit.grid(), c.vit.dim);
   } else {

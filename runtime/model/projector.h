@@ -22,7 +22,8 @@ class Projector {
 
   // in (N * Np, Dv) -> out (N * tokens_per_tile, Dl), N tiles.
   void Forward(const float* in, int N, float* out);
-  // dout (N * tokens_per_tile, Dl) -> din (N * Np, Dv) +=; parameter gradients +=.
+  // dout (N * tokens_per_tile, Dl) -> din (N * Np, Dv) += (null: not needed,
+  // a frozen ViT); parameter gradients += (none when frozen).
   void Backward(const float* dout, float* din);
 
  private:

@@ -173,6 +173,9 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
   const int N = N_, T = N * L;
   const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
 
+  // A frozen first stage has no weight gradients and no input to hand a
+  // gradient to: nothing to compute (the workers do not even call it).
+  if (params_.frozen() && first_stage()) return absl::OkStatus();
   std::vector<float> dx(TD, 0.0f);  // gradient w.r.t. the residual stream
   if (last_stage()) {
     std::vector<float> dy(TD, 0.0f);  // the class token's rows get none

@@ -80,22 +80,46 @@ std::array<double, 3> FitNonNegative(const std::array<std::array<double, 3>, 3>&
 
 }  // namespace
 
-ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute) {
-  const double passes = recompute ? 4 : 3;
+namespace {
+
+// Forward passes' worth of FLOPs a module's training costs: the forward, a
+// weight-gradient pass if it trains, an input-gradient pass if anything
+// before it (or inside it) needs one, and the recomputed forward when it runs
+// backward at all. Attention has no weights: its backward is two passes
+// whenever the module runs backward.
+struct Passes {
+  double weights = 1, attention = 1;
+};
+Passes ModulePasses(bool trains, bool input_grad, bool recompute) {
+  if (!trains && !input_grad) return {};  // forward only
+  const double r = recompute ? 1 : 0;
+  return {1 + (trains ? 1 : 0) + (input_grad ? 1 : 0) + r, 3 + r};
+}
+
+}  // namespace
+
+ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute, const Frozen& frozen) {
   ModelFlops f;
+  // The ViT's layers pass gradients down whenever it trains; the projector
+  // needs its input gradient only for a trainable tower; the LLM always
+  // passes gradients down (its own layers or the image embeddings train).
+  const Passes vit_p = ModulePasses(!frozen.vision, !frozen.vision, recompute);
+  const Passes proj_p = ModulePasses(!frozen.projector, !frozen.vision, recompute);
+  const Passes llm_p = ModulePasses(!frozen.llm, true, recompute);
   const double t = c.vit.seq(), d = c.vit.dim, h = c.vit.mlp_hidden;
   double vit = 2 * c.vit.patches_per_tile() * c.vit.patch_dim() * d;  // patch embedding
-  vit += c.vit.layers * (2 * t * (4 * d * d + 2 * d * h)              // qkv, out, mlp
-                         + 4 * t * t * d);                            // QK^T and AV, full
+  vit += c.vit.layers * 2 * t * (4 * d * d + 2 * d * h);              // qkv, out, mlp
+  const double vit_attention = c.vit.layers * 4 * t * t * d;          // QK^T and AV, full
   const double tokens = c.tokens_per_tile();
   const double in = c.projector.pixel_shuffle ? 4 * d : d;
-  vit += 2 * tokens * (in * c.projector.hidden + c.projector.hidden * c.llm.dim);
-  f.encoder_per_tile = passes * vit;
+  const double projector = 2 * tokens * (in * c.projector.hidden + c.projector.hidden * c.llm.dim);
+  f.encoder_per_tile =
+      vit_p.weights * vit + vit_p.attention * vit_attention + proj_p.weights * projector;
   const double D = c.llm.dim, V = c.llm.vocab;
   f.llm_per_token =
-      passes * (c.llm.layers * 2 * static_cast<double>(LlmLayerWeights(c.llm)) + 2 * D * V);
+      llm_p.weights * (c.llm.layers * 2 * static_cast<double>(LlmLayerWeights(c.llm)) + 2 * D * V);
   // QKᵀ and AV over the attention width heads x head_dim.
-  f.llm_per_token_sq = passes * c.llm.layers * 2.0 * c.llm.heads * c.llm.hd();
+  f.llm_per_token_sq = llm_p.attention * c.llm.layers * 2.0 * c.llm.heads * c.llm.hd();
   f.embedding_bytes_per_image_token = 2 * D;
   return f;
 }

@@ -1,7 +1,8 @@
 // The scheduler's cost model.
 //
 // FLOPs (analytic, for MFU; a multiply-add is 2 FLOPs; training = forward +
-// backward = 3x forward, 4x with full activation recompute):
+// backward = 3x forward, 4x with full activation recompute, less for frozen
+// modules: AnalyticFlops):
 //   encoder, per tile: patch embedding, `layers` pre-LN blocks over the
 //     tile's (S/P)^2 patches with full attention inside the tile, and the
 //     projector over the tile's tokens after pixel shuffle;
@@ -40,7 +41,13 @@ struct ModelFlops {
   double embedding_bytes_per_image_token = 0;  // what the encoder sends (bf16)
 };
 
-ModelFlops AnalyticFlops(const ModelConfig& config, bool recompute);
+// With `frozen` modules (runtime/model/config.h Frozen) the backward is
+// cheaper: a frozen layer computes its input gradient only (one matmul pass
+// instead of two; attention's backward is unchanged), a frozen module that
+// needs no input gradient runs forward only (a frozen vision tower: its
+// output is kept, not recomputed), and a trainable projector after a frozen
+// tower computes its weight gradients only.
+ModelFlops AnalyticFlops(const ModelConfig& config, bool recompute, const Frozen& frozen = {});
 
 // Per-sample features the costs are linear in.
 struct SampleShape {

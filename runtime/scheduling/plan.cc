@@ -10,6 +10,7 @@ namespace loom::sched {
 namespace {
 
 constexpr double kParamStateBytes = 18;        // bf16 weight + fp32 master, grad, 2 moments
+constexpr double kFrozenParamBytes = 2;        // a frozen module: the bf16 weight alone
 constexpr double kActBytesPerTokenLayer = 34;  // x hidden dim, bf16, fused attention
 constexpr double kGradBytes = 2;               // bf16 gradients on the wire
 constexpr double kMicrobatchHeadroom = 1.3;    // largest microbatch over the mean
@@ -64,8 +65,9 @@ BatchStats StatsOf(const std::vector<SampleShape>& samples, int global_batch) {
 }
 
 scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
-                                                     const ClusterSpec& cluster) {
-  const ModelFlops f = AnalyticFlops(model, false);
+                                                     const ClusterSpec& cluster,
+                                                     const Frozen& frozen) {
+  const ModelFlops f = AnalyticFlops(model, false, frozen);
   const double rate = cluster.peak_flops * cluster.max_efficiency;
   scheduler::v1::CostCoefficients c;
   c.set_encoder_per_tile(f.encoder_per_tile / rate);
@@ -83,9 +85,10 @@ struct Workload {
   ModelFlops flops;                                       // with the limits' recompute
   double B = 0;                                           // samples per iteration
   double enc_flops = 0, llm_flops = 0, useful_flops = 0;  // per iteration
-  double enc_params = 0, llm_params = 0;
-  double budget = 0;  // bytes per GPU
-  int patches = 0;    // encoder rows per tile (VitConfig::seq)
+  double enc_state = 0, llm_state = 0;                    // bytes of weights and optimizer state
+  double enc_trained = 0, llm_trained = 0;                // parameters with gradients (allreduced)
+  double budget = 0;                                      // bytes per GPU
+  int patches = 0;                                        // encoder rows per tile (VitConfig::seq)
 };
 
 absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& model,
@@ -100,8 +103,8 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
     return absl::InvalidArgumentError("the batch statistics have no tokens");
   }
   Workload w;
-  w.flops = AnalyticFlops(model, limits.recompute);
-  const ModelFlops useful = AnalyticFlops(model, false);
+  w.flops = AnalyticFlops(model, limits.recompute, limits.frozen);
+  const ModelFlops useful = AnalyticFlops(model, false, limits.frozen);
   w.B = stats.global_batch;
   w.enc_flops = w.B * stats.mean_tiles * w.flops.encoder_per_tile;
   w.llm_flops = w.B * (stats.mean_length * w.flops.llm_per_token +
@@ -109,8 +112,17 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
   w.useful_flops =
       w.B * (stats.mean_tiles * useful.encoder_per_tile + stats.mean_length * useful.llm_per_token +
              stats.mean_length_sq * useful.llm_per_token_sq);
-  w.enc_params = static_cast<double>(VitParameterCount(model.vit) + ProjectorParameterCount(model));
-  w.llm_params = static_cast<double>(LlmParameterCount(model.llm));
+  const Frozen& f = limits.frozen;
+  const double vit = static_cast<double>(VitParameterCount(model.vit));
+  const double projector = static_cast<double>(ProjectorParameterCount(model));
+  const double llm = static_cast<double>(LlmParameterCount(model.llm));
+  auto state = [](double params, bool frozen) {
+    return params * (frozen ? kFrozenParamBytes : kParamStateBytes);
+  };
+  w.enc_state = state(vit, f.vision) + state(projector, f.projector);
+  w.llm_state = state(llm, f.llm);
+  w.enc_trained = (f.vision ? 0 : vit) + (f.projector ? 0 : projector);
+  w.llm_trained = f.llm ? 0 : llm;
   w.budget = c.memory_bytes * limits.memory_fraction;
   w.patches = model.vit.seq();
   return w;
@@ -182,7 +194,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
   const Workload& w = *work;
   const ModelFlops& flops = w.flops;
   const double B = w.B, enc_flops = w.enc_flops, llm_flops = w.llm_flops;
-  const double enc_params = w.enc_params, llm_params = w.llm_params, budget = w.budget;
+  const double budget = w.budget;
   const int patches = w.patches;
 
   struct Best {
@@ -197,15 +209,15 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
       for (int tp_e : Divisors(model.vit.heads, max_tp)) {
         for (int pp_e : Divisors(model.vit.layers, limits.max_encoder_pp)) {
           const int group_l = tp_l * pp_l, group_e = tp_e * pp_e;
-          const double static_l = kParamStateBytes * llm_params / group_l;
-          const double static_e = kParamStateBytes * enc_params / group_e;
+          const double static_l = w.llm_state / group_l;
+          const double static_e = w.enc_state / group_e;
           if (static_l > budget || static_e > budget) continue;
           for (int dp_l = 1; group_l * dp_l + group_e <= c.gpus; ++dp_l) {
             const int dp_e = (c.gpus - group_l * dp_l) / group_e;
             const double ar_l =
-                RingAllreduceSeconds(kGradBytes * llm_params / group_l, dp_l, group_l * dp_l, c);
+                RingAllreduceSeconds(kGradBytes * w.llm_trained / group_l, dp_l, group_l * dp_l, c);
             const double ar_e =
-                RingAllreduceSeconds(kGradBytes * enc_params / group_e, dp_e, group_e * dp_e, c);
+                RingAllreduceSeconds(kGradBytes * w.enc_trained / group_e, dp_e, group_e * dp_e, c);
             const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
             for (int m = pp_l; m <= max_m; ++m) {
               ++candidates;
@@ -284,14 +296,13 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
     if (model.vit.heads % tp != 0) continue;  // one TP for both modules
     for (int pp : Divisors(L.layers, limits.max_llm_pp)) {
       const StageSplit even = LlmStages(model, pp);
-      const double static_first =
-          kParamStateBytes * (w.llm_params / pp + w.enc_params) / tp;  // stage 0 holds both
+      const double static_first = (w.llm_state / pp + w.enc_state) / tp;  // stage 0 holds both
       if (static_first > w.budget) continue;
       for (int dp = 1; tp * pp * dp <= c.gpus; ++dp) {
         const int gpus = tp * pp * dp;
         const double ar_l =
-            RingAllreduceSeconds(kGradBytes * w.llm_params / (tp * pp), dp, gpus, c);
-        const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_params / tp, dp, gpus, c);
+            RingAllreduceSeconds(kGradBytes * w.llm_trained / (tp * pp), dp, gpus, c);
+        const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_trained / tp, dp, gpus, c);
         const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(w.B) / dp);
         for (int m = pp; m <= max_m; ++m) {
           ++candidates;

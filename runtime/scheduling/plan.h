@@ -51,12 +51,16 @@ struct PlanLimits {
   int max_microbatches = 64;
   bool recompute = false;
   double memory_fraction = 0.9;  // of a GPU's memory the plan may use
+  // Modules that do not train: cheaper backward (AnalyticFlops), weights
+  // alone in memory (2 bytes a parameter), no gradient allreduce.
+  Frozen frozen;
 };
 
 // Cost coefficients of one GPU of `cluster` running a whole module at the
 // cluster's max_efficiency (for assignments without a searched plan).
 scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
-                                                     const ClusterSpec& cluster);
+                                                     const ClusterSpec& cluster,
+                                                     const Frozen& frozen = {});
 
 // INVALID_ARGUMENT for an impossible input (fewer than 2 GPUs, an empty
 // batch, ...); RESOURCE_EXHAUSTED when no configuration fits in memory.

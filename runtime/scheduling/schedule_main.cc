@@ -33,6 +33,8 @@ ABSL_FLAG(double, link_gbps, 400, "plan: network bandwidth per GPU between nodes
 ABSL_FLAG(int, global_batch, 0, "plan: samples per iteration (default: the batch file's size).");
 ABSL_FLAG(int, max_microbatches, 64, "plan: most microbatches per LLM rank.");
 ABSL_FLAG(bool, recompute, false, "plan: full activation recompute.");
+ABSL_FLAG(std::string, freeze, "",
+          "plan: modules that do not train, comma-separated: vision, projector, llm.");
 // assign
 ABSL_FLAG(std::string, plan, "", "assign: a plan from `loom-schedule plan`.");
 ABSL_FLAG(int, llm_dp, 0, "assign: LLM DP ranks (instead of --plan).");
@@ -92,6 +94,11 @@ int Plan(const BatchFile& batch) {
   PlanLimits limits;
   limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
   limits.recompute = absl::GetFlag(FLAGS_recompute);
+  absl::StatusOr<Frozen> frozen = ParseFrozen(absl::GetFlag(FLAGS_freeze));
+  if (!frozen.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--freeze: ", frozen.status().message())));
+  }
+  limits.frozen = *frozen;
   absl::StatusOr<scheduler::v1::Plan> plan =
       SearchPlan(ClusterFromFlags(), *model, StatsOf(Shapes(batch), global_batch), limits);
   if (!plan.ok()) return Fail(plan.status());

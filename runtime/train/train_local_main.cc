@@ -5,6 +5,7 @@
 //   loom-train-local --config tiny --steps 200 --seed 1
 //   loom-train-local --config tiny --steps 200 --seed 1 --shuffle_images   # control
 //   loom-train-local --config tiny --steps 200 --shards 'data/onevision/*.tar'
+//   loom-train-local --config tiny --steps 200 --freeze vision,llm     # the projector alone
 //
 // Without --shards the data is the in-memory SyntheticCaptions; with it,
 // samples come from WebDataset shards through the preprocessing pipeline
@@ -43,6 +44,9 @@ ABSL_FLAG(bool, resume, false, "Continue from the last complete checkpoint in --
 ABSL_FLAG(std::string, shards, "", "Train from these WebDataset shards (a glob) instead.");
 ABSL_FLAG(std::string, tokenizer, "", "sentencepiece model for --shards (default: Loom's).");
 ABSL_FLAG(int, data_threads, 2, "Preprocessing threads for --shards.");
+ABSL_FLAG(std::string, freeze, "",
+          "Modules that do not train, comma-separated: vision, projector, llm (LLaVA's stage 1: "
+          "vision,llm).");
 
 namespace {
 int Fail(const std::string& what) {
@@ -70,8 +74,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<loom::Frozen> frozen = loom::ParseFrozen(absl::GetFlag(FLAGS_freeze));
+  if (!frozen.ok()) return Fail("--freeze: " + std::string(frozen.status().message()));
   loom::MultimodalModel model(*config);
   model.Initialize(seed);
+  model.Freeze(*frozen);
   loom::SyntheticCaptions data(*config, seed, absl::GetFlag(FLAGS_shuffle_images));
   const std::string shards = absl::GetFlag(FLAGS_shards);
   std::unique_ptr<loom::data::Tokenizer> tokenizer;

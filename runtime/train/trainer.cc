@@ -11,7 +11,9 @@ namespace {
 
 std::vector<kernels::GradSpan> Spans(const std::vector<ParamSet*>& sets) {
   std::vector<kernels::GradSpan> grads;
-  for (ParamSet* p : sets) grads.push_back({p->grads().data(), p->size()});
+  for (ParamSet* p : sets) {
+    if (!p->frozen()) grads.push_back({p->grads().data(), p->size()});
+  }
   return grads;
 }
 
@@ -29,6 +31,7 @@ double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& opt
     adam.lr *= static_cast<float>(step) / static_cast<float>(options.warmup_steps);
   }
   for (ParamSet* p : sets) {
+    if (p->frozen()) continue;  // no gradients, no AdamW state, no step
     ++p->step();
     kernels::adamw_update(p->data().data(), p->grads().data(), p->adam_m().data(),
                           p->adam_v().data(), p->size(), adam, p->step());

@@ -104,6 +104,94 @@ TEST(TrainerTest, ResumingFromACheckpointContinuesTheSameRun) {
   EXPECT_EQ(resumed, all);  // bit for bit: same math in the same order
 }
 
+// Frozen modules (LLaVA's stages): the frozen ones keep their weights bit for
+// bit over training and hold no gradients or AdamW state; the trainable ones
+// get exactly the gradients they get when nothing is frozen (the first step,
+// from the same weights and batch, before the trajectories part).
+TEST(TrainerTest, FrozenModulesKeepTheirWeightsAndTheRestGetTheSameGradients) {
+  const ModelConfig c = *ModelConfigByName("tiny");
+  SyntheticCaptions data(c, 5, false);
+  std::vector<Sample> batch;
+  for (int i = 0; i < 8; ++i) batch.push_back(data.Get(i));
+  std::vector<const Sample*> mb;
+  for (const Sample& s : batch) mb.push_back(&s);
+  MultimodalModel all(c);
+  all.Initialize(5);
+  all.ZeroGrad();
+  all.ForwardBackward(mb, 0.01f);
+  for (const char* list : {"vision,llm", "vision", "vision,projector", "llm", "projector"}) {
+    SCOPED_TRACE(list);
+    absl::StatusOr<Frozen> frozen = ParseFrozen(list);
+    ASSERT_TRUE(frozen.ok()) << frozen.status();
+    MultimodalModel m(c);
+    m.Initialize(5);
+    m.Freeze(*frozen);
+    m.ZeroGrad();
+    m.ForwardBackward(mb, 0.01f);
+    for (Module mod : {Module::kEncoder, Module::kProjector, Module::kLlm}) {
+      const int i = static_cast<int>(mod);
+      ParamSet& p = *m.param_sets()[i];
+      EXPECT_EQ(p.frozen(), frozen->module(mod)) << kModuleNames[i];
+      if (p.frozen()) {
+        EXPECT_TRUE(p.grads().empty() && p.adam_m().empty() && p.adam_v().empty());
+        EXPECT_EQ(p.grad(0), nullptr);
+      } else {
+        EXPECT_EQ(p.grads(), all.param_sets()[i]->grads()) << kModuleNames[i];
+      }
+    }
+    const std::vector<std::vector<float>> before = {
+        m.vit().params().data(), m.projector().params().data(), m.llm().params().data()};
+    TrainRange(m, 0, 3, 5);
+    for (Module mod : {Module::kEncoder, Module::kProjector, Module::kLlm}) {
+      const int i = static_cast<int>(mod);
+      if (frozen->module(mod)) {
+        EXPECT_EQ(m.param_sets()[i]->data(), before[i]) << kModuleNames[i] << " moved";
+        EXPECT_EQ(m.param_sets()[i]->step(), 0);
+      } else {
+        EXPECT_NE(m.param_sets()[i]->data(), before[i]) << kModuleNames[i] << " did not train";
+        EXPECT_EQ(m.param_sets()[i]->step(), 3);
+      }
+    }
+  }
+  EXPECT_FALSE(ParseFrozen("vision,projector,llm").ok());
+  absl::StatusOr<Frozen> bad = ParseFrozen("vision,tower");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("\"tower\""), std::string::npos) << bad.status();
+}
+
+// A frozen module's checkpoint holds its weights and zero AdamW state; a run
+// resumed from it continues exactly.
+TEST(TrainerTest, FrozenModulesCheckpointAndResume) {
+  const ModelConfig c = *ModelConfigByName("tiny");
+  const std::string dir = testing::TempPath("frozen-ckpt");
+  const Frozen frozen = *ParseFrozen("vision,llm");
+  MultimodalModel straight(c);
+  straight.Initialize(7);
+  straight.Freeze(frozen);
+  const std::vector<double> all = TrainRange(straight, 0, 6, 7);
+  MultimodalModel first(c);
+  first.Initialize(7);
+  first.Freeze(frozen);
+  std::vector<double> resumed = TrainRange(first, 0, 3, 7);
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "frozen");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(SaveTrainingCheckpoint(first, 3, dir, *run).ok());
+  MultimodalModel second(c);
+  second.Initialize(99);
+  second.Freeze(frozen);
+  ASSERT_TRUE(LoadTrainingCheckpoint(second, 3, dir).ok());
+  const std::vector<double> rest = TrainRange(second, 3, 6, 7);
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  EXPECT_EQ(resumed, all);
+  // Unfrozen, the same checkpoint loads with zero AdamW state for the frozen modules.
+  MultimodalModel unfrozen(c);
+  unfrozen.Initialize(99);
+  ASSERT_TRUE(LoadTrainingCheckpoint(unfrozen, 3, dir).ok());
+  EXPECT_EQ(unfrozen.vit().params().data(), first.vit().params().data());
+  for (float v : unfrozen.llm().params().adam_m()) ASSERT_EQ(v, 0.0f);
+  EXPECT_EQ(unfrozen.projector().params().adam_m(), first.projector().params().adam_m());
+}
+
 TEST(SyntheticCaptionsTest, DeterministicAndShuffleKeepsCaptions) {
   ModelConfig c = *ModelConfigByName("tiny");
   SyntheticCaptions a(c, 9, false), b(c, 9, false), ctl(c, 9, true);

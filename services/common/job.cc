@@ -122,7 +122,19 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   }
   if (!(t.beta1() >= 0 && t.beta1() < 1)) return Bad("train.beta1", "must be in [0, 1)");
   if (!(t.beta2() >= 0 && t.beta2() < 1)) return Bad("train.beta2", "must be in [0, 1)");
+  const job::v1::FreezeConfig& f = job.freeze();
+  if (f.vision() && f.projector() && f.llm()) {
+    return Bad("freeze", "vision, projector and llm are all frozen: nothing would train");
+  }
   return AtLeast("checkpoint.every", job.checkpoint().every(), 0);
+}
+
+Frozen JobFrozen(const job::v1::JobConfig& job) {
+  Frozen f;
+  f.vision = job.freeze().vision();
+  f.projector = job.freeze().projector();
+  f.llm = job.freeze().llm();
+  return f;
 }
 
 absl::StatusOr<job::v1::JobConfig> ParseJobConfig(const std::string& text,

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "loom/job/v1/job.pb.h"
+#include "runtime/model/model.h"
 
 namespace loom {
 
@@ -29,6 +30,9 @@ absl::StatusOr<job::v1::JobConfig> ParseJobConfig(const std::string& text,
 // ReadFile + ParseJobConfig + ApplyJobDefaults + ValidateJob.
 absl::StatusOr<job::v1::JobConfig> LoadJobConfig(const std::string& path,
                                                  const std::string& run_dir);
+
+// The modules the job does not train (job.freeze).
+Frozen JobFrozen(const job::v1::JobConfig& job);
 
 // The job as one line of JSON (for logs and for handing to a child process).
 std::string JobToJson(const job::v1::JobConfig& job);

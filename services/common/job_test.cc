@@ -80,6 +80,8 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"data { global_batch: 3 } parallel { llm_dp: 2 microbatches: 2 }",
                 "data.global_batch"},
            Case{"train { lr: 5 }", "train.lr"},
+           Case{"freeze { vision: true projector: true llm: true }",
+                "freeze: vision, projector and llm are all frozen"},
            Case{"train { clip_norm: -1 }", "train.clip_norm"},
            Case{"train { steps: -4 }", "train.steps"},
            Case{"checkpoint { every: -1 }", "checkpoint.every"},

@@ -49,7 +49,8 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   if (!plan->has_costs()) {
     absl::StatusOr<ModelConfig> model = ModelConfigByName(o.job.model());
     if (!model.ok()) return model.status();
-    *plan->mutable_costs() = sched::CoefficientsOnOneGpu(*model, sched::ClusterSpec());
+    *plan->mutable_costs() =
+        sched::CoefficientsOnOneGpu(*model, sched::ClusterSpec(), JobFrozen(o.job));
   }
   o.plan = std::move(*plan);
   const std::string& ckpt = o.job.checkpoint().dir();

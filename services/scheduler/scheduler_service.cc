@@ -137,7 +137,9 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     accepted.run = *run;
   }
   absl::StatusOr<ModelConfig> model = ModelConfigByName(p.model().empty() ? "tiny" : p.model());
-  if (model.ok()) flops_ = sched::AnalyticFlops(*model, /*recompute=*/false);
+  if (model.ok()) {
+    flops_ = sched::AnalyticFlops(*model, /*recompute=*/false, JobFrozen(options.job));
+  }
   // Stage shares start from the layer split the workers use (and restart
   // when a job resumes under another pipeline depth).
   const std::string model_name = options.job.model().empty() ? p.model() : options.job.model();

@@ -16,6 +16,7 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/parallel/grid.h"
+#include "services/common/job.h"
 #include "services/worker/training_worker_impl.h"
 
 namespace loom {
@@ -153,6 +154,10 @@ absl::Status TrainingWorker::Impl::Connect() {
     if (!s.ok()) return s;
     sets[i]->SliceFromMaster(master);
   }
+  frozen = JobFrozen(job);
+  for (size_t i = 0; i < sets.size(); ++i) {
+    if (frozen.module(modules[i])) sets[i]->Freeze();
+  }
 
   prometheus::Registry& r = chassis->registry();
   const std::string role = RoleLabel(options.role), rank = std::to_string(options.rank);
@@ -276,6 +281,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const auto w0 = Clock::now();
   const double a0 = trace::NowMicros();
   for (ParamSet* p : sets) {
+    if (p->frozen()) continue;  // no gradients (the same on every rank)
     if (s = dp_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
   }
   // Σ g² of each module from DP replica 0 (replicas hold equal gradients),

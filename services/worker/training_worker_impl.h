@@ -76,6 +76,7 @@ struct TrainingWorker::Impl {
   job::v1::JobConfig job;
   scheduler::v1::Plan plan;
   ModelConfig model;
+  Frozen frozen;  // the job's: frozen sets hold no gradients (ParamSet::Freeze)
   TrainOptions train;
   int64_t start_iteration = 0;
 

@@ -129,6 +129,13 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
   std::map<int, std::pair<std::vector<float>, int>> inputs;  // bin -> (stage input, tiles)
   std::vector<float> vit_out, emb_scratch;
   int live = -1;  // the bin whose activations the modules hold
+  // What runs backward (runtime/model/model.h Frozen): the ViT's layers
+  // unless the tower is frozen; the last stage's projector unless the whole
+  // encoder side is. A frozen tower before a trainable projector keeps each
+  // bin's projector input instead of recomputing the tower.
+  const bool vit_backward = !frozen.vision;
+  const bool backward = vit_backward || (last_stage() && !frozen.projector);
+  std::map<int, std::vector<float>> projector_in;  // bin -> the tower's output
   for (size_t k = 0; k < d.bins.size(); ++k) {
     const int b = d.bins[k];
     int n = TileCount(d, bins[b]);
@@ -145,7 +152,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const double s0 = trace::NowMicros();
     auto out = std::make_shared<std::vector<float>>();
     if (absl::Status s = ForwardEncoder(in, n, &vit_out, out.get()); !s.ok()) return s;
-    inputs[b] = {std::move(in), n};
+    if (backward && !vit_backward) projector_in[b] = vit_out;
+    inputs[b] = {vit_backward ? std::move(in) : std::vector<float>(), n};
     live = b;
     first_forward[k] = Since(t0);
     seconds[k] += first_forward[k];
@@ -171,7 +179,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     Span("send", s1, d.iteration, "send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank());
   }
   std::vector<float> grad, dvit;
-  for (size_t k = 0; k < d.bins.size(); ++k) {
+  for (size_t k = 0; backward && k < d.bins.size(); ++k) {
     const int b = d.bins[k];
     auto in = inputs.find(b);
     if (in == inputs.end()) continue;  // no tiles: nothing was sent
@@ -185,7 +193,13 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     if (live != b) {  // recompute
       const auto r0 = Clock::now();
       const double s0 = trace::NowMicros();
-      if (s = ForwardEncoder(input, n, &vit_out, &emb_scratch); !s.ok()) return s;
+      if (vit_backward) {
+        if (s = ForwardEncoder(input, n, &vit_out, &emb_scratch); !s.ok()) return s;
+      } else {  // the projector alone, from the tower's output it kept
+        vit_out.swap(projector_in.at(b));
+        emb_scratch.resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
+        projector->Forward(vit_out.data(), n, emb_scratch.data());
+      }
       totals.recompute += Since(r0);
       totals.recomputed_forward += first_forward[k];
       Span("recompute", s0, d.iteration, "R bin ", b);
@@ -195,9 +209,14 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const double s0 = trace::NowMicros();
     const float* dout = grad.data();
     if (last_stage()) {
-      dvit.assign(vit_out.size(), 0.0f);
-      projector->Backward(grad.data(), dvit.data());
+      dvit.assign(vit_backward ? vit_out.size() : 0, 0.0f);
+      projector->Backward(grad.data(), vit_backward ? dvit.data() : nullptr);
       dout = dvit.data();
+    }
+    if (!vit_backward) {
+      seconds[k] += Since(t0);
+      Span("backward", s0, d.iteration, "B bin ", b);
+      continue;
     }
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * stage_floats);
     if (s = vit->Backward(dout, first_stage() ? nullptr : din->data()); !s.ok()) return s;
@@ -321,7 +340,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     live = -1;
     const auto t0 = Clock::now();
     const double s0 = trace::NowMicros();
-    const bool send_image = first_stage() && image_tokens[j] > 0;
+    // Nothing trainable before the LLM: no embedding gradient at all.
+    const bool send_image = first_stage() && image_tokens[j] > 0 && !frozen.encoder_side();
     auto grad = std::make_shared<std::vector<float>>(send_image ? image_tokens[j] * C : 0, 0.0f);
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : TC);
     absl::StatusOr<kernels::LossSum> loss =
