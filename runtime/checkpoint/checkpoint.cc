@@ -1,5 +1,6 @@
 #include "runtime/checkpoint/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -148,6 +149,16 @@ absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& mo
   }
   if (r.pos() + 8 != data.size()) return corrupt("trailing bytes");
   params->step() = step;
+  return absl::OkStatus();
+}
+
+absl::Status LoadModuleWeights(const std::string& path, const std::string& module,
+                               ParamSet* params) {
+  if (absl::Status s = LoadModuleCheckpoint(path, module, params); !s.ok()) return s;
+  for (std::vector<float>* v : {&params->adam_m(), &params->adam_v()}) {
+    std::fill(v->begin(), v->end(), 0.0f);
+  }
+  params->step() = 0;
   return absl::OkStatus();
 }
 

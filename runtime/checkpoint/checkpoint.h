@@ -40,6 +40,12 @@ absl::Status SaveModuleCheckpoint(ParamSet& params, const std::string& module,
 absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& module,
                                   ParamSet* params);
 
+// The weights alone (a new run starting from another's, LLaVA's stage 2
+// from stage 1): LoadModuleCheckpoint, then the AdamW state zeroed and the
+// step reset to 0.
+absl::Status LoadModuleWeights(const std::string& path, const std::string& module,
+                               ParamSet* params);
+
 }  // namespace loom
 
 #endif  // LOOM_RUNTIME_CHECKPOINT_CHECKPOINT_H_

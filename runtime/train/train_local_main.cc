@@ -6,6 +6,8 @@
 //   loom-train-local --config tiny --steps 200 --seed 1 --shuffle_images   # control
 //   loom-train-local --config tiny --steps 200 --shards 'data/onevision/*.tar'
 //   loom-train-local --config tiny --steps 200 --freeze vision,llm     # the projector alone
+//   loom-train-local --config tiny --init_checkpoint ckpt/step-200 --freeze vision   # then the
+//   rest
 //
 // Without --shards the data is the in-memory SyntheticCaptions; with it,
 // samples come from WebDataset shards through the preprocessing pipeline
@@ -19,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "runtime/base/file.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/loader.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
@@ -44,6 +47,9 @@ ABSL_FLAG(bool, resume, false, "Continue from the last complete checkpoint in --
 ABSL_FLAG(std::string, shards, "", "Train from these WebDataset shards (a glob) instead.");
 ABSL_FLAG(std::string, tokenizer, "", "sentencepiece model for --shards (default: Loom's).");
 ABSL_FLAG(int, data_threads, 2, "Preprocessing threads for --shards.");
+ABSL_FLAG(std::string, init_checkpoint, "",
+          "Start from the weights of this checkpoint step folder (DIR/step-N) instead of the "
+          "seed's, with fresh optimizer state (LLaVA's stage 2 from stage 1).");
 ABSL_FLAG(std::string, freeze, "",
           "Modules that do not train, comma-separated: vision, projector, llm (LLaVA's stage 1: "
           "vision,llm).");
@@ -78,6 +84,14 @@ int main(int argc, char** argv) {
   if (!frozen.ok()) return Fail("--freeze: " + std::string(frozen.status().message()));
   loom::MultimodalModel model(*config);
   model.Initialize(seed);
+  if (const std::string init = absl::GetFlag(FLAGS_init_checkpoint); !init.empty()) {
+    for (loom::Module m : {loom::Module::kEncoder, loom::Module::kProjector, loom::Module::kLlm}) {
+      const char* name = loom::kModuleNames[static_cast<int>(m)];
+      absl::Status s = loom::LoadModuleWeights(absl::StrCat(init, "/", name, ".ckpt"), name,
+                                               model.param_sets()[static_cast<int>(m)]);
+      if (!s.ok()) return Fail("--init_checkpoint: " + std::string(s.message()));
+    }
+  }
   model.Freeze(*frozen);
   loom::SyntheticCaptions data(*config, seed, absl::GetFlag(FLAGS_shuffle_images));
   const std::string shards = absl::GetFlag(FLAGS_shards);
@@ -124,7 +138,10 @@ int main(int argc, char** argv) {
   const std::string identity = absl::StrCat(
       "trainer=loom-train-local model=", config->name, " seed=", absl::GetFlag(FLAGS_seed),
       " global_batch=", batch,
-      " data=", absl::GetFlag(FLAGS_shards).empty() ? "synthetic" : absl::GetFlag(FLAGS_shards));
+      " data=", absl::GetFlag(FLAGS_shards).empty() ? "synthetic" : absl::GetFlag(FLAGS_shards),
+      absl::GetFlag(FLAGS_init_checkpoint).empty()
+          ? ""
+          : absl::StrCat(" init=", absl::GetFlag(FLAGS_init_checkpoint)));
   loom::CheckpointRun run;
   int first_step = 0;
   if (!ckpt_dir.empty() && !absl::GetFlag(FLAGS_resume)) {

@@ -1,6 +1,8 @@
 #include "services/common/job.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -122,6 +124,16 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   }
   if (!(t.beta1() >= 0 && t.beta1() < 1)) return Bad("train.beta1", "must be in [0, 1)");
   if (!(t.beta2() >= 0 && t.beta2() < 1)) return Bad("train.beta2", "must be in [0, 1)");
+  if (const std::string& init = job.init().checkpoint(); !init.empty()) {
+    for (const char* module : kModuleNames) {
+      const std::string path = absl::StrCat(init, "/", module, ".ckpt");
+      std::error_code error;
+      if (!std::filesystem::is_regular_file(path, error)) {
+        return Bad("init.checkpoint", absl::StrCat("no ", module, ".ckpt in ", init,
+                                                   " (a checkpoint step folder: .../step-N)"));
+      }
+    }
+  }
   const job::v1::FreezeConfig& f = job.freeze();
   if (f.vision() && f.projector() && f.llm()) {
     return Bad("freeze", "vision, projector and llm are all frozen: nothing would train");
@@ -186,7 +198,8 @@ std::string JobCheckpointIdentity(const job::v1::JobConfig& job) {
   const job::v1::DataConfig& d = job.data();
   return absl::StrCat(
       "model=", job.model(), " seed=", job.seed(), " global_batch=", d.global_batch(),
-      " data=", d.shards().empty() ? absl::StrCat(d.preset(), ":", d.samples()) : d.shards());
+      " data=", d.shards().empty() ? absl::StrCat(d.preset(), ":", d.samples()) : d.shards(),
+      job.init().checkpoint().empty() ? "" : absl::StrCat(" init=", job.init().checkpoint()));
 }
 
 }  // namespace loom

@@ -80,6 +80,8 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"data { global_batch: 3 } parallel { llm_dp: 2 microbatches: 2 }",
                 "data.global_batch"},
            Case{"train { lr: 5 }", "train.lr"},
+           Case{"init { checkpoint: '/nonexistent/step-5' }",
+                "init.checkpoint: no encoder.ckpt in /nonexistent/step-5"},
            Case{"freeze { vision: true projector: true llm: true }",
                 "freeze: vision, projector and llm are all frozen"},
            Case{"train { clip_norm: -1 }", "train.clip_norm"},

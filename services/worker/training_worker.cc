@@ -140,18 +140,25 @@ absl::Status TrainingWorker::Impl::Connect() {
     modules = {Module::kLlm};
     set_tp = {tp_comm.get()};
   }
+  const bool resume = !reg->checkpoint_step_dir().empty();
+  const std::string& init = job.init().checkpoint();
   for (size_t i = 0; i < sets.size(); ++i) {
-    if (reg->checkpoint_step_dir().empty()) {
+    if (!resume && init.empty()) {
       sets[i]->Initialize(ModuleSeed(job.seed(), modules[i]));
       continue;
     }
     // Checkpoints hold each module's master tensors whole: this rank takes
-    // its stage's slice, so a job resumes under any TP and PP degrees.
+    // its stage's slice, so a job resumes (or starts from another run's
+    // weights) under any TP and PP degrees.
     const char* name = kModuleNames[static_cast<int>(modules[i])];
     ParamSet master = ModuleMaster(modules[i]);
-    absl::Status s = LoadModuleCheckpoint(
-        absl::StrCat(reg->checkpoint_step_dir(), "/", name, ".ckpt"), name, &master);
-    if (!s.ok()) return s;
+    absl::Status s =
+        resume ? LoadModuleCheckpoint(absl::StrCat(reg->checkpoint_step_dir(), "/", name, ".ckpt"),
+                                      name, &master)
+               : LoadModuleWeights(absl::StrCat(init, "/", name, ".ckpt"), name, &master);
+    if (!s.ok()) {
+      return resume ? s : absl::Status(s.code(), absl::StrCat("init.checkpoint: ", s.message()));
+    }
     sets[i]->SliceFromMaster(master);
   }
   frozen = JobFrozen(job);

@@ -357,6 +357,23 @@ TEST_F(DistributedTest, FrozenModulesMatchTheSingleProcessRun) {
       EXPECT_EQ(saved.step(), 0);
     }
   }
+  // Stage 2 as a new run from stage 1's weights (init.checkpoint), with the
+  // LLM in two pipeline stages, against loom-train-local --init_checkpoint.
+  int rc = 0;
+  const std::vector<double> local = Steps(
+      StepLosses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny", "--steps=10",
+                           "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar",
+                           "--freeze=vision", "--init_checkpoint=" + step},
+                          "local-from-stage1.log", &rc)),
+      1, 10, "local stage 2 from stage 1");
+  ASSERT_EQ(rc, 0);
+  const std::string job =
+      JobWith("loom", 0, "encoder_dp: 2 llm_pp: 2 llm_dp: 1") +
+      absl::StrCat("freeze { vision: true }\ninit { checkpoint: '", step, "' }\n");
+  ExpectSameLosses(Steps(LoomUp("from-stage1", job, 10), 1, 10, "from stage 1"), local,
+                   "stage 2 from stage 1's checkpoint (LLM PP2) vs loom-train-local");
+  // From the seed's weights the first loss would be the unfrozen run's first.
+  EXPECT_NE(local.front(), local_.front()) << "the stage-1 weights were not loaded";
 }
 
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {
