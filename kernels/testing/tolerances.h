@@ -106,6 +106,15 @@ inline constexpr Tolerance kGoldenLosses = {
     "ten AdamW steps compound the per-step differences above; Adam's normalisation amplifies "
     "differences on near-zero gradients, so allow 1e-4 relative on the loss"};
 
+// Loom's image processor (runtime/hf/hf_image.h) against PIL's resize and
+// the same rescale and normalisation in Python, in normalised pixel units.
+inline constexpr Tolerance kImageProcessorVsPil = {
+    0.016, 0,
+    "bicubic keeps 8 bits between passes as PIL does and matches it to float rounding; "
+    "bilinear keeps floats where PIL rounds to 8 bits between its passes in fixed point, "
+    "so a pixel may land one level of 255 off, 0.015 after normalising by CLIP's std of "
+    "0.26; a wrong filter, crop offset or channel order is tens of levels"};
+
 // A tensor-parallel layer (runtime/parallel) against the same layer on one
 // device: the contraction over K is split into tp partial sums that the
 // all-reduce adds, so only the order of fp32 additions differs.

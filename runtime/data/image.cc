@@ -277,10 +277,22 @@ struct Coefficients {
   std::vector<float> weights;  // out * taps
 };
 
-Coefficients Precompute(int in, int out) {
+// The filters as PIL defines them: a triangle of support 1, and Keys' cubic
+// (a = -0.5) of support 2.
+double Filter(ResizeFilter f, double x) {
+  x = std::abs(x);
+  if (f == ResizeFilter::kBilinear) return std::max(0.0, 1.0 - x);
+  constexpr double a = -0.5;
+  if (x < 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0;
+}
+
+Coefficients Precompute(int in, int out, ResizeFilter filter) {
   Coefficients c;
   const double scale = static_cast<double>(in) / out;
-  const double support = std::max(scale, 1.0);  // triangle half-width in source pixels
+  const double widen = std::max(scale, 1.0);  // the filter stretched when shrinking
+  const double support = (filter == ResizeFilter::kBilinear ? 1.0 : 2.0) * widen;
   c.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
   c.start.resize(out);
   c.weights.assign(static_cast<size_t>(out) * c.taps, 0.0f);
@@ -292,12 +304,11 @@ Coefficients Precompute(int in, int out) {
     double sum = 0;
     float* w = &c.weights[static_cast<size_t>(o) * c.taps];
     for (int i = lo; i < hi; ++i) {
-      double x = (i + 0.5 - center) / support;
-      double v = std::max(0.0, 1.0 - std::abs(x));
+      const double v = Filter(filter, (i + 0.5 - center) / widen);
       w[i - lo] = static_cast<float>(v);
       sum += v;
     }
-    if (sum > 0) {
+    if (sum != 0) {
       for (int i = 0; i < hi - lo; ++i) w[i] = static_cast<float>(w[i] / sum);
     } else {
       w[0] = 1.0f;  // degenerate: nearest
@@ -309,7 +320,7 @@ Coefficients Precompute(int in, int out) {
 
 }  // namespace
 
-Image Resize(const Image& src, int width, int height) {
+Image Resize(const Image& src, int width, int height, ResizeFilter filter) {
   Image dst;
   dst.width = width;
   dst.height = height;
@@ -318,8 +329,8 @@ Image Resize(const Image& src, int width, int height) {
     dst.rgb = src.rgb;
     return dst;
   }
-  const Coefficients cx = Precompute(src.width, width);
-  const Coefficients cy = Precompute(src.height, height);
+  const Coefficients cx = Precompute(src.width, width, filter);
+  const Coefficients cy = Precompute(src.height, height, filter);
   // Horizontal pass over every source row into floats, then vertical.
   std::vector<float> tmp(static_cast<size_t>(src.height) * width * 3);
   for (int y = 0; y < src.height; ++y) {
@@ -334,6 +345,13 @@ Image Resize(const Image& src, int width, int height) {
         r += w[k] * p[0];
         g += w[k] * p[1];
         b += w[k] * p[2];
+      }
+      if (filter == ResizeFilter::kBicubic) {
+        // As PIL: the cubic overshoots, and PIL keeps 8 bits between passes.
+        auto to8 = [](float v) { return std::clamp(std::nearbyint(v), 0.0f, 255.0f); };
+        r = to8(r);
+        g = to8(g);
+        b = to8(b);
       }
       t[x * 3] = r;
       t[x * 3 + 1] = g;

@@ -60,10 +60,16 @@ absl::StatusOr<ImageSize> PeekImageSize(std::string_view bytes);
 absl::StatusOr<std::string> EncodePng(const Image& image);
 absl::StatusOr<std::string> EncodeJpeg(const Image& image, int quality);
 
-// Resamples `src` to width x height with a triangle (bilinear) filter whose
-// support widens with the scale factor when shrinking, so downscaling
-// averages every source pixel (antialiased, as PIL's BILINEAR does).
-Image Resize(const Image& src, int width, int height);
+// Resamples `src` to width x height with a triangle (bilinear) or Keys
+// cubic (a = -0.5, bicubic) filter whose support widens with the scale
+// factor when shrinking, so downscaling averages every source pixel
+// (antialiased, as PIL's BILINEAR and BICUBIC do). Bicubic rounds and clips
+// to 8 bits between its horizontal and vertical passes as PIL does (the
+// cubic overshoots); bilinear keeps floats there, where PIL rounds, so a
+// value may differ from PIL's by one.
+enum class ResizeFilter { kBilinear, kBicubic };
+Image Resize(const Image& src, int width, int height,
+             ResizeFilter filter = ResizeFilter::kBilinear);
 
 }  // namespace loom::data
 

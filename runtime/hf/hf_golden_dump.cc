@@ -4,7 +4,8 @@
 // safetensors: "logits" (T, V), "loss" (1) and "grad.<name>" for every
 // Hugging Face tensor (LlmToHf: the fused q|k|v split back), with the
 // golden tolerances (kernels/testing/tolerances.h) as metadata
-// "tolerance.logits" and "tolerance.grads" = "atol rtol".
+// "tolerance.logits", "tolerance.grads" (and "tolerance.pixels", the image
+// processor against PIL) = "atol rtol".
 //
 // A LLaVA directory takes its images from --pixels (a safetensors file with
 // pixel_values (N, 3, S, S)); image_token_index in --tokens marks the slots.
@@ -43,10 +44,12 @@ absl::Status Write(const std::vector<float>& logits, int64_t T, int64_t V, float
                      static_cast<uint64_t>(g.data.size() * 4)});
   }
   const loom::testing::Tolerance tl = loom::testing::kGoldenLogits,
-                                 tg = loom::testing::kGoldenGrads;
+                                 tg = loom::testing::kGoldenGrads,
+                                 tp = loom::testing::kImageProcessorVsPil;
   return loom::hf::WriteSafetensors(absl::GetFlag(FLAGS_out), views,
                                     {{"tolerance.logits", absl::StrCat(tl.atol, " ", tl.rtol)},
-                                     {"tolerance.grads", absl::StrCat(tg.atol, " ", tg.rtol)}});
+                                     {"tolerance.grads", absl::StrCat(tg.atol, " ", tg.rtol)},
+                                     {"tolerance.pixels", absl::StrCat(tp.atol, " ", tp.rtol)}});
 }
 
 // A LLaVA directory: image tokens in --tokens, the images from --pixels.

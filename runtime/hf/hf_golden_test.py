@@ -434,6 +434,81 @@ def run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, ca
           f"worst grad |diff| {worst:.3g}")
 
 
+# preprocessor_config.json of the two towers' processors, as their checkpoints ship them
+# (CLIP: shortest edge, center crop, bicubic; SigLIP: a square resize, here bilinear).
+PROCESSORS = {
+    "clip_vision_model": lambda S: {
+        "image_processor_type": "CLIPImageProcessor", "do_resize": True,
+        "size": {"shortest_edge": S}, "resample": 3, "do_center_crop": True,
+        "crop_size": {"height": S, "width": S}, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711], "do_convert_rgb": True},
+    "siglip_vision_model": lambda S: {
+        "image_processor_type": "SiglipImageProcessor", "do_resize": True,
+        "size": {"height": S, "width": S}, "resample": 2, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5]},
+}
+
+
+def pil_pixels(proc, path):
+    """What transformers' processor computes (PIL resize, crop, rescale, normalise)."""
+    import numpy
+    from PIL import Image
+    img = Image.open(path).convert("RGB")
+    w, h = img.size
+    if "shortest_edge" in proc["size"]:  # get_resize_output_image_size(default_to_square=False)
+        s = proc["size"]["shortest_edge"]
+        size = (int(s * w / h), s) if w >= h else (s, int(s * h / w))
+    else:
+        size = (proc["size"]["width"], proc["size"]["height"])
+    img = img.resize(size, resample=proc["resample"])
+    if proc.get("do_center_crop"):
+        ch, cw = proc["crop_size"]["height"], proc["crop_size"]["width"]
+        top, left = (img.size[1] - ch) // 2, (img.size[0] - cw) // 2
+        img = img.crop((left, top, left + cw, top + ch))
+    a = numpy.asarray(img, dtype=numpy.float32) * proc["rescale_factor"]
+    a = (a - numpy.array(proc["image_mean"])) / numpy.array(proc["image_std"])
+    return torch.tensor(a.transpose(2, 0, 1), dtype=torch.float32)
+
+
+def check_images(work, loom_model, name, config, tokens, failures):
+    """`loom-model pixels` against PIL on a PNG and a JPEG, one shrunk and one enlarged, not
+    square; then `logits --image` equals `logits --pixels` of those pixels."""
+    import numpy
+    from PIL import Image
+    d = os.path.join(work, name)
+    vc = config["vision_config"]
+    proc = PROCESSORS[vc["model_type"]](vc["image_size"])
+    with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
+        json.dump(proc, f, indent=2)
+    rng = numpy.random.default_rng(7)
+    files = []
+    for i, (w, h, ext) in enumerate(((50, 37, "png"), (9, 13, "jpg"))):
+        y, x = numpy.mgrid[0:h, 0:w]
+        smooth = numpy.stack([x * 255 / w, y * 255 / h, (x + y) * 127 / (w + h)], axis=-1)
+        a = numpy.clip(smooth + rng.normal(0, 40, (h, w, 3)), 0, 255).astype(numpy.uint8)
+        files.append(os.path.join(work, f"{name}.image{i}.{ext}"))
+        Image.fromarray(a).save(files[-1], **({"quality": 90} if ext == "jpg" else {}))
+    _, meta = read_safetensors(os.path.join(work, name + ".loom.safetensors"))
+    tol = [float(x) for x in meta["tolerance.pixels"].split()]
+    px = os.path.join(work, name + ".image-pixels.safetensors")
+    subprocess.run([loom_model, "pixels", "--hf", d, "--image", ",".join(files), "--out", px],
+                   check=True)
+    got = read_safetensors(px)[0]["pixel_values"]
+    want = torch.stack([pil_pixels(proc, f) for f in files])
+    err = check(f"{name} image processor vs PIL", want, got, tol, failures)
+    three = ",".join([files[0], files[1], files[0]])  # the case's three image slots
+    subprocess.run([loom_model, "pixels", "--hf", d, "--image", three, "--out", px], check=True)
+    printed = [json.loads(subprocess.run(
+        [loom_model, "logits", "--hf", d, "--tokens", tokens] + extra, check=True,
+        capture_output=True, text=True).stdout)["logits"]
+        for extra in (["--image", three], ["--pixels", px])]
+    if printed[0] != printed[1]:
+        failures.append(f"{name}: logits --image differ from logits --pixels of the same pixels")
+    print(f"hf golden {name}: image processor vs PIL max|diff| {err:.3g} (normalised units)")
+
+
 def main():
     work, dump, loom_model = sys.argv[1:4]
     mutation = sys.argv[4] if len(sys.argv) > 4 else ""
@@ -444,8 +519,11 @@ def main():
         run_case(work, dump, loom_model, name, dtype, shards, mutation, failures,
                  llm_case(work, name, config, dtype, shards, mutation))
     for name, config, dtype, shards, layout in LLAVA_CASES:
-        run_case(work, dump, loom_model, name, dtype, shards, mutation, failures,
-                 llava_case(work, name, config, dtype, shards, layout, mutation))
+        case = llava_case(work, name, config, dtype, shards, layout, mutation)
+        run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, case)
+        if not mutation:
+            tokens = "/".join(",".join(map(str, s)) for s in case[1])
+            check_images(work, loom_model, name, config, tokens, failures)
     if failures:
         print("hf golden: FAILED\n  " + "\n  ".join(failures[:12]))
         sys.exit(1)

@@ -1,10 +1,12 @@
 // loom-model: Hugging Face models as Loom loads and writes them.
 //
-//   loom-model logits --hf DIR --tokens 1,2,3[/4,5,...] [--pixels FILE]
+//   loom-model logits --hf DIR --tokens 1,2,3[/4,5,...] [--pixels FILE | --image A.png,B.jpg]
 //
 // loads DIR (a LlamaForCausalLM or Qwen2ForCausalLM directory: config.json
 // and its safetensors, runtime/hf/hf_llm.h; or a LlavaForConditionalGeneration
-// one, runtime/hf/hf_llava.h, whose images come from --pixels), runs the
+// one, runtime/hf/hf_llava.h, whose images come from --pixels, or from
+// --image files through the directory's image processor,
+// runtime/hf/hf_image.h), runs the
 // token sequences ('/' separates sequences packed into one batch) and prints
 // the last position's logits as one JSON object:
 //   {"vocab": V, "position": T-1, "logits": [...]}
@@ -21,7 +23,12 @@
 // num_hidden_layers, vision_feature_layer -1) with an identity
 // post_layernorm, which LLaVA never applies.
 //
-// A bad directory, config, token list or output exits 2 with the reason.
+//   loom-model pixels --hf DIR --image A.png[,B.jpg] --out pixel_values.safetensors
+//
+// writes what the directory's image processor (preprocessor_config.json)
+// makes of the images, as --pixels reads it.
+//
+// A bad directory, config, token list, image or output exits 2 with the reason.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -31,7 +38,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "runtime/base/file.h"
+#include "runtime/hf/hf_image.h"
 #include "runtime/hf/hf_llava.h"
 #include "runtime/hf/hf_llm.h"
 #include "runtime/hf/safetensors.h"
@@ -41,7 +51,10 @@ ABSL_FLAG(std::string, tokens, "", "token ids: 1,2,3 ('/' between packed sequenc
 ABSL_FLAG(std::string, pixels, "",
           "logits of a LLaVA directory: safetensors with pixel_values (N, 3, S, S), normalised "
           "as the model's image processor does; image_token_index in --tokens marks the slots");
-ABSL_FLAG(std::string, out, "", "export: the directory to write");
+ABSL_FLAG(std::string, image, "",
+          "logits and pixels of a LLaVA directory: PNG or JPEG files, comma-separated, made "
+          "pixel_values by the directory's preprocessor_config.json");
+ABSL_FLAG(std::string, out, "", "export: the directory to write; pixels: the file");
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
 ABSL_FLAG(int64_t, max_shard_mb, 5000,
           "export: largest safetensors shard, MB (save_pretrained's 5GB)");
@@ -53,15 +66,26 @@ int Fail(const std::string& why) {
   return 2;
 }
 
+std::vector<std::string> ImageFiles() {
+  return absl::StrSplit(absl::GetFlag(FLAGS_image), ',', absl::SkipEmpty());
+}
+
 // The last position's logits of a LLaVA directory's model on --tokens and
 // --pixels; the number of positions in *T.
 absl::StatusOr<std::vector<float>> LlavaLogits(int* T) {
   absl::StatusOr<loom::hf::OpenedLlava> o = loom::hf::OpenHfLlava(absl::GetFlag(FLAGS_hf));
   if (!o.ok()) return o.status();
   std::vector<float> pixels;
+  if (!absl::GetFlag(FLAGS_pixels).empty() && !absl::GetFlag(FLAGS_image).empty()) {
+    return absl::InvalidArgumentError("--pixels or --image, not both");
+  }
   if (!absl::GetFlag(FLAGS_pixels).empty()) {
     LOOM_HF_ASSIGN(pixels, loom::hf::ReadPixelValues(absl::GetFlag(FLAGS_pixels),
                                                      o->config.model.vit.tile_size));
+  }
+  if (!absl::GetFlag(FLAGS_image).empty()) {
+    LOOM_HF_ASSIGN(pixels, loom::hf::PixelValuesOfImages(absl::GetFlag(FLAGS_hf), ImageFiles(),
+                                                         o->config.model.vit.tile_size));
   }
   absl::StatusOr<std::vector<loom::Sample>> samples =
       loom::hf::LlavaSamples(absl::GetFlag(FLAGS_tokens), o->config, pixels);
@@ -81,8 +105,8 @@ absl::StatusOr<std::vector<float>> LlavaLogits(int* T) {
 absl::StatusOr<std::vector<float>> LlmLogits(int* T) {
   absl::StatusOr<std::unique_ptr<loom::Llm>> llm = loom::hf::OpenHfLlm(absl::GetFlag(FLAGS_hf));
   if (!llm.ok()) return llm.status();
-  if (!absl::GetFlag(FLAGS_pixels).empty()) {
-    return absl::InvalidArgumentError("--pixels: " + absl::GetFlag(FLAGS_hf) +
+  if (!absl::GetFlag(FLAGS_pixels).empty() || !absl::GetFlag(FLAGS_image).empty()) {
+    return absl::InvalidArgumentError("--pixels/--image: " + absl::GetFlag(FLAGS_hf) +
                                       " is a language model without a vision tower");
   }
   const int V = (*llm)->config().vocab;
@@ -203,13 +227,38 @@ int Export() {
 
 }  // namespace
 
+// pixel_values (N, 3, S, S) F32 of --image as DIR's processor makes them.
+int Pixels() {
+  const std::string dir = absl::GetFlag(FLAGS_hf), out = absl::GetFlag(FLAGS_out);
+  if (dir.empty() || out.empty() || absl::GetFlag(FLAGS_image).empty()) {
+    return Fail("pixels needs --hf DIR, --image FILES and --out FILE");
+  }
+  if (!loom::hf::IsLlavaDir(dir)) return Fail(dir + ": not a LLaVA directory");
+  absl::StatusOr<loom::hf::LlavaConfig> config = loom::hf::ReadLlavaConfig(dir);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  const int S = config->model.vit.tile_size;
+  const std::vector<std::string> files = ImageFiles();
+  absl::StatusOr<std::vector<float>> px = loom::hf::PixelValuesOfImages(dir, files, S);
+  if (!px.ok()) return Fail(std::string(px.status().message()));
+  loom::hf::TensorView v{"pixel_values",
+                         loom::hf::DType::kF32,
+                         {static_cast<int64_t>(files.size()), 3, S, S},
+                         px->data(),
+                         px->size() * sizeof(float)};
+  absl::Status s = loom::hf::WriteSafetensors(out, {v});
+  if (!s.ok()) return Fail(std::string(s.message()));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loom-model logits --hf DIR --tokens 1,2,3 | export --hf DIR --out DIR [--dtype bf16]");
+      "loom-model logits --hf DIR --tokens 1,2,3 | export --hf DIR --out DIR [--dtype bf16] | "
+      "pixels --hf DIR --image A.png --out FILE");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) return Fail("one command: logits or export");
+  if (args.size() != 2) return Fail("one command: logits, export or pixels");
   const std::string command = args[1];
   if (command == "logits") return Logits();
   if (command == "export") return Export();
-  return Fail("unknown command '" + command + "' (logits, export)");
+  if (command == "pixels") return Pixels();
+  return Fail("unknown command '" + command + "' (logits, export, pixels)");
 }
