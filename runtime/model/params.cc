@@ -232,6 +232,7 @@ absl::Status GatherInto(const ParamSet& part, Communicator* group, ParamSet* mas
   master->step() = part.step();
   if (group == nullptr || group->size() == 1) return absl::OkStatus();
   for (std::vector<float>* b : {&master->data(), &master->adam_m(), &master->adam_v()}) {
+    if (part.frozen() && b != &master->data()) continue;  // no AdamW state: zeros everywhere
     if (absl::Status s = group->AllreduceSum(b->data(), static_cast<int64_t>(b->size())); !s.ok()) {
       return s;
     }

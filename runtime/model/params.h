@@ -153,7 +153,8 @@ absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* mas
 // The step under it: `master` (zeros, holding `part`'s tensors whole, and
 // maybe more) gets `part` added at its place, then is summed over `group`
 // (null: alone), so every member's part is gathered; its step is `part`'s.
-// Also gathers a module's pipeline stages into the whole module.
+// Also gathers a module's pipeline stages into the whole module. A frozen
+// part (every member frozen alike) gathers the weights alone.
 absl::Status GatherInto(const ParamSet& part, Communicator* group, ParamSet* master);
 
 // This rank's place in its TP group `tp` (null: a group of one).

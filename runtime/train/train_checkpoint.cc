@@ -39,4 +39,14 @@ absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
   return absl::OkStatus();
 }
 
+absl::Status LoadTrainingWeights(MultimodalModel& model, const std::string& step_dir) {
+  auto sets = model.param_sets();
+  for (size_t i = 0; i < sets.size(); ++i) {
+    absl::Status s =
+        LoadModuleWeights(absl::StrCat(step_dir, "/", kModules[i], ".ckpt"), kModules[i], sets[i]);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace loom

@@ -25,6 +25,10 @@ absl::Status SaveTrainingCheckpoint(
 // Loads step `step` from `dir` into `model`.
 absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir);
 
+// The weights alone of step folder `step_dir` (another run's DIR/step-N),
+// with fresh AdamW state (runtime/checkpoint LoadModuleWeights).
+absl::Status LoadTrainingWeights(MultimodalModel& model, const std::string& step_dir);
+
 }  // namespace loom
 
 #endif  // LOOM_RUNTIME_TRAIN_TRAIN_CHECKPOINT_H_

@@ -21,7 +21,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "runtime/base/file.h"
-#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/loader.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
@@ -85,12 +84,8 @@ int main(int argc, char** argv) {
   loom::MultimodalModel model(*config);
   model.Initialize(seed);
   if (const std::string init = absl::GetFlag(FLAGS_init_checkpoint); !init.empty()) {
-    for (loom::Module m : {loom::Module::kEncoder, loom::Module::kProjector, loom::Module::kLlm}) {
-      const char* name = loom::kModuleNames[static_cast<int>(m)];
-      absl::Status s = loom::LoadModuleWeights(absl::StrCat(init, "/", name, ".ckpt"), name,
-                                               model.param_sets()[static_cast<int>(m)]);
-      if (!s.ok()) return Fail("--init_checkpoint: " + std::string(s.message()));
-    }
+    absl::Status s = loom::LoadTrainingWeights(model, init);
+    if (!s.ok()) return Fail("--init_checkpoint: " + std::string(s.message()));
   }
   model.Freeze(*frozen);
   loom::SyntheticCaptions data(*config, seed, absl::GetFlag(FLAGS_shuffle_images));

@@ -134,8 +134,7 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
       }
     }
   }
-  const job::v1::FreezeConfig& f = job.freeze();
-  if (f.vision() && f.projector() && f.llm()) {
+  if (JobFrozen(job).all()) {
     return Bad("freeze", "vision, projector and llm are all frozen: nothing would train");
   }
   return AtLeast("checkpoint.every", job.checkpoint().every(), 0);
