@@ -13,8 +13,10 @@
 #include "absl/strings/strip.h"
 #include "runtime/base/file.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/hf/model_flags.h"
 #include "services/common/health_client.h"
 #include "services/common/http_get.h"
+#include "services/common/job.h"
 
 namespace loom {
 namespace {
@@ -84,10 +86,13 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
   };
   switch (s.binary->role) {
     case common::v1::ROLE_PREPROCESS: {
-      std::vector<std::string> a = {"--shards=" + options_.shards, "--config=" + job.model(),
+      std::vector<std::string> a = {"--shards=" + options_.shards,
                                     absl::StrCat("--seed=", job.seed()),
                                     absl::StrCat("--global_batch=", job.data().global_batch()),
                                     absl::StrCat("--threads=", job.data().threads())};
+      for (std::string& flag : hf::ModelSourceFlags(JobModelSource(job))) {
+        a.push_back(std::move(flag));
+      }
       if (options_.resume_step > 0) {
         a.push_back(absl::StrCat("--start_iteration=", options_.resume_step));
         a.push_back(absl::StrCat("--cursor=", StepDir(job.checkpoint().dir(), options_.resume_step),

@@ -358,8 +358,9 @@ int main(int argc, char** argv) {
   std::fprintf(info,
                "loom up: job %s: model %s, encoder TP %d x PP %d x DP %d, LLM TP %d x PP %d x DP "
                "%d, %s assignment, %s\n",
-               job.name().c_str(), job.model().c_str(), par.encoder_tp(), par.encoder_pp(),
-               par.encoder_dp(), par.llm_tp(), par.llm_pp(), par.llm_dp(), job.algorithm().c_str(),
+               job.name().c_str(), loom::JobModelSource(job).Describe().c_str(), par.encoder_tp(),
+               par.encoder_pp(), par.encoder_dp(), par.llm_tp(), par.llm_pp(), par.llm_dp(),
+               job.algorithm().c_str(),
                job.train().steps() > 0 ? absl::StrCat(job.train().steps(), " iterations").c_str()
                                        : "until stopped");
   std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services, run_dir.c_str());

@@ -182,7 +182,7 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
 
   // Text.
   std::vector<std::vector<int32_t>> piece_ids(pieces.size());
-  int text_tokens = 2;
+  int text_tokens = tokenizer_->bos_id() >= 0 ? 2 : 1;
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].empty()) continue;
     if (absl::Status s = tokenizer_->Encode(pieces[i], &piece_ids[i]); !s.ok()) {
@@ -212,8 +212,12 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     ImageInfo info;
     info.width = size->width;
     info.height = size->height;
-    info.grid = ChooseTileGrid(size->width, size->height, per_image, options_.tile_size);
-    info.tiles = TileCount(info.grid, options_.thumbnail);
+    if (options_.image_to_tile) {
+      info.tiles = 1;  // info.grid 1 x 1
+    } else {
+      info.grid = ChooseTileGrid(size->width, size->height, per_image, options_.tile_size);
+      info.tiles = TileCount(info.grid, options_.thumbnail);
+    }
     image_tokens += info.tiles * options_.tokens_per_tile;
     out.sample.images.push_back(info);
   }
@@ -229,20 +233,31 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     for (int i = 0; i < n; ++i) {
       const ImageInfo& info = out.sample.images[i];
       const int S = options_.tile_size;
-      absl::StatusOr<Image> image =
-          DecodeImage(*image_bytes[i], options_.decode, info.grid.cols * S, info.grid.rows * S);
+      const bool own_tile = static_cast<bool>(options_.image_to_tile);
+      absl::StatusOr<Image> image = own_tile ? DecodeImage(*image_bytes[i], options_.decode)
+                                             : DecodeImage(*image_bytes[i], options_.decode,
+                                                           info.grid.cols * S, info.grid.rows * S);
       if (!image.ok()) {
         return skip(ImageErrorReason(image.status()), files.key + "." + record.images(i) + ": " +
                                                           std::string(image.status().message()));
       }
-      AppendTiles(*image, info.grid, options_, &sample.tiles);
+      if (own_tile) {
+        absl::StatusOr<std::vector<float>> tile = options_.image_to_tile(*image);
+        if (!tile.ok()) {
+          return skip(ImageErrorReason(tile.status()), files.key + "." + record.images(i) + ": " +
+                                                           std::string(tile.status().message()));
+        }
+        sample.tiles.insert(sample.tiles.end(), tile->begin(), tile->end());
+      } else {
+        AppendTiles(*image, info.grid, options_, &sample.tiles);
+      }
       sample.num_tiles += info.tiles;
     }
   }
 
   // Tokens: <s> piece0 [image0 slots] piece1 ... </s>.
   sample.tokens.reserve(text_tokens + image_tokens);
-  sample.tokens.push_back(tokenizer_->bos_id());
+  if (tokenizer_->bos_id() >= 0) sample.tokens.push_back(tokenizer_->bos_id());
   for (size_t i = 0; i < pieces.size(); ++i) {
     sample.tokens.insert(sample.tokens.end(), piece_ids[i].begin(), piece_ids[i].end());
     if (static_cast<int>(i) < n) {

@@ -3,8 +3,8 @@
 //
 //   1. KEY.json: valid UTF-8, protobuf-JSON SampleRecord, a non-empty text
 //      with one "<image>" marker per listed image, every listed image present.
-//   2. Text: <s>, the BPE ids of each text piece, an image's slots at its
-//      marker, </s>.
+//   2. Text: <s> (if the tokenizer has one), the BPE ids of each text
+//      piece, an image's slots at its marker, </s>.
 //   3. Images: the header gives the size; the tile grid (cols x rows <=
 //      max tiles, the aspect ratio closest to the image's; ties go to the
 //      larger grid when the image has the pixels for it) is chosen before a
@@ -13,7 +13,9 @@
 //      The image is resized to (cols*S, rows*S) and cut into tiles; a grid
 //      of more than one tile adds a thumbnail (the whole image at S x S).
 //      A sample of n images gives each at most max(1, max_tiles / n) tiles
-//      (as InternVL does), so video frames are one tile each.
+//      (as InternVL does), so video frames are one tile each. With
+//      `image_to_tile` (a Hugging Face image processor) each image is
+//      instead one tile, made of the whole image by that function.
 //   4. Tiles are normalised per channel, (x/255 - mean) / std (CLIP's).
 //
 // A sample that fails any check is skipped with a reason (kSkipReasons);
@@ -23,6 +25,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +66,11 @@ struct PreprocessOptions {
   ShardLimits shard;
   std::array<float, 3> mean = {0.48145466f, 0.4578275f, 0.40821073f};
   std::array<float, 3> std = {0.26862954f, 0.26130258f, 0.27577711f};
+  // Set: every image becomes one tile, this function's (3, S, S) floats of
+  // the whole decoded image, in place of the tile grid, the thumbnail and
+  // the normalisation above (a Hugging Face image processor, as LLaVA's
+  // models take images: runtime/hf/hf_image.h). Thread-safe.
+  std::function<absl::StatusOr<std::vector<float>>(const Image&)> image_to_tile;
 };
 
 // Tile size, tokens per tile and maximum sequence from the model config.

@@ -1,11 +1,20 @@
-// The text tokenizer: a sentencepiece BPE model (Debian libsentencepiece).
+// The text tokenizer: Loom's sentencepiece BPE model (Debian
+// libsentencepiece), or a Hugging Face model's tokenizer.json (byte-level
+// BPE, runtime/hf/bpe_tokenizer.h).
 //
-// Ids 0-4 are fixed: <unk> 0, <s> 1 (begin of sample), </s> 2 (end of
-// sample), <pad> 3, <image> 4. <image> is reserved so that text never
+// Loom's model: ids 0-4 are fixed: <unk> 0, <s> 1 (begin of sample), </s> 2
+// (end of sample), <pad> 3, <image> 4. <image> is reserved so that text never
 // encodes to it: the pipeline splits texts at "<image>" and puts image-token
 // slots there itself. The model is trained on loom-datagen's text by
 // TrainTokenizer (the `loom-tokenizer` binary; Bazel builds
 // //runtime/data:tokenizer_model as a setup step).
+//
+// A Hugging Face directory (`Load(DIR)`, DIR holding tokenizer.json): the
+// begin and end of a sample are tokenizer_config.json's bos_token (none when
+// it is null or absent, as Qwen2's; none when add_bos_token is false) and
+// eos_token (required), each a string or {"content": ...} naming a token of
+// tokenizer.json; <image> is the tokenizer's "<image>" token if it has one
+// (the pipeline puts image slots, not this id, in samples); no pad id.
 #ifndef LOOM_RUNTIME_DATA_TOKENIZER_H_
 #define LOOM_RUNTIME_DATA_TOKENIZER_H_
 
@@ -16,6 +25,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+
+namespace loom::hf {
+class BpeTokenizer;
+}
 
 namespace loom::data {
 
@@ -28,8 +41,10 @@ inline constexpr std::string_view kImageMarker = "<image>";
 class Tokenizer {
  public:
   // `path` "" loads the model built with the binary
-  // (//runtime/data:tokenizer_model, found in its runfiles or beside it).
+  // (//runtime/data:tokenizer_model, found in its runfiles or beside it); a
+  // directory loads its tokenizer.json and tokenizer_config.json.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHuggingFace(const std::string& dir);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSerialized(std::string_view model);
   ~Tokenizer();
 
@@ -38,14 +53,16 @@ class Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int vocab_size() const;
-  int bos_id() const { return bos_; }
+  int bos_id() const { return bos_; }  // -1: samples start without one
   int eos_id() const { return eos_; }
   int pad_id() const { return pad_; }
   int image_id() const { return image_; }
 
  private:
   explicit Tokenizer(std::unique_ptr<spm::Model> model);
-  std::unique_ptr<spm::Model> model_;
+  explicit Tokenizer(std::unique_ptr<hf::BpeTokenizer> bpe);
+  std::unique_ptr<spm::Model> model_;  // or
+  std::unique_ptr<hf::BpeTokenizer> bpe_;
   int bos_ = 1, eos_ = 2, pad_ = 3, image_ = 4;
 };
 

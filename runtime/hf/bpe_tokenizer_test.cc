@@ -1,7 +1,12 @@
 #include "runtime/hf/bpe_tokenizer.h"
 
+#include <filesystem>
+
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/base/file.h"
+#include "runtime/base/test_paths.h"
+#include "runtime/data/tokenizer.h"
 
 namespace loom::hf {
 namespace {
@@ -85,6 +90,48 @@ TEST(BpeTokenizerTest, UnsupportedTokenizersAreClearErrors) {
   EXPECT_NE(LoadError(j).find("pre_tokenizer regex \"(unclosed\""), std::string::npos);
   EXPECT_NE(LoadError(nlohmann::json::array()).find("tok.json: not a JSON object"),
             std::string::npos);
+}
+
+// The data pipeline's tokenizer on a Hugging Face directory: the tokens
+// that begin and end a sample from tokenizer_config.json.
+TEST(BpeTokenizerTest, DataTokenizerTakesBosAndEosFromTokenizerConfig) {
+  const std::string dir = testing::TempPath("hf-tokenizer");
+  std::filesystem::create_directories(dir);
+  nlohmann::json j = Minimal();
+  j["added_tokens"].push_back({{"id", 301}, {"content", "</s>"}, {"special", true}});
+  ASSERT_TRUE(WriteFileAtomically(dir + "/tokenizer.json", j.dump()).ok());
+  auto load = [&](const std::string& config) {
+    EXPECT_TRUE(WriteFileAtomically(dir + "/tokenizer_config.json", config).ok());
+    return data::Tokenizer::Load(dir);
+  };
+  auto t = load(R"({"bos_token": "<s>", "eos_token": {"content": "</s>"}})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->bos_id(), 300);
+  EXPECT_EQ((*t)->eos_id(), 301);
+  EXPECT_EQ((*t)->image_id(), -1);  // no <image> token
+  EXPECT_EQ((*t)->vocab_size(), 302);
+  std::vector<int32_t> ids;
+  ASSERT_TRUE((*t)->Encode("b a", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{'b', 256}));
+  // Qwen2 has no BOS; add_bos_token false drops one.
+  t = load(R"({"bos_token": null, "eos_token": "</s>"})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->bos_id(), -1);
+  t = load(R"({"bos_token": "<s>", "add_bos_token": false, "eos_token": "</s>"})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->bos_id(), -1);
+  for (const auto& [config, error] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"bos_token": "<s>"})", "eos_token: missing"},
+           {R"({"eos_token": "<|eot|>"})", "eos_token: \"<|eot|>\" is not a token"},
+           {R"({"eos_token": 7})", "eos_token: a token string"},
+           {"[1]", "not a JSON object"},
+       }) {
+    t = load(config);
+    ASSERT_FALSE(t.ok()) << config;
+    EXPECT_NE(t.status().message().find(error), absl::string_view::npos) << t.status();
+  }
+  std::filesystem::remove(dir + "/tokenizer_config.json");
+  EXPECT_EQ(data::Tokenizer::Load(dir).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -318,15 +318,47 @@ absl::Status LoadProjectorWeights(const SafetensorsModel& model, const ModelConf
       model, [&](const std::string& n) { return ProjectorHfParts(c, n, prefix); }, params);
 }
 
+namespace {
+
+// The Hugging Face names of the tower's parameters (under `prefix`) into `known`.
+absl::Status AddVitNames(const VitConfig& v, const std::string& prefix,
+                         std::set<std::string>* known) {
+  for (const std::string& n : VitNames(v)) {
+    absl::StatusOr<HfParts> p = VitHfParts(v, n, prefix);
+    if (!p.ok()) return p.status();
+    known->insert(p->names.begin(), p->names.end());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckVisionTensorsKnown(const SafetensorsModel& model, const VisionTower& t,
+                                     const std::string& prefix) {
+  std::set<std::string> known;
+  if (absl::Status s = AddVitNames(t.vit, prefix, &known); !s.ok()) return s;
+  bool any = false;
+  for (const std::string& name : model.names()) {
+    if (!absl::StartsWith(name, prefix)) continue;
+    any = true;
+    if (known.count(name) > 0 || UnusedVisionTensor(t, name.substr(prefix.size()))) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat(model.where(), ": ", name,
+                     " is not part of the vision tower config.json describes (another family, "
+                     "or a feature Loom does not run)"));
+  }
+  if (!any) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model.where(), ": no tensor under ", prefix, ": not a vision tower"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLlavaTensorsKnown(const SafetensorsModel& model, const LlavaConfig& c,
                                     const LlavaKeys& keys) {
   if (absl::Status s = CheckLlmTensorsKnown(model, c.model.llm, keys.llm); !s.ok()) return s;
   std::set<std::string> known;
-  for (const std::string& n : VitNames(c.model.vit)) {
-    absl::StatusOr<HfParts> p = VitHfParts(c.model.vit, n, keys.vision);
-    if (!p.ok()) return p.status();
-    known.insert(p->names.begin(), p->names.end());
-  }
+  if (absl::Status s = AddVitNames(c.model.vit, keys.vision, &known); !s.ok()) return s;
   for (const std::string& n : ProjectorNames()) {
     absl::StatusOr<HfParts> p = ProjectorHfParts(c.model, n, keys.projector);
     if (!p.ok()) return p.status();

@@ -94,6 +94,12 @@ absl::Status LoadProjectorWeights(const SafetensorsModel& model, const ModelConf
 absl::Status CheckLlavaTensorsKnown(const SafetensorsModel& model, const LlavaConfig& c,
                                     const LlavaKeys& keys);
 
+// The same for a tower alone (a CLIPVisionModel, SiglipVisionModel, CLIPModel
+// or SiglipModel directory): tensors under `prefix` only ("vision_model.";
+// a CLIPModel's text model is not the tower's and is ignored).
+absl::Status CheckVisionTensorsKnown(const SafetensorsModel& model, const VisionTower& t,
+                                     const std::string& prefix);
+
 // The whole model (TP 1, every layer) as Hugging Face tensors under `keys`.
 // `grads`: the gradients instead.
 std::vector<NamedTensor> LlavaToHf(MultimodalModel& model, const LlavaKeys& keys, bool grads);

@@ -23,6 +23,15 @@
 // num_hidden_layers, vision_feature_layer -1) with an identity
 // post_layernorm, which LLaVA never applies.
 //
+//   loom-model export --checkpoint RUN/checkpoints/step-N (--hf LLAVA_DIR |
+//                     --llm_from DIR --vision_from DIR) --out OUT [--dtype bf16]
+//
+// exports a Loom training checkpoint (any layout) of a model that started
+// from those Hugging Face directories (the job's `hf`) as a LLaVA directory
+// in the same form: the trained weights, the LLaVA config.json (composed
+// for llm_from + vision_from, with the tokenizer's <image> id as
+// image_token_index), the tokenizer's files and the image processor's.
+//
 //   loom-model pixels --hf DIR --image A.png[,B.jpg] --out pixel_values.safetensors
 //
 // writes what the directory's image processor (preprocessor_config.json)
@@ -44,7 +53,10 @@
 #include "runtime/hf/hf_image.h"
 #include "runtime/hf/hf_llava.h"
 #include "runtime/hf/hf_llm.h"
+#include "runtime/hf/model_flags.h"
+#include "runtime/hf/pretrained.h"
 #include "runtime/hf/safetensors.h"
+#include "runtime/train/train_checkpoint.h"
 
 ABSL_FLAG(std::string, hf, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, tokens, "", "token ids: 1,2,3 ('/' between packed sequences)");
@@ -56,6 +68,9 @@ ABSL_FLAG(std::string, image, "",
           "pixel_values by the directory's preprocessor_config.json");
 ABSL_FLAG(std::string, out, "", "export: the directory to write; pixels: the file");
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
+ABSL_FLAG(std::string, checkpoint, "",
+          "export: a Loom checkpoint step folder (RUN/checkpoints/step-N) of a model made of "
+          "--hf (a LLaVA directory) or --llm_from + --vision_from: its weights are written");
 ABSL_FLAG(int64_t, max_shard_mb, 5000,
           "export: largest safetensors shard, MB (save_pretrained's 5GB)");
 
@@ -149,9 +164,40 @@ constexpr const char* kSideFiles[] = {"config.json",
                                       "processor_config.json",
                                       "chat_template.json"};
 
+// A trained checkpoint's weights as a LLaVA model of `source`'s form.
+absl::Status CheckpointTensors(const loom::hf::ModelSource& source, const std::string& step,
+                               std::vector<loom::hf::NamedTensor>* tensors, std::string* config,
+                               std::vector<loom::hf::SideFile>* side) {
+  absl::StatusOr<loom::hf::PretrainedModel> m = loom::hf::ResolveModel(source);
+  if (!m.ok()) return m.status();
+  loom::MultimodalModel model(m->config);
+  if (absl::Status s = loom::LoadTrainingWeights(model, step); !s.ok()) {
+    return absl::Status(s.code(), "--checkpoint: " + std::string(s.message()));
+  }
+  *tensors = loom::hf::LlavaToHf(model, loom::hf::ClassicLlavaKeys(), /*grads=*/false);
+  for (loom::hf::NamedTensor& t : loom::hf::LlavaExportExtras(m->llava)) {
+    tensors->push_back(std::move(t));
+  }
+  absl::StatusOr<std::string> c = loom::hf::LlavaExportConfig(m->llava_config_json, m->llava);
+  if (!c.ok()) return c.status();
+  *config = *c;
+  *side = loom::hf::ExportSideFiles(*m);
+  return absl::OkStatus();
+}
+
 int Export() {
   const std::string in = absl::GetFlag(FLAGS_hf), out = absl::GetFlag(FLAGS_out);
-  if (in.empty() || out.empty()) return Fail("export needs --hf DIR and --out DIR");
+  const std::string step = absl::GetFlag(FLAGS_checkpoint);
+  loom::hf::ModelSource source = loom::hf::ModelSourceFromFlags("");
+  if (!in.empty()) source.llava = in;
+  if (out.empty() || (in.empty() && (step.empty() || !source.pretrained()))) {
+    return Fail(
+        "export needs --out DIR and --hf DIR (or --checkpoint with --llm_from and "
+        "--vision_from)");
+  }
+  if (step.empty() && !source.llm_from.empty()) {
+    return Fail("--llm_from/--vision_from: export of a checkpoint only (--checkpoint)");
+  }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   loom::hf::DType dt = loom::hf::DType::kBF16;
   if (dtype == "f16") {
@@ -164,7 +210,13 @@ int Export() {
   if (absl::GetFlag(FLAGS_max_shard_mb) < 1) return Fail("--max_shard_mb must be >= 1");
   std::vector<loom::hf::NamedTensor> tensors;
   std::string config;  // empty: copy the source's
-  if (loom::hf::IsLlavaDir(in)) {
+  std::vector<loom::hf::SideFile> side;
+  for (const char* name : kSideFiles) side.push_back({in + "/" + name, name});
+  if (!step.empty()) {
+    if (absl::Status s = CheckpointTensors(source, step, &tensors, &config, &side); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  } else if (loom::hf::IsLlavaDir(in)) {
     absl::StatusOr<loom::hf::OpenedLlava> o = loom::hf::OpenHfLlava(in);
     if (!o.ok()) return Fail(std::string(o.status().message()));
     tensors = loom::hf::LlavaToHf(*o->model, loom::hf::ClassicLlavaKeys(), /*grads=*/false);
@@ -210,13 +262,12 @@ int Export() {
       return Fail(std::string(s.message()));
     }
   }
-  for (const char* name : kSideFiles) {
-    const std::string from = in + "/" + name;
-    if (!std::filesystem::exists(from)) continue;
-    if (!config.empty() && std::string(name) == "config.json") continue;
-    absl::StatusOr<std::string> text = loom::ReadFile(from);
+  for (const loom::hf::SideFile& f : side) {
+    if (!std::filesystem::exists(f.from)) continue;
+    if (!config.empty() && f.name == "config.json") continue;
+    absl::StatusOr<std::string> text = loom::ReadFile(f.from);
     if (!text.ok()) return Fail(std::string(text.status().message()));
-    if (absl::Status s = loom::WriteFileAtomically(out + "/" + name, *text); !s.ok()) {
+    if (absl::Status s = loom::WriteFileAtomically(out + "/" + f.name, *text); !s.ok()) {
       return Fail(std::string(s.message()));
     }
   }
@@ -252,7 +303,8 @@ int Pixels() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loom-model logits --hf DIR --tokens 1,2,3 | export --hf DIR --out DIR [--dtype bf16] | "
+      "loom-model logits --hf DIR --tokens 1,2,3 | export --hf DIR [--checkpoint STEP_DIR] --out "
+      "DIR [--dtype bf16] | "
       "pixels --hf DIR --image A.png --out FILE");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) return Fail("one command: logits, export or pixels");

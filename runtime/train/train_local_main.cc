@@ -8,6 +8,8 @@
 //   loom-train-local --config tiny --steps 200 --freeze vision,llm     # the projector alone
 //   loom-train-local --config tiny --init_checkpoint ckpt/step-200 --freeze vision   # then the
 //   rest
+//   loom-train-local --llava DIR --shards 'data/*.tar' --freeze vision,llm   # Hugging Face
+//   loom-train-local --llm_from LLM_DIR --vision_from CLIP_DIR --shards ... --freeze vision,llm
 //
 // Without --shards the data is the in-memory SyntheticCaptions; with it,
 // samples come from WebDataset shards through the preprocessing pipeline
@@ -22,6 +24,8 @@
 #include "absl/flags/usage.h"
 #include "runtime/base/file.h"
 #include "runtime/data/loader.h"
+#include "runtime/hf/model_flags.h"
+#include "runtime/hf/pretrained.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
 #include "runtime/train/synthetic_data.h"
@@ -44,7 +48,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "Folder for checkpoints (DIR/step-N/.
 ABSL_FLAG(int, checkpoint_every, 0, "Save a checkpoint every K steps (0: never).");
 ABSL_FLAG(bool, resume, false, "Continue from the last complete checkpoint in --checkpoint_dir.");
 ABSL_FLAG(std::string, shards, "", "Train from these WebDataset shards (a glob) instead.");
-ABSL_FLAG(std::string, tokenizer, "", "sentencepiece model for --shards (default: Loom's).");
+ABSL_FLAG(std::string, tokenizer, "",
+          "sentencepiece model or tokenizer.json directory for --shards (default: the model's "
+          "own).");
 ABSL_FLAG(int, data_threads, 2, "Preprocessing threads for --shards.");
 ABSL_FLAG(std::string, init_checkpoint, "",
           "Start from the weights of this checkpoint step folder (DIR/step-N) instead of the "
@@ -66,12 +72,13 @@ std::string CursorPath(const std::string& dir, int64_t step) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("loom-train-local: single-process multimodal training.");
   absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<loom::ModelConfig> config = loom::ModelConfigByName(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    std::fprintf(stderr, "loom-train-local: --config: %s\n",
-                 std::string(config.status().message()).c_str());
-    return 1;
+  const loom::hf::ModelSource source = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
+  absl::StatusOr<loom::hf::PretrainedModel> pretrained = loom::hf::ResolveModel(source);
+  if (!pretrained.ok()) {
+    return Fail((source.pretrained() ? "--" : "--config: ") +
+                std::string(pretrained.status().message()));
   }
+  const loom::ModelConfig* config = &pretrained->config;
   const int steps = absl::GetFlag(FLAGS_steps), batch = absl::GetFlag(FLAGS_batch_size);
   if (steps < 0 || batch < 1 || absl::GetFlag(FLAGS_microbatches) < 1) {
     std::fprintf(stderr,
@@ -83,6 +90,9 @@ int main(int argc, char** argv) {
   if (!frozen.ok()) return Fail("--freeze: " + std::string(frozen.status().message()));
   loom::MultimodalModel model(*config);
   model.Initialize(seed);
+  if (absl::Status s = loom::hf::LoadPretrainedWeights(*pretrained, &model); !s.ok()) {
+    return Fail("--" + std::string(s.message()));
+  }
   if (const std::string init = absl::GetFlag(FLAGS_init_checkpoint); !init.empty()) {
     absl::Status s = loom::LoadTrainingWeights(model, init);
     if (!s.ok()) return Fail("--init_checkpoint: " + std::string(s.message()));
@@ -96,20 +106,17 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_shuffle_images)) {
       return Fail("--shuffle_images is for the synthetic data; it cannot be used with --shards");
     }
-    absl::StatusOr<std::unique_ptr<loom::data::Tokenizer>> tok =
-        loom::data::Tokenizer::Load(absl::GetFlag(FLAGS_tokenizer));
-    if (!tok.ok()) return Fail("--tokenizer: " + std::string(tok.status().message()));
-    if (absl::Status s = loom::data::CheckTokenizerFits(**tok, *config); !s.ok()) {
-      return Fail("--tokenizer: " + std::string(s.message()));
-    }
-    tokenizer = std::move(*tok);
+    absl::StatusOr<loom::hf::DataPipeline> pipeline =
+        loom::hf::DataPipelineFor(*pretrained, absl::GetFlag(FLAGS_tokenizer));
+    if (!pipeline.ok()) return Fail("--tokenizer: " + std::string(pipeline.status().message()));
+    tokenizer = std::move(pipeline->tokenizer);
     absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(shards);
     if (!paths.ok()) return Fail("--shards: " + std::string(paths.status().message()));
     loom::data::LoaderOptions lo;
     lo.shards = *paths;
     lo.seed = seed;
     lo.threads = std::max(1, absl::GetFlag(FLAGS_data_threads));
-    lo.preprocess = loom::data::PreprocessOptionsFor(*config);
+    lo.preprocess = std::move(pipeline->preprocess);
     absl::StatusOr<std::unique_ptr<loom::data::DataLoader>> l =
         loom::data::DataLoader::Open(lo, tokenizer.get());
     if (!l.ok()) return Fail("--shards: " + std::string(l.status().message()));
@@ -131,7 +138,7 @@ int main(int argc, char** argv) {
   }
   // What a resume must not change (the batch split may).
   const std::string identity = absl::StrCat(
-      "trainer=loom-train-local model=", config->name, " seed=", absl::GetFlag(FLAGS_seed),
+      "trainer=loom-train-local model=", source.Describe(), " seed=", absl::GetFlag(FLAGS_seed),
       " global_batch=", batch,
       " data=", absl::GetFlag(FLAGS_shards).empty() ? "synthetic" : absl::GetFlag(FLAGS_shards),
       absl::GetFlag(FLAGS_init_checkpoint).empty()

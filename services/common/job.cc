@@ -49,7 +49,7 @@ class FirstError : public google::protobuf::io::ErrorCollector {
 
 void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   Default<std::string>(job->mutable_name(), "loom");
-  Default<std::string>(job->mutable_model(), "tiny");
+  if (!JobModelSource(*job).pretrained()) Default<std::string>(job->mutable_model(), "tiny");
   if (job->seed() == 0) job->set_seed(1);
   Default<std::string>(job->mutable_algorithm(), "loom");
   job::v1::DataConfig* d = job->mutable_data();
@@ -79,10 +79,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
 }
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
-  if (!ModelConfigByName(job.model()).ok()) {
-    return Bad("model", absl::StrCat("unknown model config \"", job.model(),
-                                     "\" (known: ", absl::StrJoin(ModelConfigNames(), ", "), ")"));
-  }
+  absl::StatusOr<hf::PretrainedModel> model = JobModel(job);
+  if (!model.ok()) return model.status();
   if (!Contains(sched::AlgorithmNames(), job.algorithm())) {
     return Bad("algorithm", absl::StrCat("unknown algorithm \"", job.algorithm(), "\" (known: ",
                                          absl::StrJoin(sched::AlgorithmNames(), ", "), ")"));
@@ -100,8 +98,8 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (s.ok()) s = AtLeast("parallel.llm_dp", p.llm_dp(), 1);
   if (s.ok()) s = AtLeast("parallel.microbatches", p.microbatches(), 1);
   if (!s.ok()) return s;
-  if (absl::Status tp = ValidateModelParallel(*ModelConfigByName(job.model()), p.encoder_tp(),
-                                              p.encoder_pp(), p.llm_tp(), p.llm_pp());
+  if (absl::Status tp = ValidateModelParallel(model->config, p.encoder_tp(), p.encoder_pp(),
+                                              p.llm_tp(), p.llm_pp());
       !tp.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.", tp.message()));
   }
@@ -138,6 +136,36 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
     return Bad("freeze", "vision, projector and llm are all frozen: nothing would train");
   }
   return AtLeast("checkpoint.every", job.checkpoint().every(), 0);
+}
+
+hf::ModelSource JobModelSource(const job::v1::JobConfig& job) {
+  hf::ModelSource s;
+  s.config = job.model();
+  s.llava = job.hf().llava();
+  s.llm_from = job.hf().llm_from();
+  s.vision_from = job.hf().vision_from();
+  if (job.hf().has_vision_feature_layer()) {
+    s.vision_feature_layer = job.hf().vision_feature_layer();
+  }
+  return s;
+}
+
+absl::StatusOr<hf::PretrainedModel> JobModel(const job::v1::JobConfig& job) {
+  const hf::ModelSource source = JobModelSource(job);
+  if (source.pretrained() && !job.model().empty()) {
+    return Bad("model", absl::StrCat("\"", job.model(),
+                                     "\" and hf both set: the model is one or the other"));
+  }
+  if (!source.pretrained() && !ModelConfigByName(job.model()).ok()) {
+    return Bad("model", absl::StrCat("unknown model config \"", job.model(),
+                                     "\" (known: ", absl::StrJoin(ModelConfigNames(), ", "), ")"));
+  }
+  absl::StatusOr<hf::PretrainedModel> m = hf::ResolveModel(source);
+  if (!m.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source.pretrained() ? "hf." : "model: ", m.status().message()));
+  }
+  return m;
 }
 
 Frozen JobFrozen(const job::v1::JobConfig& job) {
@@ -196,7 +224,8 @@ std::string JobToJson(const job::v1::JobConfig& job) {
 std::string JobCheckpointIdentity(const job::v1::JobConfig& job) {
   const job::v1::DataConfig& d = job.data();
   return absl::StrCat(
-      "model=", job.model(), " seed=", job.seed(), " global_batch=", d.global_batch(),
+      "model=", JobModelSource(job).Describe(), " seed=", job.seed(),
+      " global_batch=", d.global_batch(),
       " data=", d.shards().empty() ? absl::StrCat(d.preset(), ":", d.samples()) : d.shards(),
       job.init().checkpoint().empty() ? "" : absl::StrCat(" init=", job.init().checkpoint()));
 }

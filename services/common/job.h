@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "loom/job/v1/job.pb.h"
+#include "runtime/hf/pretrained.h"
 #include "runtime/model/model.h"
 
 namespace loom {
@@ -31,6 +32,13 @@ absl::StatusOr<job::v1::JobConfig> ParseJobConfig(const std::string& text,
 absl::StatusOr<job::v1::JobConfig> LoadJobConfig(const std::string& path,
                                                  const std::string& run_dir);
 
+// Where the job's model comes from: `model`, or the `hf` directories.
+hf::ModelSource JobModelSource(const job::v1::JobConfig& job);
+
+// ResolveModel(JobModelSource(job)), errors naming the job's field
+// ("hf.llava: ...", "model: ...").
+absl::StatusOr<hf::PretrainedModel> JobModel(const job::v1::JobConfig& job);
+
 // The modules the job does not train (job.freeze).
 Frozen JobFrozen(const job::v1::JobConfig& job);
 
@@ -38,7 +46,8 @@ Frozen JobFrozen(const job::v1::JobConfig& job);
 std::string JobToJson(const job::v1::JobConfig& job);
 
 // What a resume must not change, as one line (runtime/checkpoint/steps.h):
-// the model, the seed, the global batch and the data. The parallel degrees,
+// the model (its name, or its directories), the seed, the global batch and
+// the data. The parallel degrees,
 // the assignment algorithm and the step count may change.
 std::string JobCheckpointIdentity(const job::v1::JobConfig& job);
 

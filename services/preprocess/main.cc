@@ -7,14 +7,19 @@
 #include "absl/flags/flag.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
+#include "runtime/hf/model_flags.h"
 #include "services/common/init.h"
 #include "services/preprocess/preprocess_service.h"
 #include "services/preprocess/scan.h"
 
 ABSL_FLAG(std::string, shards, "", "WebDataset shards, a glob (quote it): 'data/*.tar'.");
 ABSL_FLAG(std::string, output, "", "scan: where to write the JSON lines.");
-ABSL_FLAG(std::string, tokenizer, "", "sentencepiece model (default: the one built with Loom).");
-ABSL_FLAG(std::string, config, "tiny", "Model config: tile size, tokens per tile, max sequence.");
+ABSL_FLAG(std::string, tokenizer, "",
+          "sentencepiece model or tokenizer.json directory (default: the model's own: Loom's, "
+          "or the Hugging Face directory's).");
+ABSL_FLAG(std::string, config, "tiny",
+          "Loom model config: tile size, tokens per tile, max sequence (or --llava, or "
+          "--llm_from + --vision_from).");
 ABSL_FLAG(uint64_t, seed, 1, "Shuffle seed.");
 ABSL_FLAG(int, global_batch, 16, "Samples per global batch (iteration).");
 ABSL_FLAG(int, threads, 2, "Decode/tile/tokenize threads.");
@@ -28,7 +33,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args = loom::InitService(
       argc, argv, "loom-preprocess",
       "loom-preprocess: the data-preprocessing service.\n"
-      "  loom-preprocess --shards GLOB [--global_batch N --seed S --config NAME]\n"
+      "  loom-preprocess --shards GLOB [--global_batch N --seed S] [--config NAME | --llava DIR "
+      "| --llm_from DIR --vision_from DIR]\n"
       "  loom-preprocess scan --shards GLOB --output FILE\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
       "--threads --prefetch --start_iteration --cursor");
@@ -37,7 +43,7 @@ int main(int argc, char** argv) {
     o.shards = absl::GetFlag(FLAGS_shards);
     o.output = absl::GetFlag(FLAGS_output);
     o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
-    o.config = absl::GetFlag(FLAGS_config);
+    o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
     o.threads = absl::GetFlag(FLAGS_threads);
     absl::StatusOr<loom::ScanSummary> summary = loom::RunScan(o);
     if (!summary.ok()) {
@@ -58,7 +64,7 @@ int main(int argc, char** argv) {
   loom::PreprocessServiceOptions o;
   o.shards = absl::GetFlag(FLAGS_shards);
   o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
-  o.config = absl::GetFlag(FLAGS_config);
+  o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.global_batch = absl::GetFlag(FLAGS_global_batch);
   o.threads = absl::GetFlag(FLAGS_threads);

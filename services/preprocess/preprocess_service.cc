@@ -20,17 +20,16 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   service->options_ = options;
   if (options.shards.empty()) return service;
   if (options.global_batch < 1) return absl::InvalidArgumentError("--global_batch must be >= 1");
-  absl::StatusOr<ModelConfig> config = ModelConfigByName(options.config);
-  if (!config.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--config: ", config.status().message()));
-  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer =
-      data::Tokenizer::Load(options.tokenizer);
-  if (!tokenizer.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", tokenizer.status().message()));
-  if (absl::Status s = data::CheckTokenizerFits(**tokenizer, *config); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", s.message()));
+  absl::StatusOr<hf::PretrainedModel> model = hf::ResolveModel(options.model);
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.model.pretrained() ? "--" : "--config: ", model.status().message()));
   }
-  service->tokenizer_ = std::move(*tokenizer);
+  absl::StatusOr<hf::DataPipeline> pipeline = hf::DataPipelineFor(*model, options.tokenizer);
+  if (!pipeline.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", pipeline.status().message()));
+  }
+  service->tokenizer_ = std::move(pipeline->tokenizer);
   absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
   if (!shards.ok())
     return absl::InvalidArgumentError(absl::StrCat("--shards: ", shards.status().message()));
@@ -59,7 +58,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   lo.seed = options.seed;
   lo.threads = std::max(1, options.threads);
   lo.prefetch = std::max(1, options.prefetch);
-  lo.preprocess = data::PreprocessOptionsFor(*config);
+  lo.preprocess = std::move(pipeline->preprocess);
   service->tile_size_ = lo.preprocess.tile_size;
   auto* skipped = service->skipped_;
   lo.on_skip = [skipped](const data::SkippedSample& s) {

@@ -19,14 +19,15 @@
 #include "prometheus/family.h"
 #include "runtime/comm/ucx.h"
 #include "runtime/data/loader.h"
+#include "runtime/hf/pretrained.h"
 #include "services/common/chassis.h"
 
 namespace loom {
 
 struct PreprocessServiceOptions {
   std::string shards;     // glob; "" serves GetInfo only (data RPCs: FAILED_PRECONDITION)
-  std::string tokenizer;  // "" for the model built with the binary
-  std::string config = "tiny";
+  std::string tokenizer;  // "" for the model's own
+  hf::ModelSource model;  // tile size, tokens per tile, max sequence, tokenizer, image processor
   uint64_t seed = 1;
   int global_batch = 16;
   int threads = 2;

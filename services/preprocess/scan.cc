@@ -11,11 +11,10 @@ namespace loom {
 absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
   if (options.shards.empty()) return absl::InvalidArgumentError("--shards is required");
   if (options.output.empty()) return absl::InvalidArgumentError("--output is required");
-  absl::StatusOr<ModelConfig> config = ModelConfigByName(options.config);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer =
-      data::Tokenizer::Load(options.tokenizer);
-  if (!tokenizer.ok()) return tokenizer.status();
+  absl::StatusOr<hf::PretrainedModel> model = hf::ResolveModel(options.model);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<hf::DataPipeline> pipeline = hf::DataPipelineFor(*model, options.tokenizer);
+  if (!pipeline.ok()) return pipeline.status();
   absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
   if (!shards.ok()) return shards.status();
 
@@ -25,11 +24,11 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
   lo.epochs = 1;
   lo.threads = std::max(1, options.threads);
   lo.prefetch = 16 * lo.threads;
-  lo.preprocess = data::PreprocessOptionsFor(*config);
+  lo.preprocess = std::move(pipeline->preprocess);
   ScanSummary summary;
   lo.on_skip = [&](const data::SkippedSample& s) { ++summary.skipped[s.reason]; };
   absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
-      data::DataLoader::Open(lo, tokenizer->get());
+      data::DataLoader::Open(lo, pipeline->tokenizer.get());
   if (!loader.ok()) return loader.status();
 
   std::string out;

@@ -15,14 +15,15 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "runtime/hf/pretrained.h"
 
 namespace loom {
 
 struct ScanOptions {
   std::string shards;     // glob
   std::string output;     // JSON lines, written atomically
-  std::string tokenizer;  // "" for the one built with the binary
-  std::string config = "tiny";
+  std::string tokenizer;  // "" for the model's own
+  hf::ModelSource model;
   int threads = 2;
 };
 

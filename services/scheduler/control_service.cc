@@ -47,10 +47,10 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   if (!plan.ok()) return plan.status();
   plan->set_model(o.job.model());
   if (!plan->has_costs()) {
-    absl::StatusOr<ModelConfig> model = ModelConfigByName(o.job.model());
+    absl::StatusOr<hf::PretrainedModel> model = JobModel(o.job);
     if (!model.ok()) return model.status();
     *plan->mutable_costs() =
-        sched::CoefficientsOnOneGpu(*model, sched::ClusterSpec(), JobFrozen(o.job));
+        sched::CoefficientsOnOneGpu(model->config, sched::ClusterSpec(), JobFrozen(o.job));
   }
   o.plan = std::move(*plan);
   const std::string& ckpt = o.job.checkpoint().dir();

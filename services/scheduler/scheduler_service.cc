@@ -104,9 +104,13 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     }
   }
   if (p.microbatches() < 1) return absl::InvalidArgumentError("plan: microbatches must be >= 1");
-  if (!options.job.model().empty()) {
-    absl::StatusOr<ModelConfig> model = ModelConfigByName(options.job.model());
-    if (!model.ok()) return model.status();
+  // The job's model (a named config or Hugging Face directories), else the plan's.
+  const bool job_model = !options.job.model().empty() || JobModelSource(options.job).pretrained();
+  absl::StatusOr<ModelConfig> model = ModelConfigByName(p.model().empty() ? "tiny" : p.model());
+  if (job_model) {
+    absl::StatusOr<hf::PretrainedModel> m = JobModel(options.job);
+    if (!m.ok()) return m.status();
+    model = m->config;
     if (absl::Status s = ValidateModelParallel(*model, p.encoder().tp(), p.encoder().pp(),
                                                p.llm().tp(), p.llm().pp());
         !s.ok()) {
@@ -136,16 +140,13 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     if (!run.ok()) return run.status();
     accepted.run = *run;
   }
-  absl::StatusOr<ModelConfig> model = ModelConfigByName(p.model().empty() ? "tiny" : p.model());
   if (model.ok()) {
     flops_ = sched::AnalyticFlops(*model, /*recompute=*/false, JobFrozen(options.job));
   }
   // Stage shares start from the layer split the workers use (and restart
   // when a job resumes under another pipeline depth).
-  const std::string model_name = options.job.model().empty() ? p.model() : options.job.model();
-  absl::StatusOr<ModelConfig> stages = ModelConfigByName(model_name.empty() ? "tiny" : model_name);
-  if (stages.ok() && ValidateModelParallel(*stages, 1, p.encoder().pp(), 1, p.llm().pp()).ok()) {
-    sched::SetStageShares(*stages, p.encoder().pp(), p.llm().pp(), &costs);
+  if (model.ok() && ValidateModelParallel(*model, 1, p.encoder().pp(), 1, p.llm().pp()).ok()) {
+    sched::SetStageShares(*model, p.encoder().pp(), p.llm().pp(), &costs);
   }
   peak_flops_ = options.peak_flops > 0 ? options.peak_flops
                                        : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());

@@ -39,9 +39,9 @@ absl::Status TrainingWorker::Impl::Connect() {
   if (reg->preprocess().empty()) {
     return absl::FailedPreconditionError("the scheduler knows no preprocess service");
   }
-  absl::StatusOr<ModelConfig> m = ModelConfigByName(job.model());
-  if (!m.ok()) return m.status();
-  model = *m;
+  absl::StatusOr<hf::PretrainedModel> pretrained = JobModel(job);
+  if (!pretrained.ok()) return pretrained.status();
+  model = pretrained->config;
   train.adam.lr = static_cast<float>(job.train().lr());
   train.adam.beta1 = static_cast<float>(job.train().beta1());
   train.adam.beta2 = static_cast<float>(job.train().beta2());
@@ -145,6 +145,10 @@ absl::Status TrainingWorker::Impl::Connect() {
   for (size_t i = 0; i < sets.size(); ++i) {
     if (!resume && init.empty()) {
       sets[i]->Initialize(ModuleSeed(job.seed(), modules[i]));
+      // Hugging Face weights over the seed's (each rank reads its own slice).
+      if (absl::Status s = hf::LoadPretrainedWeights(*pretrained, modules[i], sets[i]); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("hf.", s.message()));
+      }
       continue;
     }
     // Checkpoints hold each module's master tensors whole: this rank takes

@@ -203,6 +203,31 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         check("--resume_step=200" in sched and "--ilp_seconds=30" in sched,
               "resumeStep: the scheduler resumes the same step as preprocess; extraArgs")
 
+    # Hugging Face directories on a models volume: every pod mounts it
+    # read-only, loom-preprocess gets the directory flags, the job no model.
+    objs = check_render("hf", ["--set", "job.hf.llm_from=/models/llama",
+                               "--set", "job.hf.vision_from=/models/clip",
+                               "--set", "storage.models.existingClaim=models"], base)
+    check_args("hf", objs)
+    check_references("hf", objs)
+    if objs:
+        pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+        check("--llm_from=/models/llama" in pre and "--vision_from=/models/clip" in pre and
+              not any(a.startswith("--config=") for a in pre),
+              "hf: loom-preprocess reads the directories, not --config")
+        job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+        check("model" not in job and job["hf"]["llm_from"] == "/models/llama",
+              "hf: the job names the directories and no model")
+        for kind, name in (("Deployment", "train-loom-scheduler"), ("Deployment", "train-loom-preprocess"),
+                           ("StatefulSet", "train-loom-encoder"), ("StatefulSet", "train-loom-llm")):
+            o = by(objs, kind, name)
+            mounts = {m["name"]: m for m in containers(o)[0]["volumeMounts"]}
+            vols = {v["name"]: v for v in o["spec"]["template"]["spec"]["volumes"]}
+            check("models" in mounts and mounts["models"].get("readOnly") and
+                  mounts["models"]["mountPath"] == "/models" and
+                  vols.get("models", {}).get("persistentVolumeClaim", {}).get("claimName") == "models",
+                  "hf: %s mounts the models volume read-only" % name)
+
     for what, args, named in [
         ("llm_dp 0", ["--set", "job.parallel.llm_dp=0"], "job.parallel.llm_dp"),
         ("llm_tp 0", ["--set", "job.parallel.llm_tp=0"], "job.parallel.llm_tp"),

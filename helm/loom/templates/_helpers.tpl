@@ -76,6 +76,25 @@ readinessProbe:
 {{- end }}
 {{- end -}}
 
+{{/* The Hugging Face model directories (job.hf), read-only, where the job
+says they are: storage.models.existingClaim at storage.models.mountPath. */}}
+{{- define "loom.modelsMount" -}}
+{{- if .Values.storage.models.existingClaim }}
+- name: models
+  mountPath: {{ .Values.storage.models.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "loom.modelsVolume" -}}
+{{- if .Values.storage.models.existingClaim }}
+- name: models
+  persistentVolumeClaim:
+    claimName: {{ .Values.storage.models.existingClaim }}
+    readOnly: true
+{{- end }}
+{{- end -}}
+
 {{- define "loom.placement" -}}
 {{- with .nodeSelector }}
 nodeSelector:

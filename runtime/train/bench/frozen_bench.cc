@@ -5,6 +5,8 @@
 // the cost model predicts (sched::AnalyticFlops).
 //
 //   bazel run -c opt //runtime/train/bench:frozen_bench -- --config tiny-deep
+//   bazel run -c opt //runtime/train/bench:frozen_bench -- --llava DIR   # Hugging Face
+//                                        (or --llm_from DIR --vision_from DIR)
 //
 // The configurations take turns step by step so that drift in the machine's
 // speed hits them alike; each figure is the median over --steps steps after
@@ -17,6 +19,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "runtime/hf/model_flags.h"
+#include "runtime/hf/pretrained.h"
 #include "runtime/model/model.h"
 #include "runtime/scheduling/cost_model.h"
 #include "runtime/train/synthetic_data.h"
@@ -38,12 +42,14 @@ double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<loom::ModelConfig> config = loom::ModelConfigByName(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    std::fprintf(stderr, "frozen_bench: --config: %s\n",
-                 std::string(config.status().message()).c_str());
+  const loom::hf::ModelSource source = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
+  absl::StatusOr<loom::hf::PretrainedModel> pretrained = loom::hf::ResolveModel(source);
+  if (!pretrained.ok()) {
+    std::fprintf(stderr, "frozen_bench: %s%s\n", source.pretrained() ? "--" : "--config: ",
+                 std::string(pretrained.status().message()).c_str());
     return 1;
   }
+  const loom::ModelConfig* config = &pretrained->config;
   const int steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
   if (steps < 1 || warmup < 0 || batch_size < 1) {
@@ -78,6 +84,10 @@ int main(int argc, char** argv) {
     if (!frozen.ok()) return 1;
     r.model = std::make_unique<loom::MultimodalModel>(*config);
     r.model->Initialize(1);
+    if (absl::Status st = loom::hf::LoadPretrainedWeights(*pretrained, r.model.get()); !st.ok()) {
+      std::fprintf(stderr, "frozen_bench: --%s\n", std::string(st.message()).c_str());
+      return 1;
+    }
     r.model->Freeze(*frozen);
     r.trainer = std::make_unique<loom::LocalTrainer>(r.model.get(), loom::TrainOptions());
     const loom::sched::ModelFlops f = loom::sched::AnalyticFlops(*config, false, *frozen);

@@ -1,0 +1,260 @@
+#include "runtime/hf/pretrained.h"
+
+#include <filesystem>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/file.h"
+#include "runtime/hf/bpe_tokenizer.h"
+#include "runtime/hf/hf_image.h"
+#include "runtime/hf/hf_llm.h"
+#include "runtime/hf/safetensors.h"
+
+namespace loom::hf {
+namespace {
+
+using nlohmann::json;
+
+// Where a CLIP/SigLIP directory of its own keeps the tower's tensors.
+constexpr char kVisionPrefix[] = "vision_model.";
+// What LLaVA adds to the tokenizer to mark an image.
+constexpr char kImageToken[] = "<image>";
+
+absl::Status Named(const std::string& field, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
+}
+
+absl::StatusOr<json> ReadJson(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
+  return j;
+}
+
+absl::Status NeedFile(const std::string& dir, const std::string& name, const std::string& why) {
+  std::error_code error;
+  if (std::filesystem::is_regular_file(dir + "/" + name, error)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(dir, "/", name, ": not found (", why, ")"));
+}
+
+// A LLaVA config.json for llm_from + vision_from.
+absl::StatusOr<std::string> ComposeLlavaConfig(const ModelSource& s) {
+  absl::StatusOr<json> text = ReadJson(s.llm_from + "/config.json");
+  if (!text.ok()) return Named("llm_from", text.status());
+  absl::StatusOr<json> vision = ReadJson(s.vision_from + "/config.json");
+  if (!vision.ok()) return Named("vision_from", vision.status());
+  json v = *vision;
+  const std::string type = v.value("model_type", "");
+  if ((type == "clip" || type == "siglip") && v.contains("vision_config")) {
+    v = (*vision)["vision_config"];  // a whole CLIPModel / SiglipModel
+    if (!v.is_object()) {
+      return absl::InvalidArgumentError("vision_from: config.json vision_config is not an object");
+    }
+    if (!v.contains("model_type")) v["model_type"] = type + "_vision_model";
+  }
+  absl::StatusOr<std::unique_ptr<BpeTokenizer>> tok =
+      BpeTokenizer::Load(s.llm_from + "/tokenizer.json");
+  if (!tok.ok()) return Named("llm_from", tok.status());
+  const std::optional<int32_t> image = (*tok)->TokenId(kImageToken);
+  if (!image) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llm_from: ", s.llm_from, "/tokenizer.json has no \"", kImageToken,
+                     "\" token to mark images (LLaVA adds one to the tokenizer and the "
+                     "embedding table; add it as an added token inside the vocabulary)"));
+  }
+  const bool clip = v.value("model_type", "") == "clip_vision_model";
+  json llava = {{"architectures", {"LlavaForConditionalGeneration"}},
+                {"model_type", "llava"},
+                {"text_config", *text},
+                {"vision_config", v},
+                {"vision_feature_layer", s.vision_feature_layer.value_or(-2)},
+                {"vision_feature_select_strategy", clip ? "default" : "full"},
+                {"projector_hidden_act", "gelu"},
+                {"multimodal_projector_bias", true},
+                {"image_token_index", *image}};
+  if (text->contains("torch_dtype")) llava["torch_dtype"] = (*text)["torch_dtype"];
+  return llava.dump(2) + "\n";
+}
+
+}  // namespace
+
+std::string ModelSource::Describe() const {
+  if (!llava.empty()) return "llava=" + llava;
+  if (!pretrained()) return config;
+  std::string d = absl::StrCat("llm_from=", llm_from, " vision_from=", vision_from);
+  if (vision_feature_layer) absl::StrAppend(&d, " vision_feature_layer=", *vision_feature_layer);
+  return d;
+}
+
+absl::StatusOr<PretrainedModel> ResolveModel(const ModelSource& source) {
+  PretrainedModel m;
+  m.source = source;
+  if (!source.pretrained()) {
+    absl::StatusOr<ModelConfig> c = ModelConfigByName(source.config);
+    if (!c.ok()) return c.status();
+    m.config = *c;
+    return m;
+  }
+  if (!source.llava.empty() && (!source.llm_from.empty() || !source.vision_from.empty())) {
+    return absl::InvalidArgumentError(
+        "llava: one LLaVA directory, or llm_from and vision_from, not both");
+  }
+  if (source.llava.empty() && (source.llm_from.empty() || source.vision_from.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source.llm_from.empty() ? "llm_from" : "vision_from",
+        ": missing (llm_from and vision_from go together: the LLM and the vision tower)"));
+  }
+  if (source.vision_feature_layer && !source.llava.empty()) {
+    return absl::InvalidArgumentError(
+        "vision_feature_layer: only with llm_from + vision_from (a LLaVA directory's "
+        "config.json sets it)");
+  }
+  const std::string field = source.llava.empty() ? "vision_from" : "llava";
+  if (!source.llava.empty()) {
+    m.tokenizer_dir = m.image_processor_dir = source.llava;
+    absl::StatusOr<std::string> text = ReadFile(source.llava + "/config.json");
+    if (!text.ok()) return Named("llava", text.status());
+    m.llava_config_json = *text;
+  } else {
+    m.tokenizer_dir = source.llm_from;
+    m.image_processor_dir = source.vision_from;
+    absl::StatusOr<std::string> text = ComposeLlavaConfig(source);
+    if (!text.ok()) return text.status();
+    m.llava_config_json = *text;
+  }
+  absl::StatusOr<LlavaConfig> c = ParseLlavaConfig(
+      m.llava_config_json, source.llava.empty() ? "llm_from + vision_from" : "llava");
+  if (!c.ok()) return c.status();
+  m.llava = *c;
+  m.config = c->model;
+  m.config.name = source.Describe();
+  if (absl::Status s = NeedFile(m.tokenizer_dir, "tokenizer.json", "the data pipeline needs it");
+      !s.ok()) {
+    return Named(source.llava.empty() ? "llm_from" : "llava", s);
+  }
+  if (absl::Status s = NeedFile(m.image_processor_dir, "preprocessor_config.json",
+                                "the data pipeline makes pixels as it says");
+      !s.ok()) {
+    return Named(field, s);
+  }
+  // Every tensor name against the configs (headers only).
+  if (!source.llava.empty()) {
+    absl::StatusOr<std::unique_ptr<SafetensorsModel>> st = SafetensorsModel::Open(source.llava);
+    if (!st.ok()) return Named("llava", st.status());
+    absl::StatusOr<LlavaKeys> keys = DetectLlavaKeys(**st);
+    if (!keys.ok()) return Named("llava", keys.status());
+    if (absl::Status s = CheckLlavaTensorsKnown(**st, m.llava, *keys); !s.ok()) {
+      return Named("llava", s);
+    }
+    return m;
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsModel>> llm = SafetensorsModel::Open(source.llm_from);
+  if (!llm.ok()) return Named("llm_from", llm.status());
+  if (absl::Status s = CheckLlmTensorsKnown(**llm, m.config.llm, CausalLmKeys()); !s.ok()) {
+    return Named("llm_from", s);
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsModel>> vision =
+      SafetensorsModel::Open(source.vision_from);
+  if (!vision.ok()) return Named("vision_from", vision.status());
+  if (absl::Status s = CheckVisionTensorsKnown(**vision, m.llava.tower, kVisionPrefix); !s.ok()) {
+    return Named("vision_from", s);
+  }
+  return m;
+}
+
+absl::Status LoadPretrainedWeights(const PretrainedModel& m, Module module, ParamSet* params) {
+  const ModelSource& s = m.source;
+  if (!s.pretrained()) return absl::OkStatus();
+  if (module == Module::kProjector && s.llava.empty()) return absl::OkStatus();
+  const std::string& dir = !s.llava.empty()         ? s.llava
+                           : module == Module::kLlm ? s.llm_from
+                                                    : s.vision_from;
+  const std::string field = !s.llava.empty()         ? "llava"
+                            : module == Module::kLlm ? "llm_from"
+                                                     : "vision_from";
+  absl::StatusOr<std::unique_ptr<SafetensorsModel>> st = SafetensorsModel::Open(dir);
+  if (!st.ok()) return Named(field, st.status());
+  LlavaKeys keys{CausalLmKeys(), kVisionPrefix, ""};
+  if (!s.llava.empty()) {
+    absl::StatusOr<LlavaKeys> k = DetectLlavaKeys(**st);
+    if (!k.ok()) return Named(field, k.status());
+    keys = *k;
+  }
+  absl::Status status;
+  switch (module) {
+    case Module::kEncoder:
+      status = LoadVitWeights(**st, m.config.vit, keys.vision, params);
+      break;
+    case Module::kProjector:
+      status = LoadProjectorWeights(**st, m.config, keys.projector, params);
+      break;
+    case Module::kLlm:
+      status = LoadLlmWeights(**st, m.config.llm, keys.llm, params);
+      break;
+  }
+  return status.ok() ? status : Named(field, status);
+}
+
+absl::Status LoadPretrainedWeights(const PretrainedModel& m, MultimodalModel* model) {
+  for (Module module : {Module::kEncoder, Module::kProjector, Module::kLlm}) {
+    if (absl::Status s =
+            LoadPretrainedWeights(m, module, model->param_sets()[static_cast<int>(module)]);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m,
+                                             const std::string& tokenizer) {
+  DataPipeline d;
+  d.preprocess = data::PreprocessOptionsFor(m.config);
+  const std::string path = tokenizer.empty() && m.pretrained() ? m.tokenizer_dir : tokenizer;
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> t = data::Tokenizer::Load(path);
+  if (!t.ok()) return t.status();
+  if (absl::Status s = data::CheckTokenizerFits(**t, m.config); !s.ok()) return s;
+  d.tokenizer = std::move(*t);
+  if (m.pretrained()) {
+    absl::StatusOr<ImageProcessor> p = ReadImageProcessor(m.image_processor_dir);
+    if (!p.ok()) return p.status();
+    const int S = m.config.vit.tile_size;
+    // A processor that makes anything but the tower's S x S fails here, not
+    // on every image.
+    data::Image probe;
+    probe.width = 2 * S + 3;
+    probe.height = S + 1;
+    probe.rgb.assign(static_cast<size_t>(probe.width) * probe.height * 3, 128);
+    if (absl::StatusOr<std::vector<float>> px = ProcessImage(*p, probe, S); !px.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          m.image_processor_dir, "/preprocessor_config.json: ", px.status().message()));
+    }
+    d.preprocess.image_to_tile = [p = *p, S](const data::Image& image) {
+      return ProcessImage(p, image, S);
+    };
+  }
+  return d;
+}
+
+std::vector<SideFile> ExportSideFiles(const PretrainedModel& m) {
+  std::vector<SideFile> out;
+  if (!m.pretrained()) return out;
+  auto add = [&](const std::string& dir, const char* name) {
+    std::error_code error;
+    const std::string path = absl::StrCat(dir, "/", name);
+    if (std::filesystem::is_regular_file(path, error)) out.push_back({path, name});
+  };
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "tokenizer.model", "chat_template.json"}) {
+    add(m.tokenizer_dir, name);
+  }
+  for (const char* name : {"preprocessor_config.json", "processor_config.json"}) {
+    add(m.image_processor_dir, name);
+  }
+  add(m.source.llava.empty() ? m.source.llm_from : m.source.llava, "generation_config.json");
+  return out;
+}
+
+}  // namespace loom::hf
