@@ -6,6 +6,10 @@
 //   loom up --config job.json --steps 20 --json
 //   loom up --config job.json --resume      # after the newest complete checkpoint
 //
+// A service process that exits while the job runs (killed, crashed) stops
+// the others, and every service starts again from the run's newest complete
+// checkpoint (--max_restarts times, 3 by default).
+//
 // With no shards in the job, its data preset is generated on first run.
 #include <signal.h>
 #include <unistd.h>
@@ -72,6 +76,11 @@ ABSL_FLAG(int, base_port, 0,
           "(gRPC) and base+2i+1 (/metrics).");
 ABSL_FLAG(absl::Duration, startup_timeout, absl::Seconds(120),
           "How long each service may take to report serving.");
+ABSL_FLAG(int, max_restarts, 3,
+          "When a service process exits while the job runs (killed, crashed), stop the rest "
+          "and start every service again from the run's newest complete checkpoint (from the "
+          "start if there is none), at most this many times; the losses continue exactly as "
+          "without the failure. 0: exit 1 instead. Not with --nosubmit.");
 ABSL_FLAG(bool, exit_when_healthy, false,
           "Stop everything and exit 0 once every service is healthy (a smoke "
           "test of the whole deployment).");
@@ -149,10 +158,17 @@ struct Watched {
   bool done ABSL_GUARDED_BY(mu) = false;
 };
 
+// How RunJob ended: its exit code, and whether a service process exited
+// while the job ran (a failure a restart may recover from).
+struct JobOutcome {
+  int rc = 0;
+  bool service_exited = false;
+};
+
 // Submits the job over the control API (or waits for someone to), then
 // prints its progress until it ends, a signal arrives or a service exits.
-int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
-           loom::Launcher& launcher) {
+JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
+                  loom::Launcher& launcher) {
   const std::string target = launcher.scheduler_target();
   const std::string run_dir = o.run_dir;
   (void)loom::WriteFileAtomically(run_dir + "/scheduler_address", target + "\n");
@@ -167,7 +183,7 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
     absl::StatusOr<loom::control::v1::Job> j = control.Submit(spec);
     if (!j.ok()) {
       std::fprintf(stderr, "loom up: %s\n", std::string(j.status().message()).c_str());
-      return 1;
+      return {1, false};
     }
     std::fprintf(info, "loom up: job %s submitted (loomctl --scheduler %s get %s)\n",
                  j->job_id().c_str(), target.c_str(), j->job_id().c_str());
@@ -204,7 +220,8 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
     w.result = s;
     w.done = true;
   });
-  int rc = 0;
+  JobOutcome outcome;
+  int& rc = outcome.rc;
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -223,6 +240,7 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
                    loom::DescribeWaitStatus(s->exit_status).c_str(),
                    s->process->log_path().c_str());
       rc = 1;
+      outcome.service_exited = true;
       break;
     }
     std::deque<loom::control::v1::JobEvent> events;
@@ -271,7 +289,7 @@ int RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
   }
   stop.store(true);
   watcher.join();
-  return rc;
+  return outcome;
 }
 
 }  // namespace
@@ -363,24 +381,49 @@ int main(int argc, char** argv) {
                job.algorithm().c_str(),
                job.train().steps() > 0 ? absl::StrCat(job.train().steps(), " iterations").c_str()
                                        : "until stopped");
-  std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services, run_dir.c_str());
-  std::fflush(info);
-  loom::Launcher launcher(o);
-  absl::Status started = launcher.Start();
-  std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
-  if (!started.ok()) {
-    std::fprintf(stderr, "loom up: %s\n", std::string(started.message()).c_str());
-    launcher.Stop();
-    return 1;
-  }
-  std::fprintf(info, "loom up: all %zu services healthy.%s\n", launcher.services().size(),
-               absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
-  std::fflush(info);
-
+  const int max_restarts = absl::GetFlag(FLAGS_submit) ? absl::GetFlag(FLAGS_max_restarts) : 0;
+  if (max_restarts < 0) return Fail("--max_restarts: must be >= 0");
   int rc = 0;
-  if (!absl::GetFlag(FLAGS_exit_when_healthy)) rc = RunJob(job, o, launcher);
-  const bool clean = launcher.Stop();
-  std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+  bool clean = true;
+  for (int restarts = 0;; ++restarts) {
+    std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services,
+                 run_dir.c_str());
+    std::fflush(info);
+    loom::Launcher launcher(o);
+    absl::Status started = launcher.Start();
+    std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+    if (!started.ok()) {
+      std::fprintf(stderr, "loom up: %s\n", std::string(started.message()).c_str());
+      launcher.Stop();
+      return 1;
+    }
+    std::fprintf(info, "loom up: all %zu services healthy.%s\n", launcher.services().size(),
+                 absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
+    std::fflush(info);
+
+    JobOutcome outcome;
+    if (!absl::GetFlag(FLAGS_exit_when_healthy)) outcome = RunJob(job, o, launcher);
+    rc = outcome.rc;
+    clean = launcher.Stop();
+    std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+    if (!outcome.service_exited || restarts >= max_restarts) break;
+    // Every service again, after the run's newest complete checkpoint: the
+    // data cursor, weights and optimizer state roll back together, so no
+    // sample is lost and none trained twice.
+    absl::StatusOr<int64_t> step =
+        loom::ResumableStep(job.checkpoint().dir(), loom::JobCheckpointIdentity(job), 0);
+    if (o.resume_step > 0 && !step.ok()) {
+      std::fprintf(stderr, "loom up: cannot restart: %s\n",
+                   std::string(step.status().message()).c_str());
+      break;
+    }
+    o.resume_step = step.ok() ? *step : 0;
+    std::fprintf(info, "loom up: restart %d of %d: %s\n", restarts + 1, max_restarts,
+                 o.resume_step > 0
+                     ? absl::StrCat("resuming after checkpoint step ", o.resume_step).c_str()
+                     : "from the start (no complete checkpoint yet)");
+    std::fflush(info);
+  }
   if (!trace_file.empty()) {
     if (absl::Status s = loom::trace::MergeTrace(o.trace_dir, trace_file); !s.ok()) {
       std::fprintf(stderr, "loom up: --trace: %s\n", std::string(s.message()).c_str());
