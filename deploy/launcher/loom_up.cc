@@ -240,7 +240,11 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                    loom::DescribeWaitStatus(s->exit_status).c_str(),
                    s->process->log_path().c_str());
       rc = 1;
-      outcome.service_exited = true;
+      // Ctrl-C in a terminal reaches the services too: then this is a stop,
+      // not a failure to recover from.
+      sigset_t pending;
+      sigpending(&pending);
+      outcome.service_exited = !sigismember(&pending, SIGINT) && !sigismember(&pending, SIGTERM);
       break;
     }
     std::deque<loom::control::v1::JobEvent> events;
