@@ -1,0 +1,151 @@
+// Hugging Face models trained end to end by `loom up` against
+// loom-train-local (runtime/hf/pretrained.h), and exported.
+#include "runtime/hf/pretrained.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/base/file.h"
+#include "runtime/checkpoint/steps.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/hf/hf_llava.h"
+#include "runtime/hf/safetensors.h"
+#include "runtime/model/model.h"
+#include "runtime/train/train_checkpoint.h"
+#include "tests/integration/binaries.h"
+#include "tests/integration/training_runs.h"
+
+namespace loom {
+namespace {
+
+using PretrainedTest = TrainingRuns;
+
+// Hugging Face directories trained end to end: LLaVA's stage 1 on a LLaVA
+// directory (its tokenizer.json and image processor feed the data), stage 2
+// from stage 1's checkpoint, each equal to loom-train-local under tensor and
+// pipeline layouts; the trained model exported as a LLaVA directory holding
+// the checkpoint's weights in bf16; and a new LLaVA model made of an LLM
+// directory and a CLIP directory (projector from the seed).
+TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
+  const std::string hf_dir = TempPath("hf");
+  int rc = 0;
+  const std::string made =
+      RunToEnd({"/usr/bin/python3", Runfile("runtime/hf/hf_fixture.py"), hf_dir}, "hf.log", &rc);
+  ASSERT_EQ(rc, 0) << made;
+  const std::string llava = hf_dir + "/llava";
+  auto local = [&](const std::string& name, const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {Runfile("runtime/train/loom-train-local"), "--steps=10",
+                                     "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    int code = 0;
+    const std::vector<double> losses =
+        Steps(StepLosses(RunToEnd(argv, name + ".log", &code)), 1, 10, name);
+    EXPECT_EQ(code, 0);
+    return losses;
+  };
+  auto job = [&](const std::string& model, const std::string& parallel, const std::string& rest) {
+    return absl::StrCat("seed: 1\n", model, "\ndata { shards: '", data_,
+                        "/*.tar' global_batch: 16 }\nparallel { ", parallel,
+                        " microbatches: 2 }\ncheckpoint { every: 10 }\n", rest);
+  };
+  auto start = [](const hf::ModelSource& source) {
+    absl::StatusOr<hf::PretrainedModel> m = hf::ResolveModel(source);
+    EXPECT_TRUE(m.ok()) << m.status();
+    auto model = std::make_unique<MultimodalModel>(m->config);
+    model->Initialize(1);
+    EXPECT_TRUE(hf::LoadPretrainedWeights(*m, model.get()).ok());
+    return model;
+  };
+  hf::ModelSource llava_source;
+  llava_source.llava = llava;
+
+  // Stage 1: the projector alone, encoder PP2 and LLM TP2.
+  const std::string llava_job = "hf { llava: '" + llava + "' }";
+  const std::vector<double> stage1 =
+      local("hf-local-1", {"--llava=" + llava, "--freeze=vision,llm"});
+  EXPECT_LT(stage1.back(), stage1.front()) << "nothing trained";
+  ExpectSameLosses(Steps(LoomUp("hf-stage1",
+                                job(llava_job, "encoder_pp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 1",
+                                    "freeze { vision: true llm: true }\n"),
+                                10),
+                         1, 10, "hf stage 1"),
+                   stage1, "LLaVA directory, stage 1 (encoder PP2, LLM TP2) vs loom-train-local");
+  const std::string step1 = StepDir(TempPath("hf-stage1") + "/checkpoints", 10);
+  ExpectOnlyTheProjectorTrained(*start(llava_source), step1);
+
+  // Stage 2 from stage 1: encoder TP2, LLM PP2.
+  const std::vector<double> stage2 =
+      local("hf-local-2", {"--llava=" + llava, "--freeze=vision", "--init_checkpoint=" + step1});
+  ExpectSameLosses(
+      Steps(LoomUp("hf-stage2",
+                   job(llava_job, "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 1",
+                       "freeze { vision: true }\ninit { checkpoint: '" + step1 + "' }\n"),
+                   10),
+            1, 10, "hf stage 2"),
+      stage2, "LLaVA directory, stage 2 from stage 1 (encoder TP2, LLM PP2) vs loom-train-local");
+
+  // The export: the checkpoint's weights in bf16 under every name LLaVA
+  // runs, the tokenizer and the image processor beside them.
+  const std::string step2 = StepDir(TempPath("hf-stage2") + "/checkpoints", 10);
+  const std::string exported = TempPath("hf-export");
+  std::string out = RunToEnd({Runfile("runtime/hf/loom-model"), "export", "--hf=" + llava,
+                              "--checkpoint=" + step2, "--out=" + exported},
+                             "hf-export.log", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  MultimodalModel trained(start(llava_source)->config());
+  ASSERT_TRUE(LoadTrainingWeights(trained, step2).ok());
+  absl::StatusOr<hf::OpenedLlava> back = hf::OpenHfLlava(exported);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const std::vector<hf::NamedTensor> want =
+      hf::LlavaToHf(trained, hf::ClassicLlavaKeys(), /*grads=*/false);
+  const std::vector<hf::NamedTensor> got =
+      hf::LlavaToHf(*back->model, hf::ClassicLlavaKeys(), /*grads=*/false);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].name, want[i].name);
+    std::vector<float> rounded = want[i].data;
+    for (float& x : rounded) x = hf::Bf16ToF32(hf::F32ToBf16(x));
+    EXPECT_EQ(got[i].data, rounded) << got[i].name;
+  }
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"}) {
+    EXPECT_EQ(ReadFile(exported + "/" + file).value_or("missing"),
+              ReadFile(llava + "/" + file).value_or(""))
+        << file;
+  }
+
+  // A new LLaVA model from an LLM directory and a CLIP directory, DP 2 + 2.
+  hf::ModelSource pair;
+  pair.llm_from = hf_dir + "/llm";
+  pair.vision_from = hf_dir + "/vision";
+  const std::vector<double> pair_local = local(
+      "hf-local-pair",
+      {"--llm_from=" + pair.llm_from, "--vision_from=" + pair.vision_from, "--freeze=vision,llm"});
+  ExpectSameLosses(
+      Steps(LoomUp("hf-pair",
+                   job(absl::StrCat("hf { llm_from: '", pair.llm_from, "' vision_from: '",
+                                    pair.vision_from, "' }"),
+                       "encoder_dp: 2 llm_dp: 2", "freeze { vision: true llm: true }\n"),
+                   10),
+            1, 10, "hf llm_from + vision_from"),
+      pair_local, "llm_from + vision_from, stage 1 (DP 2 + 2) vs loom-train-local");
+  const std::string pair_step = StepDir(TempPath("hf-pair") + "/checkpoints", 10);
+  ExpectOnlyTheProjectorTrained(*start(pair), pair_step);
+  const std::string pair_export = TempPath("hf-pair-export");
+  out = RunToEnd(
+      {Runfile("runtime/hf/loom-model"), "export", "--llm_from=" + pair.llm_from,
+       "--vision_from=" + pair.vision_from, "--checkpoint=" + pair_step, "--out=" + pair_export},
+      "hf-pair-export.log", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  absl::StatusOr<hf::LlavaConfig> exported_config = hf::ReadLlavaConfig(pair_export);
+  ASSERT_TRUE(exported_config.ok()) << exported_config.status();
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::Tokenizer::Load(pair.llm_from);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(exported_config->image_token_id, (*tokenizer)->image_id());
+  EXPECT_TRUE(hf::OpenHfLlava(pair_export).ok());
+}
+
+}  // namespace
+}  // namespace loom
