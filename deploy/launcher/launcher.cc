@@ -212,11 +212,11 @@ const LaunchedService* Launcher::FindExited() {
   return nullptr;
 }
 
-bool Launcher::Stop() {
+bool Launcher::Stop(int signal) {
   if (stopped_) return true;
   stopped_ = true;
   for (LaunchedService& s : services_) {
-    if (s.process != nullptr) s.process->Signal(SIGTERM);
+    if (s.process != nullptr) s.process->Signal(signal);
   }
   bool clean = true;
   for (LaunchedService& s : services_) {

@@ -9,12 +9,14 @@
 // each stage waiting for the previous one's "serving" record (its ports);
 // then it checks every process's grpc.health.v1 (overall and per service)
 // and /metrics.
-// Stop() sends SIGTERM to every process still running and waits for each to
-// exit, SIGKILL after `stop_timeout`.
+// Stop() sends SIGTERM (or the signal given) to every process still running
+// and waits for each to exit, SIGKILL after `stop_timeout`.
 //
 // Thread-safety: one thread.
 #ifndef LOOM_DEPLOY_LAUNCHER_LAUNCHER_H_
 #define LOOM_DEPLOY_LAUNCHER_LAUNCHER_H_
+
+#include <signal.h>
 
 #include <memory>
 #include <string>
@@ -64,9 +66,10 @@ class Launcher {
   // A service that has exited by itself, or nullptr.
   const LaunchedService* FindExited();
 
-  // SIGTERM to all, then wait; true if every process exited 0 (a process
-  // that had exited before Stop() counts with its own status).
-  bool Stop();
+  // `signal` (SIGTERM: a clean stop) to all, then wait; true if every
+  // process exited 0 (a process that had exited before Stop() counts with
+  // its own status).
+  bool Stop(int signal = SIGTERM);
 
   const std::vector<LaunchedService>& services() const { return services_; }
   // host:port of loom-scheduler once Start() got that far.

@@ -6,9 +6,11 @@
 //   loom up --config job.json --steps 20 --json
 //   loom up --config job.json --resume      # after the newest complete checkpoint
 //
-// A service process that exits while the job runs (killed, crashed) stops
-// the others, and every service starts again from the run's newest complete
-// checkpoint (--max_restarts times, 3 by default).
+// A lost service process stops the others, and every service starts again
+// from the run's newest complete checkpoint (--max_restarts times, 3 by
+// default): one that exits while the job runs (killed, crashed), seen here
+// at once, or one loom-scheduler declares lost when its lease expires (hung,
+// stopped: the job turns RECOVERING), which is then killed.
 //
 // With no shards in the job, its data preset is generated on first run.
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -33,6 +36,7 @@
 #include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/data/loader.h"
+#include "services/common/chassis.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
 #include "services/scheduler/control_client.h"
@@ -77,10 +81,11 @@ ABSL_FLAG(int, base_port, 0,
 ABSL_FLAG(absl::Duration, startup_timeout, absl::Seconds(120),
           "How long each service may take to report serving.");
 ABSL_FLAG(int, max_restarts, 3,
-          "When a service process exits while the job runs (killed, crashed), stop the rest "
+          "When a service process is lost while the job runs (exited: killed, crashed; or "
+          "declared lost by loom-scheduler when its lease expired: hung, stopped), stop the rest "
           "and start every service again from the run's newest complete checkpoint (from the "
           "start if there is none), at most this many times; the losses continue exactly as "
-          "without the failure. 0: exit 1 instead. Not with --nosubmit.");
+          "without the failure. 0: the job ends FAILED instead. Not with --nosubmit.");
 ABSL_FLAG(bool, exit_when_healthy, false,
           "Stop everything and exit 0 once every service is healthy (a smoke "
           "test of the whole deployment).");
@@ -158,17 +163,37 @@ struct Watched {
   bool done ABSL_GUARDED_BY(mu) = false;
 };
 
-// How RunJob ended: its exit code, and whether a service process exited
-// while the job ran (a failure a restart may recover from).
+// How RunJob ended: its exit code, and whether a service process was lost
+// while the job ran (a failure a restart may recover from), which and how.
 struct JobOutcome {
   int rc = 0;
-  bool service_exited = false;
+  bool lost = false;
+  loom::control::v1::Recovery recovery;
 };
+
+double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+// Recovery.phase from the newest job seen (as the scheduler words it).
+std::string Phase(const loom::control::v1::Job* j) {
+  if (j == nullptr) return "start-up";
+  if (j->pending_checkpoint() > 0) {
+    return absl::StrCat("checkpoint ", j->pending_checkpoint(), " being written");
+  }
+  return absl::StrCat("iteration ", j->completed_iterations());
+}
+
+// "llm_worker rank 1 lost during iteration 8: exited (signal 9)".
+std::string Describe(const loom::control::v1::Recovery& r) {
+  return absl::StrCat(
+      r.role() == loom::common::v1::ROLE_UNSPECIFIED ? "a service" : loom::RoleLabel(r.role()),
+      r.role() == loom::common::v1::ROLE_UNSPECIFIED ? "" : absl::StrCat(" rank ", r.rank()),
+      " lost during ", r.phase(), ": ", r.cause());
+}
 
 // Submits the job over the control API (or waits for someone to), then
 // prints its progress until it ends, a signal arrives or a service exits.
-JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
-                  loom::Launcher& launcher) {
+JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o, int restarts,
+                  const loom::control::v1::Recovery& recovered_from, loom::Launcher& launcher) {
   const std::string target = launcher.scheduler_target();
   const std::string run_dir = o.run_dir;
   (void)loom::WriteFileAtomically(run_dir + "/scheduler_address", target + "\n");
@@ -180,10 +205,12 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
     *spec.mutable_config() = job;
     spec.set_resume(o.resume_step > 0);
     spec.set_resume_step(o.resume_step);  // the step preprocess starts from
+    spec.set_restarts(restarts);
+    if (restarts > 0) *spec.mutable_recovered_from() = recovered_from;
     absl::StatusOr<loom::control::v1::Job> j = control.Submit(spec);
     if (!j.ok()) {
       std::fprintf(stderr, "loom up: %s\n", std::string(j.status().message()).c_str());
-      return {1, false};
+      return {1, false, {}};
     }
     std::fprintf(info, "loom up: job %s submitted (loomctl --scheduler %s get %s)\n",
                  j->job_id().c_str(), target.c_str(), j->job_id().c_str());
@@ -222,6 +249,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
   });
   JobOutcome outcome;
   int& rc = outcome.rc;
+  std::optional<loom::control::v1::Job> last;  // the newest job the watch brought
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -244,7 +272,15 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       // not a failure to recover from.
       sigset_t pending;
       sigpending(&pending);
-      outcome.service_exited = !sigismember(&pending, SIGINT) && !sigismember(&pending, SIGTERM);
+      outcome.lost = !sigismember(&pending, SIGINT) && !sigismember(&pending, SIGTERM);
+      loom::control::v1::Recovery& r = outcome.recovery;
+      r.set_role(s->binary->role);
+      r.set_rank(s->rank);
+      r.set_endpoint(absl::StrCat(o.host, ":", s->ports.grpc_port));
+      r.set_cause(absl::StrCat("exited (", loom::DescribeWaitStatus(s->exit_status), ")"));
+      r.set_phase(Phase(last ? &*last : nullptr));
+      r.set_last_seen_seconds(UnixNow());  // seen within a tick
+      r.set_declared_seconds(r.last_seen_seconds());
       break;
     }
     std::deque<loom::control::v1::JobEvent> events;
@@ -258,6 +294,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
     }
     for (const loom::control::v1::JobEvent& e : events) {
       const loom::control::v1::Job& j = e.job();
+      last = j;
       if (e.kind() == loom::control::v1::JobEvent::KIND_STEP) {
         if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", JsonLine(e.step()).c_str());
         std::fprintf(info, "%s\n", ProgressLine(e.step(), j.end_iteration()).c_str());
@@ -274,6 +311,23 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                        j.last_checkpoint() >= j.end_iteration() ? ", checkpoint complete" : "");
         }
         if (j.state() == loom::control::v1::JOB_STATE_FAILED) rc = 1;
+        if (j.state() == loom::control::v1::JOB_STATE_RECOVERING && !over) {
+          // The scheduler declared a process lost (its lease expired): it
+          // may still run, hung or stopped. Kill it; everything restarts.
+          outcome.lost = true;
+          outcome.recovery = j.recovery();
+          rc = 1;
+          for (const loom::LaunchedService& s : launcher.services()) {
+            if (s.binary->role == j.recovery().role() && s.rank == j.recovery().rank() &&
+                s.process != nullptr) {
+              std::fprintf(stderr, "loom up: killing %s rank %d (pid %d); its log: %s\n",
+                           s.binary->name.c_str(), s.rank, s.process->pid(),
+                           s.process->log_path().c_str());
+              s.process->Signal(SIGKILL);
+            }
+          }
+          over = true;
+        }
         over = over || (loom::IsFinalJobState(j.state()) && absl::GetFlag(FLAGS_exit_on_job_end));
       }
     }
@@ -389,6 +443,7 @@ int main(int argc, char** argv) {
   if (max_restarts < 0) return Fail("--max_restarts: must be >= 0");
   int rc = 0;
   bool clean = true;
+  loom::control::v1::Recovery recovered_from;  // the failure the current attempt recovers from
   for (int restarts = 0;; ++restarts) {
     std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services,
                  run_dir.c_str());
@@ -396,21 +451,41 @@ int main(int argc, char** argv) {
     loom::Launcher launcher(o);
     absl::Status started = launcher.Start();
     std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+    JobOutcome outcome;
     if (!started.ok()) {
       std::fprintf(stderr, "loom up: %s\n", std::string(started.message()).c_str());
-      launcher.Stop();
-      return 1;
+      launcher.Stop(SIGKILL);
+      // A first start that fails is a deployment error; a restart that
+      // fails (a process lost again while starting) is one more failure.
+      if (restarts == 0) return 1;
+      outcome.rc = 1;
+      outcome.lost = true;
+      outcome.recovery.set_cause(absl::StrCat("restart failed: ", started.message()));
+      outcome.recovery.set_phase("start-up");
+      outcome.recovery.set_declared_seconds(UnixNow());
+    } else {
+      std::fprintf(info, "loom up: all %zu services healthy.%s\n", launcher.services().size(),
+                   absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
+      std::fflush(info);
+      if (!absl::GetFlag(FLAGS_exit_when_healthy)) {
+        outcome = RunJob(job, o, restarts, recovered_from, launcher);
+      }
+      // After a loss nothing of this attempt is kept (the restart rolls back
+      // to the checkpoint): no need to let the survivors stop gracefully.
+      clean = launcher.Stop(outcome.lost ? SIGKILL : SIGTERM);
+      std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
     }
-    std::fprintf(info, "loom up: all %zu services healthy.%s\n", launcher.services().size(),
-                 absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
-    std::fflush(info);
-
-    JobOutcome outcome;
-    if (!absl::GetFlag(FLAGS_exit_when_healthy)) outcome = RunJob(job, o, launcher);
     rc = outcome.rc;
-    clean = launcher.Stop();
-    std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
-    if (!outcome.service_exited || restarts >= max_restarts) break;
+    if (!outcome.lost) break;
+    if (restarts >= max_restarts) {
+      std::fprintf(stderr, "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
+                   job.name().c_str(), Describe(outcome.recovery).c_str(), max_restarts);
+      break;
+    }
+    recovered_from = outcome.recovery;
+    recovered_from.set_restart_seconds(UnixNow());
+    std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job.name().c_str(),
+                 Describe(outcome.recovery).c_str());
     // Every service again, after the run's newest complete checkpoint: the
     // data cursor, weights and optimizer state roll back together, so no
     // sample is lost and none trained twice.

@@ -76,6 +76,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (!t->has_beta2()) t->set_beta2(0.95);
   job::v1::CheckpointConfig* c = job->mutable_checkpoint();
   if (c->dir().empty()) c->set_dir(absl::StrCat(run_dir, "/checkpoints"));
+  job::v1::RecoveryConfig* r = job->mutable_recovery();
+  if (r->lease_seconds() == 0) r->set_lease_seconds(10);
 }
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
@@ -135,7 +137,13 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (JobFrozen(job).all()) {
     return Bad("freeze", "vision, projector and llm are all frozen: nothing would train");
   }
-  return AtLeast("checkpoint.every", job.checkpoint().every(), 0);
+  if (absl::Status c = AtLeast("checkpoint.every", job.checkpoint().every(), 0); !c.ok()) return c;
+  const double lease = job.recovery().lease_seconds();
+  if (!(lease >= 0.5 && lease <= 3600)) {
+    return Bad("recovery.lease_seconds",
+               absl::StrCat("must be in [0.5, 3600] seconds, got ", lease));
+  }
+  return absl::OkStatus();
 }
 
 hf::ModelSource JobModelSource(const job::v1::JobConfig& job) {

@@ -96,6 +96,9 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"train { clip_norm: -1 }", "train.clip_norm"},
            Case{"train { steps: -4 }", "train.steps"},
            Case{"checkpoint { every: -1 }", "checkpoint.every"},
+           Case{"recovery { lease_seconds: 0.1 }",
+                "recovery.lease_seconds: must be in [0.5, 3600] seconds, got 0.1"},
+           Case{"recovery { lease_seconds: -3 }", "recovery.lease_seconds"},
        }) {
     absl::Status s = ParseAndCheck(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;

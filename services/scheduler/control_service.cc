@@ -69,6 +69,12 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
     o.start_iteration = *step;
     o.run = *run;
   }
+  if (spec.restarts() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job.restarts: must be >= 0, got ", spec.restarts()));
+  }
+  o.restarts = spec.restarts();
+  o.recovered_from = spec.recovered_from();
   ApplyDeployment(deployment, &o);
   return o;
 }

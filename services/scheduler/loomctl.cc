@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
+#include "services/common/chassis.h"
 #include "services/common/job.h"
 #include "services/scheduler/control_client.h"
 
@@ -75,6 +76,12 @@ std::string Summary(const loom::control::v1::Job& j) {
     absl::StrAppend(&s, absl::StrFormat("  loss %.4f", j.last_step().loss()));
   }
   if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
+  if (j.restarts() > 0 && j.state() != loom::control::v1::JOB_STATE_RECOVERING) {
+    absl::StrAppend(&s, "  restarts ", j.restarts(),
+                    " (the latest after: ", loom::RoleLabel(j.recovery().role()), " rank ",
+                    j.recovery().rank(), " lost during ", j.recovery().phase(), ": ",
+                    j.recovery().cause(), ")");
+  }
   return s;
 }
 

@@ -1,12 +1,19 @@
 // The scheduler's part of a coordinated checkpoint: every worker reports its
 // part of step N; the last report completes the step (preprocess cursor,
-// cost model, then the rename into place: runtime/checkpoint/steps.h).
+// cost model, then the rename into place: runtime/checkpoint/steps.h). And
+// the assignments recorded since the newest complete step, which a restart
+// from it replays.
 #include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
 #include "runtime/base/file.h"
+#include "runtime/base/log.h"
 #include "runtime/checkpoint/steps.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/scheduler_service.h"
@@ -85,7 +92,79 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
   if (s.ok()) s = WriteFileAtomically(absl::StrCat(dir, "/", kSchedulerStateFile), costs);
   // Every part is durable: the step becomes visible, complete.
   if (s.ok()) s = CommitCheckpointStep(options_.job.checkpoint().dir(), step, options_.run);
+  if (s.ok()) PruneRecordedAssignments(step);
   return s;
+}
+
+namespace {
+
+std::string RecordsDir(const std::string& checkpoint_dir, const std::string& run) {
+  return absl::StrCat(checkpoint_dir, "/assignments/", run);
+}
+
+}  // namespace
+
+absl::StatusOr<scheduler::v1::Assignment> SchedulerServiceImpl::RecordedAssignment(
+    int64_t iteration, const std::vector<std::string>& keys) const {
+  const std::string path = absl::StrCat(
+      RecordsDir(options_.job.checkpoint().dir(), options_.run.id), "/", iteration, ".binpb");
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  if (!bytes.ok()) return absl::NotFoundError(path);
+  scheduler::v1::Assignment a;
+  // It must be this iteration's, for this plan's ranks and microbatches, and
+  // hold exactly this batch's samples where it says (a resume may change
+  // the degrees: then the iteration is assigned again).
+  bool fits = a.ParseFromString(*bytes) && a.iteration() == iteration &&
+              a.bins_size() == options_.plan.llm().dp() * options_.plan.microbatches();
+  std::vector<int> seen(keys.size(), 0);
+  for (const scheduler::v1::Bin& b : a.bins()) {
+    fits = fits && b.llm_rank() >= 0 && b.llm_rank() < options_.plan.llm().dp() &&
+           b.encoder_rank() >= 0 && b.encoder_rank() < options_.plan.encoder().dp() &&
+           b.samples_size() == b.indices_size();
+    for (int k = 0; fits && k < b.indices_size(); ++k) {
+      const int i = b.indices(k);
+      fits = i >= 0 && i < static_cast<int>(keys.size()) && keys[i] == b.samples(k) && !seen[i]++;
+    }
+  }
+  for (int n : seen) fits = fits && n == 1;
+  if (!fits) {
+    LOOM_LOG(WARNING).With("path", path)
+        << "a recorded assignment that does not fit this plan and batch; assigning again";
+    return absl::NotFoundError(path);
+  }
+  a.set_checkpoint(false);  // the mark is placed again as the job asks now
+  LOOM_LOG(INFO).With("iteration", iteration) << "replaying the recorded assignment";
+  return a;
+}
+
+absl::Status SchedulerServiceImpl::RecordAssignment(const scheduler::v1::Assignment& a) const {
+  const std::string dir = RecordsDir(options_.job.checkpoint().dir(), options_.run.id);
+  absl::Status s = MakeDirectories(dir);
+  if (s.ok()) {
+    s = WriteFileAtomically(absl::StrCat(dir, "/", a.iteration(), ".binpb"), a.SerializeAsString());
+  }
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cannot record the assignment of iteration ",
+                                               a.iteration(), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+void SchedulerServiceImpl::PruneRecordedAssignments(int64_t step) const {
+  const std::string root = options_.job.checkpoint().dir() + "/assignments";
+  std::error_code ec;
+  for (const auto& run : std::filesystem::directory_iterator(root, ec)) {
+    if (run.path().filename() != options_.run.id) {
+      std::filesystem::remove_all(run.path(), ec);
+      continue;
+    }
+    for (const auto& f : std::filesystem::directory_iterator(run.path(), ec)) {
+      int64_t iteration = 0;
+      if (absl::SimpleAtoi(f.path().stem().string(), &iteration) && iteration < step) {
+        std::filesystem::remove(f.path(), ec);
+      }
+    }
+  }
 }
 
 }  // namespace loom

@@ -36,6 +36,12 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   j.set_submit_time_seconds(submit_time_);
   j.set_assigned_iterations(std::max(newest_ + 1, options_.start_iteration));
   j.set_paused_requests(state_ == control::v1::JOB_STATE_PAUSED ? paused_requests_ : 0);
+  j.set_restarts(options_.restarts);
+  if (state_ == control::v1::JOB_STATE_RECOVERING) {
+    *j.mutable_recovery() = recovery_;
+  } else if (options_.recovered_from.declared_seconds() > 0) {
+    *j.mutable_recovery() = options_.recovered_from;
+  }
   return j;
 }
 

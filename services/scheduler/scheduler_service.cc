@@ -70,6 +70,32 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
                             .Register(registry)
                             .Add({}, prometheus::Histogram::BucketBoundaries{
                                          0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  restarts_ = counter("loom_job_restarts_total",
+                      "Restarts of the job after a lost process (JobSpec.restarts).");
+  lost_ = counter("loom_processes_lost_total",
+                  "Processes this scheduler declared lost (lease expired): the job turned "
+                  "RECOVERING.");
+  auto& recovery = prometheus::BuildHistogram()
+                       .Name("loom_recovery_seconds")
+                       .Help(
+                           "The recovery from a lost process, by part: detection (last sign "
+                           "of life to declared lost), regroup (to every worker registered "
+                           "again), reload (to the first iteration finished).")
+                       .Register(registry);
+  const prometheus::Histogram::BucketBoundaries seconds = {0.1, 0.25, 0.5, 1,  2.5, 5,
+                                                           10,  20,   30,  60, 120, 300};
+  recovery_detection_ = &recovery.Add({{"part", "detection"}}, seconds);
+  recovery_regroup_ = &recovery.Add({{"part", "regroup"}}, seconds);
+  recovery_reload_ = &recovery.Add({{"part", "reload"}}, seconds);
+}
+
+SchedulerServiceImpl::~SchedulerServiceImpl() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    changed_.SignalAll();
+  }
+  if (leases_.joinable()) leases_.join();
 }
 
 absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Create(
@@ -163,6 +189,13 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     SetStateLocked(control::v1::JOB_STATE_PENDING);
   }
   configured_.store(true);  // options_ is immutable from here on
+  restarts_->Increment(options.restarts);
+  const control::v1::Recovery& r = options.recovered_from;
+  if (r.declared_seconds() > 0 && r.last_seen_seconds() > 0) {
+    ObserveRecovery("detection", absl::UnixEpoch() + absl::Seconds(r.last_seen_seconds()),
+                    absl::UnixEpoch() + absl::Seconds(r.declared_seconds()));
+  }
+  if (options.job.recovery().lease_seconds() > 0) leases_ = std::thread([this] { WatchLeases(); });
   return absl::OkStatus();
 }
 
@@ -211,6 +244,11 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   if (state_ == control::v1::JOB_STATE_PENDING &&
       static_cast<int>(workers_.size()) ==
           options_.plan.encoder().gpus() + options_.plan.llm().gpus()) {
+    running_since_ = absl::Now();
+    if (const control::v1::Recovery& r = options_.recovered_from; r.declared_seconds() > 0) {
+      ObserveRecovery("regroup", absl::UnixEpoch() + absl::Seconds(r.declared_seconds()),
+                      running_since_);
+    }
     SetStateLocked(control::v1::JOB_STATE_RUNNING);
   }
   *response->mutable_plan() = options_.plan;
@@ -249,7 +287,7 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext*,
 }
 
 absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
-SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
+SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline, std::string* ended) {
   if (iteration < 0) {
     return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
   }
@@ -260,8 +298,8 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
   }
   const int64_t end = options_.job.train().steps();
   if (end > 0 && iteration >= end) {
-    return absl::OutOfRangeError(
-        absl::StrCat("the job ends after ", end, " iterations; there is no iteration ", iteration));
+    *ended = absl::StrCat("the job ends after ", end, " iterations");
+    return std::shared_ptr<const Computed>();
   }
   auto cached = [&]() -> absl::StatusOr<std::shared_ptr<const Computed>> {
     absl::MutexLock lock(&mu_);
@@ -271,6 +309,12 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
       return absl::OutOfRangeError(absl::StrCat("iteration ", iteration,
                                                 " left the window of the last ",
                                                 options_.retained_iterations, " assignments"));
+    }
+    const int64_t newest = std::max(newest_, options_.start_iteration - 1);
+    if (iteration > newest + options_.retained_iterations) {
+      return absl::OutOfRangeError(
+          absl::StrCat("iteration ", iteration, " is more than ", options_.retained_iterations,
+                       " iterations ahead of the newest assignment (", newest, ")"));
     }
     return std::shared_ptr<const Computed>();
   };
@@ -282,16 +326,23 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
     // refused once the job was stopped.
     absl::MutexLock lock(&mu_);
     ++paused_requests_;  // held by the pause while it waits here
-    while (state_ == control::v1::JOB_STATE_PAUSED && absl::Now() < deadline) {
-      changed_.WaitWithDeadline(&mu_, deadline);
-    }
+    auto held = [&] {
+      return state_ == control::v1::JOB_STATE_PAUSED || state_ == control::v1::JOB_STATE_RECOVERING;
+    };
+    while (held() && absl::Now() < deadline) changed_.WaitWithDeadline(&mu_, deadline);
     --paused_requests_;
     if (stop_at_ >= 0 && iteration >= stop_at_) {
-      return absl::OutOfRangeError(
-          absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_));
+      *ended = absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_);
+      return std::shared_ptr<const Computed>();
     }
     if (state_ == control::v1::JOB_STATE_PAUSED) {
       return absl::UnavailableError("the job is paused; retry");
+    }
+    if (state_ == control::v1::JOB_STATE_RECOVERING) {
+      // Its processes are about to be restarted from the newest complete
+      // checkpoint; until then nothing new is handed out.
+      return absl::UnavailableError(
+          absl::StrCat("the job is recovering (", job_message_, "); retry"));
     }
   }
   absl::MutexLock compute(&compute_mu_);
@@ -326,11 +377,19 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
     *plan.mutable_costs() = costs_->coefficients();
   }
   sched::PredictedIteration predicted;
-  absl::StatusOr<scheduler::v1::Assignment> a =
-      sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds,
-                           options_.trace_dir.empty() ? nullptr : &predicted);
-  if (!a.ok()) return a.status();
-  if (!options_.trace_dir.empty()) {
+  // An iteration this run assigned before (a restart or resume repeats it):
+  // the same bins again, so it trains exactly as it did. Else a new one,
+  // recorded before any worker sees it.
+  absl::StatusOr<scheduler::v1::Assignment> a = RecordedAssignment(iteration, keys);
+  const bool replayed = a.ok();
+  if (!replayed) {
+    a = sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds,
+                             options_.trace_dir.empty() ? nullptr : &predicted);
+    if (!a.ok()) return a.status();
+    a->set_iteration(iteration);
+    if (absl::Status s = RecordAssignment(*a); !s.ok()) return s;
+  }
+  if (!options_.trace_dir.empty() && !replayed) {
     const bool first = !trace_named_.exchange(true);
     absl::Status s = trace::AppendLine(options_.trace_dir + "/predicted.jsonl",
                                        sched::PredictedTrace(predicted, iteration, first));
@@ -366,8 +425,8 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   marking_step_ = 0;
   if (stop_at_ >= 0 && iteration >= stop_at_) {  // stopped while computing
-    return absl::OutOfRangeError(
-        absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_));
+    *ended = absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_);
+    return std::shared_ptr<const Computed>();
   }
   if (mark) {
     computed->assignment.set_checkpoint(true);
@@ -390,8 +449,14 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
   // (at most pause_hold); the caller retries the UNAVAILABLE that follows.
   const absl::Time deadline = std::min(absl::FromChrono(context->deadline()) - absl::Seconds(1),
                                        absl::Now() + options_.pause_hold);
-  absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(request->iteration(), deadline);
+  std::string ended;
+  absl::StatusOr<std::shared_ptr<const Computed>> c =
+      AssignmentFor(request->iteration(), deadline, &ended);
   if (!c.ok()) return ToGrpcStatus(c.status());
+  if (*c == nullptr) {
+    response->set_job_ended(ended);
+    return grpc::Status::OK;
+  }
   *response->mutable_assignment() = (*c)->assignment;
   return grpc::Status::OK;
 }
@@ -414,6 +479,9 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   if (!steps_.empty() && r.iteration() <= steps_.back().iteration()) {
     return ToGrpcStatus(absl::AlreadyExistsError(
         absl::StrCat("step.iteration: ", r.iteration(), " was already reported")));
+  }
+  if (steps_.empty() && options_.recovered_from.declared_seconds() > 0) {
+    ObserveRecovery("reload", running_since_, absl::Now());  // the first iteration after it
   }
   steps_.push_back(r);
   if (steps_.size() > kRetainedSteps) steps_.pop_front();

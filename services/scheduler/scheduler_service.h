@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,6 +57,10 @@ struct SchedulerServiceOptions {
   // Non-empty: each iteration's simulated timeline is appended to
   // DIR/predicted.jsonl (runtime/base/trace.h; loom up --trace).
   std::string trace_dir;
+  // This job was restarted `restarts` times after failures (JobSpec), the
+  // latest from `recovered_from`.
+  int restarts = 0;
+  control::v1::Recovery recovered_from;
 };
 
 // Thread-safe: gRPC calls its methods from many threads at once.
@@ -65,6 +70,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // configured (Configure, or SubmitJob through the control API) the worker
   // RPCs answer FAILED_PRECONDITION.
   explicit SchedulerServiceImpl(Chassis* chassis);
+  ~SchedulerServiceImpl() override;
 
   // A service with its job configured. INVALID_ARGUMENT: an unknown
   // algorithm, a plan without degrees.
@@ -125,14 +131,26 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
     std::vector<sched::SampleShape> shapes;  // by batch index
   };
 
-  // `deadline`: how long a paused job may hold the call.
+  // `deadline`: how long a paused job may hold the call. nullptr with
+  // *ended set: the job has no iteration `iteration` (why).
   absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(int64_t iteration,
-                                                                absl::Time deadline);
+                                                                absl::Time deadline,
+                                                                std::string* ended);
   absl::Status Configured() const;
   absl::Status ValidateWorkerId(common::v1::Role role, int rank) const;
   // Writes the cursor and the scheduler's state into the step's folder, then
   // COMPLETE. Called once every worker reported its part.
   absl::Status CompleteCheckpoint(int64_t step);
+  // Every assignment is recorded in the checkpoint folder,
+  // DIR/assignments/<run>/<iteration>.binpb, until a complete checkpoint
+  // after it: a restart or resume from that checkpoint replays the same bins
+  // (scheduler_checkpoint.cc). NOT_FOUND: none recorded, or one that does
+  // not fit this plan and batch (`keys`, by batch index).
+  absl::StatusOr<scheduler::v1::Assignment> RecordedAssignment(
+      int64_t iteration, const std::vector<std::string>& keys) const;
+  absl::Status RecordAssignment(const scheduler::v1::Assignment& a) const;
+  // Drops the records before `step` and every other run's.
+  void PruneRecordedAssignments(int64_t step) const;
   // Job lifecycle helpers; mu_ held.
   control::v1::Job JobLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FindJobLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -142,6 +160,20 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   void MaybeSucceedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsCheckpointStep(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ObserveStepMetrics(const scheduler::v1::StepReport& r);
+  // The lease thread (scheduler_leases.cc): while the job runs, asks every
+  // registered worker and loom-preprocess for its health several times a
+  // lease (job.recovery.lease_seconds) and declares lost whoever has not
+  // answered SERVING for a lease.
+  void WatchLeases();
+  // RUNNING or PAUSED -> RECOVERING, naming the process and the cause.
+  void DeclareLostLocked(common::v1::Role role, int rank, const std::string& endpoint,
+                         const std::string& cause, absl::Time last_seen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the job is doing now, for Recovery.phase.
+  std::string PhaseLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One part of the recovery this attempt recovers from (loom_recovery_seconds
+  // {part="detection"|"regroup"|"reload"}).
+  void ObserveRecovery(const char* part, absl::Time begin, absl::Time end);
 
   Chassis* chassis_;
   SchedulerServiceOptions options_;  // immutable once configured_
@@ -195,6 +227,17 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::deque<std::pair<int64_t, control::v1::JobEvent>> events_ ABSL_GUARDED_BY(mu_);
   int64_t event_seq_ ABSL_GUARDED_BY(mu_) = 0;
   mutable absl::CondVar changed_;
+
+  // Failures and recovery.
+  control::v1::Recovery recovery_ ABSL_GUARDED_BY(mu_);                   // RECOVERING: the loss
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;                             // the lease thread ends
+  absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // every worker in
+  std::thread leases_;
+  prometheus::Counter* restarts_ = nullptr;
+  prometheus::Counter* lost_ = nullptr;
+  prometheus::Histogram* recovery_detection_ = nullptr;
+  prometheus::Histogram* recovery_regroup_ = nullptr;
+  prometheus::Histogram* recovery_reload_ = nullptr;
 };
 
 // Checkpoint files the scheduler writes into DIR/step-N/ besides the

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
@@ -64,6 +66,74 @@ TEST(SchedulerServiceImplTest, RefusesPlansTheWorkersCannotRun) {
   EXPECT_TRUE(service.Configure(so).ok());
 }
 
+// Leases: the scheduler asks every registered worker's health; one that
+// stops answering for a lease is declared lost, the job turns RECOVERING
+// with the process and the phase named, and no new iteration is handed out.
+TEST(SchedulerServiceImplTest, AWorkerThatStopsAnsweringIsDeclaredLost) {
+  std::vector<std::unique_ptr<Chassis>> workers;
+  for (int i = 0; i < 4; ++i) {
+    workers.push_back(std::make_unique<Chassis>(testing::LocalOptions(
+        i < 2 ? "loom-encoder-worker" : "loom-llm-worker",
+        i < 2 ? common::v1::ROLE_ENCODER_WORKER : common::v1::ROLE_LLM_WORKER, i % 2)));
+    ASSERT_TRUE(workers.back()->Start().ok());
+  }
+  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
+  SchedulerServiceOptions so;
+  so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
+  so.job.set_name("t");
+  so.job.set_model("tiny");
+  so.job.mutable_checkpoint()->set_dir(testing::TempPath("lease_ckpt"));
+  so.job.mutable_recovery()->set_lease_seconds(0.6);
+  so.pause_hold = absl::Milliseconds(200);
+  absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> service =
+      SchedulerServiceImpl::Create(&chassis, so);
+  ASSERT_TRUE(service.ok()) << service.status();
+  chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
+  ASSERT_TRUE(chassis.Start().ok());
+  auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  for (int i = 0; i < 4; ++i) {
+    scheduler::v1::RegisterWorkerRequest r;
+    r.mutable_worker()->set_role(i < 2 ? common::v1::ROLE_ENCODER_WORKER
+                                       : common::v1::ROLE_LLM_WORKER);
+    r.mutable_worker()->set_rank(i % 2);
+    r.mutable_worker()->set_ucx_address("ucx" + std::to_string(i));
+    r.mutable_worker()->set_endpoint(absl::StrCat("127.0.0.1:", workers[i]->grpc_port()));
+    scheduler::v1::RegisterWorkerResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    ASSERT_TRUE(stub->RegisterWorker(ctx.get(), r, &response).ok());
+  }
+  auto job = [&] { return *(*service)->GetJob("t"); };
+  ASSERT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
+  absl::SleepFor(absl::Seconds(1.5));  // leases renewed: every worker answers
+  EXPECT_EQ(job().state(), control::v1::JOB_STATE_RUNNING) << job().message();
+
+  workers[3]->Shutdown();  // LLM rank 1 stops answering
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (job().state() == control::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const control::v1::Job j = job();
+  ASSERT_EQ(j.state(), control::v1::JOB_STATE_RECOVERING) << j.message();
+  EXPECT_EQ(j.recovery().role(), common::v1::ROLE_LLM_WORKER);
+  EXPECT_EQ(j.recovery().rank(), 1);
+  EXPECT_EQ(j.recovery().endpoint(), absl::StrCat("127.0.0.1:", workers[3]->grpc_port()));
+  EXPECT_EQ(j.recovery().phase(), "iteration 0");
+  EXPECT_NE(j.recovery().cause().find("no SERVING health answer for"), std::string::npos)
+      << j.recovery().cause();
+  EXPECT_EQ(j.message().rfind("llm_worker rank 1 lost during iteration 0: ", 0), 0u) << j.message();
+  EXPECT_GE(j.recovery().declared_seconds() - j.recovery().last_seen_seconds(), 0.6);
+  // Nothing new is handed out; the worker is told to wait for the restart.
+  scheduler::v1::GetAssignmentRequest r;
+  r.set_iteration(0);
+  scheduler::v1::GetAssignmentResponse response;
+  auto ctx = testing::ContextWithDeadline(30);
+  grpc::Status s = stub->GetAssignment(ctx.get(), r, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s.error_message().rfind("the job is recovering (llm_worker rank 1 lost", 0), 0u)
+      << s.error_message();
+  chassis.Shutdown();
+}
+
 // A preprocess service over generated shards and a scheduler reading from it,
 // with a plan of LLM DP 2 x 2 microbatches and encoder DP 2.
 class ServedScheduleTest : public ::testing::Test {
@@ -121,13 +191,16 @@ class ServedScheduleTest : public ::testing::Test {
     return stub_->RegisterWorker(ctx.get(), r, &response);
   }
 
-  grpc::Status Assignment(int64_t iteration, scheduler::v1::Assignment* out) {
+  // `ended` (optional): GetAssignmentResponse.job_ended.
+  grpc::Status Assignment(int64_t iteration, scheduler::v1::Assignment* out,
+                          std::string* ended = nullptr) {
     scheduler::v1::GetAssignmentRequest r;
     r.set_iteration(iteration);
     scheduler::v1::GetAssignmentResponse response;
     auto ctx = testing::ContextWithDeadline(30);
     grpc::Status s = stub_->GetAssignment(ctx.get(), r, &response);
     *out = response.assignment();
+    if (ended != nullptr) *ended = response.job_ended();
     return s;
   }
 
@@ -192,8 +265,13 @@ TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), control::v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(cancelled->message(), "enough");
-  EXPECT_TRUE(Assignment(2, &a).ok()) << "handed out before the cancel: every worker gets it";
-  EXPECT_EQ(Assignment(3, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  std::string ended;
+  EXPECT_TRUE(Assignment(2, &a, &ended).ok())
+      << "handed out before the cancel: every worker gets it";
+  EXPECT_EQ(ended, "");
+  ASSERT_TRUE(Assignment(3, &a, &ended).ok()) << "the end is an answer, not an error";
+  EXPECT_EQ(ended, "the job stopped before iteration 3: enough");
+  EXPECT_EQ(a.bins_size(), 0);
   EXPECT_EQ(service_->CancelJob("t", "").status().code(), absl::StatusCode::kFailedPrecondition);
 
   std::vector<control::v1::JobState> states;
@@ -265,6 +343,8 @@ TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {
   }
   scheduler::v1::Assignment a;
   EXPECT_EQ(Assignment(-1, &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Assignment(6, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE)
+      << "more than the window (3) ahead of the newest (2): a stray request, refused";
   ASSERT_TRUE(Assignment(5, &a).ok());
   EXPECT_EQ(Assignment(0, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE);  // window of 3
 }
@@ -331,7 +411,11 @@ TEST_F(ServedScheduleTest, TimingReportsRefitTheCostModel) {
 
 TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
   scheduler::v1::Assignment a;
-  EXPECT_EQ(Assignment(8, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE);  // steps: 8
+  std::string ended;
+  ASSERT_TRUE(Assignment(8, &a, &ended).ok());  // steps: 8
+  EXPECT_EQ(ended, "the job ends after 8 iterations");
+  EXPECT_EQ(Assignment(9, &a, &ended).ok(), true);
+  EXPECT_EQ(ended, "the job ends after 8 iterations") << "past the end: ended, however far";
 
   auto step = [&](int64_t iteration, double loss) {
     scheduler::v1::ReportStepRequest r;

@@ -63,7 +63,8 @@ absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorker
   }
 }
 
-absl::StatusOr<scheduler::v1::Assignment> SchedulerClient::GetAssignment(int64_t iteration) {
+absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignment(
+    int64_t iteration) {
   scheduler::v1::GetAssignmentRequest request;
   request.set_iteration(iteration);
   absl::Time unreachable_since = absl::InfiniteFuture();
@@ -72,13 +73,15 @@ absl::StatusOr<scheduler::v1::Assignment> SchedulerClient::GetAssignment(int64_t
     SetDeadline(&ctx, deadline_);
     scheduler::v1::GetAssignmentResponse response;
     grpc::Status s = stub_->GetAssignment(&ctx, request, &response);
-    if (s.ok()) return std::move(*response.mutable_assignment());
-    // A paused job answers UNAVAILABLE after holding the call: wait on. A
-    // scheduler that cannot be reached gets `deadline_` to come back.
+    if (s.ok()) return response;
+    // A paused or recovering job answers UNAVAILABLE "...; retry" after
+    // holding the call: wait on. A scheduler that cannot be reached gets
+    // `deadline_` to come back.
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return FromGrpcStatus(s, "scheduler GetAssignment");
     }
-    const bool paused = s.error_message().find("paused") != std::string::npos;
+    const std::string& m = s.error_message();
+    const bool paused = m.size() >= 7 && m.compare(m.size() - 7, 7, "; retry") == 0;
     if (paused) {
       unreachable_since = absl::InfiniteFuture();
     } else if (unreachable_since == absl::InfiniteFuture()) {

@@ -28,7 +28,9 @@ class SchedulerClient {
                                                                  absl::Duration wait);
   // Polls GetPlan until every worker of the plan has registered, or `wait`.
   absl::StatusOr<scheduler::v1::GetPlanResponse> WaitForAllWorkers(absl::Duration wait);
-  absl::StatusOr<scheduler::v1::Assignment> GetAssignment(int64_t iteration);
+  // The assignment, or job_ended (GetAssignmentResponse). Waits on while
+  // the job is paused or recovering.
+  absl::StatusOr<scheduler::v1::GetAssignmentResponse> GetAssignment(int64_t iteration);
   absl::Status ReportTimings(const scheduler::v1::ReportTimingsRequest& request);
   absl::Status ReportStep(const scheduler::v1::StepReport& step);
   absl::Status ReportCheckpoint(common::v1::Role role, int rank, int64_t step);

@@ -236,9 +236,13 @@ absl::Status TrainingWorker::Impl::Connect() {
 absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   IterationData d;
   d.iteration = iteration;
-  absl::StatusOr<scheduler::v1::Assignment> a = scheduler->GetAssignment(iteration);
+  absl::StatusOr<scheduler::v1::GetAssignmentResponse> a = scheduler->GetAssignment(iteration);
   if (!a.ok()) return a.status();
-  d.assignment = std::move(*a);
+  if (!a->job_ended().empty()) {
+    d.job_ended = a->job_ended();
+    return d;
+  }
+  d.assignment = std::move(*a->mutable_assignment());
   const auto& bins = d.assignment.bins();
   for (int b = 0; b < bins.size(); ++b) {
     if ((encoder ? bins[b].encoder_rank() : bins[b].llm_rank()) == pos.dp) d.bins.push_back(b);
@@ -284,11 +288,13 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   timings.set_rank(pos.dp);
   timings.set_iteration(d.iteration);
   for (ParamSet* p : sets) p->ZeroGrad();
+  InjectFault("forward", d.iteration);
   absl::Status s = encoder ? EncoderIteration(d, &compute, &wait, &bubble, &timings)
                            : LlmIteration(d, &compute, &wait, &bubble, &timings, &loss_sum, &tokens,
                                           &samples, &loss_tokens);
   if (!s.ok()) return s;
 
+  InjectFault("allreduce", d.iteration);
   const auto w0 = Clock::now();
   const double a0 = trace::NowMicros();
   for (ParamSet* p : sets) {
@@ -387,8 +393,10 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
       const char* name = kModuleNames[static_cast<int>(modules[i])];
       absl::Status s = SaveModuleCheckpoint(whole, name, absl::StrCat(dir, "/", name, ".ckpt"));
       if (!s.ok()) return s;
+      InjectFault("checkpoint", step - 1);  // a part written, the rest not
     }
   }
+  InjectFault("checkpoint", step - 1);  // ranks writing nothing
   return scheduler->ReportCheckpoint(options.role, options.rank, step);
 }
 
@@ -436,13 +444,11 @@ void TrainingWorker::Run() {
     absl::StatusOr<IterationData> d = next.get();
     m.data_stall_seconds->Increment(absl::ToDoubleSeconds(absl::Now() - waiting));
     if (!d.ok()) {
-      // The scheduler answers OUT_OF_RANGE past the job's last iteration
-      // and once the job was cancelled: the end of training.
-      if (d.status().code() != absl::StatusCode::kOutOfRange) {
-        result = d.status();
-      } else {
-        LOOM_LOG(INFO).With("reason", std::string(d.status().message())) << "job ended";
-      }
+      result = d.status();
+      break;
+    }
+    if (!d->job_ended.empty()) {  // the scheduler's explicit end (past the last, or stopped)
+      LOOM_LOG(INFO).With("reason", d->job_ended) << "job ended";
       break;
     }
     next = std::async(std::launch::async, [&m, i] { return m.Fetch(i + 1); });  // overlaps

@@ -25,7 +25,9 @@
 #include "runtime/model/model.h"
 #include "runtime/parallel/grid.h"
 #include "runtime/train/trainer.h"
+#include "services/common/chassis.h"
 #include "services/preprocess/data_client.h"
+#include "services/worker/fault_injection.h"
 #include "services/worker/scheduler_client.h"
 #include "services/worker/training_worker.h"
 
@@ -62,6 +64,7 @@ inline uint64_t TransferTag(Transfer t, int64_t iteration, int bin, int stage) {
 // One iteration's inputs, fetched ahead of time.
 struct IterationData {
   int64_t iteration = 0;
+  std::string job_ended;  // non-empty: there is no such iteration (why); nothing else is set
   scheduler::v1::Assignment assignment;
   std::vector<int> bins;          // this rank's bins, in compute order
   std::map<int, Sample> samples;  // by global-batch index
@@ -118,6 +121,10 @@ struct TrainingWorker::Impl {
   absl::Status Connect();
   absl::StatusOr<worker::IterationData> Fetch(int64_t iteration);
   absl::Status RunIteration(const worker::IterationData& d);
+  // LOOM_FAULTS (fault_injection.h) for this rank.
+  void InjectFault(const char* phase, int64_t iteration) const {
+    MaybeInjectFault(RoleLabel(options.role), options.rank, phase, iteration);
+  }
   // One iteration's stages. `compute` gets forward, backward and recompute
   // seconds, `wait` receives and collectives, `bubble` the idle part of the
   // span from the stage's first forward to its last backward.

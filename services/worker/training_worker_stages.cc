@@ -169,6 +169,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     // The TP group's ranks hold the same embeddings: its first sends them to
     // every rank of the receiving LLM replica's first-stage TP group.
     if (pos.tp != 0) continue;
+    InjectFault("transfer", d.iteration);
     const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].llm_rank())) {
       absl::Status s =
@@ -361,6 +362,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     // Every TP rank holds the whole embedding gradient: the first sends it
     // to every rank of the encoder replica's last-stage TP group.
     if (!send_image || pos.tp != 0) continue;
+    InjectFault("transfer", d.iteration);
     const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
       s = ucx->Send(encoder_addresses.at(peer),

@@ -1,21 +1,22 @@
-// A lost process: `loom up` restarts every service from the run's newest
-// complete checkpoint and the run ends as the uninterrupted one.
+// Lost processes: `loom up` restarts every service from the run's newest
+// complete checkpoint, whichever process was lost, in whatever phase, and
+// the run ends as the uninterrupted one.
 #include <signal.h>
+#include <stdlib.h>
 
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "services/common/subprocess.h"
-#include "services/scheduler/control_client.h"
 #include "tests/integration/binaries.h"
 #include "tests/integration/training_runs.h"
 
@@ -24,56 +25,125 @@ namespace {
 
 using RecoveryTest = TrainingRuns;
 
-// A worker killed (SIGKILL) mid-run: loom up stops the other services,
-// starts every one again from the run's newest complete checkpoint, and the
-// run ends with the uninterrupted run's losses (the steps after the
-// checkpoint trained again, on the same samples).
-TEST_F(RecoveryTest, AKilledWorkerRestartsTheJobFromItsCheckpointExactly) {
-  const std::string config = TempPath("killed.txtpb"), run = TempPath("killed");
-  ASSERT_TRUE(WriteFileAtomically(config, Job("loom", 5)).ok());
-  absl::StatusOr<std::unique_ptr<Subprocess>> up = Subprocess::Start(
-      {Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""), "--run_dir=" + run,
-       "--config=" + config, absl::StrCat("--steps=", kSteps), "--json"},
-      TempPath("killed.log"));
-  ASSERT_TRUE(up.ok()) << up.status();
-  // Past step 8 with checkpoint 5 complete, the job paused (so that it cannot
-  // finish before the kill): then LLM worker rank 1 is killed.
-  const absl::Time deadline = absl::Now() + absl::Minutes(5);
-  std::string log;
-  auto wait_for = [&](const std::string& text) {
-    while (absl::Now() < deadline && (log = (*up)->ReadLog()).find(text) == std::string::npos) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return log.find(text) != std::string::npos;
-  };
-  ASSERT_TRUE(wait_for("checkpoint 5 complete") && wait_for("\"step\":8,")) << log;
-  absl::StatusOr<std::string> address = ReadFile(run + "/scheduler_address");
-  ASSERT_TRUE(address.ok()) << address.status();
-  ControlClient control(std::string(absl::StripAsciiWhitespace(*address)));
-  ASSERT_TRUE(control.Pause("loom").ok());
-  absl::StatusOr<control::v1::Job> job = control.Get("loom");
-  while (absl::Now() < deadline && job.ok() && job->state() != control::v1::JOB_STATE_PAUSED) {
-    absl::SleepFor(absl::Milliseconds(50));
-    job = control.Get("loom");
-  }
-  ASSERT_TRUE(job.ok() && job->state() == control::v1::JOB_STATE_PAUSED) << job.status();
-  int pid = 0;  // from the service table: "  loom-llm-worker  1  PID  ..."
+// `loom up` for kSteps iterations, checkpoints every 3, with LOOM_FAULTS
+// (services/worker/fault_injection.h) in the services' environment.
+std::unique_ptr<Subprocess> StartLoomUp(const std::string& name, const std::string& job,
+                                        const std::string& faults,
+                                        const std::vector<std::string>& extra) {
+  const std::string config = TempPath(name + ".txtpb"), run = TempPath(name);
+  EXPECT_TRUE(WriteFileAtomically(config, job).ok());
+  EXPECT_TRUE(MakeDirectories(run + "/faults").ok());
+  setenv("LOOM_FAULTS", faults.c_str(), 1);
+  setenv("LOOM_FAULTS_FIRED", (run + "/faults").c_str(), 1);
+  std::vector<std::string> argv = {Runfile("deploy/launcher/loom-up"),
+                                   "--bin_dir=" + Runfile(""),
+                                   "--run_dir=" + run,
+                                   "--config=" + config,
+                                   absl::StrCat("--steps=", kSteps),
+                                   "--json"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  absl::StatusOr<std::unique_ptr<Subprocess>> up = Subprocess::Start(argv, TempPath(name + ".log"));
+  unsetenv("LOOM_FAULTS");
+  unsetenv("LOOM_FAULTS_FIRED");
+  EXPECT_TRUE(up.ok()) << up.status();
+  return up.ok() ? std::move(*up) : nullptr;
+}
+
+// The PID of `service` rank `rank` in the newest service table of the log
+// ("  loom-llm-worker  1  PID  ..."; "-" for a service without ranks).
+int NewestPid(const std::string& log, const std::string& service, const std::string& rank) {
+  int pid = 0;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
     std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (f.size() > 3 && f[0] == "loom-llm-worker" && f[1] == "1" && absl::SimpleAtoi(f[2], &pid)) {
-      break;
+    int p = 0;
+    if (f.size() > 3 && f[0] == service && f[1] == rank && absl::SimpleAtoi(f[2], &p) && p > 0) {
+      pid = p;
     }
   }
-  ASSERT_GT(pid, 0) << log;
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  absl::StatusOr<int> status = (*up)->Wait(absl::Minutes(5));
-  ASSERT_TRUE(status.ok()) << status.status();
-  log = (*up)->ReadLog();
+  return pid;
+}
+
+// Every kind of process, lost in every phase, one after another in one run:
+// each loss is detected, every service restarts from the newest complete
+// checkpoint, the iterations after it are trained again on the same
+// assignments (the same losses), and the run ends with the uninterrupted
+// run's losses.
+TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
+  const std::string job = Job("loom", /*checkpoint_every=*/3) + "recovery { lease_seconds: 3 }\n";
+  // Injected by the workers themselves at exact points (once each):
+  // SIGKILL in a forward, before a transfer, before the allreduce, halfway
+  // through writing checkpoint 12 (step 9 stays the newest complete one),
+  // and a SIGSTOP (a hang only the lease can see).
+  const std::string faults =
+      "encoder_worker:0:forward:4,llm_worker:1:transfer:7,llm_worker:0:allreduce:10,"
+      "encoder_worker:0:checkpoint:11,llm_worker:1:forward:14:stop";
+  std::unique_ptr<Subprocess> up = StartLoomUp("faults", job, faults, {"--max_restarts=8"});
+  ASSERT_NE(up, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Minutes(8);
+  std::string log;
+  // `text` in the log after `after` (from the start when empty).
+  auto wait_for = [&](const std::string& text, const std::string& after = "") {
+    auto seen = [&] {
+      log = up->ReadLog();
+      const size_t from = after.empty() ? 0 : log.find(after);
+      return from != std::string::npos && log.find(text, from) != std::string::npos;
+    };
+    while (absl::Now() < deadline && !seen()) absl::SleepFor(absl::Milliseconds(50));
+    return seen();
+  };
+  // Then from outside: loom-preprocess, loom-scheduler, and a worker killed
+  // while the job restarts after the scheduler's loss (before any step).
+  ASSERT_TRUE(wait_for("\"step\":16,", "restart 5 of 8")) << log;
+  const int preprocess = NewestPid(log, "loom-preprocess", "-");
+  ASSERT_GT(preprocess, 0) << log;
+  ASSERT_EQ(::kill(preprocess, SIGKILL), 0);
+  ASSERT_TRUE(wait_for("\"step\":18,", "restart 6 of 8")) << log;
+  const int scheduler = NewestPid(log, "loom-scheduler", "-");
+  ASSERT_GT(scheduler, 0) << log;
+  ASSERT_EQ(::kill(scheduler, SIGKILL), 0);
+  ASSERT_TRUE(wait_for("services healthy", "restart 7 of 8")) << log;
+  const int worker = NewestPid(log, "loom-encoder-worker", "1");
+  ASSERT_GT(worker, 0) << log;
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+
+  absl::StatusOr<int> status = up->Wait(deadline - absl::Now());
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << log;
+  log = up->ReadLog();
   EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
-  EXPECT_NE(log.find("loom-llm-worker rank 1 exited (signal 9"), std::string::npos) << log;
-  EXPECT_NE(log.find("restart 1 of 3: resuming after checkpoint step 5"), std::string::npos) << log;
-  // The steps trained twice (after the checkpoint, up to the kill) gave the
-  // same losses both times.
+  // Each loss named (the phase is whatever the job was doing when it was
+  // seen), in order, and where each restart resumed.
+  std::vector<std::string> losses;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, "loom up: job loom RECOVERING: ")) losses.emplace_back(line);
+  }
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"encoder_worker rank 0 lost during ", ": exited (signal 9"},
+      {"llm_worker rank 1 lost during ", ": exited (signal 9"},
+      {"llm_worker rank 0 lost during ", ": exited (signal 9"},
+      {"encoder_worker rank 0 lost during ", ": exited (signal 9"},
+      {"llm_worker rank 1 lost during ", ": no SERVING health answer for "},  // the lease
+      {"preprocess rank 0 lost during ", ": exited (signal 9"},
+      {"scheduler rank 0 lost during ", ": exited (signal 9"},
+      {"encoder_worker rank 1 lost during ", ": exited (signal 9"},
+  };
+  ASSERT_EQ(losses.size(), want.size()) << log;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(absl::StrContains(losses[i], want[i].first) &&
+                absl::StrContains(losses[i], want[i].second))
+        << losses[i];
+  }
+  for (const char* restart : {
+           "restart 1 of 8: resuming after checkpoint step 3",
+           "restart 2 of 8: resuming after checkpoint step 6",
+           "restart 3 of 8: resuming after checkpoint step 9",
+           "restart 4 of 8: resuming after checkpoint step 9",  // 12 was being written
+           "restart 5 of 8: resuming after checkpoint step 12",
+           "restart 8 of 8: resuming after checkpoint step ",
+       }) {
+    EXPECT_TRUE(absl::StrContains(log, restart)) << restart << "\n" << log;
+  }
+  // Steps trained again after a restart got exactly the first attempt's
+  // losses (the recorded assignments replayed, the data cursor rolled back).
   std::map<int, double> first;
   int again = 0;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
@@ -85,10 +155,25 @@ TEST_F(RecoveryTest, AKilledWorkerRestartsTheJobFromItsCheckpointExactly) {
       EXPECT_EQ(it->second, loss) << "step " << step << " trained again";
     }
   }
-  EXPECT_GE(again, 3) << "steps 6..8 were not trained again";
-  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "killed"), local_,
-                   "LLM worker 1 killed after step 8, every service restarted from checkpoint 5, "
-                   "vs loom-train-local");
+  EXPECT_GE(again, 5) << "no step was trained twice: the restarts lost nothing?";
+  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "faults"), local_,
+                   "8 processes lost and restarted from checkpoints vs loom-train-local");
+}
+
+// More losses than --max_restarts: the job ends FAILED, naming the last
+// loss, and loom up exits 1.
+TEST_F(RecoveryTest, ALossPastMaxRestartsFailsTheJobNamingIt) {
+  std::unique_ptr<Subprocess> up =
+      StartLoomUp("no_restarts", Job("loom", 3), "llm_worker:1:forward:2", {"--max_restarts=0"});
+  ASSERT_NE(up, nullptr);
+  absl::StatusOr<int> status = up->Wait(absl::Minutes(3));
+  ASSERT_TRUE(status.ok()) << status.status();
+  const std::string log = up->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 1") << log;
+  EXPECT_TRUE(absl::StrContains(log, "loom up: job loom FAILED: llm_worker rank 1 lost during ") &&
+              absl::StrContains(log, ": exited (signal 9"))
+      << log;
+  EXPECT_NE(log.find("no restart left (--max_restarts 0)"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -29,6 +29,8 @@ EXTRA_LABELS = {
     "loom_worker_wait_seconds_total": {"stage"},
     "loom_worker_bubble_seconds_total": {"stage"},
     "loom_worker_recompute_seconds_total": {"stage"},
+    # The recovery's three parts (detection, regroup, reload; issue 17).
+    "loom_recovery_seconds": {"part"},
 }
 # prometheus-cpp's own exporter metrics (like client_golang's promhttp_*).
 LIBRARY_PREFIX = "exposer_"

@@ -1,0 +1,34 @@
+// Fault injection for the recovery tests: a worker kills (or stops) itself
+// at a chosen phase of a chosen iteration, once per run.
+//
+//   LOOM_FAULTS="llm_worker:1:allreduce:7,encoder_worker:0:transfer:3:stop"
+//   LOOM_FAULTS_FIRED=DIR
+//
+// Each entry is ROLE:RANK:PHASE:ITERATION[:ACTION]: ROLE encoder_worker or
+// llm_worker, RANK the worker's rank, PHASE one of kFaultPhases, ITERATION
+// 0-based, ACTION kill (SIGKILL, the default) or stop (SIGSTOP: a hang).
+// An entry fires once: DIR/<entry> is created first, so the restarted
+// process runs past the same point. Without LOOM_FAULTS nothing happens;
+// a malformed entry, or no LOOM_FAULTS_FIRED, is logged and ignored.
+#ifndef LOOM_SERVICES_WORKER_FAULT_INJECTION_H_
+#define LOOM_SERVICES_WORKER_FAULT_INJECTION_H_
+
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+
+namespace loom {
+
+// forward: the iteration's compute begins; transfer: embeddings (encoder) or
+// their gradients (LLM) are about to be sent; allreduce: the gradients are
+// about to be summed over the DP replicas; checkpoint: the worker's part of
+// a checkpoint is being written (after its first file).
+inline constexpr const char* kFaultPhases[] = {"forward", "transfer", "allreduce", "checkpoint"};
+
+// Fires the entry of LOOM_FAULTS matching (role, rank, phase, iteration),
+// if any has not fired yet. `role` as RoleLabel() names it.
+void MaybeInjectFault(absl::string_view role, int rank, absl::string_view phase, int64_t iteration);
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_WORKER_FAULT_INJECTION_H_
