@@ -173,23 +173,6 @@ struct JobOutcome {
 
 double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
-// Recovery.phase from the newest job seen (as the scheduler words it).
-std::string Phase(const loom::control::v1::Job* j) {
-  if (j == nullptr) return "start-up";
-  if (j->pending_checkpoint() > 0) {
-    return absl::StrCat("checkpoint ", j->pending_checkpoint(), " being written");
-  }
-  return absl::StrCat("iteration ", j->completed_iterations());
-}
-
-// "llm_worker rank 1 lost during iteration 8: exited (signal 9)".
-std::string Describe(const loom::control::v1::Recovery& r) {
-  return absl::StrCat(
-      r.role() == loom::common::v1::ROLE_UNSPECIFIED ? "a service" : loom::RoleLabel(r.role()),
-      r.role() == loom::common::v1::ROLE_UNSPECIFIED ? "" : absl::StrCat(" rank ", r.rank()),
-      " lost during ", r.phase(), ": ", r.cause());
-}
-
 // Submits the job over the control API (or waits for someone to), then
 // prints its progress until it ends, a signal arrives or a service exits.
 JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o, int restarts,
@@ -278,7 +261,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       r.set_rank(s->rank);
       r.set_endpoint(absl::StrCat(o.host, ":", s->ports.grpc_port));
       r.set_cause(absl::StrCat("exited (", loom::DescribeWaitStatus(s->exit_status), ")"));
-      r.set_phase(Phase(last ? &*last : nullptr));
+      r.set_phase(last ? loom::JobPhase(*last) : "start-up");
       r.set_last_seen_seconds(UnixNow());  // seen within a tick
       r.set_declared_seconds(r.last_seen_seconds());
       break;
@@ -479,13 +462,13 @@ int main(int argc, char** argv) {
     if (!outcome.lost) break;
     if (restarts >= max_restarts) {
       std::fprintf(stderr, "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
-                   job.name().c_str(), Describe(outcome.recovery).c_str(), max_restarts);
+                   job.name().c_str(), loom::DescribeLoss(outcome.recovery).c_str(), max_restarts);
       break;
     }
     recovered_from = outcome.recovery;
     recovered_from.set_restart_seconds(UnixNow());
     std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job.name().c_str(),
-                 Describe(outcome.recovery).c_str());
+                 loom::DescribeLoss(outcome.recovery).c_str());
     // Every service again, after the run's newest complete checkpoint: the
     // data cursor, weights and optimizer state roll back together, so no
     // sample is lost and none trained twice.

@@ -5,7 +5,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "loom/control/v1/control.pb.h"
+#include "services/common/chassis.h"
 
 namespace loom {
 
@@ -20,6 +22,24 @@ inline std::string JobStateName(control::v1::JobState state) {
 inline bool IsFinalJobState(control::v1::JobState s) {
   return s == control::v1::JOB_STATE_SUCCEEDED || s == control::v1::JOB_STATE_CANCELLED ||
          s == control::v1::JOB_STATE_FAILED;
+}
+
+// What the job is doing, for Recovery.phase: "checkpoint 12 being written"
+// while a checkpoint is pending, else "iteration N" (the next to finish).
+inline std::string JobPhase(const control::v1::Job& j) {
+  if (j.pending_checkpoint() > 0) {
+    return absl::StrCat("checkpoint ", j.pending_checkpoint(), " being written");
+  }
+  return absl::StrCat("iteration ", j.completed_iterations());
+}
+
+// "llm_worker rank 1 lost during iteration 8: exited (signal 9)"; "a service
+// lost during ..." when the loss is not one process's.
+inline std::string DescribeLoss(const control::v1::Recovery& r) {
+  const std::string who = r.role() == common::v1::ROLE_UNSPECIFIED
+                              ? "a service"
+                              : absl::StrCat(RoleLabel(r.role()), " rank ", r.rank());
+  return absl::StrCat(who, " lost during ", r.phase(), ": ", r.cause());
 }
 
 }  // namespace loom

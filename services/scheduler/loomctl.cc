@@ -19,7 +19,6 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
-#include "services/common/chassis.h"
 #include "services/common/job.h"
 #include "services/scheduler/control_client.h"
 
@@ -78,9 +77,7 @@ std::string Summary(const loom::control::v1::Job& j) {
   if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
   if (j.restarts() > 0 && j.state() != loom::control::v1::JOB_STATE_RECOVERING) {
     absl::StrAppend(&s, "  restarts ", j.restarts(),
-                    " (the latest after: ", loom::RoleLabel(j.recovery().role()), " rank ",
-                    j.recovery().rank(), " lost during ", j.recovery().phase(), ": ",
-                    j.recovery().cause(), ")");
+                    " (the latest after: ", loom::DescribeLoss(j.recovery()), ")");
   }
   return s;
 }

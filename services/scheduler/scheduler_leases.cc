@@ -29,14 +29,6 @@ double UnixSeconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEp
 
 }  // namespace
 
-std::string SchedulerServiceImpl::PhaseLocked() const {
-  if (!checkpoint_steps_.empty()) {
-    return absl::StrCat("checkpoint ", *checkpoint_steps_.begin(), " being written");
-  }
-  const int64_t next = steps_.empty() ? options_.start_iteration : steps_.back().iteration() + 1;
-  return absl::StrCat("iteration ", next);
-}
-
 void SchedulerServiceImpl::DeclareLostLocked(common::v1::Role role, int rank,
                                              const std::string& endpoint, const std::string& cause,
                                              absl::Time last_seen) {
@@ -46,11 +38,10 @@ void SchedulerServiceImpl::DeclareLostLocked(common::v1::Role role, int rank,
   recovery_.set_rank(rank);
   recovery_.set_endpoint(endpoint);
   recovery_.set_cause(cause);
-  recovery_.set_phase(PhaseLocked());
+  recovery_.set_phase(JobPhase(JobLocked()));
   recovery_.set_last_seen_seconds(UnixSeconds(last_seen));
   recovery_.set_declared_seconds(UnixSeconds(absl::Now()));
-  job_message_ = absl::StrCat(RoleLabel(role), " rank ", rank, " lost during ", recovery_.phase(),
-                              ": ", cause);
+  job_message_ = DescribeLoss(recovery_);
   LOOM_LOG(ERROR).With("role", RoleLabel(role)).With("rank", rank).With("endpoint", endpoint)
       << "process lost: " << cause;
   lost_->Increment();
@@ -58,11 +49,8 @@ void SchedulerServiceImpl::DeclareLostLocked(common::v1::Role role, int rank,
 }
 
 void SchedulerServiceImpl::ObserveRecovery(const char* part, absl::Time begin, absl::Time end) {
-  prometheus::Histogram* h = std::string(part) == "detection" ? recovery_detection_
-                             : std::string(part) == "regroup" ? recovery_regroup_
-                                                              : recovery_reload_;
   const double seconds = std::max(0.0, absl::ToDoubleSeconds(end - begin));
-  h->Observe(seconds);
+  recovery_seconds_.at(part)->Observe(seconds);
   LOOM_LOG(INFO).With("part", part).With("seconds", seconds) << "recovery";
 }
 

@@ -84,9 +84,9 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
                        .Register(registry);
   const prometheus::Histogram::BucketBoundaries seconds = {0.1, 0.25, 0.5, 1,  2.5, 5,
                                                            10,  20,   30,  60, 120, 300};
-  recovery_detection_ = &recovery.Add({{"part", "detection"}}, seconds);
-  recovery_regroup_ = &recovery.Add({{"part", "regroup"}}, seconds);
-  recovery_reload_ = &recovery.Add({{"part", "reload"}}, seconds);
+  for (const char* part : {"detection", "regroup", "reload"}) {
+    recovery_seconds_[part] = &recovery.Add({{"part", part}}, seconds);
+  }
 }
 
 SchedulerServiceImpl::~SchedulerServiceImpl() {

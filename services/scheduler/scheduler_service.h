@@ -169,8 +169,6 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   void DeclareLostLocked(common::v1::Role role, int rank, const std::string& endpoint,
                          const std::string& cause, absl::Time last_seen)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What the job is doing now, for Recovery.phase.
-  std::string PhaseLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One part of the recovery this attempt recovers from (loom_recovery_seconds
   // {part="detection"|"regroup"|"reload"}).
   void ObserveRecovery(const char* part, absl::Time begin, absl::Time end);
@@ -235,9 +233,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::thread leases_;
   prometheus::Counter* restarts_ = nullptr;
   prometheus::Counter* lost_ = nullptr;
-  prometheus::Histogram* recovery_detection_ = nullptr;
-  prometheus::Histogram* recovery_regroup_ = nullptr;
-  prometheus::Histogram* recovery_reload_ = nullptr;
+  std::map<std::string, prometheus::Histogram*> recovery_seconds_;  // by part
 };
 
 // Checkpoint files the scheduler writes into DIR/step-N/ besides the
