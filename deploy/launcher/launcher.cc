@@ -1,19 +1,23 @@
 #include "deploy/launcher/launcher.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "runtime/base/file.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/hf/model_flags.h"
+#include "services/common/chassis.h"
 #include "services/common/health_client.h"
 #include "services/common/http_get.h"
 #include "services/common/job.h"
@@ -25,7 +29,61 @@ std::string LogName(const LaunchedService& s) {
   return s.binary->worker ? absl::StrCat(s.binary->name, "-", s.rank) : s.binary->name;
 }
 
+// `name` found in PATH (posix_spawn does not search it), or `name`.
+std::string FindInPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir :
+       absl::StrSplit(path ? path : "/usr/sbin:/usr/bin:/sbin:/bin", ':', absl::SkipEmpty())) {
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  for (const char* dir : {"/usr/sbin", "/sbin"}) {  // not in every user's PATH
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return name;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<Placement>> ParsePlacements(absl::string_view spec) {
+  std::vector<Placement> out;
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement \"", item, "\": ", why,
+                       " (want ROLE[:RANK]@NETNS/ADDRESS, e.g. llm_worker@hostb/10.0.0.2)"));
+    };
+    const size_t at = item.find('@'), slash = item.find('/', at == item.npos ? 0 : at);
+    if (at == item.npos || slash == item.npos) return bad("no @NETNS/ADDRESS");
+    Placement p;
+    absl::string_view who = item.substr(0, at);
+    if (const size_t colon = who.find(':'); colon != who.npos) {
+      if (!absl::SimpleAtoi(who.substr(colon + 1), &p.rank) || p.rank < 0) {
+        return bad("the rank is not a number >= 0");
+      }
+      who = who.substr(0, colon);
+    }
+    for (const ServiceBinary& b : ServiceCatalog()) {
+      if (RoleLabel(b.role) == who) p.role = b.role;
+    }
+    if (p.role == common::v1::ROLE_UNSPECIFIED) {
+      return bad(absl::StrCat("unknown role \"", who,
+                              "\" (preprocess, scheduler, encoder_worker, llm_worker)"));
+    }
+    p.netns = std::string(item.substr(at + 1, slash - at - 1));
+    p.host = std::string(item.substr(slash + 1));
+    if (p.netns.empty() || p.netns.find('/') != std::string::npos) return bad("no NETNS");
+    if (p.host.empty()) return bad("no ADDRESS");
+    if (access(absl::StrCat("/run/netns/", p.netns).c_str(), F_OK) != 0) {
+      return bad(absl::StrCat("no network namespace \"", p.netns,
+                              "\" (ip netns list; ip netns add needs root)"));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
 
 const LaunchedService* Launcher::Find(common::v1::Role role) const {
   for (const LaunchedService& s : services_) {
@@ -36,7 +94,7 @@ const LaunchedService* Launcher::Find(common::v1::Role role) const {
 
 std::string Launcher::scheduler_target() const {
   const LaunchedService* s = Find(common::v1::ROLE_SCHEDULER);
-  return s == nullptr ? "" : absl::StrCat(options_.host, ":", s->ports.grpc_port);
+  return s == nullptr ? "" : absl::StrCat(s->host, ":", s->ports.grpc_port);
 }
 
 double CpuPeakFlops() {
@@ -68,13 +126,12 @@ double CpuPeakFlops() {
   return cores * hz * per_cycle;
 }
 
-std::string PrometheusTargets(const std::vector<LaunchedService>& services,
-                              const std::string& host) {
+std::string PrometheusTargets(const std::vector<LaunchedService>& services) {
   std::vector<std::string> groups;
   for (const LaunchedService& s : services) {
     if (s.ports.metrics_port <= 0) continue;
     groups.push_back(absl::StrFormat("{\"targets\":[\"%s:%d\"],\"labels\":{\"service\":\"%s\"}}",
-                                     host, s.ports.metrics_port, s.binary->name));
+                                     s.host, s.ports.metrics_port, s.binary->name));
   }
   return absl::StrCat("[", absl::StrJoin(groups, ",\n"), "]\n");
 }
@@ -82,7 +139,8 @@ std::string PrometheusTargets(const std::vector<LaunchedService>& services,
 std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
   const job::v1::JobConfig& job = options_.job;
   auto target = [&](common::v1::Role role) {
-    return absl::StrCat(options_.host, ":", Find(role)->ports.grpc_port);
+    const LaunchedService* t = Find(role);
+    return absl::StrCat(t->host, ":", t->ports.grpc_port);
   };
   switch (s.binary->role) {
     case common::v1::ROLE_PREPROCESS: {
@@ -111,7 +169,7 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
     default: {
       std::vector<std::string> a = {absl::StrCat("--rank=", s.rank),
                                     "--scheduler=" + target(common::v1::ROLE_SCHEDULER),
-                                    "--advertise_host=" + options_.host};
+                                    "--advertise_host=" + s.host};
       if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
       return a;
     }
@@ -132,6 +190,13 @@ absl::Status Launcher::Start() {
       LaunchedService s;
       s.binary = &b;
       s.rank = r;
+      s.host = options_.host;
+      for (const Placement& p : options_.placements) {  // the last that matches
+        if (p.role == b.role && (p.rank < 0 || p.rank == r)) {
+          s.host = p.host;
+          s.netns = p.netns;
+        }
+      }
       services_.push_back(std::move(s));
     }
   }
@@ -162,12 +227,17 @@ absl::Status Launcher::Start() {
 }
 
 absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::string> args) {
-  std::vector<std::string> argv = {
-      absl::StrCat(options_.bin_dir, "/", s.binary->package, "/", s.binary->name),
-      absl::StrCat("--host=", options_.host),
-      absl::StrCat("--grpc_port=", options_.base_port ? options_.base_port + 2 * index : 0),
-      absl::StrCat("--metrics_port=", options_.base_port ? options_.base_port + 2 * index + 1 : 0),
-  };
+  std::vector<std::string> argv;
+  if (!s.netns.empty()) argv = {FindInPath("ip"), "netns", "exec", s.netns};
+  argv.insert(
+      argv.end(),
+      {
+          absl::StrCat(options_.bin_dir, "/", s.binary->package, "/", s.binary->name),
+          absl::StrCat("--host=", s.host),
+          absl::StrCat("--grpc_port=", options_.base_port ? options_.base_port + 2 * index : 0),
+          absl::StrCat("--metrics_port=",
+                       options_.base_port ? options_.base_port + 2 * index + 1 : 0),
+      });
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
   // A run (e.g. a resume) in the same folder keeps the previous log as .prev;
@@ -183,14 +253,14 @@ absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::st
 }
 
 absl::Status Launcher::CheckHealthy(LaunchedService& s) {
-  const std::string target = absl::StrCat(options_.host, ":", s.ports.grpc_port);
+  const std::string target = absl::StrCat(s.host, ":", s.ports.grpc_port);
   for (const std::string& service : {std::string(), s.binary->grpc_service}) {
     if (absl::Status st = WaitUntilServing(target, service, absl::Seconds(10)); !st.ok()) {
       return absl::UnavailableError(absl::StrCat(LogName(s), ": ", st.message()));
     }
   }
   absl::StatusOr<HttpResponse> m =
-      HttpGet(options_.host, s.ports.metrics_port, "/metrics", absl::Seconds(10));
+      HttpGet(s.host, s.ports.metrics_port, "/metrics", absl::Seconds(10));
   if (!m.ok() || m->status_code != 200) {
     return absl::UnavailableError(absl::StrCat(
         LogName(s), ": /metrics not served: ",
@@ -233,16 +303,15 @@ bool Launcher::Stop(int signal) {
   return clean;
 }
 
-std::string FormatServiceTable(const std::vector<LaunchedService>& services,
-                               const std::string& host) {
+std::string FormatServiceTable(const std::vector<LaunchedService>& services) {
   std::string out = absl::StrFormat("  %-22s %4s %8s  %-22s %-32s %s\n", "SERVICE", "RANK", "PID",
                                     "GRPC", "METRICS", "STATE");
   for (const LaunchedService& s : services) {
     absl::StrAppendFormat(&out, "  %-22s %4s %8d  %-22s %-32s %s\n", s.binary->name,
                           s.binary->worker ? absl::StrCat(s.rank) : "-",
                           s.process ? s.process->pid() : 0,
-                          absl::StrCat(host, ":", s.ports.grpc_port),
-                          absl::StrCat("http://", host, ":", s.ports.metrics_port, "/metrics"),
+                          absl::StrCat(s.host, ":", s.ports.grpc_port),
+                          absl::StrCat("http://", s.host, ":", s.ports.metrics_port, "/metrics"),
                           s.health.empty() ? "STARTING" : s.health);
   }
   return out;

@@ -12,6 +12,10 @@
 // Stop() sends SIGTERM (or the signal given) to every process still running
 // and waits for each to exit, SIGKILL after `stop_timeout`.
 //
+// Placements put services on other simulated hosts: each such process runs
+// in its Linux network namespace (`ip netns exec`, root only) and binds and
+// advertises that host's address; the rest run here at `host`.
+//
 // Thread-safety: one thread.
 #ifndef LOOM_DEPLOY_LAUNCHER_LAUNCHER_H_
 #define LOOM_DEPLOY_LAUNCHER_LAUNCHER_H_
@@ -23,6 +27,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "loom/job/v1/job.pb.h"
 #include "services/common/catalog.h"
@@ -30,16 +36,30 @@
 
 namespace loom {
 
+// Where some services run: `role` (rank `rank`, or every rank when -1) in
+// network namespace `netns` at `host`.
+struct Placement {
+  common::v1::Role role = common::v1::ROLE_UNSPECIFIED;
+  int rank = -1;
+  std::string netns;
+  std::string host;
+};
+
+// "ROLE[:RANK]@NETNS/ADDRESS,..." (ROLE: preprocess, scheduler,
+// encoder_worker, llm_worker), each namespace existing (/run/netns).
+absl::StatusOr<std::vector<Placement>> ParsePlacements(absl::string_view spec);
+
 struct LauncherOptions {
   std::string bin_dir;  // Bazel's bin folder: <bin_dir>/services/<x>/<binary>
   std::string run_dir;  // logs go to <run_dir>/logs
   std::string host = "127.0.0.1";
-  int base_port = 0;        // 0: free ports; else process i gets base+2i, base+2i+1
-  job::v1::JobConfig job;   // defaults applied, validated
-  std::string shards;       // glob the preprocess service reads
-  int64_t resume_step = 0;  // > 0: continue after this complete checkpoint
-  double peak_flops = 0;    // of the machine, for the scheduler's MFU (CpuPeakFlops)
-  std::string trace_dir;    // non-empty: the scheduler and workers write their timelines there
+  std::vector<Placement> placements;  // the services not at `host` in this namespace
+  int base_port = 0;                  // 0: free ports; else process i gets base+2i, base+2i+1
+  job::v1::JobConfig job;             // defaults applied, validated
+  std::string shards;                 // glob the preprocess service reads
+  int64_t resume_step = 0;            // > 0: continue after this complete checkpoint
+  double peak_flops = 0;              // of the machine, for the scheduler's MFU (CpuPeakFlops)
+  std::string trace_dir;  // non-empty: the scheduler and workers write their timelines there
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);
 };
@@ -48,6 +68,8 @@ struct LauncherOptions {
 struct LaunchedService {
   const ServiceBinary* binary = nullptr;  // from ServiceCatalog()
   int rank = 0;
+  std::string host;   // the address it binds and advertises
+  std::string netns;  // its network namespace; empty: the launcher's
   std::unique_ptr<Subprocess> process;
   ServingPorts ports;
   std::string health;    // "SERVING" once checked
@@ -91,12 +113,10 @@ class Launcher {
 double CpuPeakFlops();
 
 // Prometheus file_sd targets (JSON): every service's /metrics address.
-std::string PrometheusTargets(const std::vector<LaunchedService>& services,
-                              const std::string& host);
+std::string PrometheusTargets(const std::vector<LaunchedService>& services);
 
 // One line per service for the terminal: name, rank, pid, ports, health.
-std::string FormatServiceTable(const std::vector<LaunchedService>& services,
-                               const std::string& host);
+std::string FormatServiceTable(const std::vector<LaunchedService>& services);
 
 }  // namespace loom
 

@@ -75,6 +75,10 @@ ABSL_FLAG(std::string, trace, "",
           "backward, recompute, sends, receives, allreduces) beside the simulator's predicted "
           "timeline of the same iterations (open in ui.perfetto.dev).");
 ABSL_FLAG(std::string, bind_host, "127.0.0.1", "Address every service binds.");
+ABSL_FLAG(std::string, hosts, "",
+          "Runs some services on other simulated hosts, Linux network namespaces (root): "
+          "ROLE[:RANK]@NETNS/ADDRESS,... (ROLE: preprocess, scheduler, encoder_worker, "
+          "llm_worker); each binds and advertises ADDRESS. The rest run here at --bind_host.");
 ABSL_FLAG(int, base_port, 0,
           "0: every service picks free ports; else service i uses base+2i "
           "(gRPC) and base+2i+1 (/metrics).");
@@ -181,7 +185,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
   const std::string run_dir = o.run_dir;
   (void)loom::WriteFileAtomically(run_dir + "/scheduler_address", target + "\n");
   (void)loom::WriteFileAtomically(run_dir + "/prometheus_targets.json",
-                                  loom::PrometheusTargets(launcher.services(), o.host));
+                                  loom::PrometheusTargets(launcher.services()));
   loom::ControlClient control(target);
   if (absl::GetFlag(FLAGS_submit)) {
     loom::control::v1::JobSpec spec;
@@ -259,7 +263,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       loom::control::v1::Recovery& r = outcome.recovery;
       r.set_role(s->binary->role);
       r.set_rank(s->rank);
-      r.set_endpoint(absl::StrCat(o.host, ":", s->ports.grpc_port));
+      r.set_endpoint(absl::StrCat(s->host, ":", s->ports.grpc_port));
       r.set_cause(absl::StrCat("exited (", loom::DescribeWaitStatus(s->exit_status), ")"));
       r.set_phase(last ? loom::JobPhase(*last) : "start-up");
       r.set_last_seen_seconds(UnixNow());  // seen within a tick
@@ -377,6 +381,10 @@ int main(int argc, char** argv) {
   o.run_dir = run_dir;
   o.host = absl::GetFlag(FLAGS_bind_host);
   o.base_port = absl::GetFlag(FLAGS_base_port);
+  absl::StatusOr<std::vector<loom::Placement>> placements =
+      loom::ParsePlacements(absl::GetFlag(FLAGS_hosts));
+  if (!placements.ok()) return Fail("--hosts: " + std::string(placements.status().message()));
+  o.placements = *placements;
   o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
   o.job = job;
   if (absl::GetFlag(FLAGS_resume_step) < 0) return Fail("--resume_step: must be >= 0");
@@ -433,7 +441,7 @@ int main(int argc, char** argv) {
     std::fflush(info);
     loom::Launcher launcher(o);
     absl::Status started = launcher.Start();
-    std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+    std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
     JobOutcome outcome;
     if (!started.ok()) {
       std::fprintf(stderr, "loom up: %s\n", std::string(started.message()).c_str());
@@ -456,7 +464,7 @@ int main(int argc, char** argv) {
       // After a loss nothing of this attempt is kept (the restart rolls back
       // to the checkpoint): no need to let the survivors stop gracefully.
       clean = launcher.Stop(outcome.lost ? SIGKILL : SIGTERM);
-      std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services(), o.host).c_str());
+      std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
     }
     rc = outcome.rc;
     if (!outcome.lost) break;

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -80,6 +82,32 @@ TEST(LoomUpTest, ReportsAMissingBinaryAndExitsNonZero) {
   EXPECT_EQ(DescribeWaitStatus(*st), "exit 1") << (*up)->ReadLog();
   EXPECT_NE((*up)->ReadLog().find("cannot start"), std::string::npos) << (*up)->ReadLog();
   EXPECT_NE((*up)->ReadLog().find("nowhere/"), std::string::npos) << (*up)->ReadLog();
+}
+
+// Each wrong --hosts placement is refused before anything starts, naming
+// the placement and what is wrong with it.
+TEST(LoomUpTest, RefusesABadPlacementNamingIt) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"llm_worker", "placement \"llm_worker\": no @NETNS/ADDRESS"},
+      {"gpu_worker@x/10.0.0.2", "unknown role \"gpu_worker\""},
+      {"llm_worker:one@x/10.0.0.2", "the rank is not a number >= 0"},
+      {"llm_worker@/10.0.0.2", "no NETNS"},
+      {"llm_worker@no-such-namespace-here/10.0.0.2",
+       "no network namespace \"no-such-namespace-here\""},
+  };
+  for (const auto& [spec, error] : cases) {
+    auto up = Subprocess::Start(
+        {LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + TempPath("run4"), "--hosts=" + spec},
+        TempPath("up4.log"));
+    ASSERT_TRUE(up.ok());
+    absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(60));
+    ASSERT_TRUE(st.ok());
+    const std::string out = (*up)->ReadLog();
+    EXPECT_EQ(DescribeWaitStatus(*st), "exit 1") << out;
+    EXPECT_NE(out.find("loom up: --hosts: "), std::string::npos) << out;
+    EXPECT_NE(out.find(error), std::string::npos) << spec << ": " << out;
+    EXPECT_EQ(out.find("starting"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,145 @@
+// Two hosts and the network between them: loom-preprocess, loom-scheduler
+// and the encoder workers on host A, the LLM workers on host B, each host a
+// Linux network namespace and the two joined by one veth pair, UCX over TCP
+// only (no shared memory between the hosts). The link is taken down in the
+// middle of an iteration and brought back: the job recovers by itself and
+// ends with the uninterrupted run's losses.
+//
+// Needs root (ip netns add); fails, naming it, where that is refused.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "runtime/base/file.h"
+#include "services/common/subprocess.h"
+#include "tests/integration/binaries.h"
+#include "tests/integration/training_runs.h"
+
+namespace loom {
+namespace {
+
+// iproute2's `ip` (in sbin, which a test's PATH may lack).
+std::string IpBinary() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "ip";
+}
+
+// Runs `ip args`; its output, or an error naming the command.
+absl::Status Ip(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {IpBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  int rc = -1;
+  const std::string out = RunToEnd(argv, "ip.log", &rc);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), ": exit ", rc, ": ", out));
+  }
+  return absl::OkStatus();
+}
+
+class MultiHostTest : public TrainingRuns {
+ protected:
+  void SetUp() override {
+    const std::string id = absl::StrCat(getpid());
+    host_a_ = "loom-a-" + id;
+    host_b_ = "loom-b-" + id;
+    link_a_ = "lma" + id;  // interface names: 15 characters at most
+    link_b_ = "lmb" + id;
+    for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+             {"netns", "add", host_a_},
+             {"netns", "add", host_b_},
+             {"link", "add", link_a_, "type", "veth", "peer", "name", link_b_},
+             {"link", "set", link_a_, "netns", host_a_},
+             {"link", "set", link_b_, "netns", host_b_},
+             {"-n", host_a_, "addr", "add", std::string(kAddressA) + "/24", "dev", link_a_},
+             {"-n", host_b_, "addr", "add", std::string(kAddressB) + "/24", "dev", link_b_},
+             {"-n", host_a_, "link", "set", "lo", "up"},
+             {"-n", host_b_, "link", "set", "lo", "up"},
+             {"-n", host_a_, "link", "set", link_a_, "up"},
+             {"-n", host_b_, "link", "set", link_b_, "up"},
+         }) {
+      absl::Status s = Ip(args);
+      ASSERT_TRUE(s.ok()) << s << "\n(this test makes two network namespaces joined by a veth "
+                          << "pair: it needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN)";
+    }
+  }
+  void TearDown() override {
+    (void)Ip({"netns", "del", host_a_});  // its end of the veth pair goes with it
+    (void)Ip({"netns", "del", host_b_});
+  }
+
+  static constexpr const char* kAddressA = "10.77.0.1";
+  static constexpr const char* kAddressB = "10.77.0.2";
+  std::string host_a_, host_b_, link_a_, link_b_;
+};
+
+TEST_F(MultiHostTest, ALinkDownMidIterationTheJobRecoversWithTheUninterruptedLosses) {
+  const std::string config = TempPath("multihost.txtpb"), run = TempPath("multihost");
+  ASSERT_TRUE(WriteFileAtomically(
+                  config, Job("loom", /*checkpoint_every=*/3) + "recovery { lease_seconds: 3 }\n")
+                  .ok());
+  // loom up itself on host A, with the services it starts there.
+  setenv("UCX_TLS", "tcp", 1);
+  absl::StatusOr<std::unique_ptr<Subprocess>> started = Subprocess::Start(
+      {IpBinary(), "netns", "exec", host_a_, Runfile("deploy/launcher/loom-up"),
+       "--bin_dir=" + Runfile(""), "--run_dir=" + run, "--config=" + config,
+       absl::StrCat("--steps=", kSteps), "--json", absl::StrCat("--bind_host=", kAddressA),
+       absl::StrCat("--hosts=llm_worker@", host_b_, "/", kAddressB)},
+      TempPath("multihost.log"));
+  unsetenv("UCX_TLS");
+  ASSERT_TRUE(started.ok()) << started.status();
+  Subprocess& up = **started;
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  std::string log;
+  auto wait_for = [&](const std::string& text) {
+    while (absl::Now() < deadline) {
+      log = up.ReadLog();
+      if (absl::StrContains(log, text)) return true;
+      if (!up.running()) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    log = up.ReadLog();
+    return absl::StrContains(log, text);
+  };
+  // The services are where they were put.
+  ASSERT_TRUE(wait_for("services healthy")) << log;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, "  loom-llm-worker ")) {
+      EXPECT_TRUE(absl::StrContains(line, absl::StrCat(" ", kAddressB, ":"))) << line;
+    } else if (absl::StrContains(line, "  loom-")) {
+      EXPECT_TRUE(absl::StrContains(line, absl::StrCat(" ", kAddressA, ":"))) << line;
+    }
+  }
+  // Down right after step 7 ends, so in iteration 8 (checkpoint 6 is the
+  // newest complete one); up again once the loss is declared.
+  ASSERT_TRUE(wait_for("checkpoint 6 complete") && wait_for("\"step\":7,")) << log;
+  ASSERT_TRUE(Ip({"-n", host_b_, "link", "set", link_b_, "down"}).ok());
+  const bool declared = wait_for("loom up: job loom RECOVERING: ");
+  ASSERT_TRUE(Ip({"-n", host_b_, "link", "set", link_b_, "up"}).ok());
+  ASSERT_TRUE(declared) << log;
+
+  absl::StatusOr<int> status = up.Wait(deadline - absl::Now());
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << up.ReadLog();
+  log = up.ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  // Host A saw host B's LLM workers go silent (the lease), not a crash.
+  const size_t loss = log.find("loom up: job loom RECOVERING: ");
+  const std::string line = log.substr(loss, log.find('\n', loss) - loss);
+  EXPECT_TRUE(absl::StrContains(line, "RECOVERING: llm_worker rank ")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "no SERVING health answer")) << line;
+  EXPECT_TRUE(absl::StrContains(log, "restart 1 of 3: resuming after checkpoint step 6")) << log;
+  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "multihost"), local_,
+                   "two hosts, link down and up in iteration 8, vs loom-train-local");
+}
+
+}  // namespace
+}  // namespace loom
