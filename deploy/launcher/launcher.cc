@@ -270,9 +270,40 @@ absl::Status Launcher::CheckHealthy(LaunchedService& s) {
   return absl::OkStatus();
 }
 
+absl::Status Launcher::Replace(common::v1::Role role, int rank) {
+  for (size_t i = 0; i < services_.size(); ++i) {
+    LaunchedService& s = services_[i];
+    if (s.binary->role != role || s.rank != rank) continue;
+    if (s.process != nullptr) {
+      s.process->Signal(SIGKILL);
+      (void)s.process->Wait(absl::Seconds(10));
+    }
+    s.process.reset();
+    s.ports = ServingPorts();
+    s.health.clear();
+    s.exit_status = -1;
+    s.awaiting_replacement = false;
+    if (absl::Status st = Launch(s, static_cast<int>(i), ArgsFor(s)); !st.ok()) return st;
+    absl::StatusOr<ServingPorts> ports = WaitForServing(*s.process, options_.startup_timeout);
+    if (!ports.ok()) {
+      return absl::Status(ports.status().code(),
+                          absl::StrCat(LogName(s), ": ", ports.status().message()));
+    }
+    s.ports = *ports;
+    return CheckHealthy(s);
+  }
+  return absl::NotFoundError(absl::StrCat("no ", RoleLabel(role), " rank ", rank));
+}
+
+void Launcher::AwaitReplacement(const LaunchedService* s) {
+  for (LaunchedService& own : services_) {
+    if (&own == s) own.awaiting_replacement = true;
+  }
+}
+
 const LaunchedService* Launcher::FindExited() {
   for (LaunchedService& s : services_) {
-    if (s.process != nullptr && !s.process->running()) {
+    if (s.process != nullptr && !s.awaiting_replacement && !s.process->running()) {
       absl::StatusOr<int> st = s.process->Wait(absl::ZeroDuration());
       s.exit_status = st.ok() ? *st : -1;
       s.health = "EXITED";

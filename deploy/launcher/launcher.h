@@ -74,6 +74,7 @@ struct LaunchedService {
   ServingPorts ports;
   std::string health;    // "SERVING" once checked
   int exit_status = -1;  // wait status once stopped
+  bool awaiting_replacement = false;
 };
 
 class Launcher {
@@ -85,8 +86,15 @@ class Launcher {
   // did start keep running until Stop(); the error names the service.
   absl::Status Start();
 
-  // A service that has exited by itself, or nullptr.
+  // A service that has exited by itself (and is not awaiting its
+  // replacement), or nullptr.
   const LaunchedService* FindExited();
+
+  // The worker `role` rank `rank` ends (SIGKILL, if it still runs) and a new
+  // process takes its place, started and checked healthy like the first.
+  absl::Status Replace(common::v1::Role role, int rank);
+  // Marks an exited worker as awaiting its replacement (FindExited skips it).
+  void AwaitReplacement(const LaunchedService* s);
 
   // `signal` (SIGTERM: a clean stop) to all, then wait; true if every
   // process exited 0 (a process that had exited before Stop() counts with

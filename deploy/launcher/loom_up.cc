@@ -178,8 +178,13 @@ struct JobOutcome {
 double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
 // Submits the job over the control API (or waits for someone to), then
-// prints its progress until it ends, a signal arrives or a service exits.
-JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o, int restarts,
+// prints its progress until it ends, a signal arrives or a service is lost
+// in a way the job cannot recover from in place. A lost worker is: the
+// scheduler raises the job's generation and waits for the rank to register
+// again, and a new process takes it (one of `max_restarts`, counted in
+// `*restarts`) while every other process stays up.
+JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
+                  int* restarts, int max_restarts,
                   const loom::control::v1::Recovery& recovered_from, loom::Launcher& launcher) {
   const std::string target = launcher.scheduler_target();
   const std::string run_dir = o.run_dir;
@@ -192,8 +197,8 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
     *spec.mutable_config() = job;
     spec.set_resume(o.resume_step > 0);
     spec.set_resume_step(o.resume_step);  // the step preprocess starts from
-    spec.set_restarts(restarts);
-    if (restarts > 0) *spec.mutable_recovered_from() = recovered_from;
+    spec.set_restarts(*restarts);
+    if (*restarts > 0) *spec.mutable_recovered_from() = recovered_from;
     absl::StatusOr<loom::control::v1::Job> j = control.Submit(spec);
     if (!j.ok()) {
       std::fprintf(stderr, "loom up: %s\n", std::string(j.status().message()).c_str());
@@ -242,6 +247,12 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   const timespec tick = {0, 100 * 1000 * 1000};
+  // A worker that exited, while the scheduler has not yet declared it lost
+  // (it does within a lease; at once for a closed port).
+  const loom::LaunchedService* exited = nullptr;
+  absl::Time exited_at;
+  const absl::Duration grace = absl::Seconds(job.recovery().lease_seconds() + 5);
+  int64_t generation = 0;  // the job's, as last seen
   for (bool over = false; !over;) {
     int sig = sigtimedwait(&set, nullptr, &tick);
     if (sig == SIGTERM || sig == SIGINT) {
@@ -249,7 +260,23 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
       break;
     }
-    if (const loom::LaunchedService* s = launcher.FindExited()) {
+    const loom::LaunchedService* s = launcher.FindExited();
+    if (s != nullptr && s->binary->worker && job.recovery().lease_seconds() > 0 && last &&
+        last->state() == loom::control::v1::JOB_STATE_RUNNING) {
+      std::fprintf(stderr,
+                   "loom up: %s rank %d exited (%s); waiting for loom-scheduler to recover in "
+                   "place (its log: %s)\n",
+                   s->binary->name.c_str(), s->rank,
+                   loom::DescribeWaitStatus(s->exit_status).c_str(),
+                   s->process->log_path().c_str());
+      launcher.AwaitReplacement(s);
+      exited = s;
+      exited_at = absl::Now();
+      s = nullptr;
+    } else if (s == nullptr && exited != nullptr && absl::Now() - exited_at > grace) {
+      s = exited;  // never declared: the job cannot recover in place
+    }
+    if (s != nullptr) {
       std::fprintf(stderr, "loom up: %s rank %d exited (%s); stopping the rest (its log: %s)\n",
                    s->binary->name.c_str(), s->rank,
                    loom::DescribeWaitStatus(s->exit_status).c_str(),
@@ -282,6 +309,10 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
     for (const loom::control::v1::JobEvent& e : events) {
       const loom::control::v1::Job& j = e.job();
       last = j;
+      const bool in_place = j.state() == loom::control::v1::JOB_STATE_RECOVERING &&
+                            e.kind() == loom::control::v1::JobEvent::KIND_STATE &&
+                            j.generation() > generation;
+      generation = std::max(generation, j.generation());
       if (e.kind() == loom::control::v1::JobEvent::KIND_STEP) {
         if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", JsonLine(e.step()).c_str());
         std::fprintf(info, "%s\n", ProgressLine(e.step(), j.end_iteration()).c_str());
@@ -298,7 +329,54 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                        j.last_checkpoint() >= j.end_iteration() ? ", checkpoint complete" : "");
         }
         if (j.state() == loom::control::v1::JOB_STATE_FAILED) rc = 1;
-        if (j.state() == loom::control::v1::JOB_STATE_RECOVERING && !over) {
+        if (in_place && !over) {
+          loom::control::v1::Recovery r = j.recovery();
+          // The scheduler saw a closed port; this launcher saw how it closed.
+          for (const loom::LaunchedService& ls : launcher.services()) {
+            if (ls.binary->role == r.role() && ls.rank == r.rank() && ls.process != nullptr &&
+                !ls.process->running()) {
+              absl::StatusOr<int> st = ls.process->Wait(absl::ZeroDuration());
+              if (st.ok()) {
+                r.set_cause(absl::StrCat("exited (", loom::DescribeWaitStatus(*st), ")"));
+              }
+            }
+          }
+          std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", j.job_id().c_str(),
+                       loom::DescribeLoss(r).c_str());
+          if (*restarts >= max_restarts) {
+            std::fprintf(stderr,
+                         "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
+                         j.job_id().c_str(), loom::DescribeLoss(r).c_str(), max_restarts);
+            rc = 1;
+            over = true;
+            continue;
+          }
+          ++*restarts;
+          std::fprintf(
+              info,
+              "loom up: restart %d of %d: replacing %s rank %d, the other services stay "
+              "up; %s\n",
+              *restarts, max_restarts, loom::RoleLabel(r.role()).c_str(), r.rank(),
+              j.start_iteration() > 0
+                  ? absl::StrCat("resuming after checkpoint step ", j.start_iteration()).c_str()
+                  : "from the start (no complete checkpoint yet)");
+          std::fflush(info);
+          if (absl::Status st = launcher.Replace(r.role(), r.rank()); !st.ok()) {
+            // Lost again while starting: every service starts over.
+            std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
+            outcome.lost = true;
+            outcome.recovery = r;
+            outcome.recovery.set_cause(absl::StrCat("replacement failed: ", st.message()));
+            rc = 1;
+            over = true;
+            continue;
+          }
+          if (exited != nullptr && exited->binary->role == r.role() && exited->rank == r.rank()) {
+            exited = nullptr;
+          }
+          std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
+          std::fflush(info);
+        } else if (j.state() == loom::control::v1::JOB_STATE_RECOVERING && !over) {
           // The scheduler declared a process lost (its lease expired): it
           // may still run, hung or stopped. Kill it; everything restarts.
           outcome.lost = true;
@@ -435,7 +513,8 @@ int main(int argc, char** argv) {
   int rc = 0;
   bool clean = true;
   loom::control::v1::Recovery recovered_from;  // the failure the current attempt recovers from
-  for (int restarts = 0;; ++restarts) {
+  int restarts = 0;  // every replacement and every restart of all services
+  for (bool first = true;; first = false) {
     std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services,
                  run_dir.c_str());
     std::fflush(info);
@@ -448,7 +527,7 @@ int main(int argc, char** argv) {
       launcher.Stop(SIGKILL);
       // A first start that fails is a deployment error; a restart that
       // fails (a process lost again while starting) is one more failure.
-      if (restarts == 0) return 1;
+      if (first) return 1;
       outcome.rc = 1;
       outcome.lost = true;
       outcome.recovery.set_cause(absl::StrCat("restart failed: ", started.message()));
@@ -459,7 +538,7 @@ int main(int argc, char** argv) {
                    absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
       std::fflush(info);
       if (!absl::GetFlag(FLAGS_exit_when_healthy)) {
-        outcome = RunJob(job, o, restarts, recovered_from, launcher);
+        outcome = RunJob(job, o, &restarts, max_restarts, recovered_from, launcher);
       }
       // After a loss nothing of this attempt is kept (the restart rolls back
       // to the checkpoint): no need to let the survivors stop gracefully.
@@ -473,6 +552,7 @@ int main(int argc, char** argv) {
                    job.name().c_str(), loom::DescribeLoss(outcome.recovery).c_str(), max_restarts);
       break;
     }
+    ++restarts;
     recovered_from = outcome.recovery;
     recovered_from.set_restart_seconds(UnixNow());
     std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job.name().c_str(),
@@ -488,7 +568,7 @@ int main(int argc, char** argv) {
       break;
     }
     o.resume_step = step.ok() ? *step : 0;
-    std::fprintf(info, "loom up: restart %d of %d: %s\n", restarts + 1, max_restarts,
+    std::fprintf(info, "loom up: restart %d of %d: %s\n", restarts, max_restarts,
                  o.resume_step > 0
                      ? absl::StrCat("resuming after checkpoint step ", o.resume_step).c_str()
                      : "from the start (no complete checkpoint yet)");

@@ -317,6 +317,8 @@ void RecvDone(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void*
 
 void UcxWorker::Cancel() { cancelled_.store(true); }
 
+void UcxWorker::ClearCancel() { cancelled_.store(false); }
+
 absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<RecvOp> ops(buffers.size());

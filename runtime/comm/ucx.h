@@ -64,8 +64,10 @@ class UcxWorker {
   absl::Status RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout);
 
   // Makes every RecvAll in progress, and every later one, return CANCELLED
-  // (a process shutting down). Thread-safe.
+  // (a process shutting down, or a job regrouping). Thread-safe.
   void Cancel();
+  // Ends Cancel(): receives wait again (a regrouped job goes on).
+  void ClearCancel();
 
   // Waits until no send is in flight or `timeout` passed.
   bool Flush(absl::Duration timeout);

@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
     absl::MutexLock lock(&service->mu_);
     service->next_iteration_ = options.start_iteration;
   }
+  service->initial_cursor_ = service->loader_->Cursor();
   absl::StatusOr<std::unique_ptr<UcxWorker>> ucx = UcxWorker::Create();
   if (!ucx.ok()) return ucx.status();
   service->ucx_ = std::move(*ucx);
@@ -213,6 +214,29 @@ grpc::Status PreprocessServiceImpl::GetCursor(grpc::ServerContext*,
   absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
   if (!batch.ok()) return ToGrpcStatus(batch.status());
   *response->mutable_cursor() = (*batch)->cursor_before;
+  return grpc::Status::OK;
+}
+
+grpc::Status PreprocessServiceImpl::Rewind(grpc::ServerContext*,
+                                           const data::v1::RewindRequest* request,
+                                           data::v1::RewindResponse*) {
+  if (loader_ == nullptr) return kNoData;
+  if (request->start_iteration() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError("start_iteration: must be >= 0"));
+  }
+  const data::v1::DataCursor& cursor = request->has_cursor() ? request->cursor() : initial_cursor_;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = loader_->Restore(cursor); !s.ok()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("cursor: ", s.message())));
+  }
+  batches_.clear();  // FetchSamples in progress keep theirs (shared)
+  next_iteration_ = request->start_iteration();
+  loader_error_.clear();
+  LOOM_LOG(INFO)
+          .With("start_iteration", request->start_iteration())
+          .With("epoch", cursor.epoch())
+          .With("position", cursor.position())
+      << "rewound";
   return grpc::Status::OK;
 }
 

@@ -58,6 +58,8 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
                             data::v1::FetchSamplesResponse* response) override;
   grpc::Status GetCursor(grpc::ServerContext* context, const data::v1::GetCursorRequest* request,
                          data::v1::GetCursorResponse* response) override;
+  grpc::Status Rewind(grpc::ServerContext* context, const data::v1::RewindRequest* request,
+                      data::v1::RewindResponse* response) override;
 
  private:
   struct Batch {
@@ -72,6 +74,7 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   int tile_size_ = 0;  // of the model config; every served tile is this size
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;
+  data::v1::DataCursor initial_cursor_;  // where this service started (Rewind's default)
   std::unique_ptr<UcxWorker> ucx_;
   prometheus::Family<prometheus::Counter>* skipped_ = nullptr;
   prometheus::Counter* samples_served_ = nullptr;

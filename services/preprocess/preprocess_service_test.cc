@@ -1,5 +1,8 @@
 #include "services/preprocess/preprocess_service.h"
 
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
 #include "runtime/base/test_paths.h"
 #include "runtime/data/datagen.h"
@@ -128,6 +131,56 @@ TEST_F(ServedDataTest, BadRequestsGetClearCodes) {
   EXPECT_NE(metrics->body.find("loom_preprocess_samples_skipped_total{reason=\"empty_image\"} 3"),
             std::string::npos)
       << metrics->body;
+}
+
+// A rewind to a batch long out of the window, from that batch's cursor,
+// and one to the start (no cursor): each serves the same batches again.
+TEST_F(ServedDataTest, RewindServesTheSameBatchesAgain) {
+  std::vector<std::vector<std::string>> keys;
+  data::v1::DataCursor cursor_of_3;
+  auto stub = data::v1::PreprocessService::NewStub(testing::ChannelTo(*chassis_));
+  for (int64_t it = 0; it < 24; ++it) {
+    absl::StatusOr<data::v1::GetBatchResponse> batch = client_->GetBatch(it);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    keys.emplace_back();
+    for (const auto& m : batch->samples()) keys.back().push_back(m.record().key());
+    if (it == 3) {
+      auto ctx = testing::ContextWithDeadline();
+      data::v1::GetCursorRequest request;
+      request.set_iteration(3);
+      data::v1::GetCursorResponse response;
+      ASSERT_TRUE(stub->GetCursor(ctx.get(), request, &response).ok());
+      cursor_of_3 = response.cursor();
+    }
+  }
+  ASSERT_EQ(client_->GetBatch(3).status().code(), absl::StatusCode::kOutOfRange);
+  auto rewind = [&](int64_t start, const data::v1::DataCursor* cursor) {
+    auto ctx = testing::ContextWithDeadline();
+    data::v1::RewindRequest request;
+    request.set_start_iteration(start);
+    if (cursor != nullptr) *request.mutable_cursor() = *cursor;
+    data::v1::RewindResponse response;
+    return stub->Rewind(ctx.get(), request, &response);
+  };
+  for (const auto& [start, cursor] : std::vector<std::pair<int64_t, const data::v1::DataCursor*>>{
+           {3, &cursor_of_3}, {0, nullptr}}) {
+    grpc::Status s = rewind(start, cursor);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    for (int64_t it = start; it < start + 6; ++it) {
+      absl::StatusOr<data::v1::GetBatchResponse> batch = client_->GetBatch(it);
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      std::vector<std::string> got;
+      for (const auto& m : batch->samples()) got.push_back(m.record().key());
+      EXPECT_EQ(got, keys[it]) << "batch " << it << " after a rewind to " << start;
+    }
+  }
+  // Another run's cursor is refused, naming it; so is a negative start.
+  data::v1::DataCursor other = cursor_of_3;
+  other.set_seed(other.seed() + 1);
+  grpc::Status s = rewind(3, &other);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("cursor: cursor.seed"), std::string::npos) << s.error_message();
+  EXPECT_EQ(rewind(-1, nullptr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace

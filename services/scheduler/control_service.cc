@@ -1,5 +1,7 @@
 #include "services/scheduler/control_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
@@ -132,10 +134,16 @@ grpc::Status ControlServiceImpl::WatchJob(grpc::ServerContext* context,
     if (!writer->Write(e)) return grpc::Status::CANCELLED;
   }
   bool final = IsFinalJobState(job.state());
+  int64_t generation = job.generation();
   while (!final) {
     if (context->IsCancelled()) return grpc::Status::CANCELLED;
     for (auto& [s, e] : scheduler_->EventsAfter(seq, absl::Milliseconds(250))) {
       seq = s;
+      if (e.job().generation() > generation) {
+        // A recovery in place: the steps from its start are trained again.
+        generation = e.job().generation();
+        after_iteration = std::min(after_iteration, e.job().start_iteration() - 1);
+      }
       if (e.kind() == control::v1::JobEvent::KIND_STEP) {
         if (e.step().iteration() <= after_iteration) continue;
         after_iteration = e.step().iteration();

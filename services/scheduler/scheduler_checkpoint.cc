@@ -31,6 +31,9 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
   const int parts = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
     if (!IsCheckpointStep(step)) {
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("step: ", step, " is not a checkpoint step of this job (checkpoint.every = ",

@@ -23,10 +23,9 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   j.set_job_id(options_.job.name());
   j.set_state(state_);
   *j.mutable_config() = options_.job;
-  j.set_start_iteration(options_.start_iteration);
+  j.set_start_iteration(start_iteration_);
   j.set_end_iteration(options_.job.train().steps());
-  j.set_completed_iterations(steps_.empty() ? options_.start_iteration
-                                            : steps_.back().iteration() + 1);
+  j.set_completed_iterations(steps_.empty() ? start_iteration_ : steps_.back().iteration() + 1);
   j.set_last_checkpoint(last_checkpoint_);
   j.set_pending_checkpoint(checkpoint_steps_.empty() ? 0 : *checkpoint_steps_.begin());
   j.set_workers_registered(static_cast<int>(workers_.size()));
@@ -34,10 +33,11 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   if (!steps_.empty()) *j.mutable_last_step() = steps_.back();
   j.set_message(job_message_);
   j.set_submit_time_seconds(submit_time_);
-  j.set_assigned_iterations(std::max(newest_ + 1, options_.start_iteration));
+  j.set_assigned_iterations(std::max(newest_ + 1, start_iteration_));
   j.set_paused_requests(state_ == control::v1::JOB_STATE_PAUSED ? paused_requests_ : 0);
-  j.set_restarts(options_.restarts);
-  if (state_ == control::v1::JOB_STATE_RECOVERING) {
+  j.set_restarts(options_.restarts + static_cast<int>(generation_));
+  j.set_generation(generation_);
+  if (state_ == control::v1::JOB_STATE_RECOVERING || generation_ > 0) {
     *j.mutable_recovery() = recovery_;
   } else if (options_.recovered_from.declared_seconds() > 0) {
     *j.mutable_recovery() = options_.recovered_from;
@@ -134,7 +134,7 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CancelJob(const std::stri
         absl::StrCat("job \"", job_id, "\" is already ", JobStateName(state_)));
   }
   job_message_ = reason.empty() ? "cancelled by CancelJob" : reason;
-  stop_at_ = std::max(newest_ + 1, options_.start_iteration);
+  stop_at_ = std::max(newest_ + 1, start_iteration_);
   SetStateLocked(control::v1::JOB_STATE_CANCELLED);
   return JobLocked();
 }
@@ -152,7 +152,7 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CheckpointJob(const std::
     return JobLocked();
   }
   // The mark goes on the next iteration computed; the checkpoint follows it.
-  const int64_t next = std::max(newest_ + 1, options_.start_iteration);
+  const int64_t next = std::max(newest_ + 1, start_iteration_);
   const int64_t end = options_.job.train().steps();
   if (end > 0 && next >= end) {
     return absl::FailedPreconditionError(

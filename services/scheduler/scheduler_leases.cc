@@ -5,18 +5,31 @@
 // The scheduler asks each process's grpc.health.v1 (the check Kubernetes'
 // probes use) rather than waiting for heartbeats: it knows every endpoint
 // from the registrations, a stopped or hung process answers nothing, and no
-// worker needs a thread of its own for it.
+// worker needs a thread of its own for it. A refused connection is final at
+// once (the process is gone; its port is closed); a silence counts only
+// after a whole lease.
+//
+// A lost worker starts a recovery in place: the job's generation rises,
+// its rank is free for a replacement, and the job rolls back to the newest
+// complete checkpoint (weights, cost model, data cursor, the recorded
+// assignments after it) while every other process stays up and regroups.
+// A lost loom-preprocess has no such path: its supervisor restarts the job.
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
+#include "runtime/base/file.h"
 #include "runtime/base/log.h"
+#include "runtime/checkpoint/steps.h"
+#include "services/common/grpc_status.h"
 #include "services/common/health_client.h"
 #include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
@@ -45,7 +58,76 @@ void SchedulerServiceImpl::DeclareLostLocked(common::v1::Role role, int rank,
   LOOM_LOG(ERROR).With("role", RoleLabel(role)).With("rank", rank).With("endpoint", endpoint)
       << "process lost: " << cause;
   lost_->Increment();
+  if (role == common::v1::ROLE_ENCODER_WORKER || role == common::v1::ROLE_LLM_WORKER) {
+    ObserveRecovery("detection", last_seen, absl::Now());
+    BeginRegroupLocked(role, rank);
+  }
   SetStateLocked(control::v1::JOB_STATE_RECOVERING);
+}
+
+void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
+  ++generation_;
+  regrouping_ = true;
+  workers_.erase({role, rank});
+  registered_->Set(static_cast<double>(workers_.size()));
+  // From the newest complete checkpoint, or from the start of this run.
+  const int64_t from = std::max(last_checkpoint_, options_.start_iteration);
+  start_iteration_ = from;
+  assignments_by_iteration_.clear();
+  newest_ = -1;
+  while (!steps_.empty() && steps_.back().iteration() >= from) steps_.pop_back();
+  // Checkpoints placed after it are abandoned (their partial folders are
+  // emptied when the steps are marked again).
+  checkpoint_steps_.clear();
+  checkpoint_parts_.clear();
+  checkpoint_started_.clear();
+  marking_step_ = 0;
+  checkpoint_requested_ = false;
+  keys_.clear();  // the old generation's rendezvous; the new one uses its own prefix
+  key_bytes_ = 0;
+  absl::StatusOr<scheduler::v1::CostCoefficients> costs =
+      StartingCosts(options_.plan, options_.job.checkpoint().dir(), from);
+  if (costs.ok()) {
+    costs_ = std::make_unique<sched::CostModel>(*costs);
+  } else {
+    LOOM_LOG(WARNING).With("error", std::string(costs.status().message()))
+        << "recovery keeps the current cost model";
+  }
+  rewind_to_ = from;
+  reload_pending_ = true;
+  recovery_.set_restart_seconds(recovery_.declared_seconds());
+  restarts_->Increment();
+  LOOM_LOG(INFO).With("generation", generation_).With("start_iteration", from)
+      << "recovering in place: waiting for " << RoleLabel(role) << " rank " << rank
+      << " to register again";
+}
+
+absl::Status SchedulerServiceImpl::RewindPreprocess() {
+  int64_t to = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    to = rewind_to_;
+  }
+  if (to < 0) return absl::OkStatus();
+  data::v1::RewindRequest request;
+  request.set_start_iteration(to);
+  if (to > options_.start_iteration) {  // else where loom-preprocess itself started
+    const std::string path =
+        absl::StrCat(StepDir(options_.job.checkpoint().dir(), to), "/", kDataCursorFile);
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok() || !request.mutable_cursor()->ParseFromString(*bytes)) {
+      return absl::DataLossError(absl::StrCat("recovery: cannot read the data cursor ", path));
+    }
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  data::v1::RewindResponse response;
+  if (grpc::Status s = preprocess_->Rewind(&ctx, request, &response); !s.ok()) {
+    return FromGrpcStatus(s, "preprocess Rewind");
+  }
+  absl::MutexLock lock(&mu_);
+  if (rewind_to_ == to) rewind_to_ = -1;
+  return absl::OkStatus();
 }
 
 void SchedulerServiceImpl::ObserveRecovery(const char* part, absl::Time begin, absl::Time end) {
@@ -93,16 +175,22 @@ void SchedulerServiceImpl::WatchLeases() {
         seen->second = absl::Now();
         continue;
       }
-      if (fresh || absl::Now() - seen->second < lease) continue;
+      // A closed port: the process is gone (a new one would be a new
+      // registration); anything else may pass, so it gets the whole lease.
+      const bool refused =
+          !health.ok() && absl::StrContains(health.status().message(), "Connection refused");
+      if (!refused && (fresh || absl::Now() - seen->second < lease)) continue;
       const std::string answer =
           health.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*health)
                       : std::string(health.status().message());
       absl::MutexLock lock(&mu_);
       DeclareLostLocked(
           h.role, h.rank, h.endpoint,
-          absl::StrFormat("no SERVING health answer for %.1fs (lease %s); last answer: %s",
-                          absl::ToDoubleSeconds(absl::Now() - seen->second),
-                          absl::FormatDuration(lease), answer),
+          refused
+              ? absl::StrCat("its port refuses connections (", answer, ")")
+              : absl::StrFormat("no SERVING health answer for %.1fs (lease %s); last answer: %s",
+                                absl::ToDoubleSeconds(absl::Now() - seen->second),
+                                absl::FormatDuration(lease), answer),
           seen->second);
       break;
     }

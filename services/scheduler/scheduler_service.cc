@@ -149,16 +149,14 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   if (options.start_iteration < 0) {
     return absl::InvalidArgumentError("start_iteration must be >= 0");
   }
-  scheduler::v1::CostCoefficients costs = p.costs();
-  if (options.start_iteration > 0) {
-    // The resumed job continues with the cost model it had.
-    const std::string path = absl::StrCat(
-        StepDir(options.job.checkpoint().dir(), options.start_iteration), "/", kSchedulerStateFile);
-    absl::StatusOr<std::string> bytes = ReadFile(path);
-    if (!bytes.ok() || !costs.ParseFromString(*bytes)) {
-      return absl::DataLossError(absl::StrCat("resume: cannot read the scheduler state ", path));
-    }
+  // Stage shares start from the layer split the workers use (and restart
+  // when a job resumes under another pipeline depth).
+  if (model.ok() && ValidateModelParallel(*model, 1, p.encoder().pp(), 1, p.llm().pp()).ok()) {
+    stage_model_ = *model;
   }
+  absl::StatusOr<scheduler::v1::CostCoefficients> costs =
+      StartingCosts(p, options.job.checkpoint().dir(), options.start_iteration);
+  if (!costs.ok()) return costs.status();
   SchedulerServiceOptions accepted = options;
   if (options.start_iteration == 0) {  // a fresh run: the checkpoint folder is now its
     absl::StatusOr<CheckpointRun> run =
@@ -169,11 +167,6 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   if (model.ok()) {
     flops_ = sched::AnalyticFlops(*model, /*recompute=*/false, JobFrozen(options.job));
   }
-  // Stage shares start from the layer split the workers use (and restart
-  // when a job resumes under another pipeline depth).
-  if (model.ok() && ValidateModelParallel(*model, 1, p.encoder().pp(), 1, p.llm().pp()).ok()) {
-    sched::SetStageShares(*model, p.encoder().pp(), p.llm().pp(), &costs);
-  }
   peak_flops_ = options.peak_flops > 0 ? options.peak_flops
                                        : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());
   options_ = accepted;
@@ -183,7 +176,9 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   }
   {
     absl::MutexLock lock(&mu_);
-    costs_ = std::make_unique<sched::CostModel>(costs);
+    costs_ = std::make_unique<sched::CostModel>(*costs);
+    start_iteration_ = options.start_iteration;
+    reload_pending_ = options.recovered_from.declared_seconds() > 0;
     if (options.start_iteration > 0) last_checkpoint_ = options.start_iteration;
     submit_time_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
     SetStateLocked(control::v1::JOB_STATE_PENDING);
@@ -197,6 +192,23 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   }
   if (options.job.recovery().lease_seconds() > 0) leases_ = std::thread([this] { WatchLeases(); });
   return absl::OkStatus();
+}
+
+absl::StatusOr<scheduler::v1::CostCoefficients> SchedulerServiceImpl::StartingCosts(
+    const scheduler::v1::Plan& plan, const std::string& checkpoint_dir, int64_t step) const {
+  scheduler::v1::CostCoefficients costs = plan.costs();
+  if (step > 0) {
+    // The resumed job continues with the cost model it had.
+    const std::string path = absl::StrCat(StepDir(checkpoint_dir, step), "/", kSchedulerStateFile);
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok() || !costs.ParseFromString(*bytes)) {
+      return absl::DataLossError(absl::StrCat("resume: cannot read the scheduler state ", path));
+    }
+  }
+  if (stage_model_) {
+    sched::SetStageShares(*stage_model_, plan.encoder().pp(), plan.llm().pp(), &costs);
+  }
+  return costs;
 }
 
 absl::Status SchedulerServiceImpl::Configured() const {
@@ -234,6 +246,8 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
     return ToGrpcStatus(absl::InvalidArgumentError("worker.ucx_address: empty"));
   }
   absl::MutexLock lock(&mu_);
+  // A rank whose holder was declared lost is free again (a recovery in
+  // place erased it): its replacement registers here from a new address.
   auto [it, inserted] = workers_.try_emplace({w.role(), w.rank()}, w);
   if (!inserted && it->second.ucx_address() != w.ucx_address()) {
     return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
@@ -241,25 +255,56 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   }
   it->second = w;  // a retry may bring a new endpoint
   registered_->Set(static_cast<double>(workers_.size()));
-  if (state_ == control::v1::JOB_STATE_PENDING &&
+  const bool regrouping = state_ == control::v1::JOB_STATE_RECOVERING && regrouping_;
+  if ((state_ == control::v1::JOB_STATE_PENDING || regrouping) &&
       static_cast<int>(workers_.size()) ==
           options_.plan.encoder().gpus() + options_.plan.llm().gpus()) {
     running_since_ = absl::Now();
-    if (const control::v1::Recovery& r = options_.recovered_from; r.declared_seconds() > 0) {
+    const control::v1::Recovery& r = regrouping ? recovery_ : options_.recovered_from;
+    if (r.declared_seconds() > 0) {
       ObserveRecovery("regroup", absl::UnixEpoch() + absl::Seconds(r.declared_seconds()),
                       running_since_);
     }
+    if (regrouping) job_message_.clear();  // the loss stays in Job.recovery
+    regrouping_ = false;
     SetStateLocked(control::v1::JOB_STATE_RUNNING);
   }
   *response->mutable_plan() = options_.plan;
   *response->mutable_job() = options_.job;
-  response->set_start_iteration(options_.start_iteration);
-  if (options_.start_iteration > 0) {
-    response->set_checkpoint_step_dir(
-        StepDir(options_.job.checkpoint().dir(), options_.start_iteration));
-  }
+  const scheduler::v1::Regroup g = RegroupLocked();
+  response->set_start_iteration(g.start_iteration());
+  response->set_checkpoint_step_dir(g.checkpoint_step_dir());
+  response->set_generation(g.generation());
   response->set_preprocess(options_.preprocess);
   return grpc::Status::OK;
+}
+
+scheduler::v1::Regroup SchedulerServiceImpl::RegroupLocked() const {
+  scheduler::v1::Regroup g;
+  g.set_generation(generation_);
+  g.set_start_iteration(start_iteration_);
+  if (start_iteration_ > 0) {
+    g.set_checkpoint_step_dir(StepDir(options_.job.checkpoint().dir(), start_iteration_));
+  }
+  return g;
+}
+
+grpc::Status SchedulerServiceImpl::GetGeneration(grpc::ServerContext*,
+                                                 const scheduler::v1::GetGenerationRequest*,
+                                                 scheduler::v1::GetGenerationResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  *response->mutable_current() = RegroupLocked();
+  return grpc::Status::OK;
+}
+
+absl::Status SchedulerServiceImpl::CheckGenerationLocked(int64_t generation) const {
+  if (generation == generation_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      generation < generation_
+          ? absl::StrCat("generation ", generation, " is over: the job recovered in place (now ",
+                         generation_, ", from iteration ", start_iteration_, ")")
+          : absl::StrCat("generation ", generation, " does not exist yet (now ", generation_, ")"));
 }
 
 absl::Status SchedulerServiceImpl::ValidateWorkerId(Role role, int rank) const {
@@ -287,14 +332,23 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext*,
 }
 
 absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
-SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline, std::string* ended) {
+SchedulerServiceImpl::AssignmentFor(int64_t iteration, int64_t generation, absl::Time deadline,
+                                    std::string* ended, scheduler::v1::Regroup* regroup) {
   if (iteration < 0) {
     return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
   }
-  if (iteration < options_.start_iteration) {
-    return absl::OutOfRangeError(absl::StrCat("iteration ", iteration, " is before iteration ",
-                                              options_.start_iteration,
-                                              ", where this job resumed"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation < generation_) {  // that generation is over: where the next one starts
+      *regroup = RegroupLocked();
+      return std::shared_ptr<const Computed>();
+    }
+    if (absl::Status s = CheckGenerationLocked(generation); !s.ok()) return s;
+    if (iteration < start_iteration_) {
+      return absl::OutOfRangeError(absl::StrCat("iteration ", iteration, " is before iteration ",
+                                                start_iteration_, ", where this job ",
+                                                generation_ > 0 ? "recovered" : "resumed"));
+    }
   }
   const int64_t end = options_.job.train().steps();
   if (end > 0 && iteration >= end) {
@@ -310,7 +364,7 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline, std:
                                                 " left the window of the last ",
                                                 options_.retained_iterations, " assignments"));
     }
-    const int64_t newest = std::max(newest_, options_.start_iteration - 1);
+    const int64_t newest = std::max(newest_, start_iteration_ - 1);
     if (iteration > newest + options_.retained_iterations) {
       return absl::OutOfRangeError(
           absl::StrCat("iteration ", iteration, " is more than ", options_.retained_iterations,
@@ -327,10 +381,15 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline, std:
     absl::MutexLock lock(&mu_);
     ++paused_requests_;  // held by the pause while it waits here
     auto held = [&] {
-      return state_ == control::v1::JOB_STATE_PAUSED || state_ == control::v1::JOB_STATE_RECOVERING;
+      return generation == generation_ && (state_ == control::v1::JOB_STATE_PAUSED ||
+                                           state_ == control::v1::JOB_STATE_RECOVERING);
     };
     while (held() && absl::Now() < deadline) changed_.WaitWithDeadline(&mu_, deadline);
     --paused_requests_;
+    if (generation < generation_) {  // a recovery in place began while this waited
+      *regroup = RegroupLocked();
+      return std::shared_ptr<const Computed>();
+    }
     if (stop_at_ >= 0 && iteration >= stop_at_) {
       *ended = absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_);
       return std::shared_ptr<const Computed>();
@@ -339,8 +398,9 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline, std:
       return absl::UnavailableError("the job is paused; retry");
     }
     if (state_ == control::v1::JOB_STATE_RECOVERING) {
-      // Its processes are about to be restarted from the newest complete
-      // checkpoint; until then nothing new is handed out.
+      // The lost process is being replaced (or every process restarted
+      // from the newest complete checkpoint); until then nothing new is
+      // handed out.
       return absl::UnavailableError(
           absl::StrCat("the job is recovering (", job_message_, "); retry"));
     }
@@ -351,6 +411,7 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, absl::Time deadline, std:
   if (!preprocess_) {
     return absl::FailedPreconditionError("no preprocess service (--preprocess) to read batches");
   }
+  if (absl::Status s = RewindPreprocess(); !s.ok()) return s;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   data::v1::GetBatchRequest request;
@@ -450,11 +511,16 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
   const absl::Time deadline = std::min(absl::FromChrono(context->deadline()) - absl::Seconds(1),
                                        absl::Now() + options_.pause_hold);
   std::string ended;
+  scheduler::v1::Regroup regroup;
   absl::StatusOr<std::shared_ptr<const Computed>> c =
-      AssignmentFor(request->iteration(), deadline, &ended);
+      AssignmentFor(request->iteration(), request->generation(), deadline, &ended, &regroup);
   if (!c.ok()) return ToGrpcStatus(c.status());
   if (*c == nullptr) {
-    response->set_job_ended(ended);
+    if (ended.empty()) {
+      *response->mutable_regroup() = regroup;
+    } else {
+      response->set_job_ended(ended);
+    }
     return grpc::Status::OK;
   }
   *response->mutable_assignment() = (*c)->assignment;
@@ -466,22 +532,25 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
                                               scheduler::v1::ReportStepResponse*) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   const scheduler::v1::StepReport& r = request->step();
-  if (r.iteration() < options_.start_iteration) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("step.iteration: ", r.iteration(),
-                                                                " is before this job's start, ",
-                                                                options_.start_iteration)));
-  }
   if (!std::isfinite(r.loss()) || r.samples() < 0 || r.tokens() < 0 || r.loss_tokens() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         "step: loss must be finite and samples, tokens, loss_tokens non-negative"));
   }
   absl::ReleasableMutexLock lock(&mu_);
+  if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (r.iteration() < start_iteration_) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "step.iteration: ", r.iteration(), " is before this job's start, ", start_iteration_)));
+  }
   if (!steps_.empty() && r.iteration() <= steps_.back().iteration()) {
     return ToGrpcStatus(absl::AlreadyExistsError(
         absl::StrCat("step.iteration: ", r.iteration(), " was already reported")));
   }
-  if (steps_.empty() && options_.recovered_from.declared_seconds() > 0) {
+  if (reload_pending_) {
     ObserveRecovery("reload", running_since_, absl::Now());  // the first iteration after it
+    reload_pending_ = false;
   }
   steps_.push_back(r);
   if (steps_.size() > kRetainedSteps) steps_.pop_front();
@@ -500,7 +569,7 @@ grpc::Status SchedulerServiceImpl::GetProgress(grpc::ServerContext*,
   for (const scheduler::v1::StepReport& r : steps_) {
     if (r.iteration() > request->after_iteration()) *response->add_steps() = r;
   }
-  response->set_start_iteration(options_.start_iteration);
+  response->set_start_iteration(start_iteration_);
   response->set_end_iteration(options_.job.train().steps());
   response->set_last_checkpoint(last_checkpoint_);
   return grpc::Status::OK;

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "loom/job/v1/job.pb.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/model/config.h"
 #include "runtime/scheduling/cost_model.h"
 #include "services/common/chassis.h"
 
@@ -108,6 +110,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   grpc::Status GetAssignment(grpc::ServerContext* context,
                              const scheduler::v1::GetAssignmentRequest* request,
                              scheduler::v1::GetAssignmentResponse* response) override;
+  grpc::Status GetGeneration(grpc::ServerContext* context,
+                             const scheduler::v1::GetGenerationRequest* request,
+                             scheduler::v1::GetGenerationResponse* response) override;
   grpc::Status ReportTimings(grpc::ServerContext* context,
                              const scheduler::v1::ReportTimingsRequest* request,
                              scheduler::v1::ReportTimingsResponse* response) override;
@@ -133,9 +138,26 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
 
   // `deadline`: how long a paused job may hold the call. nullptr with
   // *ended set: the job has no iteration `iteration` (why).
+  // The assignment of `iteration` for a caller in `generation`; null with
+  // `ended` set (no such iteration) or `regroup` set (that generation is over).
   absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(int64_t iteration,
+                                                                int64_t generation,
                                                                 absl::Time deadline,
-                                                                std::string* ended);
+                                                                std::string* ended,
+                                                                scheduler::v1::Regroup* regroup);
+  // The plan's cost coefficients with the stage shares of the workers'
+  // layer split, or those checkpoint `step` saved (step > 0).
+  absl::StatusOr<scheduler::v1::CostCoefficients> StartingCosts(const scheduler::v1::Plan& plan,
+                                                                const std::string& checkpoint_dir,
+                                                                int64_t step) const;
+  // Where the current generation starts.
+  scheduler::v1::Regroup RegroupLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION unless `generation` is the current one.
+  absl::Status CheckGenerationLocked(int64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker was declared lost: a recovery in place (scheduler_leases.cc).
+  void BeginRegroupLocked(common::v1::Role role, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rolls loom-preprocess back to the generation's start once (under compute_mu_).
+  absl::Status RewindPreprocess();
   absl::Status Configured() const;
   absl::Status ValidateWorkerId(common::v1::Role role, int rank) const;
   // Writes the cursor and the scheduler's state into the step's folder, then
@@ -227,6 +249,16 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   mutable absl::CondVar changed_;
 
   // Failures and recovery.
+  // Recovery in place: the generation (raised by each), the iteration it
+  // (and the job) starts from, a lost worker's rank not re-registered yet,
+  // loom-preprocess still to rewind (-1: done), the first step's reload
+  // time still to observe.
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t start_iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  bool regrouping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t rewind_to_ ABSL_GUARDED_BY(mu_) = -1;
+  bool reload_pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<ModelConfig> stage_model_;  // set by Configure: the stage shares' layer split
   control::v1::Recovery recovery_ ABSL_GUARDED_BY(mu_);                   // RECOVERING: the loss
   bool closing_ ABSL_GUARDED_BY(mu_) = false;                             // the lease thread ends
   absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // every worker in

@@ -1,5 +1,10 @@
 #include "services/scheduler/scheduler_service.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -66,17 +71,44 @@ TEST(SchedulerServiceImplTest, RefusesPlansTheWorkersCannotRun) {
   EXPECT_TRUE(service.Configure(so).ok());
 }
 
-// Leases: the scheduler asks every registered worker's health; one that
-// stops answering for a lease is declared lost, the job turns RECOVERING
-// with the process and the phase named, and no new iteration is handed out.
-TEST(SchedulerServiceImplTest, AWorkerThatStopsAnsweringIsDeclaredLost) {
+// A TCP port that accepts connections and never answers: a hung process.
+class SilentPort {
+ public:
+  SilentPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&a), len) == 0 && listen(fd_, 16) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port_ = ntohs(a.sin_port);
+    }
+  }
+  ~SilentPort() { close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Leases and recovery in place: the scheduler asks every registered
+// worker's health; one that stops answering for a lease (or whose port is
+// closed: at once) is declared lost, the job turns RECOVERING with the
+// process and the phase named, its generation rises, the old generation's
+// calls are told where the new one starts or refused, and the lost rank is
+// free for a replacement, whose registration puts the job back to RUNNING.
+TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacement) {
   std::vector<std::unique_ptr<Chassis>> workers;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     workers.push_back(std::make_unique<Chassis>(testing::LocalOptions(
         i < 2 ? "loom-encoder-worker" : "loom-llm-worker",
         i < 2 ? common::v1::ROLE_ENCODER_WORKER : common::v1::ROLE_LLM_WORKER, i % 2)));
     ASSERT_TRUE(workers.back()->Start().ok());
   }
+  SilentPort hung;  // LLM rank 1
+  ASSERT_GT(hung.port(), 0);
   Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
   SchedulerServiceOptions so;
   so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
@@ -91,46 +123,97 @@ TEST(SchedulerServiceImplTest, AWorkerThatStopsAnsweringIsDeclaredLost) {
   chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
   ASSERT_TRUE(chassis.Start().ok());
   auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
-  for (int i = 0; i < 4; ++i) {
+  auto register_worker = [&](int i, const std::string& ucx, int port,
+                             scheduler::v1::RegisterWorkerResponse* response) {
     scheduler::v1::RegisterWorkerRequest r;
     r.mutable_worker()->set_role(i < 2 ? common::v1::ROLE_ENCODER_WORKER
                                        : common::v1::ROLE_LLM_WORKER);
     r.mutable_worker()->set_rank(i % 2);
-    r.mutable_worker()->set_ucx_address("ucx" + std::to_string(i));
-    r.mutable_worker()->set_endpoint(absl::StrCat("127.0.0.1:", workers[i]->grpc_port()));
-    scheduler::v1::RegisterWorkerResponse response;
+    r.mutable_worker()->set_ucx_address(ucx);
+    r.mutable_worker()->set_endpoint(absl::StrCat("127.0.0.1:", port));
     auto ctx = testing::ContextWithDeadline();
-    ASSERT_TRUE(stub->RegisterWorker(ctx.get(), r, &response).ok());
+    return stub->RegisterWorker(ctx.get(), r, response);
+  };
+  scheduler::v1::RegisterWorkerResponse registered;
+  for (int i = 0; i < 4; ++i) {
+    const int port = i < 3 ? workers[i]->grpc_port() : hung.port();
+    ASSERT_TRUE(register_worker(i, "ucx" + std::to_string(i), port, &registered).ok());
+    EXPECT_EQ(registered.generation(), 0);
   }
   auto job = [&] { return *(*service)->GetJob("t"); };
   ASSERT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
-  absl::SleepFor(absl::Seconds(1.5));  // leases renewed: every worker answers
-  EXPECT_EQ(job().state(), control::v1::JOB_STATE_RUNNING) << job().message();
-
-  workers[3]->Shutdown();  // LLM rank 1 stops answering
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (job().state() == control::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  const control::v1::Job j = job();
+  control::v1::Job j = job();
   ASSERT_EQ(j.state(), control::v1::JOB_STATE_RECOVERING) << j.message();
   EXPECT_EQ(j.recovery().role(), common::v1::ROLE_LLM_WORKER);
   EXPECT_EQ(j.recovery().rank(), 1);
-  EXPECT_EQ(j.recovery().endpoint(), absl::StrCat("127.0.0.1:", workers[3]->grpc_port()));
+  EXPECT_EQ(j.recovery().endpoint(), absl::StrCat("127.0.0.1:", hung.port()));
   EXPECT_EQ(j.recovery().phase(), "iteration 0");
   EXPECT_NE(j.recovery().cause().find("no SERVING health answer for"), std::string::npos)
       << j.recovery().cause();
   EXPECT_EQ(j.message().rfind("llm_worker rank 1 lost during iteration 0: ", 0), 0u) << j.message();
   EXPECT_GE(j.recovery().declared_seconds() - j.recovery().last_seen_seconds(), 0.6);
-  // Nothing new is handed out; the worker is told to wait for the restart.
+  EXPECT_EQ(j.generation(), 1);
+  EXPECT_EQ(j.restarts(), 1);
+  EXPECT_EQ(j.workers_registered(), 3);
+
+  // The old generation's calls: told where the new one starts, or refused.
   scheduler::v1::GetAssignmentRequest r;
   r.set_iteration(0);
+  r.set_generation(0);
   scheduler::v1::GetAssignmentResponse response;
   auto ctx = testing::ContextWithDeadline(30);
   grpc::Status s = stub->GetAssignment(ctx.get(), r, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(response.has_regroup());
+  EXPECT_FALSE(response.has_assignment());
+  EXPECT_EQ(response.regroup().generation(), 1);
+  EXPECT_EQ(response.regroup().start_iteration(), 0);
+  EXPECT_EQ(response.regroup().checkpoint_step_dir(), "");  // no checkpoint: from the seed
+  scheduler::v1::ReportStepRequest step;
+  step.set_generation(0);
+  scheduler::v1::ReportStepResponse step_response;
+  auto ctx2 = testing::ContextWithDeadline();
+  s = stub->ReportStep(ctx2.get(), step, &step_response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message().rfind("generation 0 is over", 0), 0u) << s.error_message();
+  // The new generation waits for the replacement.
+  r.set_generation(1);
+  auto ctx3 = testing::ContextWithDeadline(30);
+  s = stub->GetAssignment(ctx3.get(), r, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(s.error_message().rfind("the job is recovering (llm_worker rank 1 lost", 0), 0u)
       << s.error_message();
+  auto ctx4 = testing::ContextWithDeadline();
+  scheduler::v1::GetGenerationResponse current;
+  ASSERT_TRUE(stub->GetGeneration(ctx4.get(), {}, &current).ok());
+  EXPECT_EQ(current.current().generation(), 1);
+
+  // Another rank is still held by its worker; the lost one is free.
+  EXPECT_EQ(register_worker(2, "elsewhere", workers[2]->grpc_port(), &registered).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  Chassis replacement(
+      testing::LocalOptions("loom-llm-worker", common::v1::ROLE_LLM_WORKER, /*rank=*/1));
+  ASSERT_TRUE(replacement.Start().ok());
+  s = register_worker(3, "ucx3-new", replacement.grpc_port(), &registered);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(registered.generation(), 1);
+  EXPECT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
+
+  // A closed port is a loss at once, not after a lease.
+  workers[0]->Shutdown();  // encoder rank 0
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (job().generation() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  j = job();
+  EXPECT_EQ(j.generation(), 2);
+  EXPECT_EQ(j.recovery().role(), common::v1::ROLE_ENCODER_WORKER);
+  EXPECT_EQ(j.recovery().cause().rfind("its port refuses connections", 0), 0u)
+      << j.recovery().cause();
+  EXPECT_LT(j.recovery().declared_seconds() - j.recovery().last_seen_seconds(), 0.6);
+  replacement.Shutdown();
   chassis.Shutdown();
 }
 

@@ -67,6 +67,7 @@ absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignm
     int64_t iteration) {
   scheduler::v1::GetAssignmentRequest request;
   request.set_iteration(iteration);
+  request.set_generation(generation_.load());
   absl::Time unreachable_since = absl::InfiniteFuture();
   for (;;) {
     grpc::ClientContext ctx;
@@ -94,6 +95,15 @@ absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignm
   }
 }
 
+absl::StatusOr<scheduler::v1::Regroup> SchedulerClient::GetGeneration() {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(5));
+  scheduler::v1::GetGenerationResponse response;
+  grpc::Status s = stub_->GetGeneration(&ctx, scheduler::v1::GetGenerationRequest(), &response);
+  if (!s.ok()) return FromGrpcStatus(s, "scheduler GetGeneration");
+  return response.current();
+}
+
 absl::Status SchedulerClient::ReportTimings(const scheduler::v1::ReportTimingsRequest& request) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline_);
@@ -107,6 +117,7 @@ absl::Status SchedulerClient::ReportStep(const scheduler::v1::StepReport& step) 
   SetDeadline(&ctx, deadline_);
   scheduler::v1::ReportStepRequest request;
   *request.mutable_step() = step;
+  request.set_generation(generation_.load());
   scheduler::v1::ReportStepResponse response;
   grpc::Status s = stub_->ReportStep(&ctx, request, &response);
   return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportStep");
@@ -119,6 +130,7 @@ absl::Status SchedulerClient::ReportCheckpoint(common::v1::Role role, int rank, 
   request.set_role(role);
   request.set_rank(rank);
   request.set_step(step);
+  request.set_generation(generation_.load());
   scheduler::v1::ReportCheckpointResponse response;
   grpc::Status s = stub_->ReportCheckpoint(&ctx, request, &response);
   return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportCheckpoint");

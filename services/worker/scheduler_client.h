@@ -28,9 +28,12 @@ class SchedulerClient {
                                                                  absl::Duration wait);
   // Polls GetPlan until every worker of the plan has registered, or `wait`.
   absl::StatusOr<scheduler::v1::GetPlanResponse> WaitForAllWorkers(absl::Duration wait);
-  // The assignment, or job_ended (GetAssignmentResponse). Waits on while
-  // the job is paused or recovering.
+  // The assignment, job_ended, or regroup when this client's generation is
+  // over (GetAssignmentResponse). Waits on while the job is paused or
+  // recovering.
   absl::StatusOr<scheduler::v1::GetAssignmentResponse> GetAssignment(int64_t iteration);
+  // The job's current generation and where it starts.
+  absl::StatusOr<scheduler::v1::Regroup> GetGeneration();
   absl::Status ReportTimings(const scheduler::v1::ReportTimingsRequest& request);
   absl::Status ReportStep(const scheduler::v1::StepReport& step);
   absl::Status ReportCheckpoint(common::v1::Role role, int rank, int64_t step);
@@ -38,6 +41,10 @@ class SchedulerClient {
 
   scheduler::v1::SchedulerService::Stub* stub() { return stub_.get(); }
   absl::Duration deadline() const { return deadline_; }
+  // The generation the calls speak for (GetAssignment, ReportStep,
+  // ReportCheckpoint): RegisterWorkerResponse's, then each Regroup's.
+  void set_generation(int64_t g) { generation_.store(g); }
+  int64_t generation() const { return generation_.load(); }
   // CANCELLED once cancelled; OK otherwise.
   absl::Status Cancelled() const;
 
@@ -45,6 +52,7 @@ class SchedulerClient {
   std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
   absl::Duration deadline_;
   const std::atomic<bool>* cancel_;
+  std::atomic<int64_t> generation_{0};
 };
 
 // KeyValueStore over the scheduler's SetKey/GetKey (Get polls NOT_FOUND).

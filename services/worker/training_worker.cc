@@ -23,7 +23,7 @@ namespace loom {
 
 using namespace worker;  // NOLINT: the tags, the clock, IterationData
 
-absl::Status TrainingWorker::Impl::Connect() {
+absl::Status TrainingWorker::Impl::Register() {
   scheduler = std::make_unique<SchedulerClient>(options.scheduler, absl::Seconds(60), &cancel);
   scheduler::v1::Worker me;
   me.set_role(options.role);
@@ -36,28 +36,25 @@ absl::Status TrainingWorker::Impl::Connect() {
   job = reg->job();
   plan = reg->plan();
   start_iteration = reg->start_iteration();
+  checkpoint_step_dir = reg->checkpoint_step_dir();
+  {
+    absl::MutexLock lock(&generation_mu);
+    generation = reg->generation();
+  }
+  scheduler->set_generation(reg->generation());
   if (reg->preprocess().empty()) {
     return absl::FailedPreconditionError("the scheduler knows no preprocess service");
   }
-  absl::StatusOr<hf::PretrainedModel> pretrained = JobModel(job);
-  if (!pretrained.ok()) return pretrained.status();
-  model = pretrained->config;
+  absl::StatusOr<hf::PretrainedModel> resolved = JobModel(job);
+  if (!resolved.ok()) return resolved.status();
+  pretrained = std::move(*resolved);
+  model = pretrained.config;
   train.adam.lr = static_cast<float>(job.train().lr());
   train.adam.beta1 = static_cast<float>(job.train().beta1());
   train.adam.beta2 = static_cast<float>(job.train().beta2());
   train.adam.weight_decay = static_cast<float>(job.train().weight_decay());
   train.warmup_steps = job.train().warmup_steps();
   train.clip_norm = job.train().clip_norm();
-
-  absl::StatusOr<scheduler::v1::GetPlanResponse> all =
-      scheduler->WaitForAllWorkers(options.startup_timeout);
-  if (!all.ok()) return all.status();
-  encoder_addresses.resize(plan.encoder().gpus());
-  llm_addresses.resize(plan.llm().gpus());
-  for (const scheduler::v1::Worker& w : all->workers()) {
-    auto& list = w.role() == common::v1::ROLE_ENCODER_WORKER ? encoder_addresses : llm_addresses;
-    if (w.rank() >= 0 && w.rank() < static_cast<int>(list.size())) list[w.rank()] = w.ucx_address();
-  }
   data = std::make_unique<DataClient>(
       grpc::CreateChannel(reg->preprocess(), grpc::InsecureChannelCredentials()), ucx.get(),
       absl::Seconds(30), &model);
@@ -88,7 +85,23 @@ absl::Status TrainingWorker::Impl::Connect() {
                      absl::StrCat(encoder ? "encoder" : "LLM", " rank ", options.rank, " (tp ",
                                   pos.tp, ", stage ", pos.pp, ", dp ", pos.dp, ")"));
   }
-  const std::string module_name = encoder ? "encoder" : "llm";
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::Join() {
+  absl::StatusOr<scheduler::v1::GetPlanResponse> all =
+      scheduler->WaitForAllWorkers(options.startup_timeout);
+  if (!all.ok()) return all.status();
+  encoder_addresses.assign(plan.encoder().gpus(), "");
+  llm_addresses.assign(plan.llm().gpus(), "");
+  for (const scheduler::v1::Worker& w : all->workers()) {
+    auto& list = w.role() == common::v1::ROLE_ENCODER_WORKER ? encoder_addresses : llm_addresses;
+    if (w.rank() >= 0 && w.rank() < static_cast<int>(list.size())) list[w.rank()] = w.ucx_address();
+  }
+  const parallel::GridShape& shape = grid();
+  // Each generation rendezvouses under its own keys.
+  const std::string module_name =
+      absl::StrCat("g", scheduler->generation(), "-", encoder ? "encoder" : "llm");
   SchedulerStore store(scheduler.get());
   auto connect = [&](const std::string& prefix, int rank,
                      int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
@@ -117,7 +130,8 @@ absl::Status TrainingWorker::Impl::Connect() {
   if (!c.ok()) return c.status();
   dp_comm = std::move(*c);
   const int encoder_workers = encoder_grid.size();
-  c = connect("job", encoder ? options.rank : encoder_workers + options.rank,
+  c = connect(absl::StrCat("g", scheduler->generation(), "-job"),
+              encoder ? options.rank : encoder_workers + options.rank,
               encoder_workers + llm_grid.size());
   if (!c.ok()) return c.status();
   job_comm = std::move(*c);
@@ -140,13 +154,13 @@ absl::Status TrainingWorker::Impl::Connect() {
     modules = {Module::kLlm};
     set_tp = {tp_comm.get()};
   }
-  const bool resume = !reg->checkpoint_step_dir().empty();
+  const bool resume = !checkpoint_step_dir.empty();
   const std::string& init = job.init().checkpoint();
   for (size_t i = 0; i < sets.size(); ++i) {
     if (!resume && init.empty()) {
       sets[i]->Initialize(ModuleSeed(job.seed(), modules[i]));
       // Hugging Face weights over the seed's (each rank reads its own slice).
-      if (absl::Status s = hf::LoadPretrainedWeights(*pretrained, modules[i], sets[i]); !s.ok()) {
+      if (absl::Status s = hf::LoadPretrainedWeights(pretrained, modules[i], sets[i]); !s.ok()) {
         return absl::Status(s.code(), absl::StrCat("hf.", s.message()));
       }
       continue;
@@ -156,10 +170,10 @@ absl::Status TrainingWorker::Impl::Connect() {
     // weights) under any TP and PP degrees.
     const char* name = kModuleNames[static_cast<int>(modules[i])];
     ParamSet master = ModuleMaster(modules[i]);
-    absl::Status s =
-        resume ? LoadModuleCheckpoint(absl::StrCat(reg->checkpoint_step_dir(), "/", name, ".ckpt"),
-                                      name, &master)
-               : LoadModuleWeights(absl::StrCat(init, "/", name, ".ckpt"), name, &master);
+    absl::Status s = resume
+                         ? LoadModuleCheckpoint(
+                               absl::StrCat(checkpoint_step_dir, "/", name, ".ckpt"), name, &master)
+                         : LoadModuleWeights(absl::StrCat(init, "/", name, ".ckpt"), name, &master);
     if (!s.ok()) {
       return resume ? s : absl::Status(s.code(), absl::StrCat("init.checkpoint: ", s.message()));
     }
@@ -169,7 +183,68 @@ absl::Status TrainingWorker::Impl::Connect() {
   for (size_t i = 0; i < sets.size(); ++i) {
     if (frozen.module(modules[i])) sets[i]->Freeze();
   }
+  return absl::OkStatus();
+}
 
+absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
+  // Nothing of the old generation is kept: its models (which hold the TP
+  // group), its groups (closing their sockets ends any peer still waiting
+  // in a collective with this one), its weights (the checkpoint's come back).
+  vit.reset();
+  projector.reset();
+  llm.reset();
+  sets.clear();
+  modules.clear();
+  set_tp.clear();
+  tp_comm.reset();
+  dp_comm.reset();
+  pp_comm.reset();
+  job_comm.reset();
+  spans.Clear();
+  start_iteration = g.start_iteration();
+  checkpoint_step_dir = g.checkpoint_step_dir();
+  scheduler->set_generation(g.generation());
+  {
+    absl::MutexLock lock(&generation_mu);
+    generation = g.generation();
+    ucx->ClearCancel();  // under the lock: the watcher cancels only for a newer one
+  }
+  return Join();
+}
+
+void TrainingWorker::Impl::WatchGeneration() {
+  const double lease = job.recovery().lease_seconds();
+  const absl::Duration every =
+      lease > 0 ? std::min(absl::Seconds(lease) / 4, absl::Seconds(1)) : absl::Seconds(1);
+  while (watching.load() && !stop.load()) {
+    absl::SleepFor(every);
+    absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();
+    if (!g.ok()) continue;
+    absl::MutexLock lock(&generation_mu);
+    if (g->generation() > generation) {
+      // A peer was lost: whatever this worker waits for may never come.
+      ucx->Cancel();
+    }
+  }
+}
+
+absl::StatusOr<scheduler::v1::Regroup> TrainingWorker::Impl::AwaitRegroup() {
+  // The scheduler declares a loss within a lease (at once for a process
+  // that exited); a failure with no recovery behind it is this worker's own.
+  const double lease = job.recovery().lease_seconds();
+  if (lease <= 0) return absl::UnavailableError("no recovery in place (recovery.lease_seconds 0)");
+  const absl::Time until = absl::Now() + absl::Seconds(lease) + absl::Seconds(5);
+  for (;;) {
+    absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();
+    if (g.ok() && g->generation() > scheduler->generation()) return *g;
+    if (stop.load() || absl::Now() >= until) {
+      return absl::DeadlineExceededError("the scheduler declared no recovery");
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+void TrainingWorker::Impl::RegisterMetrics() {
   prometheus::Registry& r = chassis->registry();
   const std::string role = RoleLabel(options.role), rank = std::to_string(options.rank);
   const prometheus::Labels labels = {{"role", role}, {"rank", rank}};
@@ -230,7 +305,6 @@ absl::Status TrainingWorker::Impl::Connect() {
                            .Register(r)
                            .Add(labels, prometheus::Histogram::BucketBoundaries{
                                             0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
-  return absl::OkStatus();
 }
 
 absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
@@ -241,6 +315,10 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   if (!a->job_ended().empty()) {
     d.job_ended = a->job_ended();
     return d;
+  }
+  if (a->has_regroup()) {
+    return absl::AbortedError(absl::StrCat("generation ", scheduler->generation(),
+                                           " is over: the job recovers in place"));
   }
   d.assignment = std::move(*a->mutable_assignment());
   const auto& bins = d.assignment.bins();
@@ -430,11 +508,40 @@ absl::StatusOr<std::unique_ptr<TrainingWorker>> TrainingWorker::Start(
 
 void TrainingWorker::Run() {
   Impl& m = *impl_;
-  absl::Status result = m.Connect();
+  absl::Status result = m.Register();
+  if (result.ok()) result = m.Join();
   if (!result.ok()) {
     Finish(absl::Status(result.code(), absl::StrCat("cannot join the job: ", result.message())));
     return;
   }
+  m.RegisterMetrics();
+  std::thread watcher([&m] { m.WatchGeneration(); });
+  for (;;) {
+    result = Train();
+    if (result.ok() || m.stop.load()) break;
+    // A peer lost (the scheduler raises the generation; every survivor
+    // regroups and rolls back to its checkpoint), or this worker's own failure.
+    absl::StatusOr<scheduler::v1::Regroup> g = m.AwaitRegroup();
+    if (!g.ok()) break;
+    LOOM_LOG(WARNING)
+            .With("error", std::string(result.message()))
+            .With("generation", g->generation())
+            .With("start_iteration", g->start_iteration())
+        << "the job recovers in place: regrouping";
+    if (absl::Status s = m.Regroup(*g); !s.ok()) {
+      result = absl::Status(s.code(), absl::StrCat("cannot regroup: ", s.message()));
+      break;
+    }
+  }
+  if (!result.ok()) Announce(result);
+  m.watching.store(false);
+  watcher.join();
+  Finish(result);
+}
+
+absl::Status TrainingWorker::Train() {
+  Impl& m = *impl_;
+  absl::Status result;
   LOOM_LOG(INFO).With("start_iteration", m.start_iteration).With("end", m.job.train().steps())
       << "training";
   std::future<absl::StatusOr<IterationData>> next =
@@ -458,15 +565,14 @@ void TrainingWorker::Run() {
     }
   }
   if (!result.ok()) {
-    // Fail visibly now (the process starts stopping, its sockets close and
-    // its peers see it), and make the prefetch give up instead of waiting
-    // out its deadlines.
-    Announce(result);
+    // Make the prefetch give up instead of waiting out its deadlines; the
+    // scheduler calls work again for the regroup.
     m.cancel.store(true);
     m.ucx->Cancel();
   }
   if (next.valid()) next.wait();
-  Finish(result);
+  if (!m.stop.load()) m.cancel.store(false);
+  return result;
 }
 
 void TrainingWorker::Announce(const absl::Status& result) {

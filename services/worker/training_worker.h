@@ -94,6 +94,9 @@ class TrainingWorker {
  private:
   explicit TrainingWorker(std::unique_ptr<Impl> impl);
   void Run();
+  // Trains from the current generation's start until the job ends, a stop,
+  // or an error (the prefetch drained).
+  absl::Status Train();
   // Logs a failure and raises SIGTERM (once; not after a stop request).
   void Announce(const absl::Status& result);
   void Finish(absl::Status result);

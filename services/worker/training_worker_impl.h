@@ -16,12 +16,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
 #include "runtime/base/trace.h"
 #include "runtime/comm/collective.h"
 #include "runtime/comm/ucx.h"
+#include "runtime/hf/pretrained.h"
 #include "runtime/model/model.h"
 #include "runtime/parallel/grid.h"
 #include "runtime/train/trainer.h"
@@ -41,8 +43,10 @@ inline double Since(Clock::time_point t0) {
 }
 
 // Worker-to-worker UCX tags: bit 63 set (the data client's tags never have
-// it), bits 60-62 what travels, then the iteration, the bin and the stage
-// that receives it (the stage within its module).
+// it), bits 60-62 what travels, then the job's generation (its low 8 bits:
+// a message an older generation sent never matches a newer one's receive),
+// the iteration (28 bits), the bin and the stage that receives it (the
+// stage within its module).
 enum class Transfer : uint64_t {
   kEmbeddings = 0,       // last encoder stage -> first LLM stage
   kEmbeddingGrads = 1,   // first LLM stage -> last encoder stage
@@ -55,9 +59,10 @@ inline const char* TransferName(Transfer t) {
   return kNames[static_cast<int>(t)];
 }
 inline constexpr int kMaxTagBins = 1 << 16, kMaxTagStages = 1 << 8;
-inline uint64_t TransferTag(Transfer t, int64_t iteration, int bin, int stage) {
+inline uint64_t TransferTag(Transfer t, int64_t generation, int64_t iteration, int bin, int stage) {
   return (uint64_t{1} << 63) | (static_cast<uint64_t>(t) << 60) |
-         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 36) - 1)) << 24) |
+         ((static_cast<uint64_t>(generation) & 0xff) << 52) |
+         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 28) - 1)) << 24) |
          (static_cast<uint64_t>(bin) << 8) | static_cast<uint64_t>(stage);
 }
 
@@ -82,6 +87,13 @@ struct TrainingWorker::Impl {
   Frozen frozen;  // the job's: frozen sets hold no gradients (ParamSet::Freeze)
   TrainOptions train;
   int64_t start_iteration = 0;
+  std::string checkpoint_step_dir;  // the generation's start ("": the seed)
+  hf::PretrainedModel pretrained;   // the job's model (config, Hugging Face files)
+  // The generation this worker trains in; the watcher cancels UCX waits
+  // under this lock only when the scheduler's is newer.
+  absl::Mutex generation_mu;
+  int64_t generation ABSL_GUARDED_BY(generation_mu) = 0;
+  std::atomic<bool> watching{true};
 
   std::unique_ptr<UcxWorker> ucx;
   std::unique_ptr<SchedulerClient> scheduler;
@@ -118,7 +130,22 @@ struct TrainingWorker::Impl {
   prometheus::Histogram* iteration_seconds = nullptr;
   int64_t ucx_sent_seen = 0, ucx_received_seen = 0;
 
-  absl::Status Connect();
+  // Registers with the scheduler (the job, the plan, this rank's place),
+  // then joins the current generation: every worker's address, the groups
+  // (rendezvous keys under the generation), the model and its weights (the
+  // checkpoint the generation starts from, else the seed).
+  absl::Status Register();
+  absl::Status Join();
+  void RegisterMetrics();
+  // A recovery in place: drops the groups, the models and anything in
+  // flight, and joins generation `g` from its start.
+  absl::Status Regroup(const scheduler::v1::Regroup& g);
+  // Until training ends: asks the scheduler for its generation a few times
+  // a lease and cancels this worker's UCX waits once it is newer.
+  void WatchGeneration();
+  // After a failed iteration: the newer generation the scheduler declares
+  // within a lease (and a margin), else an error.
+  absl::StatusOr<scheduler::v1::Regroup> AwaitRegroup();
   absl::StatusOr<worker::IterationData> Fetch(int64_t iteration);
   absl::Status RunIteration(const worker::IterationData& d);
   // LOOM_FAULTS (fault_injection.h) for this rank.

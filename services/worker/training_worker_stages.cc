@@ -58,8 +58,9 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
   LOOM_CHECK(peer >= 0) << "no stage " << pos.pp + step;
   const std::string& address = (encoder ? encoder_addresses : llm_addresses).at(peer);
   const double s0 = trace::NowMicros();
-  absl::Status s = ucx->Send(address, TransferTag(what, iteration, bin, pos.pp + step),
-                             data->data(), data->size() * sizeof(float), data);
+  absl::Status s =
+      ucx->Send(address, TransferTag(what, scheduler->generation(), iteration, bin, pos.pp + step),
+                data->data(), data->size() * sizeof(float), data);
   Span("send", s0, iteration, "send ", TransferName(what), " bin ", bin, " to stage ",
        pos.pp + step);
   return s;
@@ -71,9 +72,9 @@ absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int
   const int stage = what == Transfer::kEmbeddings || what == Transfer::kEmbeddingGrads ? 0 : pos.pp;
   const auto w0 = Clock::now();
   const double s0 = trace::NowMicros();
-  absl::Status s =
-      ucx->RecvAll({{TransferTag(what, iteration, bin, stage), out->data(), n * sizeof(float)}},
-                   options.transfer_timeout);
+  absl::Status s = ucx->RecvAll({{TransferTag(what, scheduler->generation(), iteration, bin, stage),
+                                  out->data(), n * sizeof(float)}},
+                                options.transfer_timeout);
   *wait += Since(w0);
   Span("receive", s0, iteration, "receive ", TransferName(what), " bin ", bin);
   return s;
@@ -173,7 +174,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].llm_rank())) {
       absl::Status s =
-          ucx->Send(llm_addresses.at(peer), TransferTag(Transfer::kEmbeddings, d.iteration, b, 0),
+          ucx->Send(llm_addresses.at(peer),
+                    TransferTag(Transfer::kEmbeddings, scheduler->generation(), d.iteration, b, 0),
                     out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
@@ -365,9 +367,10 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     InjectFault("transfer", d.iteration);
     const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
-      s = ucx->Send(encoder_addresses.at(peer),
-                    TransferTag(Transfer::kEmbeddingGrads, d.iteration, b, 0), grad->data(),
-                    grad->size() * sizeof(float), grad);
+      s = ucx->Send(
+          encoder_addresses.at(peer),
+          TransferTag(Transfer::kEmbeddingGrads, scheduler->generation(), d.iteration, b, 0),
+          grad->data(), grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }
     Span("send", s1, d.iteration, "send embedding grads bin ", b, " to encoder rank ",

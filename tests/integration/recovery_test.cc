@@ -1,12 +1,16 @@
-// Lost processes: `loom up` restarts every service from the run's newest
-// complete checkpoint, whichever process was lost, in whatever phase, and
-// the run ends as the uninterrupted one.
+// Lost processes: a lost worker is replaced while every other process stays
+// up and rolls back to the run's newest complete checkpoint (a recovery in
+// place); a lost loom-preprocess or loom-scheduler makes `loom up` restart
+// every service from that checkpoint. Whichever process was lost, in
+// whatever phase, the run ends as the uninterrupted one.
 #include <signal.h>
 #include <stdlib.h>
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -49,18 +53,24 @@ std::unique_ptr<Subprocess> StartLoomUp(const std::string& name, const std::stri
   return up.ok() ? std::move(*up) : nullptr;
 }
 
-// The PID of `service` rank `rank` in the newest service table of the log
-// ("  loom-llm-worker  1  PID  ..."; "-" for a service without ranks).
-int NewestPid(const std::string& log, const std::string& service, const std::string& rank) {
-  int pid = 0;
+// The PIDs of `service` rank `rank` in the service tables of the log, in
+// order ("  loom-llm-worker  1  PID  ..."; "-" for a service without ranks).
+std::vector<int> Pids(const std::string& log, const std::string& service, const std::string& rank) {
+  std::vector<int> pids;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
     std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
     int p = 0;
     if (f.size() > 3 && f[0] == service && f[1] == rank && absl::SimpleAtoi(f[2], &p) && p > 0) {
-      pid = p;
+      pids.push_back(p);
     }
   }
-  return pid;
+  return pids;
+}
+
+// The PID in the newest service table.
+int NewestPid(const std::string& log, const std::string& service, const std::string& rank) {
+  std::vector<int> pids = Pids(log, service, rank);
+  return pids.empty() ? 0 : pids.back();
 }
 
 // Every kind of process, lost in every phase, one after another in one run:
@@ -94,6 +104,16 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
   // Then from outside: loom-preprocess, loom-scheduler, and a worker killed
   // while the job restarts after the scheduler's loss (before any step).
   ASSERT_TRUE(wait_for("\"step\":16,", "restart 5 of 8")) << log;
+  // Five workers were replaced, and nothing else: loom-preprocess,
+  // loom-scheduler and encoder worker 1 (never lost) kept their processes
+  // (one PID in every table printed so far).
+  for (const auto& [service, rank] : std::vector<std::pair<std::string, std::string>>{
+           {"loom-preprocess", "-"}, {"loom-scheduler", "-"}, {"loom-encoder-worker", "1"}}) {
+    const std::vector<int> pids = Pids(log, service, rank);
+    ASSERT_GE(pids.size(), 6u) << log;
+    EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), 1u) << service << " restarted\n"
+                                                                  << log;
+  }
   const int preprocess = NewestPid(log, "loom-preprocess", "-");
   ASSERT_GT(preprocess, 0) << log;
   ASSERT_EQ(::kill(preprocess, SIGKILL), 0);
@@ -133,12 +153,20 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
         << losses[i];
   }
   for (const char* restart : {
-           "restart 1 of 8: resuming after checkpoint step 3",
-           "restart 2 of 8: resuming after checkpoint step 6",
-           "restart 3 of 8: resuming after checkpoint step 9",
-           "restart 4 of 8: resuming after checkpoint step 9",  // 12 was being written
-           "restart 5 of 8: resuming after checkpoint step 12",
-           "restart 8 of 8: resuming after checkpoint step ",
+           "restart 1 of 8: replacing encoder_worker rank 0, the other services stay up; "
+           "resuming after checkpoint step 3",
+           "restart 2 of 8: replacing llm_worker rank 1, the other services stay up; "
+           "resuming after checkpoint step 6",
+           "restart 3 of 8: replacing llm_worker rank 0, the other services stay up; "
+           "resuming after checkpoint step 9",
+           // 12 was being written
+           "restart 4 of 8: replacing encoder_worker rank 0, the other services stay up; "
+           "resuming after checkpoint step 9",
+           "restart 5 of 8: replacing llm_worker rank 1, the other services stay up; "
+           "resuming after checkpoint step 12",
+           "restart 6 of 8: resuming after checkpoint step 15",  // loom-preprocess: all restart
+           "restart 7 of 8: resuming after checkpoint step ",    // loom-scheduler: all restart
+           "restart 8 of 8: ",
        }) {
     EXPECT_TRUE(absl::StrContains(log, restart)) << restart << "\n" << log;
   }
