@@ -375,6 +375,8 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
             exited = nullptr;
           }
           std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
+          std::fprintf(info, "loom up: %s rank %d replaced; all %zu services healthy\n",
+                       loom::RoleLabel(r.role()).c_str(), r.rank(), launcher.services().size());
           std::fflush(info);
         } else if (j.state() == loom::control::v1::JOB_STATE_RECOVERING && !over) {
           // The scheduler declared a process lost (its lease expired): it

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -249,6 +250,15 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   // A rank whose holder was declared lost is free again (a recovery in
   // place erased it): its replacement registers here from a new address.
   auto [it, inserted] = workers_.try_emplace({w.role(), w.rank()}, w);
+  if (!inserted && it->second.ucx_address() != w.ucx_address() && !w.endpoint().empty() &&
+      it->second.endpoint() == w.endpoint() &&
+      (state_ == control::v1::JOB_STATE_RUNNING || state_ == control::v1::JOB_STATE_PAUSED)) {
+    // A new process at the holder's own address (a container restarted in
+    // its pod): the holder is gone. Declared lost now, it frees the rank.
+    DeclareLostLocked(w.role(), w.rank(), w.endpoint(),
+                      "restarted: a new process registered from its endpoint", absl::Now());
+    std::tie(it, inserted) = workers_.try_emplace({w.role(), w.rank()}, w);
+  }
   if (!inserted && it->second.ucx_address() != w.ucx_address()) {
     return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
         common::v1::Role_Name(w.role()), " rank ", w.rank(), " is registered by another worker")));

@@ -203,12 +203,23 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   EXPECT_EQ(registered.generation(), 1);
   EXPECT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
 
+  // A new process registering from a holder's own endpoint (its container
+  // restarted in the pod) replaces it at once.
+  s = register_worker(2, "ucx2-restarted", workers[2]->grpc_port(), &registered);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(registered.generation(), 2);
+  j = job();
+  EXPECT_EQ(j.state(), control::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(j.recovery().role(), common::v1::ROLE_LLM_WORKER);
+  EXPECT_EQ(j.recovery().rank(), 0);
+  EXPECT_EQ(j.recovery().cause(), "restarted: a new process registered from its endpoint");
+
   // A closed port is a loss at once, not after a lease.
   workers[0]->Shutdown();  // encoder rank 0
   const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (job().generation() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  while (job().generation() < 3 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
   j = job();
-  EXPECT_EQ(j.generation(), 2);
+  EXPECT_EQ(j.generation(), 3);
   EXPECT_EQ(j.recovery().role(), common::v1::ROLE_ENCODER_WORKER);
   EXPECT_EQ(j.recovery().cause().rfind("its port refuses connections", 0), 0u)
       << j.recovery().cause();

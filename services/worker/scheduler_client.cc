@@ -35,8 +35,11 @@ absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
     scheduler::v1::RegisterWorkerResponse response;
     grpc::Status s = stub_->RegisterWorker(&ctx, request, &response);
     if (s.ok()) return response;
+    // ALREADY_EXISTS: the rank's previous holder (this worker's predecessor)
+    // is not declared lost yet; it will be within a lease.
     const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+                       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
     if (!retry || absl::Now() >= until) return FromGrpcStatus(s, "scheduler RegisterWorker");
     if (absl::Status c = Cancelled(); !c.ok()) return c;
     absl::SleepFor(absl::Milliseconds(100));

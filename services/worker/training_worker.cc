@@ -214,8 +214,10 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
 
 void TrainingWorker::Impl::WatchGeneration() {
   const double lease = job.recovery().lease_seconds();
-  const absl::Duration every =
-      lease > 0 ? std::min(absl::Seconds(lease) / 4, absl::Seconds(1)) : absl::Seconds(1);
+  // Often: a survivor waiting on the lost peer waits until this notices.
+  const absl::Duration every = lease > 0
+                                   ? std::min(absl::Seconds(lease) / 4, absl::Milliseconds(200))
+                                   : absl::Milliseconds(200);
   while (watching.load() && !stop.load()) {
     absl::SleepFor(every);
     absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();

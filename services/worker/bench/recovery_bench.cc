@@ -3,11 +3,13 @@
 // side by side with its references.
 //
 // One job with checkpoints every --every iterations: after step --kill_at
-// LLM worker 1 is SIGKILLed, after step --kill_at + --every the scheduler.
-// For each kill, from the log lines' arrival times: kill -> loss seen by
-// loom up (detection), -> every service healthy again (restart), -> the
-// first iteration finished after it (recovery, the issue's "kill -> next
-// completed iteration"). References from the same run: a cold start (the
+// LLM worker 1 is SIGKILLed (a recovery in place: a new process takes its
+// rank, the others stay up and roll back), after step --kill_at + --every
+// the scheduler (every service restarts). For each kill, from the log
+// lines' arrival times: kill -> loss declared (detection), -> every service
+// healthy again (the replacement, or all of them), -> the first iteration
+// finished after it (recovery, the issue's "kill -> next completed
+// iteration"). References from the same run: a cold start (the
 // first attempt's services starting to its first finished iteration: what
 // a person re-running `loom up --resume` by hand waits at least) and the
 // median iteration. Exits 1 when a figure is missing.
@@ -101,6 +103,9 @@ int main(int argc, char** argv) {
   const std::string run = dir + "/run", config = dir + "/job.txtpb";
   std::error_code ec;
   (void)loom::MakeDirectories(dir);
+  // A previous run's log and run folder would answer this run's waits.
+  std::filesystem::remove(dir + "/loom-up.log", ec);
+  std::filesystem::remove_all(run, ec);
   const int steps = absl::GetFlag(FLAGS_steps), every = absl::GetFlag(FLAGS_every);
   const int kill_at = absl::GetFlag(FLAGS_kill_at);
   if (absl::Status s = loom::WriteFileAtomically(
