@@ -188,6 +188,49 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
                    "8 processes lost and restarted from checkpoints vs loom-train-local");
 }
 
+// The grids too: encoder TP2 x DP1 feeding LLM PP2 x DP2, one worker of
+// each module lost in place (an encoder TP rank in a forward, the LLM's
+// last stage of replica 1 in a forward while its first stage waits for its
+// activation gradients), each replaced while the other five keep
+// their processes, regroup their TP, pipeline and DP groups under the new
+// generation and reload the checkpoint: the run ends with the single-process
+// run's losses.
+TEST_F(RecoveryTest, TensorAndPipelineGridsRecoverInPlace) {
+  const std::string job =
+      JobWith("loom", /*checkpoint_every=*/3,
+              "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 2 microbatches: 4") +
+      "recovery { lease_seconds: 3 }\n";
+  std::unique_ptr<Subprocess> up = StartLoomUp(
+      "grids", job, "encoder_worker:1:forward:5,llm_worker:3:forward:11", {"--max_restarts=2"});
+  ASSERT_NE(up, nullptr);
+  absl::StatusOr<int> status = up->Wait(absl::Minutes(6));
+  ASSERT_TRUE(status.ok()) << status.status();
+  const std::string log = up->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  for (const char* restart : {
+           "restart 1 of 2: replacing encoder_worker rank 1, the other services stay up; "
+           "resuming after checkpoint step 3",
+           "restart 2 of 2: replacing llm_worker rank 3, the other services stay up; "
+           "resuming after checkpoint step 9",
+       }) {
+    EXPECT_TRUE(absl::StrContains(log, restart)) << restart << "\n" << log;
+  }
+  // Nothing but the two lost workers started again.
+  for (const auto& [service, rank] :
+       std::vector<std::pair<std::string, std::string>>{{"loom-preprocess", "-"},
+                                                        {"loom-scheduler", "-"},
+                                                        {"loom-encoder-worker", "0"},
+                                                        {"loom-llm-worker", "0"},
+                                                        {"loom-llm-worker", "1"},
+                                                        {"loom-llm-worker", "2"}}) {
+    const std::vector<int> pids = Pids(log, service, rank);
+    EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), 1u) << service << " " << rank;
+  }
+  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "grids"), local_,
+                   "encoder TP2 + LLM PP2 x DP2, two workers replaced in place, vs "
+                   "loom-train-local");
+}
+
 // More losses than --max_restarts: the job ends FAILED, naming the last
 // loss, and loom up exits 1.
 TEST_F(RecoveryTest, ALossPastMaxRestartsFailsTheJobNamingIt) {
