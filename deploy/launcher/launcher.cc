@@ -227,17 +227,17 @@ absl::Status Launcher::Start() {
 }
 
 absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::string> args) {
+  // Fixed ports (--base_port): service i gets base + 2i and base + 2i + 1.
+  auto port = [&](int k) { return options_.base_port ? options_.base_port + 2 * index + k : 0; };
   std::vector<std::string> argv;
   if (!s.netns.empty()) argv = {FindInPath("ip"), "netns", "exec", s.netns};
-  argv.insert(
-      argv.end(),
-      {
-          absl::StrCat(options_.bin_dir, "/", s.binary->package, "/", s.binary->name),
-          absl::StrCat("--host=", s.host),
-          absl::StrCat("--grpc_port=", options_.base_port ? options_.base_port + 2 * index : 0),
-          absl::StrCat("--metrics_port=",
-                       options_.base_port ? options_.base_port + 2 * index + 1 : 0),
-      });
+  argv.insert(argv.end(),
+              {
+                  absl::StrCat(options_.bin_dir, "/", s.binary->package, "/", s.binary->name),
+                  absl::StrCat("--host=", s.host),
+                  absl::StrCat("--grpc_port=", s.same_ports ? s.ports.grpc_port : port(0)),
+                  absl::StrCat("--metrics_port=", s.same_ports ? s.ports.metrics_port : port(1)),
+              });
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
   // A run (e.g. a resume) in the same folder keeps the previous log as .prev;
@@ -270,7 +270,7 @@ absl::Status Launcher::CheckHealthy(LaunchedService& s) {
   return absl::OkStatus();
 }
 
-absl::Status Launcher::Replace(common::v1::Role role, int rank) {
+absl::Status Launcher::Replace(common::v1::Role role, int rank, int64_t resume_step) {
   for (size_t i = 0; i < services_.size(); ++i) {
     LaunchedService& s = services_[i];
     if (s.binary->role != role || s.rank != rank) continue;
@@ -279,7 +279,9 @@ absl::Status Launcher::Replace(common::v1::Role role, int rank) {
       (void)s.process->Wait(absl::Seconds(10));
     }
     s.process.reset();
-    s.ports = ServingPorts();
+    s.same_ports = !s.binary->worker;  // others reach it at its address
+    if (!s.same_ports) s.ports = ServingPorts();
+    options_.resume_step = resume_step;
     s.health.clear();
     s.exit_status = -1;
     s.awaiting_replacement = false;

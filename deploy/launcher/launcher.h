@@ -72,8 +72,9 @@ struct LaunchedService {
   std::string netns;  // its network namespace; empty: the launcher's
   std::unique_ptr<Subprocess> process;
   ServingPorts ports;
-  std::string health;    // "SERVING" once checked
-  int exit_status = -1;  // wait status once stopped
+  bool same_ports = false;  // a replacement binding the ports `ports` holds
+  std::string health;       // "SERVING" once checked
+  int exit_status = -1;     // wait status once stopped
   bool awaiting_replacement = false;
 };
 
@@ -90,10 +91,13 @@ class Launcher {
   // replacement), or nullptr.
   const LaunchedService* FindExited();
 
-  // The worker `role` rank `rank` ends (SIGKILL, if it still runs) and a new
-  // process takes its place, started and checked healthy like the first.
-  absl::Status Replace(common::v1::Role role, int rank);
-  // Marks an exited worker as awaiting its replacement (FindExited skips it).
+  // Service `role` rank `rank` ends (SIGKILL, if it still runs) and a new
+  // process takes its place, started and checked healthy like the first: a
+  // worker registers anew; loom-preprocess comes back on its own ports (the
+  // scheduler and the workers keep its address), from checkpoint
+  // `resume_step`'s data cursor (0: the run's start).
+  absl::Status Replace(common::v1::Role role, int rank, int64_t resume_step);
+  // Marks an exited service as awaiting its replacement (FindExited skips it).
   void AwaitReplacement(const LaunchedService* s);
 
   // `signal` (SIGTERM: a clean stop) to all, then wait; true if every

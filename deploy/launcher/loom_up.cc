@@ -261,7 +261,8 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       break;
     }
     const loom::LaunchedService* s = launcher.FindExited();
-    if (s != nullptr && s->binary->worker && job.recovery().lease_seconds() > 0 && last &&
+    if (s != nullptr && s->binary->role != loom::common::v1::ROLE_SCHEDULER &&
+        job.recovery().lease_seconds() > 0 && last &&
         last->state() == loom::control::v1::JOB_STATE_RUNNING) {
       std::fprintf(stderr,
                    "loom up: %s rank %d exited (%s); waiting for loom-scheduler to recover in "
@@ -361,7 +362,8 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                   ? absl::StrCat("resuming after checkpoint step ", j.start_iteration()).c_str()
                   : "from the start (no complete checkpoint yet)");
           std::fflush(info);
-          if (absl::Status st = launcher.Replace(r.role(), r.rank()); !st.ok()) {
+          if (absl::Status st = launcher.Replace(r.role(), r.rank(), j.start_iteration());
+              !st.ok()) {
             // Lost again while starting: every service starts over.
             std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
             outcome.lost = true;

@@ -31,6 +31,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   const uint64_t tag_base = next_tag_base_.fetch_add(1) << 32;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  ctx.set_wait_for_ready(true);  // a restarted loom-preprocess comes back at the same address
   data::v1::FetchSamplesRequest request;
   request.set_iteration(iteration);
   for (int i : indices) request.add_indices(i);

@@ -79,6 +79,7 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ctx.set_wait_for_ready(true);  // loom-preprocess may be restarting at its address
   data::v1::GetCursorRequest request;
   request.set_iteration(step);  // the cursor before batch `step`: where a resume starts
   data::v1::GetCursorResponse cursor;

@@ -58,18 +58,36 @@ void SchedulerServiceImpl::DeclareLostLocked(common::v1::Role role, int rank,
   LOOM_LOG(ERROR).With("role", RoleLabel(role)).With("rank", rank).With("endpoint", endpoint)
       << "process lost: " << cause;
   lost_->Increment();
-  if (role == common::v1::ROLE_ENCODER_WORKER || role == common::v1::ROLE_LLM_WORKER) {
-    ObserveRecovery("detection", last_seen, absl::Now());
-    BeginRegroupLocked(role, rank);
-  }
+  ObserveRecovery("detection", last_seen, absl::Now());
+  BeginRegroupLocked(role, rank);
   SetStateLocked(control::v1::JOB_STATE_RECOVERING);
+}
+
+void SchedulerServiceImpl::MaybeEndRegroupLocked() {
+  if (state_ != control::v1::JOB_STATE_RECOVERING || !regrouping_ || awaiting_preprocess_ ||
+      static_cast<int>(workers_.size()) !=
+          options_.plan.encoder().gpus() + options_.plan.llm().gpus()) {
+    return;
+  }
+  running_since_ = absl::Now();
+  ObserveRecovery("regroup", absl::UnixEpoch() + absl::Seconds(recovery_.declared_seconds()),
+                  running_since_);
+  job_message_.clear();  // the loss stays in Job.recovery
+  regrouping_ = false;
+  SetStateLocked(control::v1::JOB_STATE_RUNNING);
 }
 
 void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   ++generation_;
   regrouping_ = true;
-  workers_.erase({role, rank});
-  registered_->Set(static_cast<double>(workers_.size()));
+  if (role == common::v1::ROLE_PREPROCESS) {
+    // Restarted at its address from the checkpoint's cursor: back once it
+    // answers SERVING again (the lease thread looks).
+    awaiting_preprocess_ = true;
+  } else {
+    workers_.erase({role, rank});
+    registered_->Set(static_cast<double>(workers_.size()));
+  }
   // From the newest complete checkpoint, or from the start of this run.
   const int64_t from = std::max(last_checkpoint_, options_.start_iteration);
   start_iteration_ = from;
@@ -99,7 +117,7 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   restarts_->Increment();
   LOOM_LOG(INFO).With("generation", generation_).With("start_iteration", from)
       << "recovering in place: waiting for " << RoleLabel(role) << " rank " << rank
-      << " to register again";
+      << " to come back";
 }
 
 absl::Status SchedulerServiceImpl::RewindPreprocess() {
@@ -111,7 +129,7 @@ absl::Status SchedulerServiceImpl::RewindPreprocess() {
   if (to < 0) return absl::OkStatus();
   data::v1::RewindRequest request;
   request.set_start_iteration(to);
-  if (to > options_.start_iteration) {  // else where loom-preprocess itself started
+  if (to > 0) {  // else from the start of the data
     const std::string path =
         absl::StrCat(StepDir(options_.job.checkpoint().dir(), to), "/", kDataCursorFile);
     absl::StatusOr<std::string> bytes = ReadFile(path);
@@ -121,6 +139,7 @@ absl::Status SchedulerServiceImpl::RewindPreprocess() {
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ctx.set_wait_for_ready(true);  // loom-preprocess may be restarting at its address
   data::v1::RewindResponse response;
   if (grpc::Status s = preprocess_->Rewind(&ctx, request, &response); !s.ok()) {
     return FromGrpcStatus(s, "preprocess Rewind");
@@ -150,6 +169,7 @@ void SchedulerServiceImpl::WatchLeases() {
   std::map<std::pair<int, int>, absl::Time> last_ok;
   for (;;) {
     std::vector<Holder> holders;
+    bool check_preprocess = false;  // a lost loom-preprocess being restarted: is it back?
     {
       absl::MutexLock lock(&mu_);
       const absl::Time until = absl::Now() + every;
@@ -157,7 +177,8 @@ void SchedulerServiceImpl::WatchLeases() {
       if (closing_) return;
       if (state_ != control::v1::JOB_STATE_RUNNING && state_ != control::v1::JOB_STATE_PAUSED) {
         last_ok.clear();  // a lease starts when the job runs
-        continue;
+        if (state_ != control::v1::JOB_STATE_RECOVERING || !awaiting_preprocess_) continue;
+        check_preprocess = true;
       }
       for (const auto& [key, w] : workers_) {
         if (!w.endpoint().empty()) holders.push_back({w.role(), w.rank(), w.endpoint()});
@@ -165,6 +186,16 @@ void SchedulerServiceImpl::WatchLeases() {
       if (!options_.preprocess.empty()) {
         holders.push_back({common::v1::ROLE_PREPROCESS, 0, options_.preprocess});
       }
+    }
+    if (check_preprocess) {
+      absl::StatusOr<ServingStatus> health = CheckHealth(options_.preprocess, "", probe_deadline);
+      absl::MutexLock lock(&mu_);
+      if (health.ok() && *health == grpc::health::v1::HealthCheckResponse::SERVING &&
+          state_ == control::v1::JOB_STATE_RECOVERING) {
+        awaiting_preprocess_ = false;
+        MaybeEndRegroupLocked();
+      }
+      continue;
     }
     for (const Holder& h : holders) {
       const std::pair<int, int> key(h.role, h.rank);

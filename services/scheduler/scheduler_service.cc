@@ -17,6 +17,7 @@
 #include "runtime/model/config.h"
 #include "runtime/scheduling/assign.h"
 #include "runtime/scheduling/schedule.h"
+#include "services/common/channel.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
 
@@ -172,8 +173,7 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
                                        : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());
   options_ = accepted;
   if (!options.preprocess.empty()) {
-    preprocess_ = data::v1::PreprocessService::NewStub(
-        grpc::CreateChannel(options.preprocess, grpc::InsecureChannelCredentials()));
+    preprocess_ = data::v1::PreprocessService::NewStub(ServiceChannel(options.preprocess));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -265,20 +265,17 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   }
   it->second = w;  // a retry may bring a new endpoint
   registered_->Set(static_cast<double>(workers_.size()));
-  const bool regrouping = state_ == control::v1::JOB_STATE_RECOVERING && regrouping_;
-  if ((state_ == control::v1::JOB_STATE_PENDING || regrouping) &&
+  if (state_ == control::v1::JOB_STATE_PENDING &&
       static_cast<int>(workers_.size()) ==
           options_.plan.encoder().gpus() + options_.plan.llm().gpus()) {
     running_since_ = absl::Now();
-    const control::v1::Recovery& r = regrouping ? recovery_ : options_.recovered_from;
-    if (r.declared_seconds() > 0) {
+    if (const control::v1::Recovery& r = options_.recovered_from; r.declared_seconds() > 0) {
       ObserveRecovery("regroup", absl::UnixEpoch() + absl::Seconds(r.declared_seconds()),
                       running_since_);
     }
-    if (regrouping) job_message_.clear();  // the loss stays in Job.recovery
-    regrouping_ = false;
     SetStateLocked(control::v1::JOB_STATE_RUNNING);
   }
+  MaybeEndRegroupLocked();
   *response->mutable_plan() = options_.plan;
   *response->mutable_job() = options_.job;
   const scheduler::v1::Regroup g = RegroupLocked();
@@ -424,6 +421,7 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, int64_t generation, absl:
   if (absl::Status s = RewindPreprocess(); !s.ok()) return s;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ctx.set_wait_for_ready(true);  // loom-preprocess may be restarting at its address
   data::v1::GetBatchRequest request;
   request.set_iteration(iteration);
   data::v1::GetBatchResponse batch;

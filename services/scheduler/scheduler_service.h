@@ -156,6 +156,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   absl::Status CheckGenerationLocked(int64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker was declared lost: a recovery in place (scheduler_leases.cc).
   void BeginRegroupLocked(common::v1::Role role, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RECOVERING -> RUNNING once every worker is registered and
+  // loom-preprocess answers again.
+  void MaybeEndRegroupLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rolls loom-preprocess back to the generation's start once (under compute_mu_).
   absl::Status RewindPreprocess();
   absl::Status Configured() const;
@@ -256,6 +259,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t start_iteration_ ABSL_GUARDED_BY(mu_) = 0;
   bool regrouping_ ABSL_GUARDED_BY(mu_) = false;
+  bool awaiting_preprocess_ ABSL_GUARDED_BY(mu_) = false;
   int64_t rewind_to_ ABSL_GUARDED_BY(mu_) = -1;
   bool reload_pending_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<ModelConfig> stage_model_;  // set by Configure: the stage shares' layer split

@@ -16,6 +16,7 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/parallel/grid.h"
+#include "services/common/channel.h"
 #include "services/common/job.h"
 #include "services/worker/training_worker_impl.h"
 
@@ -55,9 +56,8 @@ absl::Status TrainingWorker::Impl::Register() {
   train.adam.weight_decay = static_cast<float>(job.train().weight_decay());
   train.warmup_steps = job.train().warmup_steps();
   train.clip_norm = job.train().clip_norm();
-  data = std::make_unique<DataClient>(
-      grpc::CreateChannel(reg->preprocess(), grpc::InsecureChannelCredentials()), ucx.get(),
-      absl::Seconds(30), &model);
+  data = std::make_unique<DataClient>(ServiceChannel(reg->preprocess()), ucx.get(),
+                                      absl::Seconds(30), &model);
 
   encoder_grid = {plan.encoder().tp(), plan.encoder().pp(), plan.encoder().dp()};
   llm_grid = {plan.llm().tp(), plan.llm().pp(), plan.llm().dp()};

@@ -1,7 +1,7 @@
-// Lost processes: a lost worker is replaced while every other process stays
-// up and rolls back to the run's newest complete checkpoint (a recovery in
-// place); a lost loom-preprocess or loom-scheduler makes `loom up` restart
-// every service from that checkpoint. Whichever process was lost, in
+// Lost processes: a lost worker or loom-preprocess is replaced while every
+// other process stays up and rolls back to the run's newest complete
+// checkpoint (a recovery in place); a lost loom-scheduler makes `loom up`
+// restart every service from that checkpoint. Whichever process was lost, in
 // whatever phase, the run ends as the uninterrupted one.
 #include <signal.h>
 #include <stdlib.h>
@@ -118,6 +118,14 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
   ASSERT_GT(preprocess, 0) << log;
   ASSERT_EQ(::kill(preprocess, SIGKILL), 0);
   ASSERT_TRUE(wait_for("\"step\":18,", "restart 6 of 8")) << log;
+  // loom-preprocess was replaced (a new PID) and nothing else.
+  EXPECT_NE(NewestPid(log, "loom-preprocess", "-"), preprocess) << log;
+  for (const auto& [service, rank] : std::vector<std::pair<std::string, std::string>>{
+           {"loom-scheduler", "-"}, {"loom-encoder-worker", "1"}}) {
+    const std::vector<int> pids = Pids(log, service, rank);
+    EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), 1u) << service << " restarted\n"
+                                                                  << log;
+  }
   const int scheduler = NewestPid(log, "loom-scheduler", "-");
   ASSERT_GT(scheduler, 0) << log;
   ASSERT_EQ(::kill(scheduler, SIGKILL), 0);
@@ -164,8 +172,10 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
            "resuming after checkpoint step 9",
            "restart 5 of 8: replacing llm_worker rank 1, the other services stay up; "
            "resuming after checkpoint step 12",
-           "restart 6 of 8: resuming after checkpoint step 15",  // loom-preprocess: all restart
-           "restart 7 of 8: resuming after checkpoint step ",    // loom-scheduler: all restart
+           // loom-preprocess: replaced on its own port, from checkpoint 15's cursor
+           "restart 6 of 8: replacing preprocess rank 0, the other services stay up; "
+           "resuming after checkpoint step 15",
+           "restart 7 of 8: resuming after checkpoint step ",  // loom-scheduler: all restart
            "restart 8 of 8: ",
        }) {
     EXPECT_TRUE(absl::StrContains(log, restart)) << restart << "\n" << log;
