@@ -164,6 +164,7 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
                                     "--preprocess=" + target(common::v1::ROLE_PREPROCESS),
                                     absl::StrFormat("--peak_flops=%.6g", options_.peak_flops)};
       if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
+      if (s.take_back) a.push_back("--take_back");
       return a;
     }
     default: {
@@ -280,6 +281,7 @@ absl::Status Launcher::Replace(common::v1::Role role, int rank, int64_t resume_s
     }
     s.process.reset();
     s.same_ports = !s.binary->worker;  // others reach it at its address
+    s.take_back = role == common::v1::ROLE_SCHEDULER;
     if (!s.same_ports) s.ports = ServingPorts();
     options_.resume_step = resume_step;
     s.health.clear();

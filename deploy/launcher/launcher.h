@@ -73,6 +73,7 @@ struct LaunchedService {
   std::unique_ptr<Subprocess> process;
   ServingPorts ports;
   bool same_ports = false;  // a replacement binding the ports `ports` holds
+  bool take_back = false;   // a replacement loom-scheduler: takes its job back
   std::string health;       // "SERVING" once checked
   int exit_status = -1;     // wait status once stopped
   bool awaiting_replacement = false;

@@ -90,6 +90,9 @@ ABSL_FLAG(int, max_restarts, 3,
           "and start every service again from the run's newest complete checkpoint (from the "
           "start if there is none), at most this many times; the losses continue exactly as "
           "without the failure. 0: the job ends FAILED instead. Not with --nosubmit.");
+ABSL_FLAG(bool, in_place, true,
+          "Recover from a lost process in place: a new process takes its place and every other "
+          "one stays up and regroups. --noin_place restarts every service instead.");
 ABSL_FLAG(bool, exit_when_healthy, false,
           "Stop everything and exit 0 once every service is healthy (a smoke "
           "test of the whole deployment).");
@@ -261,7 +264,52 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       break;
     }
     const loom::LaunchedService* s = launcher.FindExited();
-    if (s != nullptr && s->binary->role != loom::common::v1::ROLE_SCHEDULER &&
+    const bool in_place_allowed = absl::GetFlag(FLAGS_in_place);
+    if (s != nullptr && s->binary->role == loom::common::v1::ROLE_SCHEDULER && in_place_allowed &&
+        absl::GetFlag(FLAGS_submit) && last && !loom::IsFinalJobState(last->state())) {
+      // The one that declares losses is lost: this launcher declares it. A
+      // new loom-scheduler on its ports takes the job back from the run
+      // folder; the other services stay up and regroup with it.
+      loom::control::v1::Recovery r;
+      r.set_role(s->binary->role);
+      r.set_endpoint(absl::StrCat(s->host, ":", s->ports.grpc_port));
+      r.set_cause(absl::StrCat("exited (", loom::DescribeWaitStatus(s->exit_status), ")"));
+      r.set_phase(loom::JobPhase(*last));
+      r.set_last_seen_seconds(UnixNow());
+      r.set_declared_seconds(r.last_seen_seconds());
+      std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job.name().c_str(),
+                   loom::DescribeLoss(r).c_str());
+      if (*restarts >= max_restarts) {
+        std::fprintf(stderr, "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
+                     job.name().c_str(), loom::DescribeLoss(r).c_str(), max_restarts);
+        rc = 1;
+        break;
+      }
+      ++*restarts;
+      absl::StatusOr<int64_t> step =
+          loom::ResumableStep(job.checkpoint().dir(), loom::JobCheckpointIdentity(job), 0);
+      std::fprintf(info,
+                   "loom up: restart %d of %d: replacing scheduler rank 0, the other services stay "
+                   "up; it takes the job back, %s\n",
+                   *restarts, max_restarts,
+                   step.ok() ? absl::StrCat("resuming after checkpoint step ", *step).c_str()
+                             : "from the start (no complete checkpoint yet)");
+      std::fflush(info);
+      if (absl::Status st = launcher.Replace(s->binary->role, 0, 0); !st.ok()) {
+        std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
+        outcome.lost = true;
+        outcome.recovery = r;
+        outcome.recovery.set_cause(absl::StrCat("replacement failed: ", st.message()));
+        rc = 1;
+        break;
+      }
+      std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
+      std::fprintf(info, "loom up: scheduler rank 0 replaced; all %zu services healthy\n",
+                   launcher.services().size());
+      std::fflush(info);
+      s = nullptr;
+    }
+    if (s != nullptr && s->binary->role != loom::common::v1::ROLE_SCHEDULER && in_place_allowed &&
         job.recovery().lease_seconds() > 0 && last &&
         last->state() == loom::control::v1::JOB_STATE_RUNNING) {
       std::fprintf(stderr,
@@ -310,9 +358,9 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
     for (const loom::control::v1::JobEvent& e : events) {
       const loom::control::v1::Job& j = e.job();
       last = j;
-      const bool in_place = j.state() == loom::control::v1::JOB_STATE_RECOVERING &&
-                            e.kind() == loom::control::v1::JobEvent::KIND_STATE &&
-                            j.generation() > generation;
+      const bool in_place =
+          absl::GetFlag(FLAGS_in_place) && j.state() == loom::control::v1::JOB_STATE_RECOVERING &&
+          e.kind() == loom::control::v1::JobEvent::KIND_STATE && j.generation() > generation;
       generation = std::max(generation, j.generation());
       if (e.kind() == loom::control::v1::JobEvent::KIND_STEP) {
         if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", JsonLine(e.step()).c_str());

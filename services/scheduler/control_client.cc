@@ -94,6 +94,7 @@ absl::Status ControlClient::Watch(const std::string& job_id, int64_t after_itera
   bool first = true;
   control::v1::JobState state = control::v1::JOB_STATE_UNSPECIFIED;
   int64_t checkpoint = -1;
+  int64_t generation = 0;
   for (;;) {
     if (stop != nullptr && stop->load()) return absl::CancelledError("watch stopped");
     if (absl::Now() >= until) {
@@ -105,6 +106,7 @@ absl::Status ControlClient::Watch(const std::string& job_id, int64_t after_itera
     control::v1::WatchJobRequest request;
     request.set_job_id(job_id);
     request.set_after_iteration(after_iteration);
+    request.set_generation(generation);
     std::unique_ptr<grpc::ClientReader<control::v1::JobEvent>> reader =
         stub_->WatchJob(&ctx, request);
     // `stop` cancels the stream from beside the blocking Read.
@@ -138,6 +140,7 @@ absl::Status ControlClient::Watch(const std::string& job_id, int64_t after_itera
       }
       first = false;
       state = e.job().state();
+      generation = std::max(generation, e.job().generation());
       checkpoint = std::max(checkpoint, e.job().last_checkpoint());
       if (e.kind() == control::v1::JobEvent::KIND_STEP) after_iteration = e.step().iteration();
       for (const control::v1::JobEvent& d : deliver) {

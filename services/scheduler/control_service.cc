@@ -77,6 +77,13 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   }
   o.restarts = spec.restarts();
   o.recovered_from = spec.recovered_from();
+  if (spec.generation() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job.generation: must be >= 0, got ", spec.generation()));
+  }
+  o.generation = spec.generation();
+  o.spec = spec;
+  o.state_file = SchedulerJobFile(deployment.run_dir);
   ApplyDeployment(deployment, &o);
   return o;
 }
@@ -127,6 +134,9 @@ grpc::Status ControlServiceImpl::WatchJob(grpc::ServerContext* context,
   if (!writer->Write(first)) return grpc::Status::CANCELLED;
   // Steps finished before the snapshot that the caller has not seen.
   int64_t after_iteration = request->after_iteration();
+  if (request->generation() < job.generation()) {
+    after_iteration = std::min(after_iteration, job.start_iteration() - 1);
+  }
   for (const auto& [s, e] : scheduler_->EventsAfter(-1, absl::ZeroDuration())) {
     if (s > seq || e.kind() != control::v1::JobEvent::KIND_STEP) continue;
     if (e.step().iteration() <= after_iteration) continue;

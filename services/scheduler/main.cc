@@ -8,9 +8,13 @@
 // Serves loom.scheduler.v1.SchedulerService (the workers) and
 // loom.control.v1.ControlService (loomctl, loom up, automation).
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "runtime/base/file.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/plan.h"
@@ -44,6 +48,11 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(int64_t, resume_step, 0,
           "Continue after this complete checkpoint step of the job's run (implies --resume; "
           "loom-preprocess must start from the same step's cursor).");
+ABSL_FLAG(bool, take_back, false,
+          "Take back the job a previous loom-scheduler kept in --run_dir "
+          "(scheduler_job.binpb): after its newest complete checkpoint, at the next "
+          "generation, so the workers still running regroup with this one. Without a kept job "
+          "this flag does nothing.");
 ABSL_FLAG(std::string, trace_dir, "",
           "Append each iteration's simulated timeline to DIR/predicted.jsonl (loom up --trace).");
 ABSL_FLAG(double, peak_flops, 0,
@@ -87,7 +96,7 @@ int main(int argc, char** argv) {
       "  loom-scheduler --preprocess HOST:PORT (the job comes by SubmitJob)\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
       "--config --retained_iterations --ilp_seconds --job --run_dir --resume --resume_step "
-      "--peak_flops --trace_dir");
+      "--peak_flops --trace_dir --take_back");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
   auto fail = [](const absl::Status& s) {
@@ -106,10 +115,34 @@ int main(int argc, char** argv) {
   deployment.peak_flops = absl::GetFlag(FLAGS_peak_flops);
   deployment.trace_dir = absl::GetFlag(FLAGS_trace_dir);
   auto service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);
+  const std::string kept = loom::SchedulerJobFile(deployment.run_dir);
+  const bool take_back = absl::GetFlag(FLAGS_take_back) && std::filesystem::exists(kept);
   const bool has_job = !absl::GetFlag(FLAGS_job).empty();
   const bool has_degrees = absl::GetFlag(FLAGS_llm_dp) || absl::GetFlag(FLAGS_microbatches) ||
                            absl::GetFlag(FLAGS_encoder_dp);
-  if (has_job) {  // the job of the deployment, submitted at start
+  if (take_back) {  // the job of a scheduler that was lost
+    absl::StatusOr<std::string> bytes = loom::ReadFile(kept);
+    loom::control::v1::JobSpec spec;
+    if (!bytes.ok() || !spec.ParseFromString(*bytes)) {
+      return fail(absl::DataLossError(absl::StrCat("--take_back: cannot read ", kept)));
+    }
+    spec.set_generation(spec.generation() + 1);
+    spec.set_restarts(spec.restarts() + 1);
+    loom::control::v1::Recovery* r = spec.mutable_recovered_from();
+    r->Clear();
+    r->set_role(loom::common::v1::ROLE_SCHEDULER);
+    r->set_cause("restarted; took its job back");
+    r->set_declared_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    spec.set_resume(true);  // after the newest complete checkpoint, if there is one
+    spec.set_resume_step(0);
+    absl::StatusOr<loom::SchedulerServiceOptions> o = loom::OptionsForJob(spec, deployment);
+    if (!o.ok() && o.status().code() == absl::StatusCode::kFailedPrecondition) {
+      spec.set_resume(false);  // none yet: from the start
+      o = loom::OptionsForJob(spec, deployment);
+    }
+    if (!o.ok()) return fail(o.status());
+    if (absl::Status s = service->Configure(*o); !s.ok()) return fail(s);
+  } else if (has_job) {  // the job of the deployment, submitted at start
     absl::StatusOr<loom::job::v1::JobConfig> job =
         loom::LoadJobConfig(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_run_dir));
     if (!job.ok()) return fail(job.status());

@@ -113,6 +113,7 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   }
   rewind_to_ = from;
   reload_pending_ = true;
+  KeepJobLocked();
   recovery_.set_restart_seconds(recovery_.declared_seconds());
   restarts_->Increment();
   LOOM_LOG(INFO).With("generation", generation_).With("start_iteration", from)

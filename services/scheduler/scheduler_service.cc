@@ -179,8 +179,11 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     absl::MutexLock lock(&mu_);
     costs_ = std::make_unique<sched::CostModel>(*costs);
     start_iteration_ = options.start_iteration;
+    generation_ = options.generation;
+    if (options.generation > 0) rewind_to_ = options.start_iteration;  // a job taken back
     reload_pending_ = options.recovered_from.declared_seconds() > 0;
     if (options.start_iteration > 0) last_checkpoint_ = options.start_iteration;
+    KeepJobLocked();
     submit_time_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
     SetStateLocked(control::v1::JOB_STATE_PENDING);
   }
@@ -210,6 +213,20 @@ absl::StatusOr<scheduler::v1::CostCoefficients> SchedulerServiceImpl::StartingCo
     sched::SetStageShares(*stage_model_, plan.encoder().pp(), plan.llm().pp(), &costs);
   }
   return costs;
+}
+
+std::string SchedulerJobFile(const std::string& run_dir) {
+  return run_dir + "/scheduler_job.binpb";
+}
+
+void SchedulerServiceImpl::KeepJobLocked() const {
+  if (options_.state_file.empty()) return;
+  control::v1::JobSpec spec = options_.spec;
+  spec.set_generation(generation_);
+  if (absl::Status s = WriteFileAtomically(options_.state_file, spec.SerializeAsString());
+      !s.ok()) {
+    LOOM_LOG(WARNING).With("error", std::string(s.message())) << "cannot keep the job";
+  }
 }
 
 absl::Status SchedulerServiceImpl::Configured() const {

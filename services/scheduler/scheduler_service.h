@@ -63,7 +63,15 @@ struct SchedulerServiceOptions {
   // latest from `recovered_from`.
   int restarts = 0;
   control::v1::Recovery recovered_from;
+  // The job as submitted and the file it is kept in (with the generation
+  // reached) for a restarted scheduler to take it back; "" keeps nothing.
+  control::v1::JobSpec spec;
+  std::string state_file;
+  int64_t generation = 0;  // the generation to start at
 };
+
+// Where a scheduler keeps its job: <run_dir>/scheduler_job.binpb.
+std::string SchedulerJobFile(const std::string& run_dir);
 
 // Thread-safe: gRPC calls its methods from many threads at once.
 class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Service {
@@ -159,6 +167,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // RECOVERING -> RUNNING once every worker is registered and
   // loom-preprocess answers again.
   void MaybeEndRegroupLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes options_.spec with the current generation to options_.state_file.
+  void KeepJobLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rolls loom-preprocess back to the generation's start once (under compute_mu_).
   absl::Status RewindPreprocess();
   absl::Status Configured() const;

@@ -1,6 +1,7 @@
 #include "services/worker/scheduler_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/common/channel.h"
 #include "services/common/grpc_status.h"
 
 namespace loom {
@@ -15,7 +16,7 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
 SchedulerClient::SchedulerClient(const std::string& target, absl::Duration deadline,
                                  const std::atomic<bool>* cancel)
     : stub_(scheduler::v1::SchedulerService::NewStub(
-          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+          ServiceChannel(target))),  // loom-scheduler may come back at its address
       deadline_(deadline),
       cancel_(cancel) {}
 

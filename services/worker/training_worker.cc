@@ -24,15 +24,19 @@ namespace loom {
 
 using namespace worker;  // NOLINT: the tags, the clock, IterationData
 
-absl::Status TrainingWorker::Impl::Register() {
-  scheduler = std::make_unique<SchedulerClient>(options.scheduler, absl::Seconds(60), &cancel);
+scheduler::v1::Worker TrainingWorker::Impl::Me() const {
   scheduler::v1::Worker me;
   me.set_role(options.role);
   me.set_rank(options.rank);
   me.set_ucx_address(ucx->address());
   me.set_endpoint(options.endpoint);
+  return me;
+}
+
+absl::Status TrainingWorker::Impl::Register() {
+  scheduler = std::make_unique<SchedulerClient>(options.scheduler, absl::Seconds(60), &cancel);
   absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
-      scheduler->Register(me, options.startup_timeout);
+      scheduler->Register(Me(), options.startup_timeout);
   if (!reg.ok()) return reg.status();
   job = reg->job();
   plan = reg->plan();
@@ -201,6 +205,11 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   pp_comm.reset();
   job_comm.reset();
   spans.Clear();
+  // Registered again: a scheduler that took the job back after its own loss
+  // knows no worker yet (to the one that declared the loss, it is a retry).
+  absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
+      scheduler->Register(Me(), options.startup_timeout);
+  if (!reg.ok()) return reg.status();
   start_iteration = g.start_iteration();
   checkpoint_step_dir = g.checkpoint_step_dir();
   scheduler->set_generation(g.generation());

@@ -135,6 +135,7 @@ struct TrainingWorker::Impl {
   // (rendezvous keys under the generation), the model and its weights (the
   // checkpoint the generation starts from, else the seed).
   absl::Status Register();
+  scheduler::v1::Worker Me() const;  // this worker's registration
   absl::Status Join();
   void RegisterMetrics();
   // A recovery in place: drops the groups, the models and anything in

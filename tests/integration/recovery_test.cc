@@ -1,7 +1,8 @@
-// Lost processes: a lost worker or loom-preprocess is replaced while every
-// other process stays up and rolls back to the run's newest complete
-// checkpoint (a recovery in place); a lost loom-scheduler makes `loom up`
-// restart every service from that checkpoint. Whichever process was lost, in
+// Lost processes: a lost worker, loom-preprocess or loom-scheduler is
+// replaced while every other process stays up and rolls back to the run's
+// newest complete checkpoint (a recovery in place; the new scheduler takes
+// the job back from its run folder); --noin_place restarts every service
+// from that checkpoint instead. Whichever process was lost, in
 // whatever phase, the run ends as the uninterrupted one.
 #include <signal.h>
 #include <stdlib.h>
@@ -175,7 +176,9 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
            // loom-preprocess: replaced on its own port, from checkpoint 15's cursor
            "restart 6 of 8: replacing preprocess rank 0, the other services stay up; "
            "resuming after checkpoint step 15",
-           "restart 7 of 8: resuming after checkpoint step ",  // loom-scheduler: all restart
+           // loom-scheduler: replaced on its ports, takes the job back from its run folder
+           "restart 7 of 8: replacing scheduler rank 0, the other services stay up; it takes "
+           "the job back, resuming after checkpoint step ",
            "restart 8 of 8: ",
        }) {
     EXPECT_TRUE(absl::StrContains(log, restart)) << restart << "\n" << log;
@@ -195,7 +198,7 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
   }
   EXPECT_GE(again, 5) << "no step was trained twice: the restarts lost nothing?";
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "faults"), local_,
-                   "8 processes lost and restarted from checkpoints vs loom-train-local");
+                   "8 processes lost and recovered from checkpoints vs loom-train-local");
 }
 
 // The grids too: encoder TP2 x DP1 feeding LLM PP2 x DP2, one worker of
@@ -239,6 +242,24 @@ TEST_F(RecoveryTest, TensorAndPipelineGridsRecoverInPlace) {
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "grids"), local_,
                    "encoder TP2 + LLM PP2 x DP2, two workers replaced in place, vs "
                    "loom-train-local");
+}
+
+// --noin_place: a lost worker stops every service, and all start again
+// from the newest complete checkpoint; the run ends as the uninterrupted one.
+TEST_F(RecoveryTest, WithoutRecoveryInPlaceEveryServiceRestarts) {
+  std::unique_ptr<Subprocess> up =
+      StartLoomUp("all", Job("loom", 3) + "recovery { lease_seconds: 3 }\n",
+                  "llm_worker:1:transfer:7", {"--max_restarts=1", "--noin_place"});
+  ASSERT_NE(up, nullptr);
+  absl::StatusOr<int> status = up->Wait(absl::Minutes(4));
+  ASSERT_TRUE(status.ok()) << status.status();
+  const std::string log = up->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_TRUE(absl::StrContains(log, "restart 1 of 1: resuming after checkpoint step 6")) << log;
+  EXPECT_EQ(Pids(log, "loom-scheduler", "-").size(), 4u) << log;  // 2 tables per attempt
+  EXPECT_NE(Pids(log, "loom-scheduler", "-").front(), Pids(log, "loom-scheduler", "-").back());
+  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "all"), local_,
+                   "every service restarted after a worker's loss vs loom-train-local");
 }
 
 // More losses than --max_restarts: the job ends FAILED, naming the last

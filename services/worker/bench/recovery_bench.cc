@@ -5,7 +5,8 @@
 // One job with checkpoints every --every iterations: after step --kill_at
 // LLM worker 1 is SIGKILLed (a recovery in place: a new process takes its
 // rank, the others stay up and roll back), after step --kill_at + --every
-// the scheduler (every service restarts). For each kill, from the log
+// the scheduler (a new one on its ports takes the job back from the run
+// folder; the others regroup with it). For each kill, from the log
 // lines' arrival times: kill -> loss declared (detection), -> every service
 // healthy again (the replacement, or all of them), -> the first iteration
 // finished after it (recovery, the issue's "kill -> next completed
