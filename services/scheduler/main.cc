@@ -14,7 +14,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "runtime/base/file.h"
+#include "runtime/base/log.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/plan.h"
@@ -51,8 +53,8 @@ ABSL_FLAG(int64_t, resume_step, 0,
 ABSL_FLAG(bool, take_back, false,
           "Take back the job a previous loom-scheduler kept in --run_dir "
           "(scheduler_job.binpb): after its newest complete checkpoint, at the next "
-          "generation, so the workers still running regroup with this one. Without a kept job "
-          "this flag does nothing.");
+          "generation, so the workers still running regroup with this one. Without a kept job, "
+          "or with a --job of another config, this flag does nothing.");
 ABSL_FLAG(std::string, trace_dir, "",
           "Append each iteration's simulated timeline to DIR/predicted.jsonl (loom up --trace).");
 ABSL_FLAG(double, peak_flops, 0,
@@ -116,16 +118,27 @@ int main(int argc, char** argv) {
   deployment.trace_dir = absl::GetFlag(FLAGS_trace_dir);
   auto service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);
   const std::string kept = loom::SchedulerJobFile(deployment.run_dir);
-  const bool take_back = absl::GetFlag(FLAGS_take_back) && std::filesystem::exists(kept);
+  bool take_back = absl::GetFlag(FLAGS_take_back) && std::filesystem::exists(kept);
   const bool has_job = !absl::GetFlag(FLAGS_job).empty();
+  loom::control::v1::JobSpec kept_spec;
+  if (take_back) {
+    absl::StatusOr<std::string> bytes = loom::ReadFile(kept);
+    if (!bytes.ok() || !kept_spec.ParseFromString(*bytes)) {
+      return fail(absl::DataLossError(absl::StrCat("--take_back: cannot read ", kept)));
+    }
+  }
+  if (take_back && has_job) {
+    // A pod restarted with the same --job takes its job back; a new job
+    // (another config) starts as submitted.
+    absl::StatusOr<loom::job::v1::JobConfig> job =
+        loom::LoadJobConfig(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_run_dir));
+    if (!job.ok()) return fail(job.status());
+    take_back = google::protobuf::util::MessageDifferencer::Equals(*job, kept_spec.config());
+  }
   const bool has_degrees = absl::GetFlag(FLAGS_llm_dp) || absl::GetFlag(FLAGS_microbatches) ||
                            absl::GetFlag(FLAGS_encoder_dp);
   if (take_back) {  // the job of a scheduler that was lost
-    absl::StatusOr<std::string> bytes = loom::ReadFile(kept);
-    loom::control::v1::JobSpec spec;
-    if (!bytes.ok() || !spec.ParseFromString(*bytes)) {
-      return fail(absl::DataLossError(absl::StrCat("--take_back: cannot read ", kept)));
-    }
+    loom::control::v1::JobSpec spec = kept_spec;
     spec.set_generation(spec.generation() + 1);
     spec.set_restarts(spec.restarts() + 1);
     loom::control::v1::Recovery* r = spec.mutable_recovered_from();
@@ -142,6 +155,11 @@ int main(int argc, char** argv) {
     }
     if (!o.ok()) return fail(o.status());
     if (absl::Status s = service->Configure(*o); !s.ok()) return fail(s);
+    LOOM_LOG(INFO)
+            .With("job", spec.config().name())
+            .With("generation", spec.generation())
+            .With("start_iteration", o->start_iteration)
+        << "took the job back from " << kept;
   } else if (has_job) {  // the job of the deployment, submitted at start
     absl::StatusOr<loom::job::v1::JobConfig> job =
         loom::LoadJobConfig(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_run_dir));

@@ -202,6 +202,8 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         sched = containers(by(objs, "Deployment", "train-loom-scheduler"))[0]["args"]
         check("--resume_step=200" in sched and "--ilp_seconds=30" in sched,
               "resumeStep: the scheduler resumes the same step as preprocess; extraArgs")
+        check("--take_back" in sched and any(a.startswith("--run_dir=") for a in sched),
+              "the scheduler takes its job back from the checkpoint volume after a restart")
 
     # Hugging Face directories on a models volume: every pod mounts it
     # read-only, loom-preprocess gets the directory flags, the job no model.
