@@ -180,6 +180,48 @@ struct JobOutcome {
 
 double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
+// One recovery in place as loom up drives it: names the loss `r`, counts it
+// against --max_restarts and starts a new process for its role and rank
+// (from checkpoint `resume_step`, which the scheduler chose: 0 for none).
+// False when the job cannot go on in place: no restart left (`outcome`
+// says FAILED), or the new process did not start (`outcome` says lost:
+// every service restarts).
+bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery& r,
+                 int64_t resume_step, int* restarts, int max_restarts, loom::Launcher& launcher,
+                 JobOutcome* outcome) {
+  std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job_name.c_str(),
+               loom::DescribeLoss(r).c_str());
+  if (*restarts >= max_restarts) {
+    std::fprintf(stderr, "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
+                 job_name.c_str(), loom::DescribeLoss(r).c_str(), max_restarts);
+    outcome->rc = 1;
+    return false;
+  }
+  ++*restarts;
+  const bool scheduler = r.role() == loom::common::v1::ROLE_SCHEDULER;
+  std::fprintf(
+      info, "loom up: restart %d of %d: replacing %s rank %d, the other services stay up; %s%s\n",
+      *restarts, max_restarts, loom::RoleLabel(r.role()).c_str(), r.rank(),
+      scheduler ? "it takes the job back, " : "",
+      resume_step > 0 ? absl::StrCat("resuming after checkpoint step ", resume_step).c_str()
+                      : "from the start (no complete checkpoint yet)");
+  std::fflush(info);
+  if (absl::Status st = launcher.Replace(r.role(), r.rank(), resume_step); !st.ok()) {
+    // Lost again while starting: every service starts over.
+    std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
+    outcome->lost = true;
+    outcome->recovery = r;
+    outcome->recovery.set_cause(absl::StrCat("replacement failed: ", st.message()));
+    outcome->rc = 1;
+    return false;
+  }
+  std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
+  std::fprintf(info, "loom up: %s rank %d replaced; all %zu services healthy\n",
+               loom::RoleLabel(r.role()).c_str(), r.rank(), launcher.services().size());
+  std::fflush(info);
+  return true;
+}
+
 // Submits the job over the control API (or waits for someone to), then
 // prints its progress until it ends, a signal arrives or a service is lost
 // in a way the job cannot recover from in place. A lost worker is: the
@@ -277,36 +319,12 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       r.set_phase(loom::JobPhase(*last));
       r.set_last_seen_seconds(UnixNow());
       r.set_declared_seconds(r.last_seen_seconds());
-      std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job.name().c_str(),
-                   loom::DescribeLoss(r).c_str());
-      if (*restarts >= max_restarts) {
-        std::fprintf(stderr, "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
-                     job.name().c_str(), loom::DescribeLoss(r).c_str(), max_restarts);
-        rc = 1;
-        break;
-      }
-      ++*restarts;
       absl::StatusOr<int64_t> step =
           loom::ResumableStep(job.checkpoint().dir(), loom::JobCheckpointIdentity(job), 0);
-      std::fprintf(info,
-                   "loom up: restart %d of %d: replacing scheduler rank 0, the other services stay "
-                   "up; it takes the job back, %s\n",
-                   *restarts, max_restarts,
-                   step.ok() ? absl::StrCat("resuming after checkpoint step ", *step).c_str()
-                             : "from the start (no complete checkpoint yet)");
-      std::fflush(info);
-      if (absl::Status st = launcher.Replace(s->binary->role, 0, 0); !st.ok()) {
-        std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
-        outcome.lost = true;
-        outcome.recovery = r;
-        outcome.recovery.set_cause(absl::StrCat("replacement failed: ", st.message()));
-        rc = 1;
+      if (!ReplaceLost(job.name(), r, step.ok() ? *step : 0, restarts, max_restarts, launcher,
+                       &outcome)) {
         break;
       }
-      std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
-      std::fprintf(info, "loom up: scheduler rank 0 replaced; all %zu services healthy\n",
-                   launcher.services().size());
-      std::fflush(info);
       s = nullptr;
     }
     if (s != nullptr && s->binary->role != loom::common::v1::ROLE_SCHEDULER && in_place_allowed &&
@@ -390,44 +408,14 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
               }
             }
           }
-          std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", j.job_id().c_str(),
-                       loom::DescribeLoss(r).c_str());
-          if (*restarts >= max_restarts) {
-            std::fprintf(stderr,
-                         "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
-                         j.job_id().c_str(), loom::DescribeLoss(r).c_str(), max_restarts);
-            rc = 1;
-            over = true;
-            continue;
-          }
-          ++*restarts;
-          std::fprintf(
-              info,
-              "loom up: restart %d of %d: replacing %s rank %d, the other services stay "
-              "up; %s\n",
-              *restarts, max_restarts, loom::RoleLabel(r.role()).c_str(), r.rank(),
-              j.start_iteration() > 0
-                  ? absl::StrCat("resuming after checkpoint step ", j.start_iteration()).c_str()
-                  : "from the start (no complete checkpoint yet)");
-          std::fflush(info);
-          if (absl::Status st = launcher.Replace(r.role(), r.rank(), j.start_iteration());
-              !st.ok()) {
-            // Lost again while starting: every service starts over.
-            std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
-            outcome.lost = true;
-            outcome.recovery = r;
-            outcome.recovery.set_cause(absl::StrCat("replacement failed: ", st.message()));
-            rc = 1;
+          if (!ReplaceLost(j.job_id(), r, j.start_iteration(), restarts, max_restarts, launcher,
+                           &outcome)) {
             over = true;
             continue;
           }
           if (exited != nullptr && exited->binary->role == r.role() && exited->rank == r.rank()) {
             exited = nullptr;
           }
-          std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
-          std::fprintf(info, "loom up: %s rank %d replaced; all %zu services healthy\n",
-                       loom::RoleLabel(r.role()).c_str(), r.rank(), launcher.services().size());
-          std::fflush(info);
         } else if (j.state() == loom::control::v1::JOB_STATE_RECOVERING && !over) {
           // The scheduler declared a process lost (its lease expired): it
           // may still run, hung or stopped. Kill it; everything restarts.
