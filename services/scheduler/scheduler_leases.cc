@@ -229,4 +229,32 @@ void SchedulerServiceImpl::WatchLeases() {
   }
 }
 
+scheduler::v1::Regroup SchedulerServiceImpl::RegroupLocked() const {
+  scheduler::v1::Regroup g;
+  g.set_generation(generation_);
+  g.set_start_iteration(start_iteration_);
+  if (start_iteration_ > 0) {
+    g.set_checkpoint_step_dir(StepDir(options_.job.checkpoint().dir(), start_iteration_));
+  }
+  return g;
+}
+
+grpc::Status SchedulerServiceImpl::GetGeneration(grpc::ServerContext*,
+                                                 const scheduler::v1::GetGenerationRequest*,
+                                                 scheduler::v1::GetGenerationResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  *response->mutable_current() = RegroupLocked();
+  return grpc::Status::OK;
+}
+
+absl::Status SchedulerServiceImpl::CheckGenerationLocked(int64_t generation) const {
+  if (generation == generation_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      generation < generation_
+          ? absl::StrCat("generation ", generation, " is over: the job recovered in place (now ",
+                         generation_, ", from iteration ", start_iteration_, ")")
+          : absl::StrCat("generation ", generation, " does not exist yet (now ", generation_, ")"));
+}
+
 }  // namespace loom

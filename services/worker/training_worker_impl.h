@@ -1,7 +1,8 @@
-// The state of one training worker (training_worker.h) and what its two
+// The state of one training worker (training_worker.h) and what its
 // source files share: training_worker.cc connects, fetches, steps and
 // checkpoints; training_worker_stages.cc runs one iteration's pipeline
-// stages (forward, backward, the tensors between stages and modules).
+// stages (forward, backward, the tensors between stages and modules);
+// training_worker_recovery.cc regroups under a new job generation.
 // Internal to services/worker.
 #ifndef LOOM_SERVICES_WORKER_TRAINING_WORKER_IMPL_H_
 #define LOOM_SERVICES_WORKER_TRAINING_WORKER_IMPL_H_

@@ -1,0 +1,77 @@
+// A training worker's part in a recovery in place (training_worker.h): it
+// watches the job's generation, waits for the scheduler to declare one after
+// a failed iteration, and regroups under it (scheduler_leases.cc is the
+// scheduler's side).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/worker/training_worker_impl.h"
+
+namespace loom {
+
+absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
+  // Nothing of the old generation is kept: its models (which hold the TP
+  // group), its groups (closing their sockets ends any peer still waiting
+  // in a collective with this one), its weights (the checkpoint's come back).
+  vit.reset();
+  projector.reset();
+  llm.reset();
+  sets.clear();
+  modules.clear();
+  set_tp.clear();
+  tp_comm.reset();
+  dp_comm.reset();
+  pp_comm.reset();
+  job_comm.reset();
+  spans.Clear();
+  // Registered again: a scheduler that took the job back after its own loss
+  // knows no worker yet (to the one that declared the loss, it is a retry).
+  absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
+      scheduler->Register(Me(), options.startup_timeout);
+  if (!reg.ok()) return reg.status();
+  start_iteration = g.start_iteration();
+  checkpoint_step_dir = g.checkpoint_step_dir();
+  scheduler->set_generation(g.generation());
+  {
+    absl::MutexLock lock(&generation_mu);
+    generation = g.generation();
+    ucx->ClearCancel();  // under the lock: the watcher cancels only for a newer one
+  }
+  return Join();
+}
+
+void TrainingWorker::Impl::WatchGeneration() {
+  const double lease = job.recovery().lease_seconds();
+  // Often: a survivor waiting on the lost peer waits until this notices.
+  const absl::Duration every = lease > 0
+                                   ? std::min(absl::Seconds(lease) / 4, absl::Milliseconds(200))
+                                   : absl::Milliseconds(200);
+  while (watching.load() && !stop.load()) {
+    absl::SleepFor(every);
+    absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();
+    if (!g.ok()) continue;
+    absl::MutexLock lock(&generation_mu);
+    if (g->generation() > generation) {
+      // A peer was lost: whatever this worker waits for may never come.
+      ucx->Cancel();
+    }
+  }
+}
+
+absl::StatusOr<scheduler::v1::Regroup> TrainingWorker::Impl::AwaitRegroup() {
+  // The scheduler declares a loss within a lease (at once for a process
+  // that exited); a failure with no recovery behind it is this worker's own.
+  const double lease = job.recovery().lease_seconds();
+  if (lease <= 0) return absl::UnavailableError("no recovery in place (recovery.lease_seconds 0)");
+  const absl::Time until = absl::Now() + absl::Seconds(lease) + absl::Seconds(5);
+  for (;;) {
+    absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();
+    if (g.ok() && g->generation() > scheduler->generation()) return *g;
+    if (stop.load() || absl::Now() >= until) {
+      return absl::DeadlineExceededError("the scheduler declared no recovery");
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+}  // namespace loom
