@@ -1,15 +1,15 @@
 #include "runtime/comm/collective.h"
 
+#include <algorithm>
 #include <exception>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gloo/allreduce.h"
-#include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
 
 namespace loom {
 
@@ -31,75 +31,153 @@ absl::StatusOr<std::string> InMemoryStore::Get(const std::string& key, absl::Dur
 
 namespace {
 
-// Gloo's Store interface over a KeyValueStore. Gloo expects exceptions.
+// Gloo's Store interface over a KeyValueStore. Gloo expects exceptions. Waits
+// in slices, so that a Cancellation ends them.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(KeyValueStore* store, absl::Duration timeout) : store_(store), timeout_(timeout) {}
+  GlooStore(KeyValueStore* store, absl::Duration timeout, const Cancellation* cancel)
+      : store_(store), timeout_(timeout), cancel_(cancel) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     absl::Status s = store_->Set(key, std::string(data.begin(), data.end()));
     if (!s.ok()) throw std::runtime_error(std::string(s.message()));
   }
   std::vector<char> get(const std::string& key) override {
-    absl::StatusOr<std::string> v = store_->Get(key, timeout_);
-    if (!v.ok()) throw std::runtime_error(std::string(v.status().message()));
-    return std::vector<char>(v->begin(), v->end());
+    std::string v = Get(key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, ToChrono(timeout_)); }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
-    for (const std::string& k : keys) {
-      absl::StatusOr<std::string> v = store_->Get(k, absl::FromChrono(timeout));
-      if (!v.ok()) throw std::runtime_error(std::string(v.status().message()));
-    }
+    for (const std::string& k : keys) Get(k, absl::FromChrono(timeout));
   }
 
  private:
   static std::chrono::milliseconds ToChrono(absl::Duration d) {
     return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
   }
+  std::string Get(const std::string& key, absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    for (;;) {
+      if (cancel_ != nullptr && cancel_->cancelled()) {
+        throw std::runtime_error(absl::StrCat("cancelled waiting for \"", key, "\""));
+      }
+      const absl::Duration slice =
+          cancel_ == nullptr ? timeout : std::min(until - absl::Now(), absl::Milliseconds(200));
+      absl::StatusOr<std::string> v = store_->Get(key, std::max(slice, absl::ZeroDuration()));
+      if (v.ok()) return *std::move(v);
+      if (v.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= until) {
+        throw std::runtime_error(v.status().code() == absl::StatusCode::kDeadlineExceeded
+                                     ? absl::StrCat("rendezvous key \"", key, "\" not set within ",
+                                                    absl::FormatDuration(timeout))
+                                     : std::string(v.status().message()));
+      }
+    }
+  }
+
   KeyValueStore* store_;
   absl::Duration timeout_;
+  const Cancellation* cancel_;
 };
 
+// Ring allreduce over the context's unbound buffers: chunk c of n is reduced
+// once, along the ring starting at rank c, and then copied to every rank, so
+// every rank ends with the same bits. Every wait is a Cancellation point.
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout)
-      : context_(std::move(context)), timeout_(timeout) {}
+  GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout,
+                   Cancellation* cancel)
+      : context_(std::move(context)), timeout_(timeout), cancel_(cancel) {}
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
   absl::Status AllreduceSum(float* data, int64_t n) override {
-    return Allreduce(data, n, &gloo::sum<float>);
+    return Allreduce(data, n, [](float a, float b) { return a + b; });
   }
   absl::Status AllreduceSum(double* data, int64_t n) override {
-    return Allreduce(data, n, &gloo::sum<double>);
+    return Allreduce(data, n, [](double a, double b) { return a + b; });
   }
   absl::Status AllreduceMax(float* data, int64_t n) override {
-    return Allreduce(data, n, &gloo::max<float>);
+    return Allreduce(data, n, [](float a, float b) { return std::max(a, b); });
   }
 
  private:
-  template <typename T>
-  absl::Status Allreduce(T* data, int64_t n,
-                         void (*reduce)(void*, const void*, const void*, size_t)) {
+  template <typename T, typename Reduce>
+  absl::Status Allreduce(T* data, int64_t n, Reduce reduce) {
     if (size() == 1 || n == 0) return absl::OkStatus();
+    if (!broken_.ok()) return broken_;
+    absl::Status s = Ring(data, n, reduce);
+    if (!s.ok()) {
+      // Peers still waiting on this rank learn at once (their sockets close).
+      context_->closeConnections();
+      broken_ = absl::FailedPreconditionError(
+          absl::StrCat("Gloo group unusable after an earlier error: ", s.message()));
+    }
+    return s;
+  }
+
+  template <typename T, typename Reduce>
+  absl::Status Ring(T* data, int64_t n, Reduce reduce) {
+    const int p = size(), r = rank();
+    const int right = (r + 1) % p, left = (r + p - 1) % p;
+    // Chunk c (any integer, taken mod p): elements [n·c/p, n·(c+1)/p).
+    auto index = [p](int c) { return static_cast<int64_t>(((c % p) + p) % p); };
+    auto begin = [&](int c) { return n * index(c) / p; };
+    auto length = [&](int c) { return n * (index(c) + 1) / p - begin(c); };
+    std::vector<T> incoming(static_cast<size_t>(n / p + 1));
+    const uint64_t call = static_cast<uint64_t>(tag_++);
     try {
-      gloo::AllreduceOptions opts(context_);
-      opts.setOutput(data, static_cast<size_t>(n));
-      opts.setReduceFunction(reduce);
-      opts.setTag(tag_++);
-      opts.setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
-      gloo::allreduce(opts);
+      std::unique_ptr<gloo::transport::UnboundBuffer> out =
+          context_->createUnboundBuffer(data, static_cast<size_t>(n) * sizeof(T));
+      std::unique_ptr<gloo::transport::UnboundBuffer> in =
+          context_->createUnboundBuffer(incoming.data(), incoming.size() * sizeof(T));
+      Cancellation::Scope scope(cancel_, [&] {
+        out->abortWaitSend();
+        out->abortWaitRecv();
+        in->abortWaitRecv();
+      });
+      const std::chrono::milliseconds timeout(absl::ToInt64Milliseconds(timeout_));
+      auto cancelled = [&] {
+        return absl::CancelledError(
+            absl::StrCat("Gloo allreduce over ", p, " ranks cancelled (a recovery or a stop)"));
+      };
+      // Steps 0 .. p-2 reduce-scatter (after them rank r holds chunk r+1
+      // whole), steps p-1 .. 2p-3 pass the whole chunks around.
+      for (int step = 0; step < 2 * (p - 1); ++step) {
+        const bool scatter = step < p - 1;
+        const int s = scatter ? step : step - (p - 1);
+        const int send_chunk = scatter ? r - s : r + 1 - s;
+        const int recv_chunk = scatter ? r - s - 1 : r - s;
+        const uint64_t slot = (uint64_t{0x4c} << 56) | (call << 24) | static_cast<uint64_t>(step);
+        const int64_t send_n = length(send_chunk), recv_n = length(recv_chunk);
+        if (scope.cancelled()) return cancelled();
+        if (send_n > 0) {
+          out->send(right, slot, static_cast<size_t>(begin(send_chunk)) * sizeof(T),
+                    static_cast<size_t>(send_n) * sizeof(T));
+        }
+        if (recv_n > 0) {
+          gloo::transport::UnboundBuffer* into = scatter ? in.get() : out.get();
+          const size_t offset = scatter ? 0 : static_cast<size_t>(begin(recv_chunk)) * sizeof(T);
+          into->recv(left, slot, offset, static_cast<size_t>(recv_n) * sizeof(T));
+          if (!into->waitRecv(timeout)) return cancelled();
+          if (scatter) {
+            T* chunk = data + begin(recv_chunk);
+            for (int64_t i = 0; i < recv_n; ++i) chunk[i] = reduce(incoming[i], chunk[i]);
+          }
+        }
+        if (send_n > 0 && !out->waitSend(timeout)) return cancelled();
+      }
     } catch (const std::exception& e) {
       return absl::UnavailableError(
-          absl::StrCat("Gloo allreduce over ", size(), " ranks failed: ", e.what()));
+          absl::StrCat("Gloo allreduce over ", p, " ranks failed: ", e.what()));
     }
     return absl::OkStatus();
   }
 
   std::shared_ptr<gloo::Context> context_;
   absl::Duration timeout_;
+  Cancellation* cancel_;
   uint32_t tag_ = 0;
+  absl::Status broken_;
 };
 
 }  // namespace
@@ -115,13 +193,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
     gloo::transport::tcp::attr attr;
     if (!options.host.empty()) attr.hostname = options.host;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    GlooStore base(store, options.timeout);
+    GlooStore base(store, options.timeout, options.cancel);
     gloo::rendezvous::PrefixStore prefixed(options.prefix, base);
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
     context->setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout)));
     context->connectFullMesh(prefixed, device);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(context, options.timeout));
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(context, options.timeout, options.cancel));
   } catch (const std::exception& e) {
+    if (options.cancel != nullptr && options.cancel->cancelled()) {
+      return absl::CancelledError(absl::StrCat("Gloo group \"", options.prefix, "\" rank ",
+                                               options.rank, " of ", options.size,
+                                               ": rendezvous cancelled: ", e.what()));
+    }
     return absl::UnavailableError(absl::StrCat("Gloo group \"", options.prefix, "\" rank ",
                                                options.rank, " of ", options.size,
                                                ": cannot connect: ", e.what()));

@@ -14,6 +14,7 @@
 #define LOOM_RUNTIME_COMM_COLLECTIVE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,58 @@
 #include "absl/time/time.h"
 
 namespace loom {
+
+// Ends blocking waits from another thread: a worker's collectives and
+// rendezvous give up once the job's generation rises (a peer was lost: what
+// they wait for may never come) or the worker stops. Cancel() runs every
+// registered hook (a wait's way to wake up) and makes later waits fail at
+// once until Clear(). Thread-safe.
+class Cancellation {
+ public:
+  void Cancel() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (const auto& [id, hook] : hooks_) hook();
+  }
+  void Clear() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = false;
+  }
+  bool cancelled() const {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+
+  // Registers `hook` for its lifetime; cancelled() tells a Cancel() that came
+  // before the registration (the hook did not run for it).
+  class Scope {
+   public:
+    Scope(Cancellation* c, std::function<void()> hook) : c_(c) {
+      if (c_ == nullptr) return;
+      absl::MutexLock lock(&c_->mu_);
+      id_ = c_->next_id_++;
+      c_->hooks_[id_] = std::move(hook);
+    }
+    ~Scope() {
+      if (c_ == nullptr) return;
+      absl::MutexLock lock(&c_->mu_);
+      c_->hooks_.erase(id_);
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    bool cancelled() const { return c_ != nullptr && c_->cancelled(); }
+
+   private:
+    Cancellation* c_;
+    int64_t id_ = 0;
+  };
+
+ private:
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);
+};
 
 // The rendezvous store: each key is set once; Get waits until it exists.
 class KeyValueStore {
@@ -50,7 +103,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // In place: data[i] = Σ over ranks of data[i]. An error (a peer gone, the
-  // timeout) leaves `data` unspecified and the communicator unusable.
+  // timeout, a Cancellation: CANCELLED) leaves `data` unspecified and the
+  // communicator unusable.
   virtual absl::Status AllreduceSum(float* data, int64_t n) = 0;
   virtual absl::Status AllreduceSum(double* data, int64_t n) = 0;
   // In place: data[i] = max over ranks of data[i] (vocab-parallel softmax).
@@ -63,10 +117,14 @@ struct GlooOptions {
   int size = 1;
   std::string host;  // address peers reach this rank on; "": this machine's hostname
   absl::Duration timeout = absl::Seconds(120);  // rendezvous and each collective
+  // Optional, outlives the communicator: ends the rendezvous and any
+  // collective in flight with CANCELLED.
+  Cancellation* cancel = nullptr;
 };
 
 // Connects `size` ranks in a full mesh over TCP. `store` is only used
-// during the call.
+// during the call. The allreduce is a ring (reduce-scatter, then allgather)
+// over Gloo's unbound buffers, so that a Cancellation can end its waits.
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
                                                           const GlooOptions& options);
 

@@ -80,5 +80,60 @@ TEST(Gloo, BadRankAndMissingPeerAreErrors) {
   EXPECT_NE(c.status().message().find("cannot connect"), std::string::npos) << c.status();
 }
 
+// A rank blocked in a collective whose peer never comes (a lost worker, a
+// partition) is released by a Cancellation long before the timeout, the
+// communicator stays unusable, and the peer that comes late fails too.
+TEST(Gloo, ACancellationEndsABlockedAllreduceAndTheRendezvous) {
+  InMemoryStore store;
+  Cancellation cancel;
+  std::vector<std::unique_ptr<Communicator>> comms(2);
+  std::vector<std::thread> connecting;
+  for (int r = 0; r < 2; ++r) {
+    connecting.emplace_back([&, r] {
+      GlooOptions o;
+      o.prefix = "c";
+      o.rank = r;
+      o.size = 2;
+      o.host = "127.0.0.1";
+      o.timeout = absl::Seconds(600);  // a test that passes did not wait for it
+      if (r == 0) o.cancel = &cancel;
+      absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      comms[r] = std::move(*c);
+    });
+  }
+  for (std::thread& t : connecting) t.join();
+  ASSERT_TRUE(comms[0] && comms[1]);
+
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    cancel.Cancel();
+  });
+  std::vector<float> v(1000, 1.0f);
+  absl::Status blocked = comms[0]->AllreduceSum(v.data(), 1000);  // rank 1 never joins it
+  canceller.join();
+  EXPECT_EQ(blocked.code(), absl::StatusCode::kCancelled) << blocked;
+  EXPECT_EQ(comms[0]->AllreduceSum(v.data(), 1000).code(), absl::StatusCode::kFailedPrecondition);
+  // Rank 0 closed its sockets: the late peer fails instead of waiting.
+  EXPECT_EQ(comms[1]->AllreduceSum(v.data(), 1000).code(), absl::StatusCode::kUnavailable);
+
+  // A rendezvous whose peer never comes ends too, named as cancelled.
+  GlooOptions o;
+  o.prefix = "never";
+  o.size = 2;
+  o.host = "127.0.0.1";
+  o.timeout = absl::Seconds(600);
+  o.cancel = &cancel;  // still cancelled
+  EXPECT_EQ(ConnectGloo(&store, o).status().code(), absl::StatusCode::kCancelled);
+  cancel.Clear();
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    cancel.Cancel();
+  });
+  absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, o);
+  later.join();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kCancelled) << c.status();
+}
+
 }  // namespace
 }  // namespace loom

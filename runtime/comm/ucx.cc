@@ -303,7 +303,7 @@ struct RecvOp {
   bool done = false;
   ucs_status_t status = UCS_OK;
   ucp_tag_recv_info_t info{};
-  size_t* pending = nullptr;  // the RecvAll's count of posted, not yet completed requests
+  size_t* pending = nullptr;  // the batch's count of posted, not yet completed requests
 };
 
 void RecvDone(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
@@ -313,7 +313,20 @@ void RecvDone(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void*
   op->status = status;
   if (info != nullptr) op->info = *info;
 }
+
+// Once a cancel or a deadline ended a RecvAll: how long its cancelled
+// receives get to complete before the buffers that have owners are left
+// behind (cancelling an unmatched receive completes it at once).
+constexpr absl::Duration kCancelDrain = absl::Milliseconds(100);
 }  // namespace
+
+// One RecvAll's requests; on the heap, since UCX holds pointers into it.
+struct UcxWorker::RecvBatch {
+  explicit RecvBatch(size_t n) : ops(n) {}
+  std::vector<RecvOp> ops;  // never resized: UCX holds &ops[i]
+  size_t pending = 0;       // requests posted and not completed (RecvDone counts down)
+  std::vector<std::shared_ptr<void>> keep_alive;
+};
 
 void UcxWorker::Cancel() { cancelled_.store(true); }
 
@@ -321,9 +334,26 @@ void UcxWorker::ClearCancel() { cancelled_.store(false); }
 
 absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::vector<RecvOp> ops(buffers.size());
-  size_t pending = 0;  // requests posted and not completed (RecvDone counts down)
+  auto batch = std::make_unique<RecvBatch>(buffers.size());
+  std::vector<RecvOp>& ops = batch->ops;
+  size_t& pending = batch->pending;
+  bool owned = true;  // every buffer has an owner this worker can keep
+  for (const RecvBuffer& b : buffers) {
+    owned = owned && b.keep_alive != nullptr;
+    batch->keep_alive.push_back(b.keep_alive);
+  }
   absl::MutexLock lock(&mu_);
+  // Earlier abandoned receives that ended since.
+  for (size_t i = 0; i < abandoned_.size();) {
+    if (abandoned_[i]->pending > 0) {
+      ++i;
+      continue;
+    }
+    for (RecvOp& op : abandoned_[i]->ops) {
+      if (op.request != nullptr) ucp_request_free(op.request);
+    }
+    abandoned_.erase(abandoned_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
   absl::Status result;
   for (size_t i = 0; i < buffers.size(); ++i) {
     ucp_request_param_t p;
@@ -397,7 +427,16 @@ absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Du
   for (RecvOp& op : ops) {
     if (op.request != nullptr && !op.done) ucp_request_cancel(impl_->worker, op.request);
   }
-  while (pending > 0) ucp_worker_progress(impl_->worker);
+  const absl::Time drain_until = absl::Now() + kCancelDrain;
+  while (pending > 0) {
+    ucp_worker_progress(impl_->worker);
+    if (owned && absl::Now() >= drain_until) {
+      // Matched, still arriving, not cancellable: left to finish.
+      stats_.receives_abandoned += static_cast<int64_t>(pending);
+      abandoned_.push_back(std::move(batch));
+      return result.ok() ? absl::UnavailableError("UCX receive did not end") : result;
+    }
+  }
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].request != nullptr) ucp_request_free(ops[i].request);
     if (!result.ok() || !ops[i].done) continue;

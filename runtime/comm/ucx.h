@@ -16,7 +16,7 @@
 // one host); a dead peer shows as a receive deadline, or set
 // LOOM_UCX_PEER_ERRORS=1 for UCX's own detection. Receives
 // block with a deadline and cancel cleanly on timeout, so a peer that dies
-// or never sends cannot hang the caller.
+// or never sends cannot hang the caller (RecvAll: buffers with owners).
 #ifndef LOOM_RUNTIME_COMM_UCX_H_
 #define LOOM_RUNTIME_COMM_UCX_H_
 
@@ -57,10 +57,18 @@ class UcxWorker {
     uint64_t tag;
     void* data;
     size_t size;  // exactly this many bytes are expected
+    // Owns `data` (optional): see RecvAll.
+    std::shared_ptr<void> keep_alive = nullptr;
   };
   // Receives every buffer (any order of arrival), driving progress until
   // all arrived or `timeout` passed: DEADLINE_EXCEEDED then, and the
   // outstanding receives are cancelled. DATA_LOSS on a size mismatch.
+  //
+  // UCX cannot cancel a receive that already matched a message still
+  // arriving (a rendezvous whose sender died or is cut off mid-transfer):
+  // when every buffer has a keep_alive, RecvAll returns at once anyway and
+  // this worker keeps such receives, and their buffers, until they end;
+  // without one it waits for them.
   absl::Status RecvAll(const std::vector<RecvBuffer>& buffers, absl::Duration timeout);
 
   // Makes every RecvAll in progress, and every later one, return CANCELLED
@@ -76,6 +84,7 @@ class UcxWorker {
     int64_t bytes_sent = 0;
     int64_t bytes_received = 0;
     int64_t send_errors = 0;
+    int64_t receives_abandoned = 0;  // left to finish after a cancel or timeout (RecvAll)
   };
   Stats stats() const;
 
@@ -97,6 +106,10 @@ class UcxWorker {
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int receiving_ ABSL_GUARDED_BY(mu_) = 0;  // RecvAll calls driving progress
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // RecvAll calls that returned with receives UCX could not cancel: their
+  // requests and buffers, freed once those end.
+  struct RecvBatch;
+  std::vector<std::unique_ptr<RecvBatch>> abandoned_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

@@ -1,7 +1,14 @@
 #include "runtime/comm/ucx.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <numeric>
+#include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -58,6 +65,83 @@ TEST(UcxTest, MissingMessageTimesOutAndWrongSizeIsDataLoss) {
     if (!bad.empty() && bad == b->address()) bad[bad.size() / 2] ^= 1;
     EXPECT_EQ(a->Send(bad, 1, bytes->data(), 1, bytes).code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+// Writes all of `s` (length first) to `fd`; reads it back.
+bool WriteString(int fd, const std::string& s) {
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  return write(fd, &n, 4) == 4 && write(fd, s.data(), n) == static_cast<ssize_t>(n);
+}
+std::string ReadString(int fd) {
+  uint32_t n = 0;
+  if (read(fd, &n, 4) != 4) return "";
+  std::string s(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = read(fd, s.data() + got, n - got);
+    if (r <= 0) return "";
+    got += static_cast<size_t>(r);
+  }
+  return s;
+}
+
+// A sender that stops in the middle of a large (rendezvous) message, as one
+// cut off by a partition does: UCX cannot cancel the receive that matched
+// it, yet a cancelled RecvAll returns, leaving the receive and its buffer to
+// the worker. Over TCP only: shared-memory transports read a stopped
+// sender's memory themselves (cross-memory attach), so the message arrives.
+TEST(UcxTest, ACancelledReceiveReturnsWhenItsSenderStopsMidMessage) {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || std::string(tls) != "tcp") GTEST_SKIP() << "runs in ucx_tcp_test";
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  constexpr size_t kBytes = size_t{256} << 20;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the sender: a ping (wire-up), then the large message
+    auto w = UcxWorker::Create();
+    if (!w.ok() || !WriteString(to_parent[1], (*w)->address())) _exit(1);
+    const std::string peer = ReadString(to_child[0]);
+    auto ping = std::make_shared<int>(1);
+    auto large = std::make_shared<std::vector<char>>(kBytes, 'x');
+    if (!(*w)->Send(peer, 1, ping.get(), sizeof(int), ping).ok()) _exit(2);
+    if (ReadString(to_child[0]) != "go") _exit(3);
+    if (!(*w)->Send(peer, 2, large->data(), large->size(), large).ok()) _exit(4);
+    for (;;) pause();  // stopped, then killed, by the test
+  }
+  absl::StatusOr<std::unique_ptr<UcxWorker>> w = UcxWorker::Create();
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string peer = ReadString(to_parent[0]);
+  ASSERT_FALSE(peer.empty());
+  ASSERT_TRUE(WriteString(to_child[1], (*w)->address()));
+  int ping = 0;
+  ASSERT_TRUE((*w)->RecvAll({{1, &ping, sizeof(int)}}, absl::Seconds(30)).ok());
+  auto buffer = std::make_shared<std::vector<char>>(kBytes);
+  absl::Status s;
+  std::thread receiver([&] {
+    s = (*w)->RecvAll({{2, buffer->data(), buffer->size(), buffer}}, absl::Minutes(10));
+  });
+  ASSERT_TRUE(WriteString(to_child[1], "go"));
+  // The first bytes are in: the sender stops mid-message.
+  const volatile char* first = buffer->data();
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (*first != 'x' && absl::Now() < until) absl::SleepFor(absl::Microseconds(50));
+  kill(child, SIGSTOP);
+  int status = 0;
+  EXPECT_EQ(waitpid(child, &status, WUNTRACED), child);
+  absl::SleepFor(absl::Milliseconds(300));
+  (*w)->Cancel();
+  receiver.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_EQ((*w)->stats().receives_abandoned, 1);
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  (*w)->ClearCancel();
+  // The worker goes on: another receive times out as usual.
+  EXPECT_EQ((*w)->RecvAll({{3, &ping, sizeof(int)}}, absl::Milliseconds(100)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
 
 }  // namespace

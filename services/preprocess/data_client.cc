@@ -44,7 +44,9 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   if (response.samples_size() != static_cast<int>(indices.size())) {
     return absl::DataLossError("FetchSamples: answer does not match the request");
   }
-  std::vector<Sample> out(indices.size());
+  // Owned by the receives too: one cut off mid-transfer is left to UCX.
+  auto received = std::make_shared<std::vector<Sample>>(indices.size());
+  std::vector<Sample>& out = *received;
   std::vector<UcxWorker::RecvBuffer> buffers;
   for (int k = 0; k < response.samples_size(); ++k) {
     const data::v1::SampleTensors& t = response.samples(k);
@@ -75,9 +77,9 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     out[k].tiles.resize(static_cast<size_t>(t.tiles_bytes() / 4));
     out[k].tokens.resize(static_cast<size_t>(t.num_tokens()));
     if (!tokens_only) {
-      buffers.push_back({t.tiles_tag(), out[k].tiles.data(), out[k].tiles.size() * 4});
+      buffers.push_back({t.tiles_tag(), out[k].tiles.data(), out[k].tiles.size() * 4, received});
     }
-    buffers.push_back({t.tokens_tag(), out[k].tokens.data(), out[k].tokens.size() * 4});
+    buffers.push_back({t.tokens_tag(), out[k].tokens.data(), out[k].tokens.size() * 4, received});
   }
   if (absl::Status r = ucx_->RecvAll(buffers, deadline_); !r.ok()) return r;
   for (int k = 0; model_ && k < response.samples_size(); ++k) {
@@ -87,7 +89,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
       return s;
     }
   }
-  return out;
+  return std::move(out);
 }
 
 }  // namespace loom

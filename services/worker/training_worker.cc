@@ -115,6 +115,7 @@ absl::Status TrainingWorker::Impl::Join() {
     g.prefix = prefix;
     g.rank = rank;
     g.size = size;
+    g.cancel = &collectives;
     return ConnectGloo(&store, g);
   };
   if (shape.tp > 1) {
@@ -427,7 +428,7 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
 TrainingWorker::TrainingWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 // Never destroys the state under a running thread: it waits for the thread
-// (a stop request cancels its waits; a collective ends by Gloo's timeout).
+// (a stop request cancels its waits, collectives included).
 TrainingWorker::~TrainingWorker() {
   if (!thread_.joinable()) return;
   RequestStop();
@@ -548,7 +549,9 @@ void TrainingWorker::Finish(absl::Status result) {
 void TrainingWorker::RequestStop() {
   impl_->stop.store(true);
   impl_->cancel.store(true);
+  absl::MutexLock lock(&impl_->generation_mu);  // a regroup clears no stop's cancellation
   impl_->ucx->Cancel();
+  impl_->collectives.Cancel();
 }
 
 absl::Status TrainingWorker::Stop(absl::Duration wait) {
@@ -557,8 +560,8 @@ absl::Status TrainingWorker::Stop(absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;
   while (!finished_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
   if (!finished_.load()) {
-    // Blocked in a collective whose peers are gone: Gloo's own timeout ends
-    // it later. The thread stays joinable (the destructor waits for it); a
+    // Blocked past the cancellation (a computation, a call with its own
+    // deadline): it ends later. The thread stays joinable (the destructor waits for it); a
     // process that cannot wait exits without destroying it (worker_main).
     return absl::DeadlineExceededError("the training thread did not stop in time");
   }

@@ -119,6 +119,10 @@ struct TrainingWorker::Impl {
 
   std::atomic<bool> stop{false};    // asked to stop (RequestStop)
   std::atomic<bool> cancel{false};  // stop or failure: waiting calls give up
+  // Ends the groups' collectives and rendezvous in flight (a newer
+  // generation, a stop): a survivor blocked with a peer across a partition
+  // would otherwise wait out Gloo's timeout.
+  Cancellation collectives;
 
   prometheus::Counter* iterations = nullptr;
   prometheus::Counter* compute_seconds = nullptr;

@@ -35,7 +35,9 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   {
     absl::MutexLock lock(&generation_mu);
     generation = g.generation();
-    ucx->ClearCancel();  // under the lock: the watcher cancels only for a newer one
+    // Under the lock: the watcher cancels only for a newer one.
+    ucx->ClearCancel();
+    if (!stop.load()) collectives.Clear();
   }
   return Join();
 }
@@ -54,6 +56,7 @@ void TrainingWorker::Impl::WatchGeneration() {
     if (g->generation() > generation) {
       // A peer was lost: whatever this worker waits for may never come.
       ucx->Cancel();
+      collectives.Cancel();
     }
   }
 }

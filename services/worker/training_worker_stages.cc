@@ -68,13 +68,15 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
 
 absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
                                            std::vector<float>* out, double* wait) {
-  out->resize(n);
   const int stage = what == Transfer::kEmbeddings || what == Transfer::kEmbeddingGrads ? 0 : pos.pp;
   const auto w0 = Clock::now();
   const double s0 = trace::NowMicros();
+  // Owned here, so that a receive cut off mid-transfer can be left to UCX.
+  auto buffer = std::make_shared<std::vector<float>>(n);
   absl::Status s = ucx->RecvAll({{TransferTag(what, scheduler->generation(), iteration, bin, stage),
-                                  out->data(), n * sizeof(float)}},
+                                  buffer->data(), n * sizeof(float), buffer}},
                                 options.transfer_timeout);
+  if (s.ok()) out->swap(*buffer);
   *wait += Since(w0);
   Span("receive", s0, iteration, "receive ", TransferName(what), " bin ", bin);
   return s;
