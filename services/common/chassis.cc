@@ -151,6 +151,14 @@ absl::Status Chassis::Start() {
   return absl::OkStatus();
 }
 
+void Chassis::SetServing(bool serving) {
+  absl::MutexLock lock(&shutdown_mu_);  // the server stays until Shutdown()
+  if (stopped_ || !started_ || server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(serving);
+  for (auto& [service, name] : services_) health->SetServingStatus(name, serving);
+}
+
 void Chassis::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (stopped_ || !started_) return;

@@ -78,6 +78,11 @@ class Chassis {
   // (FAILED_PRECONDITION).
   absl::Status Start();
 
+  // The health answer of the process and of every service (after Start(),
+  // before Shutdown(); ignored otherwise): a process that cannot do its
+  // work says so. Thread-safe.
+  void SetServing(bool serving);
+
   // NOT_SERVING, then gRPC Shutdown with the deadline, then /metrics stops.
   // Idempotent; returns once both servers have stopped.
   void Shutdown();

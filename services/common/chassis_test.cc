@@ -42,6 +42,18 @@ TEST(ChassisTest, ServesHealthOverallAndPerServiceOnFreePorts) {
   absl::StatusOr<ServingStatus> unknown =
       CheckHealth(Target(chassis), "loom.nope.v1.Nope", absl::Seconds(5));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+
+  // A process that cannot do its work says so (a worker's stalled training),
+  // and takes it back.
+  for (bool serving : {false, true}) {
+    chassis.SetServing(serving);
+    for (std::string name : {"", kServiceName}) {
+      absl::StatusOr<ServingStatus> st = CheckHealth(Target(chassis), name, absl::Seconds(5));
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(*st, serving ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING)
+          << "service '" << name << "'";
+    }
+  }
 }
 
 TEST(ChassisTest, ServesBuildInfoOnMetrics) {

@@ -78,6 +78,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (c->dir().empty()) c->set_dir(absl::StrCat(run_dir, "/checkpoints"));
   job::v1::RecoveryConfig* r = job->mutable_recovery();
   if (r->lease_seconds() == 0) r->set_lease_seconds(10);
+  if (r->stall_floor_seconds() == 0) r->set_stall_floor_seconds(300);
+  if (r->stall_factor() == 0) r->set_stall_factor(10);
 }
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
@@ -142,6 +144,15 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (!(lease >= 0.5 && lease <= 3600)) {
     return Bad("recovery.lease_seconds",
                absl::StrCat("must be in [0.5, 3600] seconds, got ", lease));
+  }
+  const double floor = job.recovery().stall_floor_seconds();
+  if (!(floor >= 0.5 && floor <= 86400)) {
+    return Bad("recovery.stall_floor_seconds",
+               absl::StrCat("must be in [0.5, 86400] seconds, got ", floor));
+  }
+  const double factor = job.recovery().stall_factor();
+  if (!(factor >= 1 && factor <= 1000)) {
+    return Bad("recovery.stall_factor", absl::StrCat("must be in [1, 1000], got ", factor));
   }
   return absl::OkStatus();
 }

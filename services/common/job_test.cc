@@ -99,6 +99,10 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"recovery { lease_seconds: 0.1 }",
                 "recovery.lease_seconds: must be in [0.5, 3600] seconds, got 0.1"},
            Case{"recovery { lease_seconds: -3 }", "recovery.lease_seconds"},
+           Case{"recovery { stall_floor_seconds: 0.1 }",
+                "recovery.stall_floor_seconds: must be in [0.5, 86400] seconds, got 0.1"},
+           Case{"recovery { stall_factor: 0.5 }",
+                "recovery.stall_factor: must be in [1, 1000], got 0.5"},
        }) {
     absl::Status s = ParseAndCheck(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "runtime/base/log.h"
 
 namespace loom {
@@ -25,7 +26,7 @@ struct Fault {
   int rank = 0;
   std::string phase;
   int64_t iteration = 0;
-  int signal = SIGKILL;
+  int signal = SIGKILL;  // 0: hang (the calling thread sleeps for good)
 };
 
 std::vector<Fault> ParseFaults() {
@@ -42,12 +43,12 @@ std::vector<Fault> ParseFaults() {
     bool known_phase = false;
     for (const char* p : kFaultPhases) known_phase = known_phase || (f.size() > 2 && f[2] == p);
     if (ok && f.size() == 5) {
-      ok = f[4] == "kill" || f[4] == "stop";
-      fault.signal = f[4] == "stop" ? SIGSTOP : SIGKILL;
+      ok = f[4] == "kill" || f[4] == "stop" || f[4] == "hang";
+      fault.signal = f[4] == "stop" ? SIGSTOP : f[4] == "hang" ? 0 : SIGKILL;
     }
     if (!ok || !known_phase) {
-      LOOM_LOG(ERROR).With("entry", fault.entry)
-          << "LOOM_FAULTS: ignoring an entry that is not ROLE:RANK:PHASE:ITERATION[:kill|stop]";
+      LOOM_LOG(ERROR).With("entry", fault.entry) << "LOOM_FAULTS: ignoring an entry that is not "
+                                                    "ROLE:RANK:PHASE:ITERATION[:kill|stop|hang]";
       continue;
     }
     fault.role = f[0];
@@ -80,6 +81,9 @@ void MaybeInjectFault(absl::string_view role, int rank, absl::string_view phase,
     }
     close(fd);
     LOOM_LOG(WARNING).With("entry", f.entry) << "injecting a fault";
+    if (f.signal == 0) {
+      for (;;) absl::SleepFor(absl::Hours(1));  // the process answers on; its training does not
+    }
     raise(f.signal);
   }
 }

@@ -6,7 +6,9 @@
 //
 // Each entry is ROLE:RANK:PHASE:ITERATION[:ACTION]: ROLE encoder_worker or
 // llm_worker, RANK the worker's rank, PHASE one of kFaultPhases, ITERATION
-// 0-based, ACTION kill (SIGKILL, the default) or stop (SIGSTOP: a hang).
+// 0-based, ACTION kill (SIGKILL, the default), stop (SIGSTOP: the process
+// hangs) or hang (the training thread sleeps for good while the process
+// answers its health checks).
 // An entry fires once: DIR/<entry> is created first, so the restarted
 // process runs past the same point. Without LOOM_FAULTS nothing happens;
 // a malformed entry, or no LOOM_FAULTS_FIRED, is logged and ignored.

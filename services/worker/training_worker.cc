@@ -24,6 +24,36 @@ namespace loom {
 
 using namespace worker;  // NOLINT: the tags, the clock, IterationData
 
+namespace {
+
+// A group whose collectives count as waiting, not as the thread's own work
+// (StallWatch): a rank blocked on a peer is not the one that hangs.
+class WatchedCommunicator final : public Communicator {
+ public:
+  WatchedCommunicator(std::unique_ptr<Communicator> inner, StallWatch* stall)
+      : inner_(std::move(inner)), stall_(stall) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Status AllreduceSum(float* data, int64_t n) override {
+    StallWatch::Waiting waiting(stall_);
+    return inner_->AllreduceSum(data, n);
+  }
+  absl::Status AllreduceSum(double* data, int64_t n) override {
+    StallWatch::Waiting waiting(stall_);
+    return inner_->AllreduceSum(data, n);
+  }
+  absl::Status AllreduceMax(float* data, int64_t n) override {
+    StallWatch::Waiting waiting(stall_);
+    return inner_->AllreduceMax(data, n);
+  }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  StallWatch* stall_;
+};
+
+}  // namespace
+
 scheduler::v1::Worker TrainingWorker::Impl::Me() const {
   scheduler::v1::Worker me;
   me.set_role(options.role);
@@ -40,6 +70,10 @@ absl::Status TrainingWorker::Impl::Register() {
   if (!reg.ok()) return reg.status();
   job = reg->job();
   plan = reg->plan();
+  const job::v1::RecoveryConfig& r = job.recovery();
+  stall = std::make_unique<StallWatch>(
+      absl::Seconds(r.stall_floor_seconds() > 0 ? r.stall_floor_seconds() : 300),
+      r.stall_factor() > 0 ? r.stall_factor() : 10);
   start_iteration = reg->start_iteration();
   checkpoint_step_dir = reg->checkpoint_step_dir();
   {
@@ -116,7 +150,9 @@ absl::Status TrainingWorker::Impl::Join() {
     g.rank = rank;
     g.size = size;
     g.cancel = &collectives;
-    return ConnectGloo(&store, g);
+    absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, g);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<Communicator>(new WatchedCommunicator(std::move(*c), stall.get()));
   };
   if (shape.tp > 1) {
     absl::StatusOr<std::unique_ptr<Communicator>> c =
@@ -367,6 +403,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   // iteration this process runs (allocations, page faults and cold caches
   // make it several times slower than the rest).
   if (pos.tp == 0 && first_stage() && d.iteration > start_iteration) {
+    StallWatch::Waiting waiting(stall.get());
     if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
       LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
     }
@@ -384,6 +421,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     report.set_lr(lr);
     report.set_seconds(seconds);
     report.set_microbatch_imbalance(d.assignment.summary().objective());
+    StallWatch::Waiting waiting(stall.get());
     if (s = scheduler->ReportStep(report); !s.ok()) return s;
   }
   // The scheduler marks the iterations a checkpoint follows (checkpoint.every
@@ -399,6 +437,7 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
   // layout-independent checkpoint) into the step's partial folder, which the
   // scheduler emptied when it marked the step and renames into place once
   // every part is written.
+  stall->Work("checkpoint");  // its own limit: a write may take far longer than a step
   if (pos.dp == 0) {
     const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
     for (size_t i = 0; i < sets.size(); ++i) {
@@ -422,6 +461,8 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
     }
   }
   InjectFault("checkpoint", step - 1);  // ranks writing nothing
+  stall->Work("step");
+  StallWatch::Waiting waiting(stall.get());
   return scheduler->ReportCheckpoint(options.role, options.rank, step);
 }
 
@@ -495,7 +536,9 @@ absl::Status TrainingWorker::Train() {
       std::async(std::launch::async, [&m, i = m.start_iteration] { return m.Fetch(i); });
   for (int64_t i = m.start_iteration; !m.stop.load(); ++i) {
     const absl::Time waiting = absl::Now();
+    m.stall->Wait();
     absl::StatusOr<IterationData> d = next.get();
+    m.stall->Work("step");
     m.data_stall_seconds->Increment(absl::ToDoubleSeconds(absl::Now() - waiting));
     if (!d.ok()) {
       result = d.status();
@@ -517,6 +560,7 @@ absl::Status TrainingWorker::Train() {
     m.cancel.store(true);
     m.ucx->Cancel();
   }
+  m.stall->Wait();
   if (next.valid()) next.wait();
   if (!m.stop.load()) m.cancel.store(false);
   return result;

@@ -32,6 +32,7 @@
 #include "services/preprocess/data_client.h"
 #include "services/worker/fault_injection.h"
 #include "services/worker/scheduler_client.h"
+#include "services/worker/stall_watch.h"
 #include "services/worker/training_worker.h"
 
 namespace loom {
@@ -123,6 +124,10 @@ struct TrainingWorker::Impl {
   // generation, a stop): a survivor blocked with a peer across a partition
   // would otherwise wait out Gloo's timeout.
   Cancellation collectives;
+  // The training thread's own work, watched for a hang (null before the job
+  // is known); the generation watcher asks it.
+  std::unique_ptr<StallWatch> stall;
+  bool stalled = false;  // the watcher's: answering NOT_SERVING for a stall
 
   prometheus::Counter* iterations = nullptr;
   prometheus::Counter* compute_seconds = nullptr;

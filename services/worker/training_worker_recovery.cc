@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/log.h"
 #include "services/worker/training_worker_impl.h"
 
 namespace loom {
@@ -50,6 +51,19 @@ void TrainingWorker::Impl::WatchGeneration() {
                                    : absl::Milliseconds(200);
   while (watching.load() && !stop.load()) {
     absl::SleepFor(every);
+    // A hang in the thread's own work: NOT_SERVING, so that the scheduler
+    // declares this process lost after a lease (and loom up or Kubernetes
+    // replaces it); SERVING again should the work end before that.
+    const std::string stuck = stall->Stalled();
+    if (!stuck.empty() != stalled) {
+      stalled = !stuck.empty();
+      if (stalled) {
+        LOOM_LOG(ERROR).With("stall", stuck) << "answering NOT_SERVING";
+      } else {
+        LOOM_LOG(WARNING) << "the stalled work ended: SERVING again";
+      }
+      chassis->SetServing(!stalled);
+    }
     absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();
     if (!g.ok()) continue;
     absl::MutexLock lock(&generation_mu);

@@ -73,6 +73,7 @@ absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int
   const double s0 = trace::NowMicros();
   // Owned here, so that a receive cut off mid-transfer can be left to UCX.
   auto buffer = std::make_shared<std::vector<float>>(n);
+  StallWatch::Waiting waiting(stall.get());
   absl::Status s = ucx->RecvAll({{TransferTag(what, scheduler->generation(), iteration, bin, stage),
                                   buffer->data(), n * sizeof(float), buffer}},
                                 options.transfer_timeout);

@@ -206,41 +206,57 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
 // last stage of replica 1 in a forward while its first stage waits for its
 // activation gradients), each replaced while the other five keep
 // their processes, regroup their TP, pipeline and DP groups under the new
-// generation and reload the checkpoint: the run ends with the single-process
-// run's losses.
+// generation and reload the checkpoint; then LLM rank 0's training thread
+// hangs while its process answers on (its stall watch turns it NOT_SERVING,
+// the lease sees it): the run ends with the single-process run's losses.
 TEST_F(RecoveryTest, TensorAndPipelineGridsRecoverInPlace) {
   const std::string job =
       JobWith("loom", /*checkpoint_every=*/3,
               "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 2 microbatches: 4") +
-      "recovery { lease_seconds: 3 }\n";
-  std::unique_ptr<Subprocess> up = StartLoomUp(
-      "grids", job, "encoder_worker:1:forward:5,llm_worker:3:forward:11", {"--max_restarts=2"});
+      "recovery { lease_seconds: 3 stall_floor_seconds: 5 stall_factor: 10 }\n";
+  std::unique_ptr<Subprocess> up =
+      StartLoomUp("grids", job,
+                  "encoder_worker:1:forward:5,llm_worker:3:forward:11,llm_worker:0:forward:15:hang",
+                  {"--max_restarts=3"});
   ASSERT_NE(up, nullptr);
   absl::StatusOr<int> status = up->Wait(absl::Minutes(6));
   ASSERT_TRUE(status.ok()) << status.status();
   const std::string log = up->ReadLog();
   EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
   for (const char* restart : {
-           "restart 1 of 2: replacing encoder_worker rank 1, the other services stay up; "
+           "restart 1 of 3: replacing encoder_worker rank 1, the other services stay up; "
            "resuming after checkpoint step 3",
-           "restart 2 of 2: replacing llm_worker rank 3, the other services stay up; "
+           "restart 2 of 3: replacing llm_worker rank 3, the other services stay up; "
            "resuming after checkpoint step 9",
+           "restart 3 of 3: replacing llm_worker rank 0, the other services stay up; "
+           "resuming after checkpoint step 15",
        }) {
     EXPECT_TRUE(absl::StrContains(log, restart)) << restart << "\n" << log;
   }
-  // Nothing but the two lost workers started again.
+  // The hang was seen as one: NOT_SERVING past the lease, from the process
+  // itself, naming the stuck work in its log.
+  EXPECT_TRUE(absl::StrContains(log,
+                                "RECOVERING: llm_worker rank 0 lost during iteration 15: no "
+                                "SERVING health answer for ") &&
+              absl::StrContains(log, "last answer: NOT_SERVING"))
+      << log;
+  absl::StatusOr<std::string> hung =
+      ReadFile(TempPath("grids") + "/logs/loom-llm-worker-0.log.prev");
+  ASSERT_TRUE(hung.ok()) << hung.status();
+  EXPECT_TRUE(absl::StrContains(*hung, "training thread stuck in its own work (step) for "))
+      << *hung;
+  // Nothing but the three lost workers started again.
   for (const auto& [service, rank] :
        std::vector<std::pair<std::string, std::string>>{{"loom-preprocess", "-"},
                                                         {"loom-scheduler", "-"},
                                                         {"loom-encoder-worker", "0"},
-                                                        {"loom-llm-worker", "0"},
                                                         {"loom-llm-worker", "1"},
                                                         {"loom-llm-worker", "2"}}) {
     const std::vector<int> pids = Pids(log, service, rank);
     EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), 1u) << service << " " << rank;
   }
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "grids"), local_,
-                   "encoder TP2 + LLM PP2 x DP2, two workers replaced in place, vs "
+                   "encoder TP2 + LLM PP2 x DP2, three workers replaced in place (one hung), vs "
                    "loom-train-local");
 }
 
