@@ -200,6 +200,11 @@ UcxWorker::~UcxWorker() {
   ucp_cleanup(impl_->context);
 }
 
+bool PeerErrorHandling() {
+  const char* v = std::getenv("LOOM_UCX_PEER_ERRORS");
+  return v == nullptr || std::string(v) != "0";
+}
+
 namespace {
 void EndpointError(void* arg, ucp_ep_h ep, ucs_status_t) {
   auto* a = static_cast<EpErrorArg*>(arg);
@@ -227,12 +232,13 @@ absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& remote_address) {
   std::memset(&p, 0, sizeof(p));
   p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
   p.address = reinterpret_cast<const ucp_address_t*>(raw->data());
-  // Peer-failure handling excludes UCX 1.13's shared-memory and CMA
-  // transports ("no peer failure handler"), leaving TCP between processes of
-  // one host at a third of the bandwidth. By default a dead peer is found by
-  // the receive deadlines instead; LOOM_UCX_PEER_ERRORS=1 asks UCX for it.
-  const char* peer_errors = std::getenv("LOOM_UCX_PEER_ERRORS");
-  if (peer_errors != nullptr && std::string(peer_errors) == "1") {
+  // Peer-failure handling: without it UCX 1.13 aborts a process whose
+  // cross-memory-attach read finds its sender gone (a peer SIGKILLed in the
+  // middle of a transfer takes its receiver with it). It also excludes the
+  // shared-memory and CMA transports, leaving TCP between processes of one
+  // host at about a third of the bandwidth; LOOM_UCX_PEER_ERRORS=0 trades
+  // that safety for the bandwidth.
+  if (PeerErrorHandling()) {
     p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     p.err_handler.cb = EndpointError;

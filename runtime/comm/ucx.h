@@ -11,10 +11,11 @@
 // UCX is done with them. A background thread drives progress (sleeping on
 // the worker's event fd when idle), since a peer's wire-up and every
 // rendezvous need this side to make progress too; while a transfer is in
-// flight it polls for ~100 µs before sleeping. Endpoints do not ask UCX for
-// peer-failure handling (UCX 1.13 then offers only TCP between processes of
-// one host); a dead peer shows as a receive deadline, or set
-// LOOM_UCX_PEER_ERRORS=1 for UCX's own detection. Receives
+// flight it polls for ~100 µs before sleeping. Endpoints ask UCX for
+// peer-failure handling, so that a peer killed in the middle of a transfer
+// fails the transfer instead of aborting this process (UCX 1.13 then offers
+// only TCP between processes of one host: LOOM_UCX_PEER_ERRORS=0 turns it
+// off for shared memory and CMA, at that risk). Receives
 // block with a deadline and cancel cleanly on timeout, so a peer that dies
 // or never sends cannot hang the caller (RecvAll: buffers with owners).
 #ifndef LOOM_RUNTIME_COMM_UCX_H_
@@ -35,6 +36,10 @@
 #include "absl/time/time.h"
 
 namespace loom {
+
+// Whether endpoints ask UCX for peer-failure handling (the default; not
+// with LOOM_UCX_PEER_ERRORS=0). ucx_perftest's -e is the same.
+bool PeerErrorHandling();
 
 class UcxWorker {
  public:

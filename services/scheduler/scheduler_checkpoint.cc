@@ -29,6 +29,7 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
   }
   const int64_t step = request->step();
   const int parts = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
+  bool first = false, last = true;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
@@ -44,11 +45,23 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
           absl::StrCat("step: checkpoint ", step, " is already complete")));
     }
     auto& reported = checkpoint_parts_[step];
-    checkpoint_started_.try_emplace(step, absl::Now());
+    first = checkpoint_started_.try_emplace(step, absl::Now()).second;
     reported.insert({request->role(), request->rank()});
-    if (static_cast<int>(reported.size()) < parts) return grpc::Status::OK;
-    checkpoint_parts_.erase(step);
+    if (static_cast<int>(reported.size()) < parts) {
+      last = false;
+    } else {
+      checkpoint_parts_.erase(step);
+    }
   }
+  if (first && !last) {
+    // Kept for the completion; a failure here is retried then.
+    absl::StatusOr<std::string> cursor = ReadCursor(step);
+    absl::MutexLock lock(&mu_);
+    if (cursor.ok() && checkpoint_started_.count(step) > 0) {
+      checkpoint_cursors_[step] = *std::move(cursor);
+    }
+  }
+  if (!last) return grpc::Status::OK;
   if (absl::Status s = CompleteCheckpoint(step); !s.ok()) {
     absl::MutexLock lock(&mu_);
     job_message_ = absl::StrCat("checkpoint ", step, " failed: ", s.message());
@@ -70,10 +83,7 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
   return grpc::Status::OK;
 }
 
-absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
-  // Every worker wrote its part into the partial folder; the scheduler adds
-  // its own and renames the folder into place (runtime/checkpoint/steps.h).
-  const std::string dir = PartialStepDir(options_.job.checkpoint().dir(), step);
+absl::StatusOr<std::string> SchedulerServiceImpl::ReadCursor(int64_t step) {
   if (!preprocess_) {
     return absl::FailedPreconditionError("no preprocess service to read the data cursor from");
   }
@@ -86,8 +96,29 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
   if (grpc::Status s = preprocess_->GetCursor(&ctx, request, &cursor); !s.ok()) {
     return FromGrpcStatus(s, "preprocess GetCursor");
   }
-  absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kDataCursorFile),
-                                       cursor.cursor().SerializeAsString());
+  return cursor.cursor().SerializeAsString();
+}
+
+absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
+  // Every worker wrote its part into the partial folder; the scheduler adds
+  // its own and renames the folder into place (runtime/checkpoint/steps.h).
+  const std::string dir = PartialStepDir(options_.job.checkpoint().dir(), step);
+  std::string cursor;
+  bool read_before = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = checkpoint_cursors_.find(step); it != checkpoint_cursors_.end()) {
+      cursor = std::move(it->second);
+      read_before = true;
+      checkpoint_cursors_.erase(it);
+    }
+  }
+  if (!read_before) {
+    absl::StatusOr<std::string> read = ReadCursor(step);
+    if (!read.ok()) return read.status();
+    cursor = *std::move(read);
+  }
+  absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kDataCursorFile), cursor);
   std::string costs;
   {
     absl::MutexLock lock(&mu_);

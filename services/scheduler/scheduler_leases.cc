@@ -99,6 +99,7 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   checkpoint_steps_.clear();
   checkpoint_parts_.clear();
   checkpoint_started_.clear();
+  checkpoint_cursors_.clear();
   marking_step_ = 0;
   checkpoint_requested_ = false;
   keys_.clear();  // the old generation's rendezvous; the new one uses its own prefix

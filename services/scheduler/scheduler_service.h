@@ -176,6 +176,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // Writes the cursor and the scheduler's state into the step's folder, then
   // COMPLETE. Called once every worker reported its part.
   absl::Status CompleteCheckpoint(int64_t step);
+  // The serialized data cursor before batch `step`, from loom-preprocess.
+  absl::StatusOr<std::string> ReadCursor(int64_t step);
   // Every assignment is recorded in the checkpoint folder,
   // DIR/assignments/<run>/<iteration>.binpb, until a complete checkpoint
   // after it: a restart or resume from that checkpoint replays the same bins
@@ -238,6 +240,10 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::map<int64_t, std::set<std::pair<int, int>>> checkpoint_parts_ ABSL_GUARDED_BY(mu_);
   int64_t last_checkpoint_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int64_t, absl::Time> checkpoint_started_ ABSL_GUARDED_BY(mu_);  // first report
+  // The data cursor before batch N, read at the first report of step N:
+  // workers write in the background while training goes on, and by the last
+  // report batch N may have left loom-preprocess's retention window.
+  std::map<int64_t, std::string> checkpoint_cursors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(mu_);
   size_t key_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Counter* checkpoints_ = nullptr;

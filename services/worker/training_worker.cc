@@ -436,10 +436,12 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
   // the whole module) and its first rank holding the module writes them (the
   // layout-independent checkpoint) into the step's partial folder, which the
   // scheduler emptied when it marked the step and renames into place once
-  // every part is written.
+  // every part is written. The gathered tensors are copies: they are written
+  // in the background while training goes on, one checkpoint at a time.
   stall->Work("checkpoint");  // its own limit: a write may take far longer than a step
+  if (absl::Status s = AwaitCheckpointWrite(); !s.ok()) return s;
+  std::vector<std::pair<std::string, ParamSet>> parts;  // (module name, the whole module)
   if (pos.dp == 0) {
-    const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
     for (size_t i = 0; i < sets.size(); ++i) {
       ParamSet stage;
       if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &stage); !s.ok()) return s;
@@ -453,17 +455,36 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
         whole = std::move(stage);
       }
       if (staged && !first_stage()) continue;
-      if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
-      const char* name = kModuleNames[static_cast<int>(modules[i])];
-      absl::Status s = SaveModuleCheckpoint(whole, name, absl::StrCat(dir, "/", name, ".ckpt"));
-      if (!s.ok()) return s;
-      InjectFault("checkpoint", step - 1);  // a part written, the rest not
+      parts.emplace_back(kModuleNames[static_cast<int>(modules[i])], std::move(whole));
     }
   }
-  InjectFault("checkpoint", step - 1);  // ranks writing nothing
   stall->Work("step");
-  StallWatch::Waiting waiting(stall.get());
-  return scheduler->ReportCheckpoint(options.role, options.rank, step);
+  checkpoint_writer = std::thread([this, step, parts = std::move(parts)]() mutable {
+    const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
+    absl::Status s;
+    for (auto& [name, whole] : parts) {
+      if (s = MakeDirectories(dir); !s.ok()) break;
+      if (s = SaveModuleCheckpoint(whole, name, absl::StrCat(dir, "/", name, ".ckpt")); !s.ok()) {
+        break;
+      }
+      InjectFault("checkpoint", step - 1);  // a part written, the rest not
+    }
+    if (s.ok()) {
+      InjectFault("checkpoint", step - 1);  // ranks writing nothing
+      s = scheduler->ReportCheckpoint(options.role, options.rank, step);
+    }
+    checkpoint_write_status = s;  // read after the join
+  });
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::AwaitCheckpointWrite() {
+  if (!checkpoint_writer.joinable()) return absl::OkStatus();
+  checkpoint_writer.join();
+  absl::Status s = checkpoint_write_status;
+  checkpoint_write_status = absl::OkStatus();
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("checkpoint: ", s.message()));
+  return s;
 }
 
 TrainingWorker::TrainingWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -560,6 +581,11 @@ absl::Status TrainingWorker::Train() {
     m.cancel.store(true);
     m.ucx->Cancel();
   }
+  // The last checkpoint is written (and reported) before training ends; a
+  // failed iteration waits for it too, before any regroup (which may mark
+  // its step again). A write that failed fails a run that had not.
+  m.stall->Work("checkpoint");
+  if (absl::Status w = m.AwaitCheckpointWrite(); result.ok() && !m.stop.load()) result = w;
   m.stall->Wait();
   if (next.valid()) next.wait();
   if (!m.stop.load()) m.cancel.store(false);

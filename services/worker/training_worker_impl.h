@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -109,6 +110,10 @@ struct TrainingWorker::Impl {
   // null when pp is 1), and every worker of the job (the global norm, the
   // loss).
   std::unique_ptr<Communicator> tp_comm, dp_comm, pp_comm, job_comm;
+  // Writes this rank's part of a checkpoint from its copy and reports it
+  // (the training thread starts and joins it: AwaitCheckpointWrite).
+  std::thread checkpoint_writer;
+  absl::Status checkpoint_write_status;
   std::vector<std::string> encoder_addresses, llm_addresses;  // by worker rank
 
   std::unique_ptr<VitEncoder> vit;
@@ -173,6 +178,9 @@ struct TrainingWorker::Impl {
                             double* loss_sum, double* tokens, double* samples,
                             int64_t* loss_tokens);
   absl::Status Checkpoint(int64_t step);
+  // Waits for the background write of the previous checkpoint (if any) and
+  // returns how it ended (its part written and reported).
+  absl::Status AwaitCheckpointWrite();
 
   const parallel::GridShape& grid() const { return encoder ? encoder_grid : llm_grid; }
   bool first_stage() const { return pos.pp == 0; }

@@ -156,8 +156,9 @@ double LoomTransfer(loom::UcxWorker* ucx, const std::string& peer, int64_t size)
 // ucx_perftest -t tag_bw at `size`: the "Final" line's overall bandwidth (MB/s, 2^20 bytes).
 double Perftest(int64_t size, int port, const std::string& log_dir) {
   const int n = Messages(size);
-  const std::vector<std::string> common = {"-t", "tag_bw",        "-s", absl::StrCat(size),
-                                           "-n", absl::StrCat(n), "-p", absl::StrCat(port)};
+  std::vector<std::string> common = {"-t", "tag_bw",        "-s", absl::StrCat(size),
+                                     "-n", absl::StrCat(n), "-p", absl::StrCat(port)};
+  if (loom::PeerErrorHandling()) common.push_back("-e");  // the same endpoints as Loom's
   std::vector<std::string> server = {"/usr/bin/ucx_perftest"};
   server.insert(server.end(), common.begin(), common.end());
   const std::string srv_log = absl::StrCat(log_dir, "/perftest_server_", port, ".log");
@@ -206,8 +207,10 @@ bool TransferBench(const std::string& self, const std::string& dir) {
   }
   const std::string peer = Unhex(AwaitFile(peer_file));
   std::printf(
-      "\nActivation transfer between two processes (UCX %s), median of %d alternating runs:\n",
+      "\nActivation transfer between two processes (UCX %s, peer-failure handling %s), "
+      "median of %d alternating runs:\n",
       std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "transports of UCX's choice",
+      loom::PeerErrorHandling() ? "on: ucx_perftest -e" : "off (LOOM_UCX_PEER_ERRORS=0)",
       absl::GetFlag(FLAGS_rounds));
   std::printf("  %10s %8s %16s %22s %8s\n", "size", "messages", "loom MiB/s", "ucx_perftest MiB/s",
               "ratio");
