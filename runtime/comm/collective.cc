@@ -86,8 +86,11 @@ class GlooStore final : public gloo::rendezvous::Store {
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout,
-                   Cancellation* cancel)
-      : context_(std::move(context)), timeout_(timeout), cancel_(cancel) {}
+                   Cancellation* cancel, std::function<absl::Duration()> wait_limit)
+      : context_(std::move(context)),
+        timeout_(timeout),
+        cancel_(cancel),
+        wait_limit_(std::move(wait_limit)) {}
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
   absl::Status AllreduceSum(float* data, int64_t n) override {
@@ -135,7 +138,8 @@ class GlooCommunicator final : public Communicator {
         out->abortWaitRecv();
         in->abortWaitRecv();
       });
-      const std::chrono::milliseconds timeout(absl::ToInt64Milliseconds(timeout_));
+      const std::chrono::milliseconds timeout(
+          absl::ToInt64Milliseconds(wait_limit_ ? wait_limit_() : timeout_));
       auto cancelled = [&] {
         return absl::CancelledError(
             absl::StrCat("Gloo allreduce over ", p, " ranks cancelled (a recovery or a stop)"));
@@ -176,6 +180,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   absl::Duration timeout_;
   Cancellation* cancel_;
+  std::function<absl::Duration()> wait_limit_;
   uint32_t tag_ = 0;
   absl::Status broken_;
 };
@@ -199,7 +204,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
     context->setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout)));
     context->connectFullMesh(prefixed, device);
     return std::unique_ptr<Communicator>(
-        new GlooCommunicator(context, options.timeout, options.cancel));
+        new GlooCommunicator(context, options.timeout, options.cancel, options.wait_limit));
   } catch (const std::exception& e) {
     if (options.cancel != nullptr && options.cancel->cancelled()) {
       return absl::CancelledError(absl::StrCat("Gloo group \"", options.prefix, "\" rank ",

@@ -120,6 +120,9 @@ struct GlooOptions {
   // Optional, outlives the communicator: ends the rendezvous and any
   // collective in flight with CANCELLED.
   Cancellation* cancel = nullptr;
+  // Optional: each collective's wait limit, asked at every call (a worker
+  // derives it from its iteration times); `timeout` otherwise.
+  std::function<absl::Duration()> wait_limit;
 };
 
 // Connects `size` ranks in a full mesh over TCP. `store` is only used

@@ -8,7 +8,8 @@
 // timed; one that runs past max(floor, factor x the longest finished
 // stretch of its phase) is a stall. Waiting is never a stall: a survivor
 // waiting on a lost peer is that peer's victim, and the generation watcher
-// ends its wait. Thread-safe: the training thread marks, a watcher asks.
+// ends its wait; a single wait is bounded by WaitLimit(), from the longest
+// iteration. Thread-safe: the training thread marks, a watcher asks.
 #ifndef LOOM_SERVICES_WORKER_STALL_WATCH_H_
 #define LOOM_SERVICES_WORKER_STALL_WATCH_H_
 
@@ -25,7 +26,10 @@ namespace loom {
 
 class StallWatch {
  public:
-  StallWatch(absl::Duration floor, double factor) : floor_(floor), factor_(factor) {}
+  // `margin` is added to a wait's limit (a worker's: the lease, so that a
+  // stuck peer's own watch and the scheduler's lease find it first).
+  StallWatch(absl::Duration floor, double factor, absl::Duration margin = absl::ZeroDuration())
+      : floor_(floor), factor_(factor), margin_(margin) {}
 
   // From `now` on, the thread works in `phase` (a string literal).
   void Work(const char* phase, absl::Time now = absl::Now()) {
@@ -62,6 +66,20 @@ class StallWatch {
     const char* resume_ = nullptr;
   };
 
+  // An iteration took `d`, waits included.
+  void IterationDone(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    longest_iteration_ = std::max(longest_iteration_, d);
+  }
+  // How long one wait for a peer (a transfer, a collective) may take:
+  // max(floor, factor x the longest iteration so far) + margin. A peer that
+  // is slower than that is stuck in its own work (its watch says so first)
+  // or lost (the lease); past it, the waiting rank gives up on the iteration.
+  absl::Duration WaitLimit() const {
+    absl::MutexLock lock(&mu_);
+    return std::max(floor_, longest_iteration_ * factor_) + margin_;
+  }
+
   // What is stuck at `now` ("" if nothing).
   std::string Stalled(absl::Time now = absl::Now()) const {
     absl::MutexLock lock(&mu_);
@@ -86,10 +104,12 @@ class StallWatch {
 
   const absl::Duration floor_;
   const double factor_;
+  const absl::Duration margin_;
   mutable absl::Mutex mu_;
   const char* phase_ ABSL_GUARDED_BY(mu_) = nullptr;  // null: waiting
   absl::Time since_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Duration> longest_ ABSL_GUARDED_BY(mu_);
+  absl::Duration longest_iteration_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

@@ -42,5 +42,15 @@ TEST(StallWatch, AWaitInsideWorkEndsItsStretchAndResumesThePhase) {
   StallWatch::Waiting none(nullptr);  // no watch: nothing to mark
 }
 
+TEST(StallWatch, AWaitMayTakeTheFloorOrFactorTimesTheLongestIteration) {
+  StallWatch w(absl::Seconds(30), 10, /*margin=*/absl::Seconds(3));
+  EXPECT_EQ(w.WaitLimit(), absl::Seconds(33));
+  w.IterationDone(absl::Seconds(2));
+  EXPECT_EQ(w.WaitLimit(), absl::Seconds(33));
+  w.IterationDone(absl::Seconds(5));
+  w.IterationDone(absl::Seconds(1));
+  EXPECT_EQ(w.WaitLimit(), absl::Seconds(53));
+}
+
 }  // namespace
 }  // namespace loom

@@ -73,7 +73,7 @@ absl::Status TrainingWorker::Impl::Register() {
   const job::v1::RecoveryConfig& r = job.recovery();
   stall = std::make_unique<StallWatch>(
       absl::Seconds(r.stall_floor_seconds() > 0 ? r.stall_floor_seconds() : 300),
-      r.stall_factor() > 0 ? r.stall_factor() : 10);
+      r.stall_factor() > 0 ? r.stall_factor() : 10, absl::Seconds(r.lease_seconds()));
   start_iteration = reg->start_iteration();
   checkpoint_step_dir = reg->checkpoint_step_dir();
   {
@@ -150,6 +150,7 @@ absl::Status TrainingWorker::Impl::Join() {
     g.rank = rank;
     g.size = size;
     g.cancel = &collectives;
+    g.wait_limit = [this] { return stall->WaitLimit(); };
     absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, g);
     if (!c.ok()) return c.status();
     return std::unique_ptr<Communicator>(new WatchedCommunicator(std::move(*c), stall.get()));
@@ -410,6 +411,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   }
   const double seconds = Since(t0);
   iteration_seconds->Observe(seconds);
+  stall->IterationDone(absl::Seconds(seconds));
   if (!encoder && options.rank == 0) {
     scheduler::v1::StepReport report;
     report.set_iteration(d.iteration);

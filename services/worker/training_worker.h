@@ -62,7 +62,6 @@ struct TrainingWorkerOptions {
   std::string host;       // address peers reach this process on (Gloo); "": hostname
   std::string endpoint;   // this worker's gRPC host:port, for the scheduler's records
   absl::Duration startup_timeout = absl::Seconds(120);
-  absl::Duration transfer_timeout = absl::Seconds(300);  // one iteration's receives
   std::string trace_dir;  // "": no trace; else DIR/<role>-<rank>.jsonl (runtime/base/trace.h)
 };
 

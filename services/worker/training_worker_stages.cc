@@ -76,7 +76,7 @@ absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int
   StallWatch::Waiting waiting(stall.get());
   absl::Status s = ucx->RecvAll({{TransferTag(what, scheduler->generation(), iteration, bin, stage),
                                   buffer->data(), n * sizeof(float), buffer}},
-                                options.transfer_timeout);
+                                stall->WaitLimit());
   if (s.ok()) out->swap(*buffer);
   *wait += Since(w0);
   Span("receive", s0, iteration, "receive ", TransferName(what), " bin ", bin);
