@@ -1,7 +1,10 @@
 #include "runtime/comm/collective.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <exception>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +192,16 @@ class GlooCommunicator final : public Communicator {
 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
                                                           const GlooOptions& options) {
+  // Gloo writes with writev(2): to a peer that has gone, that raises SIGPIPE,
+  // which would kill this process instead of failing the collective. Unless
+  // the process chose a handler of its own, SIGPIPE is ignored (EPIPE then).
+  static std::once_flag no_sigpipe;
+  std::call_once(no_sigpipe, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+  });
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
     return absl::InvalidArgumentError(absl::StrCat("Gloo group \"", options.prefix, "\": rank ",
                                                    options.rank, " is not in [0, ", options.size,

@@ -128,6 +128,8 @@ struct GlooOptions {
 // Connects `size` ranks in a full mesh over TCP. `store` is only used
 // during the call. The allreduce is a ring (reduce-scatter, then allgather)
 // over Gloo's unbound buffers, so that a Cancellation can end its waits.
+// The first call makes the process ignore SIGPIPE unless it has a handler
+// (a write to a peer that has gone must fail, not kill the process).
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
                                                           const GlooOptions& options);
 
