@@ -475,17 +475,24 @@ void TrainingWorker::Run() {
     if (result.ok() || m.stop.load()) break;
     // A peer lost (the scheduler raises the generation; every survivor
     // regroups and rolls back to its checkpoint), or this worker's own failure.
-    absl::StatusOr<scheduler::v1::Regroup> g = m.AwaitRegroup();
-    if (!g.ok()) break;
-    LOOM_LOG(WARNING)
-            .With("error", std::string(result.message()))
-            .With("generation", g->generation())
-            .With("start_iteration", g->start_iteration())
-        << "the job recovers in place: regrouping";
-    if (absl::Status s = m.Regroup(*g); !s.ok()) {
-      result = absl::Status(s.code(), absl::StrCat("cannot regroup: ", s.message()));
-      break;
+    // A regroup cut short by a newer loss (its rendezvous cancelled) waits
+    // for that generation in turn.
+    bool regrouped = false;
+    while (!regrouped && !m.stop.load()) {
+      absl::StatusOr<scheduler::v1::Regroup> g = m.AwaitRegroup();
+      if (!g.ok()) break;
+      LOOM_LOG(WARNING)
+              .With("error", std::string(result.message()))
+              .With("generation", g->generation())
+              .With("start_iteration", g->start_iteration())
+          << "the job recovers in place: regrouping";
+      absl::Status s = m.Regroup(*g);
+      regrouped = s.ok();
+      if (!regrouped) {
+        result = absl::Status(s.code(), absl::StrCat("cannot regroup: ", s.message()));
+      }
     }
+    if (!regrouped) break;
   }
   if (!result.ok()) Announce(result);
   m.watching.store(false);
