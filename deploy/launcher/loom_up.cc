@@ -155,7 +155,7 @@ std::string ProgressLine(const loom::scheduler::v1::StepReport& r, int64_t end) 
 std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
   return absl::StrFormat(
       "{\"iteration\":%d,\"step\":%d,\"loss\":%.6f,\"samples\":%d,\"tokens\":%d,"
-      "\"loss_tokens\":%d,\"grad_norm\":%.6f,\"lr\":%.6g,\"seconds\":%.4f,"
+      "\"loss_tokens\":%d,\"grad_norm\":%.6f,\"lr\":%.6g,\"seconds\":%.6f,"
       "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f}",
       r.iteration(), r.iteration() + 1, r.loss(), r.samples(), r.tokens(), r.loss_tokens(),
       r.grad_norm(), r.lr(), r.seconds(), r.seconds() > 0 ? r.samples() / r.seconds() : 0.0,
@@ -176,6 +176,7 @@ struct JobOutcome {
   int rc = 0;
   bool lost = false;
   loom::control::v1::Recovery recovery;
+  loom::control::v1::TrainingTime training_time;  // the job's clock as last seen
 };
 
 double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
@@ -230,7 +231,8 @@ bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery&
 // `*restarts`) while every other process stays up.
 JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptions& o,
                   int* restarts, int max_restarts,
-                  const loom::control::v1::Recovery& recovered_from, loom::Launcher& launcher) {
+                  const loom::control::v1::Recovery& recovered_from,
+                  const loom::control::v1::TrainingTime& clock, loom::Launcher& launcher) {
   const std::string target = launcher.scheduler_target();
   const std::string run_dir = o.run_dir;
   (void)loom::WriteFileAtomically(run_dir + "/scheduler_address", target + "\n");
@@ -243,7 +245,10 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
     spec.set_resume(o.resume_step > 0);
     spec.set_resume_step(o.resume_step);  // the step preprocess starts from
     spec.set_restarts(*restarts);
-    if (*restarts > 0) *spec.mutable_recovered_from() = recovered_from;
+    if (*restarts > 0) {
+      *spec.mutable_recovered_from() = recovered_from;
+      *spec.mutable_training_time() = clock;  // the job's clock goes on
+    }
     absl::StatusOr<loom::control::v1::Job> j = control.Submit(spec);
     if (!j.ok()) {
       std::fprintf(stderr, "loom up: %s\n", std::string(j.status().message()).c_str());
@@ -395,6 +400,10 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                        static_cast<long long>(j.end_iteration()),
                        j.last_checkpoint() >= j.end_iteration() ? ", checkpoint complete" : "");
         }
+        if (loom::IsFinalJobState(j.state()) && j.training_time().started_seconds() > 0) {
+          std::fprintf(info, "loom up: %s\n",
+                       loom::DescribeTrainingTime(j.training_time()).c_str());
+        }
         if (j.state() == loom::control::v1::JOB_STATE_FAILED) rc = 1;
         if (in_place && !over) {
           loom::control::v1::Recovery r = j.recovery();
@@ -452,6 +461,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
   }
   stop.store(true);
   watcher.join();
+  if (last) outcome.training_time = last->training_time();
   return outcome;
 }
 
@@ -553,6 +563,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   bool clean = true;
   loom::control::v1::Recovery recovered_from;  // the failure the current attempt recovers from
+  loom::control::v1::TrainingTime clock;       // the job's, as the failed attempt left it
   int restarts = 0;  // every replacement and every restart of all services
   for (bool first = true;; first = false) {
     std::fprintf(info, "loom up: starting %d services, logs in %s/logs\n", services,
@@ -578,7 +589,7 @@ int main(int argc, char** argv) {
                    absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
       std::fflush(info);
       if (!absl::GetFlag(FLAGS_exit_when_healthy)) {
-        outcome = RunJob(job, o, &restarts, max_restarts, recovered_from, launcher);
+        outcome = RunJob(job, o, &restarts, max_restarts, recovered_from, clock, launcher);
       }
       // After a loss nothing of this attempt is kept (the restart rolls back
       // to the checkpoint): no need to let the survivors stop gracefully.
@@ -595,6 +606,7 @@ int main(int argc, char** argv) {
     ++restarts;
     recovered_from = outcome.recovery;
     recovered_from.set_restart_seconds(UnixNow());
+    if (outcome.training_time.started_seconds() > 0) clock = outcome.training_time;
     std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job.name().c_str(),
                  loom::DescribeLoss(outcome.recovery).c_str());
     // Every service again, after the run's newest complete checkpoint: the

@@ -154,6 +154,9 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (!(factor >= 1 && factor <= 1000)) {
     return Bad("recovery.stall_factor", absl::StrCat("must be in [1, 1000], got ", factor));
   }
+  if (const int cap = job.recovery().max_restarts(); cap < 0 || cap > 1000) {
+    return Bad("recovery.max_restarts", absl::StrCat("must be in [0, 1000], got ", cap));
+  }
   return absl::OkStatus();
 }
 

@@ -103,6 +103,8 @@ TEST(JobConfig, InvalidValuesAreNamed) {
                 "recovery.stall_floor_seconds: must be in [0.5, 86400] seconds, got 0.1"},
            Case{"recovery { stall_factor: 0.5 }",
                 "recovery.stall_factor: must be in [1, 1000], got 0.5"},
+           Case{"recovery { max_restarts: -1 }",
+                "recovery.max_restarts: must be in [0, 1000], got -1"},
        }) {
     absl::Status s = ParseAndCheck(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;

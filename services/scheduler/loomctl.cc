@@ -75,6 +75,10 @@ std::string Summary(const loom::control::v1::Job& j) {
     absl::StrAppend(&s, absl::StrFormat("  loss %.4f", j.last_step().loss()));
   }
   if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
+  if (j.training_time().started_seconds() > 0) {
+    absl::StrAppend(
+        &s, absl::StrFormat("  effective %.1f%%", 100 * j.training_time().effective_ratio()));
+  }
   if (j.restarts() > 0 && j.state() != loom::control::v1::JOB_STATE_RECOVERING) {
     absl::StrAppend(&s, "  restarts ", j.restarts(),
                     " (the latest after: ", loom::DescribeLoss(j.recovery()), ")");

@@ -1,6 +1,7 @@
 // The scheduler's part of a coordinated checkpoint: every worker reports its
 // part of step N; the last report completes the step (preprocess cursor,
-// cost model, then the rename into place: runtime/checkpoint/steps.h). And
+// cost model, the productive time before it, then the rename into place:
+// runtime/checkpoint/steps.h). And
 // the assignments recorded since the newest complete step, which a restart
 // from it replays.
 #include <chrono>
@@ -30,6 +31,10 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
   const int64_t step = request->step();
   const int parts = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
   bool first = false, last = true;
+  // Taken with the last part, before a loss declared meanwhile rolls the
+  // clock back: every iteration before the step is reported by then (LLM
+  // rank 0 reports its step before its part).
+  double productive_before = 0;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
@@ -51,6 +56,7 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
       last = false;
     } else {
       checkpoint_parts_.erase(step);
+      productive_before = clock_.ProductiveBefore(step);
     }
   }
   if (first && !last) {
@@ -62,7 +68,7 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
     }
   }
   if (!last) return grpc::Status::OK;
-  if (absl::Status s = CompleteCheckpoint(step); !s.ok()) {
+  if (absl::Status s = CompleteCheckpoint(step, productive_before); !s.ok()) {
     absl::MutexLock lock(&mu_);
     job_message_ = absl::StrCat("checkpoint ", step, " failed: ", s.message());
     stop_at_ = newest_ + 1;
@@ -77,10 +83,35 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
     checkpoint_started_.erase(t);
   }
   last_checkpoint_ = std::max(last_checkpoint_, step);
+  clock_.CheckpointComplete(step);
+  KeepJobLocked();
   checkpoint_steps_.erase(step);
   AddEventLocked(control::v1::JobEvent::KIND_CHECKPOINT, nullptr, step);
   MaybeSucceedLocked();
   return grpc::Status::OK;
+}
+
+void SchedulerServiceImpl::ContinueClockLocked() {
+  const control::v1::TrainingTime& kept = options_.spec.training_time();
+  if (kept.started_seconds() <= 0) return;  // a new job: the clock starts when it runs
+  control::v1::TrainingTime at;
+  if (start_iteration_ > 0) {
+    const std::string path = absl::StrCat(
+        StepDir(options_.job.checkpoint().dir(), start_iteration_), "/", kTrainingTimeFile);
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok() || !at.ParseFromString(*bytes)) {
+      LOOM_LOG(WARNING).With("file", path)
+          << "no productive time recorded before this checkpoint: counting from 0";
+      at.Clear();
+    }
+  }
+  clock_.Continue(kept, start_iteration_, at.productive_seconds());
+  LOOM_LOG(INFO)
+          .With("started_seconds", kept.started_seconds())
+          .With("stopped_seconds", kept.stopped_seconds())
+          .With("step", start_iteration_)
+          .With("productive_seconds", at.productive_seconds())
+      << "training clock continued";
 }
 
 absl::StatusOr<std::string> SchedulerServiceImpl::ReadCursor(int64_t step) {
@@ -99,7 +130,7 @@ absl::StatusOr<std::string> SchedulerServiceImpl::ReadCursor(int64_t step) {
   return cursor.cursor().SerializeAsString();
 }
 
-absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
+absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, double productive_before) {
   // Every worker wrote its part into the partial folder; the scheduler adds
   // its own and renames the folder into place (runtime/checkpoint/steps.h).
   const std::string dir = PartialStepDir(options_.job.checkpoint().dir(), step);
@@ -120,14 +151,23 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step) {
   }
   absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kDataCursorFile), cursor);
   std::string costs;
+  control::v1::TrainingTime before;  // what a restart from this step continues with
+  before.set_productive_seconds(productive_before);
   {
     absl::MutexLock lock(&mu_);
     costs = costs_->coefficients().SerializeAsString();
   }
   if (s.ok()) s = WriteFileAtomically(absl::StrCat(dir, "/", kSchedulerStateFile), costs);
+  if (s.ok()) {
+    s = WriteFileAtomically(absl::StrCat(dir, "/", kTrainingTimeFile), before.SerializeAsString());
+  }
   // Every part is durable: the step becomes visible, complete.
   if (s.ok()) s = CommitCheckpointStep(options_.job.checkpoint().dir(), step, options_.run);
   if (s.ok()) PruneRecordedAssignments(step);
+  if (s.ok()) {
+    LOOM_LOG(INFO).With("step", step).With("productive_seconds", productive_before)
+        << "checkpoint complete";
+  }
   return s;
 }
 

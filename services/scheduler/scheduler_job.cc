@@ -35,14 +35,19 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   j.set_submit_time_seconds(submit_time_);
   j.set_assigned_iterations(std::max(newest_ + 1, start_iteration_));
   j.set_paused_requests(state_ == control::v1::JOB_STATE_PAUSED ? paused_requests_ : 0);
-  j.set_restarts(options_.restarts + static_cast<int>(generation_));
+  j.set_restarts(RestartsLocked());
   j.set_generation(generation_);
+  *j.mutable_training_time() = clock_.Read(absl::Now());
   if (state_ == control::v1::JOB_STATE_RECOVERING || generation_ > 0) {
     *j.mutable_recovery() = recovery_;
   } else if (options_.recovered_from.declared_seconds() > 0) {
     *j.mutable_recovery() = options_.recovered_from;
   }
   return j;
+}
+
+int SchedulerServiceImpl::RestartsLocked() const {
+  return options_.restarts + static_cast<int>(generation_ - options_.generation);
 }
 
 void SchedulerServiceImpl::AddEventLocked(control::v1::JobEvent::Kind kind,
@@ -63,6 +68,8 @@ void SchedulerServiceImpl::SetStateLocked(control::v1::JobState state) {
   LOOM_LOG(INFO).With("job", options_.job.name()).With("from", JobStateName(state_))
       << "job " << JobStateName(state);
   state_ = state;
+  clock_.SetState(state, absl::Now());
+  KeepJobLocked();  // the clock started or stopped
   AddEventLocked(control::v1::JobEvent::KIND_STATE, nullptr, 0);
 }
 

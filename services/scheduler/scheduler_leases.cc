@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
@@ -59,6 +60,12 @@ void SchedulerServiceImpl::DeclareLostLocked(common::v1::Role role, int rank,
       << "process lost: " << cause;
   lost_->Increment();
   ObserveRecovery("detection", last_seen, absl::Now());
+  if (const int cap = options_.job.recovery().max_restarts(); cap > 0 && RestartsLocked() >= cap) {
+    absl::StrAppend(&job_message_, "; no restart left (recovery.max_restarts ", cap, ")");
+    stop_at_ = std::max(newest_ + 1, start_iteration_);
+    SetStateLocked(control::v1::JOB_STATE_FAILED);
+    return;
+  }
   BeginRegroupLocked(role, rank);
   SetStateLocked(control::v1::JOB_STATE_RECOVERING);
 }
@@ -94,6 +101,7 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   assignments_by_iteration_.clear();
   newest_ = -1;
   while (!steps_.empty() && steps_.back().iteration() >= from) steps_.pop_back();
+  clock_.RollBack();
   // Checkpoints placed after it are abandoned (their partial folders are
   // emptied when the steps are marked again).
   checkpoint_steps_.clear();
@@ -117,7 +125,10 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   KeepJobLocked();
   recovery_.set_restart_seconds(recovery_.declared_seconds());
   restarts_->Increment();
-  LOOM_LOG(INFO).With("generation", generation_).With("start_iteration", from)
+  LOOM_LOG(INFO)
+          .With("generation", generation_)
+          .With("start_iteration", from)
+          .With("productive_seconds", clock_.Read(absl::Now()).productive_seconds())
       << "recovering in place: waiting for " << RoleLabel(role) << " rank " << rank
       << " to come back";
 }
@@ -177,6 +188,7 @@ void SchedulerServiceImpl::WatchLeases() {
       const absl::Time until = absl::Now() + every;
       while (!closing_ && absl::Now() < until) changed_.WaitWithDeadline(&mu_, until);
       if (closing_) return;
+      effective_->Set(clock_.Read(absl::Now()).effective_ratio());
       if (state_ != control::v1::JOB_STATE_RUNNING && state_ != control::v1::JOB_STATE_PAUSED) {
         last_ok.clear();  // a lease starts when the job runs
         if (state_ != control::v1::JOB_STATE_RECOVERING || !awaiting_preprocess_) continue;

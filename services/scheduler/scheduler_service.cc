@@ -20,6 +20,7 @@
 #include "services/common/channel.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
+#include "services/scheduler/job_state.h"
 
 namespace loom {
 namespace {
@@ -89,6 +90,9 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
   for (const char* part : {"detection", "regroup", "reload"}) {
     recovery_seconds_[part] = &recovery.Add({{"part", part}}, seconds);
   }
+  effective_ = gauge("loom_job_effective_training_ratio",
+                     "Wall time of the iterations the job kept over the time it has run, "
+                     "recoveries included (0-1).");
 }
 
 SchedulerServiceImpl::~SchedulerServiceImpl() {
@@ -183,9 +187,18 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     if (options.generation > 0) rewind_to_ = options.start_iteration;  // a job taken back
     reload_pending_ = options.recovered_from.declared_seconds() > 0;
     if (options.start_iteration > 0) last_checkpoint_ = options.start_iteration;
+    ContinueClockLocked();
     KeepJobLocked();
     submit_time_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
     SetStateLocked(control::v1::JOB_STATE_PENDING);
+    // A restart past the job's cap (a scheduler taking its job back once too
+    // often) ends it, naming the loss it would recover from.
+    if (const int cap = options.job.recovery().max_restarts(); cap > 0 && options.restarts > cap) {
+      job_message_ = absl::StrCat(DescribeLoss(options.recovered_from),
+                                  "; no restart left (recovery.max_restarts ", cap, ")");
+      stop_at_ = options.start_iteration;
+      SetStateLocked(control::v1::JOB_STATE_FAILED);
+    }
   }
   configured_.store(true);  // options_ is immutable from here on
   restarts_->Increment(options.restarts);
@@ -223,6 +236,8 @@ void SchedulerServiceImpl::KeepJobLocked() const {
   if (options_.state_file.empty()) return;
   control::v1::JobSpec spec = options_.spec;
   spec.set_generation(generation_);
+  spec.set_restarts(RestartsLocked());
+  *spec.mutable_training_time() = clock_.Read(absl::Now());
   if (absl::Status s = WriteFileAtomically(options_.state_file, spec.SerializeAsString());
       !s.ok()) {
     LOOM_LOG(WARNING).With("error", std::string(s.message())) << "cannot keep the job";
@@ -551,6 +566,8 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   }
   steps_.push_back(r);
   if (steps_.size() > kRetainedSteps) steps_.pop_front();
+  clock_.AddIteration(r.iteration(), r.seconds());
+  effective_->Set(clock_.Read(absl::Now()).effective_ratio());
   AddEventLocked(control::v1::JobEvent::KIND_STEP, &r, 0);
   MaybeSucceedLocked();
   lock.Release();

@@ -25,6 +25,7 @@
 #include "runtime/model/config.h"
 #include "runtime/scheduling/cost_model.h"
 #include "services/common/chassis.h"
+#include "services/scheduler/training_clock.h"
 
 namespace prometheus {
 class Counter;
@@ -167,15 +168,22 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // RECOVERING -> RUNNING once every worker is registered and
   // loom-preprocess answers again.
   void MaybeEndRegroupLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes options_.spec with the current generation to options_.state_file.
+  // Job.restarts: the spec's, plus each recovery in place since.
+  int RestartsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes options_.spec with the current generation, restarts and the
+  // training clock to options_.state_file.
   void KeepJobLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Continues the clock of options_.spec.training_time, if it has one, from
+  // the checkpoint the job starts after.
+  void ContinueClockLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rolls loom-preprocess back to the generation's start once (under compute_mu_).
   absl::Status RewindPreprocess();
   absl::Status Configured() const;
   absl::Status ValidateWorkerId(common::v1::Role role, int rank) const;
-  // Writes the cursor and the scheduler's state into the step's folder, then
+  // Writes the cursor and the scheduler's state (with `productive_before`,
+  // the kept iterations' time before the step) into the step's folder, then
   // COMPLETE. Called once every worker reported its part.
-  absl::Status CompleteCheckpoint(int64_t step);
+  absl::Status CompleteCheckpoint(int64_t step, double productive_before);
   // The serialized data cursor before batch `step`, from loom-preprocess.
   absl::StatusOr<std::string> ReadCursor(int64_t step);
   // Every assignment is recorded in the checkpoint folder,
@@ -285,6 +293,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   std::thread leases_;
   prometheus::Counter* restarts_ = nullptr;
   prometheus::Counter* lost_ = nullptr;
+  prometheus::Gauge* effective_ = nullptr;  // TrainingTime.effective_ratio
+  TrainingClock clock_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Histogram*> recovery_seconds_;  // by part
 };
 

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
@@ -116,6 +117,7 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   so.job.set_model("tiny");
   so.job.mutable_checkpoint()->set_dir(testing::TempPath("lease_ckpt"));
   so.job.mutable_recovery()->set_lease_seconds(0.6);
+  so.job.mutable_recovery()->set_max_restarts(3);
   so.pause_hold = absl::Milliseconds(200);
   absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> service =
       SchedulerServiceImpl::Create(&chassis, so);
@@ -224,7 +226,27 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   EXPECT_EQ(j.recovery().cause().rfind("its port refuses connections", 0), 0u)
       << j.recovery().cause();
   EXPECT_LT(j.recovery().declared_seconds() - j.recovery().last_seen_seconds(), 0.6);
-  replacement.Shutdown();
+  EXPECT_EQ(j.restarts(), 3);
+
+  // recovery.max_restarts 3: the next loss ends the job, naming it.
+  Chassis encoder(
+      testing::LocalOptions("loom-encoder-worker", common::v1::ROLE_ENCODER_WORKER, /*rank=*/0));
+  ASSERT_TRUE(encoder.Start().ok());
+  ASSERT_TRUE(register_worker(0, "ucx0-new", encoder.grpc_port(), &registered).ok());
+  ASSERT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
+  replacement.Shutdown();  // LLM rank 1 again
+  const absl::Time failed_by = absl::Now() + absl::Seconds(20);
+  while (job().state() == control::v1::JOB_STATE_RUNNING && absl::Now() < failed_by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  j = job();
+  EXPECT_EQ(j.state(), control::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.generation(), 3);
+  EXPECT_EQ(j.message().rfind("llm_worker rank 1 lost during iteration 0: its port refuses", 0), 0u)
+      << j.message();
+  EXPECT_TRUE(absl::EndsWith(j.message(), "; no restart left (recovery.max_restarts 3)"))
+      << j.message();
+  encoder.Shutdown();
   chassis.Shutdown();
 }
 

@@ -5,6 +5,7 @@
 // from that checkpoint instead. Whichever process was lost, in
 // whatever phase, the run ends as the uninterrupted one.
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <map>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "services/common/subprocess.h"
@@ -72,6 +74,47 @@ std::vector<int> Pids(const std::string& log, const std::string& service, const 
 int NewestPid(const std::string& log, const std::string& service, const std::string& rank) {
   std::vector<int> pids = Pids(log, service, rank);
   return pids.empty() ? 0 : pids.back();
+}
+
+// The job's effective training time, as loom up printed it at the end: its
+// productive part is the time of the iterations kept (the last attempt of
+// each step), not of those a recovery rolled back; the rest of the time
+// went to the losses, so the ratio is below 1.
+void ExpectProductiveTimeIsTheKeptSteps(const std::string& log, const std::string& name) {
+  std::map<int, double> kept;  // step -> seconds of its last attempt
+  double productive = -1, elapsed = -1, percent = -1;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    double step = 0, seconds = 0;
+    if (JsonNumberField(line, "step", &step) && JsonNumberField(line, "seconds", &seconds)) {
+      kept[static_cast<int>(step)] = seconds;
+    }
+    const std::string prefix = "loom up: effective training time ";
+    if (absl::StartsWith(line, prefix)) {
+      ASSERT_EQ(
+          std::sscanf(std::string(line.substr(prefix.size())).c_str(),
+                      "%lf%% (%lf s of kept iterations in %lf s)", &percent, &productive, &elapsed),
+          3)
+          << line;
+    }
+  }
+  ASSERT_GE(productive, 0) << "no effective training time printed\n" << log;
+  ASSERT_EQ(kept.size(), static_cast<size_t>(kSteps)) << log;
+  double sum = 0;
+  for (const auto& [step, seconds] : kept) sum += seconds;
+  std::string detail;  // on a mismatch: the steps kept and the scheduler's clock
+  for (const auto& [step, seconds] : kept) absl::StrAppend(&detail, step, ":", seconds, " ");
+  for (const char* suffix : {".log.prev", ".log"}) {
+    absl::StatusOr<std::string> s = ReadFile(TempPath(name) + "/logs/loom-scheduler" + suffix);
+    for (absl::string_view line : absl::StrSplit(s.ok() ? *s : "", '\n')) {
+      if (absl::StrContains(line, "productive_seconds")) absl::StrAppend(&detail, "\n", line);
+    }
+  }
+  EXPECT_NEAR(productive, sum, testing::Allowed(testing::kPrintedSecondsSum, sum))
+      << testing::kPrintedSecondsSum.reason << "\n"
+      << detail;
+  EXPECT_GT(elapsed, productive);
+  EXPECT_GT(percent, 0);
+  EXPECT_LT(percent, 100);
 }
 
 // Every kind of process, lost in every phase, one after another in one run:
@@ -197,6 +240,7 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
     }
   }
   EXPECT_GE(again, 5) << "no step was trained twice: the restarts lost nothing?";
+  ExpectProductiveTimeIsTheKeptSteps(log, "faults");
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "faults"), local_,
                    "8 processes lost and recovered from checkpoints vs loom-train-local");
 }
@@ -255,6 +299,7 @@ TEST_F(RecoveryTest, TensorAndPipelineGridsRecoverInPlace) {
     const std::vector<int> pids = Pids(log, service, rank);
     EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), 1u) << service << " " << rank;
   }
+  ExpectProductiveTimeIsTheKeptSteps(log, "grids");
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "grids"), local_,
                    "encoder TP2 + LLM PP2 x DP2, three workers replaced in place (one hung), vs "
                    "loom-train-local");
@@ -274,6 +319,7 @@ TEST_F(RecoveryTest, WithoutRecoveryInPlaceEveryServiceRestarts) {
   EXPECT_TRUE(absl::StrContains(log, "restart 1 of 1: resuming after checkpoint step 6")) << log;
   EXPECT_EQ(Pids(log, "loom-scheduler", "-").size(), 4u) << log;  // 2 tables per attempt
   EXPECT_NE(Pids(log, "loom-scheduler", "-").front(), Pids(log, "loom-scheduler", "-").back());
+  ExpectProductiveTimeIsTheKeptSteps(log, "all");  // the clock goes on across the restart
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "all"), local_,
                    "every service restarted after a worker's loss vs loom-train-local");
 }
