@@ -81,6 +81,7 @@ class UcxWorker {
   void Cancel();
   // Ends Cancel(): receives wait again (a regrouped job goes on).
   void ClearCancel();
+  bool cancelled() const { return cancelled_.load(); }
 
   // Waits until no send is in flight or `timeout` passed.
   bool Flush(absl::Duration timeout);

@@ -26,21 +26,30 @@ absl::StatusOr<data::v1::GetBatchResponse> DataClient::GetBatch(int64_t iteratio
 absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
                                                              const std::vector<int>& indices,
                                                              bool tokens_only) {
-  // Each fetch gets its own tag range so concurrent fetches never match
-  // each other's messages.
-  const uint64_t tag_base = next_tag_base_.fetch_add(1) << 32;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
-  ctx.set_wait_for_ready(true);  // a restarted loom-preprocess comes back at the same address
+  const absl::Duration budget = budget_ ? std::max(budget_(), deadline_) : deadline_;
+  const absl::Time give_up = absl::Now() + budget;
   data::v1::FetchSamplesRequest request;
   request.set_iteration(iteration);
   for (int i : indices) request.add_indices(i);
   request.set_ucx_address(ucx_->address());
-  request.set_tag_base(tag_base);
   request.set_tokens_only(tokens_only);
   data::v1::FetchSamplesResponse response;
-  grpc::Status s = stub_->FetchSamples(&ctx, request, &response);
-  if (!s.ok()) return FromGrpcStatus(s, "FetchSamples");
+  for (;;) {
+    // Each attempt gets its own tag range so that concurrent fetches, and
+    // the late sends of an abandoned attempt, never match its messages.
+    request.set_tag_base(next_tag_base_.fetch_add(1) << 32);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(std::min(absl::Now() + deadline_, give_up)));
+    ctx.set_wait_for_ready(true);  // a restarted loom-preprocess comes back at the same address
+    grpc::Status s = stub_->FetchSamples(&ctx, request, &response);
+    if (s.ok()) break;
+    const bool again = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!again || absl::Now() >= give_up || ucx_->cancelled()) {
+      return FromGrpcStatus(s, "FetchSamples");
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
   if (response.samples_size() != static_cast<int>(indices.size())) {
     return absl::DataLossError("FetchSamples: answer does not match the request");
   }
@@ -81,7 +90,10 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     }
     buffers.push_back({t.tokens_tag(), out[k].tokens.data(), out[k].tokens.size() * 4, received});
   }
-  if (absl::Status r = ucx_->RecvAll(buffers, deadline_); !r.ok()) return r;
+  if (absl::Status r = ucx_->RecvAll(buffers, std::max(deadline_, give_up - absl::Now()));
+      !r.ok()) {
+    return r;
+  }
   for (int k = 0; model_ && k < response.samples_size(); ++k) {
     const data::v1::SampleTensors& t = response.samples(k);
     if (absl::Status s = CheckSampleFits(out[k], t.tile_size(), tokens_only, *model_, t.key());

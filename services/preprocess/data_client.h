@@ -4,6 +4,7 @@
 #define LOOM_SERVICES_PREPROCESS_DATA_CLIENT_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -25,6 +26,12 @@ class DataClient {
   DataClient(std::shared_ptr<grpc::Channel> channel, UcxWorker* ucx,
              absl::Duration deadline = absl::Seconds(30), const ModelConfig* model = nullptr);
 
+  // How long one FetchSamples may wait for loom-preprocess in all: a call
+  // that runs past `deadline` (the batch not prepared yet, the service
+  // stopped for a while) is asked again until then, and the tensors get as
+  // long to arrive. Unset: `deadline`, one attempt. Asked at each fetch.
+  void SetWaitBudget(std::function<absl::Duration()> budget) { budget_ = std::move(budget); }
+
   absl::StatusOr<data::v1::GetBatchResponse> GetBatch(int64_t iteration);
 
   // The samples at `indices` of batch `iteration`, in that order. With
@@ -37,6 +44,7 @@ class DataClient {
   std::unique_ptr<data::v1::PreprocessService::Stub> stub_;
   UcxWorker* ucx_;
   absl::Duration deadline_;
+  std::function<absl::Duration()> budget_;
   std::optional<ModelConfig> model_;
   std::atomic<uint64_t> next_tag_base_{1};
 };

@@ -17,6 +17,7 @@
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/steps.h"
 #include "services/common/grpc_status.h"
+#include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
 
 namespace loom {
@@ -70,6 +71,8 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
   if (!last) return grpc::Status::OK;
   if (absl::Status s = CompleteCheckpoint(step, productive_before); !s.ok()) {
     absl::MutexLock lock(&mu_);
+    // A recovery began meanwhile: it abandoned this checkpoint, not the job.
+    if (generation_ != request->generation()) return ToGrpcStatus(s);
     job_message_ = absl::StrCat("checkpoint ", step, " failed: ", s.message());
     stop_at_ = newest_ + 1;
     SetStateLocked(control::v1::JOB_STATE_FAILED);
@@ -144,10 +147,25 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, double produ
       checkpoint_cursors_.erase(it);
     }
   }
-  if (!read_before) {
+  // loom-preprocess may be busy or stopped for a while: asked again until
+  // it answers, or a recovery (it was lost) abandons this checkpoint.
+  int64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    generation = generation_;
+  }
+  while (!read_before) {
     absl::StatusOr<std::string> read = ReadCursor(step);
-    if (!read.ok()) return read.status();
-    cursor = *std::move(read);
+    if (read.ok()) {
+      cursor = *std::move(read);
+      break;
+    }
+    const absl::StatusCode code = read.status().code();
+    absl::MutexLock lock(&mu_);
+    if ((code != absl::StatusCode::kDeadlineExceeded && code != absl::StatusCode::kUnavailable) ||
+        generation_ != generation || closing_ || IsFinalJobState(state_)) {
+      return read.status();
+    }
   }
   absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kDataCursorFile), cursor);
   std::string costs;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "prometheus/counter.h"
@@ -344,7 +345,8 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext*,
 
 absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
 SchedulerServiceImpl::AssignmentFor(int64_t iteration, int64_t generation, absl::Time deadline,
-                                    std::string* ended, scheduler::v1::Regroup* regroup) {
+                                    absl::Time compute_deadline, std::string* ended,
+                                    scheduler::v1::Regroup* regroup) {
   if (iteration < 0) {
     return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
   }
@@ -416,6 +418,26 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, int64_t generation, absl:
           absl::StrCat("the job is recovering (", job_message_, "); retry"));
     }
   }
+  // One assignment is computed at a time. A caller waits for its turn, and
+  // for loom-preprocess's batch, only until its compute deadline: then it
+  // hears "retry", so a batch that takes long to prepare (or a long solve
+  // ahead of it) never runs a worker's call past its deadline.
+  {
+    absl::MutexLock lock(&mu_);
+    while (computing_ && absl::Now() < compute_deadline) {
+      changed_.WaitWithDeadline(&mu_, compute_deadline);
+    }
+    if (computing_) {
+      return absl::UnavailableError(absl::StrCat(
+          "iteration ", iteration, ": another assignment is still being computed; retry"));
+    }
+    computing_ = true;
+  }
+  absl::Cleanup computed_or_not = [this] {
+    absl::MutexLock lock(&mu_);
+    computing_ = false;
+    changed_.SignalAll();
+  };
   absl::MutexLock compute(&compute_mu_);
   hit = cached();  // another caller may have computed it meanwhile
   if (!hit.ok() || *hit) return hit;
@@ -424,12 +446,18 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, int64_t generation, absl:
   }
   if (absl::Status s = RewindPreprocess(); !s.ok()) return s;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ctx.set_deadline(absl::ToChronoTime(compute_deadline));
   ctx.set_wait_for_ready(true);  // loom-preprocess may be restarting at its address
   data::v1::GetBatchRequest request;
   request.set_iteration(iteration);
   data::v1::GetBatchResponse batch;
   if (grpc::Status s = preprocess_->GetBatch(&ctx, request, &batch); !s.ok()) {
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {  // not prepared yet
+      return absl::UnavailableError(absl::StrCat("iteration ", iteration,
+                                                 ": loom-preprocess has not prepared its batch "
+                                                 "yet (",
+                                                 s.error_message(), "); retry"));
+    }
     return FromGrpcStatus(s, "preprocess GetBatch");
   }
   auto computed = std::make_shared<Computed>();
@@ -520,12 +548,15 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   // A paused job holds the call until a second before the caller's deadline
   // (at most pause_hold); the caller retries the UNAVAILABLE that follows.
-  const absl::Time deadline = std::min(absl::FromChrono(context->deadline()) - absl::Seconds(1),
-                                       absl::Now() + options_.pause_hold);
+  // Computing the assignment (the wait for the batch included) likewise,
+  // at most kComputeHold.
+  const absl::Time answer_by = absl::FromChrono(context->deadline()) - absl::Seconds(1);
+  const absl::Time deadline = std::min(answer_by, absl::Now() + options_.pause_hold);
+  const absl::Time compute_deadline = std::min(answer_by, absl::Now() + kComputeHold);
   std::string ended;
   scheduler::v1::Regroup regroup;
-  absl::StatusOr<std::shared_ptr<const Computed>> c =
-      AssignmentFor(request->iteration(), request->generation(), deadline, &ended, &regroup);
+  absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(
+      request->iteration(), request->generation(), deadline, compute_deadline, &ended, &regroup);
   if (!c.ok()) return ToGrpcStatus(c.status());
   if (*c == nullptr) {
     if (ended.empty()) {

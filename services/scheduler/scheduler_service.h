@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "loom/control/v1/control.pb.h"
 #include "loom/data/v1/data.grpc.pb.h"
 #include "loom/job/v1/job.pb.h"
@@ -70,6 +71,11 @@ struct SchedulerServiceOptions {
   std::string state_file;
   int64_t generation = 0;  // the generation to start at
 };
+
+// The longest one GetAssignment call waits for its turn to compute and for
+// loom-preprocess's batch before it answers UNAVAILABLE "...; retry" (the
+// workers ask again): a batch slow to prepare costs time, not the job.
+inline constexpr absl::Duration kComputeHold = absl::Seconds(30);
 
 // Where a scheduler keeps its job: <run_dir>/scheduler_job.binpb.
 std::string SchedulerJobFile(const std::string& run_dir);
@@ -145,15 +151,14 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
     std::vector<sched::SampleShape> shapes;  // by batch index
   };
 
-  // `deadline`: how long a paused job may hold the call. nullptr with
-  // *ended set: the job has no iteration `iteration` (why).
   // The assignment of `iteration` for a caller in `generation`; null with
   // `ended` set (no such iteration) or `regroup` set (that generation is over).
-  absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(int64_t iteration,
-                                                                int64_t generation,
-                                                                absl::Time deadline,
-                                                                std::string* ended,
-                                                                scheduler::v1::Regroup* regroup);
+  // `deadline`: how long a paused job may hold the call; `compute_deadline`:
+  // how long the caller waits for its turn to compute and for the batch
+  // (then UNAVAILABLE "...; retry").
+  absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(
+      int64_t iteration, int64_t generation, absl::Time deadline, absl::Time compute_deadline,
+      std::string* ended, scheduler::v1::Regroup* regroup);
   // The plan's cost coefficients with the stage shares of the workers'
   // layer split, or those checkpoint `step` saved (step > 0).
   absl::StatusOr<scheduler::v1::CostCoefficients> StartingCosts(const scheduler::v1::Plan& plan,
@@ -233,6 +238,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   prometheus::Gauge* encoder_imbalance_ = nullptr;
 
   absl::Mutex compute_mu_;  // one assignment computed at a time
+  // Set by the caller computing one; the others wait for it on changed_.
+  bool computing_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex mu_;
   std::map<std::pair<int, int>, scheduler::v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);

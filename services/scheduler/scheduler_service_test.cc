@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -332,6 +333,74 @@ class ServedScheduleTest : public ::testing::Test {
   std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
   std::unique_ptr<data::v1::PreprocessService::Stub> data_stub_;
 };
+
+// Forwards GetBatch to a preprocess service once `ready` has passed: a
+// global batch that takes long to prepare.
+class LateBatches final : public data::v1::PreprocessService::Service {
+ public:
+  LateBatches(std::shared_ptr<grpc::Channel> to, absl::Time ready)
+      : stub_(data::v1::PreprocessService::NewStub(std::move(to))), ready_(ready) {}
+  grpc::Status GetBatch(grpc::ServerContext*, const data::v1::GetBatchRequest* request,
+                        data::v1::GetBatchResponse* response) override {
+    absl::SleepFor(ready_ - absl::Now());
+    grpc::ClientContext ctx;
+    return stub_->GetBatch(&ctx, *request, response);
+  }
+
+ private:
+  std::unique_ptr<data::v1::PreprocessService::Stub> stub_;
+  absl::Time ready_;
+};
+
+// A batch that takes longer to prepare than a caller's deadline: every call
+// is answered within its deadline with UNAVAILABLE "...; retry" (the one
+// waiting for the batch and the one waiting for its turn alike), and asking
+// again gets the assignment once the batch is there.
+TEST_F(ServedScheduleTest, ABatchSlowerThanTheCallersDeadlinesIsWaitedFor) {
+  Chassis late_chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
+  LateBatches late(testing::ChannelTo(*data_chassis_), absl::Now() + absl::Seconds(6));
+  late_chassis.AddService(&late, data::v1::PreprocessService::service_full_name());
+  ASSERT_TRUE(late_chassis.Start().ok());
+  SchedulerServiceOptions so;
+  so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
+  so.preprocess = absl::StrCat("127.0.0.1:", late_chassis.grpc_port());
+  so.job.set_name("late");
+  so.job.mutable_checkpoint()->set_dir(testing::TempPath("late_ckpt"));
+  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
+  auto service = SchedulerServiceImpl::Create(&chassis, so);
+  ASSERT_TRUE(service.ok()) << service.status();
+  chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
+  ASSERT_TRUE(chassis.Start().ok());
+  auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  auto ask = [&](scheduler::v1::GetAssignmentResponse* response) {
+    scheduler::v1::GetAssignmentRequest r;
+    r.set_iteration(0);
+    auto ctx = testing::ContextWithDeadline(3);
+    return stub->GetAssignment(ctx.get(), r, response);
+  };
+  grpc::Status first, second;
+  scheduler::v1::GetAssignmentResponse r1, r2;
+  std::thread other([&] { first = ask(&r1); });
+  absl::SleepFor(absl::Milliseconds(300));
+  second = ask(&r2);
+  other.join();
+  for (const grpc::Status& s : {first, second}) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    EXPECT_TRUE(absl::EndsWith(s.error_message(), "; retry")) << s.error_message();
+  }
+  scheduler::v1::GetAssignmentResponse response;
+  grpc::Status s;
+  for (int tries = 0; tries < 20; ++tries) {  // about 2 s each: the batch comes at 6 s
+    s = ask(&response);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    EXPECT_TRUE(absl::EndsWith(s.error_message(), "; retry")) << s.error_message();
+  }
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.assignment().iteration(), 0);
+  EXPECT_EQ(response.assignment().bins_size(), 4);
+  chassis.Shutdown();
+  late_chassis.Shutdown();
+}
 
 // The control API's requests act on the assignments workers get: a pause
 // holds new iterations (computed ones are still served), a checkpoint request

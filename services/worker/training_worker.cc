@@ -96,6 +96,9 @@ absl::Status TrainingWorker::Impl::Register() {
   train.clip_norm = job.train().clip_norm();
   data = std::make_unique<DataClient>(ServiceChannel(reg->preprocess()), ucx.get(),
                                       absl::Seconds(30), &model);
+  // A batch slow to prepare, or loom-preprocess stopped for less than its
+  // lease, is waited for as long as a peer would be.
+  data->SetWaitBudget([this] { return stall->WaitLimit(); });
 
   encoder_grid = {plan.encoder().tp(), plan.encoder().pp(), plan.encoder().dp()};
   llm_grid = {plan.llm().tp(), plan.llm().pp(), plan.llm().dp()};

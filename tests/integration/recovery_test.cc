@@ -324,6 +324,33 @@ TEST_F(RecoveryTest, WithoutRecoveryInPlaceEveryServiceRestarts) {
                    "every service restarted after a worker's loss vs loom-train-local");
 }
 
+// loom-preprocess stopped (SIGSTOP) for longer than any RPC deadline but
+// less than its lease: nothing is lost, so nothing restarts; every worker
+// waits for its data and the scheduler for the batch (answering "retry"
+// meanwhile), and the run ends with the uninterrupted run's losses.
+TEST_F(RecoveryTest, APreprocessStoppedWithinItsLeaseIsWaitedFor) {
+  std::unique_ptr<Subprocess> up = StartLoomUp(
+      "stopped", Job("loom", 3) + "recovery { lease_seconds: 120 }\n", "", {"--max_restarts=0"});
+  ASSERT_NE(up, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  std::string log;
+  while (absl::Now() < deadline && !absl::StrContains(log = up->ReadLog(), "\"step\":5,")) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const int preprocess = NewestPid(log, "loom-preprocess", "-");
+  ASSERT_GT(preprocess, 0) << log;
+  ASSERT_EQ(::kill(preprocess, SIGSTOP), 0);
+  absl::SleepFor(absl::Seconds(40));  // past the scheduler's 30 s and the workers' fetches
+  ASSERT_EQ(::kill(preprocess, SIGCONT), 0);
+  absl::StatusOr<int> status = up->Wait(deadline - absl::Now());
+  ASSERT_TRUE(status.ok()) << status.status();
+  log = up->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_FALSE(absl::StrContains(log, "RECOVERING")) << log;
+  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "stopped"), local_,
+                   "loom-preprocess stopped for 40 s vs loom-train-local");
+}
+
 // More losses than --max_restarts: the job ends FAILED, naming the last
 // loss, and loom up exits 1.
 TEST_F(RecoveryTest, ALossPastMaxRestartsFailsTheJobNamingIt) {
