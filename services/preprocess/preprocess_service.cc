@@ -94,10 +94,8 @@ grpc::Status PreprocessServiceImpl::GetInfo(grpc::ServerContext*, const data::v1
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessServiceImpl::BatchFor(
-    int64_t iteration) {
-  if (iteration < 0) return absl::InvalidArgumentError("iteration: must be >= 0");
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>>
+PreprocessServiceImpl::FindBatchLocked(int64_t iteration) {
   if (!loader_error_.empty()) return absl::FailedPreconditionError(loader_error_);
   if (auto it = batches_.find(iteration); it != batches_.end()) return it->second;
   if (iteration < next_iteration_) {
@@ -110,13 +108,34 @@ absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessSe
         absl::StrCat("iteration ", iteration, " is more than ", options_.retained_batches,
                      " batches ahead of the next one (", next_iteration_, ")"));
   }
-  while (next_iteration_ <= iteration) {
+  return std::shared_ptr<const Batch>();
+}
+
+absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessServiceImpl::BatchFor(
+    int64_t iteration) {
+  if (iteration < 0) return absl::InvalidArgumentError("iteration: must be >= 0");
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::shared_ptr<const Batch>> found = FindBatchLocked(iteration);
+    if (!found.ok() || *found) return found;
+  }
+  absl::MutexLock build(&build_mu_);
+  for (;;) {
+    int64_t next = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      // Built meanwhile by another caller, or no longer buildable.
+      absl::StatusOr<std::shared_ptr<const Batch>> found = FindBatchLocked(iteration);
+      if (!found.ok() || *found) return found;
+      next = next_iteration_;
+    }
     auto batch = std::make_shared<Batch>();
-    batch->iteration = next_iteration_;
+    batch->iteration = next;
     batch->cursor_before = loader_->Cursor();
     for (int i = 0; i < options_.global_batch; ++i) {
       absl::StatusOr<data::ProcessedSample> s = loader_->Next();
       if (!s.ok()) {
+        absl::MutexLock lock(&mu_);
         loader_error_ = std::string(s.status().message());
         LOOM_LOG(ERROR).With("error", loader_error_) << "data loader failed";
         return absl::FailedPreconditionError(loader_error_);
@@ -124,11 +143,11 @@ absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessSe
       batch->samples.push_back(std::move(*s));
     }
     samples_served_->Increment(options_.global_batch);
+    absl::MutexLock lock(&mu_);
     batches_[next_iteration_++] = std::move(batch);
     while (static_cast<int>(batches_.size()) > options_.retained_batches)
       batches_.erase(batches_.begin());
   }
-  return batches_.at(iteration);
 }
 
 grpc::Status PreprocessServiceImpl::GetBatch(grpc::ServerContext*,
@@ -225,6 +244,7 @@ grpc::Status PreprocessServiceImpl::Rewind(grpc::ServerContext*,
     return ToGrpcStatus(absl::InvalidArgumentError("start_iteration: must be >= 0"));
   }
   const data::v1::DataCursor& cursor = request->has_cursor() ? request->cursor() : initial_cursor_;
+  absl::MutexLock build(&build_mu_);
   absl::MutexLock lock(&mu_);
   if (absl::Status s = loader_->Restore(cursor); !s.ok()) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("cursor: ", s.message())));

@@ -67,7 +67,11 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
     data::v1::DataCursor cursor_before;
     std::vector<data::ProcessedSample> samples;
   };
+  // Batch `iteration`, built (with those before it) if it is next.
   absl::StatusOr<std::shared_ptr<const Batch>> BatchFor(int64_t iteration);
+  // The batch if built, an error if it cannot be, null if it is to be built.
+  absl::StatusOr<std::shared_ptr<const Batch>> FindBatchLocked(int64_t iteration)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Chassis* chassis_;
   PreprocessServiceOptions options_;
@@ -80,6 +84,11 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   prometheus::Counter* samples_served_ = nullptr;
   prometheus::Counter* bytes_sent_ = nullptr;
 
+  // One batch is built at a time, under build_mu_ (the loader decodes ahead
+  // on its own threads; Next() waits for it). mu_ guards only the built
+  // batches, so a fetch of one that is built never waits behind decoding.
+  // Order: build_mu_, then mu_.
+  absl::Mutex build_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::map<int64_t, std::shared_ptr<const Batch>> batches_ ABSL_GUARDED_BY(mu_);
   int64_t next_iteration_ ABSL_GUARDED_BY(mu_) = 0;

@@ -69,7 +69,8 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
     }
   }
   if (!last) return grpc::Status::OK;
-  if (absl::Status s = CompleteCheckpoint(step, productive_before); !s.ok()) {
+  if (absl::Status s = CompleteCheckpoint(step, request->generation(), productive_before);
+      !s.ok()) {
     absl::MutexLock lock(&mu_);
     // A recovery began meanwhile: it abandoned this checkpoint, not the job.
     if (generation_ != request->generation()) return ToGrpcStatus(s);
@@ -85,9 +86,6 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
     checkpoint_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t->second));
     checkpoint_started_.erase(t);
   }
-  last_checkpoint_ = std::max(last_checkpoint_, step);
-  clock_.CheckpointComplete(step);
-  KeepJobLocked();
   checkpoint_steps_.erase(step);
   AddEventLocked(control::v1::JobEvent::KIND_CHECKPOINT, nullptr, step);
   MaybeSucceedLocked();
@@ -133,7 +131,8 @@ absl::StatusOr<std::string> SchedulerServiceImpl::ReadCursor(int64_t step) {
   return cursor.cursor().SerializeAsString();
 }
 
-absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, double productive_before) {
+absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, int64_t generation,
+                                                      double productive_before) {
   // Every worker wrote its part into the partial folder; the scheduler adds
   // its own and renames the folder into place (runtime/checkpoint/steps.h).
   const std::string dir = PartialStepDir(options_.job.checkpoint().dir(), step);
@@ -149,11 +148,6 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, double produ
   }
   // loom-preprocess may be busy or stopped for a while: asked again until
   // it answers, or a recovery (it was lost) abandons this checkpoint.
-  int64_t generation = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    generation = generation_;
-  }
   while (!read_before) {
     absl::StatusOr<std::string> read = ReadCursor(step);
     if (read.ok()) {
@@ -179,8 +173,25 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, double produ
   if (s.ok()) {
     s = WriteFileAtomically(absl::StrCat(dir, "/", kTrainingTimeFile), before.SerializeAsString());
   }
-  // Every part is durable: the step becomes visible, complete.
-  if (s.ok()) s = CommitCheckpointStep(options_.job.checkpoint().dir(), step, options_.run);
+  // Every part is durable: the step becomes visible, complete - unless a
+  // recovery began since its last part. That rolled the job back before
+  // this step, and the new generation writes it again: a step completed
+  // from the old one's iterations would be trained twice over, and the
+  // time of either attempt would be the one kept.
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (generation_ != generation) {
+      return absl::AbortedError(absl::StrCat("checkpoint ", step, " of generation ", generation,
+                                             " abandoned: the job recovered in place (now ",
+                                             generation_, ")"));
+    }
+    s = CommitCheckpointStep(options_.job.checkpoint().dir(), step, options_.run);
+    if (s.ok()) {
+      last_checkpoint_ = std::max(last_checkpoint_, step);
+      clock_.CheckpointComplete(step);
+      KeepJobLocked();
+    }
+  }
   if (s.ok()) PruneRecordedAssignments(step);
   if (s.ok()) {
     LOOM_LOG(INFO).With("step", step).With("productive_seconds", productive_before)

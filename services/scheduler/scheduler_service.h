@@ -187,8 +187,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   absl::Status ValidateWorkerId(common::v1::Role role, int rank) const;
   // Writes the cursor and the scheduler's state (with `productive_before`,
   // the kept iterations' time before the step) into the step's folder, then
-  // COMPLETE. Called once every worker reported its part.
-  absl::Status CompleteCheckpoint(int64_t step, double productive_before);
+  // COMPLETE. Called once every worker of `generation` reported its part;
+  // ABORTED (nothing committed) once a recovery ended that generation.
+  absl::Status CompleteCheckpoint(int64_t step, int64_t generation, double productive_before);
   // The serialized data cursor before batch `step`, from loom-preprocess.
   absl::StatusOr<std::string> ReadCursor(int64_t step);
   // Every assignment is recorded in the checkpoint folder,
