@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 // clang-format off
@@ -19,8 +20,11 @@ struct EpErrorArg {
 };
 }  // namespace
 
+struct SendOp;
+
 struct UcxWorker::Impl {
   EpErrorArg error_arg{};
+  std::set<SendOp*> sends;  // in flight (SendDone takes them out)
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   int efd = -1;
@@ -168,6 +172,7 @@ void UcxWorker::ProgressLoop() {
         impl_->receivers_done.Wait(&mu_);
         continue;
       }
+      ExpireSendsLocked();
       if (ucp_worker_progress(impl_->worker) != 0) {
         idle_polls = 0;
         continue;
@@ -252,18 +257,22 @@ absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& remote_address) {
   return static_cast<void*>(ep);
 }
 
-namespace {
 struct SendOp {
   std::shared_ptr<const void> keep_alive;
   std::function<void(absl::Status)> done;
   size_t size;
   int* in_flight;
   UcxWorker::Stats* stats;
+  std::set<SendOp*>* sends;
+  ucp_ep_h ep;
+  absl::Time deadline;
 };
 
+namespace {
 void SendDone(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<SendOp*>(user_data);
   --*op->in_flight;
+  op->sends->erase(op);
   if (status == UCS_OK) {
     op->stats->bytes_sent += static_cast<int64_t>(op->size);
   } else {
@@ -281,7 +290,14 @@ absl::Status UcxWorker::Send(const std::string& remote_address, uint64_t tag, co
   absl::MutexLock lock(&mu_);
   absl::StatusOr<void*> ep = Endpoint(remote_address);
   if (!ep.ok()) return ep.status();
-  auto* op = new SendOp{std::move(keep_alive), std::move(done), size, &in_flight_, &stats_};
+  auto* op = new SendOp{std::move(keep_alive),
+                        std::move(done),
+                        size,
+                        &in_flight_,
+                        &stats_,
+                        &impl_->sends,
+                        static_cast<ucp_ep_h>(*ep),
+                        absl::Now() + send_timeout_};
   ucp_request_param_t p;
   std::memset(&p, 0, sizeof(p));
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -300,7 +316,34 @@ absl::Status UcxWorker::Send(const std::string& remote_address, uint64_t tag, co
     return UcsError("send", UCS_PTR_STATUS(r));
   }
   ++in_flight_;
+  impl_->sends.insert(op);
   return absl::OkStatus();
+}
+
+void UcxWorker::SetSendTimeout(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  send_timeout_ = timeout;
+}
+
+void UcxWorker::ExpireSendsLocked() {
+  if (impl_->sends.empty()) return;
+  const absl::Time now = absl::Now();
+  if (now < next_expiry_ || !PeerErrorHandling()) return;
+  next_expiry_ = now + absl::Seconds(1);
+  std::set<ucp_ep_h> stuck;
+  for (const SendOp* op : impl_->sends) {
+    if (op->deadline <= now) stuck.insert(op->ep);
+  }
+  for (ucp_ep_h ep : impl_->dead) stuck.erase(ep);  // closed by the next Endpoint()
+  for (ucp_ep_h ep : stuck) {
+    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+      it = it->second == ep ? endpoints_.erase(it) : std::next(it);
+    }
+    for (const SendOp* op : impl_->sends) {
+      if (op->ep == ep) ++stats_.sends_expired;
+    }
+    CloseEndpoint(impl_->worker, ep);  // its sends end now, with an error
+  }
 }
 
 namespace {
@@ -395,6 +438,7 @@ absl::Status UcxWorker::RecvAll(const std::vector<RecvBuffer>& buffers, absl::Du
     // The cancel flag and the clock every 64 polls (and after each wait):
     // the loop itself is the hot path while bytes stream in.
     if (polls % 64 == 0) {
+      ExpireSendsLocked();
       if (cancelled_.load()) {
         result = absl::CancelledError("UCX receive cancelled: this worker is stopping");
         break;

@@ -53,7 +53,12 @@ class UcxWorker {
 
   // Sends `size` bytes at `data` to the worker at `remote_address` with
   // `tag`. `keep_alive` owns the bytes until the send completes; `done`
-  // (optional) runs then, from a Progress() call, with the outcome.
+  // (optional) runs then, from a Progress() call, with the outcome. A send
+  // still in flight after the send timeout (its receiver gone, or never
+  // asking for it) fails: its endpoint is closed, which ends every send on
+  // it with an error and releases their bytes; the next Send to that
+  // address makes a new endpoint. Only with peer-failure handling (UCX
+  // allows closing an endpoint with sends in flight only then).
   absl::Status Send(const std::string& remote_address, uint64_t tag, const void* data, size_t size,
                     std::shared_ptr<const void> keep_alive,
                     std::function<void(absl::Status)> done = nullptr);
@@ -86,11 +91,16 @@ class UcxWorker {
   // Waits until no send is in flight or `timeout` passed.
   bool Flush(absl::Duration timeout);
 
+  // How long a send may stay in flight (default kSendTimeout).
+  void SetSendTimeout(absl::Duration timeout);
+  static constexpr absl::Duration kSendTimeout = absl::Minutes(10);
+
   struct Stats {
     int64_t bytes_sent = 0;
     int64_t bytes_received = 0;
     int64_t send_errors = 0;
     int64_t receives_abandoned = 0;  // left to finish after a cancel or timeout (RecvAll)
+    int64_t sends_expired = 0;       // failed by the send timeout (also in send_errors)
   };
   Stats stats() const;
 
@@ -101,6 +111,9 @@ class UcxWorker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ProgressLoop();
+  // Closes the endpoints of sends past their deadline (at most once a
+  // second; see Send).
+  void ExpireSendsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<Impl> impl_;
   std::string address_;
@@ -111,6 +124,8 @@ class UcxWorker {
   std::map<std::string, void*> endpoints_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int receiving_ ABSL_GUARDED_BY(mu_) = 0;  // RecvAll calls driving progress
+  absl::Duration send_timeout_ ABSL_GUARDED_BY(mu_) = kSendTimeout;
+  absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   Stats stats_ ABSL_GUARDED_BY(mu_);
   // RecvAll calls that returned with receives UCX could not cancel: their
   // requests and buffers, freed once those end.

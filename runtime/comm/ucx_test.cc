@@ -67,6 +67,35 @@ TEST(UcxTest, MissingMessageTimesOutAndWrongSizeIsDataLoss) {
   }
 }
 
+// A send its receiver never asks for (a receiver gone, or one that gave up):
+// past the send timeout it fails and its bytes are released, and the next
+// send to that address goes through on a new endpoint.
+TEST(UcxTest, ASendPastItsTimeoutFailsAndReleasesItsBytes) {
+  if (!PeerErrorHandling()) GTEST_SKIP() << "send timeouts need peer-failure handling";
+  auto a = *UcxWorker::Create();
+  auto b = *UcxWorker::Create();
+  a->SetSendTimeout(absl::Seconds(1));
+  // Large enough for a rendezvous: it waits for the receiver's receive.
+  auto big = std::make_shared<std::vector<char>>(8 << 20, 'x');
+  std::weak_ptr<std::vector<char>> held = big;
+  std::atomic<int> failed{0};
+  ASSERT_TRUE(a->Send(b->address(), 5, big->data(), big->size(), big, [&](absl::Status s) {
+                 if (!s.ok()) ++failed;
+               }).ok());
+  big.reset();
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (!held.expired() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(held.expired()) << "the send's bytes are still held";
+  EXPECT_EQ(failed.load(), 1);
+  EXPECT_EQ(a->stats().sends_expired, 1);
+  auto small = std::make_shared<std::string>("again");
+  ASSERT_TRUE(a->Send(b->address(), 6, small->data(), small->size(), small).ok());
+  std::string got(small->size(), '\0');
+  absl::Status s = b->RecvAll({{6, got.data(), got.size()}}, absl::Seconds(10));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, "again");
+}
+
 // Writes all of `s` (length first) to `fd`; reads it back.
 bool WriteString(int fd, const std::string& s) {
   const uint32_t n = static_cast<uint32_t>(s.size());

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -54,6 +55,23 @@ std::unique_ptr<Subprocess> StartLoomUp(const std::string& name, const std::stri
   unsetenv("LOOM_FAULTS_FIRED");
   EXPECT_TRUE(up.ok()) << up.status();
   return up.ok() ? std::move(*up) : nullptr;
+}
+
+// The last lines of every service's logs in run `name` (the processes
+// replaced included: *.log.prev), for a failure's message.
+std::string LogTails(const std::string& name) {
+  std::string out;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(TempPath(name) + "/logs", ec)) {
+    absl::StatusOr<std::string> text = ReadFile(f.path().string());
+    if (!text.ok()) continue;
+    std::vector<absl::string_view> lines = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+    absl::StrAppend(&out, "\n==> ", f.path().filename().string(), " <==\n");
+    for (size_t i = lines.size() > 12 ? lines.size() - 12 : 0; i < lines.size(); ++i) {
+      absl::StrAppend(&out, lines[i], "\n");
+    }
+  }
+  return out;
 }
 
 // The PIDs of `service` rank `rank` in the service tables of the log, in
@@ -181,7 +199,7 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
   absl::StatusOr<int> status = up->Wait(deadline - absl::Now());
   ASSERT_TRUE(status.ok()) << status.status() << "\n" << log;
   log = up->ReadLog();
-  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log << LogTails("faults");
   // Each loss named (the phase is whatever the job was doing when it was
   // seen), in order, and where each restart resumed.
   std::vector<std::string> losses;
@@ -266,7 +284,7 @@ TEST_F(RecoveryTest, TensorAndPipelineGridsRecoverInPlace) {
   absl::StatusOr<int> status = up->Wait(absl::Minutes(6));
   ASSERT_TRUE(status.ok()) << status.status();
   const std::string log = up->ReadLog();
-  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log << LogTails("grids");
   for (const char* restart : {
            "restart 1 of 3: replacing encoder_worker rank 1, the other services stay up; "
            "resuming after checkpoint step 3",
@@ -315,7 +333,7 @@ TEST_F(RecoveryTest, WithoutRecoveryInPlaceEveryServiceRestarts) {
   absl::StatusOr<int> status = up->Wait(absl::Minutes(4));
   ASSERT_TRUE(status.ok()) << status.status();
   const std::string log = up->ReadLog();
-  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log << LogTails("all");
   EXPECT_TRUE(absl::StrContains(log, "restart 1 of 1: resuming after checkpoint step 6")) << log;
   EXPECT_EQ(Pids(log, "loom-scheduler", "-").size(), 4u) << log;  // 2 tables per attempt
   EXPECT_NE(Pids(log, "loom-scheduler", "-").front(), Pids(log, "loom-scheduler", "-").back());
@@ -345,7 +363,7 @@ TEST_F(RecoveryTest, APreprocessStoppedWithinItsLeaseIsWaitedFor) {
   absl::StatusOr<int> status = up->Wait(deadline - absl::Now());
   ASSERT_TRUE(status.ok()) << status.status();
   log = up->ReadLog();
-  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log << LogTails("stopped");
   EXPECT_FALSE(absl::StrContains(log, "RECOVERING")) << log;
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "stopped"), local_,
                    "loom-preprocess stopped for 40 s vs loom-train-local");
