@@ -31,34 +31,62 @@ absl::Status MakeDirectories(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("open", tmp);
-  size_t done = 0;
-  while (done < contents.size()) {
-    ssize_t n = write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0) {
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  close(fd_);
+  unlink(tmp_.c_str());
+}
+
+absl::Status AtomicFile::Open(const std::string& path) {
+  path_ = path;
+  tmp_ = path + ".tmp";
+  fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) return Errno("open", tmp_);
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::Write(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = write(fd_, p, n);
+    if (w < 0) {
       if (errno == EINTR) continue;
-      close(fd);
-      return Errno("write", tmp);
+      return Errno("write", tmp_);
     }
-    done += static_cast<size_t>(n);
+    p += w;
+    n -= static_cast<size_t>(w);
   }
-  if (fsync(fd) != 0) {
-    close(fd);
-    return Errno("fsync", tmp);
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::Commit() {
+  if (fsync(fd_) != 0) return Errno("fsync", tmp_);
+  const int fd = fd_;
+  fd_ = -1;
+  if (close(fd) != 0) {
+    unlink(tmp_.c_str());
+    return Errno("close", tmp_);
   }
-  if (close(fd) != 0) return Errno("close", tmp);
-  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("rename to", path);
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  if (rename(tmp_.c_str(), path_.c_str()) != 0) {
+    absl::Status s = Errno("rename to", path_);
+    unlink(tmp_.c_str());
+    return s;
+  }
+  const size_t slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash);
   int dfd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd);
     close(dfd);
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  AtomicFile f;
+  if (absl::Status s = f.Open(path); !s.ok()) return s;
+  if (absl::Status s = f.Write(contents.data(), contents.size()); !s.ok()) return s;
+  return f.Commit();
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

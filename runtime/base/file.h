@@ -2,6 +2,7 @@
 #ifndef LOOM_RUNTIME_BASE_FILE_H_
 #define LOOM_RUNTIME_BASE_FILE_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/status.h"
@@ -16,6 +17,25 @@ absl::Status MakeDirectories(const std::string& dir);
 // fsync the folder. A crash leaves the old file or the new one, never a torn
 // one.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+// The same, streamed: Open, any number of Write, then Commit (fsync, rename,
+// fsync the folder). Destroyed uncommitted, it removes PATH.tmp.
+class AtomicFile {
+ public:
+  AtomicFile() = default;
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+
+  absl::Status Open(const std::string& path);
+  // Writes all `n` bytes (retrying short writes and EINTR).
+  absl::Status Write(const void* data, size_t n);
+  absl::Status Commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
 
 // The whole file; NOT_FOUND if it does not exist, INTERNAL on a read error.
 absl::StatusOr<std::string> ReadFile(const std::string& path);

@@ -1,24 +1,28 @@
 #include "runtime/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <map>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
+#include "runtime/base/log.h"
 
 namespace loom {
 namespace {
 
-uint64_t Fnv1a(const std::string& data) {
-  uint64_t h = 14695981039346656037ULL;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
+constexpr char kPartMagic[8] = {'L', 'O', 'O', 'M', 'P', 'A', 'R', 'T'};
+constexpr uint32_t kBlockBytes = 4u << 20;
+constexpr char kManifestFormat[] = "loom-checkpoint";
 
 template <typename T>
 void Put(std::string* out, const T& v) {
@@ -30,131 +34,480 @@ void PutString(std::string* out, const std::string& s) {
   out->append(s);
 }
 
-// Reads from a byte buffer with bounds checks.
-class Reader {
+// The payload's writer: bytes straight from the caller's memory, hashed
+// block by block on the way.
+class PayloadWriter {
  public:
-  explicit Reader(const std::string& data) : data_(data) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (pos_ + sizeof(T) > data_.size()) return false;
-    std::memcpy(v, data_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
+  explicit PayloadWriter(AtomicFile* file) : file_(file), state_(XXH3_createState()) {
+    XXH3_64bits_reset(state_.get());
   }
-  bool GetString(std::string* s, uint32_t max = 4096) {
-    uint32_t n;
-    if (!Get(&n) || n > max || pos_ + n > data_.size()) return false;
-    s->assign(data_.data() + pos_, n);
-    pos_ += n;
-    return true;
+
+  absl::Status Write(const char* p, size_t n) {
+    while (n > 0) {
+      const size_t take = std::min<size_t>(n, kBlockBytes - in_block_);
+      XXH3_64bits_update(state_.get(), p, take);
+      if (absl::Status s = file_->Write(p, take); !s.ok()) return s;
+      in_block_ += take;
+      p += take;
+      n -= take;
+      if (in_block_ == kBlockBytes) EndBlock();
+    }
+    return absl::OkStatus();
   }
-  bool GetFloats(float* dst, int64_t n) {
-    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    if (n < 0 || pos_ + bytes > data_.size()) return false;
-    std::memcpy(dst, data_.data() + pos_, bytes);
-    pos_ += bytes;
-    return true;
+
+  // The block hashes and their own hash.
+  absl::Status Finish() {
+    if (in_block_ > 0) EndBlock();
+    std::string table(reinterpret_cast<const char*>(hashes_.data()),
+                      hashes_.size() * sizeof(uint64_t));
+    Put(&table, static_cast<uint64_t>(XXH3_64bits(table.data(), table.size())));
+    return file_->Write(table.data(), table.size());
   }
-  size_t pos() const { return pos_; }
 
  private:
-  const std::string& data_;
-  size_t pos_ = 0;
+  struct FreeState {
+    void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
+  };
+  void EndBlock() {
+    hashes_.push_back(XXH3_64bits_digest(state_.get()));
+    XXH3_64bits_reset(state_.get());
+    in_block_ = 0;
+  }
+
+  AtomicFile* file_;
+  std::unique_ptr<XXH3_state_t, FreeState> state_;
+  size_t in_block_ = 0;
+  std::vector<uint64_t> hashes_;
 };
+
+const std::vector<float>* Array(const ParamSet& p, int a) {
+  const std::vector<float>& v = a == 0 ? p.data() : a == 1 ? p.adam_m() : p.adam_v();
+  return v.empty() ? nullptr : &v;  // a frozen set's AdamW state
+}
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+// A part being read: its header, and the payload fetched one verified block
+// at a time.
+struct PartFile {
+  std::string path;
+  int fd = -1;
+  int64_t step = 0;
+  std::vector<CheckpointPart::Entry> entries;
+  int64_t elements = 0;
+  uint32_t block_bytes = 0;
+  int64_t payload_offset = 0;  // bytes into the file
+  std::vector<uint64_t> hashes;
+
+  PartFile() = default;
+  PartFile(const PartFile&) = delete;
+  PartFile& operator=(const PartFile&) = delete;
+  ~PartFile() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+absl::Status ReadAt(const PartFile& f, int64_t offset, void* dst, size_t n) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    ssize_t r = pread(f.fd, p, n, offset);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno("read", f.path);
+    if (r == 0) return absl::DataLossError(absl::StrCat("checkpoint part ", f.path, ": truncated"));
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += r;
+  }
+  return absl::OkStatus();
+}
+
+// Reads a part's header and block table; checks both hashes and the size.
+absl::Status OpenPart(const std::string& path, const std::string& module, PartFile* f) {
+  f->path = path;
+  f->fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f->fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("checkpoint part ", path, " is missing"));
+    }
+    return Errno("open", path);
+  }
+  struct stat st;
+  if (fstat(f->fd, &st) != 0) return Errno("stat", path);
+  const int64_t size = st.st_size;
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint part ", path, ": ", what));
+  };
+  // The header is read piece by piece, every length bounded before use.
+  std::string header;
+  int64_t pos = 0;
+  auto get = [&](size_t n) -> absl::Status {
+    if (pos + static_cast<int64_t>(n) > size) return corrupt("truncated header");
+    const size_t at = header.size();
+    header.resize(at + n);
+    if (absl::Status s = ReadAt(*f, pos, header.data() + at, n); !s.ok()) return s;
+    pos += static_cast<int64_t>(n);
+    return absl::OkStatus();
+  };
+  auto get_value = [&](auto* v) -> absl::Status {
+    if (absl::Status s = get(sizeof(*v)); !s.ok()) return s;
+    std::memcpy(v, header.data() + header.size() - sizeof(*v), sizeof(*v));
+    return absl::OkStatus();
+  };
+  auto get_string = [&](std::string* s) -> absl::Status {
+    uint32_t n;
+    if (absl::Status e = get_value(&n); !e.ok()) return e;
+    if (n > 4096) return corrupt("a name longer than 4096 bytes");
+    if (absl::Status e = get(n); !e.ok()) return e;
+    s->assign(header.data() + header.size() - n, n);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = get(8); !s.ok()) return corrupt("not a Loom checkpoint part (too short)");
+  if (std::memcmp(header.data(), kPartMagic, 8) != 0) {
+    return corrupt("not a Loom checkpoint part (bad magic)");
+  }
+  uint32_t version, count;
+  std::string name;
+  if (absl::Status s = get_value(&version); !s.ok()) return s;
+  if (version != kCheckpointVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint part ", path, ": version ",
+                                                      version, ", this build reads ",
+                                                      kCheckpointVersion));
+  }
+  if (absl::Status s = get_string(&name); !s.ok()) return s;
+  if (absl::Status s = get_value(&f->step); !s.ok()) return s;
+  if (absl::Status s = get_value(&f->block_bytes); !s.ok()) return s;
+  if (absl::Status s = get_value(&count); !s.ok()) return s;
+  if (f->block_bytes == 0 || count > (1u << 20)) return corrupt("bad header values");
+  for (uint32_t k = 0; k < count; ++k) {
+    CheckpointPart::Entry e;
+    uint32_t ndim;
+    if (absl::Status s = get_string(&e.name); !s.ok()) return s;
+    if (absl::Status s = get_value(&ndim); !s.ok()) return s;
+    if (ndim > 8) return corrupt(absl::StrCat("tensor '", e.name, "' has ", ndim, " dimensions"));
+    e.shape.resize(ndim);
+    int64_t numel = 1;
+    for (uint32_t i = 0; i < ndim; ++i) {
+      if (absl::Status s = get_value(&e.shape[i]); !s.ok()) return s;
+      if (e.shape[i] < 0 || e.shape[i] > (int64_t{1} << 40)) return corrupt("bad tensor shape");
+      numel *= e.shape[i];
+      if (numel > (int64_t{1} << 40)) return corrupt("bad tensor shape");
+    }
+    if (absl::Status s = get_value(&e.lo); !s.ok()) return s;
+    if (absl::Status s = get_value(&e.hi); !s.ok()) return s;
+    if (e.lo < 0 || e.lo > e.hi || e.hi > numel) {
+      return corrupt(absl::StrCat("tensor '", e.name, "': bad range"));
+    }
+    f->elements += e.hi - e.lo;
+    if (f->elements > (int64_t{1} << 40)) return corrupt("bad tensor ranges");
+    f->entries.push_back(std::move(e));
+  }
+  const uint64_t want = XXH3_64bits(header.data(), header.size());
+  uint64_t stored;
+  if (absl::Status s = get_value(&stored); !s.ok()) return s;
+  if (stored != want) return corrupt("header checksum mismatch");
+  if (name != module) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint part ", path, " holds module '", name, "', not '", module, "'"));
+  }
+  f->payload_offset = pos;
+  const int64_t payload = f->elements * 3 * static_cast<int64_t>(sizeof(float));
+  const int64_t blocks = (payload + f->block_bytes - 1) / f->block_bytes;
+  if (size != pos + payload + (blocks + 1) * 8) {
+    return corrupt(absl::StrCat(size, " bytes where its header makes ",
+                                pos + payload + blocks * 8 + 8,
+                                size < pos + payload ? " (truncated)" : ""));
+  }
+  f->hashes.resize(static_cast<size_t>(blocks));
+  if (absl::Status s = ReadAt(*f, pos + payload, f->hashes.data(), blocks * 8); !s.ok()) return s;
+  if (absl::Status s = ReadAt(*f, pos + payload + blocks * 8, &stored, 8); !s.ok()) return s;
+  if (stored != XXH3_64bits(f->hashes.data(), f->hashes.size() * 8)) {
+    return corrupt("block table checksum mismatch");
+  }
+  return absl::OkStatus();
+}
+
+// One verified payload block at a time, shared by every part a load reads
+// (they are read in payload order, so each block is fetched once).
+class BlockCache {
+ public:
+  absl::Status Read(const PartFile& f, int64_t offset, char* dst, int64_t n) {
+    while (n > 0) {
+      const int64_t block = offset / f.block_bytes;
+      if (&f != part_ || block != block_) {
+        if (absl::Status s = Load(f, block); !s.ok()) return s;
+      }
+      const int64_t in = offset - block * f.block_bytes;
+      const int64_t take = std::min<int64_t>(n, static_cast<int64_t>(buffer_.size()) - in);
+      std::memcpy(dst, buffer_.data() + in, static_cast<size_t>(take));
+      dst += take;
+      offset += take;
+      n -= take;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Load(const PartFile& f, int64_t block) {
+    part_ = nullptr;
+    const int64_t payload = f.elements * 3 * static_cast<int64_t>(sizeof(float));
+    const int64_t start = block * f.block_bytes;
+    buffer_.resize(static_cast<size_t>(std::min<int64_t>(f.block_bytes, payload - start)));
+    if (absl::Status s = ReadAt(f, f.payload_offset + start, buffer_.data(), buffer_.size());
+        !s.ok()) {
+      return s;
+    }
+    if (XXH3_64bits(buffer_.data(), buffer_.size()) != f.hashes[static_cast<size_t>(block)]) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint part ", f.path, ": checksum mismatch in block ", block));
+    }
+    part_ = &f;
+    block_ = block;
+    return absl::OkStatus();
+  }
+
+  const PartFile* part_ = nullptr;
+  int64_t block_ = -1;
+  std::vector<char> buffer_;
+};
+
+// Where a tensor's elements are: each piece, elements [lo, hi) of it at
+// element `at` of a part's arrays.
+struct Piece {
+  const PartFile* part;
+  int64_t lo, hi, at;
+};
+
+int64_t Numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
 
 }  // namespace
 
-absl::Status SaveModuleCheckpoint(ParamSet& params, const std::string& module,
-                                  const std::string& path) {
-  std::string out;
-  out.append("LOOMCKPT", 8);
-  Put(&out, kCheckpointVersion);
-  PutString(&out, module);
-  Put(&out, static_cast<int64_t>(params.step()));
-  Put(&out, static_cast<uint32_t>(params.specs().size()));
-  for (const ParamSpec& s : params.specs()) {
-    PutString(&out, s.name);
-    Put(&out, static_cast<uint32_t>(s.shape.size()));
-    for (int64_t d : s.shape) Put(&out, d);
-  }
-  for (const std::vector<float>* v : {&params.data(), &params.adam_m(), &params.adam_v()}) {
-    if (v->empty()) {  // a frozen module's AdamW state: zeros, as it starts when unfrozen
-      out.append(static_cast<size_t>(params.size()) * sizeof(float), '\0');
-      continue;
-    }
-    out.append(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(float));
-  }
-  Put(&out, Fnv1a(out));
-  return WriteFileAtomically(path, out);
+std::string ModuleManifestPath(const std::string& dir, const std::string& module) {
+  return absl::StrCat(dir, "/", module, ".ckpt");
 }
 
-absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& module,
-                                  ParamSet* params) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", path, " cannot be opened"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string data = ss.str();
-  auto corrupt = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", what));
+std::string ModulePartName(const std::string& module, int index) {
+  return absl::StrCat(module, ".part-", index);
+}
+
+std::pair<int64_t, int64_t> PartRange(int64_t total, int index, int count) {
+  return {total * index / count, total * (index + 1) / count};
+}
+
+CheckpointPart CheckpointPart::View(const ParamSet& master, int64_t begin, int64_t end) {
+  LOOM_CHECK(master.shard().size == 1) << "a checkpoint part is cut from whole tensors";
+  LOOM_CHECK(0 <= begin && begin <= end && end <= master.size()) << begin << ".." << end;
+  CheckpointPart p;
+  p.step_ = master.step();
+  p.elements_ = end - begin;
+  for (const ParamSpec& s : master.specs()) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo < hi || (s.numel == 0 && begin <= s.offset && s.offset < end)) {
+      p.entries_.push_back({s.name, s.master_shape, lo - s.offset, hi - s.offset});
+    }
+  }
+  for (int a = 0; a < 3; ++a) {
+    const std::vector<float>* v = Array(master, a);
+    p.arrays_[a] = v == nullptr ? nullptr : v->data() + begin;
+  }
+  return p;
+}
+
+CheckpointPart CheckpointPart::Snapshot(const ParamSet& master, int64_t begin, int64_t end) {
+  CheckpointPart p = View(master, begin, end);
+  for (int a = 0; a < 3; ++a) {
+    if (p.arrays_[a] == nullptr) continue;
+    p.owned_[a].assign(p.arrays_[a], p.arrays_[a] + p.elements_);
+    p.arrays_[a] = p.owned_[a].data();
+  }
+  return p;
+}
+
+int64_t CheckpointPart::owned_bytes() const {
+  int64_t n = 0;
+  for (const auto& v : owned_) n += static_cast<int64_t>(v.size() * sizeof(float));
+  return n;
+}
+
+absl::Status CheckpointPart::Write(const std::string& module, const std::string& path) const {
+  std::string header(kPartMagic, 8);
+  Put(&header, kCheckpointVersion);
+  PutString(&header, module);
+  Put(&header, step_);
+  Put(&header, kBlockBytes);
+  Put(&header, static_cast<uint32_t>(entries_.size()));
+  for (const Entry& e : entries_) {
+    PutString(&header, e.name);
+    Put(&header, static_cast<uint32_t>(e.shape.size()));
+    for (int64_t d : e.shape) Put(&header, d);
+    Put(&header, e.lo);
+    Put(&header, e.hi);
+  }
+  Put(&header, static_cast<uint64_t>(XXH3_64bits(header.data(), header.size())));
+  AtomicFile file;
+  if (absl::Status s = file.Open(path); !s.ok()) return s;
+  if (absl::Status s = file.Write(header.data(), header.size()); !s.ok()) return s;
+  PayloadWriter payload(&file);
+  static const std::vector<float> zeros(1 << 18);  // a frozen module's AdamW state
+  for (const float* a : arrays_) {
+    for (int64_t done = 0; done < elements_;) {
+      const int64_t n =
+          a != nullptr ? elements_ - done : std::min<int64_t>(elements_ - done, zeros.size());
+      const float* src = a != nullptr ? a : zeros.data();
+      if (absl::Status s = payload.Write(reinterpret_cast<const char*>(src),
+                                         static_cast<size_t>(n) * sizeof(float));
+          !s.ok()) {
+        return s;
+      }
+      done += n;
+    }
+  }
+  if (absl::Status s = payload.Finish(); !s.ok()) return s;
+  return file.Commit();
+}
+
+absl::Status WriteModuleManifest(const std::string& dir, const std::string& module, int64_t step,
+                                 const std::vector<std::string>& parts) {
+  nlohmann::json j = {{"format", kManifestFormat},
+                      {"version", kCheckpointVersion},
+                      {"module", module},
+                      {"step", step},
+                      {"parts", parts}};
+  return WriteFileAtomically(ModuleManifestPath(dir, module), j.dump(1) + "\n");
+}
+
+absl::Status SaveModuleCheckpoint(const ParamSet& params, const std::string& module,
+                                  const std::string& dir) {
+  const std::string part = ModulePartName(module, 0);
+  absl::Status s =
+      CheckpointPart::View(params, 0, params.size()).Write(module, absl::StrCat(dir, "/", part));
+  if (!s.ok()) return s;
+  return WriteModuleManifest(dir, module, params.step(), {part});
+}
+
+absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& module,
+                                  ParamSet* params, bool whole_module) {
+  const std::string manifest_path = ModuleManifestPath(dir, module);
+  absl::StatusOr<std::string> text = ReadFile(manifest_path);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("checkpoint ", manifest_path, " cannot be read: ", text.status().message()));
+  }
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path, ": ", what));
   };
-  if (data.size() < 8 + 4 + 8 || data.compare(0, 8, "LOOMCKPT") != 0) {
-    return corrupt("not a Loom checkpoint (bad magic)");
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("format", "") != kManifestFormat) {
+    return bad("not a Loom checkpoint manifest");
   }
-  uint64_t stored;
-  std::memcpy(&stored, data.data() + data.size() - 8, 8);
-  if (Fnv1a(data.substr(0, data.size() - 8)) != stored) return corrupt("checksum mismatch");
-  Reader r(data);
-  char magic[8];
-  r.Get(&magic);
-  uint32_t version;
-  std::string name;
-  int64_t step;
-  uint32_t count;
-  if (!r.Get(&version)) return corrupt("truncated header");
-  if (version != kCheckpointVersion) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", path, ": version ", version,
-                                                      ", this build reads ", kCheckpointVersion));
+  if (!j.contains("version") || !j["version"].is_number_unsigned()) return bad("no version");
+  if (j["version"].get<uint64_t>() != kCheckpointVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", manifest_path, ": version ",
+                                                      j["version"].dump(), ", this build reads ",
+                                                      kCheckpointVersion));
   }
-  if (!r.GetString(&name) || !r.Get(&step) || !r.Get(&count)) return corrupt("truncated header");
-  if (name != module) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", path, " holds module '", name, "', not '", module, "'"));
+  if (!j.contains("module") || !j["module"].is_string() || !j.contains("step") ||
+      !j["step"].is_number_integer() || !j.contains("parts") || !j["parts"].is_array() ||
+      j["parts"].empty()) {
+    return bad("missing or mistyped module, step or parts");
   }
-  if (count != params->specs().size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", path, " has ", count, " tensors, the model has ", params->specs().size()));
+  if (j["module"].get<std::string>() != module) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, " holds module '",
+                                                   j["module"].get<std::string>(), "', not '",
+                                                   module, "'"));
   }
+  const int64_t step = j["step"].get<int64_t>();
+  std::vector<std::unique_ptr<PartFile>> parts;
+  std::map<std::string, std::pair<Shape, std::vector<Piece>>> tensors;
+  for (const nlohmann::json& name : j["parts"]) {
+    if (!name.is_string() || name.get<std::string>().empty() ||
+        name.get<std::string>().find('/') != std::string::npos) {
+      return bad(absl::StrCat("part ", name.dump(), " is not a file name in the folder"));
+    }
+    parts.push_back(std::make_unique<PartFile>());
+    PartFile& f = *parts.back();
+    absl::Status s = OpenPart(absl::StrCat(dir, "/", name.get<std::string>()), module, &f);
+    if (!s.ok()) return s;
+    if (f.step != step) {
+      return bad(absl::StrCat("part ", f.path, " is of step ", f.step, ", the manifest's ", step));
+    }
+    int64_t at = 0;
+    for (const CheckpointPart::Entry& e : f.entries) {
+      auto& [shape, pieces] = tensors[e.name];
+      if (!pieces.empty() && shape != e.shape) {
+        return bad(absl::StrCat("tensor '", e.name, "' has two shapes in its parts"));
+      }
+      shape = e.shape;
+      pieces.push_back({&f, e.lo, e.hi, at});
+      at += e.hi - e.lo;
+    }
+  }
+  if (whole_module && tensors.size() != params->specs().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, " has ",
+                                                   tensors.size(), " tensors, the model has ",
+                                                   params->specs().size()));
+  }
+  std::vector<const std::vector<Piece>*> where;
   for (const ParamSpec& s : params->specs()) {
-    std::string tname;
-    uint32_t ndim;
-    if (!r.GetString(&tname) || !r.Get(&ndim) || ndim > 8) return corrupt("truncated table");
-    Shape shape(ndim);
-    for (uint32_t i = 0; i < ndim; ++i) {
-      if (!r.Get(&shape[i])) return corrupt("truncated table");
+    auto it = tensors.find(s.name);
+    if (it == tensors.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint ", manifest_path, " has no tensor '", s.name, "'"));
     }
-    if (tname != s.name || shape != s.shape) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": tensor '", tname, "' ",
-                                                     ShapeString(shape), " where the model has '",
-                                                     s.name, "' ", ShapeString(s.shape)));
+    auto& [shape, pieces] = it->second;
+    if (shape != s.master_shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint ", manifest_path, ": tensor '", s.name, "' ", ShapeString(shape),
+                       " where the model has ", ShapeString(s.master_shape)));
+    }
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
+    int64_t covered = 0;
+    for (const Piece& p : pieces) {
+      if (p.lo != covered) break;
+      covered = p.hi;
+    }
+    if (covered != Numel(shape)) {
+      return bad(absl::StrCat("the parts do not cover tensor '", s.name, "' exactly once"));
+    }
+    where.push_back(&pieces);
+  }
+  // Array by array, in the parts' payload order, so each block is read once.
+  BlockCache cache;
+  const int arrays = params->frozen() ? 1 : 3;
+  for (int a = 0; a < arrays; ++a) {
+    float* base = a == 0   ? params->data().data()
+                  : a == 1 ? params->adam_m().data()
+                           : params->adam_v().data();
+    for (size_t i = 0; i < params->specs().size(); ++i) {
+      const ParamSpec& s = params->specs()[i];
+      for (const SliceRun& run : SliceRuns(s, params->shard())) {
+        const int64_t lo = run.master_offset, hi = run.master_offset + run.length;
+        for (const Piece& p : *where[i]) {
+          const int64_t from = std::max(lo, p.lo), to = std::min(hi, p.hi);
+          if (from >= to) continue;
+          const int64_t offset =
+              (a * p.part->elements + p.at + (from - p.lo)) * static_cast<int64_t>(sizeof(float));
+          char* dst = reinterpret_cast<char*>(base + s.offset + run.offset + (from - lo));
+          absl::Status st = cache.Read(*p.part, offset, dst, (to - from) * sizeof(float));
+          if (!st.ok()) return st;
+        }
+      }
     }
   }
-  std::vector<float> skipped;  // a frozen module keeps no AdamW state
-  if (params->frozen()) skipped.resize(params->size());
-  float* m = params->frozen() ? skipped.data() : params->adam_m().data();
-  float* v = params->frozen() ? skipped.data() : params->adam_v().data();
-  if (!r.GetFloats(params->data().data(), params->size()) || !r.GetFloats(m, params->size()) ||
-      !r.GetFloats(v, params->size())) {
-    return corrupt("truncated tensor data");
-  }
-  if (r.pos() + 8 != data.size()) return corrupt("trailing bytes");
   params->step() = step;
   return absl::OkStatus();
 }
 
-absl::Status LoadModuleWeights(const std::string& path, const std::string& module,
-                               ParamSet* params) {
-  if (absl::Status s = LoadModuleCheckpoint(path, module, params); !s.ok()) return s;
+absl::Status LoadModuleWeights(const std::string& dir, const std::string& module, ParamSet* params,
+                               bool whole_module) {
+  if (absl::Status s = LoadModuleCheckpoint(dir, module, params, whole_module); !s.ok()) return s;
   for (std::vector<float>* v : {&params->adam_m(), &params->adam_v()}) {
     std::fill(v->begin(), v->end(), 0.0f);
   }

@@ -1,50 +1,117 @@
-// Module checkpoints: one module's weights and AdamW state in one file.
+// Module checkpoints: one module's weights and AdamW state, as the master
+// tensors (whole, whatever the TP and PP degrees), streamed into parts that
+// the ranks holding the state write side by side, and a manifest naming them.
 //
-// Format, version 1 (little-endian):
+// In a step folder DIR:
+//   DIR/<module>.ckpt          the manifest (JSON): format, version, module,
+//                              optimizer step, the part files
+//   DIR/<module>.part-<i>      a part: some elements of some master tensors
 //
-//   "LOOMCKPT"                         8-byte magic
-//   uint32 version                      1
+// A part, version 2 (little-endian):
+//   "LOOMPART"                          8-byte magic
+//   uint32 version                      2
 //   uint32 n, module name (n bytes)     "encoder", "projector", "llm"
 //   int64  optimizer step
-//   uint32 tensors
-//   tensors × { uint32 n, name; uint32 ndim; int64 dims[ndim] }
-//   float32 weights[total]              in table order
-//   float32 adam_m[total], adam_v[total]
-//   uint64 FNV-1a 64 of every byte above
+//   uint32 block bytes                  the payload's checksum blocks
+//   uint32 entries
+//   entries × { uint32 n, name; uint32 ndim; int64 dims[ndim];
+//               int64 lo, hi }          elements [lo, hi) of that master
+//                                       tensor (flattened, row-major)
+//   uint64 XXH3-64 of the header above
+//   payload: float32 weights, then adam_m, then adam_v, each of the entries'
+//            elements in entry order
+//   uint64 XXH3-64 of each block of the payload, in order
+//   uint64 XXH3-64 of that table
 //
-// Saving is atomic: the file is written to PATH.tmp, fsync'd, renamed over
-// PATH, and the folder fsync'd; a crash leaves the old file or the new one,
-// never a torn one. Loading checks magic, version, module, every name and
-// shape against the ParamSet it fills, and the checksum, and says which
-// failed.
+// Writing streams the tensors' own memory through write() in blocks, hashing
+// as it goes: no serialized copy, so the extra memory is a few pages. Loading
+// reads one verified block at a time into the rank's own slices (any TP
+// shard of any pipeline stage), so a checkpoint saved under one layout loads
+// under another and no rank holds the whole module. Each file is written
+// atomically (PATH.tmp, fsync, rename, fsync the folder). Loading checks the
+// manifest, every part's header, the module, every tensor's name and master
+// shape, that the parts cover each tensor exactly once, and every block's
+// checksum, and says which failed.
 #ifndef LOOM_RUNTIME_CHECKPOINT_CHECKPOINT_H_
 #define LOOM_RUNTIME_CHECKPOINT_CHECKPOINT_H_
 
+#include <array>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "runtime/model/params.h"
 
 namespace loom {
 
-inline constexpr uint32_t kCheckpointVersion = 1;
+inline constexpr uint32_t kCheckpointVersion = 2;
 
-absl::Status SaveModuleCheckpoint(ParamSet& params, const std::string& module,
-                                  const std::string& path);
+// DIR/<module>.ckpt, and the name (within DIR) of the module's part `index`.
+std::string ModuleManifestPath(const std::string& dir, const std::string& module);
+std::string ModulePartName(const std::string& module, int index);
 
-// Fills `params` (already laid out by its module) from `path`. On error
-// `params` may be partly overwritten only if the checksum failed after the
-// table matched; the caller should not use it then.
-// A frozen set (ParamSet::Freeze) is saved with zeros for its AdamW state and
-// loads the weights only.
-absl::Status LoadModuleCheckpoint(const std::string& path, const std::string& module,
-                                  ParamSet* params);
+// Elements [begin, end) of the flat buffers of `master`, a set holding whole
+// tensors (TP size 1: the module, or one pipeline stage of it), as a part.
+// Either a view of the set's memory (written at once, before the set
+// changes) or a snapshot (a copy of that range, written later while the set
+// trains on).
+class CheckpointPart {
+ public:
+  struct Entry {
+    std::string name;
+    Shape shape;  // the master tensor's
+    int64_t lo = 0, hi = 0;
+  };
+
+  static CheckpointPart View(const ParamSet& master, int64_t begin, int64_t end);
+  static CheckpointPart Snapshot(const ParamSet& master, int64_t begin, int64_t end);
+
+  // Writes the part to `path` atomically (a module name, as its manifest's).
+  absl::Status Write(const std::string& module, const std::string& path) const;
+
+  int64_t elements() const { return elements_; }
+  int64_t step() const { return step_; }
+  // Bytes this part holds in memory of its own (a snapshot's copies).
+  int64_t owned_bytes() const;
+
+ private:
+  std::vector<Entry> entries_;
+  int64_t step_ = 0;
+  int64_t elements_ = 0;
+  std::array<const float*, 3> arrays_{};  // weights, adam_m, adam_v; null: zeros
+  std::array<std::vector<float>, 3> owned_;
+};
+
+// The elements a module's parts split into: part `index` of `count` of a
+// flat buffer of `total` elements, [first, second).
+std::pair<int64_t, int64_t> PartRange(int64_t total, int index, int count);
+
+// DIR/<module>.ckpt naming `parts` (file names within DIR), written
+// atomically.
+absl::Status WriteModuleManifest(const std::string& dir, const std::string& module, int64_t step,
+                                 const std::vector<std::string>& parts);
+
+// One process's whole module (`params` of TP size 1) as one part and its
+// manifest in DIR.
+absl::Status SaveModuleCheckpoint(const ParamSet& params, const std::string& module,
+                                  const std::string& dir);
+
+// Fills `params` (laid out by its module: any TP shard of the whole module
+// or of one pipeline stage) and its step from the module's checkpoint in
+// DIR. `whole_module`: `params` holds every tensor of the module, so the
+// checkpoint must hold no others. On an error `params` may be partly
+// overwritten; the caller should not use it then. A frozen set
+// (ParamSet::Freeze) loads the weights only; a frozen module is saved with
+// zeros for its AdamW state.
+absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& module,
+                                  ParamSet* params, bool whole_module = true);
 
 // The weights alone (a new run starting from another's, LLaVA's stage 2
 // from stage 1): LoadModuleCheckpoint, then the AdamW state zeroed and the
 // step reset to 0.
-absl::Status LoadModuleWeights(const std::string& path, const std::string& module,
-                               ParamSet* params);
+absl::Status LoadModuleWeights(const std::string& dir, const std::string& module, ParamSet* params,
+                               bool whole_module = true);
 
 }  // namespace loom
 

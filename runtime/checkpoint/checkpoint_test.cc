@@ -1,83 +1,213 @@
 #include "runtime/checkpoint/checkpoint.h"
 
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/base/file.h"
 #include "runtime/base/test_paths.h"
 
 namespace loom {
 namespace {
 
-ParamSet Make(int extra = 0) {
-  ParamSet p;
-  p.Add("a.weight", {3, 4}, Init::kNormal, 0.5f);
-  p.Add("a.bias", {4 + extra}, Init::kOnes);
+// A module with every kind of TP split; `rows` makes it large enough to
+// span several checksum blocks.
+ParamSet Make(TpShard shard = {}, int extra = 0, int64_t rows = 8, int first = 0, int last = 3) {
+  ParamSet p(shard);
+  if (first == 0) p.Add("embed.weight", {rows, 4}, Init::kNormal, 0.5f, Split::kRows);
+  for (int l = first; l < last; ++l) {
+    p.Add(absl::StrCat("blocks.", l, ".qkv.weight"), {12, 4}, Init::kNormal, 0.5f, Split::kQkvRows);
+    p.Add(absl::StrCat("blocks.", l, ".proj.weight"), {4, 4}, Init::kNormal, 0.5f, Split::kCols);
+    p.Add(absl::StrCat("blocks.", l, ".norm.weight"), {4}, Init::kOnes);
+  }
+  if (last == 3) p.Add("head.bias", {4 + extra}, Init::kOnes);
   p.Finalize();
   p.Initialize(3);
   return p;
 }
 
+// Distinct AdamW state, so a mix-up between the three arrays shows.
+void FillAdam(ParamSet* p) {
+  for (size_t i = 0; i < p->adam_m().size(); ++i) {
+    p->adam_m()[i] = 0.1f * i;
+    p->adam_v()[i] = 0.2f * i + 1;
+  }
+}
+
+std::string Dir(const std::string& name) {
+  const std::string dir = testing::TempPath(name);
+  EXPECT_TRUE(MakeDirectories(dir).ok());
+  return dir;
+}
+
+std::string Slurp(const std::string& path) {
+  std::stringstream ss;
+  ss << std::ifstream(path, std::ios::binary).rdbuf();
+  return ss.str();
+}
+
+void Spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 TEST(CheckpointTest, RoundTripsWeightsOptimizerStateAndStep) {
   ParamSet a = Make();
-  for (size_t i = 0; i < a.adam_m().size(); ++i) {
-    a.adam_m()[i] = 0.1f * i;
-    a.adam_v()[i] = 0.2f * i;
-  }
+  FillAdam(&a);
   a.step() = 17;
-  const std::string path = testing::TempPath("rt.ckpt");
-  ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", path).ok());
+  const std::string dir = Dir("rt");
+  ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", dir).ok());
   ParamSet b = Make();
   b.Initialize(99);  // different weights, to be overwritten
-  absl::Status s = LoadModuleCheckpoint(path, "encoder", &b);
+  absl::Status s = LoadModuleCheckpoint(dir, "encoder", &b);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(b.data(), a.data());
   EXPECT_EQ(b.adam_m(), a.adam_m());
   EXPECT_EQ(b.adam_v(), a.adam_v());
   EXPECT_EQ(b.step(), 17);
-  std::ifstream tmp(path + ".tmp");
-  EXPECT_FALSE(tmp.good()) << "temp file left behind";
+  for (const char* f : {"/encoder.ckpt.tmp", "/encoder.part-0.tmp"}) {
+    EXPECT_FALSE(std::ifstream(dir + f).good()) << "temp file left behind: " << f;
+  }
+}
+
+// Parts cut across tensors (as DP × TP ranks write them) load into any TP
+// shard of any pipeline stage: a checkpoint saved under one layout loads
+// under another.
+TEST(CheckpointTest, PartsSavedUnderOneLayoutLoadUnderAnother) {
+  ParamSet a = Make();
+  FillAdam(&a);
+  a.step() = 5;
+  const std::string dir = Dir("sharded");
+  std::vector<std::string> names;
+  for (int k = 0; k < 5; ++k) {  // 5 parts: every boundary inside a tensor
+    const auto [begin, end] = PartRange(a.size(), k, 5);
+    names.push_back(ModulePartName("llm", k));
+    ASSERT_TRUE(CheckpointPart::View(a, begin, end).Write("llm", dir + "/" + names.back()).ok());
+  }
+  ASSERT_TRUE(WriteModuleManifest(dir, "llm", 5, names).ok());
+  for (int tp : {1, 2}) {
+    for (auto [first, last] : {std::pair{0, 3}, std::pair{0, 1}, std::pair{1, 3}}) {
+      const bool whole = first == 0 && last == 3;
+      for (int r = 0; r < tp; ++r) {
+        ParamSet want = Make({r, tp}, 0, 8, first, last);
+        want.SliceFromMaster(a);
+        ParamSet got = Make({r, tp}, 0, 8, first, last);
+        absl::Status s = LoadModuleCheckpoint(dir, "llm", &got, whole);
+        ASSERT_TRUE(s.ok()) << s << " tp " << tp << " rank " << r << " layers " << first << ".."
+                            << last;
+        EXPECT_EQ(got.data(), want.data());
+        EXPECT_EQ(got.adam_m(), want.adam_m());
+        EXPECT_EQ(got.adam_v(), want.adam_v());
+        EXPECT_EQ(got.step(), 5);
+      }
+    }
+  }
+  // A stage is not the whole module: loading it as such is refused.
+  ParamSet stage = Make({}, 0, 8, 1, 3);
+  absl::Status s = LoadModuleCheckpoint(dir, "llm", &stage, /*whole_module=*/true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // A part missing from the folder is named.
+  std::remove((dir + "/" + names[2]).c_str());
+  ParamSet c = Make();
+  s = LoadModuleCheckpoint(dir, "llm", &c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find(names[2]), absl::string_view::npos) << s;
+}
+
+// A snapshot is written as it was taken, whatever the set does after.
+TEST(CheckpointTest, ASnapshotIsWrittenAsTakenWhileTheSetTrainsOn) {
+  ParamSet a = Make();
+  FillAdam(&a);
+  a.step() = 3;
+  const ParamSet taken = a.MasterLayout();
+  CheckpointPart snap = CheckpointPart::Snapshot(a, 0, a.size());
+  EXPECT_EQ(snap.owned_bytes(), 3 * a.size() * static_cast<int64_t>(sizeof(float)));
+  const std::vector<float> w = a.data(), m = a.adam_m(), v = a.adam_v();
+  for (float& x : a.data()) x += 1;  // training goes on
+  for (float& x : a.adam_m()) x += 1;
+  a.step() = 4;
+  const std::string dir = Dir("snap");
+  ASSERT_TRUE(snap.Write("llm", dir + "/" + ModulePartName("llm", 0)).ok());
+  ASSERT_TRUE(WriteModuleManifest(dir, "llm", snap.step(), {ModulePartName("llm", 0)}).ok());
+  ParamSet b = Make();
+  ASSERT_TRUE(LoadModuleCheckpoint(dir, "llm", &b).ok());
+  EXPECT_EQ(b.data(), w);
+  EXPECT_EQ(b.adam_m(), m);
+  EXPECT_EQ(b.adam_v(), v);
+  EXPECT_EQ(b.step(), 3);
 }
 
 TEST(CheckpointTest, RejectsTheWrongModuleOrShapeNamingIt) {
   ParamSet a = Make();
-  const std::string path = testing::TempPath("m.ckpt");
-  ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", path).ok());
+  const std::string dir = Dir("m");
+  ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", dir).ok());
   ParamSet b = Make();
-  absl::Status s = LoadModuleCheckpoint(path, "llm", &b);
+  absl::Status s = LoadModuleCheckpoint(dir, "llm", &b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;  // no llm.ckpt
+  Spit(dir + "/llm.ckpt", Slurp(dir + "/encoder.ckpt"));
+  s = LoadModuleCheckpoint(dir, "llm", &b);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("'encoder'"), absl::string_view::npos) << s;
-  ParamSet c = Make(/*extra=*/1);
-  s = LoadModuleCheckpoint(path, "encoder", &c);
+  ParamSet c = Make({}, /*extra=*/1);
+  s = LoadModuleCheckpoint(dir, "encoder", &c);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("a.bias"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("head.bias"), absl::string_view::npos) << s;
 }
 
-TEST(CheckpointTest, DetectsCorruptionAndTruncation) {
+TEST(CheckpointTest, DetectsCorruptionAndTruncationInAnyBlock) {
+  ParamSet a = Make({}, 0, /*rows=*/1 << 19);  // 24 MiB of payload: 6 blocks
+  FillAdam(&a);
+  const std::string dir = Dir("c");
+  ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", dir).ok());
+  const std::string part = dir + "/" + ModulePartName("encoder", 0);
+  const std::string bytes = Slurp(part);
+  auto load = [&] {
+    ParamSet b = Make({}, 0, 1 << 19);
+    return LoadModuleCheckpoint(dir, "encoder", &b);
+  };
+  ASSERT_TRUE(load().ok());
+  for (size_t at : {size_t{20}, bytes.size() / 2, bytes.size() - 200, bytes.size() - 3}) {
+    std::string flipped = bytes;
+    flipped[at] ^= 0x40;
+    Spit(part, flipped);
+    EXPECT_EQ(load().code(), absl::StatusCode::kDataLoss) << "byte " << at << " flipped";
+  }
+  for (size_t keep : {bytes.size() / 3, size_t{30}, size_t{0}}) {
+    Spit(part, bytes.substr(0, keep));
+    EXPECT_EQ(load().code(), absl::StatusCode::kDataLoss) << keep << " bytes kept";
+  }
+  Spit(part, bytes + "x");
+  EXPECT_EQ(load().code(), absl::StatusCode::kDataLoss) << "a trailing byte";
+  Spit(part, bytes);
+  const std::string manifest = Slurp(dir + "/encoder.ckpt");
+  Spit(dir + "/encoder.ckpt", manifest.substr(0, manifest.size() / 2));
+  EXPECT_EQ(load().code(), absl::StatusCode::kDataLoss) << "a torn manifest";
+  Spit(dir + "/encoder.ckpt", manifest);
+  ASSERT_TRUE(load().ok());
+  std::remove(part.c_str());
+  EXPECT_EQ(load().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CheckpointTest, AFrozenSetSavesZeroAdamStateAndLoadsTheWeightsOnly) {
   ParamSet a = Make();
-  const std::string path = testing::TempPath("c.ckpt");
-  ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", path).ok());
-  std::stringstream ss;
-  ss << std::ifstream(path, std::ios::binary).rdbuf();
-  std::string bytes = ss.str();
-
-  std::string flipped = bytes;
-  flipped[flipped.size() / 2] ^= 0x40;
-  std::ofstream(testing::TempPath("flip.ckpt"), std::ios::binary) << flipped;
+  a.step() = 2;
+  a.Freeze();
+  const std::string dir = Dir("frozen");
+  ASSERT_TRUE(SaveModuleCheckpoint(a, "encoder", dir).ok());
   ParamSet b = Make();
-  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("flip.ckpt"), "encoder", &b).code(),
-            absl::StatusCode::kDataLoss);
-
-  std::ofstream(testing::TempPath("short.ckpt"), std::ios::binary)
-      << bytes.substr(0, bytes.size() / 3);
-  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("short.ckpt"), "encoder", &b).code(),
-            absl::StatusCode::kDataLoss);
-  std::ofstream(testing::TempPath("empty.ckpt"), std::ios::binary) << "";
-  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("empty.ckpt"), "encoder", &b).code(),
-            absl::StatusCode::kDataLoss);
-  EXPECT_EQ(LoadModuleCheckpoint(testing::TempPath("missing.ckpt"), "encoder", &b).code(),
-            absl::StatusCode::kNotFound);
+  b.Initialize(7);
+  FillAdam(&b);
+  ASSERT_TRUE(LoadModuleCheckpoint(dir, "encoder", &b).ok());
+  EXPECT_EQ(b.data(), a.data());
+  EXPECT_EQ(b.adam_m(), std::vector<float>(b.size(), 0.0f));
+  EXPECT_EQ(b.adam_v(), std::vector<float>(b.size(), 0.0f));
+  ParamSet c = Make();
+  c.Initialize(7);
+  c.Freeze();
+  ASSERT_TRUE(LoadModuleCheckpoint(dir, "encoder", &c).ok());
+  EXPECT_EQ(c.data(), a.data());
 }
 
 }  // namespace

@@ -32,6 +32,17 @@ absl::StatusOr<std::string> InMemoryStore::Get(const std::string& key, absl::Dur
   return values_[key];
 }
 
+absl::Status InMemoryStore::Delete(const std::vector<std::string>& keys) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& k : keys) values_.erase(k);
+  return absl::OkStatus();
+}
+
+size_t InMemoryStore::size() {
+  absl::MutexLock lock(&mu_);
+  return values_.size();
+}
+
 namespace {
 
 // Gloo's Store interface over a KeyValueStore. Gloo expects exceptions. Waits
@@ -44,7 +55,10 @@ class GlooStore final : public gloo::rendezvous::Store {
   void set(const std::string& key, const std::vector<char>& data) override {
     absl::Status s = store_->Set(key, std::string(data.begin(), data.end()));
     if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+    set_.push_back(key);
   }
+  // The keys this rank set.
+  const std::vector<std::string>& keys_set() const { return set_; }
   std::vector<char> get(const std::string& key) override {
     std::string v = Get(key, timeout_);
     return std::vector<char>(v.begin(), v.end());
@@ -81,6 +95,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   KeyValueStore* store_;
   absl::Duration timeout_;
   const Cancellation* cancel_;
+  std::vector<std::string> set_;
 };
 
 // Ring allreduce over the context's unbound buffers: chunk c of n is reduced
@@ -216,8 +231,23 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
     context->setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout)));
     context->connectFullMesh(prefixed, device);
-    return std::unique_ptr<Communicator>(
+    auto communicator = std::unique_ptr<Communicator>(
         new GlooCommunicator(context, options.timeout, options.cancel, options.wait_limit));
+    // Every rank has read every key it needs once all are connected: the
+    // barrier (a ring allreduce ends on a rank only once every rank entered
+    // it) says so, then each rank drops its own keys.
+    if (options.size > 1) {
+      float one = 1;
+      if (absl::Status s = communicator->AllreduceSum(&one, 1); !s.ok()) return s;
+    }
+    if (!base.keys_set().empty()) {
+      if (absl::Status s = store->Delete(base.keys_set()); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("Gloo group \"", options.prefix, "\" rank ", options.rank,
+                                         ": deleting its keys: ", s.message()));
+      }
+    }
+    return communicator;
   } catch (const std::exception& e) {
     if (options.cancel != nullptr && options.cancel->cancelled()) {
       return absl::CancelledError(absl::StrCat("Gloo group \"", options.prefix, "\" rank ",

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -84,6 +85,8 @@ class KeyValueStore {
   virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
   // DEADLINE_EXCEEDED if `key` is not set within `timeout`.
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+  // Drops `keys` (absent ones are ignored).
+  virtual absl::Status Delete(const std::vector<std::string>& keys) = 0;
 };
 
 // A store inside one process (tests; threads as ranks). Thread-safe.
@@ -91,6 +94,8 @@ class InMemoryStore final : public KeyValueStore {
  public:
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
+  absl::Status Delete(const std::vector<std::string>& keys) override;
+  size_t size();
 
  private:
   absl::Mutex mu_;
@@ -126,7 +131,9 @@ struct GlooOptions {
 };
 
 // Connects `size` ranks in a full mesh over TCP. `store` is only used
-// during the call. The allreduce is a ring (reduce-scatter, then allgather)
+// during the call: once every rank is connected (a barrier over the new
+// group), each deletes the keys it set, so the store keeps nothing of a
+// finished rendezvous. The allreduce is a ring (reduce-scatter, then allgather)
 // over Gloo's unbound buffers, so that a Cancellation can end its waits.
 // The first call makes the process ignore SIGPIPE unless it has a handler
 // (a write to a peer that has gone must fail, not kill the process).

@@ -1,5 +1,6 @@
 #include "runtime/comm/collective.h"
 
+#include <atomic>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -63,6 +64,57 @@ TEST(Gloo, TwoGroupsInOneStoreStayApart) {
   t2.join();
   EXPECT_EQ(a, std::vector<float>({2.0f, 2.0f}));
   EXPECT_EQ(b, std::vector<float>({20.0f, 20.0f}));
+}
+
+// A store that counts what it was given, to show the rendezvous used it.
+class CountingStore final : public KeyValueStore {
+ public:
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    sets_.fetch_add(1);
+    return store_.Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    return store_.Get(key, timeout);
+  }
+  absl::Status Delete(const std::vector<std::string>& keys) override {
+    deletes_.fetch_add(static_cast<int>(keys.size()));
+    return store_.Delete(keys);
+  }
+  int sets() const { return sets_.load(); }
+  int deletes() const { return deletes_.load(); }
+  size_t size() { return store_.size(); }
+
+ private:
+  InMemoryStore store_;
+  std::atomic<int> sets_{0}, deletes_{0};
+};
+
+TEST(Gloo, AConnectedGroupLeavesNoKeysInTheStore) {
+  for (int size : {2, 5}) {
+    CountingStore store;
+    std::vector<std::thread> threads;
+    std::vector<float> sums(size);
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        GlooOptions o;
+        o.prefix = "g";
+        o.rank = r;
+        o.size = size;
+        o.host = "127.0.0.1";
+        o.timeout = absl::Seconds(20);
+        absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, o);
+        ASSERT_TRUE(c.ok()) << c.status();
+        float v = 1;
+        ASSERT_TRUE((*c)->AllreduceSum(&v, 1).ok());  // still connected without its keys
+        sums[r] = v;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_GE(store.sets(), size) << "the rendezvous set no keys";
+    EXPECT_EQ(store.deletes(), store.sets()) << "each rank deletes what it set";
+    EXPECT_EQ(store.size(), 0u);
+    EXPECT_EQ(sums, std::vector<float>(size, static_cast<float>(size)));
+  }
 }
 
 TEST(Gloo, BadRankAndMissingPeerAreErrors) {

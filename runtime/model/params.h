@@ -130,6 +130,8 @@ class ParamSet {
   std::vector<float>& grads() { return grad_; }
   std::vector<float>& adam_m() { return m_; }
   std::vector<float>& adam_v() { return v_; }
+  const std::vector<float>& adam_m() const { return m_; }
+  const std::vector<float>& adam_v() const { return v_; }
   int64_t& step() { return step_; }
   int64_t step() const { return step_; }
 

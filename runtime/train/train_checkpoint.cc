@@ -21,8 +21,7 @@ absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
   }
   auto sets = model.param_sets();
   for (size_t i = 0; i < sets.size(); ++i) {
-    absl::Status s =
-        SaveModuleCheckpoint(*sets[i], kModules[i], absl::StrCat(sd, "/", kModules[i], ".ckpt"));
+    absl::Status s = SaveModuleCheckpoint(*sets[i], kModules[i], sd);
     if (!s.ok()) return s;
   }
   return CommitCheckpointStep(dir, step, run);
@@ -32,8 +31,7 @@ absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
   const std::string sd = StepDir(dir, step);
   auto sets = model.param_sets();
   for (size_t i = 0; i < sets.size(); ++i) {
-    absl::Status s =
-        LoadModuleCheckpoint(absl::StrCat(sd, "/", kModules[i], ".ckpt"), kModules[i], sets[i]);
+    absl::Status s = LoadModuleCheckpoint(sd, kModules[i], sets[i]);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -42,8 +40,7 @@ absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
 absl::Status LoadTrainingWeights(MultimodalModel& model, const std::string& step_dir) {
   auto sets = model.param_sets();
   for (size_t i = 0; i < sets.size(); ++i) {
-    absl::Status s =
-        LoadModuleWeights(absl::StrCat(step_dir, "/", kModules[i], ".ckpt"), kModules[i], sets[i]);
+    absl::Status s = LoadModuleWeights(step_dir, kModules[i], sets[i]);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

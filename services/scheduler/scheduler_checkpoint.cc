@@ -1,7 +1,7 @@
 // The scheduler's part of a coordinated checkpoint: every worker reports its
-// part of step N; the last report completes the step (preprocess cursor,
-// cost model, the productive time before it, then the rename into place:
-// runtime/checkpoint/steps.h). And
+// part of step N; after the last report the scheduler's checkpoint thread
+// completes the step (preprocess cursor, cost model, the productive time
+// before it, then the rename into place: runtime/checkpoint/steps.h). And
 // the assignments recorded since the newest complete step, which a restart
 // from it replays.
 #include <chrono>
@@ -46,9 +46,10 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
           absl::StrCat("step: ", step, " is not a checkpoint step of this job (checkpoint.every = ",
                        options_.job.checkpoint().every(), ", none requested there)")));
     }
-    if (step <= last_checkpoint_) {
+    if (step <= last_checkpoint_ || completing_.count(step) > 0) {
       return ToGrpcStatus(absl::AlreadyExistsError(
-          absl::StrCat("step: checkpoint ", step, " is already complete")));
+          absl::StrCat("step: checkpoint ", step, " is already ",
+                       step <= last_checkpoint_ ? "complete" : "reported by every worker")));
     }
     auto& reported = checkpoint_parts_[step];
     first = checkpoint_started_.try_emplace(step, absl::Now()).second;
@@ -60,36 +61,63 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
       productive_before = clock_.ProductiveBefore(step);
     }
   }
-  if (first && !last) {
-    // Kept for the completion; a failure here is retried then.
-    absl::StatusOr<std::string> cursor = ReadCursor(step);
-    absl::MutexLock lock(&mu_);
-    if (cursor.ok() && checkpoint_started_.count(step) > 0) {
-      checkpoint_cursors_[step] = *std::move(cursor);
-    }
-  }
-  if (!last) return grpc::Status::OK;
-  if (absl::Status s = CompleteCheckpoint(step, request->generation(), productive_before);
-      !s.ok()) {
-    absl::MutexLock lock(&mu_);
-    // A recovery began meanwhile: it abandoned this checkpoint, not the job.
-    if (generation_ != request->generation()) return ToGrpcStatus(s);
-    job_message_ = absl::StrCat("checkpoint ", step, " failed: ", s.message());
-    stop_at_ = newest_ + 1;
-    SetStateLocked(control::v1::JOB_STATE_FAILED);
-    return ToGrpcStatus(s);
-  }
-  checkpoints_->Increment();
-  response->set_complete(true);
+  if (!first && !last) return grpc::Status::OK;
+  // The cursor (read at the first part, while loom-preprocess is near the
+  // step) and the completion (at the last) are the scheduler's own thread's
+  // work, done in order: no worker's call waits on loom-preprocess or the
+  // disk.
   absl::MutexLock lock(&mu_);
-  if (auto t = checkpoint_started_.find(step); t != checkpoint_started_.end()) {
-    checkpoint_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t->second));
-    checkpoint_started_.erase(t);
-  }
-  checkpoint_steps_.erase(step);
-  AddEventLocked(control::v1::JobEvent::KIND_CHECKPOINT, nullptr, step);
-  MaybeSucceedLocked();
+  checkpoint_work_.push_back({step, request->generation(), productive_before, last});
+  if (last) completing_.insert(step);
+  if (!checkpointer_.joinable()) checkpointer_ = std::thread([this] { CheckpointThread(); });
+  changed_.SignalAll();
+  response->set_complete(last);
   return grpc::Status::OK;
+}
+
+void SchedulerServiceImpl::CheckpointThread() {
+  for (;;) {
+    CheckpointWork work;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!closing_ && checkpoint_work_.empty()) changed_.Wait(&mu_);
+      if (closing_) return;
+      work = checkpoint_work_.front();
+      checkpoint_work_.pop_front();
+    }
+    if (!work.complete) {
+      // Kept for the completion; a failure here is retried then.
+      absl::StatusOr<std::string> cursor = ReadCursor(work.step);
+      absl::MutexLock lock(&mu_);
+      if (cursor.ok() && checkpoint_started_.count(work.step) > 0) {
+        checkpoint_cursors_[work.step] = *std::move(cursor);
+      }
+      continue;
+    }
+    absl::Status s = CompleteCheckpoint(work.step, work.generation, work.productive_before);
+    if (s.ok()) checkpoints_->Increment();
+    absl::MutexLock lock(&mu_);
+    completing_.erase(work.step);
+    if (!s.ok()) {
+      // A recovery began meanwhile: it abandoned this checkpoint, not the job.
+      if (generation_ == work.generation && !IsFinalJobState(state_)) {
+        LOOM_LOG(ERROR).With("step", work.step) << "checkpoint failed: " << s.message();
+        job_message_ = absl::StrCat("checkpoint ", work.step, " failed: ", s.message());
+        stop_at_ = newest_ + 1;
+        SetStateLocked(control::v1::JOB_STATE_FAILED);
+      }
+      changed_.SignalAll();
+      continue;
+    }
+    if (auto t = checkpoint_started_.find(work.step); t != checkpoint_started_.end()) {
+      checkpoint_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - t->second));
+      checkpoint_started_.erase(t);
+    }
+    checkpoint_steps_.erase(work.step);
+    AddEventLocked(control::v1::JobEvent::KIND_CHECKPOINT, nullptr, work.step);
+    MaybeSucceedLocked();
+    changed_.SignalAll();
+  }
 }
 
 void SchedulerServiceImpl::ContinueClockLocked() {

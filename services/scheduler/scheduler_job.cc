@@ -77,7 +77,8 @@ void SchedulerServiceImpl::MaybeSucceedLocked() {
   const int64_t end = options_.job.train().steps();
   if (end <= 0 || IsFinalJobState(state_) || steps_.empty() || steps_.back().iteration() + 1 < end)
     return;
-  if (!checkpoint_steps_.empty()) return;  // the last checkpoint is still being written
+  // The last checkpoint is still being written or completed.
+  if (!checkpoint_steps_.empty() || !completing_.empty()) return;
   SetStateLocked(control::v1::JOB_STATE_SUCCEEDED);
 }
 

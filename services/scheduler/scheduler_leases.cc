@@ -110,8 +110,11 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   checkpoint_cursors_.clear();
   marking_step_ = 0;
   checkpoint_requested_ = false;
-  keys_.clear();  // the old generation's rendezvous; the new one uses its own prefix
-  key_bytes_ = 0;
+  {
+    absl::MutexLock keys(&keys_mu_);
+    keys_.clear();  // the old generation's rendezvous; the new one uses its own prefix
+    key_bytes_ = 0;
+  }
   absl::StatusOr<scheduler::v1::CostCoefficients> costs =
       StartingCosts(options_.plan, options_.job.checkpoint().dir(), from);
   if (costs.ok()) {

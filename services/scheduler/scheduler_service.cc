@@ -35,6 +35,7 @@ int RanksOf(const scheduler::v1::Plan& plan, Role role) {
 constexpr size_t kMaxKeyBytes = 1024;
 constexpr size_t kMaxValueBytes = 1 << 20;
 constexpr size_t kMaxStoreBytes = 64 << 20;
+constexpr int kMaxDeleteKeys = 4096;
 constexpr size_t kRetainedSteps = 100000;
 
 }  // namespace
@@ -103,6 +104,7 @@ SchedulerServiceImpl::~SchedulerServiceImpl() {
     changed_.SignalAll();
   }
   if (leases_.joinable()) leases_.join();
+  if (checkpointer_.joinable()) checkpointer_.join();
 }
 
 absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> SchedulerServiceImpl::Create(
@@ -631,7 +633,7 @@ grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("value: ", request->value().size(), " bytes is over ", kMaxValueBytes)));
   }
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&keys_mu_);
   auto it = keys_.find(request->key());
   const size_t old = it == keys_.end() ? 0 : it->first.size() + it->second.size();
   const size_t add = request->key().size() + request->value().size();
@@ -646,7 +648,7 @@ grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
 grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext*,
                                           const scheduler::v1::GetKeyRequest* request,
                                           scheduler::v1::GetKeyResponse* response) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&keys_mu_);
   auto it = keys_.find(request->key());
   if (it == keys_.end()) {
     return ToGrpcStatus(
@@ -654,6 +656,28 @@ grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext*,
   }
   response->set_value(it->second);
   return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::DeleteKeys(grpc::ServerContext*,
+                                              const scheduler::v1::DeleteKeysRequest* request,
+                                              scheduler::v1::DeleteKeysResponse*) {
+  if (request->keys_size() > kMaxDeleteKeys) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("keys: ", request->keys_size(), " is over ", kMaxDeleteKeys, " in one call")));
+  }
+  absl::MutexLock lock(&keys_mu_);
+  for (const std::string& key : request->keys()) {
+    auto it = keys_.find(key);
+    if (it == keys_.end()) continue;
+    key_bytes_ -= it->first.size() + it->second.size();
+    keys_.erase(it);
+  }
+  return grpc::Status::OK;
+}
+
+std::pair<size_t, size_t> SchedulerServiceImpl::StoreSize() const {
+  absl::MutexLock lock(&keys_mu_);
+  return {keys_.size(), key_bytes_};
 }
 
 void SchedulerServiceImpl::ObserveStepMetrics(const scheduler::v1::StepReport& r) {

@@ -144,6 +144,11 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
                       scheduler::v1::SetKeyResponse* response) override;
   grpc::Status GetKey(grpc::ServerContext* context, const scheduler::v1::GetKeyRequest* request,
                       scheduler::v1::GetKeyResponse* response) override;
+  grpc::Status DeleteKeys(grpc::ServerContext* context,
+                          const scheduler::v1::DeleteKeysRequest* request,
+                          scheduler::v1::DeleteKeysResponse* response) override;
+  // Keys in the rendezvous store, and their bytes (tests, metrics).
+  std::pair<size_t, size_t> StoreSize() const;
 
  private:
   struct Computed {
@@ -190,6 +195,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // COMPLETE. Called once every worker of `generation` reported its part;
   // ABORTED (nothing committed) once a recovery ended that generation.
   absl::Status CompleteCheckpoint(int64_t step, int64_t generation, double productive_before);
+  // The checkpoint thread: reads cursors and completes checkpoints
+  // (checkpoint_work_, in order) until the service closes.
+  void CheckpointThread();
   // The serialized data cursor before batch `step`, from loom-preprocess.
   absl::StatusOr<std::string> ReadCursor(int64_t step);
   // Every assignment is recorded in the checkpoint folder,
@@ -260,8 +268,11 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // workers write in the background while training goes on, and by the last
   // report batch N may have left loom-preprocess's retention window.
   std::map<int64_t, std::string> checkpoint_cursors_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(mu_);
-  size_t key_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The rendezvous store, under its own lock: a rendezvous of many ranks
+  // never waits on (or holds up) the job's state. Taken after mu_, if both.
+  mutable absl::Mutex keys_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(keys_mu_);
+  size_t key_bytes_ ABSL_GUARDED_BY(keys_mu_) = 0;
   prometheus::Counter* checkpoints_ = nullptr;
   prometheus::Histogram* checkpoint_seconds_ = nullptr;
   prometheus::Counter* iterations_ = nullptr;
@@ -299,6 +310,17 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   bool closing_ ABSL_GUARDED_BY(mu_) = false;                             // the lease thread ends
   absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // every worker in
   std::thread leases_;
+  // The checkpoint thread's work: a step's cursor to read (its first part
+  // is in) or the step to complete (every part is in: also in completing_).
+  struct CheckpointWork {
+    int64_t step = 0;
+    int64_t generation = 0;
+    double productive_before = 0;
+    bool complete = false;
+  };
+  std::deque<CheckpointWork> checkpoint_work_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> completing_ ABSL_GUARDED_BY(mu_);
+  std::thread checkpointer_;
   prometheus::Counter* restarts_ = nullptr;
   prometheus::Counter* lost_ = nullptr;
   prometheus::Gauge* effective_ = nullptr;  // TrainingTime.effective_ratio

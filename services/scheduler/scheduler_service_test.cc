@@ -650,6 +650,11 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
       EXPECT_EQ(complete, ++reported == 4) << "complete only once every worker reported";
     }
   }
+  // Completed on the scheduler's own thread, after the last call returned.
+  for (absl::Time until = absl::Now() + absl::Seconds(30);
+       progress().last_checkpoint() < 2 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   const std::string dir = testing::TempPath("ckpt/step-2/");
   for (const char* f : {"COMPLETE", kDataCursorFile, kSchedulerStateFile}) {
     EXPECT_TRUE(ReadFile(dir + f).ok()) << f;
@@ -683,6 +688,24 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
   EXPECT_EQ(set("", "x"), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(set("big", std::string(2 << 20, 'x')), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(get("llm/rank0", &v), grpc::StatusCode::OK);  // nothing accepted was lost
+
+  // Keys deleted once their group is connected: the store forgets them.
+  auto remove = [&](const std::vector<std::string>& keys) {
+    scheduler::v1::DeleteKeysRequest r;
+    for (const std::string& k : keys) r.add_keys(k);
+    scheduler::v1::DeleteKeysResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    return stub_->DeleteKeys(ctx.get(), r, &response).error_code();
+  };
+  EXPECT_EQ(set("llm/rank1", "addr1"), grpc::StatusCode::OK);
+  EXPECT_EQ(service_->StoreSize().first, 2u);
+  EXPECT_EQ(remove({"llm/rank0", "never/set"}), grpc::StatusCode::OK);
+  EXPECT_EQ(get("llm/rank0", &v), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(get("llm/rank1", &v), grpc::StatusCode::OK);
+  EXPECT_EQ(service_->StoreSize(), std::make_pair(size_t{1}, std::string("llm/rank1addr1").size()));
+  EXPECT_EQ(remove(std::vector<std::string>(4097, "k")), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(remove({"llm/rank1"}), grpc::StatusCode::OK);
+  EXPECT_EQ(service_->StoreSize(), std::make_pair(size_t{0}, size_t{0}));
 }
 
 }  // namespace

@@ -184,4 +184,18 @@ absl::StatusOr<std::string> SchedulerStore::Get(const std::string& key, absl::Du
   }
 }
 
+absl::Status SchedulerStore::Delete(const std::vector<std::string>& keys) {
+  constexpr size_t kPerCall = 4096;  // the scheduler's limit
+  for (size_t at = 0; at < keys.size(); at += kPerCall) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, client_->deadline());
+    scheduler::v1::DeleteKeysRequest request;
+    for (size_t k = at; k < std::min(keys.size(), at + kPerCall); ++k) request.add_keys(keys[k]);
+    scheduler::v1::DeleteKeysResponse response;
+    grpc::Status s = client_->stub()->DeleteKeys(&ctx, request, &response);
+    if (!s.ok()) return FromGrpcStatus(s, "scheduler DeleteKeys");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace loom

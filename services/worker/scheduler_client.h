@@ -55,12 +55,14 @@ class SchedulerClient {
   std::atomic<int64_t> generation_{0};
 };
 
-// KeyValueStore over the scheduler's SetKey/GetKey (Get polls NOT_FOUND).
+// KeyValueStore over the scheduler's SetKey/GetKey/DeleteKeys (Get polls
+// NOT_FOUND).
 class SchedulerStore final : public KeyValueStore {
  public:
   explicit SchedulerStore(SchedulerClient* client) : client_(client) {}
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
+  absl::Status Delete(const std::vector<std::string>& keys) override;
 
  private:
   SchedulerClient* client_;

@@ -210,19 +210,17 @@ absl::Status TrainingWorker::Impl::Join() {
       }
       continue;
     }
-    // Checkpoints hold each module's master tensors whole: this rank takes
-    // its stage's slice, so a job resumes (or starts from another run's
-    // weights) under any TP and PP degrees.
+    // Checkpoints hold each module's master tensors: this rank reads its
+    // own slice of its stage's tensors straight from the parts, so a job
+    // resumes (or starts from another run's weights) under any TP, PP and DP
+    // degrees, and no rank holds more than its set.
     const char* name = kModuleNames[static_cast<int>(modules[i])];
-    ParamSet master = ModuleMaster(modules[i]);
-    absl::Status s = resume
-                         ? LoadModuleCheckpoint(
-                               absl::StrCat(checkpoint_step_dir, "/", name, ".ckpt"), name, &master)
-                         : LoadModuleWeights(absl::StrCat(init, "/", name, ".ckpt"), name, &master);
+    const bool whole = modules[i] == Module::kProjector || grid().pp == 1;
+    absl::Status s = resume ? LoadModuleCheckpoint(checkpoint_step_dir, name, sets[i], whole)
+                            : LoadModuleWeights(init, name, sets[i], whole);
     if (!s.ok()) {
       return resume ? s : absl::Status(s.code(), absl::StrCat("init.checkpoint: ", s.message()));
     }
-    sets[i]->SliceFromMaster(master);
   }
   frozen = JobFrozen(job);
   for (size_t i = 0; i < sets.size(); ++i) {
@@ -329,18 +327,6 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   if (!samples.ok()) return samples.status();
   for (size_t k = 0; k < indices.size(); ++k) d.samples[indices[k]] = std::move((*samples)[k]);
   return d;
-}
-
-ParamSet TrainingWorker::Impl::ModuleMaster(Module m) const {
-  switch (m) {
-    case Module::kEncoder:
-      return VitEncoder(model.vit).params().MasterLayout();
-    case Module::kProjector:
-      return Projector(model).params().MasterLayout();
-    case Module::kLlm:
-      return Llm(model.llm).params().MasterLayout();
-  }
-  return ParamSet();
 }
 
 absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {

@@ -15,48 +15,60 @@
 namespace loom {
 
 absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
-  // DP replicas hold the same weights: replica 0 gathers each module's
-  // master tensors (over each stage's TP group, then over the stages into
-  // the whole module) and its first rank holding the module writes them (the
-  // layout-independent checkpoint) into the step's partial folder, which the
-  // scheduler emptied when it marked the step and renames into place once
-  // every part is written. The gathered tensors are copies: they are written
-  // in the background while training goes on, one checkpoint at a time.
+  // Every rank holding a module writes a share of it: each pipeline stage's
+  // master tensors (this rank's set when TP is 1, else gathered over the
+  // stage's TP group) are cut into DP × TP parts, one per rank of the stage,
+  // and the first stage's rank (0, 0) writes the manifest naming every
+  // stage's parts (runtime/checkpoint: the layout-independent format, so a
+  // job resumes under other degrees). The scheduler emptied the step's
+  // partial folder when it marked the step and renames it into place once
+  // every rank has reported. A part is a snapshot, a copy of this rank's
+  // share alone (1 / (DP × TP) of its stage), written in the background while
+  // training goes on, one checkpoint at a time.
   stall->Work("checkpoint");  // its own limit: a write may take far longer than a step
   if (absl::Status s = AwaitCheckpointWrite(); !s.ok()) return s;
-  std::vector<std::pair<std::string, ParamSet>> parts;  // (module name, the whole module)
-  if (pos.dp == 0) {
-    for (size_t i = 0; i < sets.size(); ++i) {
-      ParamSet stage;
-      if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &stage); !s.ok()) return s;
-      if (pos.tp != 0) continue;
-      const bool staged = modules[i] != Module::kProjector;  // the projector: last stage only
-      ParamSet whole;
-      if (staged && pp_comm != nullptr) {
-        whole = ModuleMaster(modules[i]);
-        if (absl::Status s = GatherInto(stage, pp_comm.get(), &whole); !s.ok()) return s;
-      } else {
-        whole = std::move(stage);
-      }
-      if (staged && !first_stage()) continue;
-      parts.emplace_back(kModuleNames[static_cast<int>(modules[i])], std::move(whole));
+  struct Share {
+    std::string module, file;
+    CheckpointPart part;
+    std::vector<std::string> manifest;  // the module's parts, when this rank writes it
+  };
+  std::vector<Share> shares;
+  const parallel::GridShape& g = grid();
+  const int per_stage = g.dp * g.tp, index = pos.dp * g.tp + pos.tp;
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const bool staged = modules[i] != Module::kProjector;  // the projector: last stage only
+    const int stages = staged ? g.pp : 1, stage = staged ? pos.pp : 0;
+    ParamSet gathered;
+    const ParamSet* master = sets[i];
+    if (sets[i]->shard().size > 1) {
+      if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &gathered); !s.ok()) return s;
+      master = &gathered;
     }
+    const auto [begin, end] = PartRange(master->size(), index, per_stage);
+    Share share;
+    share.module = kModuleNames[static_cast<int>(modules[i])];
+    share.file = ModulePartName(share.module, stage * per_stage + index);
+    share.part = CheckpointPart::Snapshot(*master, begin, end);
+    if (stage == 0 && index == 0) {
+      for (int k = 0; k < stages * per_stage; ++k) {
+        share.manifest.push_back(ModulePartName(share.module, k));
+      }
+    }
+    shares.push_back(std::move(share));
   }
   stall->Work("step");
-  checkpoint_writer = std::thread([this, step, parts = std::move(parts)]() mutable {
+  checkpoint_writer = std::thread([this, step, shares = std::move(shares)]() mutable {
     const std::string dir = PartialStepDir(job.checkpoint().dir(), step);
-    absl::Status s;
-    for (auto& [name, whole] : parts) {
-      if (s = MakeDirectories(dir); !s.ok()) break;
-      if (s = SaveModuleCheckpoint(whole, name, absl::StrCat(dir, "/", name, ".ckpt")); !s.ok()) {
-        break;
+    absl::Status s = MakeDirectories(dir);
+    for (size_t k = 0; s.ok() && k < shares.size(); ++k) {
+      const Share& share = shares[k];
+      s = share.part.Write(share.module, absl::StrCat(dir, "/", share.file));
+      if (s.ok() && !share.manifest.empty()) {
+        s = WriteModuleManifest(dir, share.module, share.part.step(), share.manifest);
       }
       InjectFault("checkpoint", step - 1);  // a part written, the rest not
     }
-    if (s.ok()) {
-      InjectFault("checkpoint", step - 1);  // ranks writing nothing
-      s = scheduler->ReportCheckpoint(options.role, options.rank, step);
-    }
+    if (s.ok()) s = scheduler->ReportCheckpoint(options.role, options.rank, step);
     checkpoint_write_status = s;  // read after the join
   });
   return absl::OkStatus();

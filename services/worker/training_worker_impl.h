@@ -228,8 +228,6 @@ struct TrainingWorker::Impl {
   // into `vit_out`, and on the last stage the projector into `emb`.
   absl::Status ForwardEncoder(const std::vector<float>& in, int n, std::vector<float>* vit_out,
                               std::vector<float>* emb);
-  // The master tensors of module `m` whole (every stage, TP 1), zeros.
-  ParamSet ModuleMaster(Module m) const;
 };
 
 }  // namespace loom

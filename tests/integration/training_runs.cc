@@ -75,7 +75,7 @@ void ExpectOnlyTheProjectorTrained(MultimodalModel& start, const std::string& st
     const ParamSet& initial = *start.param_sets()[static_cast<int>(m)];
     ParamSet saved = initial.MasterLayout();
     const char* name = kModuleNames[static_cast<int>(m)];
-    ASSERT_TRUE(LoadModuleCheckpoint(absl::StrCat(step, "/", name, ".ckpt"), name, &saved).ok());
+    ASSERT_TRUE(LoadModuleCheckpoint(step, name, &saved).ok());
     if (m == Module::kProjector) {
       EXPECT_NE(saved.data(), initial.data()) << "the projector did not train";
       EXPECT_EQ(saved.step(), 10);
