@@ -402,6 +402,12 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
   auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path, ": ", what));
   };
+  if (text->compare(0, 8, "LOOMCKPT") == 0) {  // version 1: the module in this one file
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", manifest_path,
+                     " is in format version 1 (one file per module); this build reads version ",
+                     kCheckpointVersion, " (a manifest and its parts)"));
+  }
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || j.value("format", "") != kManifestFormat) {
     return bad("not a Loom checkpoint manifest");

@@ -188,6 +188,11 @@ TEST(CheckpointTest, DetectsCorruptionAndTruncationInAnyBlock) {
   ASSERT_TRUE(load().ok());
   std::remove(part.c_str());
   EXPECT_EQ(load().code(), absl::StatusCode::kNotFound);
+  // A checkpoint of the earlier format is named as such.
+  Spit(dir + "/encoder.ckpt", std::string("LOOMCKPT\1\0\0\0", 12));
+  absl::Status s = load();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("version 1"), absl::string_view::npos) << s;
 }
 
 TEST(CheckpointTest, AFrozenSetSavesZeroAdamStateAndLoadsTheWeightsOnly) {
