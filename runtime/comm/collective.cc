@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -59,14 +60,24 @@ class GlooStore final : public gloo::rendezvous::Store {
   }
   // The keys this rank set.
   const std::vector<std::string>& keys_set() const { return set_; }
+  // Gloo waits for a key, then gets it: the value the wait fetched is kept
+  // for the get, so each key costs one call to the store, not two.
   std::vector<char> get(const std::string& key) override {
-    std::string v = Get(key, timeout_);
+    std::string v;
+    if (auto it = waited_.find(key); it != waited_.end()) {
+      v = std::move(it->second);
+      waited_.erase(it);
+    } else {
+      v = Get(key, timeout_);
+    }
     return std::vector<char>(v.begin(), v.end());
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, ToChrono(timeout_)); }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
-    for (const std::string& k : keys) Get(k, absl::FromChrono(timeout));
+    for (const std::string& k : keys) {
+      if (waited_.count(k) == 0) waited_[k] = Get(k, absl::FromChrono(timeout));
+    }
   }
 
  private:
@@ -96,6 +107,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   absl::Duration timeout_;
   const Cancellation* cancel_;
   std::vector<std::string> set_;
+  std::map<std::string, std::string> waited_;  // fetched by wait, not yet by get
 };
 
 // Ring allreduce over the context's unbound buffers: chunk c of n is reduced

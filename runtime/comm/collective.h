@@ -117,7 +117,7 @@ class Communicator {
 };
 
 struct GlooOptions {
-  std::string prefix;  // names this group in the store: "encoder", "llm", "job"
+  std::string prefix;  // names this group in the store, e.g. "g0-llm-dp-tp0-pp0"
   int rank = 0;
   int size = 1;
   std::string host;  // address peers reach this rank on; "": this machine's hostname

@@ -52,6 +52,13 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
                               .Help("Tensor bytes sent to workers over UCX.")
                               .Register(registry)
                               .Add({});
+  service->send_failures_ = &prometheus::BuildCounter()
+                                 .Name("loom_preprocess_ucx_send_failures_total")
+                                 .Help(
+                                     "UCX sends to workers that failed after GetSamples "
+                                     "returned (the receiver gone, or past the send timeout).")
+                                 .Register(registry)
+                                 .Add({});
 
   data::LoaderOptions lo;
   lo.shards = *shards;
@@ -200,10 +207,19 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     t->set_tiles_bytes(static_cast<int64_t>(tile_bytes));
     t->set_tokens_tag(request->tag_base() + 2 * static_cast<uint64_t>(k) + 1);
     t->set_num_tokens(static_cast<int32_t>(s.sample.tokens.size()));
-    auto* counter = bytes_sent_;
-    auto count = [counter](size_t bytes) {
-      return [counter, bytes](absl::Status st) {
-        if (st.ok()) counter->Increment(static_cast<double>(bytes));
+    // The call has returned by the time a send completes: a failure is
+    // counted and logged here, and the receiver's wait for it times out.
+    auto count = [counter = bytes_sent_, failures = send_failures_](size_t bytes) {
+      return [counter, failures, bytes](absl::Status st) {
+        if (st.ok()) {
+          counter->Increment(static_cast<double>(bytes));
+          return;
+        }
+        failures->Increment();
+        LOOM_LOG(WARNING)
+                .With("bytes", static_cast<int64_t>(bytes))
+                .With("error", std::string(st.message()))
+            << "UCX send to a worker failed";
       };
     };
     const size_t token_bytes = s.sample.tokens.size() * sizeof(int32_t);

@@ -83,6 +83,7 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   prometheus::Family<prometheus::Counter>* skipped_ = nullptr;
   prometheus::Counter* samples_served_ = nullptr;
   prometheus::Counter* bytes_sent_ = nullptr;
+  prometheus::Counter* send_failures_ = nullptr;
 
   // One batch is built at a time, under build_mu_ (the loader decodes ahead
   // on its own threads; Next() waits for it). mu_ guards only the built

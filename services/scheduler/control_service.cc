@@ -92,6 +92,7 @@ void ApplyDeployment(const SchedulerDeployment& deployment, SchedulerServiceOpti
   o->algorithm = o->job.algorithm();
   o->preprocess = deployment.preprocess;
   o->retained_iterations = deployment.retained_iterations;
+  o->assign_ahead = deployment.assign_ahead;
   o->ilp_seconds = deployment.ilp_seconds;
   o->peak_flops = deployment.peak_flops;
   o->trace_dir = deployment.trace_dir;

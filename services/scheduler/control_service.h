@@ -18,6 +18,7 @@ struct SchedulerDeployment {
   std::string preprocess;
   std::string run_dir = ".loom/run";  // roots the job's default folders
   int retained_iterations = 16;
+  int assign_ahead = 2;
   double ilp_seconds = 10;
   double peak_flops = 0;
   std::string trace_dir;  // SchedulerServiceOptions::trace_dir

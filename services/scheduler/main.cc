@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, algorithm, "loom",
           "Assignment: sequential, lpt, disttrain, entrain, ilp, loom.");
 ABSL_FLAG(std::string, preprocess, "", "host:port of loom-preprocess (batch metadata).");
 ABSL_FLAG(int, retained_iterations, 16, "Assignments kept for fetches and timing reports.");
+ABSL_FLAG(int, assign_ahead, 2,
+          "Iterations computed ahead of the newest one handed out (0 to retained_iterations - "
+          "1).");
 ABSL_FLAG(double, ilp_seconds, 10, "Time limit of the ilp algorithm.");
 ABSL_FLAG(std::string, job, "",
           "The job config (loom.job.v1.JobConfig, JSON or text): model, degrees (unless "
@@ -89,16 +92,16 @@ absl::StatusOr<loom::scheduler::v1::Plan> PlanFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  loom::InitService(
-      argc, argv, "loom-scheduler",
-      "loom-scheduler: the profiler/scheduler and control plane.\n"
-      "  loom-scheduler (--plan FILE | --llm_dp N --microbatches M --encoder_dp E) "
-      "--preprocess HOST:PORT [--algorithm loom]\n"
-      "  loom-scheduler --job FILE --preprocess HOST:PORT [--resume]\n"
-      "  loom-scheduler --preprocess HOST:PORT (the job comes by SubmitJob)\n"
-      "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
-      "--config --retained_iterations --ilp_seconds --job --run_dir --resume --resume_step "
-      "--peak_flops --trace_dir --take_back");
+  loom::InitService(argc, argv, "loom-scheduler",
+                    "loom-scheduler: the profiler/scheduler and control plane.\n"
+                    "  loom-scheduler (--plan FILE | --llm_dp N --microbatches M --encoder_dp E) "
+                    "--preprocess HOST:PORT [--algorithm loom]\n"
+                    "  loom-scheduler --job FILE --preprocess HOST:PORT [--resume]\n"
+                    "  loom-scheduler --preprocess HOST:PORT (the job comes by SubmitJob)\n"
+                    "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
+                    "--config --retained_iterations --assign_ahead --ilp_seconds --job --run_dir "
+                    "--resume --resume_step "
+                    "--peak_flops --trace_dir --take_back");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
   auto fail = [](const absl::Status& s) {
@@ -113,9 +116,14 @@ int main(int argc, char** argv) {
   deployment.preprocess = absl::GetFlag(FLAGS_preprocess);
   deployment.run_dir = absl::GetFlag(FLAGS_run_dir);
   deployment.retained_iterations = absl::GetFlag(FLAGS_retained_iterations);
+  deployment.assign_ahead = absl::GetFlag(FLAGS_assign_ahead);
   deployment.ilp_seconds = absl::GetFlag(FLAGS_ilp_seconds);
   deployment.peak_flops = absl::GetFlag(FLAGS_peak_flops);
   deployment.trace_dir = absl::GetFlag(FLAGS_trace_dir);
+  // The job is kept there (for --take_back) from the first state change on.
+  if (absl::Status s = loom::MakeDirectories(deployment.run_dir); !s.ok()) {
+    return fail(absl::Status(s.code(), absl::StrCat("--run_dir: ", s.message())));
+  }
   auto service = std::make_unique<loom::SchedulerServiceImpl>(&chassis);
   const std::string kept = loom::SchedulerJobFile(deployment.run_dir);
   bool take_back = absl::GetFlag(FLAGS_take_back) && std::filesystem::exists(kept);

@@ -159,8 +159,8 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::CheckpointJob(const std::
     *step = marking_step_;
     return JobLocked();
   }
-  // The mark goes on the next iteration computed; the checkpoint follows it.
-  const int64_t next = std::max(newest_ + 1, start_iteration_);
+  // The mark goes on the next iteration handed out; the checkpoint follows it.
+  const int64_t next = std::max({newest_ + 1, start_iteration_, handing_out_ + 1});
   const int64_t end = options_.job.train().steps();
   if (end > 0 && next >= end) {
     return absl::FailedPreconditionError(

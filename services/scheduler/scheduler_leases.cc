@@ -100,6 +100,10 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   start_iteration_ = from;
   assignments_by_iteration_.clear();
   newest_ = -1;
+  ahead_.clear();  // computed from the old generation's data order
+  compute_failed_.clear();
+  wanted_ = -1;
+  if (batch_call_ != nullptr) batch_call_->TryCancel();
   while (!steps_.empty() && steps_.back().iteration() >= from) steps_.pop_back();
   clock_.RollBack();
   // Checkpoints placed after it are abandoned (their partial folders are

@@ -13,10 +13,8 @@
 #include "prometheus/histogram.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
-#include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
-#include "runtime/scheduling/assign.h"
 #include "runtime/scheduling/schedule.h"
 #include "services/common/channel.h"
 #include "services/common/grpc_status.h"
@@ -101,8 +99,10 @@ SchedulerServiceImpl::~SchedulerServiceImpl() {
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
+    if (batch_call_ != nullptr) batch_call_->TryCancel();
     changed_.SignalAll();
   }
+  if (assigner_.joinable()) assigner_.join();
   if (leases_.joinable()) leases_.join();
   if (checkpointer_.joinable()) checkpointer_.join();
 }
@@ -154,6 +154,11 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   }
   if (options.retained_iterations < 1) {
     return absl::InvalidArgumentError("retained_iterations must be at least 1");
+  }
+  if (options.assign_ahead < 0 || options.assign_ahead >= options.retained_iterations) {
+    return absl::InvalidArgumentError(absl::StrCat("assign_ahead: ", options.assign_ahead,
+                                                   " is outside 0 to retained_iterations - 1 (",
+                                                   options.retained_iterations - 1, ")"));
   }
   if (options.start_iteration < 0) {
     return absl::InvalidArgumentError("start_iteration must be >= 0");
@@ -211,6 +216,7 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
                     absl::UnixEpoch() + absl::Seconds(r.declared_seconds()));
   }
   if (options.job.recovery().lease_seconds() > 0) leases_ = std::thread([this] { WatchLeases(); });
+  if (preprocess_) assigner_ = std::thread([this] { AssignThread(); });
   return absl::OkStatus();
 }
 
@@ -333,242 +339,33 @@ absl::Status SchedulerServiceImpl::ValidateWorkerId(Role role, int rank) const {
   return absl::OkStatus();
 }
 
-grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext*,
-                                           const scheduler::v1::GetPlanRequest*,
+namespace {
+
+// Until when a long poll asking to wait `wait_ms` is held: at most
+// kMaxLongPoll, and a second before the caller's deadline.
+absl::Time LongPollUntil(const grpc::ServerContext* context, int32_t wait_ms) {
+  constexpr absl::Duration kMaxLongPoll = absl::Seconds(5);
+  const absl::Time now = absl::Now();
+  if (wait_ms <= 0) return now;
+  return std::min({now + std::min(absl::Milliseconds(wait_ms), kMaxLongPoll),
+                   absl::FromChrono(context->deadline()) - absl::Seconds(1)});
+}
+
+}  // namespace
+
+grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext* context,
+                                           const scheduler::v1::GetPlanRequest* request,
                                            scheduler::v1::GetPlanResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  const absl::Time until = LongPollUntil(context, request->wait_ms());
+  const size_t expected = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
   absl::MutexLock lock(&mu_);
+  while (workers_.size() != expected && !closing_ && absl::Now() < until) {
+    changed_.WaitWithDeadline(&mu_, until);  // the last registration signals
+  }
   *response->mutable_plan() = options_.plan;
   for (const auto& [key, w] : workers_) *response->add_workers() = w;
-  response->set_complete(static_cast<int>(workers_.size()) ==
-                         options_.plan.encoder().gpus() + options_.plan.llm().gpus());
-  return grpc::Status::OK;
-}
-
-absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
-SchedulerServiceImpl::AssignmentFor(int64_t iteration, int64_t generation, absl::Time deadline,
-                                    absl::Time compute_deadline, std::string* ended,
-                                    scheduler::v1::Regroup* regroup) {
-  if (iteration < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("iteration: ", iteration, " is negative"));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    if (generation < generation_) {  // that generation is over: where the next one starts
-      *regroup = RegroupLocked();
-      return std::shared_ptr<const Computed>();
-    }
-    if (absl::Status s = CheckGenerationLocked(generation); !s.ok()) return s;
-    if (iteration < start_iteration_) {
-      return absl::OutOfRangeError(absl::StrCat("iteration ", iteration, " is before iteration ",
-                                                start_iteration_, ", where this job ",
-                                                generation_ > 0 ? "recovered" : "resumed"));
-    }
-  }
-  const int64_t end = options_.job.train().steps();
-  if (end > 0 && iteration >= end) {
-    *ended = absl::StrCat("the job ends after ", end, " iterations");
-    return std::shared_ptr<const Computed>();
-  }
-  auto cached = [&]() -> absl::StatusOr<std::shared_ptr<const Computed>> {
-    absl::MutexLock lock(&mu_);
-    auto it = assignments_by_iteration_.find(iteration);
-    if (it != assignments_by_iteration_.end()) return it->second;
-    if (iteration <= newest_ - options_.retained_iterations) {
-      return absl::OutOfRangeError(absl::StrCat("iteration ", iteration,
-                                                " left the window of the last ",
-                                                options_.retained_iterations, " assignments"));
-    }
-    const int64_t newest = std::max(newest_, start_iteration_ - 1);
-    if (iteration > newest + options_.retained_iterations) {
-      return absl::OutOfRangeError(
-          absl::StrCat("iteration ", iteration, " is more than ", options_.retained_iterations,
-                       " iterations ahead of the newest assignment (", newest, ")"));
-    }
-    return std::shared_ptr<const Computed>();
-  };
-  absl::StatusOr<std::shared_ptr<const Computed>> hit = cached();
-  if (!hit.ok() || *hit) return hit;
-  {
-    // Iterations already computed are handed out whatever the state (every
-    // worker of an iteration gets it); a new one waits out a pause and is
-    // refused once the job was stopped.
-    absl::MutexLock lock(&mu_);
-    ++paused_requests_;  // held by the pause while it waits here
-    auto held = [&] {
-      return generation == generation_ && (state_ == control::v1::JOB_STATE_PAUSED ||
-                                           state_ == control::v1::JOB_STATE_RECOVERING);
-    };
-    while (held() && absl::Now() < deadline) changed_.WaitWithDeadline(&mu_, deadline);
-    --paused_requests_;
-    if (generation < generation_) {  // a recovery in place began while this waited
-      *regroup = RegroupLocked();
-      return std::shared_ptr<const Computed>();
-    }
-    if (stop_at_ >= 0 && iteration >= stop_at_) {
-      *ended = absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_);
-      return std::shared_ptr<const Computed>();
-    }
-    if (state_ == control::v1::JOB_STATE_PAUSED) {
-      return absl::UnavailableError("the job is paused; retry");
-    }
-    if (state_ == control::v1::JOB_STATE_RECOVERING) {
-      // The lost process is being replaced (or every process restarted
-      // from the newest complete checkpoint); until then nothing new is
-      // handed out.
-      return absl::UnavailableError(
-          absl::StrCat("the job is recovering (", job_message_, "); retry"));
-    }
-  }
-  // One assignment is computed at a time. A caller waits for its turn, and
-  // for loom-preprocess's batch, only until its compute deadline: then it
-  // hears "retry", so a batch that takes long to prepare (or a long solve
-  // ahead of it) never runs a worker's call past its deadline.
-  {
-    absl::MutexLock lock(&mu_);
-    while (computing_ && absl::Now() < compute_deadline) {
-      changed_.WaitWithDeadline(&mu_, compute_deadline);
-    }
-    if (computing_) {
-      return absl::UnavailableError(absl::StrCat(
-          "iteration ", iteration, ": another assignment is still being computed; retry"));
-    }
-    computing_ = true;
-  }
-  absl::Cleanup computed_or_not = [this] {
-    absl::MutexLock lock(&mu_);
-    computing_ = false;
-    changed_.SignalAll();
-  };
-  absl::MutexLock compute(&compute_mu_);
-  hit = cached();  // another caller may have computed it meanwhile
-  if (!hit.ok() || *hit) return hit;
-  if (!preprocess_) {
-    return absl::FailedPreconditionError("no preprocess service (--preprocess) to read batches");
-  }
-  if (absl::Status s = RewindPreprocess(); !s.ok()) return s;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(compute_deadline));
-  ctx.set_wait_for_ready(true);  // loom-preprocess may be restarting at its address
-  data::v1::GetBatchRequest request;
-  request.set_iteration(iteration);
-  data::v1::GetBatchResponse batch;
-  if (grpc::Status s = preprocess_->GetBatch(&ctx, request, &batch); !s.ok()) {
-    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {  // not prepared yet
-      return absl::UnavailableError(absl::StrCat("iteration ", iteration,
-                                                 ": loom-preprocess has not prepared its batch "
-                                                 "yet (",
-                                                 s.error_message(), "); retry"));
-    }
-    return FromGrpcStatus(s, "preprocess GetBatch");
-  }
-  auto computed = std::make_shared<Computed>();
-  std::vector<std::string> keys;
-  for (const data::v1::SampleMetadata& m : batch.samples()) {
-    sched::SampleShape s;
-    for (int t : m.record().images()) s.tiles += t;
-    s.image_tokens = m.record().image_tokens();
-    s.text_tokens = m.record().text_tokens();
-    computed->shapes.push_back(s);
-    keys.push_back(m.record().key());
-  }
-  std::vector<sched::SampleLoad> loads;
-  scheduler::v1::Plan plan = options_.plan;  // with the costs as refitted now
-  {
-    absl::MutexLock lock(&mu_);
-    loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
-    *plan.mutable_costs() = costs_->coefficients();
-  }
-  sched::PredictedIteration predicted;
-  // An iteration this run assigned before (a restart or resume repeats it):
-  // the same bins again, so it trains exactly as it did. Else a new one,
-  // recorded before any worker sees it.
-  absl::StatusOr<scheduler::v1::Assignment> a = RecordedAssignment(iteration, keys);
-  const bool replayed = a.ok();
-  if (!replayed) {
-    a = sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds,
-                             options_.trace_dir.empty() ? nullptr : &predicted);
-    if (!a.ok()) return a.status();
-    a->set_iteration(iteration);
-    if (absl::Status s = RecordAssignment(*a); !s.ok()) return s;
-  }
-  if (!options_.trace_dir.empty() && !replayed) {
-    const bool first = !trace_named_.exchange(true);
-    absl::Status s = trace::AppendLine(options_.trace_dir + "/predicted.jsonl",
-                                       sched::PredictedTrace(predicted, iteration, first));
-    if (!s.ok()) LOOM_LOG(WARNING).With("error", std::string(s.message())) << "trace";
-  }
-  a->set_iteration(iteration);
-  computed->assignment = std::move(*a);
-  assignments_->Increment();
-  llm_imbalance_->Set(computed->assignment.summary().llm().max_over_lower_bound());
-  encoder_imbalance_->Set(computed->assignment.summary().encoder().max_over_lower_bound());
-  bool mark = false;
-  {
-    absl::MutexLock lock(&mu_);
-    const int every = options_.job.checkpoint().every();
-    mark = checkpoint_requested_ || (every > 0 && (iteration + 1) % every == 0);
-    checkpoint_requested_ = false;
-    if (mark) marking_step_ = iteration + 1;  // a CheckpointJob now gets this step
-  }
-  if (mark) {
-    // Before any worker can see the mark, outside the main lock (compute_mu_
-    // still serialises this): an empty partial folder for the step, dropping
-    // whatever an interrupted earlier write of it left.
-    if (absl::Status s = BeginCheckpointStep(options_.job.checkpoint().dir(), iteration + 1);
-        !s.ok()) {
-      absl::MutexLock lock(&mu_);
-      marking_step_ = 0;
-      job_message_ = absl::StrCat("checkpoint ", iteration + 1, " cannot start: ", s.message());
-      stop_at_ = newest_ + 1;
-      SetStateLocked(control::v1::JOB_STATE_FAILED);
-      return s;
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  marking_step_ = 0;
-  if (stop_at_ >= 0 && iteration >= stop_at_) {  // stopped while computing
-    *ended = absl::StrCat("the job stopped before iteration ", iteration, ": ", job_message_);
-    return std::shared_ptr<const Computed>();
-  }
-  if (mark) {
-    computed->assignment.set_checkpoint(true);
-    checkpoint_steps_.insert(iteration + 1);
-  }
-  assignments_by_iteration_[iteration] = computed;
-  newest_ = std::max(newest_, iteration);
-  while (!assignments_by_iteration_.empty() &&
-         assignments_by_iteration_.begin()->first <= newest_ - options_.retained_iterations) {
-    assignments_by_iteration_.erase(assignments_by_iteration_.begin());
-  }
-  return std::shared_ptr<const Computed>(computed);
-}
-
-grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
-                                                 const scheduler::v1::GetAssignmentRequest* request,
-                                                 scheduler::v1::GetAssignmentResponse* response) {
-  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
-  // A paused job holds the call until a second before the caller's deadline
-  // (at most pause_hold); the caller retries the UNAVAILABLE that follows.
-  // Computing the assignment (the wait for the batch included) likewise,
-  // at most kComputeHold.
-  const absl::Time answer_by = absl::FromChrono(context->deadline()) - absl::Seconds(1);
-  const absl::Time deadline = std::min(answer_by, absl::Now() + options_.pause_hold);
-  const absl::Time compute_deadline = std::min(answer_by, absl::Now() + kComputeHold);
-  std::string ended;
-  scheduler::v1::Regroup regroup;
-  absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(
-      request->iteration(), request->generation(), deadline, compute_deadline, &ended, &regroup);
-  if (!c.ok()) return ToGrpcStatus(c.status());
-  if (*c == nullptr) {
-    if (ended.empty()) {
-      *response->mutable_regroup() = regroup;
-    } else {
-      response->set_job_ended(ended);
-    }
-    return grpc::Status::OK;
-  }
-  *response->mutable_assignment() = (*c)->assignment;
+  response->set_complete(workers_.size() == expected);
   return grpc::Status::OK;
 }
 
@@ -642,14 +439,28 @@ grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
   }
   key_bytes_ = key_bytes_ - old + add;
   keys_[request->key()] = request->value();
+  if (auto w = key_waits_.find(request->key()); w != key_waits_.end()) w->second->set.SignalAll();
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext*,
+grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext* context,
                                           const scheduler::v1::GetKeyRequest* request,
                                           scheduler::v1::GetKeyResponse* response) {
+  const absl::Time until = LongPollUntil(context, request->wait_ms());
   absl::MutexLock lock(&keys_mu_);
   auto it = keys_.find(request->key());
+  if (it == keys_.end() && absl::Now() < until) {
+    // Woken by the SetKey of this key only (not by every SetKey of a
+    // rendezvous of thousands).
+    std::unique_ptr<KeyWait>& slot = key_waits_[request->key()];
+    if (slot == nullptr) slot = std::make_unique<KeyWait>();
+    KeyWait* wait = slot.get();
+    ++wait->waiters;
+    while ((it = keys_.find(request->key())) == keys_.end() && absl::Now() < until) {
+      wait->set.WaitWithDeadline(&keys_mu_, until);
+    }
+    if (--wait->waiters == 0) key_waits_.erase(request->key());
+  }
   if (it == keys_.end()) {
     return ToGrpcStatus(
         absl::NotFoundError(absl::StrCat("key \"", request->key(), "\" is not set")));

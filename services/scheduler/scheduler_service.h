@@ -41,6 +41,9 @@ struct SchedulerServiceOptions {
   std::string algorithm = "loom";
   std::string preprocess;        // host:port of loom-preprocess; empty: no assignments
   int retained_iterations = 16;  // assignments kept for fetches and timing reports
+  // Iterations computed ahead of the newest one handed out (0 to
+  // retained_iterations - 1), so GetAssignment finds them ready.
+  int assign_ahead = 2;
   double ilp_seconds = 10;
   // The job workers train (defaults applied). Its checkpoint.dir holds the
   // coordinated checkpoints; train.steps ends the job (0: no end).
@@ -72,9 +75,10 @@ struct SchedulerServiceOptions {
   int64_t generation = 0;  // the generation to start at
 };
 
-// The longest one GetAssignment call waits for its turn to compute and for
-// loom-preprocess's batch before it answers UNAVAILABLE "...; retry" (the
-// workers ask again): a batch slow to prepare costs time, not the job.
+// The longest one GetAssignment call waits for an iteration not computed yet
+// before it answers UNAVAILABLE "...; retry" (the workers ask again): a batch
+// slow to prepare costs time, not the job. Also the assignment thread's
+// deadline for one GetBatch call (it asks again while the batch is not there).
 inline constexpr absl::Duration kComputeHold = absl::Seconds(30);
 
 // Where a scheduler keeps its job: <run_dir>/scheduler_job.binpb.
@@ -104,7 +108,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   absl::StatusOr<control::v1::Job> PauseJob(const std::string& job_id);
   absl::StatusOr<control::v1::Job> ResumeJob(const std::string& job_id);
   absl::StatusOr<control::v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
-  // The checkpoint is placed after the next iteration computed; *step is its
+  // The checkpoint is placed after the next iteration handed out; *step is its
   // step once placed (0 until then).
   absl::StatusOr<control::v1::Job> CheckpointJob(const std::string& job_id, int64_t* step);
   // Events with a sequence number above `after_seq` (each paired with its
@@ -159,11 +163,27 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // The assignment of `iteration` for a caller in `generation`; null with
   // `ended` set (no such iteration) or `regroup` set (that generation is over).
   // `deadline`: how long a paused job may hold the call; `compute_deadline`:
-  // how long the caller waits for its turn to compute and for the batch
-  // (then UNAVAILABLE "...; retry").
+  // how long the caller waits for the iteration to be computed (then
+  // UNAVAILABLE "...; retry"). Hands out computed iterations
+  // (scheduler_assign.cc).
   absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(
       int64_t iteration, int64_t generation, absl::Time deadline, absl::Time compute_deadline,
       std::string* ended, scheduler::v1::Regroup* regroup);
+  // The assignment thread: computes the iterations callers asked for and
+  // assign_ahead beyond the newest handed out, in order, into ahead_ (or
+  // compute_failed_) until the service closes.
+  void AssignThread();
+  // The next iteration the assignment thread computes; -1: none now.
+  int64_t NextToComputeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the batch of `iteration` from loom-preprocess and solves it.
+  // *retry: the batch is not there yet, or a recovery (a newer generation
+  // than `generation`) or the service's end abandoned it.
+  absl::StatusOr<std::shared_ptr<Computed>> ComputeAssignment(int64_t iteration, int64_t generation,
+                                                              bool* retry);
+  // Moves ahead_[iteration] into the assignments handed out, placing a
+  // checkpoint mark on it when one is due (mu_ is released while the step's
+  // folder is made).
+  absl::Status HandOutLocked(int64_t iteration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan's cost coefficients with the stage shares of the workers'
   // layer split, or those checkpoint `step` saved (step > 0).
   absl::StatusOr<scheduler::v1::CostCoefficients> StartingCosts(const scheduler::v1::Plan& plan,
@@ -186,7 +206,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // Continues the clock of options_.spec.training_time, if it has one, from
   // the checkpoint the job starts after.
   void ContinueClockLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rolls loom-preprocess back to the generation's start once (under compute_mu_).
+  // Rolls loom-preprocess back to the generation's start once (on the
+  // assignment thread).
   absl::Status RewindPreprocess();
   absl::Status Configured() const;
   absl::Status ValidateWorkerId(common::v1::Role role, int rank) const;
@@ -246,17 +267,29 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   prometheus::Gauge* llm_imbalance_ = nullptr;
   prometheus::Gauge* encoder_imbalance_ = nullptr;
 
-  absl::Mutex compute_mu_;  // one assignment computed at a time
-  // Set by the caller computing one; the others wait for it on changed_.
-  bool computing_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex mu_;
   std::map<std::pair<int, int>, scheduler::v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
+  // Handed out (the newest of them: newest_), and computed ahead by the
+  // assignment thread but not handed out yet (no mark placed).
   std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);
   int64_t newest_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int64_t, std::shared_ptr<Computed>> ahead_ ABSL_GUARDED_BY(mu_);
+  // The assignment thread: an iteration whose computation failed (its next
+  // caller hears why), the newest iteration a caller asked for (-1: none
+  // this generation), the one being computed (-1: none) and whether it waits
+  // for loom-preprocess's batch (batch_call_, cancelled by a recovery or the
+  // service's end), the one being handed out (-1: none).
+  std::map<int64_t, absl::Status> compute_failed_ ABSL_GUARDED_BY(mu_);
+  int64_t wanted_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t computing_ ABSL_GUARDED_BY(mu_) = -1;
+  bool waiting_for_batch_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* batch_call_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t handing_out_ ABSL_GUARDED_BY(mu_) = -1;
+  std::thread assigner_;
   // Requests for a new iteration waiting in AssignmentFor now; while paused,
   // Job.paused_requests (the calls held by the pause).
   int64_t paused_requests_ ABSL_GUARDED_BY(mu_) = 0;
-  // The step an assignment being computed will carry the checkpoint mark
+  // The step an assignment being handed out will carry the checkpoint mark
   // for (0: none), from the decision until it is published.
   int64_t marking_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<sched::CostModel> costs_ ABSL_GUARDED_BY(mu_);
@@ -273,6 +306,12 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   mutable absl::Mutex keys_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(keys_mu_);
   size_t key_bytes_ ABSL_GUARDED_BY(keys_mu_) = 0;
+  // GetKey calls waiting for a key not set yet, by key.
+  struct KeyWait {
+    absl::CondVar set;
+    int waiters = 0;
+  };
+  std::map<std::string, std::unique_ptr<KeyWait>> key_waits_ ABSL_GUARDED_BY(keys_mu_);
   prometheus::Counter* checkpoints_ = nullptr;
   prometheus::Histogram* checkpoint_seconds_ = nullptr;
   prometheus::Counter* iterations_ = nullptr;

@@ -298,6 +298,14 @@ class ServedScheduleTest : public ::testing::Test {
     data_stub_ = data::v1::PreprocessService::NewStub(testing::ChannelTo(*data_chassis_));
   }
 
+  // The scheduler first (its assignment thread may be asking loom-preprocess
+  // for a batch), then loom-preprocess's server, then the service it served.
+  void TearDown() override {
+    chassis_->Shutdown();
+    service_.reset();
+    data_chassis_->Shutdown();
+  }
+
   grpc::Status Register(common::v1::Role role, int rank, const std::string& address) {
     scheduler::v1::RegisterWorkerRequest r;
     r.mutable_worker()->set_role(role);
@@ -402,9 +410,83 @@ TEST_F(ServedScheduleTest, ABatchSlowerThanTheCallersDeadlinesIsWaitedFor) {
   late_chassis.Shutdown();
 }
 
+// Serves every batch after iteration 0 `delay` late, counting the batches
+// served.
+class SlowBatches final : public data::v1::PreprocessService::Service {
+ public:
+  SlowBatches(std::shared_ptr<grpc::Channel> to, absl::Duration delay)
+      : stub_(data::v1::PreprocessService::NewStub(std::move(to))), delay_(delay) {}
+  grpc::Status GetBatch(grpc::ServerContext*, const data::v1::GetBatchRequest* request,
+                        data::v1::GetBatchResponse* response) override {
+    if (request->iteration() > 0) absl::SleepFor(delay_);
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->GetBatch(&ctx, *request, response);
+    absl::MutexLock lock(&mu_);
+    served_.insert(request->iteration());
+    return s;
+  }
+  std::set<int64_t> served() {
+    absl::MutexLock lock(&mu_);
+    return served_;
+  }
+
+ private:
+  std::unique_ptr<data::v1::PreprocessService::Stub> stub_;
+  absl::Duration delay_;
+  absl::Mutex mu_;
+  std::set<int64_t> served_ ABSL_GUARDED_BY(mu_);
+};
+
+// Assignments are computed ahead on the scheduler's own thread, at most
+// assign_ahead past the newest handed out: a batch that takes longer to
+// prepare than a caller waits (2 s against 0.5 s) is ready when asked for.
+TEST_F(ServedScheduleTest, AssignmentsAreComputedAhead) {
+  Chassis slow_chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
+  SlowBatches slow(testing::ChannelTo(*data_chassis_), absl::Seconds(2));
+  slow_chassis.AddService(&slow, data::v1::PreprocessService::service_full_name());
+  ASSERT_TRUE(slow_chassis.Start().ok());
+  SchedulerServiceOptions so;
+  so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
+  so.preprocess = absl::StrCat("127.0.0.1:", slow_chassis.grpc_port());
+  so.assign_ahead = 2;
+  so.job.set_name("ahead");
+  so.job.mutable_checkpoint()->set_dir(testing::TempPath("ahead_ckpt"));
+  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
+  auto service = SchedulerServiceImpl::Create(&chassis, so);
+  ASSERT_TRUE(service.ok()) << service.status();
+  chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
+  ASSERT_TRUE(chassis.Start().ok());
+  auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  auto ask = [&](int64_t iteration, double seconds) {
+    scheduler::v1::GetAssignmentRequest r;
+    r.set_iteration(iteration);
+    scheduler::v1::GetAssignmentResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(seconds)));
+    grpc::Status s = stub->GetAssignment(&ctx, r, &response);
+    if (s.ok()) {
+      EXPECT_EQ(response.assignment().iteration(), iteration);
+    }
+    return s;
+  };
+  EXPECT_EQ(ask(1, 1.5).error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "nobody asked for it before: its batch takes 2 s, the caller waits 0.5 s";
+  ASSERT_TRUE(ask(0, 30).ok());
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (slow.served().size() < 3 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(50));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(slow.served(), (std::set<int64_t>{0, 1, 2})) << "2 ahead of the newest handed out, 0";
+  for (int64_t it : {1, 2}) {
+    grpc::Status s = ask(it, 1.5);
+    EXPECT_TRUE(s.ok()) << "iteration " << it << ": " << s.error_message();
+  }
+  chassis.Shutdown();
+  slow_chassis.Shutdown();
+}
+
 // The control API's requests act on the assignments workers get: a pause
-// holds new iterations (computed ones are still served), a checkpoint request
-// marks the next iteration computed, a cancel ends the job there.
+// holds new iterations (those handed out are still served), a checkpoint
+// request marks the next iteration handed out, a cancel ends the job there.
 TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
   using control::v1::JobEvent;
   scheduler::v1::Assignment a;
@@ -417,7 +499,7 @@ TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
   EXPECT_EQ(service_->GetJob("x").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(service_->GetJob("").status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_EQ(service_->PauseJob("t")->state(), control::v1::JOB_STATE_PAUSED);
-  EXPECT_TRUE(Assignment(1, &a).ok()) << "computed before the pause: still served";
+  EXPECT_TRUE(Assignment(1, &a).ok()) << "handed out before the pause: still served";
   {
     scheduler::v1::GetAssignmentRequest r;
     r.set_iteration(2);
@@ -441,9 +523,9 @@ TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
   }
   EXPECT_EQ(service_->GetJob("t")->state(), control::v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(service_->CheckpointJob("t", &step).ok());
-  EXPECT_EQ(step, 3) << "iterations 0 and 1 are computed: the mark goes on 2, step 3 follows it";
+  EXPECT_EQ(step, 3) << "iterations 0 and 1 are handed out: the mark goes on 2, step 3 follows it";
   ASSERT_TRUE(Assignment(2, &a).ok());
-  EXPECT_TRUE(a.checkpoint()) << "requested: after the next iteration computed";
+  EXPECT_TRUE(a.checkpoint()) << "requested: after the next iteration handed out";
   EXPECT_EQ(service_->GetJob("t")->pending_checkpoint(), 2) << "step 2 is still being written";
 
   absl::StatusOr<control::v1::Job> cancelled = service_->CancelJob("t", "enough");
@@ -496,6 +578,52 @@ TEST_F(ServedScheduleTest, RegistrationIsTheRendezvous) {
   EXPECT_EQ(done.workers(0).ucx_address(), "enc0");  // by role, then rank
   EXPECT_EQ(done.workers(3).ucx_address(), "llm1");
   EXPECT_EQ(done.plan().llm().dp(), 2);
+}
+
+// GetPlan and GetKey are long polls: held until the plan is complete or
+// the key set (not answered at once, then asked again by thousands).
+TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
+  using common::v1::ROLE_ENCODER_WORKER;
+  using common::v1::ROLE_LLM_WORKER;
+  ASSERT_TRUE(Register(ROLE_LLM_WORKER, 0, "llm0").ok());
+  ASSERT_TRUE(Register(ROLE_LLM_WORKER, 1, "llm1").ok());
+  ASSERT_TRUE(Register(ROLE_ENCODER_WORKER, 0, "enc0").ok());
+  std::thread last([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    EXPECT_TRUE(Register(ROLE_ENCODER_WORKER, 1, "enc1").ok());
+  });
+  scheduler::v1::GetPlanRequest pr;
+  pr.set_wait_ms(4000);
+  scheduler::v1::GetPlanResponse plan;
+  auto ctx = testing::ContextWithDeadline(30);
+  ASSERT_TRUE(stub_->GetPlan(ctx.get(), pr, &plan).ok());
+  last.join();
+  EXPECT_TRUE(plan.complete()) << "held until the last worker registered";
+  EXPECT_EQ(plan.workers_size(), 4);
+
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    scheduler::v1::SetKeyRequest r;
+    r.set_key("g0-x/1");
+    r.set_value("address");
+    scheduler::v1::SetKeyResponse response;
+    auto c = testing::ContextWithDeadline();
+    EXPECT_TRUE(stub_->SetKey(c.get(), r, &response).ok());
+  });
+  scheduler::v1::GetKeyRequest kr;
+  kr.set_key("g0-x/1");
+  kr.set_wait_ms(4000);
+  scheduler::v1::GetKeyResponse key;
+  auto kctx = testing::ContextWithDeadline(30);
+  grpc::Status s = stub_->GetKey(kctx.get(), kr, &key);
+  setter.join();
+  ASSERT_TRUE(s.ok()) << "held until the key was set: " << s.error_message();
+  EXPECT_EQ(key.value(), "address");
+  kr.set_key("never");
+  kr.set_wait_ms(300);
+  auto nctx = testing::ContextWithDeadline(30);
+  EXPECT_EQ(stub_->GetKey(nctx.get(), kr, &key).error_code(), grpc::StatusCode::NOT_FOUND)
+      << "after the wait it asked for";
 }
 
 TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {

@@ -50,11 +50,14 @@ absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
 absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorkers(
     absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;
+  scheduler::v1::GetPlanRequest request;
+  request.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(kLongPoll)));
   for (;;) {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(5));
+    SetDeadline(&ctx, absl::Seconds(5) + kLongPoll);
     scheduler::v1::GetPlanResponse response;
-    grpc::Status s = stub_->GetPlan(&ctx, scheduler::v1::GetPlanRequest(), &response);
+    const absl::Time asked = absl::Now();
+    grpc::Status s = stub_->GetPlan(&ctx, request, &response);
     if (!s.ok()) return FromGrpcStatus(s, "scheduler GetPlan");
     if (response.complete()) return response;
     if (absl::Status c = Cancelled(); !c.ok()) return c;
@@ -63,7 +66,9 @@ absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorker
                                                       " workers registered within ",
                                                       absl::FormatDuration(wait)));
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    // The scheduler held the call until its wait passed (a scheduler that
+    // does not hold it is asked again after a pause).
+    if (absl::Now() - asked < kLongPoll / 2) absl::SleepFor(absl::Milliseconds(50));
   }
 }
 
@@ -167,11 +172,13 @@ absl::StatusOr<std::string> SchedulerStore::Get(const std::string& key, absl::Du
   const absl::Time until = absl::Now() + timeout;
   scheduler::v1::GetKeyRequest request;
   request.set_key(key);
+  request.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(kLongPoll)));
   for (absl::Duration pause = absl::Milliseconds(2);;
        pause = std::min(pause * 2, absl::Milliseconds(50))) {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, client_->deadline());
+    SetDeadline(&ctx, client_->deadline() + kLongPoll);
     scheduler::v1::GetKeyResponse response;
+    const absl::Time asked = absl::Now();
     grpc::Status s = client_->stub()->GetKey(&ctx, request, &response);
     if (s.ok()) return std::move(*response.mutable_value());
     if (s.error_code() != grpc::StatusCode::NOT_FOUND) return FromGrpcStatus(s, "scheduler GetKey");
@@ -180,7 +187,7 @@ absl::StatusOr<std::string> SchedulerStore::Get(const std::string& key, absl::Du
       return absl::DeadlineExceededError(absl::StrCat(
           "rendezvous key \"", key, "\" not set within ", absl::FormatDuration(timeout)));
     }
-    absl::SleepFor(pause);
+    if (absl::Now() - asked < kLongPoll / 2) absl::SleepFor(pause);  // not held: poll
   }
 }
 

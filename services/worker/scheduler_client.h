@@ -16,6 +16,11 @@
 
 namespace loom {
 
+// How long one GetPlan or GetKey call asks loom-scheduler to hold it while
+// the plan is incomplete or the key not set (a long poll): a cancel is seen
+// within it.
+inline constexpr absl::Duration kLongPoll = absl::Seconds(1);
+
 class SchedulerClient {
  public:
   // While `*cancel` (optional) is true, the waiting calls (Register,
@@ -26,7 +31,8 @@ class SchedulerClient {
   // Retries while the scheduler is not up yet (UNAVAILABLE), until `wait`.
   absl::StatusOr<scheduler::v1::RegisterWorkerResponse> Register(const scheduler::v1::Worker& w,
                                                                  absl::Duration wait);
-  // Polls GetPlan until every worker of the plan has registered, or `wait`.
+  // Asks GetPlan (held by the scheduler up to kLongPoll each time) until
+  // every worker of the plan has registered, or `wait`.
   absl::StatusOr<scheduler::v1::GetPlanResponse> WaitForAllWorkers(absl::Duration wait);
   // The assignment, job_ended, or regroup when this client's generation is
   // over (GetAssignmentResponse). Waits on while the job is paused or
@@ -55,8 +61,8 @@ class SchedulerClient {
   std::atomic<int64_t> generation_{0};
 };
 
-// KeyValueStore over the scheduler's SetKey/GetKey/DeleteKeys (Get polls
-// NOT_FOUND).
+// KeyValueStore over the scheduler's SetKey/GetKey/DeleteKeys (Get asks again
+// after NOT_FOUND, each call held by the scheduler up to kLongPoll).
 class SchedulerStore final : public KeyValueStore {
  public:
   explicit SchedulerStore(SchedulerClient* client) : client_(client) {}

@@ -174,12 +174,11 @@ absl::Status TrainingWorker::Impl::Join() {
       connect(absl::StrCat(module_name, "-dp-tp", pos.tp, "-pp", pos.pp), pos.dp, shape.dp);
   if (!c.ok()) return c.status();
   dp_comm = std::move(*c);
-  const int encoder_workers = encoder_grid.size();
-  c = connect(absl::StrCat("g", scheduler->generation(), "-job"),
-              encoder ? options.rank : encoder_workers + options.rank,
-              encoder_workers + llm_grid.size());
-  if (!c.ok()) return c.status();
-  job_comm = std::move(*c);
+  if (options.rank == 0 && encoder_grid.size() > 0 && llm_grid.size() > 0) {
+    c = connect(absl::StrCat("g", scheduler->generation(), "-bridge"), encoder ? 0 : 1, 2);
+    if (!c.ok()) return c.status();
+    bridge_comm = std::move(*c);
+  }
 
   if (encoder) {
     vit = std::make_unique<VitEncoder>(model.vit, tp_comm.get(),
@@ -272,6 +271,13 @@ void TrainingWorker::Impl::RegisterMetrics() {
                   .Help("Bytes this worker sent over UCX (embeddings, gradients).")
                   .Register(r)
                   .Add(labels);
+  ucx_send_errors = &prometheus::BuildCounter()
+                         .Name("loom_worker_ucx_send_failures_total")
+                         .Help(
+                             "UCX sends of this worker that failed (the receiver gone, or past "
+                             "the send timeout).")
+                         .Register(r)
+                         .Add(labels);
   ucx_received = &prometheus::BuildCounter()
                       .Name("loom_worker_ucx_received_bytes_total")
                       .Help("Bytes this worker received over UCX (samples, embeddings, gradients).")
@@ -329,6 +335,22 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   return d;
 }
 
+absl::Status TrainingWorker::Impl::JobSum(double* v, int n) {
+  auto module_sum = [&]() -> absl::Status {
+    for (Communicator* c : {dp_comm.get(), pp_comm.get(), tp_comm.get()}) {
+      if (c == nullptr || c->size() == 1) continue;
+      if (absl::Status s = c->AllreduceSum(v, n); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = module_sum(); !s.ok()) return s;
+  if (bridge_comm != nullptr) {
+    if (absl::Status s = bridge_comm->AllreduceSum(v, n); !s.ok()) return s;
+  }
+  if (options.rank != 0) std::fill(v, v + n, 0.0);  // rank 0 alone hands the total out
+  return module_sum();
+}
+
 absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const auto t0 = Clock::now();
   const int64_t step = d.iteration + 1;
@@ -365,7 +387,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const bool counts = pos.tp == 0 && last_stage();
   double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, counts ? loss_sum : 0.0,
                        counts ? tokens : 0.0, counts ? samples : 0.0};
-  if (s = job_comm->AllreduceSum(scalars, 5); !s.ok()) return s;
+  if (s = JobSum(scalars, 5); !s.ok()) return s;
   wait += Since(w0);
   Span("allreduce", a0, d.iteration, "allreduce gradients");
   const double o0 = trace::NowMicros();
@@ -387,6 +409,8 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const UcxWorker::Stats st = ucx->stats();
   ucx_sent->Increment(static_cast<double>(st.bytes_sent - ucx_sent_seen));
   ucx_received->Increment(static_cast<double>(st.bytes_received - ucx_received_seen));
+  ucx_send_errors->Increment(static_cast<double>(st.send_errors - ucx_send_errors_seen));
+  ucx_send_errors_seen = st.send_errors;
   ucx_sent_seen = st.bytes_sent;
   ucx_received_seen = st.bytes_received;
   // The replica's timings, summed over its stages; not those of the first

@@ -107,9 +107,9 @@ struct TrainingWorker::Impl {
   parallel::GridPosition pos;
   // The TP group (null when tp is 1), the DP group (same TP position and
   // stage), the pipeline group (same TP position and replica, every stage;
-  // null when pp is 1), and every worker of the job (the global norm, the
-  // loss).
-  std::unique_ptr<Communicator> tp_comm, dp_comm, pp_comm, job_comm;
+  // null when pp is 1), and on each module's rank 0 only, the two-rank
+  // bridge between the modules (JobSum).
+  std::unique_ptr<Communicator> tp_comm, dp_comm, pp_comm, bridge_comm;
   // Writes this rank's part of a checkpoint from its copy and reports it
   // (the training thread starts and joins it: AwaitCheckpointWrite).
   std::thread checkpoint_writer;
@@ -141,9 +141,10 @@ struct TrainingWorker::Impl {
   prometheus::Counter* recompute_seconds = nullptr;
   prometheus::Counter* ucx_sent = nullptr;
   prometheus::Counter* ucx_received = nullptr;
+  prometheus::Counter* ucx_send_errors = nullptr;
   prometheus::Counter* data_stall_seconds = nullptr;
   prometheus::Histogram* iteration_seconds = nullptr;
-  int64_t ucx_sent_seen = 0, ucx_received_seen = 0;
+  int64_t ucx_sent_seen = 0, ucx_received_seen = 0, ucx_send_errors_seen = 0;
 
   // Registers with the scheduler (the job, the plan, this rank's place),
   // then joins the current generation: every worker's address, the groups
@@ -164,6 +165,12 @@ struct TrainingWorker::Impl {
   absl::StatusOr<scheduler::v1::Regroup> AwaitRegroup();
   absl::StatusOr<worker::IterationData> Fetch(int64_t iteration);
   absl::Status RunIteration(const worker::IterationData& d);
+  // In place: v[i] = Σ over every worker of the job of v[i] (the global
+  // norm, the loss), reduced over the module's own groups (DP, PP, TP: the
+  // module's total), across the bridge, then handed back out over the same
+  // groups from rank 0. No group spans the job: no rendezvous, key or ring
+  // grows with the job's size.
+  absl::Status JobSum(double* v, int n);
   // LOOM_FAULTS (fault_injection.h) for this rank.
   void InjectFault(const char* phase, int64_t iteration) const {
     MaybeInjectFault(RoleLabel(options.role), options.rank, phase, iteration);

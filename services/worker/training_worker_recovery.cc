@@ -23,7 +23,7 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   tp_comm.reset();
   dp_comm.reset();
   pp_comm.reset();
-  job_comm.reset();
+  bridge_comm.reset();
   spans.Clear();
   // Registered again: a scheduler that took the job back after its own loss
   // knows no worker yet (to the one that declared the loss, it is a retry).

@@ -1,0 +1,561 @@
+// The scale harness (not a test): a real loom-scheduler and loom-preprocess
+// (the binaries, as deployed) and N simulated ranks, threads of this
+// process that do what a worker does with the scheduler, without training:
+// register, wait for the whole plan, rendezvous their collective groups
+// through the scheduler's store, then per iteration fetch the assignment,
+// report the step (LLM rank 0) and wait for each other (as the gradient
+// allreduce would) and for --iteration_ms of simulated compute.
+//
+// The plan for N ranks (N a multiple of 128): the LLM (vit300m-llm70b) TP 8 x
+// PP 4 x DP 3N/128, the encoder TP 2 x PP 2 x DP N/16, 4 microbatches per
+// LLM replica, a global batch of 2 samples per microbatch: at N = 4,096
+// 3,072 LLM ranks, 1,024 encoder ranks, 768 samples an iteration.
+//
+// The rendezvous is the workers' (training_worker.cc): a group per TP, PP
+// and DP axis of each module and the two-rank bridge between the modules'
+// rank 0s, each connected as Gloo's full mesh does it: per rank a host key
+// and a key holding an address for each peer (read by every peer, through
+// the workers' store adapter: one call a key), deleted once the
+// group is connected (the TCP connections are not made: an in-process
+// barrier stands for the barrier over the new group). The keys' sizes are
+// measured from a real Gloo group first.
+//
+// Prints per N: time to all registered, to all groups connected, the
+// rendezvous traffic, GetAssignment latency p50/p99 per iteration beside a
+// no-op call's (GetInfo, the same threads right after: the reference), and
+// loom-scheduler's resident memory. Exits 1 when a figure is missing.
+//
+//   bazel run -c opt //services/scheduler/bench:scale_bench -- --ranks 256,1024,4096
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "loom/common/v1/common.pb.h"
+#include "runtime/base/file.h"
+#include "runtime/base/runfiles.h"
+#include "runtime/comm/collective.h"
+#include "runtime/data/datagen.h"
+#include "runtime/parallel/grid.h"
+#include "services/common/chassis.h"
+#include "services/common/subprocess.h"
+#include "services/worker/scheduler_client.h"
+
+ABSL_FLAG(std::string, ranks, "256,1024,4096", "Simulated ranks per run (multiples of 128).");
+ABSL_FLAG(int, iterations, 6, "Iterations per run.");
+ABSL_FLAG(int, iteration_ms, 1500, "Simulated compute per iteration.");
+ABSL_FLAG(int, samples, 1024, "Samples in the generated dataset (onevision).");
+ABSL_FLAG(std::string, work_dir, "/tmp/loom-scale-bench", "Data, runs and logs.");
+ABSL_FLAG(int, limit_s, 300,
+          "A run whose ranks are not all registered and connected within this many seconds is "
+          "stopped and reported as such.");
+
+namespace loom {
+namespace {
+
+using common::v1::Role;
+
+constexpr int kLlmTp = 8, kLlmPp = 4, kEncoderTp = 2, kEncoderPp = 2, kMicrobatches = 4;
+
+// A KeyValueStore that records the values set (to measure Gloo's keys).
+class RecordingStore final : public KeyValueStore {
+ public:
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    {
+      absl::MutexLock lock(&mu_);
+      sizes_.emplace_back(key, value.size());
+    }
+    return inner_.Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    absl::StatusOr<std::string> v = inner_.Get(key, timeout);
+    absl::MutexLock lock(&mu_);
+    if (v.ok()) ++gets_;
+    return v;
+  }
+  int64_t gets() {
+    absl::MutexLock lock(&mu_);
+    return gets_;
+  }
+  absl::Status Delete(const std::vector<std::string>& keys) override { return inner_.Delete(keys); }
+  std::vector<std::pair<std::string, size_t>> sizes() {
+    absl::MutexLock lock(&mu_);
+    return sizes_;
+  }
+
+ private:
+  InMemoryStore inner_;
+  absl::Mutex mu_;
+  std::vector<std::pair<std::string, size_t>> sizes_ ABSL_GUARDED_BY(mu_);
+  int64_t gets_ ABSL_GUARDED_BY(mu_) = 0;  // answered
+};
+
+// Gloo's full mesh (gloo/rendezvous/context.cc) sets two keys per rank:
+// "rank_<r>" (a few bytes: where the rank runs, read by the ranks above
+// it) and "<r>" (an address for each peer, read by every peer). Their
+// sizes and the reads, from a real 4-rank group.
+struct GlooKeys {
+  size_t host_bytes = 0;      // "rank_<r>"
+  size_t bytes_per_peer = 0;  // "<r>" holds one per peer
+};
+
+absl::StatusOr<GlooKeys> MeasureGlooKeys() {
+  constexpr int kSize = 4;
+  RecordingStore store;
+  std::vector<absl::Status> status(kSize);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      GlooOptions g;
+      g.host = "127.0.0.1";
+      g.prefix = "measure";
+      g.rank = r;
+      g.size = kSize;
+      g.timeout = absl::Seconds(30);
+      absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, g);
+      status[r] = c.status();
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  std::map<std::string, size_t> keys;
+  for (const auto& [key, size] : store.sizes()) keys[key] = size;
+  GlooKeys k;
+  k.host_bytes = keys["measure/rank_0"];
+  k.bytes_per_peer = keys["measure/0"] / (kSize - 1);
+  for (int r = 0; r < kSize; ++r) {
+    if (keys[absl::StrCat("measure/rank_", r)] != k.host_bytes ||
+        keys[absl::StrCat("measure/", r)] != k.bytes_per_peer * (kSize - 1)) {
+      k.bytes_per_peer = 0;
+    }
+  }
+  // Each rank reads every peer's address key and the host keys of the
+  // ranks below it (what the simulated ranks do).
+  if (store.gets() != kSize * (kSize - 1) + kSize * (kSize - 1) / 2) {
+    return absl::InternalError(absl::StrCat("Gloo read ", store.gets(), " keys for ", kSize,
+                                            " ranks, not the pattern this harness emulates"));
+  }
+  if (keys.size() != 2 * kSize || k.host_bytes == 0 || k.bytes_per_peer == 0) {
+    std::string seen;
+    for (const auto& [key, size] : keys) absl::StrAppend(&seen, " ", key, "=", size);
+    return absl::InternalError(
+        absl::StrCat("Gloo's keys are not the two per rank this harness emulates:", seen));
+  }
+  return k;
+}
+
+// A reusable barrier for `n` threads.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  // False when `cancel` was set before every thread arrived.
+  bool Wait(const std::atomic<bool>& cancel) {
+    absl::MutexLock lock(&mu_);
+    const int64_t round = round_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++round_;
+      return true;
+    }
+    auto passed = [&] { return round_ != round; };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&passed), absl::Milliseconds(100))) {
+      if (cancel.load()) return false;
+    }
+    return true;
+  }
+
+ private:
+  const int n_;
+  absl::Mutex mu_;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Barriers by group name, each made for its group's size on first use.
+class GroupBarriers {
+ public:
+  Barrier* Get(const std::string& name, int size) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<Barrier>& b = barriers_[name];
+    if (b == nullptr) b = std::make_unique<Barrier>(size);
+    return b.get();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Barrier>> barriers_ ABSL_GUARDED_BY(mu_);
+};
+
+struct RankResult {
+  double registered = 0;  // seconds since the start
+  double connected = 0;
+  std::map<std::string, double> group_done;  // by axis: seconds since the start
+  int64_t bytes_set = 0, bytes_read = 0;
+  std::vector<double> assignment_ms, info_ms;  // by iteration
+  absl::Status error;
+};
+
+struct Run {
+  int ranks = 0;
+  parallel::GridShape encoder, llm;
+  std::string scheduler;  // host:port
+  std::string endpoint;   // the simulated ranks' health server
+  GlooKeys gloo;
+  absl::Time start;
+  GroupBarriers groups;
+  std::unique_ptr<Barrier> all;
+  std::atomic<int> registered{0}, connected{0};
+  std::atomic<bool> cancel{false};  // past --limit_s: the ranks stop
+};
+
+// One simulated rank: what a worker does with the scheduler.
+void SimulateRank(Run* run, Role role, int rank, RankResult* out) {
+  const bool encoder = role == common::v1::ROLE_ENCODER_WORKER;
+  auto fail = [&](const absl::Status& s) {
+    out->error = absl::Status(
+        s.code(), absl::StrCat(encoder ? "encoder" : "llm", " rank ", rank, ": ", s.message()));
+  };
+  SchedulerClient client(run->scheduler, absl::Seconds(120), &run->cancel);
+  scheduler::v1::Worker w;
+  w.set_role(role);
+  w.set_rank(rank);
+  w.set_ucx_address(absl::StrCat("sim-", encoder ? "e" : "l", rank));
+  w.set_endpoint(run->endpoint);
+  absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
+      client.Register(w, absl::Seconds(300));
+  if (!reg.ok()) return fail(reg.status());
+  client.set_generation(reg->generation());
+  out->registered = absl::ToDoubleSeconds(absl::Now() - run->start);
+  ++run->registered;
+  absl::StatusOr<scheduler::v1::GetPlanResponse> plan =
+      client.WaitForAllWorkers(absl::Seconds(600));
+  if (!plan.ok()) return fail(plan.status());
+
+  // The worker's groups (training_worker.cc, Join), as Gloo's full mesh
+  // uses the store.
+  const parallel::GridShape& shape = encoder ? run->encoder : run->llm;
+  const parallel::GridPosition pos = parallel::PositionOf(shape, rank);
+  const std::string module = absl::StrCat("g", reg->generation(), "-", encoder ? "encoder" : "llm");
+  struct Group {
+    std::string prefix;
+    int rank, size;
+    std::string axis;
+  };
+  std::vector<Group> groups;
+  if (shape.tp > 1) {
+    groups.push_back(
+        {absl::StrCat(module, "-tp-dp", pos.dp, "-pp", pos.pp), pos.tp, shape.tp, "tp"});
+  }
+  if (shape.pp > 1) {
+    groups.push_back(
+        {absl::StrCat(module, "-pp-tp", pos.tp, "-dp", pos.dp), pos.pp, shape.pp, "pp"});
+  }
+  groups.push_back({absl::StrCat(module, "-dp-tp", pos.tp, "-pp", pos.pp), pos.dp, shape.dp, "dp"});
+  if (rank == 0) {
+    groups.push_back({absl::StrCat("g", reg->generation(), "-bridge"), !encoder, 2, "bridge"});
+  }
+  SchedulerStore store(&client);
+  for (const Group& g : groups) {
+    if (g.size == 1) continue;
+    const std::vector<std::pair<std::string, std::string>> mine = {
+        {absl::StrCat(g.prefix, "/rank_", g.rank), std::string(run->gloo.host_bytes, 'h')},
+        {absl::StrCat(g.prefix, "/", g.rank), std::string(run->gloo.bytes_per_peer * (g.size - 1),
+                                                          static_cast<char>('a' + g.rank % 26))}};
+    for (const auto& [key, value] : mine) {
+      if (absl::Status s = store.Set(key, value); !s.ok()) return fail(s);
+      out->bytes_set += static_cast<int64_t>(value.size());
+      const bool host = key == mine[0].first;  // read from the ranks below only
+      for (int peer = 0; peer < (host ? g.rank : g.size); ++peer) {
+        if (peer == g.rank) continue;
+        const std::string theirs = absl::StrCat(g.prefix, host ? "/rank_" : "/", peer);
+        absl::StatusOr<std::string> v = store.Get(theirs, absl::Seconds(600));
+        if (!v.ok()) return fail(v.status());
+        out->bytes_read += static_cast<int64_t>(v->size());
+      }
+    }
+    if (!run->groups.Get(g.prefix, g.size)->Wait(run->cancel)) {  // every peer read its key
+      return fail(absl::CancelledError("stopped"));
+    }
+    if (absl::Status s = store.Delete({mine[0].first, mine[1].first}); !s.ok()) return fail(s);
+    out->group_done[g.axis] = absl::ToDoubleSeconds(absl::Now() - run->start);
+  }
+  out->connected = absl::ToDoubleSeconds(absl::Now() - run->start);
+  ++run->connected;
+
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  for (int it = 0; it < iterations; ++it) {
+    // The gradient allreduce ends every rank's iteration together.
+    if (!run->all->Wait(run->cancel)) return fail(absl::CancelledError("stopped"));
+    absl::Time t0 = absl::Now();
+    absl::StatusOr<scheduler::v1::GetAssignmentResponse> a = client.GetAssignment(it);
+    out->assignment_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    if (!a.ok()) return fail(a.status());
+    if (!a->has_assignment()) {
+      return fail(absl::InternalError(
+          absl::StrCat("iteration ", it, ": no assignment (", a->job_ended(), ")")));
+    }
+    t0 = absl::Now();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    scheduler::v1::GetInfoResponse info;
+    grpc::Status s = client.stub()->GetInfo(&ctx, scheduler::v1::GetInfoRequest(), &info);
+    out->info_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    if (!s.ok()) return fail(absl::UnavailableError(s.error_message()));
+    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_iteration_ms)));
+    if (!encoder && rank == 0) {
+      scheduler::v1::StepReport step;
+      step.set_iteration(it);
+      step.set_loss(1);
+      step.set_seconds(absl::GetFlag(FLAGS_iteration_ms) / 1e3);
+      if (absl::Status r = client.ReportStep(step); !r.ok()) return fail(r);
+    }
+  }
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+// VmHWM and VmRSS of `pid`, in MiB.
+std::pair<double, double> Memory(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  double hwm = 0, rss = 0;
+  for (std::string line; std::getline(f, line);) {
+    std::vector<std::string> w = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (w.size() < 2) continue;
+    double kb = 0;
+    if (!absl::SimpleAtod(w[1], &kb)) continue;
+    if (w[0] == "VmHWM:") hwm = kb / 1024;
+    if (w[0] == "VmRSS:") rss = kb / 1024;
+  }
+  return {hwm, rss};
+}
+
+absl::StatusOr<std::unique_ptr<Subprocess>> StartService(const std::string& binary,
+                                                         std::vector<std::string> args,
+                                                         const std::string& log,
+                                                         ServingPorts* ports) {
+  std::string tried;
+  const std::string path = FindRunfile(binary, &tried);
+  if (path.empty()) return absl::NotFoundError(absl::StrCat(binary, ": not found in ", tried));
+  args.insert(args.begin(), {path, "--host=127.0.0.1", "--grpc_port=0", "--metrics_port=0"});
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(args, log);
+  if (!p.ok()) return p.status();
+  absl::StatusOr<ServingPorts> serving = WaitForServing(**p, absl::Seconds(60));
+  if (!serving.ok()) return serving.status();
+  *ports = *serving;
+  return p;
+}
+
+int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::string& endpoint) {
+  const std::string dir = absl::StrCat(absl::GetFlag(FLAGS_work_dir), "/n", n);
+  std::filesystem::remove_all(dir);
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) {
+    std::fprintf(stderr, "scale_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  Run run;
+  run.ranks = n;
+  run.llm = {kLlmTp, kLlmPp, 3 * n / 128};
+  run.encoder = {kEncoderTp, kEncoderPp, n / 16};
+  run.endpoint = endpoint;
+  run.gloo = gloo;
+  const int global_batch = 2 * run.llm.dp * kMicrobatches;
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const std::string job = absl::StrCat(
+      R"({"name": "scale", "model": "vit300m-llm70b", "seed": 1,)", R"( "data": {"shards": ")",
+      shards, R"(", "global_batch": )", global_batch, "},", R"( "parallel": {"encoder_dp": )",
+      run.encoder.dp, R"(, "llm_dp": )", run.llm.dp, R"(, "microbatches": )", kMicrobatches,
+      R"(, "encoder_tp": )", kEncoderTp, R"(, "llm_tp": )", kLlmTp, R"(, "encoder_pp": )",
+      kEncoderPp, R"(, "llm_pp": )", kLlmPp, "},", R"( "train": {"steps": )", iterations, "},",
+      R"( "checkpoint": {"dir": ")", dir, R"(/checkpoints"}})");
+  if (absl::Status s = WriteFileAtomically(dir + "/job.json", job); !s.ok()) {
+    std::fprintf(stderr, "scale_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  ServingPorts pre_ports, sched_ports;
+  absl::StatusOr<std::unique_ptr<Subprocess>> preprocess =
+      StartService("services/preprocess/loom-preprocess",
+                   {"--shards=" + shards, absl::StrCat("--global_batch=", global_batch),
+                    "--threads=2", "--seed=1"},
+                   dir + "/preprocess.log", &pre_ports);
+  if (!preprocess.ok()) {
+    std::fprintf(stderr, "scale_bench: loom-preprocess: %s\n",
+                 std::string(preprocess.status().message()).c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<Subprocess>> scheduler =
+      StartService("services/scheduler/loom-scheduler",
+                   {"--job=" + dir + "/job.json", "--run_dir=" + dir + "/run",
+                    absl::StrCat("--preprocess=127.0.0.1:", pre_ports.grpc_port)},
+                   dir + "/scheduler.log", &sched_ports);
+  if (!scheduler.ok()) {
+    std::fprintf(stderr, "scale_bench: loom-scheduler: %s\n",
+                 std::string(scheduler.status().message()).c_str());
+    return 1;
+  }
+  run.scheduler = absl::StrCat("127.0.0.1:", sched_ports.grpc_port);
+  run.all = std::make_unique<Barrier>(n);
+  const auto [idle_hwm, idle_rss] = Memory((*scheduler)->pid());
+  std::vector<RankResult> results(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  run.start = absl::Now();
+  const int encoder_ranks = run.encoder.size();
+  for (int i = 0; i < n; ++i) {
+    const bool enc = i < encoder_ranks;
+    threads.emplace_back(SimulateRank, &run,
+                         enc ? common::v1::ROLE_ENCODER_WORKER : common::v1::ROLE_LLM_WORKER,
+                         enc ? i : i - encoder_ranks, &results[i]);
+  }
+  // Progress, and the limit: a run that cannot finish says how far it got.
+  const absl::Time limit = run.start + absl::Seconds(absl::GetFlag(FLAGS_limit_s));
+  bool all_registered = false, stopped = false;
+  while (run.connected.load() < n) {
+    absl::SleepFor(absl::Milliseconds(100));
+    if (!all_registered && run.registered.load() == n) {
+      all_registered = true;
+      std::printf("N=%d: all registered at %.2f s\n", n,
+                  absl::ToDoubleSeconds(absl::Now() - run.start));
+      std::fflush(stdout);
+    }
+    if (absl::Now() > limit) {
+      const auto [h, r] = Memory((*scheduler)->pid());
+      std::printf(
+          "N=%d: stopped after %d s: %d of %d ranks registered, %d connected all their groups; "
+          "loom-scheduler memory %.0f MiB peak\n",
+          n, absl::GetFlag(FLAGS_limit_s), run.registered.load(), n, run.connected.load(), h);
+      std::fflush(stdout);
+      run.cancel = true;
+      stopped = true;
+      break;
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  const auto [hwm, rss] = Memory((*scheduler)->pid());
+  (*scheduler)->Signal(SIGTERM);
+  (*preprocess)->Signal(SIGTERM);
+  (void)(*scheduler)->Wait(absl::Seconds(30));
+  (void)(*preprocess)->Wait(absl::Seconds(30));
+
+  if (stopped) return 1;
+  for (const RankResult& r : results) {
+    if (!r.error.ok()) {
+      std::printf("N=%d: stopped: %s (logs in %s)\n", n, std::string(r.error.message()).c_str(),
+                  dir.c_str());
+      return 1;
+    }
+  }
+  double registered = 0, connected = 0;
+  int64_t set = 0, read = 0;
+  std::map<std::string, double> groups_done;
+  for (const RankResult& r : results) {
+    for (const auto& [axis, t] : r.group_done) groups_done[axis] = std::max(groups_done[axis], t);
+    registered = std::max(registered, r.registered);
+    connected = std::max(connected, r.connected);
+    set += r.bytes_set;
+    read += r.bytes_read;
+  }
+  std::printf(
+      "N=%d (encoder %d x %d x %d, LLM %d x %d x %d, %d samples/iteration): all registered "
+      "%.2f s, all groups connected %.2f s; rendezvous %.1f MiB set, %.1f MiB read; "
+      "loom-scheduler memory %.0f MiB peak, %.0f MiB at the end (%.0f MiB before the ranks)\n",
+      n, run.encoder.tp, run.encoder.pp, run.encoder.dp, run.llm.tp, run.llm.pp, run.llm.dp,
+      global_batch, registered, connected, set / 1048576.0, read / 1048576.0, hwm, rss, idle_rss);
+  std::string by_axis;
+  for (const auto& [axis, t] : groups_done) absl::StrAppendFormat(&by_axis, " %s %.2f s", axis, t);
+  std::printf("  the last group of each axis connected at:%s\n", by_axis.c_str());
+  for (int it = 0; it < iterations; ++it) {
+    std::vector<double> a, info;
+    for (const RankResult& r : results) {
+      a.push_back(r.assignment_ms[it]);
+      info.push_back(r.info_ms[it]);
+    }
+    const double p99 = Percentile(a, 0.99), ref99 = Percentile(info, 0.99);
+    std::printf(
+        "  iteration %d: GetAssignment p50 %.2f ms p99 %.2f ms max %.2f ms | GetInfo (no-op) p50 "
+        "%.2f ms p99 %.2f ms | p99 ratio %.2f%s\n",
+        it, Percentile(a, 0.5), p99, Percentile(a, 1.0), Percentile(info, 0.5), ref99,
+        ref99 > 0 ? p99 / ref99 : 0.0, it == 0 ? " (the first: nothing computed ahead yet)" : "");
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  loom::ExportRunfilesDir();
+  std::vector<int> ns;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_ranks), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 128 || n % 128 != 0) {
+      std::fprintf(stderr, "scale_bench: --ranks: %s is not a multiple of 128\n",
+                   std::string(s).c_str());
+      return 2;
+    }
+    ns.push_back(n);
+  }
+  const std::string data = absl::GetFlag(FLAGS_work_dir) + "/data";
+  if (!std::filesystem::exists(data + "/done")) {
+    loom::data::DatagenOptions g;
+    g.preset = "onevision";
+    g.samples = absl::GetFlag(FLAGS_samples);
+    g.seed = 1;
+    g.out_dir = data;
+    if (absl::Status s = loom::data::WriteDataset(g).status(); !s.ok()) {
+      std::fprintf(stderr, "scale_bench: datagen: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    (void)loom::WriteFileAtomically(data + "/done", "");
+  }
+  absl::StatusOr<loom::GlooKeys> gloo = loom::MeasureGlooKeys();
+  if (!gloo.ok()) {
+    std::fprintf(stderr, "scale_bench: measuring Gloo's keys: %s\n",
+                 std::string(gloo.status().message()).c_str());
+    return 1;
+  }
+  std::printf(
+      "Gloo full mesh (measured, 4 ranks): per rank a %zu-byte host key and %zu bytes per peer\n",
+      gloo->host_bytes, gloo->bytes_per_peer);
+  // The simulated ranks' health server: loom-scheduler holds every rank's
+  // lease against it.
+  loom::ChassisOptions o;
+  o.service_name = "scale-bench-ranks";
+  o.role = loom::common::v1::ROLE_LLM_WORKER;
+  o.host = "127.0.0.1";
+  loom::Chassis health(o);
+  if (absl::Status s = health.Start(); !s.ok()) {
+    std::fprintf(stderr, "scale_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  const std::string endpoint = absl::StrCat("127.0.0.1:", health.grpc_port());
+  int failed = 0;
+  for (int n : ns) failed |= loom::RunOne(n, data + "/*.tar", *gloo, endpoint);
+  health.Shutdown();
+  return failed;
+}
