@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -16,6 +18,35 @@
 #include "gloo/transport/unbound_buffer.h"
 
 namespace loom {
+
+absl::StatusOr<std::string> PartOf(const KeyValueStore::Read& r, const std::string& whole) {
+  if (r.parts <= 1) return whole;
+  if (r.part < 0 || r.part >= r.parts || whole.size() % r.parts != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("key \"", r.key, "\": ", whole.size(),
+                                                      " bytes do not cut into part ", r.part,
+                                                      " of ", r.parts));
+  }
+  const size_t n = whole.size() / r.parts;
+  return whole.substr(n * r.part, n);
+}
+
+absl::StatusOr<std::vector<KeyValueStore::Value>> KeyValueStore::GetMany(
+    const std::vector<Read>& reads, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  std::vector<Value> values(reads.size());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    absl::StatusOr<std::string> v =
+        Get(reads[i].key, std::max(until - absl::Now(), absl::ZeroDuration()));
+    if (!v.ok()) {
+      if (v.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      return v.status();
+    }
+    absl::StatusOr<std::string> part = PartOf(reads[i], *v);
+    if (!part.ok()) return part.status();
+    values[i] = {true, *std::move(part), v->size()};
+  }
+  return values;
+}
 
 absl::Status InMemoryStore::Set(const std::string& key, const std::string& value) {
   absl::MutexLock lock(&mu_);
@@ -50,8 +81,9 @@ namespace {
 // in slices, so that a Cancellation ends them.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(KeyValueStore* store, absl::Duration timeout, const Cancellation* cancel)
-      : store_(store), timeout_(timeout), cancel_(cancel) {}
+  GlooStore(KeyValueStore* store, absl::Duration timeout, const Cancellation* cancel, int rank,
+            int size)
+      : store_(store), timeout_(timeout), cancel_(cancel), rank_(rank), size_(size) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     absl::Status s = store_->Set(key, std::string(data.begin(), data.end()));
@@ -68,7 +100,7 @@ class GlooStore final : public gloo::rendezvous::Store {
       v = std::move(it->second);
       waited_.erase(it);
     } else {
-      v = Get(key, timeout_);
+      v = Fetch(key, timeout_);
     }
     return std::vector<char>(v.begin(), v.end());
   }
@@ -76,7 +108,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
     for (const std::string& k : keys) {
-      if (waited_.count(k) == 0) waited_[k] = Get(k, absl::FromChrono(timeout));
+      if (waited_.count(k) == 0) waited_[k] = Fetch(k, absl::FromChrono(timeout));
     }
   }
 
@@ -84,6 +116,81 @@ class GlooStore final : public gloo::rendezvous::Store {
   static std::chrono::milliseconds ToChrono(absl::Duration d) {
     return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
   }
+  // Gloo's full mesh (gloo/rendezvous/context.cc) reads, under its group's
+  // prefix, "rank_<j>" of every rank j below this one and "<j>" of every
+  // peer: a list of addresses, one per rank but j, of which this rank uses
+  // only its own. The first such read fetches them all in one GetMany,
+  // only this rank's address of each list (the rest left zero, which Gloo
+  // does not read), so a rank of a group of n costs a few calls and n
+  // addresses, not 2n calls and n² addresses. Anything else (or a list
+  // that does not cut evenly) is read one key at a time.
+  std::string Fetch(const std::string& key, absl::Duration timeout) {
+    if (auto it = fetched_.find(key); it != fetched_.end()) {
+      std::string v = std::move(it->second);
+      fetched_.erase(it);
+      return v;
+    }
+    const size_t slash = key.rfind('/');
+    const std::string prefix = slash == std::string::npos ? "" : key.substr(0, slash + 1);
+    const std::string name = key.substr(prefix.size());
+    int j = -1;
+    std::vector<KeyValueStore::Read> reads;
+    if (!addresses_fetched_ && absl::SimpleAtoi(name, &j) && j != rank_ && size_ > 2) {
+      addresses_fetched_ = true;
+      for (int p = 0; p < size_; ++p) {
+        if (p != rank_)
+          reads.push_back({absl::StrCat(prefix, p), rank_ > p ? rank_ - 1 : rank_, size_ - 1});
+      }
+    } else if (!hosts_fetched_ && absl::StartsWith(name, "rank_") && rank_ > 1) {
+      hosts_fetched_ = true;
+      for (int p = 0; p < rank_; ++p) reads.push_back({absl::StrCat(prefix, "rank_", p)});
+    }
+    if (!reads.empty()) {
+      absl::Status s = FetchAll(reads, timeout);
+      if (s.code() == absl::StatusCode::kFailedPrecondition) {
+        fetched_.clear();  // not lists of addresses after all: key by key
+      } else if (!s.ok()) {
+        throw std::runtime_error(std::string(s.message()));
+      }
+      return Fetch(key, timeout);
+    }
+    return Get(key, timeout);
+  }
+
+  // GetMany in slices (a Cancellation ends the wait) until every read is
+  // in fetched_, each part at its place in a value of the whole size.
+  absl::Status FetchAll(std::vector<KeyValueStore::Read> reads, absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    while (!reads.empty()) {
+      if (cancel_ != nullptr && cancel_->cancelled()) {
+        return absl::CancelledError(absl::StrCat("cancelled waiting for \"", reads[0].key, "\""));
+      }
+      const absl::Duration slice =
+          std::max(absl::ZeroDuration(), std::min(until - absl::Now(), absl::Milliseconds(1000)));
+      absl::StatusOr<std::vector<KeyValueStore::Value>> got = store_->GetMany(reads, slice);
+      if (!got.ok()) return got.status();
+      std::vector<KeyValueStore::Read> missing;
+      for (size_t i = 0; i < reads.size(); ++i) {
+        const KeyValueStore::Value& v = (*got)[i];
+        if (!v.found) {
+          missing.push_back(reads[i]);
+          continue;
+        }
+        std::string whole(v.size, '\0');
+        const size_t at = reads[i].parts > 1 ? v.size / reads[i].parts * reads[i].part : 0;
+        whole.replace(at, v.value.size(), v.value);
+        fetched_[reads[i].key] = std::move(whole);
+      }
+      reads = std::move(missing);
+      if (!reads.empty() && absl::Now() >= until) {
+        return absl::DeadlineExceededError(absl::StrCat("rendezvous key \"", reads[0].key,
+                                                        "\" not set within ",
+                                                        absl::FormatDuration(timeout)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   std::string Get(const std::string& key, absl::Duration timeout) {
     const absl::Time until = absl::Now() + timeout;
     for (;;) {
@@ -108,6 +215,9 @@ class GlooStore final : public gloo::rendezvous::Store {
   const Cancellation* cancel_;
   std::vector<std::string> set_;
   std::map<std::string, std::string> waited_;  // fetched by wait, not yet by get
+  const int rank_, size_;
+  std::map<std::string, std::string> fetched_;  // by Fetch's GetMany, not read yet
+  bool addresses_fetched_ = false, hosts_fetched_ = false;
 };
 
 // Ring allreduce over the context's unbound buffers: chunk c of n is reduced
@@ -238,7 +348,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
     gloo::transport::tcp::attr attr;
     if (!options.host.empty()) attr.hostname = options.host;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    GlooStore base(store, options.timeout, options.cancel);
+    GlooStore base(store, options.timeout, options.cancel, options.rank, options.size);
     gloo::rendezvous::PrefixStore prefixed(options.prefix, base);
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
     context->setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout)));

@@ -87,7 +87,30 @@ class KeyValueStore {
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
   // Drops `keys` (absent ones are ignored).
   virtual absl::Status Delete(const std::vector<std::string>& keys) = 0;
+
+  // Several reads at once, each of a whole value or (parts > 1) of its
+  // part-th of `parts` equal parts; waits up to `timeout` for them all and
+  // returns what was found by then (found false for the rest).
+  // FAILED_PRECONDITION if a value found does not cut into its parts. By
+  // default one Get after another; a store over the network does it in one
+  // call.
+  struct Read {
+    std::string key;
+    int part = 0;
+    int parts = 1;
+  };
+  struct Value {
+    bool found = false;
+    std::string value;  // the part read
+    size_t size = 0;    // the whole value's
+  };
+  virtual absl::StatusOr<std::vector<Value>> GetMany(const std::vector<Read>& reads,
+                                                     absl::Duration timeout);
 };
+
+// The part `r` asks for of `whole` (the whole value without parts);
+// FAILED_PRECONDITION when it does not cut evenly.
+absl::StatusOr<std::string> PartOf(const KeyValueStore::Read& r, const std::string& whole);
 
 // A store inside one process (tests; threads as ranks). Thread-safe.
 class InMemoryStore final : public KeyValueStore {

@@ -12,8 +12,13 @@
 
 namespace loom {
 
-inline std::shared_ptr<grpc::Channel> ServiceChannel(const std::string& target) {
+// `own_connection`: not shared with the process's other channels to the
+// same address (gRPC shares one by default): a process standing for many
+// (a benchmark's simulated ranks).
+inline std::shared_ptr<grpc::Channel> ServiceChannel(const std::string& target,
+                                                     bool own_connection = false) {
   grpc::ChannelArguments args;
+  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);

@@ -364,8 +364,11 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext* context,
     changed_.WaitWithDeadline(&mu_, until);  // the last registration signals
   }
   *response->mutable_plan() = options_.plan;
-  for (const auto& [key, w] : workers_) *response->add_workers() = w;
   response->set_complete(workers_.size() == expected);
+  response->set_registered(static_cast<int32_t>(workers_.size()));
+  if (response->complete() || request->wait_ms() <= 0) {
+    for (const auto& [key, w] : workers_) *response->add_workers() = w;
+  }
   return grpc::Status::OK;
 }
 
@@ -466,6 +469,58 @@ grpc::Status SchedulerServiceImpl::GetKey(grpc::ServerContext* context,
         absl::NotFoundError(absl::StrCat("key \"", request->key(), "\" is not set")));
   }
   response->set_value(it->second);
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::GetKeys(grpc::ServerContext* context,
+                                           const scheduler::v1::GetKeysRequest* request,
+                                           scheduler::v1::GetKeysResponse* response) {
+  if (request->reads_size() > kMaxDeleteKeys) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "reads: ", request->reads_size(), " is over ", kMaxDeleteKeys, " in one call")));
+  }
+  for (const scheduler::v1::KeyRead& r : request->reads()) {
+    if (r.parts() > 1 && (r.part() < 0 || r.part() >= r.parts())) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("reads: part ", r.part(), " of ", r.parts(), " of \"", r.key(), "\"")));
+    }
+  }
+  const absl::Time until = LongPollUntil(context, request->wait_ms());
+  absl::MutexLock lock(&keys_mu_);
+  // Held until every key is set: waits on one missing key at a time.
+  for (const scheduler::v1::KeyRead& r : request->reads()) {
+    if (keys_.count(r.key()) > 0) continue;
+    if (absl::Now() >= until) break;
+    std::unique_ptr<KeyWait>& slot = key_waits_[r.key()];
+    if (slot == nullptr) slot = std::make_unique<KeyWait>();
+    KeyWait* wait = slot.get();
+    ++wait->waiters;
+    while (keys_.count(r.key()) == 0 && absl::Now() < until) {
+      wait->set.WaitWithDeadline(&keys_mu_, until);
+    }
+    if (--wait->waiters == 0) key_waits_.erase(r.key());
+  }
+  for (const scheduler::v1::KeyRead& r : request->reads()) {
+    scheduler::v1::KeyValue* v = response->add_values();
+    auto it = keys_.find(r.key());
+    if (it == keys_.end()) continue;
+    const std::string& whole = it->second;
+    if (r.parts() > 1) {
+      if (whole.size() % r.parts() != 0) {
+        return ToGrpcStatus(absl::FailedPreconditionError(
+            absl::StrCat("key "
+                         ", r.key(), "
+                         ": ",
+                         whole.size(), " bytes do not cut into ", r.parts(), " parts")));
+      }
+      const size_t n = whole.size() / r.parts();
+      v->set_value(whole.substr(n * r.part(), n));
+    } else {
+      v->set_value(whole);
+    }
+    v->set_found(true);
+    v->set_size(static_cast<int64_t>(whole.size()));
+  }
   return grpc::Status::OK;
 }
 

@@ -148,6 +148,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
                       scheduler::v1::SetKeyResponse* response) override;
   grpc::Status GetKey(grpc::ServerContext* context, const scheduler::v1::GetKeyRequest* request,
                       scheduler::v1::GetKeyResponse* response) override;
+  grpc::Status GetKeys(grpc::ServerContext* context, const scheduler::v1::GetKeysRequest* request,
+                       scheduler::v1::GetKeysResponse* response) override;
   grpc::Status DeleteKeys(grpc::ServerContext* context,
                           const scheduler::v1::DeleteKeysRequest* request,
                           scheduler::v1::DeleteKeysResponse* response) override;

@@ -588,6 +588,16 @@ TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
   ASSERT_TRUE(Register(ROLE_LLM_WORKER, 0, "llm0").ok());
   ASSERT_TRUE(Register(ROLE_LLM_WORKER, 1, "llm1").ok());
   ASSERT_TRUE(Register(ROLE_ENCODER_WORKER, 0, "enc0").ok());
+  {
+    scheduler::v1::GetPlanRequest r;
+    r.set_wait_ms(200);
+    scheduler::v1::GetPlanResponse incomplete;
+    auto c = testing::ContextWithDeadline(30);
+    ASSERT_TRUE(stub_->GetPlan(c.get(), r, &incomplete).ok());
+    EXPECT_FALSE(incomplete.complete());
+    EXPECT_EQ(incomplete.registered(), 3);
+    EXPECT_EQ(incomplete.workers_size(), 0) << "a long poll lists the workers once complete";
+  }
   std::thread last([&] {
     absl::SleepFor(absl::Milliseconds(500));
     EXPECT_TRUE(Register(ROLE_ENCODER_WORKER, 1, "enc1").ok());
@@ -600,6 +610,7 @@ TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
   last.join();
   EXPECT_TRUE(plan.complete()) << "held until the last worker registered";
   EXPECT_EQ(plan.workers_size(), 4);
+  EXPECT_EQ(plan.registered(), 4);
 
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(500));
@@ -624,6 +635,36 @@ TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
   auto nctx = testing::ContextWithDeadline(30);
   EXPECT_EQ(stub_->GetKey(nctx.get(), kr, &key).error_code(), grpc::StatusCode::NOT_FOUND)
       << "after the wait it asked for";
+
+  // Several keys in one call, whole or a part of each.
+  scheduler::v1::GetKeysRequest many;
+  many.add_reads()->set_key("g0-x/1");  // "address": 7 bytes
+  scheduler::v1::KeyRead* part = many.add_reads();
+  part->set_key("g0-x/1");
+  part->set_part(6);
+  part->set_parts(7);
+  many.add_reads()->set_key("never");
+  many.set_wait_ms(200);
+  scheduler::v1::GetKeysResponse values;
+  auto mctx = testing::ContextWithDeadline(30);
+  ASSERT_TRUE(stub_->GetKeys(mctx.get(), many, &values).ok());
+  ASSERT_EQ(values.values_size(), 3);
+  EXPECT_TRUE(values.values(0).found());
+  EXPECT_EQ(values.values(0).value(), "address");
+  EXPECT_EQ(values.values(1).value(), "s");
+  EXPECT_EQ(values.values(1).size(), 7);
+  EXPECT_FALSE(values.values(2).found()) << "not set within the wait: the others still come";
+  part->set_parts(3);
+  part->set_part(0);
+  auto uctx = testing::ContextWithDeadline(30);
+  EXPECT_EQ(stub_->GetKeys(uctx.get(), many, &values).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION)
+      << "7 bytes do not cut into 3 parts";
+  part->set_part(3);
+  auto bctx = testing::ContextWithDeadline(30);
+  EXPECT_EQ(stub_->GetKeys(bctx.get(), many, &values).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT)
+      << "part 3 of 3";
 }
 
 TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {

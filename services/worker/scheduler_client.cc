@@ -20,6 +20,12 @@ SchedulerClient::SchedulerClient(const std::string& target, absl::Duration deadl
       deadline_(deadline),
       cancel_(cancel) {}
 
+SchedulerClient::SchedulerClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
+                                 const std::atomic<bool>* cancel)
+    : stub_(scheduler::v1::SchedulerService::NewStub(std::move(channel))),
+      deadline_(deadline),
+      cancel_(cancel) {}
+
 absl::Status SchedulerClient::Cancelled() const {
   if (cancel_ != nullptr && cancel_->load()) return absl::CancelledError("stopping");
   return absl::OkStatus();
@@ -62,7 +68,7 @@ absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorker
     if (response.complete()) return response;
     if (absl::Status c = Cancelled(); !c.ok()) return c;
     if (absl::Now() >= until) {
-      return absl::DeadlineExceededError(absl::StrCat("only ", response.workers_size(),
+      return absl::DeadlineExceededError(absl::StrCat("only ", response.registered(),
                                                       " workers registered within ",
                                                       absl::FormatDuration(wait)));
     }
@@ -189,6 +195,40 @@ absl::StatusOr<std::string> SchedulerStore::Get(const std::string& key, absl::Du
     }
     if (absl::Now() - asked < kLongPoll / 2) absl::SleepFor(pause);  // not held: poll
   }
+}
+
+absl::StatusOr<std::vector<KeyValueStore::Value>> SchedulerStore::GetMany(
+    const std::vector<Read>& reads, absl::Duration timeout) {
+  constexpr size_t kPerCall = 4096;  // the scheduler's limit
+  const absl::Time until = absl::Now() + timeout;
+  std::vector<Value> values(reads.size());
+  for (size_t at = 0; at < reads.size(); at += kPerCall) {
+    const size_t end = std::min(reads.size(), at + kPerCall);
+    scheduler::v1::GetKeysRequest request;
+    for (size_t i = at; i < end; ++i) {
+      scheduler::v1::KeyRead* r = request.add_reads();
+      r->set_key(reads[i].key);
+      r->set_part(reads[i].part);
+      r->set_parts(reads[i].parts);
+    }
+    const absl::Duration wait =
+        std::max(absl::ZeroDuration(), std::min(until - absl::Now(), kLongPoll));
+    request.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(wait)));
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, client_->deadline() + wait);
+    scheduler::v1::GetKeysResponse response;
+    grpc::Status s = client_->stub()->GetKeys(&ctx, request, &response);
+    if (!s.ok()) return FromGrpcStatus(s, "scheduler GetKeys");
+    if (response.values_size() != static_cast<int>(end - at)) {
+      return absl::InternalError(absl::StrCat("scheduler GetKeys: ", response.values_size(),
+                                              " values for ", end - at, " reads"));
+    }
+    for (size_t i = at; i < end; ++i) {
+      scheduler::v1::KeyValue* v = response.mutable_values(static_cast<int>(i - at));
+      values[i] = {v->found(), std::move(*v->mutable_value()), static_cast<size_t>(v->size())};
+    }
+  }
+  return values;
 }
 
 absl::Status SchedulerStore::Delete(const std::vector<std::string>& keys) {

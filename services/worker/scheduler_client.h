@@ -27,6 +27,9 @@ class SchedulerClient {
   // WaitForAllWorkers, the store's Get) return CANCELLED.
   SchedulerClient(const std::string& target, absl::Duration deadline = absl::Seconds(60),
                   const std::atomic<bool>* cancel = nullptr);
+  // Over `channel` (e.g. ServiceChannel(target, /*own_connection=*/true)).
+  SchedulerClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
+                  const std::atomic<bool>* cancel);
 
   // Retries while the scheduler is not up yet (UNAVAILABLE), until `wait`.
   absl::StatusOr<scheduler::v1::RegisterWorkerResponse> Register(const scheduler::v1::Worker& w,
@@ -69,6 +72,9 @@ class SchedulerStore final : public KeyValueStore {
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
   absl::Status Delete(const std::vector<std::string>& keys) override;
+  // GetKeys, 4096 reads a call, each call held up to kLongPoll.
+  absl::StatusOr<std::vector<Value>> GetMany(const std::vector<Read>& reads,
+                                             absl::Duration timeout) override;
 
  private:
   SchedulerClient* client_;

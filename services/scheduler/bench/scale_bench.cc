@@ -14,8 +14,9 @@
 // The rendezvous is the workers' (training_worker.cc): a group per TP, PP
 // and DP axis of each module and the two-rank bridge between the modules'
 // rank 0s, each connected as Gloo's full mesh does it: per rank a host key
-// and a key holding an address for each peer (read by every peer, through
-// the workers' store adapter: one call a key), deleted once the
+// and a key holding an address for each peer, read as the workers' store
+// adapter reads them (a rank's own address of every peer's list, in one
+// GetKeys call), deleted once the
 // group is connected (the TCP connections are not made: an in-process
 // barrier stands for the barrier over the new group). The keys' sizes are
 // measured from a real Gloo group first.
@@ -54,6 +55,7 @@
 #include "runtime/comm/collective.h"
 #include "runtime/data/datagen.h"
 #include "runtime/parallel/grid.h"
+#include "services/common/channel.h"
 #include "services/common/chassis.h"
 #include "services/common/subprocess.h"
 #include "services/worker/scheduler_client.h"
@@ -63,6 +65,9 @@ ABSL_FLAG(int, iterations, 6, "Iterations per run.");
 ABSL_FLAG(int, iteration_ms, 1500, "Simulated compute per iteration.");
 ABSL_FLAG(int, samples, 1024, "Samples in the generated dataset (onevision).");
 ABSL_FLAG(std::string, work_dir, "/tmp/loom-scale-bench", "Data, runs and logs.");
+ABSL_FLAG(int, ranks_per_connection, 0,
+          "Simulated ranks sharing one gRPC connection to loom-scheduler (a worker process has "
+          "its own); 0: all of them share one.");
 ABSL_FLAG(int, limit_s, 300,
           "A run whose ranks are not all registered and connected within this many seconds is "
           "stopped and reported as such.");
@@ -223,18 +228,19 @@ struct Run {
   absl::Time start;
   GroupBarriers groups;
   std::unique_ptr<Barrier> all;
-  std::atomic<int> registered{0}, connected{0};
+  std::atomic<int> registered{0}, planned{0}, connected{0};
   std::atomic<bool> cancel{false};  // past --limit_s: the ranks stop
 };
 
 // One simulated rank: what a worker does with the scheduler.
-void SimulateRank(Run* run, Role role, int rank, RankResult* out) {
+void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, int rank,
+                  RankResult* out) {
   const bool encoder = role == common::v1::ROLE_ENCODER_WORKER;
   auto fail = [&](const absl::Status& s) {
     out->error = absl::Status(
         s.code(), absl::StrCat(encoder ? "encoder" : "llm", " rank ", rank, ": ", s.message()));
   };
-  SchedulerClient client(run->scheduler, absl::Seconds(120), &run->cancel);
+  SchedulerClient client(channel, absl::Seconds(120), &run->cancel);
   scheduler::v1::Worker w;
   w.set_role(role);
   w.set_rank(rank);
@@ -249,6 +255,7 @@ void SimulateRank(Run* run, Role role, int rank, RankResult* out) {
   absl::StatusOr<scheduler::v1::GetPlanResponse> plan =
       client.WaitForAllWorkers(absl::Seconds(600));
   if (!plan.ok()) return fail(plan.status());
+  ++run->planned;
 
   // The worker's groups (training_worker.cc, Join), as Gloo's full mesh
   // uses the store.
@@ -283,13 +290,36 @@ void SimulateRank(Run* run, Role role, int rank, RankResult* out) {
     for (const auto& [key, value] : mine) {
       if (absl::Status s = store.Set(key, value); !s.ok()) return fail(s);
       out->bytes_set += static_cast<int64_t>(value.size());
-      const bool host = key == mine[0].first;  // read from the ranks below only
+      // Read as the workers' Gloo adapter reads them (collective.cc,
+      // GlooStore::Fetch): the host keys of the ranks below in one call,
+      // and this rank's own address from every peer's list in one call.
+      const bool host = key == mine[0].first;
+      std::vector<KeyValueStore::Read> reads;
       for (int peer = 0; peer < (host ? g.rank : g.size); ++peer) {
         if (peer == g.rank) continue;
-        const std::string theirs = absl::StrCat(g.prefix, host ? "/rank_" : "/", peer);
-        absl::StatusOr<std::string> v = store.Get(theirs, absl::Seconds(600));
-        if (!v.ok()) return fail(v.status());
-        out->bytes_read += static_cast<int64_t>(v->size());
+        KeyValueStore::Read r{absl::StrCat(g.prefix, host ? "/rank_" : "/", peer)};
+        if (!host && g.size > 2) {
+          r.part = g.rank > peer ? g.rank - 1 : g.rank;
+          r.parts = g.size - 1;
+        }
+        reads.push_back(std::move(r));
+      }
+      const absl::Time until = absl::Now() + absl::Seconds(600);
+      while (!reads.empty()) {
+        absl::StatusOr<std::vector<KeyValueStore::Value>> got = store.GetMany(reads, kLongPoll);
+        if (!got.ok()) return fail(got.status());
+        std::vector<KeyValueStore::Read> missing;
+        for (size_t i = 0; i < reads.size(); ++i) {
+          if ((*got)[i].found) {
+            out->bytes_read += static_cast<int64_t>((*got)[i].value.size());
+          } else {
+            missing.push_back(reads[i]);
+          }
+        }
+        reads = std::move(missing);
+        if (!reads.empty() && (run->cancel.load() || absl::Now() > until)) {
+          return fail(absl::DeadlineExceededError(absl::StrCat("key ", reads[0].key, " not set")));
+        }
       }
     }
     if (!run->groups.Get(g.prefix, g.size)->Wait(run->cancel)) {  // every peer read its key
@@ -424,9 +454,13 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   threads.reserve(n);
   run.start = absl::Now();
   const int encoder_ranks = run.encoder.size();
+  const int per_connection =
+      absl::GetFlag(FLAGS_ranks_per_connection) > 0 ? absl::GetFlag(FLAGS_ranks_per_connection) : n;
+  std::shared_ptr<grpc::Channel> channel;
   for (int i = 0; i < n; ++i) {
     const bool enc = i < encoder_ranks;
-    threads.emplace_back(SimulateRank, &run,
+    if (i % per_connection == 0) channel = ServiceChannel(run.scheduler, /*own_connection=*/true);
+    threads.emplace_back(SimulateRank, &run, channel,
                          enc ? common::v1::ROLE_ENCODER_WORKER : common::v1::ROLE_LLM_WORKER,
                          enc ? i : i - encoder_ranks, &results[i]);
   }
@@ -444,9 +478,10 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
     if (absl::Now() > limit) {
       const auto [h, r] = Memory((*scheduler)->pid());
       std::printf(
-          "N=%d: stopped after %d s: %d of %d ranks registered, %d connected all their groups; "
-          "loom-scheduler memory %.0f MiB peak\n",
-          n, absl::GetFlag(FLAGS_limit_s), run.registered.load(), n, run.connected.load(), h);
+          "N=%d: stopped after %d s: %d of %d ranks registered, %d saw the whole plan, %d "
+          "connected all their groups; loom-scheduler memory %.0f MiB peak\n",
+          n, absl::GetFlag(FLAGS_limit_s), run.registered.load(), n, run.planned.load(),
+          run.connected.load(), h);
       std::fflush(stdout);
       run.cancel = true;
       stopped = true;
@@ -460,6 +495,13 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   (void)(*scheduler)->Wait(absl::Seconds(30));
   (void)(*preprocess)->Wait(absl::Seconds(30));
 
+  for (const RankResult& r : results) {
+    if (stopped && !r.error.ok() && r.error.code() != absl::StatusCode::kCancelled) {
+      std::printf("N=%d: the first rank that failed: %s\n", n,
+                  std::string(r.error.message()).c_str());
+      break;
+    }
+  }
   if (stopped) return 1;
   for (const RankResult& r : results) {
     if (!r.error.ok()) {
