@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -342,22 +343,67 @@ class ServedScheduleTest : public ::testing::Test {
   std::unique_ptr<data::v1::PreprocessService::Stub> data_stub_;
 };
 
-// Forwards GetBatch to a preprocess service once `ready` has passed: a
-// global batch that takes long to prepare.
-class LateBatches final : public data::v1::PreprocessService::Service {
+// Forwards GetBatch to a preprocess service after `delay(iteration)`: a
+// global batch that takes long to prepare. Counts the batches served.
+class DelayedBatches final : public data::v1::PreprocessService::Service {
  public:
-  LateBatches(std::shared_ptr<grpc::Channel> to, absl::Time ready)
-      : stub_(data::v1::PreprocessService::NewStub(std::move(to))), ready_(ready) {}
+  DelayedBatches(std::shared_ptr<grpc::Channel> to, std::function<absl::Duration(int64_t)> delay)
+      : stub_(data::v1::PreprocessService::NewStub(std::move(to))), delay_(std::move(delay)) {}
   grpc::Status GetBatch(grpc::ServerContext*, const data::v1::GetBatchRequest* request,
                         data::v1::GetBatchResponse* response) override {
-    absl::SleepFor(ready_ - absl::Now());
+    absl::SleepFor(delay_(request->iteration()));
     grpc::ClientContext ctx;
-    return stub_->GetBatch(&ctx, *request, response);
+    grpc::Status s = stub_->GetBatch(&ctx, *request, response);
+    absl::MutexLock lock(&mu_);
+    served_.insert(request->iteration());
+    return s;
+  }
+  std::set<int64_t> served() {
+    absl::MutexLock lock(&mu_);
+    return served_;
   }
 
  private:
   std::unique_ptr<data::v1::PreprocessService::Stub> stub_;
-  absl::Time ready_;
+  std::function<absl::Duration(int64_t)> delay_;
+  absl::Mutex mu_;
+  std::set<int64_t> served_ ABSL_GUARDED_BY(mu_);
+};
+
+// A scheduler (LLM DP 2 x 2 microbatches, encoder DP 2) reading its batches
+// through a DelayedBatches in front of a preprocess service.
+struct DelayedScheduler {
+  DelayedScheduler(const Chassis& preprocess, std::function<absl::Duration(int64_t)> delay,
+                   const std::string& name, int assign_ahead)
+      : batches(testing::ChannelTo(preprocess), std::move(delay)),
+        batches_chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS)),
+        chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER)) {
+    batches_chassis.AddService(&batches, data::v1::PreprocessService::service_full_name());
+    EXPECT_TRUE(batches_chassis.Start().ok());
+    SchedulerServiceOptions so;
+    so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
+    so.preprocess = absl::StrCat("127.0.0.1:", batches_chassis.grpc_port());
+    so.assign_ahead = assign_ahead;
+    so.job.set_name(name);
+    so.job.mutable_checkpoint()->set_dir(testing::TempPath(name + "_ckpt"));
+    auto created = SchedulerServiceImpl::Create(&chassis, so);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (!created.ok()) return;
+    service = std::move(*created);
+    chassis.AddService(service.get(), scheduler::v1::SchedulerService::service_full_name());
+    EXPECT_TRUE(chassis.Start().ok());
+    stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  }
+  ~DelayedScheduler() {  // the scheduler first: its thread may be asking for a batch
+    chassis.Shutdown();
+    service.reset();
+    batches_chassis.Shutdown();
+  }
+
+  DelayedBatches batches;
+  Chassis batches_chassis, chassis;
+  std::unique_ptr<SchedulerServiceImpl> service;
+  std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub;
 };
 
 // A batch that takes longer to prepare than a caller's deadline: every call
@@ -365,21 +411,11 @@ class LateBatches final : public data::v1::PreprocessService::Service {
 // waiting for the batch and the one waiting for its turn alike), and asking
 // again gets the assignment once the batch is there.
 TEST_F(ServedScheduleTest, ABatchSlowerThanTheCallersDeadlinesIsWaitedFor) {
-  Chassis late_chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
-  LateBatches late(testing::ChannelTo(*data_chassis_), absl::Now() + absl::Seconds(6));
-  late_chassis.AddService(&late, data::v1::PreprocessService::service_full_name());
-  ASSERT_TRUE(late_chassis.Start().ok());
-  SchedulerServiceOptions so;
-  so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
-  so.preprocess = absl::StrCat("127.0.0.1:", late_chassis.grpc_port());
-  so.job.set_name("late");
-  so.job.mutable_checkpoint()->set_dir(testing::TempPath("late_ckpt"));
-  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
-  auto service = SchedulerServiceImpl::Create(&chassis, so);
-  ASSERT_TRUE(service.ok()) << service.status();
-  chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
-  ASSERT_TRUE(chassis.Start().ok());
-  auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  const absl::Time ready = absl::Now() + absl::Seconds(6);
+  DelayedScheduler late(
+      *data_chassis_, [ready](int64_t) { return ready - absl::Now(); }, "late", 2);
+  ASSERT_NE(late.stub, nullptr);
+  auto* stub = late.stub.get();
   auto ask = [&](scheduler::v1::GetAssignmentResponse* response) {
     scheduler::v1::GetAssignmentRequest r;
     r.set_iteration(0);
@@ -406,57 +442,19 @@ TEST_F(ServedScheduleTest, ABatchSlowerThanTheCallersDeadlinesIsWaitedFor) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(response.assignment().iteration(), 0);
   EXPECT_EQ(response.assignment().bins_size(), 4);
-  chassis.Shutdown();
-  late_chassis.Shutdown();
 }
-
-// Serves every batch after iteration 0 `delay` late, counting the batches
-// served.
-class SlowBatches final : public data::v1::PreprocessService::Service {
- public:
-  SlowBatches(std::shared_ptr<grpc::Channel> to, absl::Duration delay)
-      : stub_(data::v1::PreprocessService::NewStub(std::move(to))), delay_(delay) {}
-  grpc::Status GetBatch(grpc::ServerContext*, const data::v1::GetBatchRequest* request,
-                        data::v1::GetBatchResponse* response) override {
-    if (request->iteration() > 0) absl::SleepFor(delay_);
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->GetBatch(&ctx, *request, response);
-    absl::MutexLock lock(&mu_);
-    served_.insert(request->iteration());
-    return s;
-  }
-  std::set<int64_t> served() {
-    absl::MutexLock lock(&mu_);
-    return served_;
-  }
-
- private:
-  std::unique_ptr<data::v1::PreprocessService::Stub> stub_;
-  absl::Duration delay_;
-  absl::Mutex mu_;
-  std::set<int64_t> served_ ABSL_GUARDED_BY(mu_);
-};
 
 // Assignments are computed ahead on the scheduler's own thread, at most
 // assign_ahead past the newest handed out: a batch that takes longer to
 // prepare than a caller waits (2 s against 0.5 s) is ready when asked for.
 TEST_F(ServedScheduleTest, AssignmentsAreComputedAhead) {
-  Chassis slow_chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
-  SlowBatches slow(testing::ChannelTo(*data_chassis_), absl::Seconds(2));
-  slow_chassis.AddService(&slow, data::v1::PreprocessService::service_full_name());
-  ASSERT_TRUE(slow_chassis.Start().ok());
-  SchedulerServiceOptions so;
-  so.plan = sched::PlanOfDegrees({/*llm_dp=*/2, /*microbatches=*/2, /*encoder_dp=*/2});
-  so.preprocess = absl::StrCat("127.0.0.1:", slow_chassis.grpc_port());
-  so.assign_ahead = 2;
-  so.job.set_name("ahead");
-  so.job.mutable_checkpoint()->set_dir(testing::TempPath("ahead_ckpt"));
-  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
-  auto service = SchedulerServiceImpl::Create(&chassis, so);
-  ASSERT_TRUE(service.ok()) << service.status();
-  chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
-  ASSERT_TRUE(chassis.Start().ok());
-  auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  DelayedScheduler ahead(
+      *data_chassis_,
+      [](int64_t iteration) { return iteration > 0 ? absl::Seconds(2) : absl::ZeroDuration(); },
+      "ahead", /*assign_ahead=*/2);
+  ASSERT_NE(ahead.stub, nullptr);
+  auto* stub = ahead.stub.get();
+  DelayedBatches& slow = ahead.batches;
   auto ask = [&](int64_t iteration, double seconds) {
     scheduler::v1::GetAssignmentRequest r;
     r.set_iteration(iteration);
@@ -480,8 +478,6 @@ TEST_F(ServedScheduleTest, AssignmentsAreComputedAhead) {
     grpc::Status s = ask(it, 1.5);
     EXPECT_TRUE(s.ok()) << "iteration " << it << ": " << s.error_message();
   }
-  chassis.Shutdown();
-  slow_chassis.Shutdown();
 }
 
 // The control API's requests act on the assignments workers get: a pause
