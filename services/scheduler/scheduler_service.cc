@@ -366,8 +366,44 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext* context,
   *response->mutable_plan() = options_.plan;
   response->set_complete(workers_.size() == expected);
   response->set_registered(static_cast<int32_t>(workers_.size()));
-  if (response->complete() || request->wait_ms() <= 0) {
+  if (request->wait_ms() <= 0) {
     for (const auto& [key, w] : workers_) *response->add_workers() = w;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerServiceImpl::GetWorkers(grpc::ServerContext*,
+                                              const scheduler::v1::GetWorkersRequest* request,
+                                              scheduler::v1::GetWorkersResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  constexpr int kMaxWorkers = 4096;
+  if (request->workers_size() > kMaxWorkers) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "workers: ", request->workers_size(), " asked, at most ", kMaxWorkers, " a call")));
+  }
+  for (int i = 0; i < request->workers_size(); ++i) {
+    const scheduler::v1::WorkerRef& r = request->workers(i);
+    const int ranks =
+        r.role() == common::v1::ROLE_ENCODER_WORKER || r.role() == common::v1::ROLE_LLM_WORKER
+            ? RanksOf(options_.plan, r.role())
+            : 0;
+    if (r.rank() < 0 || r.rank() >= ranks) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("workers[", i, "]: ", common::v1::Role_Name(r.role()), " rank ", r.rank(),
+                       " is not a worker of the plan")));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  for (const scheduler::v1::WorkerRef& r : request->workers()) {
+    auto it = workers_.find({r.role(), r.rank()});
+    if (it == workers_.end()) {
+      return ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat(common::v1::Role_Name(r.role()), " rank ", r.rank(), " is not registered")));
+    }
+    *response->add_workers() = it->second;
   }
   return grpc::Status::OK;
 }

@@ -126,6 +126,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
                               scheduler::v1::RegisterWorkerResponse* response) override;
   grpc::Status GetPlan(grpc::ServerContext* context, const scheduler::v1::GetPlanRequest* request,
                        scheduler::v1::GetPlanResponse* response) override;
+  grpc::Status GetWorkers(grpc::ServerContext* context,
+                          const scheduler::v1::GetWorkersRequest* request,
+                          scheduler::v1::GetWorkersResponse* response) override;
   grpc::Status GetAssignment(grpc::ServerContext* context,
                              const scheduler::v1::GetAssignmentRequest* request,
                              scheduler::v1::GetAssignmentResponse* response) override;

@@ -576,6 +576,44 @@ TEST_F(ServedScheduleTest, RegistrationIsTheRendezvous) {
   EXPECT_EQ(done.plan().llm().dp(), 2);
 }
 
+// A worker asks for the addresses of the peers it sends to, not every
+// worker's; a bad or unregistered rank is named.
+TEST_F(ServedScheduleTest, GetWorkersAnswersTheRanksAsked) {
+  using common::v1::ROLE_ENCODER_WORKER;
+  using common::v1::ROLE_LLM_WORKER;
+  ASSERT_TRUE(Register(ROLE_LLM_WORKER, 0, "llm0").ok());
+  ASSERT_TRUE(Register(ROLE_LLM_WORKER, 1, "llm1").ok());
+  ASSERT_TRUE(Register(ROLE_ENCODER_WORKER, 1, "enc1").ok());
+  auto get = [&](std::vector<std::pair<common::v1::Role, int>> refs,
+                 scheduler::v1::GetWorkersResponse* response) {
+    scheduler::v1::GetWorkersRequest request;
+    for (auto [role, rank] : refs) {
+      request.add_workers()->set_role(role);
+      request.mutable_workers()->rbegin()->set_rank(rank);
+    }
+    auto ctx = testing::ContextWithDeadline();
+    return stub_->GetWorkers(ctx.get(), request, response);
+  };
+  scheduler::v1::GetWorkersResponse r;
+  ASSERT_TRUE(get({{ROLE_LLM_WORKER, 1}, {ROLE_ENCODER_WORKER, 1}, {ROLE_LLM_WORKER, 1}}, &r).ok());
+  ASSERT_EQ(r.workers_size(), 3);
+  EXPECT_EQ(r.workers(0).ucx_address(), "llm1");  // in the request's order
+  EXPECT_EQ(r.workers(1).ucx_address(), "enc1");
+  EXPECT_EQ(r.workers(2).ucx_address(), "llm1");
+  grpc::Status s = get({{ROLE_ENCODER_WORKER, 0}}, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "ROLE_ENCODER_WORKER rank 0 is not registered"))
+      << s.error_message();
+  s = get({{ROLE_LLM_WORKER, 2}}, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "workers[0]")) << s.error_message();
+  EXPECT_EQ(get({{common::v1::ROLE_PREPROCESS, 0}}, &r).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(get(std::vector<std::pair<common::v1::Role, int>>(4097, {ROLE_LLM_WORKER, 0}), &r)
+                .error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 // GetPlan and GetKey are long polls: held until the plan is complete or
 // the key set (not answered at once, then asked again by thousands).
 TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
@@ -605,7 +643,7 @@ TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
   ASSERT_TRUE(stub_->GetPlan(ctx.get(), pr, &plan).ok());
   last.join();
   EXPECT_TRUE(plan.complete()) << "held until the last worker registered";
-  EXPECT_EQ(plan.workers_size(), 4);
+  EXPECT_EQ(plan.workers_size(), 0) << "a long poll never lists the workers (GetWorkers does)";
   EXPECT_EQ(plan.registered(), 4);
 
   std::thread setter([&] {

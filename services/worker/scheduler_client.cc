@@ -1,5 +1,8 @@
 #include "services/worker/scheduler_client.h"
 
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/channel.h"
 #include "services/common/grpc_status.h"
@@ -76,6 +79,65 @@ absl::StatusOr<scheduler::v1::GetPlanResponse> SchedulerClient::WaitForAllWorker
     // does not hold it is asked again after a pause).
     if (absl::Now() - asked < kLongPoll / 2) absl::SleepFor(absl::Milliseconds(50));
   }
+}
+
+absl::StatusOr<std::vector<scheduler::v1::Worker>> SchedulerClient::GetWorkers(
+    const std::vector<scheduler::v1::WorkerRef>& refs) {
+  constexpr size_t kPerCall = 4096;  // the scheduler's limit
+  std::vector<scheduler::v1::Worker> workers;
+  workers.reserve(refs.size());
+  for (size_t at = 0; at < refs.size(); at += kPerCall) {
+    const size_t end = std::min(refs.size(), at + kPerCall);
+    scheduler::v1::GetWorkersRequest request;
+    request.mutable_workers()->Add(refs.begin() + at, refs.begin() + end);
+    request.set_generation(generation_.load());
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, deadline_);
+    scheduler::v1::GetWorkersResponse response;
+    grpc::Status s = stub_->GetWorkers(&ctx, request, &response);
+    if (!s.ok()) return FromGrpcStatus(s, "scheduler GetWorkers");
+    if (response.workers_size() != static_cast<int>(end - at)) {
+      return absl::InternalError(absl::StrCat("scheduler GetWorkers: ", response.workers_size(),
+                                              " workers for ", end - at, " asked"));
+    }
+    for (scheduler::v1::Worker& w : *response.mutable_workers()) workers.push_back(std::move(w));
+  }
+  return workers;
+}
+
+absl::Status PeerAddresses::Resolve(const std::vector<scheduler::v1::WorkerRef>& peers) {
+  std::vector<scheduler::v1::WorkerRef> unknown;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::flat_hash_set<std::pair<int, int>> asked;
+    for (const scheduler::v1::WorkerRef& p : peers) {
+      const std::pair<int, int> key(p.role(), p.rank());
+      if (!known_.contains(key) && asked.insert(key).second) unknown.push_back(p);
+    }
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<scheduler::v1::Worker>> workers = client_->GetWorkers(unknown);
+  if (!workers.ok()) return workers.status();
+  absl::MutexLock lock(&mu_);
+  for (scheduler::v1::Worker& w : *workers) {
+    known_[{w.role(), w.rank()}] = std::move(*w.mutable_ucx_address());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> PeerAddresses::Get(common::v1::Role role, int rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = known_.find({role, rank});
+  if (it == known_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the address of ", common::v1::Role_Name(role), " rank ", rank, " was not resolved"));
+  }
+  return it->second;
+}
+
+void PeerAddresses::Clear() {
+  absl::MutexLock lock(&mu_);
+  known_.clear();
 }
 
 absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignment(

@@ -7,8 +7,12 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
@@ -37,6 +41,9 @@ class SchedulerClient {
   // Asks GetPlan (held by the scheduler up to kLongPoll each time) until
   // every worker of the plan has registered, or `wait`.
   absl::StatusOr<scheduler::v1::GetPlanResponse> WaitForAllWorkers(absl::Duration wait);
+  // The workers asked for (GetWorkers, 4096 a call), in that order.
+  absl::StatusOr<std::vector<scheduler::v1::Worker>> GetWorkers(
+      const std::vector<scheduler::v1::WorkerRef>& refs);
   // The assignment, job_ended, or regroup when this client's generation is
   // over (GetAssignmentResponse). Waits on while the job is paused or
   // recovering.
@@ -62,6 +69,25 @@ class SchedulerClient {
   absl::Duration deadline_;
   const std::atomic<bool>* cancel_;
   std::atomic<int64_t> generation_{0};
+};
+
+// The UCX addresses of the workers one sends to, learnt from loom-scheduler
+// as they are needed (GetWorkers) and kept for the generation: at thousands
+// of ranks no worker is sent every other's address. Thread-safe (the
+// prefetch of the next iteration resolves while this one sends).
+class PeerAddresses {
+ public:
+  explicit PeerAddresses(SchedulerClient* client) : client_(client) {}
+  // Asks for those of `peers` not known yet (none: no call).
+  absl::Status Resolve(const std::vector<scheduler::v1::WorkerRef>& peers);
+  // A resolved peer's address; FAILED_PRECONDITION naming it otherwise.
+  absl::StatusOr<std::string> Get(common::v1::Role role, int rank) const;
+  void Clear();
+
+ private:
+  SchedulerClient* client_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::pair<int, int>, std::string> known_ ABSL_GUARDED_BY(mu_);
 };
 
 // KeyValueStore over the scheduler's SetKey/GetKey/DeleteKeys (Get asks again

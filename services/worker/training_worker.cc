@@ -65,6 +65,7 @@ scheduler::v1::Worker TrainingWorker::Impl::Me() const {
 
 absl::Status TrainingWorker::Impl::Register() {
   scheduler = std::make_unique<SchedulerClient>(options.scheduler, absl::Seconds(60), &cancel);
+  peers = std::make_unique<PeerAddresses>(scheduler.get());
   absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
       scheduler->Register(Me(), options.startup_timeout);
   if (!reg.ok()) return reg.status();
@@ -133,13 +134,17 @@ absl::Status TrainingWorker::Impl::Join() {
   absl::StatusOr<scheduler::v1::GetPlanResponse> all =
       scheduler->WaitForAllWorkers(options.startup_timeout);
   if (!all.ok()) return all.status();
-  encoder_addresses.assign(plan.encoder().gpus(), "");
-  llm_addresses.assign(plan.llm().gpus(), "");
-  for (const scheduler::v1::Worker& w : all->workers()) {
-    auto& list = w.role() == common::v1::ROLE_ENCODER_WORKER ? encoder_addresses : llm_addresses;
-    if (w.rank() >= 0 && w.rank() < static_cast<int>(list.size())) list[w.rank()] = w.ucx_address();
-  }
   const parallel::GridShape& shape = grid();
+  // This generation's addresses: first the pipeline neighbours'.
+  peers->Clear();
+  std::vector<scheduler::v1::WorkerRef> neighbours;
+  for (int peer : {parallel::PrevStageRank(shape, options.rank),
+                   parallel::NextStageRank(shape, options.rank)}) {
+    if (peer < 0) continue;
+    neighbours.emplace_back().set_role(options.role);
+    neighbours.back().set_rank(peer);
+  }
+  if (absl::Status s = peers->Resolve(neighbours); !s.ok()) return s;
   // Each generation rendezvouses under its own keys.
   const std::string module_name =
       absl::StrCat("g", scheduler->generation(), "-", encoder ? "encoder" : "llm");
@@ -325,6 +330,7 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   std::vector<int> indices;
   for (int b : d.bins)
     indices.insert(indices.end(), bins[b].indices().begin(), bins[b].indices().end());
+  if (absl::Status s = ResolvePeers(d); !s.ok()) return s;
   if (indices.empty()) return d;
   // Only the encoder's first stage reads pixels; every other rank needs the
   // tokens and tile counts (shapes, image positions, targets).

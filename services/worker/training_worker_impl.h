@@ -114,7 +114,9 @@ struct TrainingWorker::Impl {
   // (the training thread starts and joins it: AwaitCheckpointWrite).
   std::thread checkpoint_writer;
   absl::Status checkpoint_write_status;
-  std::vector<std::string> encoder_addresses, llm_addresses;  // by worker rank
+  // The UCX addresses of this worker's pipeline neighbours (Join) and of
+  // the other module's ranks its bins go to (Fetch, one iteration ahead).
+  std::unique_ptr<PeerAddresses> peers;
 
   std::unique_ptr<VitEncoder> vit;
   std::unique_ptr<Projector> projector;  // on the encoder's last stage
@@ -195,6 +197,9 @@ struct TrainingWorker::Impl {
   // The worker ranks of DP replica `dp`'s TP group in the other module, at
   // the stage that meets this module: the LLM's first, the encoder's last.
   std::vector<int> PeerGroup(int dp) const;
+  // Asks loom-scheduler for the addresses iteration `d` sends to that this
+  // worker does not know yet (the other module's ranks of its bins).
+  absl::Status ResolvePeers(const worker::IterationData& d);
   // Sends `data` (kept alive until sent) to this rank's counterpart in the
   // next (`step` 1) or previous (-1) stage, tagged with that stage.
   absl::Status SendToStage(int step, worker::Transfer what, int64_t iteration, int bin,

@@ -51,15 +51,36 @@ std::vector<int> TrainingWorker::Impl::PeerGroup(int dp) const {
   return ranks;
 }
 
+absl::Status TrainingWorker::Impl::ResolvePeers(const worker::IterationData& d) {
+  // Only the TP group's first rank at the modules' border sends across.
+  if (pos.tp != 0 || (encoder ? !last_stage() : !first_stage())) return absl::OkStatus();
+  const common::v1::Role other =
+      encoder ? common::v1::ROLE_LLM_WORKER : common::v1::ROLE_ENCODER_WORKER;
+  const int replicas = (encoder ? llm_grid : encoder_grid).dp;
+  std::vector<scheduler::v1::WorkerRef> refs;
+  for (int b : d.bins) {
+    const scheduler::v1::Bin& bin = d.assignment.bins(b);
+    const int dp = encoder ? bin.llm_rank() : bin.encoder_rank();
+    if (dp < 0 || dp >= replicas)
+      continue;  // no tensor crosses (or a bad assignment: the send says)
+    for (int peer : PeerGroup(dp)) {
+      refs.emplace_back().set_role(other);
+      refs.back().set_rank(peer);
+    }
+  }
+  return peers->Resolve(refs);
+}
+
 absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t iteration, int bin,
                                                std::shared_ptr<std::vector<float>> data) {
   const int peer = step > 0 ? parallel::NextStageRank(grid(), options.rank)
                             : parallel::PrevStageRank(grid(), options.rank);
   LOOM_CHECK(peer >= 0) << "no stage " << pos.pp + step;
-  const std::string& address = (encoder ? encoder_addresses : llm_addresses).at(peer);
+  absl::StatusOr<std::string> address = peers->Get(options.role, peer);
+  if (!address.ok()) return address.status();
   const double s0 = trace::NowMicros();
   absl::Status s =
-      ucx->Send(address, TransferTag(what, scheduler->generation(), iteration, bin, pos.pp + step),
+      ucx->Send(*address, TransferTag(what, scheduler->generation(), iteration, bin, pos.pp + step),
                 data->data(), data->size() * sizeof(float), data);
   Span("send", s0, iteration, "send ", TransferName(what), " bin ", bin, " to stage ",
        pos.pp + step);
@@ -176,10 +197,11 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     InjectFault("transfer", d.iteration);
     const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].llm_rank())) {
-      absl::Status s =
-          ucx->Send(llm_addresses.at(peer),
-                    TransferTag(Transfer::kEmbeddings, scheduler->generation(), d.iteration, b, 0),
-                    out->data(), out->size() * sizeof(float), out);
+      absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_LLM_WORKER, peer);
+      if (!address.ok()) return address.status();
+      absl::Status s = ucx->Send(
+          *address, TransferTag(Transfer::kEmbeddings, scheduler->generation(), d.iteration, b, 0),
+          out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
     Span("send", s1, d.iteration, "send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank());
@@ -370,8 +392,10 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     InjectFault("transfer", d.iteration);
     const double s1 = trace::NowMicros();
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
+      absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_ENCODER_WORKER, peer);
+      if (!address.ok()) return address.status();
       s = ucx->Send(
-          encoder_addresses.at(peer),
+          *address,
           TransferTag(Transfer::kEmbeddingGrads, scheduler->generation(), d.iteration, b, 0),
           grad->data(), grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;

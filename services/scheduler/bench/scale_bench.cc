@@ -1,7 +1,8 @@
 // The scale harness (not a test): a real loom-scheduler and loom-preprocess
 // (the binaries, as deployed) and N simulated ranks, threads of this
 // process that do what a worker does with the scheduler, without training:
-// register, wait for the whole plan, rendezvous their collective groups
+// register, wait for the whole plan, learn their peers' addresses
+// (GetWorkers), rendezvous their collective groups
 // through the scheduler's store, then per iteration fetch the assignment,
 // report the step (LLM rank 0) and wait for each other (as the gradient
 // allreduce would) and for --iteration_ms of simulated compute.
@@ -216,6 +217,7 @@ struct RankResult {
   std::map<std::string, double> group_done;  // by axis: seconds since the start
   int64_t bytes_set = 0, bytes_read = 0;
   std::vector<double> assignment_ms, info_ms;  // by iteration
+  std::vector<double> peers_ms;                // each GetWorkers call (peer addresses)
   absl::Status error;
 };
 
@@ -256,10 +258,31 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
       client.WaitForAllWorkers(absl::Seconds(600));
   if (!plan.ok()) return fail(plan.status());
   ++run->planned;
+  // The addresses a worker asks for (training_worker.cc): its pipeline
+  // neighbours now, and per iteration those of the other module's ranks its
+  // bins go to when it sends across the modules' border.
+  const parallel::GridShape& grid = encoder ? run->encoder : run->llm;
+  PeerAddresses peers(&client);
+  auto resolve = [&](const std::vector<scheduler::v1::WorkerRef>& refs) -> absl::Status {
+    const absl::Time t0 = absl::Now();
+    absl::Status s = peers.Resolve(refs);
+    if (s.ok() && !refs.empty())
+      out->peers_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    return s;
+  };
+  {
+    std::vector<scheduler::v1::WorkerRef> refs;
+    for (int peer : {parallel::PrevStageRank(grid, rank), parallel::NextStageRank(grid, rank)}) {
+      if (peer < 0) continue;
+      refs.emplace_back().set_role(role);
+      refs.back().set_rank(peer);
+    }
+    if (absl::Status s = resolve(refs); !s.ok()) return fail(s);
+  }
 
   // The worker's groups (training_worker.cc, Join), as Gloo's full mesh
   // uses the store.
-  const parallel::GridShape& shape = encoder ? run->encoder : run->llm;
+  const parallel::GridShape& shape = grid;
   const parallel::GridPosition pos = parallel::PositionOf(shape, rank);
   const std::string module = absl::StrCat("g", reg->generation(), "-", encoder ? "encoder" : "llm");
   struct Group {
@@ -342,6 +365,20 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
     if (!a->has_assignment()) {
       return fail(absl::InternalError(
           absl::StrCat("iteration ", it, ": no assignment (", a->job_ended(), ")")));
+    }
+    if (pos.tp == 0 && pos.pp == (encoder ? grid.pp - 1 : 0)) {
+      const parallel::GridShape& other = encoder ? run->llm : run->encoder;
+      std::vector<scheduler::v1::WorkerRef> refs;
+      for (const scheduler::v1::Bin& b : a->assignment().bins()) {
+        if ((encoder ? b.encoder_rank() : b.llm_rank()) != pos.dp) continue;
+        for (int t = 0; t < other.tp; ++t) {
+          refs.emplace_back().set_role(encoder ? common::v1::ROLE_LLM_WORKER
+                                               : common::v1::ROLE_ENCODER_WORKER);
+          refs.back().set_rank(parallel::RankOf(
+              other, {t, encoder ? 0 : other.pp - 1, encoder ? b.llm_rank() : b.encoder_rank()}));
+        }
+      }
+      if (absl::Status s = resolve(refs); !s.ok()) return fail(s);
     }
     t0 = absl::Now();
     grpc::ClientContext ctx;
@@ -529,6 +566,12 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   std::string by_axis;
   for (const auto& [axis, t] : groups_done) absl::StrAppendFormat(&by_axis, " %s %.2f s", axis, t);
   std::printf("  the last group of each axis connected at:%s\n", by_axis.c_str());
+  std::vector<double> peers_ms;
+  for (const RankResult& r : results) {
+    peers_ms.insert(peers_ms.end(), r.peers_ms.begin(), r.peers_ms.end());
+  }
+  std::printf("  peer addresses: %zu GetWorkers calls, p50 %.2f ms p99 %.2f ms\n", peers_ms.size(),
+              Percentile(peers_ms, 0.5), Percentile(peers_ms, 0.99));
   for (int it = 0; it < iterations; ++it) {
     std::vector<double> a, info;
     for (const RankResult& r : results) {
