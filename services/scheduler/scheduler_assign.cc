@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "runtime/base/log.h"
 #include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
@@ -301,6 +302,9 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
                                                  const scheduler::v1::GetAssignmentRequest* request,
                                                  scheduler::v1::GetAssignmentResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  const absl::Time start = absl::Now();
+  auto answered = absl::MakeCleanup(
+      [&] { get_assignment_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start)); });
   // A paused job holds the call until a second before the caller's deadline
   // (at most pause_hold); the caller retries the UNAVAILABLE that follows.
   // An iteration not computed yet likewise, at most kComputeHold.

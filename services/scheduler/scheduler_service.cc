@@ -32,7 +32,23 @@ int RanksOf(const scheduler::v1::Plan& plan, Role role) {
 
 constexpr size_t kMaxKeyBytes = 1024;
 constexpr size_t kMaxValueBytes = 1 << 20;
-constexpr size_t kMaxStoreBytes = 64 << 20;
+
+// The rendezvous store's capacity: what the plan's groups hold in it at once
+// (Gloo's full mesh: per rank, for each of its TP, PP and DP groups, a key
+// with an address for every peer, 136 bytes each measured; 256 allowed for
+// the keys, host keys and the bridge), and never less than 64 MiB. 4,096
+// ranks of a TP 8 x PP 4 x DP 96 LLM and a TP 2 x PP 2 x DP 256 encoder
+// need about 75 MiB.
+size_t StoreCapacity(const scheduler::v1::Plan& plan) {
+  constexpr size_t kMinStoreBytes = 64 << 20;
+  constexpr size_t kPerPeer = 256;
+  size_t need = 0;
+  for (const scheduler::v1::ModulePlan* m : {&plan.encoder(), &plan.llm()}) {
+    need += static_cast<size_t>(std::max(0, m->gpus())) *
+            static_cast<size_t>(std::max(0, m->tp() + m->pp() + m->dp())) * kPerPeer;
+  }
+  return std::max(kMinStoreBytes, need);
+}
 constexpr int kMaxDeleteKeys = 4096;
 constexpr size_t kRetainedSteps = 100000;
 
@@ -61,6 +77,16 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
                              .Register(registry)
                              .Add({}, prometheus::Histogram::BucketBoundaries{
                                           0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300});
+  get_assignment_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("loom_scheduler_get_assignment_seconds")
+           .Help(
+               "GetAssignment answered, from its handler's start (a call held while the job "
+               "is paused or its iteration is being computed included).")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                                            0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                            0.5, 1, 5, 30});
   iterations_ = counter("loom_train_iterations_total", "Training iterations finished.");
   samples_ = counter("loom_train_samples_total", "Samples trained on.");
   tokens_ = counter("loom_train_tokens_total", "Packed LLM tokens (text and image) trained on.");
@@ -461,6 +487,7 @@ grpc::Status SchedulerServiceImpl::GetProgress(grpc::ServerContext*,
 grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
                                           const scheduler::v1::SetKeyRequest* request,
                                           scheduler::v1::SetKeyResponse*) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);  // the plan sizes the store
   if (request->key().empty() || request->key().size() > kMaxKeyBytes) {
     return ToGrpcStatus(
         absl::InvalidArgumentError(absl::StrCat("key: must be 1 to ", kMaxKeyBytes, " bytes")));
@@ -473,8 +500,9 @@ grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
   auto it = keys_.find(request->key());
   const size_t old = it == keys_.end() ? 0 : it->first.size() + it->second.size();
   const size_t add = request->key().size() + request->value().size();
-  if (key_bytes_ - old + add > kMaxStoreBytes) {
-    return ToGrpcStatus(absl::ResourceExhaustedError("the rendezvous store is full"));
+  if (const size_t capacity = StoreCapacity(options_.plan); key_bytes_ - old + add > capacity) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("the rendezvous store is full (", capacity, " bytes for this plan)")));
   }
   key_bytes_ = key_bytes_ - old + add;
   keys_[request->key()] = request->value();

@@ -325,6 +325,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   prometheus::Gauge* loss_ = nullptr;
   prometheus::Gauge* mfu_ = nullptr;
   prometheus::Histogram* iteration_seconds_ = nullptr;
+  prometheus::Histogram* get_assignment_seconds_ = nullptr;
 
   // The job's state, events for WatchJob, and the control requests that the
   // worker RPCs act on.

@@ -358,7 +358,7 @@ TEST_F(RecoveryTest, APreprocessStoppedWithinItsLeaseIsWaitedFor) {
   const int preprocess = NewestPid(log, "loom-preprocess", "-");
   ASSERT_GT(preprocess, 0) << log;
   ASSERT_EQ(::kill(preprocess, SIGSTOP), 0);
-  absl::SleepFor(absl::Seconds(40));  // past the scheduler's 30 s and the workers' fetches
+  absl::SleepFor(absl::Seconds(45));  // past the scheduler's 30 s and the workers' fetches
   ASSERT_EQ(::kill(preprocess, SIGCONT), 0);
   absl::StatusOr<int> status = up->Wait(deadline - absl::Now());
   ASSERT_TRUE(status.ok()) << status.status();
@@ -366,7 +366,7 @@ TEST_F(RecoveryTest, APreprocessStoppedWithinItsLeaseIsWaitedFor) {
   EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log << LogTails("stopped");
   EXPECT_FALSE(absl::StrContains(log, "RECOVERING")) << log;
   ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "stopped"), local_,
-                   "loom-preprocess stopped for 40 s vs loom-train-local");
+                   "loom-preprocess stopped for 45 s vs loom-train-local");
 }
 
 // More losses than --max_restarts: the job ends FAILED, naming the last

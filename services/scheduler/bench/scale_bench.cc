@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,6 +49,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "loom/common/v1/common.pb.h"
@@ -58,6 +60,7 @@
 #include "runtime/parallel/grid.h"
 #include "services/common/channel.h"
 #include "services/common/chassis.h"
+#include "services/common/http_get.h"
 #include "services/common/subprocess.h"
 #include "services/worker/scheduler_client.h"
 
@@ -226,13 +229,62 @@ struct Run {
   parallel::GridShape encoder, llm;
   std::string scheduler;  // host:port
   std::string endpoint;   // the simulated ranks' health server
+  int scheduler_metrics_port = 0;
+  // loom-scheduler's GetAssignment handler-time histogram once iteration 0
+  // is over (rank 0 scrapes it between two barriers; iteration 0 waits for
+  // the first assignment by design).
+  std::map<double, double> handler_after_first;
   GlooKeys gloo;
   absl::Time start;
   GroupBarriers groups;
   std::unique_ptr<Barrier> all;
   std::atomic<int> registered{0}, planned{0}, connected{0};
   std::atomic<bool> cancel{false};  // past --limit_s: the ranks stop
+  // Ranks through each group axis ("encoder tp", ...), for the progress lines.
+  absl::Mutex axes_mu;
+  std::map<std::string, int> axes_done ABSL_GUARDED_BY(axes_mu);
 };
+
+// loom-scheduler's loom_scheduler_get_assignment_seconds buckets (upper
+// bound -> cumulative count), scraped from its /metrics.
+absl::StatusOr<std::map<double, double>> HandlerHistogram(int metrics_port) {
+  absl::StatusOr<HttpResponse> r =
+      HttpGet("127.0.0.1", metrics_port, "/metrics", absl::Seconds(30));
+  if (!r.ok()) return r.status();
+  std::map<double, double> buckets;
+  const std::string prefix = "loom_scheduler_get_assignment_seconds_bucket{le=\"";
+  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
+    const size_t end = line.find('"');
+    const size_t space = line.rfind(' ');
+    if (end == absl::string_view::npos || space == absl::string_view::npos) continue;
+    double le = 0, count = 0;
+    const absl::string_view bound = line.substr(0, end);
+    if (bound == "+Inf") {
+      le = std::numeric_limits<double>::infinity();
+    } else if (!absl::SimpleAtod(bound, &le)) {
+      continue;
+    }
+    if (absl::SimpleAtod(line.substr(space + 1), &count)) buckets[le] = count;
+  }
+  if (buckets.empty()) {
+    return absl::NotFoundError(
+        "loom-scheduler's /metrics has no loom_scheduler_get_assignment_seconds");
+  }
+  return buckets;
+}
+
+// The smallest bucket bound under which a fraction `p` of the calls counted
+// between two scrapes fall (the percentile's upper bound), and the count.
+std::pair<double, double> BucketPercentile(const std::map<double, double>& before,
+                                           const std::map<double, double>& after, double p) {
+  const double total = after.rbegin()->second - (before.empty() ? 0 : before.rbegin()->second);
+  for (const auto& [le, count] : after) {
+    auto b = before.find(le);
+    if (count - (b == before.end() ? 0 : b->second) >= p * total) return {le, total};
+  }
+  return {std::numeric_limits<double>::infinity(), total};
+}
 
 // One simulated rank: what a worker does with the scheduler.
 void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, int rank,
@@ -350,6 +402,8 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
     }
     if (absl::Status s = store.Delete({mine[0].first, mine[1].first}); !s.ok()) return fail(s);
     out->group_done[g.axis] = absl::ToDoubleSeconds(absl::Now() - run->start);
+    absl::MutexLock lock(&run->axes_mu);
+    ++run->axes_done[absl::StrCat(encoder ? "encoder " : "LLM ", g.axis)];
   }
   out->connected = absl::ToDoubleSeconds(absl::Now() - run->start);
   ++run->connected;
@@ -358,6 +412,14 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
   for (int it = 0; it < iterations; ++it) {
     // The gradient allreduce ends every rank's iteration together.
     if (!run->all->Wait(run->cancel)) return fail(absl::CancelledError("stopped"));
+    if (it == 1) {
+      if (encoder && rank == 0) {
+        absl::StatusOr<std::map<double, double>> h = HandlerHistogram(run->scheduler_metrics_port);
+        if (!h.ok()) return fail(h.status());
+        run->handler_after_first = std::move(*h);
+      }
+      if (!run->all->Wait(run->cancel)) return fail(absl::CancelledError("stopped"));
+    }
     absl::Time t0 = absl::Now();
     absl::StatusOr<scheduler::v1::GetAssignmentResponse> a = client.GetAssignment(it);
     out->assignment_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
@@ -484,6 +546,7 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
     return 1;
   }
   run.scheduler = absl::StrCat("127.0.0.1:", sched_ports.grpc_port);
+  run.scheduler_metrics_port = sched_ports.metrics_port;
   run.all = std::make_unique<Barrier>(n);
   const auto [idle_hwm, idle_rss] = Memory((*scheduler)->pid());
   std::vector<RankResult> results(n);
@@ -504,8 +567,21 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   // Progress, and the limit: a run that cannot finish says how far it got.
   const absl::Time limit = run.start + absl::Seconds(absl::GetFlag(FLAGS_limit_s));
   bool all_registered = false, stopped = false;
+  absl::Time next_progress = run.start + absl::Seconds(10);
   while (run.connected.load() < n) {
     absl::SleepFor(absl::Milliseconds(100));
+    if (absl::Now() >= next_progress) {  // how far the rendezvous got, every 10 s
+      next_progress += absl::Seconds(10);
+      std::string axes;
+      {
+        absl::MutexLock lock(&run.axes_mu);
+        for (const auto& [axis, k] : run.axes_done) absl::StrAppend(&axes, ", ", axis, " ", k);
+      }
+      std::printf("N=%d: %.0f s: %d registered, %d saw the plan; ranks through each group%s\n", n,
+                  absl::ToDoubleSeconds(absl::Now() - run.start), run.registered.load(),
+                  run.planned.load(), axes.c_str());
+      std::fflush(stdout);
+    }
     if (!all_registered && run.registered.load() == n) {
       all_registered = true;
       std::printf("N=%d: all registered at %.2f s\n", n,
@@ -527,6 +603,9 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   }
   for (std::thread& t : threads) t.join();
   const auto [hwm, rss] = Memory((*scheduler)->pid());
+  absl::StatusOr<std::map<double, double>> handler_end =
+      stopped ? absl::StatusOr<std::map<double, double>>(std::map<double, double>())
+              : HandlerHistogram(sched_ports.metrics_port);
   (*scheduler)->Signal(SIGTERM);
   (*preprocess)->Signal(SIGTERM);
   (void)(*scheduler)->Wait(absl::Seconds(30));
@@ -585,6 +664,18 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
         it, Percentile(a, 0.5), p99, Percentile(a, 1.0), Percentile(info, 0.5), ref99,
         ref99 > 0 ? p99 / ref99 : 0.0, it == 0 ? " (the first: nothing computed ahead yet)" : "");
   }
+  if (!handler_end.ok() || run.handler_after_first.empty()) {
+    std::printf("N=%d: no GetAssignment handler times: %s\n", n,
+                handler_end.ok() ? "not scraped after iteration 0"
+                                 : std::string(handler_end.status().message()).c_str());
+    return 1;
+  }
+  const auto [h50, calls] = BucketPercentile(run.handler_after_first, *handler_end, 0.5);
+  const auto [h99, unused] = BucketPercentile(run.handler_after_first, *handler_end, 0.99);
+  std::printf(
+      "  loom-scheduler's own time to answer GetAssignment, iterations 1-%d (%.0f calls, its "
+      "histogram): p50 <= %.2f ms, p99 <= %.2f ms\n",
+      iterations - 1, calls, h50 * 1e3, h99 * 1e3);
   std::fflush(stdout);
   return 0;
 }
@@ -604,6 +695,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     ns.push_back(n);
+  }
+  if (absl::GetFlag(FLAGS_iterations) < 2) {
+    std::fprintf(stderr,
+                 "scale_bench: --iterations: at least 2 (iteration 0 waits for the first "
+                 "assignment; the figures are of those after it)\n");
+    return 2;
   }
   const std::string data = absl::GetFlag(FLAGS_work_dir) + "/data";
   if (!std::filesystem::exists(data + "/done")) {
