@@ -104,6 +104,23 @@ def check_references(name, objs):
         if sum(labels_match(b["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])
                for w in workloads) != 1:
             bad.append("PodDisruptionBudget %s does not select one workload" % b["metadata"]["name"])
+    accounts = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
+    for w in workloads:
+        spec = w["spec"]["template"]["spec"]
+        if spec.get("serviceAccountName") not in accounts:
+            bad.append("%s: ServiceAccount %s is not rendered" % (w["metadata"]["name"], spec.get("serviceAccountName")))
+    for p in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        selected = [w for w in workloads
+                    if labels_match(p["spec"]["podSelector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])]
+        if len(selected) != 1:
+            bad.append("NetworkPolicy %s selects %d workloads" % (p["metadata"]["name"], len(selected)))
+            continue
+        ports = {c_p["containerPort"] for c in selected[0]["spec"]["template"]["spec"]["containers"]
+                 for c_p in c.get("ports", [])}
+        for rule in p["spec"].get("ingress", []):
+            for rp in rule.get("ports", []):
+                if rp["port"] not in ports:
+                    bad.append("NetworkPolicy %s: port %s is no container port" % (p["metadata"]["name"], rp["port"]))
     check(not bad, "%s: selectors, services, ports, volumes and config maps resolve%s" %
           (name, "" if not bad else ": " + "; ".join(bad)))
 
@@ -123,6 +140,50 @@ def check_args(name, objs):
             check(r.returncode != 0, "%s: %s refuses an unknown flag" % (name, binary))
 
 
+def check_locked_down(name, objs, rdma=False):
+    """Every pod: Loom's ServiceAccount without a token, non-root, seccomp,
+    capabilities dropped (IPC_LOCK only for RDMA workers), a read-only root
+    file system with /tmp a volume; every workload behind a NetworkPolicy
+    that lets Loom's own pods in."""
+    workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    bad = []
+    for w in workloads:
+        n = w["metadata"]["name"]
+        spec = w["spec"]["template"]["spec"]
+        pod = spec.get("securityContext", {})
+        if spec.get("automountServiceAccountToken") is not False:
+            bad.append("%s mounts an API token" % n)
+        if not pod.get("runAsNonRoot") or pod.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            bad.append("%s: not non-root with RuntimeDefault seccomp" % n)
+        for c in spec["containers"]:
+            sc = c.get("securityContext", {})
+            add = sc.get("capabilities", {}).get("add", [])
+            if sc.get("allowPrivilegeEscalation") is not False or not sc.get("readOnlyRootFilesystem") or \
+                    sc.get("capabilities", {}).get("drop") != ["ALL"]:
+                bad.append("%s: may escalate, writes its root file system, or keeps capabilities" % c["name"])
+            if add != (["IPC_LOCK"] if rdma and w["kind"] == "StatefulSet" else []):
+                bad.append("%s adds capabilities %s" % (c["name"], add))
+            if "/tmp" not in {m["mountPath"] for m in c.get("volumeMounts", [])}:
+                bad.append("%s: /tmp is not a volume" % c["name"])
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        mine = [p for p in policies if labels_match(p["spec"]["podSelector"]["matchLabels"], labels)]
+        if len(mine) != 1:
+            bad.append("%s: %d NetworkPolicies" % (n, len(mine)))
+            continue
+        rules = mine[0]["spec"]["ingress"]
+        from_loom = [r for r in rules if "ports" not in r and all(
+            "podSelector" in f and "namespaceSelector" not in f for f in r["from"])]
+        if not from_loom or not all(
+                any(labels_match(f["podSelector"]["matchLabels"], o["spec"]["template"]["metadata"]["labels"])
+                    for r in from_loom for f in r["from"]) for o in workloads):
+            bad.append("%s: Loom's own pods are not all let in" % n)
+        if any("ports" not in r and r not in from_loom for r in rules):
+            bad.append("%s: a rule opens every port to others than Loom's pods" % n)
+    check(not bad, "%s: pods locked down, each behind a NetworkPolicy%s" %
+          (name, "" if not bad else ": " + "; ".join(bad)))
+
+
 def by(objs, kind, name):
     for o in objs:
         if o["kind"] == kind and o["metadata"]["name"] == name:
@@ -135,10 +196,16 @@ def main():
             "Deployment/train-loom-scheduler", "Service/train-loom-scheduler",
             "Deployment/train-loom-preprocess", "Service/train-loom-preprocess",
             "StatefulSet/train-loom-encoder", "Service/train-loom-encoder",
-            "StatefulSet/train-loom-llm", "Service/train-loom-llm"]
+            "StatefulSet/train-loom-llm", "Service/train-loom-llm", "ServiceAccount/train-loom"] + \
+        ["NetworkPolicy/train-loom-" + c for c in ("scheduler", "preprocess", "encoder-worker", "llm-worker")]
     objs = check_render("defaults", [], base)
     check_args("defaults", objs)
     check_references("defaults", objs)
+    check_locked_down("defaults", objs)
+    if objs:
+        sched = by(objs, "NetworkPolicy", "train-loom-scheduler")["spec"]["ingress"]
+        check(not any(r.get("ports") == [{"port": 50051, "protocol": "TCP"}] for r in sched),
+              "defaults: the control port is open to Loom's pods only (controlFrom empty)")
     if objs:
         for module, dp in (("encoder", 2), ("llm", 2)):
             s = by(objs, "StatefulSet", "train-loom-" + module)
@@ -170,6 +237,9 @@ def main():
 submitOnStart: true
 resumeStep: 200
 serviceMonitor: {enabled: true, labels: {release: prometheus}}
+networkPolicy:
+  controlFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: ops}}}, {ipBlock: {cidr: 10.1.0.0/16}}]
+  metricsFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]
 podDisruptionBudget: {enabled: true}
 rdma: {enabled: true}
 env:
@@ -188,7 +258,15 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
     objs = check_render("all options", ["-f", values], all_on)
     check_args("all options", objs)
     check_references("all options", objs)
+    check_locked_down("all options", objs, rdma=True)
     if objs:
+        rules = by(objs, "NetworkPolicy", "train-loom-scheduler")["spec"]["ingress"]
+        control = [r for r in rules if r.get("ports") == [{"port": 50051, "protocol": "TCP"}]]
+        check(len(control) == 1 and {"cidr": "10.1.0.0/16"} in [f.get("ipBlock") for f in control[0]["from"]],
+              "controlFrom: the scheduler's port grpc from the ops namespace and a CIDR")
+        workers = by(objs, "NetworkPolicy", "train-loom-llm-worker")["spec"]["ingress"]
+        check(not any(r.get("ports") == [{"port": 50051, "protocol": "TCP"}] for r in workers),
+              "controlFrom opens the scheduler's port only, not the workers'")
         llm = containers(by(objs, "StatefulSet", "train-loom-llm"))[0]
         check(llm["resources"]["limits"].get("rdma/rdma_shared_device_a") == 1 and
               "IPC_LOCK" in llm["securityContext"]["capabilities"]["add"], "rdma: resource and IPC_LOCK")
@@ -204,6 +282,10 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
               "resumeStep: the scheduler resumes the same step as preprocess; extraArgs")
         check("--take_back" in sched and any(a.startswith("--run_dir=") for a in sched),
               "the scheduler takes its job back from the checkpoint volume after a restart")
+
+    objs = check_render("no network policies", ["--set", "networkPolicy.enabled=false"],
+                        [k for k in base if not k.startswith("NetworkPolicy/")])
+    check_references("no network policies", objs)
 
     # Hugging Face directories on a models volume: every pod mounts it
     # read-only, loom-preprocess gets the directory flags, the job no model.
@@ -230,6 +312,8 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
                   vols.get("models", {}).get("persistentVolumeClaim", {}).get("claimName") == "models",
                   "hf: %s mounts the models volume read-only" % name)
 
+    bad_peer = os.path.join(TMP, "bad-peer.yaml")
+    open(bad_peer, "w").write("networkPolicy: {metricsFrom: [{cidr: 10.0.0.0/8}]}\n")  # not under ipBlock
     for what, args, named in [
         ("llm_dp 0", ["--set", "job.parallel.llm_dp=0"], "job.parallel.llm_dp"),
         ("llm_tp 0", ["--set", "job.parallel.llm_tp=0"], "job.parallel.llm_tp"),
@@ -237,6 +321,8 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         ("a bad pull policy", ["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy"),
         ("an unknown value", ["--set", "workers.encoder.replica=3"], "workers.encoder"),
         ("a bad job name", ["--set", "job.name=Big_Job"], "job.name"),
+        ("a misspelled networkPolicy field", ["--set", "networkPolicy.controlfrom=x"], "networkPolicy"),
+        ("a NetworkPolicy peer that is not one", ["-f", bad_peer], "networkPolicy.metricsFrom"),
     ]:
         rc, out, err = render(*args)
         check(rc != 0 and named in err, "refuses %s, naming %s (%s)" % (what, named, err.strip().splitlines()[-1] if err.strip() else ""))

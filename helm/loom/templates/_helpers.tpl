@@ -109,3 +109,44 @@ affinity:
 {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+
+{{/* Pod-level lock-down: Loom's ServiceAccount, no API token (Loom never
+calls the Kubernetes API), a non-root user and the runtime's seccomp profile. */}}
+{{- define "loom.podSecurity" -}}
+serviceAccountName: {{ include "loom.fullname" . }}
+automountServiceAccountToken: false
+securityContext:
+  runAsNonRoot: true
+  runAsUser: {{ .Values.security.runAsUser }}
+  runAsGroup: {{ .Values.security.runAsUser }}
+  fsGroup: {{ .Values.security.runAsUser }}
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+
+{{/* A container's lock-down: every capability dropped (IPC_LOCK added back
+for RDMA memory registration: pass (list $ true)), no privilege escalation,
+a read-only root file system (the writable places are volumes: /tmp, the
+checkpoints, /dev/shm). */}}
+{{- define "loom.containerSecurity" -}}
+{{- $ := index . 0 -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: {{ $.Values.security.readOnlyRootFilesystem }}
+  capabilities:
+    drop: ["ALL"]
+    {{- if index . 1 }}
+    add: ["IPC_LOCK"]  # RDMA memory registration
+    {{- end }}
+{{- end -}}
+
+{{- define "loom.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{- define "loom.tmpVolume" -}}
+- name: tmp
+  emptyDir: {}
+{{- end -}}
