@@ -4,7 +4,10 @@ default values and with every option on. Every rendered object has
 apiVersion, kind and metadata; the objects are those the chart promises;
 every container's args pass that service's own flag parser (--check_flags);
 the job ConfigMap is a valid job (loomctl validate); bad values are refused
-naming the value.
+naming the value. Every object is validated against Kubernetes 1.33's
+schemas made strict (third_party/kubernetes-schemas: an unknown or
+misspelled field fails, as the API server's strict field validation
+refuses it).
 
 usage: helm_test.py HELM_RENDER CHART_DIR BIN_DIR DASHBOARD TMPDIR
 """
@@ -13,11 +16,15 @@ import os
 import subprocess
 import sys
 
+import jsonschema
 import yaml
 
 from ops_testing import check, finish
 
 RENDER, CHART, BIN, DASHBOARD, TMP = sys.argv[1:6]
+K8S_SCHEMAS = json.load(open(os.path.join(BIN, "third_party/kubernetes-schemas/kubernetes-1.33-strict.json")))
+# Kinds with no schema here: the Prometheus Operator's CRD (not yet checked).
+WITHOUT_SCHEMA = {"monitoring.coreos.com/v1 ServiceMonitor"}
 BINARIES = {
     "loom-scheduler": "services/scheduler/loom-scheduler",
     "loom-preprocess": "services/preprocess/loom-preprocess",
@@ -55,6 +62,26 @@ def check_render(name, args, expect):
     kinds = sorted("%s/%s" % (o["kind"], o["metadata"]["name"]) for o in objs)
     check(kinds == sorted(expect), "%s: objects %s" % (name, kinds))
     return objs
+
+
+def schema_errors(obj):
+    """What Kubernetes' own schema (strict) finds wrong with `obj`."""
+    kind = "%s %s" % (obj.get("apiVersion"), obj.get("kind"))
+    if kind in WITHOUT_SCHEMA:
+        return []
+    ref = K8S_SCHEMAS["kinds"].get(kind)
+    if ref is None:
+        return ["%s: no Kubernetes %s schema" % (kind, K8S_SCHEMAS["kubernetes"])]
+    schema = {"$ref": ref, "definitions": K8S_SCHEMAS["definitions"]}
+    return ["%s %s: %s at %s" % (obj["kind"], obj.get("metadata", {}).get("name"), e.message,
+                                "/".join(str(p) for p in e.absolute_path) or "/")
+            for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
+
+
+def check_schemas(name, objs):
+    errors = [e for o in objs for e in schema_errors(o)]
+    check(objs and not errors, "%s: every object valid under Kubernetes %s's schemas (strict)%s" %
+          (name, K8S_SCHEMAS["kubernetes"], "" if not errors else ": " + "; ".join(errors[:5])))
 
 
 def labels_match(selector, labels):
@@ -201,6 +228,7 @@ def main():
     objs = check_render("defaults", [], base)
     check_args("defaults", objs)
     check_references("defaults", objs)
+    check_schemas("defaults", objs)
     check_locked_down("defaults", objs)
     if objs:
         sched = by(objs, "NetworkPolicy", "train-loom-scheduler")["spec"]["ingress"]
@@ -258,6 +286,7 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
     objs = check_render("all options", ["-f", values], all_on)
     check_args("all options", objs)
     check_references("all options", objs)
+    check_schemas("all options", objs)
     check_locked_down("all options", objs, rdma=True)
     if objs:
         rules = by(objs, "NetworkPolicy", "train-loom-scheduler")["spec"]["ingress"]
@@ -286,6 +315,7 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
     objs = check_render("no network policies", ["--set", "networkPolicy.enabled=false"],
                         [k for k in base if not k.startswith("NetworkPolicy/")])
     check_references("no network policies", objs)
+    check_schemas("no network policies", objs)
 
     # Hugging Face directories on a models volume: every pod mounts it
     # read-only, loom-preprocess gets the directory flags, the job no model.
@@ -294,6 +324,7 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
                                "--set", "storage.models.existingClaim=models"], base)
     check_args("hf", objs)
     check_references("hf", objs)
+    check_schemas("hf", objs)
     if objs:
         pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
         check("--llm_from=/models/llama" in pre and "--vision_from=/models/clip" in pre and
@@ -314,6 +345,21 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
 
     bad_peer = os.path.join(TMP, "bad-peer.yaml")
     open(bad_peer, "w").write("networkPolicy: {metricsFrom: [{cidr: 10.0.0.0/8}]}\n")  # not under ipBlock
+    # The schemas can fail: a misspelled field (the chart's values cannot
+    # produce one) and a wrong type are found, named by their path.
+    objs = check_render("defaults, again", [], base)
+    if objs:
+        broken = json.loads(json.dumps(by(objs, "StatefulSet", "train-loom-llm")))
+        c = broken["spec"]["template"]["spec"]["containers"][0]
+        c["readinessProbe"]["grpc"]["prot"] = c["readinessProbe"]["grpc"].pop("port")
+        errors = schema_errors(broken)
+        check(any("prot" in e and "readinessProbe/grpc" in e for e in errors),
+              "the schemas refuse a misspelled field, naming its path (%s)" % errors)
+        broken = json.loads(json.dumps(by(objs, "Service", "train-loom-scheduler")))
+        broken["spec"]["ports"][0]["port"] = "fifty"
+        errors = schema_errors(broken)
+        check(any("spec/ports/0/port" in e for e in errors), "the schemas refuse a wrong type (%s)" % errors)
+
     for what, args, named in [
         ("llm_dp 0", ["--set", "job.parallel.llm_dp=0"], "job.parallel.llm_dp"),
         ("llm_tp 0", ["--set", "job.parallel.llm_tp=0"], "job.parallel.llm_tp"),
