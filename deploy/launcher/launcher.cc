@@ -179,6 +179,22 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
 
 absl::Status Launcher::Start() {
   if (absl::Status s = MakeDirectories(options_.run_dir + "/logs"); !s.ok()) return s;
+  TransportSecurity admin;  // plaintext when insecure
+  if (!options_.insecure) {
+    if (options_.certificates.empty()) {
+      options_.certificates = options_.run_dir + "/tls";
+      if (absl::Status s = MakeJobCertificates(options_.certificates, options_.server_name);
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("the job's certificates: ", s.message()));
+      }
+    }
+    admin.tls_dir = IdentityDir(options_.certificates, kAdminIdentity);
+    admin.server_name = options_.server_name;
+    if (absl::Status s = ValidateTransportSecurity(admin, /*need_identity=*/true); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("the job's certificates: ", s.message()));
+    }
+  }
+  SetClientSecurity(admin);
   for (const ServiceBinary& b : ServiceCatalog()) {
     // A module's workers are its grid: tp x pp x dp ranks (runtime/parallel/grid.h).
     const job::v1::ParallelConfig& p = options_.job.parallel();
@@ -239,6 +255,20 @@ absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::st
                   absl::StrCat("--grpc_port=", s.same_ports ? s.ports.grpc_port : port(0)),
                   absl::StrCat("--metrics_port=", s.same_ports ? s.ports.metrics_port : port(1)),
               });
+  if (!options_.insecure) {
+    const std::string identity = s.binary->role == common::v1::ROLE_SCHEDULER ? kSchedulerIdentity
+                                 : s.binary->role == common::v1::ROLE_PREPROCESS
+                                     ? kPreprocessIdentity
+                                     : kWorkerIdentity;
+    argv.push_back("--tls_dir=" + IdentityDir(options_.certificates, identity));
+    argv.push_back("--tls_server_name=" + options_.server_name);
+    const std::string tokens = options_.certificates + "/tokens";
+    if (s.binary->role == common::v1::ROLE_SCHEDULER && access(tokens.c_str(), R_OK) == 0) {
+      argv.push_back("--control_tokens=" + tokens);
+    }
+  } else {
+    argv.push_back("--insecure");
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
   // A run (e.g. a resume) in the same folder keeps the previous log as .prev;

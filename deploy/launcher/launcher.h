@@ -1,10 +1,13 @@
 // The local launcher behind `loom up`: every Loom service as its own process
 // on this machine.
 //
-// Start() launches, for the job: loom-preprocess (its shards, seed, batch;
-// the cursor when resuming), then loom-scheduler (--preprocess; the job
-// itself is submitted over the control API by the caller), then
-// encoder_dp loom-encoder-worker and llm_dp loom-llm-worker ranks
+// Start() makes the job's certificates unless given (LauncherOptions.
+// certificates), makes the admin's this process's client security (health
+// checks, the control API), then launches, each service with its
+// identity's certificate: loom-preprocess (its shards,
+// seed, batch; the cursor when resuming), then loom-scheduler (--preprocess; the job itself is
+// submitted over the control API by the caller), then encoder_dp loom-encoder-worker and llm_dp
+// loom-llm-worker ranks
 // (--scheduler), each logging to <run_dir>/logs/<name>[-<rank>].log and
 // each stage waiting for the previous one's "serving" record (its ports);
 // then it checks every process's grpc.health.v1 (overall and per service)
@@ -32,6 +35,7 @@
 #include "absl/time/time.h"
 #include "loom/job/v1/job.pb.h"
 #include "services/common/catalog.h"
+#include "services/common/security.h"
 #include "services/common/subprocess.h"
 
 namespace loom {
@@ -62,6 +66,13 @@ struct LauncherOptions {
   std::string trace_dir;  // non-empty: the scheduler and workers write their timelines there
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);
+  // How the services talk: mutual TLS with the job's certificates, a folder
+  // laid out by MakeJobCertificates (security.h: a folder per identity, the
+  // control tokens beside them); empty: Start() makes a throwaway CA and
+  // certificates in <run_dir>/tls. `insecure`: plaintext (--insecure).
+  std::string certificates;
+  std::string server_name = "loom";
+  bool insecure = false;
 };
 
 // One launched service process and what the launcher learnt about it.
@@ -107,6 +118,8 @@ class Launcher {
   bool Stop(int signal = SIGTERM);
 
   const std::vector<LaunchedService>& services() const { return services_; }
+  // The job's certificates (after Start(): those made), empty if insecure.
+  const std::string& certificates() const { return options_.certificates; }
   // host:port of loom-scheduler once Start() got that far.
   std::string scheduler_target() const;
 

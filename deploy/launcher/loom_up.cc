@@ -39,6 +39,7 @@
 #include "services/common/chassis.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
+#include "services/common/security.h"
 #include "services/scheduler/control_client.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -53,6 +54,10 @@ ABSL_FLAG(bool, resume, false,
           "last started fresh in checkpoint.dir, with the same model, seed, batch and data).");
 ABSL_FLAG(int64_t, resume_step, 0,
           "Continue after this complete checkpoint step of the job's run (implies --resume).");
+ABSL_FLAG(std::string, certificates, "",
+          "The job's certificates: a folder per identity (scheduler, preprocess, worker, admin, "
+          "each with ca.crt, tls.crt, tls.key) and the control tokens (tokens), as "
+          "MakeJobCertificates lays them out. Empty: made in RUN_DIR/tls (a throwaway CA).");
 ABSL_FLAG(bool, exit_on_job_end, true,
           "Stop every service once the job ends (SUCCEEDED, CANCELLED, FAILED); with "
           "--noexit_on_job_end they keep serving until Ctrl-C (to inspect the finished job).");
@@ -528,6 +533,29 @@ int main(int argc, char** argv) {
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   o.shards = *shards;
   o.peak_flops = loom::CpuPeakFlops();
+  // Mutual TLS unless --insecure: the certificates given (--certificates),
+  // else a throwaway CA and certificates made once for this run in
+  // <run_dir>/tls, with an admin and a read-only control token beside them.
+  if (!absl::GetFlag(FLAGS_tls_dir).empty()) {
+    return Fail("--tls_dir: loom up runs every identity; give it --certificates DIR");
+  }
+  o.insecure = absl::GetFlag(FLAGS_insecure);
+  o.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.certificates = absl::GetFlag(FLAGS_certificates);
+  if (o.insecure && !o.certificates.empty()) {
+    return Fail("--certificates and --insecure exclude each other");
+  }
+  if (!o.insecure && o.certificates.empty()) {
+    o.certificates = run_dir + "/tls";
+    if (absl::Status s = loom::MakeJobCertificates(o.certificates, o.server_name); !s.ok()) {
+      return Fail("the job's certificates: " + std::string(s.message()));
+    }
+  }
+  std::fprintf(info, "loom up: %s\n",
+               o.insecure ? "--insecure: plaintext gRPC, no authentication"
+                          : absl::StrCat("mutual TLS with the certificates in ", o.certificates,
+                                         " (loomctl finds them)")
+                                .c_str());
   const std::string trace_file = absl::GetFlag(FLAGS_trace);
   if (!trace_file.empty()) {
     o.trace_dir = run_dir + "/trace";

@@ -9,9 +9,11 @@
 #include <string>
 
 #include "grpcpp/grpcpp.h"
+#include "services/common/security.h"
 
 namespace loom {
 
+// With the process's ClientSecurity().
 // `own_connection`: not shared with the process's other channels to the
 // same address (gRPC shares one by default): a process standing for many
 // (a benchmark's simulated ranks).
@@ -22,7 +24,8 @@ inline std::shared_ptr<grpc::Channel> ServiceChannel(const std::string& target,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds = MakeChannelCredentials(ClientSecurity(), &args);
+  return grpc::CreateCustomChannel(target, creds, args);
 }
 
 }  // namespace loom

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <exception>
 #include <thread>
 
@@ -46,6 +47,13 @@ ChassisOptions ChassisOptionsFromFlags(std::string service_name, common::v1::Rol
   o.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.shutdown_deadline = absl::GetFlag(FLAGS_shutdown_deadline);
+  absl::StatusOr<TransportSecurity> security = TransportSecurityFromFlags(/*need_identity=*/true);
+  if (!security.ok()) {
+    LOOM_LOG(ERROR) << security.status().message();
+    std::exit(1);
+  }
+  o.security = *security;
+  SetClientSecurity(o.security);
   return o;
 }
 
@@ -128,7 +136,11 @@ absl::Status Chassis::Start() {
   // port already in use and silently share its traffic. Refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string grpc_addr = HostPort(options_.host, options_.grpc_port);
-  builder.AddListeningPort(grpc_addr, grpc::InsecureServerCredentials(), &grpc_port_);
+  if (absl::Status s = ValidateTransportSecurity(options_.security, /*need_identity=*/true);
+      !s.ok()) {
+    return s;
+  }
+  builder.AddListeningPort(grpc_addr, MakeServerCredentials(options_.security), &grpc_port_);
   for (auto& [service, name] : services_) builder.RegisterService(service);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || grpc_port_ == 0) {
@@ -147,6 +159,7 @@ absl::Status Chassis::Start() {
           .With("role", role)
           .With("rank", options_.rank)
           .With("version", kLoomVersion)
+          .With("tls", options_.security.tls())
       << "serving";
   return absl::OkStatus();
 }

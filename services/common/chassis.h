@@ -37,6 +37,7 @@
 #include "loom/common/v1/common.pb.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "services/common/security.h"
 
 namespace loom {
 
@@ -48,10 +49,14 @@ struct ChassisOptions {
   int grpc_port = 0;             // 0: pick a free port
   int metrics_port = 0;          // 0: pick a free port
   absl::Duration shutdown_deadline = absl::Seconds(5);
+  TransportSecurity security;  // default: plaintext (in-process tests)
 };
 
 // Options from the chassis flags: --host, --grpc_port, --metrics_port,
-// --shutdown_deadline.
+// --shutdown_deadline, and the transport security ones (security.h), which
+// also become the process's client security (SetClientSecurity). Security
+// flags that are missing or name bad files: logs the error and exits 1, as
+// a malformed flag does.
 ChassisOptions ChassisOptionsFromFlags(std::string service_name, common::v1::Role role, int rank);
 
 // The name a role has in metric labels: "preprocess", "scheduler",

@@ -5,12 +5,13 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/grpc_status.h"
+#include "services/common/security.h"
 
 namespace loom {
 
 absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const std::string& service,
                                           absl::Duration deadline) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto channel = SecureChannel(target, ClientSecurity());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));

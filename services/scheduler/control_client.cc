@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/grpc_status.h"
+#include "services/common/security.h"
 
 namespace loom {
 namespace {
@@ -28,8 +29,7 @@ absl::StatusOr<control::v1::Job> Call(control::v1::ControlService::Stub* stub, M
 }  // namespace
 
 ControlClient::ControlClient(const std::string& target, absl::Duration deadline)
-    : stub_(control::v1::ControlService::NewStub(
-          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+    : stub_(control::v1::ControlService::NewStub(SecureChannel(target, ClientSecurity()))),
       deadline_(deadline) {}
 
 absl::StatusOr<control::v1::Job> ControlClient::Submit(const control::v1::JobSpec& spec) {

@@ -1,5 +1,6 @@
 // A client of loom.control.v1 (loomctl, loom up): every call with a
-// deadline, errors as absl::Status with gRPC's code and the server's message.
+// deadline, errors as absl::Status with gRPC's code and the server's message;
+// credentials from the process's ClientSecurity() (security.h).
 #ifndef LOOM_SERVICES_SCHEDULER_CONTROL_CLIENT_H_
 #define LOOM_SERVICES_SCHEDULER_CONTROL_CLIENT_H_
 

@@ -3,9 +3,13 @@
 //
 //   loomctl submit JOB_FILE [--resume | --resume_step N] [--watch]
 //   loomctl get|watch|pause|resume|checkpoint|cancel JOB_ID [--reason TEXT]
+//   loomctl health SERVICE   (exit 0 when SERVING: Kubernetes' probe)
 //
 // The scheduler is --scheduler HOST:PORT, else $LOOM_SCHEDULER, else the
-// address `loom up` wrote into .loom/run/scheduler_address.
+// address `loom up` wrote into .loom/run/scheduler_address. Credentials:
+// --tls_dir (the admin's certificate; or only a ca.crt) with --token_file
+// (a bearer token), else the admin certificate `loom up` made in
+// RUN_DIR/tls/admin; --insecure for a job run without TLS.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,7 +23,9 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
+#include "services/common/health_client.h"
 #include "services/common/job.h"
+#include "services/common/security.h"
 #include "services/scheduler/control_client.h"
 
 ABSL_FLAG(std::string, scheduler, "",
@@ -50,9 +56,12 @@ constexpr char kUsage[] =
     "  loomctl watch JOB_ID         (steps, checkpoints, state changes until the job ends)\n"
     "  loomctl pause JOB_ID | resume JOB_ID | checkpoint JOB_ID\n"
     "  loomctl cancel JOB_ID [--reason TEXT]\n"
+    "  loomctl health SERVICE       (grpc.health.v1 of --scheduler HOST:PORT, any Loom service; "
+    "exit 0 when SERVING)\n"
     "Flags: --scheduler HOST:PORT --timeout --watch_timeout --json --resume --resume_step --watch "
-    "--reason "
-    "--run_dir";
+    "--reason --run_dir\n"
+    "Credentials: --tls_dir DIR (ca.crt; tls.crt and tls.key: the admin's certificate) "
+    "--token_file FILE (a bearer token) --insecure; default: RUN_DIR/tls/admin from loom up";
 
 std::string Json(const google::protobuf::Message& m) {
   std::string out;
@@ -159,9 +168,20 @@ int main(int argc, char** argv) {
     std::printf("%s\n", loom::JobToJson(*job).c_str());
     return 0;
   }
+  absl::StatusOr<loom::TransportSecurity> security = loom::TransportSecurityFromFlags(
+      /*need_identity=*/false, absl::GetFlag(FLAGS_run_dir) + "/tls/admin");
+  if (!security.ok()) return Error(security.status());
+  loom::SetClientSecurity(*security);
   const std::string target = SchedulerTarget();
   if (target.empty()) {
     return Usage("no scheduler: pass --scheduler HOST:PORT or set LOOM_SCHEDULER");
+  }
+  if (command == "health") {
+    absl::StatusOr<loom::ServingStatus> st =
+        loom::CheckHealth(target, arg, absl::GetFlag(FLAGS_timeout));
+    if (!st.ok()) return Error(st.status());
+    std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*st).c_str());
+    return *st == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
   }
   loom::ControlClient client(target, absl::GetFlag(FLAGS_timeout));
   absl::StatusOr<loom::control::v1::Job> job;

@@ -62,6 +62,12 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
   auto gauge = [&](const char* name, const char* help) {
     return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
   };
+  auto& limited = prometheus::BuildCounter()
+                      .Name("loom_scheduler_rate_limited_total")
+                      .Help("Calls refused by a rate limit (RESOURCE_EXHAUSTED; clients retry).")
+                      .Register(registry);
+  register_limited_ = &limited.Add({{"rpc", "RegisterWorker"}});
+  key_limited_ = &limited.Add({{"rpc", "SetKey"}});
   assignments_ = counter("loom_scheduler_assignments_total", "Iteration assignments computed.");
   reports_ =
       counter("loom_scheduler_timing_reports_total", "Microbatch timings received from workers.");
@@ -234,6 +240,12 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
       SetStateLocked(control::v1::JOB_STATE_FAILED);
     }
   }
+  // A whole job's ranks registering twice at once, or writing 16 keys each,
+  // pass without waiting; a sustained flood is held to about one
+  // registration per rank and 8 key writes per rank each second.
+  const double ranks = p.encoder().gpus() + p.llm().gpus();
+  register_limit_.Reset(std::max(64.0, 2 * ranks), std::max(20.0, ranks));
+  key_limit_.Reset(std::max(256.0, 16 * ranks), std::max(100.0, 8 * ranks));
   configured_.store(true);  // options_ is immutable from here on
   restarts_->Increment(options.restarts);
   const control::v1::Recovery& r = options.recovered_from;
@@ -298,6 +310,12 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
     scheduler::v1::RegisterWorkerResponse* response) {
   if (!configured_.load()) {  // workers start before the job is submitted: they retry
     return ToGrpcStatus(absl::UnavailableError("no job submitted yet"));
+  }
+  if (!register_limit_.TryAcquire()) {
+    register_limited_->Increment();
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("RegisterWorker: over the rate limit (", register_limit_.per_second(),
+                     " per s, bursts of ", register_limit_.burst(), "); retry")));
   }
   const scheduler::v1::Worker& w = request->worker();
   if (w.role() != common::v1::ROLE_ENCODER_WORKER && w.role() != common::v1::ROLE_LLM_WORKER) {
@@ -488,6 +506,12 @@ grpc::Status SchedulerServiceImpl::SetKey(grpc::ServerContext*,
                                           const scheduler::v1::SetKeyRequest* request,
                                           scheduler::v1::SetKeyResponse*) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);  // the plan sizes the store
+  if (!key_limit_.TryAcquire()) {
+    key_limited_->Increment();
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("SetKey: over the rate limit (", key_limit_.per_second(), " per s, bursts of ",
+                     key_limit_.burst(), "); retry")));
+  }
   if (request->key().empty() || request->key().size() > kMaxKeyBytes) {
     return ToGrpcStatus(
         absl::InvalidArgumentError(absl::StrCat("key: must be 1 to ", kMaxKeyBytes, " bytes")));

@@ -26,6 +26,7 @@
 #include "runtime/model/config.h"
 #include "runtime/scheduling/cost_model.h"
 #include "services/common/chassis.h"
+#include "services/common/rate_limiter.h"
 #include "services/scheduler/training_clock.h"
 
 namespace prometheus {
@@ -266,6 +267,12 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   sched::ModelFlops flops_;               // per tile / token of the job's model, for MFU
   double peak_flops_ = 0;
   std::unique_ptr<data::v1::PreprocessService::Stub> preprocess_;
+  // Registrations and rendezvous key writes, sized by the plan at Configure
+  // (a whole job registering and connecting at once stays well inside).
+  RateLimiter register_limit_;
+  RateLimiter key_limit_;
+  prometheus::Counter* register_limited_ = nullptr;
+  prometheus::Counter* key_limited_ = nullptr;
   prometheus::Counter* assignments_ = nullptr;
   prometheus::Counter* reports_ = nullptr;
   prometheus::Gauge* registered_ = nullptr;

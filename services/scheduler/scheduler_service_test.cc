@@ -576,6 +576,46 @@ TEST_F(ServedScheduleTest, RegistrationIsTheRendezvous) {
   EXPECT_EQ(done.plan().llm().dp(), 2);
 }
 
+// A flood of registrations or key writes is held to the plan-sized rate
+// (RESOURCE_EXHAUSTED "...; retry", which clients retry); what was accepted
+// before stays.
+TEST_F(ServedScheduleTest, RegistrationsAndKeyWritesAreRateLimited) {
+  ASSERT_TRUE(Register(common::v1::ROLE_LLM_WORKER, 0, "llm0").ok());
+  int limited = 0;
+  for (int i = 0; i < 2000 && limited == 0; ++i) {
+    grpc::Status s = Register(common::v1::ROLE_LLM_WORKER, 0, "llm0");
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++limited;
+      EXPECT_TRUE(absl::EndsWith(s.error_message(), "; retry")) << s.error_message();
+    } else {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+  EXPECT_EQ(limited, 1) << "2,000 registrations of a 4-rank plan in a row all passed";
+  limited = 0;
+  for (int i = 0; i < 20000 && limited == 0; ++i) {
+    scheduler::v1::SetKeyRequest r;
+    r.set_key(absl::StrCat("k", i % 64));
+    r.set_value("v");
+    scheduler::v1::SetKeyResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    grpc::Status s = stub_->SetKey(ctx.get(), r, &response);
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++limited;
+      EXPECT_TRUE(absl::StrContains(s.error_message(), "rate limit")) << s.error_message();
+    } else {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+  EXPECT_EQ(limited, 1) << "20,000 key writes in a row all passed";
+  // The worker registered before the flood is still there.
+  scheduler::v1::GetPlanResponse plan;
+  auto ctx = testing::ContextWithDeadline();
+  ASSERT_TRUE(stub_->GetPlan(ctx.get(), scheduler::v1::GetPlanRequest(), &plan).ok());
+  ASSERT_EQ(plan.workers_size(), 1);
+  EXPECT_EQ(plan.workers(0).ucx_address(), "llm0");
+}
+
 // A worker asks for the addresses of the peers it sends to, not every
 // worker's; a bad or unregistered rank is named.
 TEST_F(ServedScheduleTest, GetWorkersAnswersTheRanksAsked) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/channel.h"
 #include "services/common/grpc_status.h"
@@ -47,9 +48,11 @@ absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
     if (s.ok()) return response;
     // ALREADY_EXISTS: the rank's previous holder (this worker's predecessor)
     // is not declared lost yet; it will be within a lease.
+    // RESOURCE_EXHAUSTED: the scheduler's rate limit.
     const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                       s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+                       s.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+                       s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     if (!retry || absl::Now() >= until) return FromGrpcStatus(s, "scheduler RegisterWorker");
     if (absl::Status c = Cancelled(); !c.ok()) return c;
     absl::SleepFor(absl::Milliseconds(100));
@@ -226,14 +229,24 @@ absl::StatusOr<scheduler::v1::GetProgressResponse> SchedulerClient::GetProgress(
 }
 
 absl::Status SchedulerStore::Set(const std::string& key, const std::string& value) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, client_->deadline());
+  const absl::Time until = absl::Now() + client_->deadline();
   scheduler::v1::SetKeyRequest request;
   request.set_key(key);
   request.set_value(value);
-  scheduler::v1::SetKeyResponse response;
-  grpc::Status s = client_->stub()->SetKey(&ctx, request, &response);
-  return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler SetKey");
+  for (absl::Duration pause = absl::Milliseconds(10);;
+       pause = std::min(pause * 2, absl::Milliseconds(500))) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, client_->deadline());
+    scheduler::v1::SetKeyResponse response;
+    grpc::Status s = client_->stub()->SetKey(&ctx, request, &response);
+    if (s.ok()) return absl::OkStatus();
+    // RESOURCE_EXHAUSTED "...; retry": the scheduler's rate limit (a full
+    // store says no "retry").
+    const bool limited = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                         absl::EndsWith(s.error_message(), "; retry");
+    if (!limited || absl::Now() + pause >= until) return FromGrpcStatus(s, "scheduler SetKey");
+    absl::SleepFor(pause);
+  }
 }
 
 absl::StatusOr<std::string> SchedulerStore::Get(const std::string& key, absl::Duration timeout) {

@@ -26,6 +26,7 @@ TEST_P(ServiceProcessTest, ServesHealthMetricsAndStopsCleanlyOnSigterm) {
   const ServiceBinary& b = GetParam();
   std::vector<std::string> argv = {BinaryPath(b), "--host=127.0.0.1", "--grpc_port=0",
                                    "--metrics_port=0", "--shutdown_deadline=2s"};
+  for (const std::string& flag : SecurityFlags(b.role)) argv.push_back(flag);
   if (b.worker) argv.push_back("--rank=1");
   auto child = Subprocess::Start(argv, TempPath(b.name + ".log"));
   ASSERT_TRUE(child.ok()) << child.status();
@@ -92,15 +93,15 @@ TEST_P(ServiceProcessTest, RejectsABadFlagNamingIt) {
 
 TEST_P(ServiceProcessTest, ExitsWithAnErrorWhenItsPortIsTaken) {
   const ServiceBinary& b = GetParam();
-  auto first =
-      Subprocess::Start({BinaryPath(b), "--host=127.0.0.1"}, TempPath(b.name + ".first.log"));
+  std::vector<std::string> argv = {BinaryPath(b), "--host=127.0.0.1"};
+  for (const std::string& flag : SecurityFlags(b.role)) argv.push_back(flag);
+  auto first = Subprocess::Start(argv, TempPath(b.name + ".first.log"));
   ASSERT_TRUE(first.ok());
   absl::StatusOr<ServingPorts> ports = WaitForServing(**first, absl::Seconds(30));
   ASSERT_TRUE(ports.ok()) << ports.status();
 
-  auto second = Subprocess::Start(
-      {BinaryPath(b), "--host=127.0.0.1", absl::StrCat("--grpc_port=", ports->grpc_port)},
-      TempPath(b.name + ".second.log"));
+  argv.push_back(absl::StrCat("--grpc_port=", ports->grpc_port));
+  auto second = Subprocess::Start(argv, TempPath(b.name + ".second.log"));
   ASSERT_TRUE(second.ok());
   absl::StatusOr<int> st = (*second)->Wait(absl::Seconds(15));
   ASSERT_TRUE(st.ok()) << st.status();

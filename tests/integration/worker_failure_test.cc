@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/base/file.h"
@@ -38,10 +39,16 @@ TEST(WorkerFailureTest, WorkersRefuseSamplesOfAnotherModelAndExitOne) {
   ASSERT_TRUE(gen.ok());
   ASSERT_EQ(DescribeWaitStatus(*(*gen)->Wait(absl::Minutes(2))), "exit 0") << (*gen)->ReadLog();
 
-  const std::vector<std::string> common = {"--host=127.0.0.1", "--grpc_port=0", "--metrics_port=0",
-                                           "--shutdown_deadline=2s"};
+  const std::vector<std::string> base_flags = {"--host=127.0.0.1", "--grpc_port=0",
+                                               "--metrics_port=0", "--shutdown_deadline=2s"};
   auto with = [&](std::vector<std::string> argv) {
-    argv.insert(argv.end(), common.begin(), common.end());
+    argv.insert(argv.end(), base_flags.begin(), base_flags.end());
+    const std::string& binary = argv.front();
+    const common::v1::Role role =
+        absl::StrContains(binary, "loom-scheduler")    ? common::v1::ROLE_SCHEDULER
+        : absl::StrContains(binary, "loom-preprocess") ? common::v1::ROLE_PREPROCESS
+                                                       : common::v1::ROLE_LLM_WORKER;
+    for (const std::string& flag : SecurityFlags(role)) argv.push_back(flag);
     return argv;
   };
   ServingPorts pre_ports, sched_ports, ignored;

@@ -3,6 +3,9 @@ proto alone: python3-grpcio with messages built from control.proto's
 FileDescriptorSet, no generated code. It drives every call and every error
 code of the API against a real `loom up --nosubmit` deployment (preprocess,
 scheduler, one encoder and one LLM worker), and checks loomctl's exit codes.
+It calls as an operator would: TLS trusting the job's CA, with the admin
+bearer token `loom up` made; callers without credentials, with a read-only
+token or with an unknown one are turned away as gRPC defines.
 
 usage: control_api_test.py DESCRIPTOR_SET LOOM_UP BIN_DIR LOOMCTL TMPDIR
 """
@@ -41,8 +44,15 @@ KIND = {v.number: v.name for v in pool.FindMessageTypeByName(C + "JobEvent").enu
 
 
 class Control:
-    def __init__(self, target):
-        self.channel = grpc.insecure_channel(target)
+    def __init__(self, target, tls_dir, token_file=None, token=None):
+        """TLS trusting TLS_DIR/ca.crt; the bearer token in TOKEN_FILE (or TOKEN) if given."""
+        creds = grpc.ssl_channel_credentials(root_certificates=open(os.path.join(tls_dir, "ca.crt"), "rb").read())
+        if token_file:
+            token = open(token_file).read().strip()
+        if token:
+            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+        # The job's certificate names "loom" (loom up's default --tls_server_name).
+        self.channel = grpc.secure_channel(target, creds, options=[("grpc.ssl_target_name_override", "loom")])
 
     def call(self, method, **fields):
         req = message(C + method + "Request")(**fields)
@@ -90,13 +100,39 @@ def main():
                           "loom up to start the services", 300)
         if not target:
             return
-        ctl = Control(target)
+        tls = os.path.join(up.run_dir, "tls")
+        ctl = Control(target, tls, token_file=os.path.join(tls, "admin.token"))
+        reader = Control(target, tls, token_file=os.path.join(tls, "read.token"))
+        nobody = Control(target, tls)
+        forger = Control(target, tls, token="f" * 64)
         G = grpc.StatusCode
+
+        # Credentials: none or an unknown token -> UNAUTHENTICATED on every call;
+        # a read-only token may read, not write.
+        for method in ("SubmitJob", "GetJob", "PauseJob", "ResumeJob", "CheckpointJob", "CancelJob"):
+            expect_error(G.UNAUTHENTICATED, "credentials", lambda: nobody.call(method, job_id=JOB)
+                         if method != "SubmitJob" else nobody.call(method), method + " without credentials")
+            expect_error(G.UNAUTHENTICATED, "unknown bearer token", lambda: forger.call(method, job_id=JOB)
+                         if method != "SubmitJob" else forger.call(method), method + " with an unknown token")
+        expect_error(G.UNAUTHENTICATED, "credentials", lambda: list(nobody.watch(JOB, DEADLINE)),
+                     "WatchJob without credentials")
+        expect_error(G.NOT_FOUND, JOB, lambda: reader.call("GetJob", job_id=JOB), "GetJob with the read token")
+        expect_error(G.PERMISSION_DENIED, "read-only", lambda: reader.call("CancelJob", job_id=JOB),
+                     "CancelJob with the read token")
+        expect_error(G.PERMISSION_DENIED, "read-only", lambda: reader.call("SubmitJob"),
+                     "SubmitJob with the read token")
+        plain = grpc.insecure_channel(target)
+        try:
+            grpc.channel_ready_future(plain).result(timeout=5)
+            check(False, "a plaintext client connects to a TLS scheduler")
+        except grpc.FutureTimeoutError:
+            check(True, "a plaintext client cannot connect")
+        plain.close()
 
         # Before any job.
         expect_error(G.NOT_FOUND, JOB, lambda: ctl.call("GetJob", job_id=JOB), "GetJob before SubmitJob")
         expect_error(G.INVALID_ARGUMENT, "job_id", lambda: ctl.call("GetJob", job_id=""), "GetJob(\"\")")
-        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "get", JOB], capture_output=True, text=True)
+        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "--run_dir=" + up.run_dir, "get", JOB], capture_output=True, text=True)
         check(r.returncode == 1 and "NOT_FOUND" in r.stderr, "loomctl get before submit exits 1 with NOT_FOUND")
 
         JobSpec = message(C + "JobSpec")
@@ -187,7 +223,7 @@ def main():
             check(os.path.exists(path), "checkpoint %d complete on disk (%s)" % (step, path))
             check(get().last_checkpoint == step, "GetJob shows last_checkpoint %d" % step)
 
-        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "--json", "get", JOB], capture_output=True, text=True)
+        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "--run_dir=" + up.run_dir, "--json", "get", JOB], capture_output=True, text=True)
         check(r.returncode == 0 and json.loads(r.stdout)["job_id"] == JOB, "loomctl --json get")
 
         job = ctl.call("CancelJob", job_id=JOB, reason="control API test done").job
@@ -196,7 +232,7 @@ def main():
         expect_error(G.FAILED_PRECONDITION, "CANCELLED", lambda: ctl.call("CancelJob", job_id=JOB), "CancelJob again")
         expect_error(G.FAILED_PRECONDITION, "CANCELLED", lambda: ctl.call("ResumeJob", job_id=JOB),
                      "ResumeJob of a cancelled job")
-        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "pause", JOB], capture_output=True, text=True)
+        r = subprocess.run([LOOMCTL, "--scheduler=" + target, "--run_dir=" + up.run_dir, "pause", JOB], capture_output=True, text=True)
         check(r.returncode == 1 and "FAILED_PRECONDITION" in r.stderr, "loomctl pause of a cancelled job exits 1")
         job = get()
         check(STATE[job.state] == "JOB_STATE_CANCELLED", "GetJob after the end -> CANCELLED")

@@ -167,6 +167,45 @@ def check_args(name, objs):
             check(r.returncode != 0, "%s: %s refuses an unknown flag" % (name, binary))
 
 
+def check_tls(name, objs, tokens=False, server_name="loom"):
+    """Mutual TLS: every container gets --tls_dir with the job's Secret
+    mounted read-only there, probes by loomctl health with the job's CA (the
+    kubelet's gRPC probes speak plaintext); the scheduler --control_tokens
+    from its own Secret when one is named."""
+    workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    bad = []
+    for w in workloads:
+        spec = w["spec"]["template"]["spec"]
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        secret = vols.get("tls", {}).get("secret", {})
+        identity = {"scheduler": "scheduler", "preprocess": "preprocess"}.get(
+            w["metadata"]["labels"]["app.kubernetes.io/component"], "worker")
+        want = "train-loom-tls-" + identity
+        if secret.get("secretName") != want or \
+                sorted(i["key"] for i in secret.get("items", [])) != ["ca.crt", "tls.crt", "tls.key"]:
+            bad.append("%s: no tls volume from Secret %s (ca.crt, tls.crt, tls.key)" %
+                       (w["metadata"]["name"], want))
+        for c in spec["containers"]:
+            mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+            if mounts.get("tls", {}).get("mountPath") != "/etc/loom/tls" or not mounts["tls"].get("readOnly"):
+                bad.append("%s: tls not mounted read-only at /etc/loom/tls" % c["name"])
+            if "--tls_dir=/etc/loom/tls" not in c["args"] or "--insecure" in c["args"] or \
+                    "--tls_server_name=" + server_name not in c["args"]:
+                bad.append("%s: args %s" % (c["name"], c["args"]))
+            for probe in ("livenessProbe", "readinessProbe"):
+                cmd = c.get(probe, {}).get("exec", {}).get("command", [])
+                if cmd[:1] != ["/usr/local/bin/loomctl"] or "--tls_dir=/etc/loom/tls" not in cmd or \
+                        cmd[-2:-1] != ["health"]:
+                    bad.append("%s: %s is not loomctl health under TLS: %s" % (c["name"], probe, cmd))
+            has_tokens = "--control_tokens=/etc/loom/control/tokens" in c["args"]
+            if has_tokens != (tokens and c["name"] == "loom-scheduler"):
+                bad.append("%s: --control_tokens %s" % (c["name"], "given" if has_tokens else "missing"))
+            if has_tokens and mounts.get("control-tokens", {}).get("mountPath") != "/etc/loom/control":
+                bad.append("%s: control tokens not mounted" % c["name"])
+    check(not bad, "%s: mutual TLS from the job's Secret, probes by loomctl health%s" %
+          (name, " (%s)" % "; ".join(bad) if bad else ""))
+
+
 def check_locked_down(name, objs, rdma=False):
     """Every pod: Loom's ServiceAccount without a token, non-root, seccomp,
     capabilities dropped (IPC_LOCK only for RDMA workers), a read-only root
@@ -230,6 +269,7 @@ def main():
     check_references("defaults", objs)
     check_schemas("defaults", objs)
     check_locked_down("defaults", objs)
+    check_tls("defaults", objs)
     if objs:
         sched = by(objs, "NetworkPolicy", "train-loom-scheduler")["spec"]["ingress"]
         check(not any(r.get("ports") == [{"port": 50051, "protocol": "TCP"}] for r in sched),
@@ -246,8 +286,11 @@ def main():
             env = {e["name"] for e in c.get("env", [])}
             check("NCCL_DEBUG" in env and "UCX_LOG_LEVEL" in env, "%s: NCCL_ and UCX_ environment from values" % module)
             check(c["resources"]["limits"].get("nvidia.com/gpu") == 1, "%s: one GPU per rank" % module)
-            check(c["readinessProbe"]["grpc"]["port"] == 50051 and "grpc" in c["livenessProbe"],
-                  "%s: grpc.health.v1 liveness and readiness probes" % module)
+            ready = c["readinessProbe"]["exec"]["command"]
+            live = c["livenessProbe"]["exec"]["command"]
+            check("--scheduler=127.0.0.1:50051" in ready and ready[-2:] == ["health", "loom.worker.v1.%s" % (
+                "EncoderWorkerService" if module == "encoder" else "LlmWorkerService")] and live[-2:] == ["health", ""],
+                  "%s: grpc.health.v1 liveness and readiness probes (loomctl health over TLS)" % module)
         job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
         path = os.path.join(TMP, "job.json")
         json.dump(job, open(path, "w"))
@@ -279,6 +322,7 @@ job:
   parallel: {encoder_dp: 4, llm_dp: 8, microbatches: 4, llm_tp: 2, llm_pp: 2}
   data: {shards: "/data/laion/*.tar", global_batch: 256}
 scheduler: {peakFlops: 1.2e16, extraArgs: ["--ilp_seconds=30"]}
+tls: {controlTokensSecret: loom-control-tokens, serverName: loom.ml.svc, refresh: 30s}
 workers: {llm: {extraArgs: ["--log_level=debug"]}}
 """)
     all_on = base + ["ServiceMonitor/train-loom"] + \
@@ -288,7 +332,12 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
     check_references("all options", objs)
     check_schemas("all options", objs)
     check_locked_down("all options", objs, rdma=True)
+    check_tls("all options", objs, tokens=True, server_name="loom.ml.svc")
     if objs:
+        vols = by(objs, "Deployment", "train-loom-scheduler")["spec"]["template"]["spec"]["volumes"]
+        check({"name": "control-tokens", "secret": {"secretName": "loom-control-tokens", "defaultMode": 0o440,
+                                                    "items": [{"key": "tokens", "path": "tokens"}]}} in vols,
+              "tls.controlTokensSecret: mounted into the scheduler only")
         rules = by(objs, "NetworkPolicy", "train-loom-scheduler")["spec"]["ingress"]
         control = [r for r in rules if r.get("ports") == [{"port": 50051, "protocol": "TCP"}]]
         check(len(control) == 1 and {"cidr": "10.1.0.0/16"} in [f.get("ipBlock") for f in control[0]["from"]],
@@ -311,6 +360,17 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
               "resumeStep: the scheduler resumes the same step as preprocess; extraArgs")
         check("--take_back" in sched and any(a.startswith("--run_dir=") for a in sched),
               "the scheduler takes its job back from the checkpoint volume after a restart")
+
+    # TLS off: every service --insecure, the kubelet's gRPC probes, no Secret.
+    objs = check_render("tls off", ["--set", "tls.enabled=false"], base)
+    check_args("tls off", objs)
+    check_schemas("tls off", objs)
+    if objs:
+        cs = [c for o in objs if o["kind"] in ("Deployment", "StatefulSet") for c in containers(o)]
+        check(cs and all("--insecure" in c["args"] and not any(a.startswith("--tls_dir") for a in c["args"]) and
+                         "grpc" in c["readinessProbe"] and "tls" not in {m["name"] for m in c["volumeMounts"]}
+                         for c in cs),
+              "tls.enabled=false: --insecure, gRPC probes, no TLS volume")
 
     objs = check_render("no network policies", ["--set", "networkPolicy.enabled=false"],
                         [k for k in base if not k.startswith("NetworkPolicy/")])
@@ -351,9 +411,9 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
     if objs:
         broken = json.loads(json.dumps(by(objs, "StatefulSet", "train-loom-llm")))
         c = broken["spec"]["template"]["spec"]["containers"][0]
-        c["readinessProbe"]["grpc"]["prot"] = c["readinessProbe"]["grpc"].pop("port")
+        c["readinessProbe"]["exec"]["comand"] = c["readinessProbe"]["exec"].pop("command")
         errors = schema_errors(broken)
-        check(any("prot" in e and "readinessProbe/grpc" in e for e in errors),
+        check(any("comand" in e and "readinessProbe/exec" in e for e in errors),
               "the schemas refuse a misspelled field, naming its path (%s)" % errors)
         broken = json.loads(json.dumps(by(objs, "Service", "train-loom-scheduler")))
         broken["spec"]["ports"][0]["port"] = "fifty"
@@ -369,6 +429,9 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         ("a bad job name", ["--set", "job.name=Big_Job"], "job.name"),
         ("a misspelled networkPolicy field", ["--set", "networkPolicy.controlfrom=x"], "networkPolicy"),
         ("a NetworkPolicy peer that is not one", ["-f", bad_peer], "networkPolicy.metricsFrom"),
+        ("a misspelled tls field", ["--set", "tls.secret=x"], "tls"),
+        ("an unknown identity's Secret", ["--set", "tls.secrets.admin=x"], "tls.secrets"),
+        ("a bad tls refresh", ["--set", "tls.refresh=soon"], "tls.refresh"),
     ]:
         rc, out, err = render(*args)
         check(rc != 0 and named in err, "refuses %s, naming %s (%s)" % (what, named, err.strip().splitlines()[-1] if err.strip() else ""))

@@ -31,6 +31,8 @@ EXTRA_LABELS = {
     "loom_worker_recompute_seconds_total": {"stage"},
     # The recovery's three parts (detection, regroup, reload; issue 17).
     "loom_recovery_seconds": {"part"},
+    # Which rate limit refused a call: RegisterWorker or SetKey (issue 19).
+    "loom_scheduler_rate_limited_total": {"rpc"},
 }
 # prometheus-cpp's own exporter metrics (like client_golang's promhttp_*).
 LIBRARY_PREFIX = "exposer_"
@@ -166,7 +168,7 @@ def main():
                 check_conventions(get("http://%s/metrics" % t["targets"][0]), t["labels"]["service"])
 
             address = open(os.path.join(run, "scheduler_address")).read().strip()
-            r = subprocess.run([LOOMCTL, "--scheduler=" + address, "cancel", "prom"], capture_output=True, text=True)
+            r = subprocess.run([LOOMCTL, "--scheduler=" + address, "--run_dir=" + up.run_dir, "cancel", "prom"], capture_output=True, text=True)
             check(r.returncode == 0, "loomctl cancel prom")
             rc = up.wait(120)
             check(rc == 0, "loom up exits 0 after the cancel (rc %s)" % rc)

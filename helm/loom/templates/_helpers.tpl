@@ -32,6 +32,46 @@ app.kubernetes.io/component: {{ index . 1 }}
 - --host=0.0.0.0
 - --grpc_port={{ .Values.ports.grpc }}
 - --metrics_port={{ .Values.ports.metrics }}
+{{- if .Values.tls.enabled }}
+- --tls_dir=/etc/loom/tls
+- --tls_server_name={{ .Values.tls.serverName }}
+- --tls_refresh={{ .Values.tls.refresh }}
+{{- else }}
+- --insecure
+{{- end }}
+{{- end -}}
+
+{{/* The TLS Secret of an identity (scheduler, preprocess, worker: ca.crt,
+tls.crt, tls.key; the certificate's common name loom-<identity>), readable
+by the pods' group (fsGroup); Kubernetes swaps its files in place when the
+Secret changes and the services read them again (tls.refresh).
+Call with (list $ "worker"). */}}
+{{- define "loom.tlsSecretName" -}}
+{{- $ := index . 0 -}}
+{{- $id := index . 1 -}}
+{{- index $.Values.tls.secrets $id | default (printf "%s-tls-%s" (include "loom.fullname" $) $id) -}}
+{{- end -}}
+
+{{- define "loom.tlsMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/loom/tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "loom.tlsVolume" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "loom.tlsSecretName" . }}
+    defaultMode: 0440
+    items:
+      - {key: ca.crt, path: ca.crt}
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
 {{- end -}}
 
 {{- define "loom.ports" -}}
@@ -44,19 +84,33 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{/* grpc.health.v1 probes: liveness on the server, readiness on the service. */}}
+{{/* Kubelet's gRPC probes speak plaintext: under TLS the probe is
+loomctl health, in the container, with the job's CA. */}}
 {{- define "loom.probes" -}}
 {{- $ := index . 0 -}}
 livenessProbe:
-  grpc:
-    port: {{ $.Values.ports.grpc }}
+  {{- include "loom.probeAction" (list $ "") | nindent 2 }}
   initialDelaySeconds: 5
   periodSeconds: 10
   failureThreshold: 6
 readinessProbe:
-  grpc:
-    port: {{ $.Values.ports.grpc }}
-    service: {{ index . 1 }}
+  {{- include "loom.probeAction" (list $ (index . 1)) | nindent 2 }}
   periodSeconds: 5
+{{- end -}}
+
+{{- define "loom.probeAction" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.tls.enabled }}
+exec:
+  command: ["/usr/local/bin/loomctl", "--scheduler=127.0.0.1:{{ $.Values.ports.grpc }}", "--tls_dir=/etc/loom/tls", "--tls_server_name={{ $.Values.tls.serverName }}", "--timeout=4s", "health", {{ index . 1 | quote }}]
+timeoutSeconds: 5
+{{- else }}
+grpc:
+  port: {{ $.Values.ports.grpc }}
+  {{- if index . 1 }}
+  service: {{ index . 1 }}
+  {{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "loom.ucxEnv" -}}

@@ -61,6 +61,7 @@
 #include "services/common/channel.h"
 #include "services/common/chassis.h"
 #include "services/common/http_get.h"
+#include "services/common/security.h"
 #include "services/common/subprocess.h"
 #include "services/worker/scheduler_client.h"
 
@@ -482,7 +483,11 @@ std::pair<double, double> Memory(pid_t pid) {
   return {hwm, rss};
 }
 
+// The job's certificates (MakeJobCertificates); empty: --insecure.
+std::string certificates;
+
 absl::StatusOr<std::unique_ptr<Subprocess>> StartService(const std::string& binary,
+                                                         const std::string& identity,
                                                          std::vector<std::string> args,
                                                          const std::string& log,
                                                          ServingPorts* ports) {
@@ -490,6 +495,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartService(const std::string& bina
   const std::string path = FindRunfile(binary, &tried);
   if (path.empty()) return absl::NotFoundError(absl::StrCat(binary, ": not found in ", tried));
   args.insert(args.begin(), {path, "--host=127.0.0.1", "--grpc_port=0", "--metrics_port=0"});
+  args.push_back(certificates.empty() ? "--insecure"
+                                      : "--tls_dir=" + IdentityDir(certificates, identity));
   absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(args, log);
   if (!p.ok()) return p.status();
   absl::StatusOr<ServingPorts> serving = WaitForServing(**p, absl::Seconds(60));
@@ -526,7 +533,7 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   }
   ServingPorts pre_ports, sched_ports;
   absl::StatusOr<std::unique_ptr<Subprocess>> preprocess =
-      StartService("services/preprocess/loom-preprocess",
+      StartService("services/preprocess/loom-preprocess", kPreprocessIdentity,
                    {"--shards=" + shards, absl::StrCat("--global_batch=", global_batch),
                     "--threads=2", "--seed=1"},
                    dir + "/preprocess.log", &pre_ports);
@@ -536,7 +543,7 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
     return 1;
   }
   absl::StatusOr<std::unique_ptr<Subprocess>> scheduler =
-      StartService("services/scheduler/loom-scheduler",
+      StartService("services/scheduler/loom-scheduler", kSchedulerIdentity,
                    {"--job=" + dir + "/job.json", "--run_dir=" + dir + "/run",
                     absl::StrCat("--preprocess=127.0.0.1:", pre_ports.grpc_port)},
                    dir + "/scheduler.log", &sched_ports);
@@ -702,6 +709,20 @@ int main(int argc, char** argv) {
                  "assignment; the figures are of those after it)\n");
     return 2;
   }
+  // Mutual TLS, as deployed, unless --insecure: a throwaway CA made here;
+  // the simulated ranks hold the workers' certificate.
+  if (!absl::GetFlag(FLAGS_insecure)) {
+    loom::certificates = absl::GetFlag(FLAGS_work_dir) + "/tls";
+    if (absl::Status s = loom::MakeJobCertificates(loom::certificates); !s.ok()) {
+      std::fprintf(stderr, "scale_bench: certificates: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    loom::TransportSecurity worker;
+    worker.tls_dir = loom::IdentityDir(loom::certificates, loom::kWorkerIdentity);
+    loom::SetClientSecurity(worker);
+  }
+  std::printf("transport: %s\n",
+              loom::certificates.empty() ? "plaintext (--insecure)" : "mutual TLS");
   const std::string data = absl::GetFlag(FLAGS_work_dir) + "/data";
   if (!std::filesystem::exists(data + "/done")) {
     loom::data::DatagenOptions g;
