@@ -172,46 +172,43 @@ const ServiceBinary& Scheduler() {
   std::abort();
 }
 
+// One unary control call about job "nope": its status code.
+template <typename Request, typename Response, typename Method>
+grpc::StatusCode AboutNope(ControlService::Stub* stub, Method method) {
+  Request request;
+  request.set_job_id("nope");
+  Response response;
+  return (stub->*method)(Deadline().get(), request, &response).error_code();
+}
+
 // Every control method, called with `s`; its status code.
 std::vector<std::pair<std::string, grpc::StatusCode>> ControlCodes(const std::string& target,
                                                                    const TransportSecurity& s) {
+  using namespace control::v1;  // NOLINT: the requests and responses of one service
   auto stub = ControlService::NewStub(OwnChannel(target, s));
   std::vector<std::pair<std::string, grpc::StatusCode>> codes;
-  auto add = [&](const char* name, const grpc::Status& st) {
-    codes.emplace_back(name, st.error_code());
-  };
-  control::v1::SubmitJobResponse submit;
-  add("SubmitJob", stub->SubmitJob(Deadline().get(), {}, &submit));
-  control::v1::GetJobRequest get;
-  get.set_job_id("nope");
-  control::v1::GetJobResponse got;
-  add("GetJob", stub->GetJob(Deadline().get(), get, &got));
+  SubmitJobResponse submit;
+  codes.emplace_back("SubmitJob", stub->SubmitJob(Deadline().get(), {}, &submit).error_code());
+  codes.emplace_back("GetJob", AboutNope<GetJobRequest, GetJobResponse>(
+                                   stub.get(), &ControlService::Stub::GetJob));
   {
     auto ctx = Deadline();
-    control::v1::WatchJobRequest w;
+    WatchJobRequest w;
     w.set_job_id("nope");
     auto reader = stub->WatchJob(ctx.get(), w);
-    control::v1::JobEvent e;
+    JobEvent e;
     while (reader->Read(&e)) {
     }
-    add("WatchJob", reader->Finish());
+    codes.emplace_back("WatchJob", reader->Finish().error_code());
   }
-  control::v1::PauseJobRequest pause;
-  pause.set_job_id("nope");
-  control::v1::PauseJobResponse paused;
-  add("PauseJob", stub->PauseJob(Deadline().get(), pause, &paused));
-  control::v1::ResumeJobRequest resume;
-  resume.set_job_id("nope");
-  control::v1::ResumeJobResponse resumed;
-  add("ResumeJob", stub->ResumeJob(Deadline().get(), resume, &resumed));
-  control::v1::CheckpointJobRequest checkpoint;
-  checkpoint.set_job_id("nope");
-  control::v1::CheckpointJobResponse checkpointed;
-  add("CheckpointJob", stub->CheckpointJob(Deadline().get(), checkpoint, &checkpointed));
-  control::v1::CancelJobRequest cancel;
-  cancel.set_job_id("nope");
-  control::v1::CancelJobResponse cancelled;
-  add("CancelJob", stub->CancelJob(Deadline().get(), cancel, &cancelled));
+  codes.emplace_back("PauseJob", AboutNope<PauseJobRequest, PauseJobResponse>(
+                                     stub.get(), &ControlService::Stub::PauseJob));
+  codes.emplace_back("ResumeJob", AboutNope<ResumeJobRequest, ResumeJobResponse>(
+                                      stub.get(), &ControlService::Stub::ResumeJob));
+  codes.emplace_back("CheckpointJob", AboutNope<CheckpointJobRequest, CheckpointJobResponse>(
+                                          stub.get(), &ControlService::Stub::CheckpointJob));
+  codes.emplace_back("CancelJob", AboutNope<CancelJobRequest, CancelJobResponse>(
+                                      stub.get(), &ControlService::Stub::CancelJob));
   return codes;
 }
 
