@@ -21,6 +21,7 @@
 #include "services/common/health_client.h"
 #include "services/common/http_get.h"
 #include "services/common/job.h"
+#include "services/common/security.h"
 
 namespace loom {
 namespace {

@@ -35,7 +35,6 @@
 #include "absl/time/time.h"
 #include "loom/job/v1/job.pb.h"
 #include "services/common/catalog.h"
-#include "services/common/security.h"
 #include "services/common/subprocess.h"
 
 namespace loom {

@@ -47,7 +47,6 @@
 ABSL_DECLARE_FLAG(std::string, tls_dir);
 ABSL_DECLARE_FLAG(bool, insecure);
 ABSL_DECLARE_FLAG(std::string, tls_server_name);
-ABSL_DECLARE_FLAG(std::string, control_tokens);
 
 namespace loom {
 
