@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "runtime/comm/data_key.h"
 
 namespace loom {
 namespace {
@@ -46,6 +47,40 @@ TEST(UcxTest, TaggedMessagesArriveWhateverTheOrderAndSize) {
   EXPECT_EQ(done.load(), 1);
   EXPECT_EQ((*a)->stats().bytes_sent, static_cast<int64_t>(400 + large->size() * 4));
   EXPECT_EQ((*b)->stats().bytes_received, static_cast<int64_t>(400 + large->size() * 4));
+}
+
+// A process that reaches a worker's UCX address but was not given the
+// generation's key (data_key.h) cannot fill its receives: its messages,
+// under the logical tag or under another key, sent first, never match; the
+// keyed sender's bytes arrive.
+TEST(UcxTest, APeerWithoutTheKeyCannotFillAKeyedReceive) {
+  auto receiver = *UcxWorker::Create();
+  auto rogue = *UcxWorker::Create();
+  auto sender = *UcxWorker::Create();
+  const DataKey key = DataKey::Random(), other = DataKey::Random();
+  constexpr uint64_t kLogical = 0x8123456789abcdefULL;
+  auto forged = std::make_shared<std::vector<int32_t>>(1000, -1);
+  for (uint64_t tag : {kLogical, other.Tag(kLogical), kLogical & ~(uint64_t{1} << 63)}) {
+    ASSERT_TRUE(
+        rogue->Send(receiver->address(), tag, forged->data(), forged->size() * 4, forged).ok());
+  }
+  rogue->Flush(absl::Milliseconds(500));  // (rendezvous sends stay in flight: never fetched)
+  auto real = std::make_shared<std::vector<int32_t>>(1000);
+  std::iota(real->begin(), real->end(), 1);
+  ASSERT_TRUE(
+      sender->Send(receiver->address(), key.Tag(kLogical), real->data(), real->size() * 4, real)
+          .ok());
+  std::vector<int32_t> got(1000);
+  absl::Status s =
+      receiver->RecvAll({{key.Tag(kLogical), got.data(), got.size() * 4}}, absl::Seconds(30));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, *real);
+  // Nothing else under the key is waiting: the forged messages match no
+  // keyed receive.
+  EXPECT_EQ(receiver->RecvAll({{key.Tag(kLogical), got.data(), got.size() * 4}},
+                              absl::Milliseconds(200))
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(UcxTest, MissingMessageTimesOutAndWrongSizeIsDataLoss) {

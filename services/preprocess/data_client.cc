@@ -1,8 +1,10 @@
 #include "services/preprocess/data_client.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/comm/data_key.h"
 #include "services/common/grpc_status.h"
 
 namespace loom {
@@ -35,9 +37,16 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   request.set_tokens_only(tokens_only);
   data::v1::FetchSamplesResponse response;
   for (;;) {
-    // Each attempt gets its own tag range so that concurrent fetches, and
-    // the late sends of an abandoned attempt, never match its messages.
-    request.set_tag_base(next_tag_base_.fetch_add(1) << 32);
+    // Each attempt gets its own random tags: concurrent fetches and the
+    // late sends of an abandoned attempt never match its messages, and no
+    // process but loom-preprocess learns them (data_key.h).
+    request.clear_tags();
+    const std::string random = RandomBytes(16 * indices.size());
+    for (size_t i = 0; i < 2 * indices.size(); ++i) {
+      uint64_t tag = 0;
+      std::memcpy(&tag, random.data() + 8 * i, 8);
+      request.add_tags(tag & ~(uint64_t{1} << 63));
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(std::min(absl::Now() + deadline_, give_up)));
     ctx.set_wait_for_ready(true);  // a restarted loom-preprocess comes back at the same address

@@ -3,7 +3,6 @@
 #ifndef LOOM_SERVICES_PREPROCESS_DATA_CLIENT_H_
 #define LOOM_SERVICES_PREPROCESS_DATA_CLIENT_H_
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -46,7 +45,6 @@ class DataClient {
   absl::Duration deadline_;
   std::function<absl::Duration()> budget_;
   std::optional<ModelConfig> model_;
-  std::atomic<uint64_t> next_tag_base_{1};
 };
 
 }  // namespace loom

@@ -194,6 +194,17 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
                           absl::StrCat("indices: ", index, " is repeated"));
     }
   }
+  if (request->tags_size() != 2 * request->indices_size()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("tags: want 2 per index (", 2 * request->indices_size(),
+                                     "), got ", request->tags_size()));
+  }
+  for (uint64_t tag : request->tags()) {
+    if (tag >> 63 != 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("tags: ", tag, " has the top bit set (workers' own tags)"));
+    }
+  }
   std::shared_ptr<const void> keep = *batch;
   for (int k = 0; k < request->indices_size(); ++k) {
     const data::ProcessedSample& s = (*batch)->samples[request->indices(k)];
@@ -202,10 +213,10 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     t->set_key(s.key);
     t->set_num_tiles(s.sample.num_tiles);
     t->set_tile_size(tile_size_);
-    t->set_tiles_tag(request->tag_base() + 2 * static_cast<uint64_t>(k));
+    t->set_tiles_tag(request->tags(2 * k));
     const size_t tile_bytes = request->tokens_only() ? 0 : s.sample.tiles.size() * sizeof(float);
     t->set_tiles_bytes(static_cast<int64_t>(tile_bytes));
-    t->set_tokens_tag(request->tag_base() + 2 * static_cast<uint64_t>(k) + 1);
+    t->set_tokens_tag(request->tags(2 * k + 1));
     t->set_num_tokens(static_cast<int32_t>(s.sample.tokens.size()));
     // The call has returned by the time a send completes: a failure is
     // counted and logged here, and the receiver's wait for it times out.

@@ -118,9 +118,21 @@ TEST_F(ServedDataTest, BadRequestsGetClearCodes) {
   data::v1::FetchSamplesRequest request;
   request.set_iteration(19);
   request.add_indices(0);
-  request.set_ucx_address("garbage");
+  request.set_ucx_address(ucx_->address());
   data::v1::FetchSamplesResponse response;
+  // Tags: two per index, top bit clear.
   grpc::Status s = stub->FetchSamples(ctx.get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("tags: want 2 per index (2), got 0"), std::string::npos)
+      << s.error_message();
+  request.add_tags(7);
+  request.add_tags(uint64_t{1} << 63);
+  s = stub->FetchSamples(testing::ContextWithDeadline().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("top bit"), std::string::npos) << s.error_message();
+  request.set_tags(1, 8);
+  request.set_ucx_address("garbage");
+  s = stub->FetchSamples(testing::ContextWithDeadline().get(), request, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("ucx_address"), std::string::npos);
   // The bad sample was counted, with its reason, on /metrics: once per epoch

@@ -86,6 +86,7 @@ void SchedulerServiceImpl::MaybeEndRegroupLocked() {
 
 void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   ++generation_;
+  data_key_ = DataKey::Random().bytes();  // a worker cut off from here cannot reach the next
   regrouping_ = true;
   if (role == common::v1::ROLE_PREPROCESS) {
     // Restarted at its address from the checkpoint's cursor: back once it
@@ -252,6 +253,7 @@ void SchedulerServiceImpl::WatchLeases() {
 scheduler::v1::Regroup SchedulerServiceImpl::RegroupLocked() const {
   scheduler::v1::Regroup g;
   g.set_generation(generation_);
+  g.set_data_key(data_key_);
   g.set_start_iteration(start_iteration_);
   if (start_iteration_ > 0) {
     g.set_checkpoint_step_dir(StepDir(options_.job.checkpoint().dir(), start_iteration_));

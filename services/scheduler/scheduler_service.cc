@@ -367,6 +367,7 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   response->set_start_iteration(g.start_iteration());
   response->set_checkpoint_step_dir(g.checkpoint_step_dir());
   response->set_generation(g.generation());
+  response->set_data_key(g.data_key());
   response->set_preprocess(options_.preprocess);
   return grpc::Status::OK;
 }

@@ -23,6 +23,7 @@
 #include "loom/job/v1/job.pb.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/comm/data_key.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/cost_model.h"
 #include "services/common/chassis.h"
@@ -352,6 +353,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // loom-preprocess still to rewind (-1: done), the first step's reload
   // time still to observe.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The generation's data-plane key (runtime/comm/data_key.h): drawn anew
+  // with each generation, given only to the workers registered in it.
+  std::string data_key_ ABSL_GUARDED_BY(mu_) = DataKey::Random().bytes();
   int64_t start_iteration_ ABSL_GUARDED_BY(mu_) = 0;
   bool regrouping_ ABSL_GUARDED_BY(mu_) = false;
   bool awaiting_preprocess_ ABSL_GUARDED_BY(mu_) = false;

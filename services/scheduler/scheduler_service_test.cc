@@ -139,10 +139,14 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
     return stub->RegisterWorker(ctx.get(), r, response);
   };
   scheduler::v1::RegisterWorkerResponse registered;
+  std::string key0;  // generation 0's data-plane key: one for all its workers
   for (int i = 0; i < 4; ++i) {
     const int port = i < 3 ? workers[i]->grpc_port() : hung.port();
     ASSERT_TRUE(register_worker(i, "ucx" + std::to_string(i), port, &registered).ok());
     EXPECT_EQ(registered.generation(), 0);
+    EXPECT_EQ(registered.data_key().size(), 16u);
+    if (i == 0) key0 = registered.data_key();
+    EXPECT_EQ(registered.data_key(), key0);
   }
   auto job = [&] { return *(*service)->GetJob("t"); };
   ASSERT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
@@ -177,6 +181,10 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   EXPECT_EQ(response.regroup().generation(), 1);
   EXPECT_EQ(response.regroup().start_iteration(), 0);
   EXPECT_EQ(response.regroup().checkpoint_step_dir(), "");  // no checkpoint: from the seed
+  // A new key: a worker of generation 0 cannot address generation 1's receives.
+  const std::string key1 = response.regroup().data_key();
+  EXPECT_EQ(key1.size(), 16u);
+  EXPECT_NE(key1, key0);
   scheduler::v1::ReportStepRequest step;
   step.set_generation(0);
   scheduler::v1::ReportStepResponse step_response;
@@ -195,6 +203,7 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   scheduler::v1::GetGenerationResponse current;
   ASSERT_TRUE(stub->GetGeneration(ctx4.get(), {}, &current).ok());
   EXPECT_EQ(current.current().generation(), 1);
+  EXPECT_EQ(current.current().data_key(), key1);
 
   // Another rank is still held by its worker; the lost one is free.
   EXPECT_EQ(register_worker(2, "elsewhere", workers[2]->grpc_port(), &registered).error_code(),
@@ -205,6 +214,7 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   s = register_worker(3, "ucx3-new", replacement.grpc_port(), &registered);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(registered.generation(), 1);
+  EXPECT_EQ(registered.data_key(), key1);
   EXPECT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
 
   // A new process registering from a holder's own endpoint (its container

@@ -175,6 +175,23 @@ absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignm
   }
 }
 
+absl::Status SchedulerClient::SetGeneration(int64_t g, absl::string_view data_key) {
+  absl::StatusOr<DataKey> key = DataKey::FromBytes(data_key);
+  if (!key.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("generation ", g, " from loom-scheduler: ",
+                                                   key.status().message()));
+  }
+  absl::MutexLock lock(&key_mu_);
+  key_ = *key;
+  generation_.store(g);
+  return absl::OkStatus();
+}
+
+SchedulerClient::Generation SchedulerClient::generation_and_key() const {
+  absl::MutexLock lock(&key_mu_);
+  return {generation_.load(), key_};
+}
+
 absl::StatusOr<scheduler::v1::Regroup> SchedulerClient::GetGeneration() {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Seconds(5));

@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "runtime/comm/collective.h"
+#include "runtime/comm/data_key.h"
 
 namespace loom {
 
@@ -58,9 +59,17 @@ class SchedulerClient {
   scheduler::v1::SchedulerService::Stub* stub() { return stub_.get(); }
   absl::Duration deadline() const { return deadline_; }
   // The generation the calls speak for (GetAssignment, ReportStep,
-  // ReportCheckpoint): RegisterWorkerResponse's, then each Regroup's.
-  void set_generation(int64_t g) { generation_.store(g); }
+  // ReportCheckpoint) and its data-plane key (the tags of the tensors
+  // workers send each other: data_key.h): RegisterWorkerResponse's, then
+  // each Regroup's. INVALID_ARGUMENT, and nothing changes, for a key that is
+  // not DataKey::kBytes long.
+  absl::Status SetGeneration(int64_t g, absl::string_view data_key);
   int64_t generation() const { return generation_.load(); }
+  struct Generation {
+    int64_t generation;
+    DataKey key;
+  };
+  Generation generation_and_key() const;
   // CANCELLED once cancelled; OK otherwise.
   absl::Status Cancelled() const;
 
@@ -69,6 +78,8 @@ class SchedulerClient {
   absl::Duration deadline_;
   const std::atomic<bool>* cancel_;
   std::atomic<int64_t> generation_{0};
+  mutable absl::Mutex key_mu_;
+  DataKey key_ ABSL_GUARDED_BY(key_mu_);  // generation_'s (set together under key_mu_)
 };
 
 // The UCX addresses of the workers one sends to, learnt from loom-scheduler

@@ -81,7 +81,9 @@ absl::Status TrainingWorker::Impl::Register() {
     absl::MutexLock lock(&generation_mu);
     generation = reg->generation();
   }
-  scheduler->set_generation(reg->generation());
+  if (absl::Status s = scheduler->SetGeneration(reg->generation(), reg->data_key()); !s.ok()) {
+    return s;
+  }
   if (reg->preprocess().empty()) {
     return absl::FailedPreconditionError("the scheduler knows no preprocess service");
   }

@@ -69,6 +69,15 @@ inline uint64_t TransferTag(Transfer t, int64_t generation, int64_t iteration, i
          (static_cast<uint64_t>(bin) << 8) | static_cast<uint64_t>(stage);
 }
 
+// The tag a transfer travels under: TransferTag keyed by the generation's
+// data-plane key (data_key.h), so that only the workers loom-scheduler
+// registered in this generation can address each other's receives.
+inline uint64_t WireTag(const SchedulerClient& scheduler, Transfer t, int64_t iteration, int bin,
+                        int stage) {
+  const SchedulerClient::Generation g = scheduler.generation_and_key();
+  return g.key.Tag(TransferTag(t, g.generation, iteration, bin, stage));
+}
+
 // One iteration's inputs, fetched ahead of time.
 struct IterationData {
   int64_t iteration = 0;

@@ -32,7 +32,7 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   if (!reg.ok()) return reg.status();
   start_iteration = g.start_iteration();
   checkpoint_step_dir = g.checkpoint_step_dir();
-  scheduler->set_generation(g.generation());
+  if (absl::Status s = scheduler->SetGeneration(g.generation(), g.data_key()); !s.ok()) return s;
   {
     absl::MutexLock lock(&generation_mu);
     generation = g.generation();

@@ -80,7 +80,7 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
   if (!address.ok()) return address.status();
   const double s0 = trace::NowMicros();
   absl::Status s =
-      ucx->Send(*address, TransferTag(what, scheduler->generation(), iteration, bin, pos.pp + step),
+      ucx->Send(*address, WireTag(*scheduler, what, iteration, bin, pos.pp + step),
                 data->data(), data->size() * sizeof(float), data);
   Span("send", s0, iteration, "send ", TransferName(what), " bin ", bin, " to stage ",
        pos.pp + step);
@@ -95,7 +95,7 @@ absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int
   // Owned here, so that a receive cut off mid-transfer can be left to UCX.
   auto buffer = std::make_shared<std::vector<float>>(n);
   StallWatch::Waiting waiting(stall.get());
-  absl::Status s = ucx->RecvAll({{TransferTag(what, scheduler->generation(), iteration, bin, stage),
+  absl::Status s = ucx->RecvAll({{WireTag(*scheduler, what, iteration, bin, stage),
                                   buffer->data(), n * sizeof(float), buffer}},
                                 stall->WaitLimit());
   if (s.ok()) out->swap(*buffer);
@@ -200,7 +200,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_LLM_WORKER, peer);
       if (!address.ok()) return address.status();
       absl::Status s = ucx->Send(
-          *address, TransferTag(Transfer::kEmbeddings, scheduler->generation(), d.iteration, b, 0),
+          *address, WireTag(*scheduler, Transfer::kEmbeddings, d.iteration, b, 0),
           out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
@@ -396,7 +396,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       if (!address.ok()) return address.status();
       s = ucx->Send(
           *address,
-          TransferTag(Transfer::kEmbeddingGrads, scheduler->generation(), d.iteration, b, 0),
+          WireTag(*scheduler, Transfer::kEmbeddingGrads, d.iteration, b, 0),
           grad->data(), grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }

@@ -304,7 +304,9 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
   absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
       client.Register(w, absl::Seconds(300));
   if (!reg.ok()) return fail(reg.status());
-  client.set_generation(reg->generation());
+  if (absl::Status s = client.SetGeneration(reg->generation(), reg->data_key()); !s.ok()) {
+    return fail(s);
+  }
   out->registered = absl::ToDoubleSeconds(absl::Now() - run->start);
   ++run->registered;
   absl::StatusOr<scheduler::v1::GetPlanResponse> plan =
