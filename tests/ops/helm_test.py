@@ -5,9 +5,9 @@ apiVersion, kind and metadata; the objects are those the chart promises;
 every container's args pass that service's own flag parser (--check_flags);
 the job ConfigMap is a valid job (loomctl validate); bad values are refused
 naming the value. Every object is validated against Kubernetes 1.33's
-schemas made strict (third_party/kubernetes-schemas: an unknown or
-misspelled field fails, as the API server's strict field validation
-refuses it).
+schemas made strict, the ServiceMonitor against the Prometheus Operator's
+(third_party/kubernetes-schemas: an unknown or misspelled field fails, as
+the API server's strict field validation refuses it).
 
 usage: helm_test.py HELM_RENDER CHART_DIR BIN_DIR DASHBOARD TMPDIR
 """
@@ -22,9 +22,9 @@ import yaml
 from ops_testing import check, finish
 
 RENDER, CHART, BIN, DASHBOARD, TMP = sys.argv[1:6]
-K8S_SCHEMAS = json.load(open(os.path.join(BIN, "third_party/kubernetes-schemas/kubernetes-1.33-strict.json")))
-# Kinds with no schema here: the Prometheus Operator's CRD (not yet checked).
-WITHOUT_SCHEMA = {"monitoring.coreos.com/v1 ServiceMonitor"}
+SCHEMAS = os.path.join(BIN, "third_party/kubernetes-schemas")
+K8S_SCHEMAS = json.load(open(os.path.join(SCHEMAS, "kubernetes-1.33-strict.json")))
+CRD_SCHEMAS = [json.load(open(os.path.join(SCHEMAS, "servicemonitor-strict.json")))]
 BINARIES = {
     "loom-scheduler": "services/scheduler/loom-scheduler",
     "loom-preprocess": "services/preprocess/loom-preprocess",
@@ -67,12 +67,10 @@ def check_render(name, args, expect):
 def schema_errors(obj):
     """What Kubernetes' own schema (strict) finds wrong with `obj`."""
     kind = "%s %s" % (obj.get("apiVersion"), obj.get("kind"))
-    if kind in WITHOUT_SCHEMA:
-        return []
-    ref = K8S_SCHEMAS["kinds"].get(kind)
-    if ref is None:
+    found = [s for s in [K8S_SCHEMAS] + CRD_SCHEMAS if kind in s["kinds"]]
+    if not found:
         return ["%s: no Kubernetes %s schema" % (kind, K8S_SCHEMAS["kubernetes"])]
-    schema = {"$ref": ref, "definitions": K8S_SCHEMAS["definitions"]}
+    schema = {"$ref": found[0]["kinds"][kind], "definitions": found[0]["definitions"]}
     return ["%s %s: %s at %s" % (obj["kind"], obj.get("metadata", {}).get("name"), e.message,
                                 "/".join(str(p) for p in e.absolute_path) or "/")
             for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
@@ -419,6 +417,25 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         broken["spec"]["ports"][0]["port"] = "fifty"
         errors = schema_errors(broken)
         check(any("spec/ports/0/port" in e for e in errors), "the schemas refuse a wrong type (%s)" % errors)
+    objs = check_render("service monitor, again", ["--set", "serviceMonitor.enabled=true"],
+                        base + ["ServiceMonitor/train-loom"])
+    if objs:
+        monitor = by(objs, "ServiceMonitor", "train-loom")
+        check(not schema_errors(monitor), "the ServiceMonitor is valid under the operator's schema")
+        for path, bad, named in [(["spec", "endpoints", 0], ("interval", "intervall"), "intervall"),
+                                 (["spec", "namespaceSelector"], ("matchNames", "matchName"), "matchName"),
+                                 (["spec", "endpoints", 0], ("scheme", None), "spec/endpoints/0/scheme")]:
+            broken = json.loads(json.dumps(monitor))
+            at = broken
+            for p in path:
+                at = at[p]
+            if bad[1] is None:
+                at[bad[0]] = "gopher"  # not an enum value
+            else:
+                at[bad[1]] = at.pop(bad[0])
+            errors = schema_errors(broken)
+            check(any(named in e for e in errors),
+                  "the operator's schema refuses ServiceMonitor %s (%s)" % (named, errors))
 
     for what, args, named in [
         ("llm_dp 0", ["--set", "job.parallel.llm_dp=0"], "job.parallel.llm_dp"),
