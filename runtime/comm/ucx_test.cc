@@ -77,10 +77,10 @@ TEST(UcxTest, APeerWithoutTheKeyCannotFillAKeyedReceive) {
   EXPECT_EQ(got, *real);
   // Nothing else under the key is waiting: the forged messages match no
   // keyed receive.
-  EXPECT_EQ(receiver->RecvAll({{key.Tag(kLogical), got.data(), got.size() * 4}},
-                              absl::Milliseconds(200))
-                .code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      receiver->RecvAll({{key.Tag(kLogical), got.data(), got.size() * 4}}, absl::Milliseconds(200))
+          .code(),
+      absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(UcxTest, MissingMessageTimesOutAndWrongSizeIsDataLoss) {

@@ -178,8 +178,8 @@ absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignm
 absl::Status SchedulerClient::SetGeneration(int64_t g, absl::string_view data_key) {
   absl::StatusOr<DataKey> key = DataKey::FromBytes(data_key);
   if (!key.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("generation ", g, " from loom-scheduler: ",
-                                                   key.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation ", g, " from loom-scheduler: ", key.status().message()));
   }
   absl::MutexLock lock(&key_mu_);
   key_ = *key;

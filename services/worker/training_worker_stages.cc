@@ -79,9 +79,8 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
   absl::StatusOr<std::string> address = peers->Get(options.role, peer);
   if (!address.ok()) return address.status();
   const double s0 = trace::NowMicros();
-  absl::Status s =
-      ucx->Send(*address, WireTag(*scheduler, what, iteration, bin, pos.pp + step),
-                data->data(), data->size() * sizeof(float), data);
+  absl::Status s = ucx->Send(*address, WireTag(*scheduler, what, iteration, bin, pos.pp + step),
+                             data->data(), data->size() * sizeof(float), data);
   Span("send", s0, iteration, "send ", TransferName(what), " bin ", bin, " to stage ",
        pos.pp + step);
   return s;
@@ -95,8 +94,8 @@ absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int
   // Owned here, so that a receive cut off mid-transfer can be left to UCX.
   auto buffer = std::make_shared<std::vector<float>>(n);
   StallWatch::Waiting waiting(stall.get());
-  absl::Status s = ucx->RecvAll({{WireTag(*scheduler, what, iteration, bin, stage),
-                                  buffer->data(), n * sizeof(float), buffer}},
+  absl::Status s = ucx->RecvAll({{WireTag(*scheduler, what, iteration, bin, stage), buffer->data(),
+                                  n * sizeof(float), buffer}},
                                 stall->WaitLimit());
   if (s.ok()) out->swap(*buffer);
   *wait += Since(w0);
@@ -199,9 +198,9 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     for (int peer : PeerGroup(bins[b].llm_rank())) {
       absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_LLM_WORKER, peer);
       if (!address.ok()) return address.status();
-      absl::Status s = ucx->Send(
-          *address, WireTag(*scheduler, Transfer::kEmbeddings, d.iteration, b, 0),
-          out->data(), out->size() * sizeof(float), out);
+      absl::Status s =
+          ucx->Send(*address, WireTag(*scheduler, Transfer::kEmbeddings, d.iteration, b, 0),
+                    out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
     Span("send", s1, d.iteration, "send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank());
@@ -394,10 +393,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
       absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_ENCODER_WORKER, peer);
       if (!address.ok()) return address.status();
-      s = ucx->Send(
-          *address,
-          WireTag(*scheduler, Transfer::kEmbeddingGrads, d.iteration, b, 0),
-          grad->data(), grad->size() * sizeof(float), grad);
+      s = ucx->Send(*address, WireTag(*scheduler, Transfer::kEmbeddingGrads, d.iteration, b, 0),
+                    grad->data(), grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }
     Span("send", s1, d.iteration, "send embedding grads bin ", b, " to encoder rank ",

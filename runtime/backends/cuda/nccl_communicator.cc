@@ -16,9 +16,9 @@ namespace loom {
 absl::StatusOr<std::string> ShareNcclId(KeyValueStore* store, const NcclOptions& options,
                                         const std::function<std::string()>& make_id) {
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NCCL group \"", options.prefix, "\": rank ", options.rank,
-                     " is outside a group of ", options.size));
+    return absl::InvalidArgumentError(absl::StrCat("NCCL group \"", options.prefix, "\": rank ",
+                                                   options.rank, " is outside a group of ",
+                                                   options.size));
   }
   const std::string key = options.prefix + "/nccl-id";
   if (options.rank == 0) {
@@ -35,22 +35,21 @@ absl::StatusOr<std::string> ShareNcclId(KeyValueStore* store, const NcclOptions&
     if (options.cancel != nullptr && options.cancel->cancelled()) {
       return absl::CancelledError(absl::StrCat("cancelled waiting for \"", key, "\""));
     }
-    const absl::Duration slice = std::max(
-        absl::ZeroDuration(), std::min(until - absl::Now(), absl::Milliseconds(200)));
+    const absl::Duration slice =
+        std::max(absl::ZeroDuration(), std::min(until - absl::Now(), absl::Milliseconds(200)));
     absl::StatusOr<std::string> v = store->Get(key, slice);
     if (v.ok()) {
       if (v->size() != kNcclIdBytes) {
-        return absl::InvalidArgumentError(absl::StrCat("rendezvous key \"", key, "\": ",
-                                                       v->size(), " bytes, not an ncclUniqueId (",
+        return absl::InvalidArgumentError(absl::StrCat("rendezvous key \"", key, "\": ", v->size(),
+                                                       " bytes, not an ncclUniqueId (",
                                                        kNcclIdBytes, ")"));
       }
       return *std::move(v);
     }
     if (v.status().code() != absl::StatusCode::kDeadlineExceeded) return v.status();
     if (absl::Now() >= until) {
-      return absl::DeadlineExceededError(absl::StrCat("rendezvous key \"", key,
-                                                      "\" not set within ",
-                                                      absl::FormatDuration(options.timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous key \"", key, "\" not set within ", absl::FormatDuration(options.timeout)));
     }
   }
 }
@@ -60,9 +59,9 @@ namespace {
 
 absl::Status NcclError(const std::string& what, ncclResult_t r, ncclComm_t comm) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-  return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(r),
-                                             last != nullptr && *last ? absl::StrCat(" (", last, ")")
-                                                                      : std::string()));
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", ncclGetErrorString(r),
+                   last != nullptr && *last ? absl::StrCat(" (", last, ")") : std::string()));
 }
 
 absl::Status CudaError(const std::string& what, cudaError_t e) {
@@ -105,15 +104,13 @@ class Nccl final : public NcclCommunicator {
 
   absl::Status Send(const void* data, size_t bytes, int peer) override {
     if (absl::Status s = Ready(peer, "send"); !s.ok()) return s;
-    return Run(absl::StrCat("send of ", bytes, " bytes to rank ", peer), [&] {
-      return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_);
-    });
+    return Run(absl::StrCat("send of ", bytes, " bytes to rank ", peer),
+               [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); });
   }
   absl::Status Recv(void* data, size_t bytes, int peer) override {
     if (absl::Status s = Ready(peer, "receive"); !s.ok()) return s;
-    return Run(absl::StrCat("receive of ", bytes, " bytes from rank ", peer), [&] {
-      return ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_);
-    });
+    return Run(absl::StrCat("receive of ", bytes, " bytes from rank ", peer),
+               [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_); });
   }
 
   // Polls until `comm_` has no operation in progress (initialisation,
@@ -168,7 +165,8 @@ class Nccl final : public NcclCommunicator {
     // Ordered after what the legacy default stream already holds (the
     // producer of the buffer), through an event.
     cudaEvent_t ready;
-    if (cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming); e != cudaSuccess) {
+    if (cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+        e != cudaSuccess) {
       return CudaError(Describe(what), e);
     }
     cudaEventRecord(ready, cudaStreamLegacy);
@@ -223,9 +221,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(KeyValueStore* sto
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (options.device < 0 || options.device >= devices) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "NCCL group \"", options.prefix, "\": no CUDA device ", options.device, " (", devices,
-        " visible)"));
+    return absl::FailedPreconditionError(absl::StrCat("NCCL group \"", options.prefix,
+                                                      "\": no CUDA device ", options.device, " (",
+                                                      devices, " visible)"));
   }
   if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
     return CudaError("cudaSetDevice", e);
@@ -254,8 +252,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(KeyValueStore* sto
   if (r != ncclSuccess && r != ncclInProgress) {
     if (comm != nullptr) ncclCommAbort(comm);
     cudaStreamDestroy(stream);
-    return NcclError(absl::StrCat("ncclCommInitRank (\"", options.prefix, "\", rank ",
-                                  options.rank, " of ", options.size, ")"),
+    return NcclError(absl::StrCat("ncclCommInitRank (\"", options.prefix, "\", rank ", options.rank,
+                                  " of ", options.size, ")"),
                      r, nullptr);
   }
   auto nccl = std::make_unique<Nccl>(options, comm, stream);
@@ -269,8 +267,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(KeyValueStore* sto
 
 #else  // !LOOM_WITH_CUDA
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(KeyValueStore*,
-                                                              const NcclOptions&) {
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(KeyValueStore*, const NcclOptions&) {
   return absl::UnimplementedError("NCCL: built without CUDA (build with --config=cuda)");
 }
 

@@ -40,7 +40,7 @@ struct NcclOptions {
   std::string prefix;  // names this group in the store, e.g. "g0-llm-dp-tp0-pp0"
   int rank = 0;
   int size = 1;
-  int device = 0;  // the CUDA device of this rank's buffers
+  int device = 0;                               // the CUDA device of this rank's buffers
   absl::Duration timeout = absl::Seconds(120);  // rendezvous and each collective
   // Optional, outlives the communicator: ends the rendezvous and any
   // collective in flight with CANCELLED (and aborts the communicator).
