@@ -12,6 +12,13 @@ inline constexpr int kThreads = 256;
 
 inline int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
+// A grid-stride loop's grid: at most 65,535 blocks.
+inline int GridFor(int64_t n) { return static_cast<int>(Blocks(n) < 65535 ? Blocks(n) : 65535); }
+
+#define LOOM_GRID_LOOP(i, n)                                                             \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
 // Sum of `v` over the block; every thread gets the result. blockDim.x must be
 // a multiple of 32 and at most 1024. `scratch` holds 32 floats.
 __device__ inline float BlockSum(float v, float* scratch) {

@@ -12,10 +12,6 @@ constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1 / sqrt(2 pi)
 constexpr float kQuickGelu = 1.702f;
 
-#define LOOM_GRID_LOOP(i, n)                                                             \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-
 __global__ void GeluForward(float* out, const float* x, int64_t n) {
   LOOM_GRID_LOOP(i, n) {
     const float v = x[i];
@@ -140,8 +136,6 @@ __global__ void SumSquares(float* out, const float* x, int64_t n) {
 }
 
 __global__ void Scale(float* x, float f, int64_t n) { LOOM_GRID_LOOP(i, n) x[i] *= f; }
-
-int GridFor(int64_t n) { return static_cast<int>(std::min<int64_t>(Blocks(n), 65535)); }
 
 }  // namespace
 

@@ -76,6 +76,24 @@ void crossentropy_forward_backward(float* dlogits, float* losses, const float* l
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
 
+// The ViT's patches and position embeddings, the projector's pixel
+// shuffle (kernels/embedding, kernels/pixel_shuffle).
+void patchify(float* patches, const float* tiles, int N, int S, int P);
+void add_position_forward(float* x, const float* pos, int N, int Np, int C);
+void add_position_backward(float* dpos, const float* dx, int N, int Np, int C);
+void pixel_shuffle_forward(float* out, const float* inp, int N, int G, int C);
+void pixel_shuffle_backward(float* dinp, const float* dout, int N, int G, int C);
+// A vocabulary shard's rows [vocab_start, vocab_start + v_shard): out (T, C)
+// = each token's row in the shard, 0 elsewhere; backward adds them back
+// (runtime/model/ops.h).
+void vocab_embedding_forward(float* out, const int32_t* tokens, const float* table, int T, int C,
+                             int vocab_start, int v_shard);
+void vocab_embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int T, int C,
+                              int vocab_start, int v_shard);
+// x += y; out (M, N) += bias (N) on every row.
+void add(float* x, const float* y, int64_t n);
+void add_bias(float* out, const float* bias, int M, int N);
+
 // Sum of squares of x, accumulated into *out (device, fp32; zero it first).
 void sum_squares(float* out, const float* x, int64_t n);
 void scale(float* x, float factor, int64_t n);

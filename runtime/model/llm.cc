@@ -1,20 +1,15 @@
 #include "runtime/model/llm.h"
 
 #include <cmath>
-#include <cstring>
 
-#include "kernels/activation/activation.h"
 #include "kernels/attention/attention.h"
-#include "kernels/embedding/embedding.h"
-#include "kernels/matmul/matmul.h"
-#include "kernels/norm/norm.h"
-#include "kernels/rope/rope.h"
 #include "runtime/base/log.h"
 #include "runtime/parallel/tensor_parallel.h"
 
 namespace loom {
 
-using namespace kernels;  // NOLINT
+using kernels::attention_att_size;
+using kernels::LossSum;
 using parallel::AllReduceTp;
 
 int LlmBatch::image_positions() const {
@@ -23,8 +18,8 @@ int LlmBatch::image_positions() const {
   return n;
 }
 
-Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers)
-    : config_(c), tp_(tp), params_(ShardOf(tp)) {
+Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
+    : config_(c), tp_(tp), ops_(ops), params_(ShardOf(tp)) {
   first_ = layers.first;
   last_ = layers.last < 0 ? c.layers : layers.last;
   LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= c.layers)
@@ -88,10 +83,10 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   std::vector<float> x(TC);
   if (!first_stage()) {
     LOOM_CHECK(input != nullptr) << "a later pipeline stage needs the previous stage's output";
-    std::memcpy(x.data(), input, sizeof(float) * TC);
+    ops_->copy(x.data(), input, static_cast<int64_t>(TC));
   } else {
     if (absl::Status s = parallel::VocabParallelEmbeddingForward(
-            tp_, x.data(), b.tokens.data(), params_.param(wte_), T, C, vocab_start_, V);
+            ops_, tp_, x.data(), b.tokens.data(), params_.param(wte_), T, C, vocab_start_, V);
         !s.ok()) {
       return s;
     }
@@ -99,8 +94,8 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     for (int t = 0; t < T; ++t) {
       if (b.tokens[t] >= 0) continue;
       LOOM_CHECK(image_emb != nullptr) << "image positions but no image embeddings";
-      std::memcpy(x.data() + static_cast<size_t>(t) * C, image_emb + static_cast<size_t>(img++) * C,
-                  sizeof(float) * C);
+      ops_->copy(x.data() + static_cast<size_t>(t) * C, image_emb + static_cast<size_t>(img++) * C,
+                 C);
     }
   }
   const int64_t att_size = attention_att_size(b.cu_seqlens.data(), b.S(), NH);
@@ -110,52 +105,53 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     a.x = x;
     a.r1.resize(TC);
     a.rr1.resize(T);
-    rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C, eps);
+    ops_->rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C, eps);
     a.qkv.resize(TW);
-    matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv),
-                   id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
-    rope_forward(a.qkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
+    ops_->matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv),
+                         id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
+    ops_->rope_forward(a.qkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
     a.att.resize(att_size);
     a.atto.resize(TD);
-    attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), b.cu_seqlens.data(), b.S(), NH,
-                      NKV, HD, /*causal=*/true);
+    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), b.cu_seqlens.data(), b.S(),
+                            T, NH, NKV, HD, /*causal=*/true);
     a.x1.resize(TC);
-    if (absl::Status s = parallel::RowParallelForward(tp_, a.x1.data(), a.atto.data(),
+    if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
                                                       params_.param(id.proj), nullptr, T, D, C);
         !s.ok()) {
       return s;
     }
-    for (size_t i = 0; i < TC; ++i) a.x1[i] += a.x[i];
+    ops_->add(a.x1.data(), a.x.data(), static_cast<int64_t>(TC));
     a.r2.resize(TC);
     a.rr2.resize(T);
-    rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), T, C, eps);
+    ops_->rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), T, C,
+                          eps);
     const size_t TF = static_cast<size_t>(T) * F;
     a.gate.resize(TF);
     a.up.resize(TF);
     a.s.resize(TF);
-    matmul_forward(a.gate.data(), a.r2.data(), params_.param(id.gate), nullptr, T, C, F);
-    matmul_forward(a.up.data(), a.r2.data(), params_.param(id.up), nullptr, T, C, F);
-    swiglu_forward(a.s.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
-    if (absl::Status s = parallel::RowParallelForward(tp_, x.data(), a.s.data(),
+    ops_->matmul_forward(a.gate.data(), a.r2.data(), params_.param(id.gate), nullptr, T, C, F);
+    ops_->matmul_forward(a.up.data(), a.r2.data(), params_.param(id.up), nullptr, T, C, F);
+    ops_->swiglu_forward(a.s.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
+    if (absl::Status s = parallel::RowParallelForward(ops_, tp_, x.data(), a.s.data(),
                                                       params_.param(id.down), nullptr, T, F, C);
         !s.ok()) {
       return s;
     }
-    for (size_t i = 0; i < TC; ++i) x[i] += a.x1[i];
+    ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TC));
   }
   xf_ = std::move(x);
   if (!last_stage()) return absl::OkStatus();
   rf_.resize(TC);
   rrf_.resize(T);
-  rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C, eps);
+  ops_->rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C, eps);
   logits_.resize(static_cast<size_t>(T) * V);
-  matmul_forward(logits_.data(), rf_.data(), params_.param(lm_head_), nullptr, T, C, V);
+  ops_->matmul_forward(logits_.data(), rf_.data(), params_.param(lm_head_), nullptr, T, C, V);
   return absl::OkStatus();
 }
 
 absl::StatusOr<LossSum> Llm::Loss() const {
   LOOM_CHECK(last_stage()) << "the loss is on the last pipeline stage";
-  return parallel::VocabParallelCrossEntropy(tp_, logits_.data(), batch_->targets.data(),
+  return parallel::VocabParallelCrossEntropy(ops_, tp_, logits_.data(), batch_->targets.data(),
                                              batch_->T(), vocab_, vocab_start_, 0.0f, nullptr);
 }
 
@@ -174,68 +170,67 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
   absl::StatusOr<LossSum> loss = LossSum{};
   if (last_stage()) {
     std::vector<float> dlogits(static_cast<size_t>(T) * V);
-    loss = parallel::VocabParallelCrossEntropy(tp_, logits_.data(), b.targets.data(), T, V,
+    loss = parallel::VocabParallelCrossEntropy(ops_, tp_, logits_.data(), b.targets.data(), T, V,
                                                vocab_start_, grad_scale, dlogits.data());
     if (!loss.ok()) return loss.status();
-    matmul_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
-                    params_.param(lm_head_), T, C, V);
+    ops_->matmul_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
+                          params_.param(lm_head_), T, C, V);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
-    rmsnorm_backward(dx.data(), params_.grad(rmsf_), dtmp.data(), xf_.data(), params_.param(rmsf_),
-                     rrf_.data(), T, C);
+    ops_->rmsnorm_backward(dx.data(), params_.grad(rmsf_), dtmp.data(), xf_.data(),
+                           params_.param(rmsf_), rrf_.data(), T, C);
   } else {
     LOOM_CHECK(doutput != nullptr) << "an earlier pipeline stage needs the next stage's gradient";
-    std::memcpy(dx.data(), doutput, sizeof(float) * TC);
+    ops_->copy(dx.data(), doutput, static_cast<int64_t>(TC));
   }
   std::vector<float> ds, dgate, dup, dqkv, datto;
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
     const LayerActs& a = acts_[l];
     ds.assign(TF, 0.0f);
-    parallel::RowParallelBackward(ds.data(), params_.grad(id.down), nullptr, dx.data(), a.s.data(),
-                                  params_.param(id.down), T, F, C);
+    parallel::RowParallelBackward(ops_, ds.data(), params_.grad(id.down), nullptr, dx.data(),
+                                  a.s.data(), params_.param(id.down), T, F, C);
     dgate.assign(TF, 0.0f);
     dup.assign(TF, 0.0f);
-    swiglu_backward(dgate.data(), dup.data(), a.gate.data(), a.up.data(), ds.data(),
-                    static_cast<int64_t>(TF));
+    ops_->swiglu_backward(dgate.data(), dup.data(), a.gate.data(), a.up.data(), ds.data(),
+                          static_cast<int64_t>(TF));
     dtmp.assign(TC, 0.0f);
-    matmul_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), a.r2.data(),
-                    params_.param(id.gate), T, C, F);
-    matmul_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), a.r2.data(),
-                    params_.param(id.up), T, C, F);
+    ops_->matmul_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), a.r2.data(),
+                          params_.param(id.gate), T, C, F);
+    ops_->matmul_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), a.r2.data(),
+                          params_.param(id.up), T, C, F);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
-    rmsnorm_backward(dx.data(), params_.grad(id.rms2), dtmp.data(), a.x1.data(),
-                     params_.param(id.rms2), a.rr2.data(), T, C);
+    ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms2), dtmp.data(), a.x1.data(),
+                           params_.param(id.rms2), a.rr2.data(), T, C);
     datto.assign(TD, 0.0f);
-    parallel::RowParallelBackward(datto.data(), params_.grad(id.proj), nullptr, dx.data(),
+    parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj), nullptr, dx.data(),
                                   a.atto.data(), params_.param(id.proj), T, D, C);
     dqkv.assign(TW, 0.0f);
-    attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), b.cu_seqlens.data(),
-                       b.S(), NH, NKV, HD, /*causal=*/true);
-    rope_backward(dqkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
+    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(),
+                             b.cu_seqlens.data(), b.S(), T, NH, NKV, HD, /*causal=*/true);
+    ops_->rope_backward(dqkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
     dtmp.assign(TC, 0.0f);
-    matmul_backward(dtmp.data(), params_.grad(id.qkv),
-                    id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(), a.r1.data(),
-                    params_.param(id.qkv), T, C, W);
+    ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv),
+                          id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(),
+                          a.r1.data(), params_.param(id.qkv), T, C, W);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
-    rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
-                     params_.param(id.rms1), a.rr1.data(), T, C);
+    ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
+                           params_.param(id.rms1), a.rr1.data(), T, C);
   }
   if (!first_stage()) {
     LOOM_CHECK(dinput != nullptr) << "a later pipeline stage hands back its input gradient";
-    std::memcpy(dinput, dx.data(), sizeof(float) * TC);
+    ops_->copy(dinput, dx.data(), static_cast<int64_t>(TC));
     return loss;
   }
   if (!params_.frozen()) {
-    parallel::VocabParallelEmbeddingBackward(params_.grad(wte_), dx.data(), b.tokens.data(), T, C,
-                                             vocab_start_, V);
+    parallel::VocabParallelEmbeddingBackward(ops_, params_.grad(wte_), dx.data(), b.tokens.data(),
+                                             T, C, vocab_start_, V);
   }
   if (dimage_emb != nullptr) {
     int img = 0;
     for (int t = 0; t < T; ++t) {
       if (b.tokens[t] >= 0) continue;
-      float* d = dimage_emb + static_cast<size_t>(img++) * C;
-      const float* g = dx.data() + static_cast<size_t>(t) * C;
-      for (int k = 0; k < C; ++k) d[k] += g[k];
+      ops_->add(dimage_emb + static_cast<size_t>(img++) * C, dx.data() + static_cast<size_t>(t) * C,
+                C);
     }
   }
   return loss;

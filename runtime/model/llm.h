@@ -41,6 +41,7 @@
 #include "kernels/loss/crossentropy.h"
 #include "runtime/comm/collective.h"
 #include "runtime/model/config.h"
+#include "runtime/model/ops.h"
 #include "runtime/model/params.h"
 
 namespace loom {
@@ -60,7 +61,9 @@ class Llm {
  public:
   // `tp` (not owned; null for one rank) must divide the heads, the FFN
   // width and the vocabulary (checked; ValidateParallelism names the field).
-  explicit Llm(const LlmConfig& config, Communicator* tp = nullptr, LayerRange layers = {});
+  // `ops` (not owned): the backend its layers run on.
+  explicit Llm(const LlmConfig& config, Communicator* tp = nullptr, LayerRange layers = {},
+               Ops* ops = CpuOps());
 
   ParamSet& params() { return params_; }
   const LlmConfig& config() const { return config_; }
@@ -100,6 +103,7 @@ class Llm {
 
   LlmConfig config_;
   Communicator* tp_;
+  Ops* ops_;
   ParamSet params_;
   int heads_, kv_heads_, ffn_, vocab_, vocab_start_;  // this rank's part
   std::vector<float> inv_freq_;                       // RoPE, hd / 2

@@ -1,14 +1,8 @@
 #include "runtime/model/projector.h"
 
-#include "kernels/activation/activation.h"
-#include "kernels/matmul/matmul.h"
-#include "kernels/pixel_shuffle/pixel_shuffle.h"
-
 namespace loom {
 
-using namespace kernels;  // NOLINT
-
-Projector::Projector(const ModelConfig& c) : config_(c) {
+Projector::Projector(const ModelConfig& c, Ops* ops) : config_(c), ops_(ops) {
   const int64_t H = c.projector.hidden, D = c.llm.dim;
   fc1_w_ = params_.Add("fc1.weight", {H, in_dim()}, Init::kNormal, 0.02f);
   fc1_b_ = params_.Add("fc1.bias", {H}, Init::kZeros);
@@ -25,34 +19,38 @@ void Projector::Forward(const float* in, int N, float* out) {
   const ModelConfig& c = config_;
   const int T = N * c.tokens_per_tile(), H = c.projector.hidden, Din = in_dim();
   N_ = N;
-  x_.assign(in, in + static_cast<size_t>(N) * c.vit.patches_per_tile() * c.vit.dim);
+  x_.resize(static_cast<size_t>(N) * c.vit.patches_per_tile() * c.vit.dim);
+  ops_->copy(x_.data(), in, static_cast<int64_t>(x_.size()));
   if (c.projector.pixel_shuffle) {
     std::vector<float> shuffled(x_.size());
-    pixel_shuffle_forward(shuffled.data(), x_.data(), N, c.vit.grid(), c.vit.dim);
+    ops_->pixel_shuffle_forward(shuffled.data(), x_.data(), N, c.vit.grid(), c.vit.dim);
     x_.swap(shuffled);
   }
   h_.resize(static_cast<size_t>(T) * H);
-  matmul_forward(h_.data(), x_.data(), params_.param(fc1_w_), params_.param(fc1_b_), T, Din, H);
+  ops_->matmul_forward(h_.data(), x_.data(), params_.param(fc1_w_), params_.param(fc1_b_), T, Din,
+                       H);
   g_.resize(h_.size());
-  activation_forward(c.projector.act, g_.data(), h_.data(), static_cast<int64_t>(h_.size()));
-  matmul_forward(out, g_.data(), params_.param(fc2_w_), params_.param(fc2_b_), T, H, c.llm.dim);
+  ops_->activation_forward(c.projector.act, g_.data(), h_.data(), static_cast<int64_t>(h_.size()));
+  ops_->matmul_forward(out, g_.data(), params_.param(fc2_w_), params_.param(fc2_b_), T, H,
+                       c.llm.dim);
 }
 
 void Projector::Backward(const float* dout, float* din) {
   const ModelConfig& c = config_;
   const int T = N_ * c.tokens_per_tile(), H = c.projector.hidden, Din = in_dim();
   std::vector<float> dg(g_.size(), 0.0f), dh(g_.size(), 0.0f), dx(x_.size(), 0.0f);
-  matmul_backward(dg.data(), params_.grad(fc2_w_), params_.grad(fc2_b_), dout, g_.data(),
-                  params_.param(fc2_w_), T, H, c.llm.dim);
-  activation_backward(c.projector.act, dh.data(), h_.data(), dg.data(),
-                      static_cast<int64_t>(dh.size()));
-  matmul_backward(din == nullptr ? nullptr : dx.data(), params_.grad(fc1_w_), params_.grad(fc1_b_),
-                  dh.data(), x_.data(), params_.param(fc1_w_), T, Din, H);
+  ops_->matmul_backward(dg.data(), params_.grad(fc2_w_), params_.grad(fc2_b_), dout, g_.data(),
+                        params_.param(fc2_w_), T, H, c.llm.dim);
+  ops_->activation_backward(c.projector.act, dh.data(), h_.data(), dg.data(),
+                            static_cast<int64_t>(dh.size()));
+  ops_->matmul_backward(din == nullptr ? nullptr : dx.data(), params_.grad(fc1_w_),
+                        params_.grad(fc1_b_), dh.data(), x_.data(), params_.param(fc1_w_), T, Din,
+                        H);
   if (din == nullptr) return;  // a frozen encoder before it: no input gradient
   if (c.projector.pixel_shuffle) {
-    pixel_shuffle_backward(din, dx.data(), N_, c.vit.grid(), c.vit.dim);
+    ops_->pixel_shuffle_backward(din, dx.data(), N_, c.vit.grid(), c.vit.dim);
   } else {
-    for (size_t i = 0; i < dx.size(); ++i) din[i] += dx[i];
+    ops_->add(din, dx.data(), static_cast<int64_t>(dx.size()));
   }
 }
 

@@ -9,13 +9,15 @@
 #include <vector>
 
 #include "runtime/model/config.h"
+#include "runtime/model/ops.h"
 #include "runtime/model/params.h"
 
 namespace loom {
 
 class Projector {
  public:
-  explicit Projector(const ModelConfig& config);
+  // `ops` (not owned): the backend its layers run on.
+  explicit Projector(const ModelConfig& config, Ops* ops = CpuOps());
 
   ParamSet& params() { return params_; }
   int in_dim() const;
@@ -28,6 +30,7 @@ class Projector {
 
  private:
   ModelConfig config_;
+  Ops* ops_;
   ParamSet params_;
   int fc1_w_, fc1_b_, fc2_w_, fc2_b_;
   int N_ = 0;

@@ -1,22 +1,17 @@
 #include "runtime/model/vit.h"
 
 #include <cmath>
-#include <cstring>
 
-#include "kernels/activation/activation.h"
 #include "kernels/attention/attention.h"
-#include "kernels/embedding/embedding.h"
-#include "kernels/matmul/matmul.h"
-#include "kernels/norm/norm.h"
 #include "runtime/base/log.h"
 #include "runtime/parallel/tensor_parallel.h"
 
 namespace loom {
 
-using namespace kernels;  // NOLINT: the kernels are this file's vocabulary
+using kernels::attention_att_size;
 
-VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers)
-    : config_(c), tp_(tp), params_(ShardOf(tp)) {
+VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
+    : config_(c), tp_(tp), ops_(ops), params_(ShardOf(tp)) {
   first_ = layers.first;
   last_ = layers.last < 0 ? c.layers : layers.last;
   LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= c.layers)
@@ -81,26 +76,26 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   std::vector<float> x(TD);
   if (first_stage()) {
     patches_.resize(static_cast<size_t>(N) * Np * c.patch_dim());
-    patchify(patches_.data(), in, N, c.tile_size, c.patch);
+    ops_->patchify(patches_.data(), in, N, c.tile_size, c.patch);
     std::vector<float> emb(static_cast<size_t>(N) * Np * D);
-    matmul_forward(emb.data(), patches_.data(), params_.param(patch_w_), Param(patch_b_), N * Np,
-                   c.patch_dim(), D);
+    ops_->matmul_forward(emb.data(), patches_.data(), params_.param(patch_w_), Param(patch_b_),
+                         N * Np, c.patch_dim(), D);
     for (int n = 0; n < N; ++n) {
       float* tile = x.data() + static_cast<size_t>(n) * L * D;
-      if (c.class_token) std::memcpy(tile, params_.param(cls_), sizeof(float) * D);
-      std::memcpy(tile + (L - Np) * D, emb.data() + static_cast<size_t>(n) * Np * D,
-                  sizeof(float) * Np * D);
+      if (c.class_token) ops_->copy(tile, params_.param(cls_), D);
+      ops_->copy(tile + (L - Np) * D, emb.data() + static_cast<size_t>(n) * Np * D,
+                 static_cast<int64_t>(Np) * D);
     }
-    add_position_forward(x.data(), params_.param(pos_), N, L, D);
+    ops_->add_position_forward(x.data(), params_.param(pos_), N, L, D);
     if (c.pre_norm) {
       x0_ = x;
       mean0_.resize(T);
       rstd0_.resize(T);
-      layernorm_forward(x.data(), mean0_.data(), rstd0_.data(), x0_.data(), params_.param(lnp_w_),
-                        params_.param(lnp_b_), T, D, c.norm_eps);
+      ops_->layernorm_forward(x.data(), mean0_.data(), rstd0_.data(), x0_.data(),
+                              params_.param(lnp_w_), params_.param(lnp_b_), T, D, c.norm_eps);
     }
   } else {
-    std::memcpy(x.data(), in, sizeof(float) * TD);
+    ops_->copy(x.data(), in, static_cast<int64_t>(TD));
   }
 
   for (size_t l = 0; l < ids_.size(); ++l) {
@@ -110,43 +105,44 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.ln1.resize(TD);
     a.mean1.resize(T);
     a.rstd1.resize(T);
-    layernorm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x.data(),
-                      params_.param(id.ln1_w), params_.param(id.ln1_b), T, D, c.norm_eps);
+    ops_->layernorm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x.data(),
+                            params_.param(id.ln1_w), params_.param(id.ln1_b), T, D, c.norm_eps);
     a.qkv.resize(3 * TA);
-    matmul_forward(a.qkv.data(), a.ln1.data(), params_.param(id.qkv_w), params_.param(id.qkv_b), T,
-                   D, 3 * A);
+    ops_->matmul_forward(a.qkv.data(), a.ln1.data(), params_.param(id.qkv_w),
+                         params_.param(id.qkv_b), T, D, 3 * A);
     a.att.resize(att_size);
     a.atto.resize(TA);
-    attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), N, NH, NH, HD,
-                      /*causal=*/false);
+    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), N, T, NH, NH, HD,
+                            /*causal=*/false);
     a.x1.resize(TD);
-    if (absl::Status s =
-            parallel::RowParallelForward(tp_, a.x1.data(), a.atto.data(), params_.param(id.proj_w),
-                                         params_.param(id.proj_b), T, A, D);
+    if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
+                                                      params_.param(id.proj_w),
+                                                      params_.param(id.proj_b), T, A, D);
         !s.ok()) {
       return s;
     }
-    for (size_t i = 0; i < TD; ++i) a.x1[i] += a.x[i];
+    ops_->add(a.x1.data(), a.x.data(), static_cast<int64_t>(TD));
     a.ln2.resize(TD);
     a.mean2.resize(T);
     a.rstd2.resize(T);
-    layernorm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x1.data(),
-                      params_.param(id.ln2_w), params_.param(id.ln2_b), T, D, c.norm_eps);
+    ops_->layernorm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x1.data(),
+                            params_.param(id.ln2_w), params_.param(id.ln2_b), T, D, c.norm_eps);
     a.h.resize(static_cast<size_t>(T) * H);
-    matmul_forward(a.h.data(), a.ln2.data(), params_.param(id.fc1_w), params_.param(id.fc1_b), T, D,
-                   H);
+    ops_->matmul_forward(a.h.data(), a.ln2.data(), params_.param(id.fc1_w), params_.param(id.fc1_b),
+                         T, D, H);
     a.g.resize(a.h.size());
-    activation_forward(c.act, a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
-    if (absl::Status s = parallel::RowParallelForward(
-            tp_, x.data(), a.g.data(), params_.param(id.fc2_w), params_.param(id.fc2_b), T, H, D);
+    ops_->activation_forward(c.act, a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
+    if (absl::Status s =
+            parallel::RowParallelForward(ops_, tp_, x.data(), a.g.data(), params_.param(id.fc2_w),
+                                         params_.param(id.fc2_b), T, H, D);
         !s.ok()) {
       return s;
     }
-    for (size_t i = 0; i < TD; ++i) x[i] += a.x1[i];
+    ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TD));
   }
   xf_ = std::move(x);
   if (!last_stage()) {
-    std::memcpy(out, xf_.data(), sizeof(float) * TD);
+    ops_->copy(out, xf_.data(), static_cast<int64_t>(TD));
     return absl::OkStatus();
   }
   const float* y = xf_.data();
@@ -155,13 +151,13 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     normed.resize(TD);
     meanf_.resize(T);
     rstdf_.resize(T);
-    layernorm_forward(normed.data(), meanf_.data(), rstdf_.data(), xf_.data(),
-                      params_.param(lnf_w_), params_.param(lnf_b_), T, D, c.norm_eps);
+    ops_->layernorm_forward(normed.data(), meanf_.data(), rstdf_.data(), xf_.data(),
+                            params_.param(lnf_w_), params_.param(lnf_b_), T, D, c.norm_eps);
     y = normed.data();
   }
   for (int n = 0; n < N; ++n) {  // the patches' rows, without the class token
-    std::memcpy(out + static_cast<size_t>(n) * Np * D,
-                y + (static_cast<size_t>(n) * L + L - Np) * D, sizeof(float) * Np * D);
+    ops_->copy(out + static_cast<size_t>(n) * Np * D, y + (static_cast<size_t>(n) * L + L - Np) * D,
+               static_cast<int64_t>(Np) * D);
   }
   return absl::OkStatus();
 }
@@ -180,17 +176,18 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
   if (last_stage()) {
     std::vector<float> dy(TD, 0.0f);  // the class token's rows get none
     for (int n = 0; n < N; ++n) {
-      std::memcpy(dy.data() + (static_cast<size_t>(n) * L + L - Np) * D,
-                  dout + static_cast<size_t>(n) * Np * D, sizeof(float) * Np * D);
+      ops_->copy(dy.data() + (static_cast<size_t>(n) * L + L - Np) * D,
+                 dout + static_cast<size_t>(n) * Np * D, static_cast<int64_t>(Np) * D);
     }
     if (c.final_norm) {
-      layernorm_backward(dx.data(), params_.grad(lnf_w_), params_.grad(lnf_b_), dy.data(),
-                         xf_.data(), params_.param(lnf_w_), meanf_.data(), rstdf_.data(), T, D);
+      ops_->layernorm_backward(dx.data(), params_.grad(lnf_w_), params_.grad(lnf_b_), dy.data(),
+                               xf_.data(), params_.param(lnf_w_), meanf_.data(), rstdf_.data(), T,
+                               D);
     } else {
       dx.swap(dy);
     }
   } else {
-    std::memcpy(dx.data(), dout, sizeof(float) * TD);
+    ops_->copy(dx.data(), dout, static_cast<int64_t>(TD));
   }
   std::vector<float> dtmp, dg, dh, dqkv, datto;
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
@@ -198,56 +195,56 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     const LayerActs& a = acts_[l];
     // x2 = x1 + fc2(gelu(fc1(ln2(x1))))
     dg.assign(static_cast<size_t>(T) * H, 0.0f);
-    parallel::RowParallelBackward(dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
+    parallel::RowParallelBackward(ops_, dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
                                   dx.data(), a.g.data(), params_.param(id.fc2_w), T, H, D);
     dh.assign(dg.size(), 0.0f);
-    activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
+    ops_->activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
     dtmp.assign(TD, 0.0f);
-    matmul_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
-                    a.ln2.data(), params_.param(id.fc1_w), T, D, H);
+    ops_->matmul_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
+                          a.ln2.data(), params_.param(id.fc1_w), T, D, H);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     // dx (now d x1) += LN2 backward
-    layernorm_backward(dx.data(), params_.grad(id.ln2_w), params_.grad(id.ln2_b), dtmp.data(),
-                       a.x1.data(), params_.param(id.ln2_w), a.mean2.data(), a.rstd2.data(), T, D);
+    ops_->layernorm_backward(dx.data(), params_.grad(id.ln2_w), params_.grad(id.ln2_b), dtmp.data(),
+                             a.x1.data(), params_.param(id.ln2_w), a.mean2.data(), a.rstd2.data(),
+                             T, D);
     // x1 = x + proj(attn(qkv(ln1(x))))
     datto.assign(TA, 0.0f);
-    parallel::RowParallelBackward(datto.data(), params_.grad(id.proj_w), params_.grad(id.proj_b),
-                                  dx.data(), a.atto.data(), params_.param(id.proj_w), T, A, D);
+    parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj_w),
+                                  params_.grad(id.proj_b), dx.data(), a.atto.data(),
+                                  params_.param(id.proj_w), T, A, D);
     dqkv.assign(3 * TA, 0.0f);
-    attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(), N, NH, NH,
-                       HD,
-                       /*causal=*/false);
+    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(), N,
+                             T, NH, NH, HD, /*causal=*/false);
     dtmp.assign(TD, 0.0f);
-    matmul_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
-                    a.ln1.data(), params_.param(id.qkv_w), T, D, 3 * A);
+    ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
+                          a.ln1.data(), params_.param(id.qkv_w), T, D, 3 * A);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
-    layernorm_backward(dx.data(), params_.grad(id.ln1_w), params_.grad(id.ln1_b), dtmp.data(),
-                       a.x.data(), params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), T, D);
+    ops_->layernorm_backward(dx.data(), params_.grad(id.ln1_w), params_.grad(id.ln1_b), dtmp.data(),
+                             a.x.data(), params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), T,
+                             D);
   }
   if (!first_stage()) {
     LOOM_CHECK(din != nullptr) << "a later pipeline stage hands back its input gradient";
-    std::memcpy(din, dx.data(), sizeof(float) * TD);
+    ops_->copy(din, dx.data(), static_cast<int64_t>(TD));
     return absl::OkStatus();
   }
   if (c.pre_norm) {
     std::vector<float> dx0(TD, 0.0f);
-    layernorm_backward(dx0.data(), params_.grad(lnp_w_), params_.grad(lnp_b_), dx.data(),
-                       x0_.data(), params_.param(lnp_w_), mean0_.data(), rstd0_.data(), T, D);
+    ops_->layernorm_backward(dx0.data(), params_.grad(lnp_w_), params_.grad(lnp_b_), dx.data(),
+                             x0_.data(), params_.param(lnp_w_), mean0_.data(), rstd0_.data(), T, D);
     dx.swap(dx0);
   }
-  add_position_backward(params_.grad(pos_), dx.data(), N, L, D);
+  ops_->add_position_backward(params_.grad(pos_), dx.data(), N, L, D);
   std::vector<float> demb(static_cast<size_t>(N) * Np * D);
   for (int n = 0; n < N; ++n) {
     const float* tile = dx.data() + static_cast<size_t>(n) * L * D;
-    if (c.class_token) {
-      float* dcls = params_.grad(cls_);
-      for (int i = 0; i < D; ++i) dcls[i] += tile[i];
-    }
-    std::memcpy(demb.data() + static_cast<size_t>(n) * Np * D, tile + (L - Np) * D,
-                sizeof(float) * Np * D);
+    if (c.class_token) ops_->add(params_.grad(cls_), tile, D);
+    ops_->copy(demb.data() + static_cast<size_t>(n) * Np * D, tile + (L - Np) * D,
+               static_cast<int64_t>(Np) * D);
   }
-  matmul_backward(nullptr, params_.grad(patch_w_), patch_b_ < 0 ? nullptr : params_.grad(patch_b_),
-                  demb.data(), patches_.data(), params_.param(patch_w_), N * Np, c.patch_dim(), D);
+  ops_->matmul_backward(nullptr, params_.grad(patch_w_),
+                        patch_b_ < 0 ? nullptr : params_.grad(patch_b_), demb.data(),
+                        patches_.data(), params_.param(patch_w_), N * Np, c.patch_dim(), D);
   return absl::OkStatus();
 }
 

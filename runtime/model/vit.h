@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "runtime/comm/collective.h"
 #include "runtime/model/config.h"
+#include "runtime/model/ops.h"
 #include "runtime/model/params.h"
 
 namespace loom {
@@ -39,7 +40,9 @@ class VitEncoder {
  public:
   // `tp` (not owned; null for one rank) must divide the heads and the MLP
   // width (checked; ValidateParallelism names the field).
-  explicit VitEncoder(const VitConfig& config, Communicator* tp = nullptr, LayerRange layers = {});
+  // `ops` (not owned): the backend its layers run on.
+  explicit VitEncoder(const VitConfig& config, Communicator* tp = nullptr, LayerRange layers = {},
+                      Ops* ops = CpuOps());
 
   ParamSet& params() { return params_; }
   const VitConfig& config() const { return config_; }
@@ -67,6 +70,7 @@ class VitEncoder {
 
   VitConfig config_;
   Communicator* tp_;
+  Ops* ops_;
   ParamSet params_;
   int heads_, hidden_;  // this rank's part
   int first_, last_;    // this stage's layers

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/matmul/matmul.h"
 #include "runtime/base/log.h"
 
 namespace loom::parallel {
@@ -35,73 +34,60 @@ std::vector<float> SliceCols(const float* w, int rows, int cols, int parts, int 
   return out;
 }
 
-void ColumnParallelForward(float* out, const float* inp, const float* weight_shard,
+void ColumnParallelForward(Ops* ops, float* out, const float* inp, const float* weight_shard,
                            const float* bias_shard, int M, int K, int n_shard) {
-  kernels::matmul_forward(out, inp, weight_shard, bias_shard, M, K, n_shard);
+  ops->matmul_forward(out, inp, weight_shard, bias_shard, M, K, n_shard);
 }
 
-void ColumnParallelBackward(float* dinp, float* dweight_shard, float* dbias_shard,
+void ColumnParallelBackward(Ops* ops, float* dinp, float* dweight_shard, float* dbias_shard,
                             const float* dout, const float* inp, const float* weight_shard, int M,
                             int K, int n_shard) {
-  kernels::matmul_backward(dinp, dweight_shard, dbias_shard, dout, inp, weight_shard, M, K,
-                           n_shard);
+  ops->matmul_backward(dinp, dweight_shard, dbias_shard, dout, inp, weight_shard, M, K, n_shard);
 }
 
-absl::Status RowParallelForward(Communicator* tp, float* out, const float* inp_shard,
+absl::Status RowParallelForward(Ops* ops, Communicator* tp, float* out, const float* inp_shard,
                                 const float* weight_shard, const float* bias, int M, int k_shard,
                                 int N) {
-  kernels::matmul_forward(out, inp_shard, weight_shard, /*bias=*/nullptr, M, k_shard, N);
+  ops->matmul_forward(out, inp_shard, weight_shard, /*bias=*/nullptr, M, k_shard, N);
   if (absl::Status s = AllReduceTp(tp, out, static_cast<int64_t>(M) * N); !s.ok()) return s;
-  if (bias != nullptr) {
-    for (int m = 0; m < M; ++m) {
-      for (int n = 0; n < N; ++n) out[static_cast<int64_t>(m) * N + n] += bias[n];
-    }
-  }
+  if (bias != nullptr) ops->add_bias(out, bias, M, N);
   return absl::OkStatus();
 }
 
-void RowParallelBackward(float* dinp_shard, float* dweight_shard, float* dbias, const float* dout,
-                         const float* inp_shard, const float* weight_shard, int M, int k_shard,
-                         int N) {
-  kernels::matmul_backward(dinp_shard, dweight_shard, dbias, dout, inp_shard, weight_shard, M,
-                           k_shard, N);
+void RowParallelBackward(Ops* ops, float* dinp_shard, float* dweight_shard, float* dbias,
+                         const float* dout, const float* inp_shard, const float* weight_shard,
+                         int M, int k_shard, int N) {
+  ops->matmul_backward(dinp_shard, dweight_shard, dbias, dout, inp_shard, weight_shard, M, k_shard,
+                       N);
 }
 
-absl::Status VocabParallelEmbeddingForward(Communicator* tp, float* out, const int32_t* tokens,
-                                           const float* table_shard, int T, int C, int vocab_start,
-                                           int v_shard) {
-  std::fill(out, out + static_cast<int64_t>(T) * C, 0.0f);
-  for (int t = 0; t < T; ++t) {
-    const int v = tokens[t] - vocab_start;
-    if (tokens[t] < 0 || v < 0 || v >= v_shard) continue;
-    std::memcpy(out + static_cast<int64_t>(t) * C, table_shard + static_cast<int64_t>(v) * C,
-                sizeof(float) * C);
-  }
+absl::Status VocabParallelEmbeddingForward(Ops* ops, Communicator* tp, float* out,
+                                           const int32_t* tokens, const float* table_shard, int T,
+                                           int C, int vocab_start, int v_shard) {
+  ops->vocab_embedding_forward(out, tokens, table_shard, T, C, vocab_start, v_shard);
   return AllReduceTp(tp, out, static_cast<int64_t>(T) * C);
 }
 
-void VocabParallelEmbeddingBackward(float* dtable_shard, const float* dout, const int32_t* tokens,
-                                    int T, int C, int vocab_start, int v_shard) {
-  for (int t = 0; t < T; ++t) {
-    const int v = tokens[t] - vocab_start;
-    if (tokens[t] < 0 || v < 0 || v >= v_shard) continue;
-    float* d = dtable_shard + static_cast<int64_t>(v) * C;
-    const float* g = dout + static_cast<int64_t>(t) * C;
-    for (int c = 0; c < C; ++c) d[c] += g[c];
-  }
+void VocabParallelEmbeddingBackward(Ops* ops, float* dtable_shard, const float* dout,
+                                    const int32_t* tokens, int T, int C, int vocab_start,
+                                    int v_shard) {
+  ops->vocab_embedding_backward(dtable_shard, dout, tokens, T, C, vocab_start, v_shard);
 }
 
-absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Communicator* tp,
+absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Ops* ops, Communicator* tp,
                                                            const float* logits_shard,
                                                            const int32_t* targets, int T,
                                                            int v_shard, int vocab_start,
                                                            float grad_scale, float* dlogits_shard) {
   if (tp == nullptr || tp->size() == 1) {
     return dlogits_shard == nullptr
-               ? kernels::crossentropy_forward(logits_shard, targets, T, v_shard)
-               : kernels::crossentropy_forward_backward(dlogits_shard, logits_shard, targets, T,
-                                                        v_shard, grad_scale);
+               ? ops->crossentropy_forward(logits_shard, targets, T, v_shard)
+               : ops->crossentropy_forward_backward(dlogits_shard, logits_shard, targets, T,
+                                                    v_shard, grad_scale);
   }
+  LOOM_CHECK(ops->backend()->device().type == DeviceType::kCpu)
+      << "the vocab-parallel cross-entropy over " << tp->size()
+      << " ranks runs on the host only (its device kernels are still to come)";
   auto row = [&](int t) { return logits_shard + static_cast<int64_t>(t) * v_shard; };
   std::vector<float> mx(T);
   for (int t = 0; t < T; ++t) mx[t] = *std::max_element(row(t), row(t) + v_shard);

@@ -17,6 +17,11 @@
 //
 // Weights are always created whole (the master, from the seed) and sliced,
 // so every TP degree starts from the same model.
+//
+// The compute goes through `ops` (runtime/model/ops.h): the pointers are
+// its backend's memory, and `tp` must reduce that memory (Gloo: host; NCCL:
+// device). The vocab-parallel cross-entropy of a group of more than one
+// reads the logits on the host (its device kernels are still to come).
 #ifndef LOOM_RUNTIME_PARALLEL_TENSOR_PARALLEL_H_
 #define LOOM_RUNTIME_PARALLEL_TENSOR_PARALLEL_H_
 
@@ -26,6 +31,7 @@
 #include "absl/status/status.h"
 #include "kernels/loss/crossentropy.h"
 #include "runtime/comm/collective.h"
+#include "runtime/model/ops.h"
 
 namespace loom::parallel {
 
@@ -42,36 +48,37 @@ std::vector<float> SliceCols(const float* w, int rows, int cols, int parts, int 
 // out (M, N/tp) = inp (M, K) · weight_shardᵀ + bias_shard: the column-
 // parallel linear; weight_shard = SliceRows(master (N, K)), bias_shard the
 // matching part of the bias (or null). No communication.
-void ColumnParallelForward(float* out, const float* inp, const float* weight_shard,
+void ColumnParallelForward(Ops* ops, float* out, const float* inp, const float* weight_shard,
                            const float* bias_shard, int M, int K, int n_shard);
 // Backward of the above: dinp (M, K) += this rank's partial input gradient
 // (complete only after f's all-reduce), dweight_shard/dbias_shard +=.
-void ColumnParallelBackward(float* dinp, float* dweight_shard, float* dbias_shard,
+void ColumnParallelBackward(Ops* ops, float* dinp, float* dweight_shard, float* dbias_shard,
                             const float* dout, const float* inp, const float* weight_shard, int M,
                             int K, int n_shard);
 
 // out (M, N) = Σ_tp inp_shard (M, K/tp) · weight_shardᵀ, + bias once: the
 // row-parallel linear; weight_shard = SliceCols(master (N, K)). Ends with g's
 // all-reduce; the bias (whole, or null) is added after it, on every rank.
-absl::Status RowParallelForward(Communicator* tp, float* out, const float* inp_shard,
+absl::Status RowParallelForward(Ops* ops, Communicator* tp, float* out, const float* inp_shard,
                                 const float* weight_shard, const float* bias, int M, int k_shard,
                                 int N);
 // Backward: dinp_shard (M, K/tp) +=, dweight_shard +=, dbias += (every rank
 // the whole gradient; g's backward is the identity).
-void RowParallelBackward(float* dinp_shard, float* dweight_shard, float* dbias, const float* dout,
-                         const float* inp_shard, const float* weight_shard, int M, int k_shard,
-                         int N);
+void RowParallelBackward(Ops* ops, float* dinp_shard, float* dweight_shard, float* dbias,
+                         const float* dout, const float* inp_shard, const float* weight_shard,
+                         int M, int k_shard, int N);
 
 // The vocab-parallel embedding: rank r holds rows [vocab_start, vocab_start +
 // v_shard) of the table. out (T, C) = each token's row, from the rank that
 // holds it (the others add zeros; g's all-reduce). Negative tokens (image
 // positions) stay zero, for the caller to fill.
-absl::Status VocabParallelEmbeddingForward(Communicator* tp, float* out, const int32_t* tokens,
-                                           const float* table_shard, int T, int C, int vocab_start,
-                                           int v_shard);
+absl::Status VocabParallelEmbeddingForward(Ops* ops, Communicator* tp, float* out,
+                                           const int32_t* tokens, const float* table_shard, int T,
+                                           int C, int vocab_start, int v_shard);
 // dtable_shard += dout rows of the tokens this rank holds (identity backward).
-void VocabParallelEmbeddingBackward(float* dtable_shard, const float* dout, const int32_t* tokens,
-                                    int T, int C, int vocab_start, int v_shard);
+void VocabParallelEmbeddingBackward(Ops* ops, float* dtable_shard, const float* dout,
+                                    const int32_t* tokens, int T, int C, int vocab_start,
+                                    int v_shard);
 
 // Cross-entropy over logits split by vocabulary: logits_shard (T, v_shard)
 // holds columns [vocab_start, vocab_start + v_shard). Megatron's
@@ -80,7 +87,7 @@ void VocabParallelEmbeddingBackward(float* dtable_shard, const float* dout, cons
 // `dlogits_shard` non-null it is set to (softmax - onehot) · grad_scale on
 // rows with a target (>= 0), 0 elsewhere. A group of one is the kernel's
 // crossentropy_forward(_backward) itself.
-absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Communicator* tp,
+absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Ops* ops, Communicator* tp,
                                                            const float* logits_shard,
                                                            const int32_t* targets, int T,
                                                            int v_shard, int vocab_start,

@@ -64,19 +64,21 @@ TEST(TensorParallelTest, MlpBlockEqualsTheSingleDeviceBlock) {
       const std::vector<float> b1r = SliceRows(b1.data(), H, 1, tp, r);
       const std::vector<float> w2r = SliceCols(w2.data(), D, H, tp, r);
       std::vector<float> hr(M * hs), ar(M * hs), yr(M * D);
-      ColumnParallelForward(hr.data(), x.data(), w1r.data(), b1r.data(), M, D, hs);  // after f
+      ColumnParallelForward(CpuOps(), hr.data(), x.data(), w1r.data(), b1r.data(), M, D,
+                            hs);  // after f
       kernels::gelu_forward(ar.data(), hr.data(), M * hs);
       ASSERT_TRUE(
-          RowParallelForward(c, yr.data(), ar.data(), w2r.data(), b2.data(), M, hs, D).ok());
+          RowParallelForward(CpuOps(), c, yr.data(), ar.data(), w2r.data(), b2.data(), M, hs, D)
+              .ok());
       ExpectClose(yr, y, "y");
 
       std::vector<float> dar(M * hs, 0), dw2r(D * hs, 0), db2r(D, 0), dhr(M * hs, 0),
           dw1r(hs * D, 0), db1r(hs, 0), dxr(M * D, 0);
-      RowParallelBackward(dar.data(), dw2r.data(), db2r.data(), dy.data(), ar.data(), w2r.data(), M,
-                          hs, D);
+      RowParallelBackward(CpuOps(), dar.data(), dw2r.data(), db2r.data(), dy.data(), ar.data(),
+                          w2r.data(), M, hs, D);
       kernels::gelu_backward(dhr.data(), hr.data(), dar.data(), M * hs);
-      ColumnParallelBackward(dxr.data(), dw1r.data(), db1r.data(), dhr.data(), x.data(), w1r.data(),
-                             M, D, hs);
+      ColumnParallelBackward(CpuOps(), dxr.data(), dw1r.data(), db1r.data(), dhr.data(), x.data(),
+                             w1r.data(), M, D, hs);
       ASSERT_TRUE(AllReduceTp(c, dxr.data(), M * D).ok());  // f backward
       ExpectClose(dw2r, SliceCols(dw2.data(), D, H, tp, r), "dw2 slice");
       ExpectClose(db2r, db2, "db2");

@@ -1,0 +1,199 @@
+#include "runtime/backends/cuda/cuda_ops.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "runtime/backends/cuda/cuda_backend.h"
+
+#ifdef LOOM_WITH_CUDA
+#include "kernels/attention/attention.h"
+#include "kernels/cuda/ops.h"
+#include "runtime/backends/cuda/cuda_check.h"
+#endif
+
+namespace loom {
+
+#ifdef LOOM_WITH_CUDA
+namespace {
+
+namespace k = kernels::cuda;
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
+  ~CudaOps() override {
+    if (scratch_ != nullptr) cudaFree(scratch_);
+  }
+
+  Backend* backend() const override { return backend_.get(); }
+
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M,
+                      int K, int N) override {
+    k::matmul_forward(out, inp, weight, bias, M, K, N);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int M, int K, int N) override {
+    k::matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N);
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C, float eps) override {
+    k::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
+    k::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C,
+                       float eps) override {
+    k::rmsnorm_forward(out, rrms, inp, weight, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                        const float* weight, const float* rrms, int N, int C) override {
+    k::rmsnorm_backward(dinp, dweight, dout, inp, weight, rrms, N, C);
+  }
+
+  void activation_forward(kernels::Activation act, float* out, const float* inp,
+                          int64_t n) override {
+    k::activation_forward(act, out, inp, n);
+  }
+  void activation_backward(kernels::Activation act, float* dinp, const float* inp,
+                           const float* dout, int64_t n) override {
+    k::activation_backward(act, dinp, inp, dout, n);
+  }
+  void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) override {
+    k::swiglu_forward(out, gate, up, n);
+  }
+  void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
+                       const float* dout, int64_t n) override {
+    k::swiglu_backward(dgate, dup, gate, up, dout, n);
+  }
+
+  void rope_forward(float* qkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                    int NKV, int HD) override {
+    k::rope_forward(qkv, positions, inv_freq, T, NH, NKV, HD);
+  }
+  void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                     int NKV, int HD) override {
+    k::rope_backward(dqkv, positions, inv_freq, T, NH, NKV, HD);
+  }
+
+  void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
+                         int T, int NH, int NKV, int HD, bool causal) override {
+    k::attention_forward(out, att, qkv, cu_seqlens, S, T, NH, NKV, HD, causal);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                          const int32_t* cu_seqlens, int S, int T, int NH, int NKV, int HD,
+                          bool causal) override {
+    // The kernel's scratch is as large as `att`: its size from the host
+    // copy of the sequence boundaries.
+    std::vector<int32_t> cu(S + 1);
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(cu.data(), cu_seqlens, sizeof(int32_t) * (S + 1), cudaMemcpyDeviceToHost));
+    float* scratch = Scratch(kernels::attention_att_size(cu.data(), S, NH));
+    k::attention_backward(dqkv, scratch, dout, qkv, att, cu_seqlens, S, T, NH, NKV, HD, causal);
+  }
+
+  void patchify(float* patches, const float* tiles, int N, int S, int P) override {
+    k::patchify(patches, tiles, N, S, P);
+  }
+  void add_position_forward(float* x, const float* pos, int N, int Np, int C) override {
+    k::add_position_forward(x, pos, N, Np, C);
+  }
+  void add_position_backward(float* dpos, const float* dx, int N, int Np, int C) override {
+    k::add_position_backward(dpos, dx, N, Np, C);
+  }
+  void pixel_shuffle_forward(float* out, const float* inp, int N, int G, int C) override {
+    k::pixel_shuffle_forward(out, inp, N, G, C);
+  }
+  void pixel_shuffle_backward(float* dinp, const float* dout, int N, int G, int C) override {
+    k::pixel_shuffle_backward(dinp, dout, N, G, C);
+  }
+  void vocab_embedding_forward(float* out, const int32_t* tokens, const float* table, int T, int C,
+                               int vocab_start, int v_shard) override {
+    k::vocab_embedding_forward(out, tokens, table, T, C, vocab_start, v_shard);
+  }
+  void vocab_embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int T,
+                                int C, int vocab_start, int v_shard) override {
+    k::vocab_embedding_backward(dtable, dout, tokens, T, C, vocab_start, v_shard);
+  }
+
+  kernels::LossSum crossentropy_forward(const float* logits, const int32_t* targets, int T,
+                                        int V) override {
+    // The fused kernel, its gradient into scratch (scaled by 0).
+    float* dlogits = Scratch(static_cast<int64_t>(T) * V + T);
+    return CrossEntropy(dlogits, dlogits + static_cast<int64_t>(T) * V, logits, targets, T, V,
+                        0.0f);
+  }
+  kernels::LossSum crossentropy_forward_backward(float* dlogits, const float* logits,
+                                                 const int32_t* targets, int T, int V,
+                                                 float grad_scale) override {
+    return CrossEntropy(dlogits, Scratch(T), logits, targets, T, V, grad_scale);
+  }
+
+  void add(float* x, const float* y, int64_t n) override { k::add(x, y, n); }
+  void add_bias(float* out, const float* bias, int M, int N) override {
+    k::add_bias(out, bias, M, N);
+  }
+  void copy(float* dst, const float* src, int64_t n) override {
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, 0));
+  }
+  void zero(float* x, int64_t n) override {
+    LOOM_CUDA_CHECK(cudaMemsetAsync(x, 0, sizeof(float) * n, 0));
+  }
+
+ private:
+  // Per-row losses summed on the host in row order (double), the count of
+  // rows with a target from the host copy of the targets.
+  kernels::LossSum CrossEntropy(float* dlogits, float* losses, const float* logits,
+                                const int32_t* targets, int T, int V, float grad_scale) {
+    k::crossentropy_forward_backward(dlogits, losses, logits, targets, T, V, grad_scale);
+    std::vector<float> host(T);
+    std::vector<int32_t> tgt(T);
+    LOOM_CUDA_CHECK(cudaMemcpy(host.data(), losses, sizeof(float) * T, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(tgt.data(), targets, sizeof(int32_t) * T, cudaMemcpyDeviceToHost));
+    kernels::LossSum out;
+    for (int t = 0; t < T; ++t) {
+      if (tgt[t] < 0) continue;
+      out.sum += host[t];
+      ++out.count;
+    }
+    return out;
+  }
+
+  // At least `n` floats of device memory, kept between calls (one user at
+  // a time: the ops of one model run in order).
+  float* Scratch(int64_t n) {
+    if (n > scratch_n_) {
+      if (scratch_ != nullptr) LOOM_CUDA_CHECK(cudaFree(scratch_));
+      LOOM_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float) * std::max<int64_t>(n, 1)));
+      scratch_n_ = n;
+    }
+    return scratch_;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  float* scratch_ = nullptr;
+  int64_t scratch_n_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps(int device) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<Ops>(new CudaOps(*std::move(backend)));
+}
+
+#else  // !LOOM_WITH_CUDA
+
+absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps(int device) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device);
+  return backend.status();  // UNIMPLEMENTED
+}
+
+#endif  // LOOM_WITH_CUDA
+
+}  // namespace loom

@@ -1,0 +1,21 @@
+// The model's ops (runtime/model/ops.h) on one GPU: kernels/cuda on device
+// memory, for the same layer code that runs the CPU kernels. The calls are
+// asynchronous on the default stream except those that return a value to
+// the host (the cross-entropy's loss sum), which wait for it.
+#ifndef LOOM_RUNTIME_BACKENDS_CUDA_CUDA_OPS_H_
+#define LOOM_RUNTIME_BACKENDS_CUDA_CUDA_OPS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/ops.h"
+
+namespace loom {
+
+// Ops on CUDA device `device` (its backend allocates there). UNIMPLEMENTED
+// without --config=cuda; FAILED_PRECONDITION when the device is not visible.
+absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps(int device);
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_BACKENDS_CUDA_CUDA_OPS_H_

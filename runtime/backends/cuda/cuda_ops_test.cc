@@ -1,0 +1,149 @@
+// The model's ops on a GPU (CudaOps) against the same ops on the CPU
+// (CpuOps), on the same random inputs: the ops the layers call besides the
+// big kernels (kernels/cuda:ops_cuda_test has those), through the Ops
+// interface. Skips without a GPU (fails under LOOM_REQUIRE_GPU=1).
+#include "runtime/backends/cuda/cuda_ops.h"
+
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gradcheck.h"
+#include "kernels/testing/tolerances.h"
+#include "runtime/backends/cuda/gpu_testing.h"
+
+namespace loom {
+namespace {
+
+using testing::AllClose;
+using testing::kCudaVsCpuF32;
+using testing::RandomVector;
+
+// A buffer of the ops' backend, filled from the host; Host() reads it back.
+template <typename T>
+class Buf {
+ public:
+  Buf(Ops* ops, const std::vector<T>& host) : b_(ops->backend()), n_(host.size()) {
+    p_ = b_->Allocate(sizeof(T) * n_);
+    b_->CopyFromHost(p_, host.data(), sizeof(T) * n_);
+  }
+  ~Buf() { b_->Free(p_); }
+  T* get() { return static_cast<T*>(p_); }
+  std::vector<T> Host() {
+    b_->Synchronize();
+    std::vector<T> out(n_);
+    b_->CopyToHost(out.data(), p_, sizeof(T) * n_);
+    return out;
+  }
+
+ private:
+  Backend* b_;
+  size_t n_;
+  void* p_;
+};
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Ops>> ops = MakeCudaOps(0);
+    LOOM_REQUIRE_GPU_OR_SKIP(ops.ok(), ops.status());
+    gpu_ = *std::move(ops);
+  }
+  // Runs `op` on both backends over copies of `inputs`; compares `outputs`
+  // (indices into the buffers) after.
+  void Agree(const std::vector<std::vector<float>>& buffers,
+             const std::function<void(Ops*, std::vector<float*>&)>& op, const char* what) {
+    std::vector<std::vector<float>> cpu = buffers;
+    std::vector<float*> cpu_ptrs;
+    for (auto& b : cpu) cpu_ptrs.push_back(b.data());
+    op(CpuOps(), cpu_ptrs);
+    std::vector<std::unique_ptr<Buf<float>>> dev;
+    std::vector<float*> dev_ptrs;
+    for (const auto& b : buffers) {
+      dev.push_back(std::make_unique<Buf<float>>(gpu_.get(), b));
+      dev_ptrs.push_back(dev.back()->get());
+    }
+    op(gpu_.get(), dev_ptrs);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const std::vector<float> got = dev[i]->Host();
+      EXPECT_TRUE(AllClose(got.data(), cpu[i].data(), got.size(), kCudaVsCpuF32))
+          << what << ", buffer " << i;
+    }
+  }
+  std::unique_ptr<Ops> gpu_;
+};
+
+TEST_F(CudaOpsTest, PatchesPositionsAndPixelShuffle) {
+  const int N = 3, S = 28, P = 14, G = S / P, C = 16;
+  Agree(
+      {RandomVector(N * G * G * 3 * P * P, 1), RandomVector(N * 3 * S * S, 2)},
+      [&](Ops* o, std::vector<float*>& b) { o->patchify(b[0], b[1], N, S, P); }, "patchify");
+  Agree(
+      {RandomVector(N * G * G * C, 3), RandomVector(G * G * C, 4), RandomVector(G * G * C, 5)},
+      [&](Ops* o, std::vector<float*>& b) {
+        o->add_position_forward(b[0], b[1], N, G * G, C);
+        o->add_position_backward(b[2], b[0], N, G * G, C);
+      },
+      "positions");
+  const int g = 4;
+  Agree(
+      {RandomVector(N * g * g * C, 6), RandomVector(N * g * g * C, 7),
+       RandomVector(N * g * g * C, 8)},
+      [&](Ops* o, std::vector<float*>& b) {
+        o->pixel_shuffle_forward(b[1], b[0], N, g, C);
+        o->pixel_shuffle_backward(b[2], b[1], N, g, C);
+      },
+      "pixel shuffle");
+}
+
+TEST_F(CudaOpsTest, VocabShardEmbeddingAddsAndCopies) {
+  const int T = 37, C = 24, V = 50, start = 50, shard = 50;
+  std::vector<int32_t> tokens(T);
+  for (int t = 0; t < T; ++t) tokens[t] = t % 5 == 0 ? -1 : (t * 7) % 100;  // both shards, images
+  std::vector<int32_t> cpu_tokens = tokens;
+  Buf<int32_t> dev_tokens(gpu_.get(), tokens);
+  Agree(
+      {RandomVector(T * C, 9), RandomVector(V * C, 10), RandomVector(V * C, 11),
+       RandomVector(T * C, 12)},
+      [&](Ops* o, std::vector<float*>& b) {
+        const int32_t* tk = o == CpuOps() ? cpu_tokens.data() : dev_tokens.get();
+        o->vocab_embedding_forward(b[0], tk, b[1], T, C, start, shard);
+        o->vocab_embedding_backward(b[2], b[3], tk, T, C, start, shard);
+      },
+      "vocab embedding");
+  Agree(
+      {RandomVector(T * C, 13), RandomVector(T * C, 14), RandomVector(C, 15),
+       RandomVector(T * C, 16), RandomVector(T * C, 17)},
+      [&](Ops* o, std::vector<float*>& b) {
+        o->add(b[0], b[1], T * C);
+        o->add_bias(b[0], b[2], T, C);
+        o->copy(b[3], b[0], T * C);
+        o->zero(b[4], T * C);
+      },
+      "add, bias, copy, zero");
+}
+
+TEST_F(CudaOpsTest, CrossEntropyLossSumsAgree) {
+  const int T = 19, V = 64;
+  std::vector<int32_t> targets(T);
+  for (int t = 0; t < T; ++t) targets[t] = t % 4 == 0 ? -1 : (t * 11) % V;
+  const std::vector<float> logits = RandomVector(T * V, 18, 3.0f);
+  const kernels::LossSum cpu = CpuOps()->crossentropy_forward(logits.data(), targets.data(), T, V);
+  Buf<float> dev_logits(gpu_.get(), logits);
+  Buf<int32_t> dev_targets(gpu_.get(), targets);
+  const kernels::LossSum gpu =
+      gpu_->crossentropy_forward(dev_logits.get(), dev_targets.get(), T, V);
+  EXPECT_EQ(gpu.count, cpu.count);
+  EXPECT_NEAR(gpu.sum, cpu.sum, 1e-4 * cpu.count) << "kCudaVsCpuF32's rtol per row";
+}
+
+TEST(CudaOpsUnavailableTest, WithoutAGpuItSaysWhy) {
+  absl::StatusOr<std::unique_ptr<Ops>> ops = MakeCudaOps(1000);
+  ASSERT_FALSE(ops.ok());
+  EXPECT_TRUE(ops.status().code() == absl::StatusCode::kUnimplemented ||
+              ops.status().code() == absl::StatusCode::kFailedPrecondition)
+      << ops.status();
+}
+
+}  // namespace
+}  // namespace loom

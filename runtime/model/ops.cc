@@ -1,0 +1,152 @@
+#include "runtime/model/ops.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/attention/attention.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/matmul/matmul.h"
+#include "kernels/norm/norm.h"
+#include "kernels/pixel_shuffle/pixel_shuffle.h"
+#include "kernels/rope/rope.h"
+
+namespace loom {
+
+namespace {
+
+class Cpu final : public Ops {
+ public:
+  Backend* backend() const override { return CpuBackend::Get(); }
+
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M,
+                      int K, int N) override {
+    kernels::matmul_forward(out, inp, weight, bias, M, K, N);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int M, int K, int N) override {
+    kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N);
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C, float eps) override {
+    kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
+    kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C,
+                       float eps) override {
+    kernels::rmsnorm_forward(out, rrms, inp, weight, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                        const float* weight, const float* rrms, int N, int C) override {
+    kernels::rmsnorm_backward(dinp, dweight, dout, inp, weight, rrms, N, C);
+  }
+
+  void activation_forward(kernels::Activation act, float* out, const float* inp,
+                          int64_t n) override {
+    kernels::activation_forward(act, out, inp, n);
+  }
+  void activation_backward(kernels::Activation act, float* dinp, const float* inp,
+                           const float* dout, int64_t n) override {
+    kernels::activation_backward(act, dinp, inp, dout, n);
+  }
+  void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) override {
+    kernels::swiglu_forward(out, gate, up, n);
+  }
+  void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
+                       const float* dout, int64_t n) override {
+    kernels::swiglu_backward(dgate, dup, gate, up, dout, n);
+  }
+
+  void rope_forward(float* qkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                    int NKV, int HD) override {
+    kernels::rope_forward(qkv, positions, inv_freq, T, NH, NKV, HD);
+  }
+  void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T, int NH,
+                     int NKV, int HD) override {
+    kernels::rope_backward(dqkv, positions, inv_freq, T, NH, NKV, HD);
+  }
+
+  void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
+                         int, int NH, int NKV, int HD, bool causal) override {
+    kernels::attention_forward(out, att, qkv, cu_seqlens, S, NH, NKV, HD, causal);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                          const int32_t* cu_seqlens, int S, int, int NH, int NKV, int HD,
+                          bool causal) override {
+    kernels::attention_backward(dqkv, dout, qkv, att, cu_seqlens, S, NH, NKV, HD, causal);
+  }
+
+  void patchify(float* patches, const float* tiles, int N, int S, int P) override {
+    kernels::patchify(patches, tiles, N, S, P);
+  }
+  void add_position_forward(float* x, const float* pos, int N, int Np, int C) override {
+    kernels::add_position_forward(x, pos, N, Np, C);
+  }
+  void add_position_backward(float* dpos, const float* dx, int N, int Np, int C) override {
+    kernels::add_position_backward(dpos, dx, N, Np, C);
+  }
+
+  void pixel_shuffle_forward(float* out, const float* inp, int N, int G, int C) override {
+    kernels::pixel_shuffle_forward(out, inp, N, G, C);
+  }
+  void pixel_shuffle_backward(float* dinp, const float* dout, int N, int G, int C) override {
+    kernels::pixel_shuffle_backward(dinp, dout, N, G, C);
+  }
+
+  void vocab_embedding_forward(float* out, const int32_t* tokens, const float* table, int T, int C,
+                               int vocab_start, int v_shard) override {
+    std::fill(out, out + static_cast<int64_t>(T) * C, 0.0f);
+    for (int t = 0; t < T; ++t) {
+      const int v = tokens[t] - vocab_start;
+      if (tokens[t] < 0 || v < 0 || v >= v_shard) continue;
+      std::memcpy(out + static_cast<int64_t>(t) * C, table + static_cast<int64_t>(v) * C,
+                  sizeof(float) * C);
+    }
+  }
+  void vocab_embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int T,
+                                int C, int vocab_start, int v_shard) override {
+    for (int t = 0; t < T; ++t) {
+      const int v = tokens[t] - vocab_start;
+      if (tokens[t] < 0 || v < 0 || v >= v_shard) continue;
+      float* d = dtable + static_cast<int64_t>(v) * C;
+      const float* g = dout + static_cast<int64_t>(t) * C;
+      for (int c = 0; c < C; ++c) d[c] += g[c];
+    }
+  }
+
+  kernels::LossSum crossentropy_forward(const float* logits, const int32_t* targets, int T,
+                                        int V) override {
+    return kernels::crossentropy_forward(logits, targets, T, V);
+  }
+  kernels::LossSum crossentropy_forward_backward(float* dlogits, const float* logits,
+                                                 const int32_t* targets, int T, int V,
+                                                 float grad_scale) override {
+    return kernels::crossentropy_forward_backward(dlogits, logits, targets, T, V, grad_scale);
+  }
+
+  void add(float* x, const float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+  void add_bias(float* out, const float* bias, int M, int N) override {
+    for (int m = 0; m < M; ++m) {
+      for (int n = 0; n < N; ++n) out[static_cast<int64_t>(m) * N + n] += bias[n];
+    }
+  }
+  void copy(float* dst, const float* src, int64_t n) override {
+    if (n > 0) std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+  }
+  void zero(float* x, int64_t n) override { std::fill(x, x + n, 0.0f); }
+};
+
+}  // namespace
+
+Ops* CpuOps() {
+  static Cpu* const ops = new Cpu();
+  return ops;
+}
+
+}  // namespace loom

@@ -1,0 +1,113 @@
+// The kernels a model's layers run, behind one interface per backend: the
+// layer code (runtime/model, the tensor-parallel layers of runtime/parallel)
+// calls Ops, never a kernel, so the same code serves the CPU kernels
+// (kernels/<op>/) and, once parameters and activations live on the device,
+// the CUDA kernels (kernels/cuda/ops.h) — one code path (ggml's backend ops,
+// llm.c's forward/backward written once over its kernels).
+//
+// Contracts are the CPU kernels' (shapes, `+=` in backward, masks): see
+// each kernel's header. Every pointer is memory of backend(); the integer
+// arrays (tokens, positions, cu_seqlens, targets) too. Host-side values
+// (sizes, the attention's scratch size) are computed on the host from host
+// copies (attention_att_size).
+//
+// Thread-safety: the CPU ops are stateless; one Ops may serve many threads.
+#ifndef LOOM_RUNTIME_MODEL_OPS_H_
+#define LOOM_RUNTIME_MODEL_OPS_H_
+
+#include <cstdint>
+
+#include "kernels/activation/activation.h"
+#include "kernels/loss/crossentropy.h"
+#include "runtime/tensor/backend.h"
+
+namespace loom {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  // Where the pointers the ops take live.
+  virtual Backend* backend() const = 0;
+
+  // kernels/matmul: out (M, N) = inp (M, K) · weight (N, K)ᵀ + bias.
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int M, int K, int N) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int M, int K, int N) = 0;
+
+  // kernels/norm.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C,
+                                 float eps) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+  virtual void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight,
+                               int N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                const float* weight, const float* rrms, int N, int C) = 0;
+
+  // kernels/activation.
+  virtual void activation_forward(kernels::Activation act, float* out, const float* inp,
+                                  int64_t n) = 0;
+  virtual void activation_backward(kernels::Activation act, float* dinp, const float* inp,
+                                   const float* dout, int64_t n) = 0;
+  virtual void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) = 0;
+  virtual void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
+                               const float* dout, int64_t n) = 0;
+
+  // kernels/rope (inv_freq: HD / 2 values on this backend).
+  virtual void rope_forward(float* qkv, const int32_t* positions, const float* inv_freq, int T,
+                            int NH, int NKV, int HD) = 0;
+  virtual void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T,
+                             int NH, int NKV, int HD) = 0;
+
+  // kernels/attention: packed variable-length sequences, `cu_seqlens`
+  // (S + 1) on this backend; T = cu_seqlens[S] rows; `att` holds
+  // attention_att_size(host cu_seqlens, S, NH) floats.
+  virtual void attention_forward(float* out, float* att, const float* qkv,
+                                 const int32_t* cu_seqlens, int S, int T, int NH, int NKV, int HD,
+                                 bool causal) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                  const float* att, const int32_t* cu_seqlens, int S, int T, int NH,
+                                  int NKV, int HD, bool causal) = 0;
+
+  // kernels/embedding: the ViT's patches and positions.
+  virtual void patchify(float* patches, const float* tiles, int N, int S, int P) = 0;
+  virtual void add_position_forward(float* x, const float* pos, int N, int Np, int C) = 0;
+  virtual void add_position_backward(float* dpos, const float* dx, int N, int Np, int C) = 0;
+
+  // kernels/pixel_shuffle.
+  virtual void pixel_shuffle_forward(float* out, const float* inp, int N, int G, int C) = 0;
+  virtual void pixel_shuffle_backward(float* dinp, const float* dout, int N, int G, int C) = 0;
+
+  // The rows of a vocabulary shard [vocab_start, vocab_start + v_shard):
+  // out (T, C) = table row of each token in the shard, 0 elsewhere (and at
+  // tokens < 0); backward adds dout's rows to theirs.
+  virtual void vocab_embedding_forward(float* out, const int32_t* tokens, const float* table, int T,
+                                       int C, int vocab_start, int v_shard) = 0;
+  virtual void vocab_embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
+                                        int T, int C, int vocab_start, int v_shard) = 0;
+
+  // kernels/loss over whole rows of the vocabulary (one rank); the loss sum
+  // comes back to the host.
+  virtual kernels::LossSum crossentropy_forward(const float* logits, const int32_t* targets, int T,
+                                                int V) = 0;
+  virtual kernels::LossSum crossentropy_forward_backward(float* dlogits, const float* logits,
+                                                         const int32_t* targets, int T, int V,
+                                                         float grad_scale) = 0;
+
+  // Elementwise: x[i] += y[i]; out (M, N) += bias (N) on every row;
+  // dst = src; x = 0.
+  virtual void add(float* x, const float* y, int64_t n) = 0;
+  virtual void add_bias(float* out, const float* bias, int M, int N) = 0;
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void zero(float* x, int64_t n) = 0;
+};
+
+// The CPU kernels on host memory (CpuBackend). Process-wide.
+Ops* CpuOps();
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_MODEL_OPS_H_
