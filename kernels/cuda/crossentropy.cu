@@ -29,7 +29,87 @@ __global__ void CrossEntropy(float* dlogits, float* losses, const float* logits,
   if (threadIdx.x == 0) losses[row] = lse - (x[target] - mx);
 }
 
+__device__ double BlockSumDouble(double v, double* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? scratch[lane] : 0.0;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+
+// The vocab-parallel pieces: one block per row of the shard.
+__global__ void ShardMax(float* mx, const float* logits, int V) {
+  __shared__ float scratch[32];
+  const float* x = logits + static_cast<int64_t>(blockIdx.x) * V;
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, x[v]);
+  m = BlockMax(m, scratch);
+  if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+
+__global__ void ShardSums(double* sums, const float* logits, const float* mx,
+                          const int32_t* targets, int V, int vocab_start) {
+  __shared__ double scratch[32];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  const int target = targets[row];
+  if (target < 0) {
+    if (threadIdx.x == 0) sums[2 * row] = sums[2 * row + 1] = 0.0;
+    return;
+  }
+  double s = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += exp(static_cast<double>(x[v] - mx[row]));
+  s = BlockSumDouble(s, scratch);
+  if (threadIdx.x == 0) {
+    const int v = target - vocab_start;
+    sums[2 * row] = s;
+    sums[2 * row + 1] = v >= 0 && v < V ? static_cast<double>(x[v] - mx[row]) : 0.0;
+  }
+}
+
+__global__ void ShardGrad(float* dlogits, const float* logits, const float* mx, const double* sums,
+                          const int32_t* targets, int V, int vocab_start, float grad_scale) {
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  float* d = dlogits + row * V;
+  const int target = targets[row];
+  if (target < 0) {
+    for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
+    return;
+  }
+  const double lse = log(sums[2 * row]);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    d[v] = static_cast<float>(exp(static_cast<double>(x[v] - mx[row]) - lse)) * grad_scale -
+           (v == target - vocab_start ? grad_scale : 0.0f);
+  }
+}
+
 }  // namespace
+
+void crossentropy_shard_max(float* mx, const float* logits, int T, int V) {
+  if (T == 0) return;
+  ShardMax<<<T, kThreads>>>(mx, logits, V);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void crossentropy_shard_sums(double* sums, const float* logits, const float* mx,
+                             const int32_t* targets, int T, int V, int vocab_start) {
+  if (T == 0) return;
+  ShardSums<<<T, kThreads>>>(sums, logits, mx, targets, V, vocab_start);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void crossentropy_shard_grad(float* dlogits, const float* logits, const float* mx,
+                             const double* sums, const int32_t* targets, int T, int V,
+                             int vocab_start, float grad_scale) {
+  if (T == 0) return;
+  ShardGrad<<<T, kThreads>>>(dlogits, logits, mx, sums, targets, V, vocab_start, grad_scale);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
 
 void crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
                                    const int32_t* targets, int T, int V, float grad_scale) {

@@ -73,6 +73,17 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 void crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
                                    const int32_t* targets, int T, int V, float grad_scale);
 
+// The vocab-parallel cross-entropy's steps (runtime/model/ops.h): each
+// row's max over the shard; the shard's Σ exp and target logit (double);
+// the gradient from the group's sums (the loss sum is the host's, from the
+// sums).
+void crossentropy_shard_max(float* mx, const float* logits, int T, int V);
+void crossentropy_shard_sums(double* sums, const float* logits, const float* mx,
+                             const int32_t* targets, int T, int V, int vocab_start);
+void crossentropy_shard_grad(float* dlogits, const float* logits, const float* mx,
+                             const double* sums, const int32_t* targets, int T, int V,
+                             int vocab_start, float grad_scale);
+
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
 

@@ -1,6 +1,7 @@
 #include "runtime/model/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/attention/attention.h"
@@ -126,6 +127,49 @@ class Cpu final : public Ops {
                                                  const int32_t* targets, int T, int V,
                                                  float grad_scale) override {
     return kernels::crossentropy_forward_backward(dlogits, logits, targets, T, V, grad_scale);
+  }
+
+  void crossentropy_shard_max(float* mx, const float* logits, int T, int V) override {
+    for (int t = 0; t < T; ++t) {
+      const float* x = logits + static_cast<int64_t>(t) * V;
+      mx[t] = *std::max_element(x, x + V);
+    }
+  }
+  void crossentropy_shard_sums(double* sums, const float* logits, const float* mx,
+                               const int32_t* targets, int T, int V, int vocab_start) override {
+    std::fill(sums, sums + 2 * static_cast<int64_t>(T), 0.0);
+    for (int t = 0; t < T; ++t) {
+      if (targets[t] < 0) continue;
+      const float* x = logits + static_cast<int64_t>(t) * V;
+      double s = 0;
+      for (int v = 0; v < V; ++v) s += std::exp(static_cast<double>(x[v] - mx[t]));
+      sums[2 * t] = s;
+      const int v = targets[t] - vocab_start;
+      if (v >= 0 && v < V) sums[2 * t + 1] = x[v] - mx[t];
+    }
+  }
+  kernels::LossSum crossentropy_shard_finish(float* dlogits, const float* logits, const float* mx,
+                                             const double* sums, const int32_t* targets, int T,
+                                             int V, int vocab_start, float grad_scale) override {
+    kernels::LossSum out;
+    for (int t = 0; t < T; ++t) {
+      float* d = dlogits == nullptr ? nullptr : dlogits + static_cast<int64_t>(t) * V;
+      if (targets[t] < 0) {
+        if (d != nullptr) std::fill(d, d + V, 0.0f);
+        continue;
+      }
+      const double lse = std::log(sums[2 * t]);
+      out.sum += lse - sums[2 * t + 1];
+      ++out.count;
+      if (d == nullptr) continue;
+      const float* x = logits + static_cast<int64_t>(t) * V;
+      for (int v = 0; v < V; ++v) {
+        d[v] = static_cast<float>(std::exp(static_cast<double>(x[v] - mx[t]) - lse)) * grad_scale;
+      }
+      const int v = targets[t] - vocab_start;
+      if (v >= 0 && v < V) d[v] -= grad_scale;
+    }
+    return out;
   }
 
   void add(float* x, const float* y, int64_t n) override {

@@ -97,6 +97,23 @@ class Ops {
                                                          const int32_t* targets, int T, int V,
                                                          float grad_scale) = 0;
 
+  // Megatron's vocab-parallel cross-entropy in three steps around the TP
+  // group's two all-reduces (runtime/parallel/tensor_parallel.h); logits
+  // (T, V) hold the shard's columns [vocab_start, vocab_start + V).
+  // mx (T) = each row's max over the shard.
+  virtual void crossentropy_shard_max(float* mx, const float* logits, int T, int V) = 0;
+  // With mx the whole row's max: sums (2T) [2t] = Σ exp(x - mx[t]) over the
+  // shard, [2t + 1] = x[target] - mx[t] where the shard holds the target, 0
+  // otherwise; both 0 on rows without a target (< 0).
+  virtual void crossentropy_shard_sums(double* sums, const float* logits, const float* mx,
+                                       const int32_t* targets, int T, int V, int vocab_start) = 0;
+  // From the group's sums: the loss sum, and with `dlogits` (softmax -
+  // onehot) · grad_scale on rows with a target, 0 elsewhere.
+  virtual kernels::LossSum crossentropy_shard_finish(float* dlogits, const float* logits,
+                                                     const float* mx, const double* sums,
+                                                     const int32_t* targets, int T, int V,
+                                                     int vocab_start, float grad_scale) = 0;
+
   // Elementwise: x[i] += y[i]; out (M, N) += bias (N) on every row;
   // dst = src; x = 0.
   virtual void add(float* x, const float* y, int64_t n) = 0;

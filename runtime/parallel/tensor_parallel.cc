@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 
 #include "runtime/base/log.h"
 
@@ -85,47 +87,22 @@ absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Ops* ops, Communicato
                : ops->crossentropy_forward_backward(dlogits_shard, logits_shard, targets, T,
                                                     v_shard, grad_scale);
   }
-  LOOM_CHECK(ops->backend()->device().type == DeviceType::kCpu)
-      << "the vocab-parallel cross-entropy over " << tp->size()
-      << " ranks runs on the host only (its device kernels are still to come)";
-  auto row = [&](int t) { return logits_shard + static_cast<int64_t>(t) * v_shard; };
-  std::vector<float> mx(T);
-  for (int t = 0; t < T; ++t) mx[t] = *std::max_element(row(t), row(t) + v_shard);
-  if (absl::Status s = tp->AllreduceMax(mx.data(), T); !s.ok()) return s;
+  // The max and the sums live where the logits do.
+  Backend* b = ops->backend();
+  std::unique_ptr<void, std::function<void(void*)>> mx(
+      b->Allocate(sizeof(float) * static_cast<size_t>(T)), [b](void* p) { b->Free(p); });
+  std::unique_ptr<void, std::function<void(void*)>> sums(
+      b->Allocate(sizeof(double) * 2 * static_cast<size_t>(T)), [b](void* p) { b->Free(p); });
+  float* m = static_cast<float*>(mx.get());
+  double* s2 = static_cast<double*>(sums.get());
+  ops->crossentropy_shard_max(m, logits_shard, T, v_shard);
+  if (absl::Status s = tp->AllreduceMax(m, T); !s.ok()) return s;
   // Per row: Σ exp(x - max) over this rank's columns, and the target's
   // logit - max where this rank holds the target (else 0).
-  std::vector<double> sums(2 * static_cast<size_t>(T), 0.0);
-  for (int t = 0; t < T; ++t) {
-    if (targets[t] < 0) continue;
-    const float* x = row(t);
-    double s = 0;
-    for (int v = 0; v < v_shard; ++v) s += std::exp(static_cast<double>(x[v] - mx[t]));
-    sums[2 * t] = s;
-    const int v = targets[t] - vocab_start;
-    if (v >= 0 && v < v_shard) sums[2 * t + 1] = x[v] - mx[t];
-  }
-  if (absl::Status s = tp->AllreduceSum(sums.data(), 2 * static_cast<int64_t>(T)); !s.ok())
-    return s;
-  kernels::LossSum out;
-  for (int t = 0; t < T; ++t) {
-    float* d =
-        dlogits_shard == nullptr ? nullptr : dlogits_shard + static_cast<int64_t>(t) * v_shard;
-    if (targets[t] < 0) {
-      if (d != nullptr) std::fill(d, d + v_shard, 0.0f);
-      continue;
-    }
-    const double lse = std::log(sums[2 * t]);
-    out.sum += lse - sums[2 * t + 1];
-    ++out.count;
-    if (d == nullptr) continue;
-    const float* x = row(t);
-    for (int v = 0; v < v_shard; ++v) {
-      d[v] = static_cast<float>(std::exp(static_cast<double>(x[v] - mx[t]) - lse)) * grad_scale;
-    }
-    const int v = targets[t] - vocab_start;
-    if (v >= 0 && v < v_shard) d[v] -= grad_scale;
-  }
-  return out;
+  ops->crossentropy_shard_sums(s2, logits_shard, m, targets, T, v_shard, vocab_start);
+  if (absl::Status s = tp->AllreduceSum(s2, 2 * static_cast<int64_t>(T)); !s.ok()) return s;
+  return ops->crossentropy_shard_finish(dlogits_shard, logits_shard, m, s2, targets, T, v_shard,
+                                        vocab_start, grad_scale);
 }
 
 }  // namespace loom::parallel

@@ -20,8 +20,7 @@
 //
 // The compute goes through `ops` (runtime/model/ops.h): the pointers are
 // its backend's memory, and `tp` must reduce that memory (Gloo: host; NCCL:
-// device). The vocab-parallel cross-entropy of a group of more than one
-// reads the logits on the host (its device kernels are still to come).
+// device).
 #ifndef LOOM_RUNTIME_PARALLEL_TENSOR_PARALLEL_H_
 #define LOOM_RUNTIME_PARALLEL_TENSOR_PARALLEL_H_
 

@@ -1,6 +1,7 @@
 #include "runtime/backends/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -131,6 +132,33 @@ class CudaOps final : public Ops {
                                                  const int32_t* targets, int T, int V,
                                                  float grad_scale) override {
     return CrossEntropy(dlogits, Scratch(T), logits, targets, T, V, grad_scale);
+  }
+
+  void crossentropy_shard_max(float* mx, const float* logits, int T, int V) override {
+    k::crossentropy_shard_max(mx, logits, T, V);
+  }
+  void crossentropy_shard_sums(double* sums, const float* logits, const float* mx,
+                               const int32_t* targets, int T, int V, int vocab_start) override {
+    k::crossentropy_shard_sums(sums, logits, mx, targets, T, V, vocab_start);
+  }
+  kernels::LossSum crossentropy_shard_finish(float* dlogits, const float* logits, const float* mx,
+                                             const double* sums, const int32_t* targets, int T,
+                                             int V, int vocab_start, float grad_scale) override {
+    if (dlogits != nullptr) {
+      k::crossentropy_shard_grad(dlogits, logits, mx, sums, targets, T, V, vocab_start, grad_scale);
+    }
+    // The loss from the sums, on the host in row order as on the CPU.
+    std::vector<double> s(2 * static_cast<size_t>(T));
+    std::vector<int32_t> tgt(T);
+    LOOM_CUDA_CHECK(cudaMemcpy(s.data(), sums, sizeof(double) * s.size(), cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(tgt.data(), targets, sizeof(int32_t) * T, cudaMemcpyDeviceToHost));
+    kernels::LossSum out;
+    for (int t = 0; t < T; ++t) {
+      if (tgt[t] < 0) continue;
+      out.sum += std::log(s[2 * t]) - s[2 * t + 1];
+      ++out.count;
+    }
+    return out;
   }
 
   void add(float* x, const float* y, int64_t n) override { k::add(x, y, n); }

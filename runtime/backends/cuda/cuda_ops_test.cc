@@ -4,6 +4,8 @@
 // interface. Skips without a GPU (fails under LOOM_REQUIRE_GPU=1).
 #include "runtime/backends/cuda/cuda_ops.h"
 
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -135,6 +137,41 @@ TEST_F(CudaOpsTest, CrossEntropyLossSumsAgree) {
       gpu_->crossentropy_forward(dev_logits.get(), dev_targets.get(), T, V);
   EXPECT_EQ(gpu.count, cpu.count);
   EXPECT_NEAR(gpu.sum, cpu.sum, 1e-4 * cpu.count) << "kCudaVsCpuF32's rtol per row";
+}
+
+// The vocab-parallel cross-entropy's three steps on one shard (columns
+// [40, 80) of 120), some targets outside it, some rows without one.
+TEST_F(CudaOpsTest, VocabShardCrossEntropyStepsAgree) {
+  const int T = 13, V = 40, start = 40;
+  std::vector<int32_t> targets(T);
+  for (int t = 0; t < T; ++t) targets[t] = t % 5 == 0 ? -1 : (t * 17) % 120;
+  const std::vector<float> logits = RandomVector(T * V, 19, 3.0f);
+  std::vector<float> mx(T), dlogits(T * V);
+  std::vector<double> sums(2 * T);
+  Ops* cpu = CpuOps();
+  cpu->crossentropy_shard_max(mx.data(), logits.data(), T, V);
+  cpu->crossentropy_shard_sums(sums.data(), logits.data(), mx.data(), targets.data(), T, V, start);
+  const kernels::LossSum want = cpu->crossentropy_shard_finish(
+      dlogits.data(), logits.data(), mx.data(), sums.data(), targets.data(), T, V, start, 0.25f);
+
+  Buf<float> d_logits(gpu_.get(), logits), d_mx(gpu_.get(), std::vector<float>(T)),
+      d_dlogits(gpu_.get(), std::vector<float>(T * V));
+  Buf<double> d_sums(gpu_.get(), std::vector<double>(2 * T));
+  Buf<int32_t> d_targets(gpu_.get(), targets);
+  gpu_->crossentropy_shard_max(d_mx.get(), d_logits.get(), T, V);
+  gpu_->crossentropy_shard_sums(d_sums.get(), d_logits.get(), d_mx.get(), d_targets.get(), T, V,
+                                start);
+  const kernels::LossSum got =
+      gpu_->crossentropy_shard_finish(d_dlogits.get(), d_logits.get(), d_mx.get(), d_sums.get(),
+                                      d_targets.get(), T, V, start, 0.25f);
+  EXPECT_EQ(d_mx.Host(), mx);  // a max is exact
+  const std::vector<double> got_sums = d_sums.Host();
+  for (int i = 0; i < 2 * T; ++i)
+    EXPECT_NEAR(got_sums[i], sums[i], 1e-4 * std::abs(sums[i]) + 1e-5);
+  const std::vector<float> got_d = d_dlogits.Host();
+  EXPECT_TRUE(AllClose(got_d.data(), dlogits.data(), got_d.size(), kCudaVsCpuF32));
+  EXPECT_EQ(got.count, want.count);
+  EXPECT_NEAR(got.sum, want.sum, 1e-4 * want.count);
 }
 
 TEST(CudaOpsUnavailableTest, WithoutAGpuItSaysWhy) {
