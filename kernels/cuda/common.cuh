@@ -12,8 +12,12 @@ inline constexpr int kThreads = 256;
 
 inline int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
-// A grid-stride loop's grid: at most 65,535 blocks.
-inline int GridFor(int64_t n) { return static_cast<int>(Blocks(n) < 65535 ? Blocks(n) : 65535); }
+// A grid-stride loop's grid: 1 to 65,535 blocks (one for n <= 0: a launch of
+// none is an error, and the loop then does nothing).
+inline int GridFor(int64_t n) {
+  const int64_t b = n <= 0 ? 1 : Blocks(n);
+  return static_cast<int>(b < 65535 ? b : 65535);
+}
 
 #define LOOM_GRID_LOOP(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \

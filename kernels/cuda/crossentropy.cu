@@ -10,10 +10,12 @@ __global__ void CrossEntropy(float* dlogits, float* losses, const float* logits,
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* x = logits + row * V;
-  float* d = dlogits + row * V;
+  float* d = dlogits == nullptr ? nullptr : dlogits + row * V;  // null: the loss only
   const int target = targets[row];
   if (target < 0) {
-    for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
+    if (d != nullptr) {
+      for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
+    }
     if (threadIdx.x == 0) losses[row] = 0.0f;
     return;
   }
@@ -23,8 +25,10 @@ __global__ void CrossEntropy(float* dlogits, float* losses, const float* logits,
   float sum = 0;
   for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(x[v] - mx);
   const float lse = logf(BlockSum(sum, scratch));
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    d[v] = (expf(x[v] - mx - lse) - (v == target ? 1.0f : 0.0f)) * grad_scale;
+  if (d != nullptr) {
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+      d[v] = (expf(x[v] - mx - lse) - (v == target ? 1.0f : 0.0f)) * grad_scale;
+    }
   }
   if (threadIdx.x == 0) losses[row] = lse - (x[target] - mx);
 }

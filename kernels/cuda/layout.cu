@@ -61,21 +61,17 @@ __global__ void VocabEmbeddingForward(float* out, const int32_t* tokens, const f
   }
 }
 
-// One thread per (table row of the shard, column): the rows of the tokens
-// that map to it, in token order (deterministic, unlike atomics).
-__global__ void VocabEmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens,
-                                       int T, int C, int vocab_start, int v_shard) {
-  LOOM_GRID_LOOP(i, static_cast<int64_t>(v_shard) * C) {
-    const int v = static_cast<int>(i / C), c = static_cast<int>(i % C);
+// One thread per (run, column): a run's dout rows summed in token order,
+// then added to its table row (deterministic, unlike atomics; O(T·C)).
+__global__ void EmbeddingBackwardRuns(float* dtable, const float* dout, const int32_t* rows,
+                                      const int32_t* offsets, const int32_t* order, int runs,
+                                      int C) {
+  LOOM_GRID_LOOP(i, static_cast<int64_t>(runs) * C) {
+    const int r = static_cast<int>(i / C), c = static_cast<int>(i % C);
     float s = 0.0f;
-    bool any = false;
-    for (int t = 0; t < T; ++t) {
-      if (tokens[t] >= 0 && tokens[t] - vocab_start == v) {
-        s += dout[static_cast<int64_t>(t) * C + c];
-        any = true;
-      }
-    }
-    if (any) dtable[i] += s;
+    for (int k = offsets[r]; k < offsets[r + 1]; ++k)
+      s += dout[static_cast<int64_t>(order[k]) * C + c];
+    dtable[static_cast<int64_t>(rows[r]) * C + c] += s;
   }
 }
 
@@ -124,10 +120,11 @@ void vocab_embedding_forward(float* out, const int32_t* tokens, const float* tab
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
-void vocab_embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int T, int C,
-                              int vocab_start, int v_shard) {
-  VocabEmbeddingBackward<<<GridFor(static_cast<int64_t>(v_shard) * C), kThreads>>>(
-      dtable, dout, tokens, T, C, vocab_start, v_shard);
+void embedding_backward_runs(float* dtable, const float* dout, const int32_t* rows,
+                             const int32_t* offsets, const int32_t* order, int runs, int C) {
+  if (runs == 0) return;
+  EmbeddingBackwardRuns<<<GridFor(static_cast<int64_t>(runs) * C), kThreads>>>(
+      dtable, dout, rows, offsets, order, runs, C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

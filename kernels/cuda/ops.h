@@ -68,8 +68,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int NKV,
                         int HD, bool causal);
 
-// Fused masked cross-entropy: writes dlogits and per-row losses (0 where the
-// target is < 0); the caller sums `losses` for the loss sum.
+// Fused masked cross-entropy: writes dlogits (null: the losses only) and
+// per-row losses (0 where the target is < 0); the caller sums `losses` for
+// the loss sum.
 void crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
                                    const int32_t* targets, int T, int V, float grad_scale);
 
@@ -95,12 +96,14 @@ void add_position_backward(float* dpos, const float* dx, int N, int Np, int C);
 void pixel_shuffle_forward(float* out, const float* inp, int N, int G, int C);
 void pixel_shuffle_backward(float* dinp, const float* dout, int N, int G, int C);
 // A vocabulary shard's rows [vocab_start, vocab_start + v_shard): out (T, C)
-// = each token's row in the shard, 0 elsewhere; backward adds them back
-// (runtime/model/ops.h).
+// = each token's row in the shard, 0 elsewhere (runtime/model/ops.h).
 void vocab_embedding_forward(float* out, const int32_t* tokens, const float* table, int T, int C,
                              int vocab_start, int v_shard);
-void vocab_embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int T, int C,
-                              int vocab_start, int v_shard);
+// Its backward, deterministic: the tokens grouped into runs (on the host)
+// of one table row each; run r adds dout rows order[offsets[r] ..
+// offsets[r + 1]), summed in that order, to dtable row rows[r].
+void embedding_backward_runs(float* dtable, const float* dout, const int32_t* rows,
+                             const int32_t* offsets, const int32_t* order, int runs, int C);
 // x += y; out (M, N) += bias (N) on every row.
 void add(float* x, const float* y, int64_t n);
 void add_bias(float* out, const float* bias, int M, int N);

@@ -11,7 +11,8 @@
 // (sizes, the attention's scratch size) are computed on the host from host
 // copies (attention_att_size).
 //
-// Thread-safety: the CPU ops are stateless; one Ops may serve many threads.
+// Thread-safety: the CPU ops are stateless and serve many threads; others
+// say their own (CudaOps: one thread at a time).
 #ifndef LOOM_RUNTIME_MODEL_OPS_H_
 #define LOOM_RUNTIME_MODEL_OPS_H_
 

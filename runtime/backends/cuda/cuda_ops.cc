@@ -25,6 +25,7 @@ class CudaOps final : public Ops {
   explicit CudaOps(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
   ~CudaOps() override {
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (int_scratch_ != nullptr) cudaFree(int_scratch_);
   }
 
   Backend* backend() const override { return backend_.get(); }
@@ -118,15 +119,40 @@ class CudaOps final : public Ops {
   }
   void vocab_embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int T,
                                 int C, int vocab_start, int v_shard) override {
-    k::vocab_embedding_backward(dtable, dout, tokens, T, C, vocab_start, v_shard);
+    // The shard's tokens grouped by table row on the host (stable: token
+    // order within a row), so that each row's sum is deterministic.
+    std::vector<int32_t> host(T);
+    LOOM_CUDA_CHECK(cudaMemcpy(host.data(), tokens, sizeof(int32_t) * T, cudaMemcpyDeviceToHost));
+    std::vector<std::pair<int32_t, int32_t>> pairs;  // (row, token index)
+    for (int t = 0; t < T; ++t) {
+      const int v = host[t] - vocab_start;
+      if (host[t] >= 0 && v >= 0 && v < v_shard) pairs.emplace_back(v, t);
+    }
+    std::stable_sort(pairs.begin(), pairs.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<int32_t> runs;  // rows | offsets | order, one upload
+    std::vector<int32_t> offsets{0}, order;
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      if (k == 0 || pairs[k].first != pairs[k - 1].first) {
+        if (k > 0) offsets.push_back(static_cast<int32_t>(k));
+        runs.push_back(pairs[k].first);
+      }
+      order.push_back(pairs[k].second);
+    }
+    if (runs.empty()) return;
+    offsets.push_back(static_cast<int32_t>(pairs.size()));
+    const int R = static_cast<int>(runs.size());
+    runs.insert(runs.end(), offsets.begin(), offsets.end());
+    runs.insert(runs.end(), order.begin(), order.end());
+    int32_t* dev = IntScratch(static_cast<int64_t>(runs.size()));
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(dev, runs.data(), sizeof(int32_t) * runs.size(), cudaMemcpyHostToDevice));
+    k::embedding_backward_runs(dtable, dout, dev, dev + R, dev + 2 * R + 1, R, C);
   }
 
   kernels::LossSum crossentropy_forward(const float* logits, const int32_t* targets, int T,
                                         int V) override {
-    // The fused kernel, its gradient into scratch (scaled by 0).
-    float* dlogits = Scratch(static_cast<int64_t>(T) * V + T);
-    return CrossEntropy(dlogits, dlogits + static_cast<int64_t>(T) * V, logits, targets, T, V,
-                        0.0f);
+    return CrossEntropy(nullptr, Scratch(T), logits, targets, T, V, 0.0f);  // the losses only
   }
   kernels::LossSum crossentropy_forward_backward(float* dlogits, const float* logits,
                                                  const int32_t* targets, int T, int V,
@@ -166,9 +192,11 @@ class CudaOps final : public Ops {
     k::add_bias(out, bias, M, N);
   }
   void copy(float* dst, const float* src, int64_t n) override {
+    if (n <= 0) return;
     LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice, 0));
   }
   void zero(float* x, int64_t n) override {
+    if (n <= 0) return;
     LOOM_CUDA_CHECK(cudaMemsetAsync(x, 0, sizeof(float) * n, 0));
   }
 
@@ -191,8 +219,8 @@ class CudaOps final : public Ops {
     return out;
   }
 
-  // At least `n` floats of device memory, kept between calls (one user at
-  // a time: the ops of one model run in order).
+  // At least `n` floats (ints) of device memory, kept between calls (one
+  // user at a time: see cuda_ops.h).
   float* Scratch(int64_t n) {
     if (n > scratch_n_) {
       if (scratch_ != nullptr) LOOM_CUDA_CHECK(cudaFree(scratch_));
@@ -201,10 +229,20 @@ class CudaOps final : public Ops {
     }
     return scratch_;
   }
+  int32_t* IntScratch(int64_t n) {
+    if (n > int_scratch_n_) {
+      if (int_scratch_ != nullptr) LOOM_CUDA_CHECK(cudaFree(int_scratch_));
+      LOOM_CUDA_CHECK(cudaMalloc(&int_scratch_, sizeof(int32_t) * std::max<int64_t>(n, 1)));
+      int_scratch_n_ = n;
+    }
+    return int_scratch_;
+  }
 
   std::unique_ptr<Backend> backend_;
   float* scratch_ = nullptr;
   int64_t scratch_n_ = 0;
+  int32_t* int_scratch_ = nullptr;
+  int64_t int_scratch_n_ = 0;
 };
 
 }  // namespace
@@ -212,6 +250,7 @@ class CudaOps final : public Ops {
 absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps(int device) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device);
   if (!backend.ok()) return backend.status();
+  LOOM_CUDA_CHECK(cudaSetDevice(device));  // the calling thread's, see cuda_ops.h
   return std::unique_ptr<Ops>(new CudaOps(*std::move(backend)));
 }
 

@@ -1,7 +1,12 @@
 // The model's ops (runtime/model/ops.h) on one GPU: kernels/cuda on device
 // memory, for the same layer code that runs the CPU kernels. The calls are
 // asynchronous on the default stream except those that return a value to
-// the host (the cross-entropy's loss sum), which wait for it.
+// the host (the cross-entropy's loss sum) or group tokens on the host (the
+// embedding's backward), which wait for it.
+//
+// Thread-safety: one thread at a time (the ops keep scratch memory), whose
+// current CUDA device is this one: MakeCudaOps makes it the calling
+// thread's; another thread calls cudaSetDevice first.
 #ifndef LOOM_RUNTIME_BACKENDS_CUDA_CUDA_OPS_H_
 #define LOOM_RUNTIME_BACKENDS_CUDA_CUDA_OPS_H_
 

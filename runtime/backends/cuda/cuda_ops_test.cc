@@ -101,7 +101,8 @@ TEST_F(CudaOpsTest, PatchesPositionsAndPixelShuffle) {
 TEST_F(CudaOpsTest, VocabShardEmbeddingAddsAndCopies) {
   const int T = 37, C = 24, V = 50, start = 50, shard = 50;
   std::vector<int32_t> tokens(T);
-  for (int t = 0; t < T; ++t) tokens[t] = t % 5 == 0 ? -1 : (t * 7) % 100;  // both shards, images
+  // Both sides of the shard's edge (50), repeated tokens, image positions.
+  for (int t = 0; t < T; ++t) tokens[t] = t % 5 == 0 ? -1 : (t * 3) % 20 + 45;
   std::vector<int32_t> cpu_tokens = tokens;
   Buf<int32_t> dev_tokens(gpu_.get(), tokens);
   Agree(
@@ -123,6 +124,38 @@ TEST_F(CudaOpsTest, VocabShardEmbeddingAddsAndCopies) {
         o->zero(b[4], T * C);
       },
       "add, bias, copy, zero");
+}
+
+// Empty batches (a text-only microbatch has no tiles): nothing to do, no
+// failed launch.
+TEST_F(CudaOpsTest, EmptySizesAreNoOps) {
+  Buf<float> x(gpu_.get(), std::vector<float>(8, 1.0f));
+  gpu_->add(x.get(), x.get(), 0);
+  gpu_->add_bias(x.get(), x.get(), 0, 8);
+  gpu_->patchify(x.get(), x.get(), 0, 28, 14);
+  gpu_->add_position_forward(x.get(), x.get(), 0, 4, 2);
+  gpu_->pixel_shuffle_forward(x.get(), x.get(), 0, 4, 2);
+  gpu_->copy(x.get(), x.get(), 0);
+  gpu_->zero(x.get(), 0);
+  EXPECT_EQ(x.Host(), std::vector<float>(8, 1.0f));
+}
+
+TEST_F(CudaOpsTest, CrossEntropyWithItsGradientAgrees) {
+  const int T = 21, V = 48;
+  std::vector<int32_t> targets(T);
+  for (int t = 0; t < T; ++t) targets[t] = t % 3 == 0 ? -1 : (t * 5) % V;
+  const std::vector<float> logits = RandomVector(T * V, 20, 3.0f);
+  std::vector<float> dlogits(T * V);
+  const kernels::LossSum want = CpuOps()->crossentropy_forward_backward(
+      dlogits.data(), logits.data(), targets.data(), T, V, 0.5f);
+  Buf<float> d_logits(gpu_.get(), logits), d_dlogits(gpu_.get(), std::vector<float>(T * V));
+  Buf<int32_t> d_targets(gpu_.get(), targets);
+  const kernels::LossSum got = gpu_->crossentropy_forward_backward(d_dlogits.get(), d_logits.get(),
+                                                                   d_targets.get(), T, V, 0.5f);
+  EXPECT_EQ(got.count, want.count);
+  EXPECT_NEAR(got.sum, want.sum, 1e-4 * want.count);
+  const std::vector<float> got_d = d_dlogits.Host();
+  EXPECT_TRUE(AllClose(got_d.data(), dlogits.data(), got_d.size(), kCudaVsCpuF32));
 }
 
 TEST_F(CudaOpsTest, CrossEntropyLossSumsAgree) {
@@ -172,6 +205,11 @@ TEST_F(CudaOpsTest, VocabShardCrossEntropyStepsAgree) {
   EXPECT_TRUE(AllClose(got_d.data(), dlogits.data(), got_d.size(), kCudaVsCpuF32));
   EXPECT_EQ(got.count, want.count);
   EXPECT_NEAR(got.sum, want.sum, 1e-4 * want.count);
+  // The loss alone (no gradient), as evaluation asks.
+  const kernels::LossSum loss_only = gpu_->crossentropy_shard_finish(
+      nullptr, d_logits.get(), d_mx.get(), d_sums.get(), d_targets.get(), T, V, start, 0.25f);
+  EXPECT_EQ(loss_only.count, want.count);
+  EXPECT_NEAR(loss_only.sum, want.sum, 1e-4 * want.count);
 }
 
 TEST(CudaOpsUnavailableTest, WithoutAGpuItSaysWhy) {

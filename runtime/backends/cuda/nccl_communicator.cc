@@ -70,19 +70,23 @@ absl::Status CudaError(const std::string& what, cudaError_t e) {
 
 class Nccl final : public NcclCommunicator {
  public:
-  Nccl(const NcclOptions& options, ncclComm_t comm, cudaStream_t stream)
-      : options_(options), comm_(comm), stream_(stream) {}
+  Nccl(const NcclOptions& options, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready)
+      : options_(options), comm_(comm), stream_(stream), ready_(ready) {}
   ~Nccl() override {
     cudaSetDevice(options_.device);
     if (comm_ != nullptr) {
-      // A clean end flushes; an aborted one is already gone.
-      if (usable_ && ncclCommFinalize(comm_) == ncclSuccess &&
-          Wait("finalize", absl::Seconds(30)).ok()) {
+      // A clean end flushes (non-blocking: finalize answers ncclInProgress
+      // and Wait polls it out); an aborted one is already gone. Finalize is
+      // a barrier of the host's ranks: each destroys its own communicator.
+      const ncclResult_t r = usable_ ? ncclCommFinalize(comm_) : ncclInvalidUsage;
+      if ((r == ncclSuccess || r == ncclInProgress) &&
+          Wait("finalize", absl::Now() + absl::Seconds(30)).ok()) {
         ncclCommDestroy(comm_);
       } else if (comm_ != nullptr) {
         ncclCommAbort(comm_);
       }
     }
+    cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
   }
 
@@ -114,9 +118,9 @@ class Nccl final : public NcclCommunicator {
   }
 
   // Polls until `comm_` has no operation in progress (initialisation,
-  // finalisation) or `limit`; aborts it on an error, a timeout or a cancel.
-  absl::Status Wait(const std::string& what, absl::Duration limit) {
-    const absl::Time until = absl::Now() + limit;
+  // an enqueue, finalisation) or `until`; aborts it on an error, a timeout
+  // or a cancel.
+  absl::Status Wait(const std::string& what, absl::Time until) {
     Cancellation::Scope scope(options_.cancel, [] {});
     for (;;) {
       ncclResult_t state = ncclSuccess;
@@ -127,8 +131,7 @@ class Nccl final : public NcclCommunicator {
       }
       if (scope.cancelled()) return Abort(absl::CancelledError(Describe(what) + " cancelled"));
       if (absl::Now() >= until) {
-        return Abort(absl::DeadlineExceededError(
-            absl::StrCat(Describe(what), " not done within ", absl::FormatDuration(limit))));
+        return Abort(absl::DeadlineExceededError(Describe(what) + " not done in time"));
       }
       absl::SleepFor(absl::Microseconds(100));
     }
@@ -140,8 +143,8 @@ class Nccl final : public NcclCommunicator {
                         "\", rank ", options_.rank, ")");
   }
 
-  absl::Status Ready(int peer, const char* what) const {
-    if (!usable_) return absl::FailedPreconditionError(Describe(what) + ": aborted earlier");
+  absl::Status Ready(int peer, const char* what) {
+    if (absl::Status s = Usable(what); !s.ok()) return s;
     if (peer < 0 || peer >= options_.size || peer == options_.rank) {
       return absl::InvalidArgumentError(absl::StrCat(Describe(what), ": no peer rank ", peer));
     }
@@ -150,7 +153,7 @@ class Nccl final : public NcclCommunicator {
 
   absl::Status Allreduce(void* data, int64_t n, ncclDataType_t type, ncclRedOp_t op,
                          const char* what) {
-    if (!usable_) return absl::FailedPreconditionError(Describe(what) + ": aborted earlier");
+    if (absl::Status s = Usable(what); !s.ok()) return s;
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat(Describe(what), ": n = ", n));
     if (n == 0) return absl::OkStatus();
     return Run(what, [&] {
@@ -158,33 +161,46 @@ class Nccl final : public NcclCommunicator {
     });
   }
 
+  // FAILED_PRECONDITION once aborted; CANCELLED (aborting) while the
+  // Cancellation is set: nothing is queued against peers that have left.
+  absl::Status Usable(const char* what) {
+    if (!usable_) return absl::FailedPreconditionError(Describe(what) + ": aborted earlier");
+    if (options_.cancel != nullptr && options_.cancel->cancelled()) {
+      return Abort(absl::CancelledError(Describe(what) + " cancelled (a recovery or a stop)"));
+    }
+    return absl::OkStatus();
+  }
+
   // Queues one operation on the stream after the device's earlier work and
-  // polls until it is done.
+  // polls until it is done, all within one wait limit.
   absl::Status Run(const std::string& what, const std::function<ncclResult_t()>& enqueue) {
-    cudaSetDevice(options_.device);
-    // Ordered after what the legacy default stream already holds (the
-    // producer of the buffer), through an event.
-    cudaEvent_t ready;
-    if (cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
-        e != cudaSuccess) {
+    const absl::Duration limit = options_.wait_limit ? options_.wait_limit() : options_.timeout;
+    const absl::Time until = absl::Now() + limit;
+    if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
       return CudaError(Describe(what), e);
     }
-    cudaEventRecord(ready, cudaStreamLegacy);
-    cudaStreamWaitEvent(stream_, ready, 0);
-    cudaEventDestroy(ready);
+    // Ordered after what the legacy default stream already holds (the
+    // producer of the buffer), through an event.
+    if (cudaError_t e = cudaEventRecord(ready_, cudaStreamLegacy); e != cudaSuccess) {
+      return CudaError(Describe(what), e);
+    }
+    if (cudaError_t e = cudaStreamWaitEvent(stream_, ready_, 0); e != cudaSuccess) {
+      return CudaError(Describe(what), e);
+    }
     ncclResult_t r = enqueue();
     if (r != ncclSuccess && r != ncclInProgress) return Abort(NcclError(Describe(what), r, comm_));
-    const absl::Duration limit = options_.wait_limit ? options_.wait_limit() : options_.timeout;
-    if (absl::Status s = Wait(what, limit); !s.ok()) return s;  // the enqueue itself
-    const absl::Time until = absl::Now() + limit;
+    if (absl::Status s = Wait(what, until); !s.ok()) return s;  // the enqueue itself
     Cancellation::Scope scope(options_.cancel, [] {});
     for (;;) {
       cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) return absl::OkStatus();
       if (e != cudaErrorNotReady) return Abort(CudaError(Describe(what), e));
+      (void)cudaGetLastError();  // not an error: keep it from a later launch check
       ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess ||
-          (state != ncclSuccess && state != ncclInProgress)) {
+      if (ncclResult_t q = ncclCommGetAsyncError(comm_, &state); q != ncclSuccess) {
+        return Abort(NcclError(Describe(what), q, comm_));
+      }
+      if (state != ncclSuccess && state != ncclInProgress) {
         return Abort(NcclError(Describe(what), state, comm_));
       }
       if (scope.cancelled()) {
@@ -211,6 +227,7 @@ class Nccl final : public NcclCommunicator {
   const NcclOptions options_;
   ncclComm_t comm_;
   cudaStream_t stream_;
+  cudaEvent_t ready_;  // orders the stream after the default stream's work
   bool usable_ = true;
 };
 
@@ -239,11 +256,26 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(KeyValueStore* sto
   });
   if (!make_error.empty()) return absl::UnavailableError("ncclGetUniqueId: " + make_error);
   if (!id_bytes.ok()) return id_bytes.status();
+  // Rank 0 takes the id back on every way out: once the group is up (every
+  // rank read it by then), or when it failed (a retry under the same prefix
+  // must not find a dead group's id).
+  struct DropId {
+    KeyValueStore* store;
+    std::string key;
+    ~DropId() {
+      if (store != nullptr) (void)store->Delete({key});
+    }
+  } drop{options.rank == 0 ? store : nullptr, options.prefix + "/nccl-id"};
   ncclUniqueId id;
   std::memcpy(id.internal, id_bytes->data(), sizeof(id.internal));
   cudaStream_t stream = nullptr;
   if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
     return CudaError("cudaStreamCreate", e);
+  }
+  cudaEvent_t ready = nullptr;
+  if (cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming); e != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return CudaError("cudaEventCreate", e);
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every wait is bounded (Wait)
@@ -251,16 +283,15 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(KeyValueStore* sto
   ncclResult_t r = ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
     if (comm != nullptr) ncclCommAbort(comm);
+    cudaEventDestroy(ready);
     cudaStreamDestroy(stream);
     return NcclError(absl::StrCat("ncclCommInitRank (\"", options.prefix, "\", rank ", options.rank,
                                   " of ", options.size, ")"),
                      r, nullptr);
   }
-  auto nccl = std::make_unique<Nccl>(options, comm, stream);
-  if (absl::Status s = nccl->Wait("initialisation", options.timeout); !s.ok()) return s;
-  if (options.rank == 0) {
-    // Every rank read the id before the group could come up.
-    (void)store->Delete({options.prefix + "/nccl-id"});
+  auto nccl = std::make_unique<Nccl>(options, comm, stream, ready);
+  if (absl::Status s = nccl->Wait("initialisation", absl::Now() + options.timeout); !s.ok()) {
+    return s;
   }
   return std::unique_ptr<NcclCommunicator>(std::move(nccl));
 }

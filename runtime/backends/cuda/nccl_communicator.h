@@ -10,10 +10,9 @@
 // No call waits without a bound: the communicator is created non-blocking
 // and every wait (its initialisation, each collective on its stream) polls
 // with the options' timeout (or wait_limit) and the Cancellation; on a
-// timeout, a cancel or an asynchronous NCCL error the communicator is
-// aborted (ncclCommAbort: what it waits on may never come, a peer being
-// gone), the call fails and the communicator is unusable, as Communicator
-// says.
+// timeout, a cancel (also one set before the call: nothing is queued) or an
+// asynchronous NCCL error the communicator is aborted (ncclCommAbort: what it waits on may never
+// come, a peer being gone), the call fails and the communicator is unusable, as Communicator says.
 //
 // Buffers are device memory on `options.device`. Collectives run on the
 // communicator's own stream, ordered after the work already queued on the
@@ -55,8 +54,8 @@ inline constexpr size_t kNcclIdBytes = 128;
 
 // The rendezvous: rank 0 sets `make_id()` (kNcclIdBytes bytes) under
 // "<prefix>/nccl-id"; every other rank reads it. INVALID_ARGUMENT for bad
-// options or a value of another size; DEADLINE_EXCEEDED when rank 0 never
-// sets it within the timeout; CANCELLED.
+// options or a value read of another size (INTERNAL if `make_id` made one);
+// DEADLINE_EXCEEDED when rank 0 never sets it within the timeout; CANCELLED.
 absl::StatusOr<std::string> ShareNcclId(KeyValueStore* store, const NcclOptions& options,
                                         const std::function<std::string()>& make_id);
 

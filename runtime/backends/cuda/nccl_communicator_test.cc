@@ -127,6 +127,27 @@ TEST(NcclCommunicatorTest, AMissingRankEndsTheInitialisationAtTheTimeout) {
       ConnectNccl(&store, Options(0, 2, absl::Seconds(3)));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
   EXPECT_LT(absl::Now() - t0, absl::Seconds(60));
+  EXPECT_EQ(store.size(), 0u);  // the dead group's id is gone: a retry draws a new one
+}
+
+// A cancel (a recovery) ends the communicator: the next collective is
+// CANCELLED without being queued, and every later one FAILED_PRECONDITION.
+TEST(NcclCommunicatorTest, ACancelEndsTheCommunicator) {
+  absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend(0);
+  LOOM_REQUIRE_GPU_OR_SKIP(b.ok(), b.status());
+  InMemoryStore store;
+  Cancellation cancel;
+  NcclOptions o = Options(0, 1);
+  o.cancel = &cancel;
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> c = ConnectNccl(&store, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  DeviceFloats d(b->get(), std::vector<float>(64, 1.0f));
+  ASSERT_TRUE((*c)->AllreduceSum(static_cast<float*>(d.p), 64).ok());
+  cancel.Cancel();
+  EXPECT_EQ((*c)->AllreduceSum(static_cast<float*>(d.p), 64).code(), absl::StatusCode::kCancelled);
+  cancel.Clear();
+  EXPECT_EQ((*c)->AllreduceSum(static_cast<float*>(d.p), 64).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // Ranks on devices 0..n-1 (NCCL takes one rank per device): sums and
