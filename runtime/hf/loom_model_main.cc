@@ -112,7 +112,7 @@ absl::StatusOr<std::vector<float>> LlavaLogits(int* T) {
     *T += static_cast<int>(s.tokens.size());
   }
   o->model->Evaluate(mb);
-  const std::vector<float>& all = o->model->llm().logits();
+  const std::vector<float> all = o->model->llm().logits();
   return std::vector<float>(all.end() - o->config.model.llm.vocab, all.end());
 }
 
@@ -129,7 +129,8 @@ absl::StatusOr<std::vector<float>> LlmLogits(int* T) {
   if (!batch.ok()) return batch.status();
   if (absl::Status s = (*llm)->Forward(*batch, nullptr); !s.ok()) return s;
   *T = batch->T();
-  const float* last = (*llm)->logits().data() + static_cast<size_t>(*T - 1) * V;
+  const std::vector<float> logits = (*llm)->logits();
+  const float* last = logits.data() + static_cast<size_t>(*T - 1) * V;
   return std::vector<float>(last, last + V);
 }
 

@@ -36,7 +36,9 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
   ffn_ = c.ffn_hidden / shard.size;
   vocab_ = c.vocab / shard.size;
   vocab_start_ = shard.rank * vocab_;
-  inv_freq_ = RopeInvFreq(c);
+  const std::vector<float> inv_freq = RopeInvFreq(c);
+  inv_freq_.set_backend(ops_->backend());
+  inv_freq_.CopyFromHost(inv_freq.data(), inv_freq.size());
   const int64_t D = c.dim, F = c.ffn_hidden, V = c.vocab, A = int64_t{c.heads} * c.hd(),
                 QKV = c.qkv_rows();
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
@@ -64,6 +66,11 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
   }
   params_.Finalize();
   acts_.resize(ids_.size());
+  for (LayerActs& a : acts_) a.Bind(ops_->backend());
+  for (Buffer<float>* b : {&xf_, &rf_, &rrf_, &logits_}) b->set_backend(ops_->backend());
+  for (Buffer<int32_t>* b : {&tokens_, &targets_, &positions_, &cu_}) {
+    b->set_backend(ops_->backend());
+  }
 }
 
 absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float* input) {
@@ -78,15 +85,21 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   LOOM_CHECK(!b.cu_seqlens.empty() && b.cu_seqlens.front() == 0 && b.cu_seqlens.back() == T)
       << "LlmBatch: cu_seqlens must run from 0 to T";
   batch_ = &b;
+  // The batch where the kernels read it.
+  tokens_.CopyFromHost(b.tokens.data(), b.tokens.size());
+  targets_.CopyFromHost(b.targets.data(), b.targets.size());
+  positions_.CopyFromHost(b.positions.data(), b.positions.size());
+  cu_.CopyFromHost(b.cu_seqlens.data(), b.cu_seqlens.size());
   const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
                TW = static_cast<size_t>(T) * W;
-  std::vector<float> x(TC);
+  Buffer<float> x(ops_->backend());
+  x.Zeros(TC);
   if (!first_stage()) {
     LOOM_CHECK(input != nullptr) << "a later pipeline stage needs the previous stage's output";
     ops_->copy(x.data(), input, static_cast<int64_t>(TC));
   } else {
     if (absl::Status s = parallel::VocabParallelEmbeddingForward(
-            ops_, tp_, x.data(), b.tokens.data(), params_.param(wte_), T, C, vocab_start_, V);
+            ops_, tp_, x.data(), tokens_.data(), params_.param(wte_), T, C, vocab_start_, V);
         !s.ok()) {
       return s;
     }
@@ -102,18 +115,18 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = acts_[l];
-    a.x = x;
+    a.x.CopyFrom(x);
     a.r1.resize(TC);
     a.rr1.resize(T);
     ops_->rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C, eps);
     a.qkv.resize(TW);
     ops_->matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv),
                          id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
-    ops_->rope_forward(a.qkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
+    ops_->rope_forward(a.qkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
     a.att.resize(att_size);
     a.atto.resize(TD);
-    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), b.cu_seqlens.data(), b.S(),
-                            T, NH, NKV, HD, /*causal=*/true);
+    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), b.S(), T, NH,
+                            NKV, HD, /*causal=*/true);
     a.x1.resize(TC);
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
                                                       params_.param(id.proj), nullptr, T, D, C);
@@ -139,7 +152,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     }
     ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TC));
   }
-  xf_ = std::move(x);
+  xf_.swap(x);
   if (!last_stage()) return absl::OkStatus();
   rf_.resize(TC);
   rrf_.resize(T);
@@ -151,7 +164,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
 
 absl::StatusOr<LossSum> Llm::Loss() const {
   LOOM_CHECK(last_stage()) << "the loss is on the last pipeline stage";
-  return parallel::VocabParallelCrossEntropy(ops_, tp_, logits_.data(), batch_->targets.data(),
+  return parallel::VocabParallelCrossEntropy(ops_, tp_, logits_.data(), targets_.data(),
                                              batch_->T(), vocab_, vocab_start_, 0.0f, nullptr);
 }
 
@@ -166,11 +179,14 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
 
   // Each column-parallel layer's input gradient is a partial sum over the
   // TP group: f's all-reduce completes it before the norm below it.
-  std::vector<float> dtmp(TC, 0.0f), dx(TC, 0.0f);
+  Buffer<float> dtmp(ops_->backend()), dx(ops_->backend());
+  dtmp.Zeros(TC);
+  dx.Zeros(TC);
   absl::StatusOr<LossSum> loss = LossSum{};
   if (last_stage()) {
-    std::vector<float> dlogits(static_cast<size_t>(T) * V);
-    loss = parallel::VocabParallelCrossEntropy(ops_, tp_, logits_.data(), b.targets.data(), T, V,
+    Buffer<float> dlogits(ops_->backend());
+    dlogits.resize(static_cast<size_t>(T) * V);
+    loss = parallel::VocabParallelCrossEntropy(ops_, tp_, logits_.data(), targets_.data(), T, V,
                                                vocab_start_, grad_scale, dlogits.data());
     if (!loss.ok()) return loss.status();
     ops_->matmul_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
@@ -182,18 +198,19 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     LOOM_CHECK(doutput != nullptr) << "an earlier pipeline stage needs the next stage's gradient";
     ops_->copy(dx.data(), doutput, static_cast<int64_t>(TC));
   }
-  std::vector<float> ds, dgate, dup, dqkv, datto;
+  Buffer<float> ds(ops_->backend()), dgate(ops_->backend()), dup(ops_->backend()),
+      dqkv(ops_->backend()), datto(ops_->backend());
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
     const LayerActs& a = acts_[l];
-    ds.assign(TF, 0.0f);
+    ds.Zeros(TF);
     parallel::RowParallelBackward(ops_, ds.data(), params_.grad(id.down), nullptr, dx.data(),
                                   a.s.data(), params_.param(id.down), T, F, C);
-    dgate.assign(TF, 0.0f);
-    dup.assign(TF, 0.0f);
+    dgate.Zeros(TF);
+    dup.Zeros(TF);
     ops_->swiglu_backward(dgate.data(), dup.data(), a.gate.data(), a.up.data(), ds.data(),
                           static_cast<int64_t>(TF));
-    dtmp.assign(TC, 0.0f);
+    dtmp.Zeros(TC);
     ops_->matmul_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), a.r2.data(),
                           params_.param(id.gate), T, C, F);
     ops_->matmul_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), a.r2.data(),
@@ -201,14 +218,14 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms2), dtmp.data(), a.x1.data(),
                            params_.param(id.rms2), a.rr2.data(), T, C);
-    datto.assign(TD, 0.0f);
+    datto.Zeros(TD);
     parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj), nullptr, dx.data(),
                                   a.atto.data(), params_.param(id.proj), T, D, C);
-    dqkv.assign(TW, 0.0f);
-    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(),
-                             b.cu_seqlens.data(), b.S(), T, NH, NKV, HD, /*causal=*/true);
-    ops_->rope_backward(dqkv.data(), b.positions.data(), inv_freq_.data(), T, NH, NKV, HD);
-    dtmp.assign(TC, 0.0f);
+    dqkv.Zeros(TW);
+    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(),
+                             b.S(), T, NH, NKV, HD, /*causal=*/true);
+    ops_->rope_backward(dqkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
+    dtmp.Zeros(TC);
     ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv),
                           id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(),
                           a.r1.data(), params_.param(id.qkv), T, C, W);
@@ -222,8 +239,8 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     return loss;
   }
   if (!params_.frozen()) {
-    parallel::VocabParallelEmbeddingBackward(ops_, params_.grad(wte_), dx.data(), b.tokens.data(),
-                                             T, C, vocab_start_, V);
+    parallel::VocabParallelEmbeddingBackward(ops_, params_.grad(wte_), dx.data(), tokens_.data(), T,
+                                             C, vocab_start_, V);
   }
   if (dimage_emb != nullptr) {
     int img = 0;

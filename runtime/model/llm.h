@@ -43,6 +43,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/params.h"
+#include "runtime/tensor/buffer.h"
 
 namespace loom {
 
@@ -71,16 +72,20 @@ class Llm {
   bool first_stage() const { return first_ == 0; }
   bool last_stage() const { return last_ == config_.layers; }
 
+  // The batch is host memory (uploaded here); image_emb, input, doutput,
+  // dinput and dimage_emb are memory of ops' backend.
   // First stage: image_emb (batch.image_positions(), C) fills the -1
   // positions in order (may be null when there are none). Other stages:
   // `input` (T, C), the previous stage's output. Keeps `batch` (which must
   // outlive Backward), the activations and, on the last stage, the logits.
   // Errors only from the TP group's collectives.
   absl::Status Forward(const LlmBatch& batch, const float* image_emb, const float* input = nullptr);
-  // (T, V / tp): this rank's columns of the vocabulary (last stage).
-  const std::vector<float>& logits() const { return logits_; }
-  // (T, C): the hidden states for the next stage (other stages).
-  const std::vector<float>& output() const { return xf_; }
+  // (T, V / tp): this rank's columns of the vocabulary (last stage), copied
+  // to the host.
+  std::vector<float> logits() const { return logits_.ToHost(); }
+  // (T, C): the hidden states for the next stage (other stages), in the
+  // memory of ops' backend.
+  const Buffer<float>& output() const { return xf_; }
 
   // Loss of the last Forward, no gradient (last stage).
   absl::StatusOr<kernels::LossSum> Loss() const;
@@ -97,8 +102,13 @@ class Llm {
   struct LayerIds {
     int rms1, qkv, qkv_b = -1, proj, rms2, gate, up, down;  // qkv_b -1: no biases
   };
-  struct LayerActs {
-    std::vector<float> x, r1, rr1, qkv, att, atto, x1, r2, rr2, gate, up, s;
+  struct LayerActs {  // in ops_'s backend's memory
+    Buffer<float> x, r1, rr1, qkv, att, atto, x1, r2, rr2, gate, up, s;
+    void Bind(Backend* b) {
+      for (Buffer<float>* p : {&x, &r1, &rr1, &qkv, &att, &atto, &x1, &r2, &rr2, &gate, &up, &s}) {
+        p->set_backend(b);
+      }
+    }
   };
 
   LlmConfig config_;
@@ -106,13 +116,14 @@ class Llm {
   Ops* ops_;
   ParamSet params_;
   int heads_, kv_heads_, ffn_, vocab_, vocab_start_;  // this rank's part
-  std::vector<float> inv_freq_;                       // RoPE, hd / 2
+  Buffer<float> inv_freq_;                            // RoPE, hd / 2
   int first_, last_;                                  // this stage's layers
   int wte_ = -1, rmsf_ = -1, lm_head_ = -1;           // -1: not on this stage
   std::vector<LayerIds> ids_;
 
   const LlmBatch* batch_ = nullptr;
-  std::vector<float> xf_, rf_, rrf_, logits_;
+  Buffer<int32_t> tokens_, targets_, positions_, cu_;  // batch_'s, where the kernels read them
+  Buffer<float> xf_, rf_, rrf_, logits_;
   std::vector<LayerActs> acts_;
 };
 

@@ -2,7 +2,8 @@
 
 namespace loom {
 
-Projector::Projector(const ModelConfig& c, Ops* ops) : config_(c), ops_(ops) {
+Projector::Projector(const ModelConfig& c, Ops* ops)
+    : config_(c), ops_(ops), x_(ops->backend()), h_(ops->backend()), g_(ops->backend()) {
   const int64_t H = c.projector.hidden, D = c.llm.dim;
   fc1_w_ = params_.Add("fc1.weight", {H, in_dim()}, Init::kNormal, 0.02f);
   fc1_b_ = params_.Add("fc1.bias", {H}, Init::kZeros);
@@ -22,7 +23,8 @@ void Projector::Forward(const float* in, int N, float* out) {
   x_.resize(static_cast<size_t>(N) * c.vit.patches_per_tile() * c.vit.dim);
   ops_->copy(x_.data(), in, static_cast<int64_t>(x_.size()));
   if (c.projector.pixel_shuffle) {
-    std::vector<float> shuffled(x_.size());
+    Buffer<float> shuffled(ops_->backend());
+    shuffled.resize(x_.size());
     ops_->pixel_shuffle_forward(shuffled.data(), x_.data(), N, c.vit.grid(), c.vit.dim);
     x_.swap(shuffled);
   }
@@ -38,7 +40,10 @@ void Projector::Forward(const float* in, int N, float* out) {
 void Projector::Backward(const float* dout, float* din) {
   const ModelConfig& c = config_;
   const int T = N_ * c.tokens_per_tile(), H = c.projector.hidden, Din = in_dim();
-  std::vector<float> dg(g_.size(), 0.0f), dh(g_.size(), 0.0f), dx(x_.size(), 0.0f);
+  Buffer<float> dg(ops_->backend()), dh(ops_->backend()), dx(ops_->backend());
+  dg.Zeros(g_.size());
+  dh.Zeros(g_.size());
+  dx.Zeros(x_.size());
   ops_->matmul_backward(dg.data(), params_.grad(fc2_w_), params_.grad(fc2_b_), dout, g_.data(),
                         params_.param(fc2_w_), T, H, c.llm.dim);
   ops_->activation_backward(c.projector.act, dh.data(), h_.data(), dg.data(),

@@ -11,6 +11,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/params.h"
+#include "runtime/tensor/buffer.h"
 
 namespace loom {
 
@@ -22,7 +23,8 @@ class Projector {
   ParamSet& params() { return params_; }
   int in_dim() const;
 
-  // in (N * Np, Dv) -> out (N * tokens_per_tile, Dl), N tiles.
+  // in (N * Np, Dv) -> out (N * tokens_per_tile, Dl), N tiles; in, out and
+  // every buffer of the layers in the memory of ops' backend.
   void Forward(const float* in, int N, float* out);
   // dout (N * tokens_per_tile, Dl) -> din (N * Np, Dv) += (null: not needed,
   // a frozen ViT); parameter gradients += (none when frozen).
@@ -34,7 +36,7 @@ class Projector {
   ParamSet params_;
   int fc1_w_, fc1_b_, fc2_w_, fc2_b_;
   int N_ = 0;
-  std::vector<float> x_, h_, g_;  // shuffled input, fc1 output, GELU output
+  Buffer<float> x_, h_, g_;  // shuffled input, fc1 output, GELU output (on ops_'s backend)
 };
 
 }  // namespace loom

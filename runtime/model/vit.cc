@@ -57,6 +57,11 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers, 
   }
   params_.Finalize();
   acts_.resize(ids_.size());
+  for (LayerActs& a : acts_) a.Bind(ops_->backend());
+  for (Buffer<float>* b : {&patches_, &x0_, &mean0_, &rstd0_, &xf_, &meanf_, &rstdf_}) {
+    b->set_backend(ops_->backend());
+  }
+  cu_dev_.set_backend(ops_->backend());
 }
 
 absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
@@ -71,13 +76,16 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   N_ = N;
   cu_.resize(N + 1);
   for (int n = 0; n <= N; ++n) cu_[n] = n * L;
+  cu_dev_.CopyFromHost(cu_.data(), cu_.size());
   const int64_t att_size = attention_att_size(cu_.data(), N, NH);
 
-  std::vector<float> x(TD);
+  Buffer<float> x(ops_->backend());
+  x.Zeros(TD);
   if (first_stage()) {
     patches_.resize(static_cast<size_t>(N) * Np * c.patch_dim());
     ops_->patchify(patches_.data(), in, N, c.tile_size, c.patch);
-    std::vector<float> emb(static_cast<size_t>(N) * Np * D);
+    Buffer<float> emb(ops_->backend());
+    emb.resize(static_cast<size_t>(N) * Np * D);
     ops_->matmul_forward(emb.data(), patches_.data(), params_.param(patch_w_), Param(patch_b_),
                          N * Np, c.patch_dim(), D);
     for (int n = 0; n < N; ++n) {
@@ -88,7 +96,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     }
     ops_->add_position_forward(x.data(), params_.param(pos_), N, L, D);
     if (c.pre_norm) {
-      x0_ = x;
+      x0_.CopyFrom(x);
       mean0_.resize(T);
       rstd0_.resize(T);
       ops_->layernorm_forward(x.data(), mean0_.data(), rstd0_.data(), x0_.data(),
@@ -101,7 +109,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = acts_[l];
-    a.x = x;
+    a.x.CopyFrom(x);
     a.ln1.resize(TD);
     a.mean1.resize(T);
     a.rstd1.resize(T);
@@ -112,7 +120,8 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
                          params_.param(id.qkv_b), T, D, 3 * A);
     a.att.resize(att_size);
     a.atto.resize(TA);
-    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), N, T, NH, NH, HD,
+    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_dev_.data(), N, T, NH, NH,
+                            HD,
                             /*causal=*/false);
     a.x1.resize(TD);
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
@@ -140,13 +149,13 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     }
     ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TD));
   }
-  xf_ = std::move(x);
+  xf_.swap(x);
   if (!last_stage()) {
     ops_->copy(out, xf_.data(), static_cast<int64_t>(TD));
     return absl::OkStatus();
   }
   const float* y = xf_.data();
-  std::vector<float> normed;
+  Buffer<float> normed(ops_->backend());
   if (c.final_norm) {
     normed.resize(TD);
     meanf_.resize(T);
@@ -172,9 +181,11 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
   // A frozen first stage has no weight gradients and no input to hand a
   // gradient to: nothing to compute (the workers do not even call it).
   if (params_.frozen() && first_stage()) return absl::OkStatus();
-  std::vector<float> dx(TD, 0.0f);  // gradient w.r.t. the residual stream
+  Buffer<float> dx(ops_->backend());  // gradient w.r.t. the residual stream
+  dx.Zeros(TD);
   if (last_stage()) {
-    std::vector<float> dy(TD, 0.0f);  // the class token's rows get none
+    Buffer<float> dy(ops_->backend());  // the class token's rows get none
+    dy.Zeros(TD);
     for (int n = 0; n < N; ++n) {
       ops_->copy(dy.data() + (static_cast<size_t>(n) * L + L - Np) * D,
                  dout + static_cast<size_t>(n) * Np * D, static_cast<int64_t>(Np) * D);
@@ -189,17 +200,18 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
   } else {
     ops_->copy(dx.data(), dout, static_cast<int64_t>(TD));
   }
-  std::vector<float> dtmp, dg, dh, dqkv, datto;
+  Buffer<float> dtmp(ops_->backend()), dg(ops_->backend()), dh(ops_->backend()),
+      dqkv(ops_->backend()), datto(ops_->backend());
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
     const LayerActs& a = acts_[l];
     // x2 = x1 + fc2(gelu(fc1(ln2(x1))))
-    dg.assign(static_cast<size_t>(T) * H, 0.0f);
+    dg.Zeros(static_cast<size_t>(T) * H);
     parallel::RowParallelBackward(ops_, dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
                                   dx.data(), a.g.data(), params_.param(id.fc2_w), T, H, D);
-    dh.assign(dg.size(), 0.0f);
+    dh.Zeros(dg.size());
     ops_->activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
-    dtmp.assign(TD, 0.0f);
+    dtmp.Zeros(TD);
     ops_->matmul_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
                           a.ln2.data(), params_.param(id.fc1_w), T, D, H);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
@@ -208,14 +220,14 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
                              a.x1.data(), params_.param(id.ln2_w), a.mean2.data(), a.rstd2.data(),
                              T, D);
     // x1 = x + proj(attn(qkv(ln1(x))))
-    datto.assign(TA, 0.0f);
+    datto.Zeros(TA);
     parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj_w),
                                   params_.grad(id.proj_b), dx.data(), a.atto.data(),
                                   params_.param(id.proj_w), T, A, D);
-    dqkv.assign(3 * TA, 0.0f);
-    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(), N,
-                             T, NH, NH, HD, /*causal=*/false);
-    dtmp.assign(TD, 0.0f);
+    dqkv.Zeros(3 * TA);
+    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_dev_.data(),
+                             N, T, NH, NH, HD, /*causal=*/false);
+    dtmp.Zeros(TD);
     ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
                           a.ln1.data(), params_.param(id.qkv_w), T, D, 3 * A);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
@@ -229,13 +241,15 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     return absl::OkStatus();
   }
   if (c.pre_norm) {
-    std::vector<float> dx0(TD, 0.0f);
+    Buffer<float> dx0(ops_->backend());
+    dx0.Zeros(TD);
     ops_->layernorm_backward(dx0.data(), params_.grad(lnp_w_), params_.grad(lnp_b_), dx.data(),
                              x0_.data(), params_.param(lnp_w_), mean0_.data(), rstd0_.data(), T, D);
     dx.swap(dx0);
   }
   ops_->add_position_backward(params_.grad(pos_), dx.data(), N, L, D);
-  std::vector<float> demb(static_cast<size_t>(N) * Np * D);
+  Buffer<float> demb(ops_->backend());
+  demb.resize(static_cast<size_t>(N) * Np * D);
   for (int n = 0; n < N; ++n) {
     const float* tile = dx.data() + static_cast<size_t>(n) * L * D;
     if (c.class_token) ops_->add(params_.grad(cls_), tile, D);

@@ -33,6 +33,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/params.h"
+#include "runtime/tensor/buffer.h"
 
 namespace loom {
 
@@ -50,6 +51,7 @@ class VitEncoder {
   bool first_stage() const { return first_ == 0; }
   bool last_stage() const { return last_ == config_.layers; }
 
+  // In and out, like the layers' buffers, are memory of ops' backend.
   // `in`: tiles (N, 3, S, S) of normalised pixels on the first stage, the
   // previous stage's output (N * seq, D) on the others -> out (N * seq, D)
   // on a stage before the last, (N * Np, D) on the last (seq = Np + the class
@@ -64,8 +66,14 @@ class VitEncoder {
   struct LayerIds {
     int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
-  struct LayerActs {
-    std::vector<float> x, ln1, mean1, rstd1, qkv, att, atto, x1, ln2, mean2, rstd2, h, g;
+  struct LayerActs {  // in ops_'s backend's memory
+    Buffer<float> x, ln1, mean1, rstd1, qkv, att, atto, x1, ln2, mean2, rstd2, h, g;
+    void Bind(Backend* b) {
+      for (Buffer<float>* p :
+           {&x, &ln1, &mean1, &rstd1, &qkv, &att, &atto, &x1, &ln2, &mean2, &rstd2, &h, &g}) {
+        p->set_backend(b);
+      }
+    }
   };
 
   VitConfig config_;
@@ -81,9 +89,10 @@ class VitEncoder {
 
   float* Param(int id) { return id < 0 ? nullptr : params_.param(id); }
 
-  int N_ = 0;  // tiles in the last Forward
-  std::vector<int32_t> cu_;
-  std::vector<float> patches_, x0_, mean0_, rstd0_, xf_, meanf_, rstdf_;
+  int N_ = 0;                // tiles in the last Forward
+  std::vector<int32_t> cu_;  // the tiles' boundaries, on the host and (cu_dev_) ops_'s backend
+  Buffer<int32_t> cu_dev_;
+  Buffer<float> patches_, x0_, mean0_, rstd0_, xf_, meanf_, rstdf_;
   std::vector<LayerActs> acts_;
 };
 

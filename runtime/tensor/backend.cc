@@ -23,6 +23,10 @@ void CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 
+void CpuBackend::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
+
 void CpuBackend::Fill(void* dst, int byte, size_t bytes) {
   if (bytes) std::memset(dst, byte, bytes);
 }

@@ -31,6 +31,8 @@ class Backend {
   virtual void CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void Fill(void* dst, int byte, size_t bytes) = 0;
+  // Between two places of this backend's memory.
+  virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
 
   // Optional: waits for queued work. Synchronous backends need not override.
   virtual void Synchronize() {}
@@ -51,6 +53,7 @@ class CpuBackend final : public Backend {
   void CopyFromHost(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;
   void Fill(void* dst, int byte, size_t bytes) override;
+  void Copy(void* dst, const void* src, size_t bytes) override;
   bool SupportsOp(std::string_view op) const override;
 
   // The process-wide instance.

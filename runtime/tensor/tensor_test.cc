@@ -3,6 +3,7 @@
 #include "gtest/gtest.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/backend.h"
+#include "runtime/tensor/buffer.h"
 
 namespace loom {
 namespace {
@@ -67,6 +68,31 @@ TEST(ArenaTest, LargeRequestsGetTheirOwnBlockAndAreTracked) {
   Tensor again = arena.Alloc({1000}, DType::kF32);
   EXPECT_EQ(again.raw(), big.raw());
   (void)small;
+}
+
+TEST(BufferTest, SizesCopiesAndMovesThroughItsBackend) {
+  Buffer<float> a(CpuBackend::Get());
+  EXPECT_TRUE(a.empty());
+  a.Zeros(5);
+  EXPECT_EQ(a.ToHost(), std::vector<float>(5, 0.0f));
+  const std::vector<float> host = {1, 2, 3, 4, 5, 6, 7};
+  a.CopyFromHost(host.data(), host.size());  // grows
+  EXPECT_EQ(a.ToHost(), host);
+  const float* before = a.data();
+  a.resize(3);  // fits: the same memory, the first elements kept
+  EXPECT_EQ(a.data(), before);
+  EXPECT_EQ(a.ToHost(), std::vector<float>({1, 2, 3}));
+  Buffer<float> b(CpuBackend::Get());
+  b.CopyFrom(a);
+  EXPECT_EQ(b.ToHost(), std::vector<float>({1, 2, 3}));
+  EXPECT_NE(b.data(), a.data());
+  Buffer<float> c(std::move(b));
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_EQ(c.ToHost(), std::vector<float>({1, 2, 3}));
+  a.Zeros(2);
+  c.swap(a);
+  EXPECT_EQ(c.ToHost(), std::vector<float>({0, 0}));
+  EXPECT_EQ(a.ToHost(), std::vector<float>({1, 2, 3}));
 }
 
 }  // namespace

@@ -346,7 +346,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       totals.forward += first_forward[j];
       Span("forward", s0, d.iteration, "F mb ", j, " bin ", b);
       if (!last_stage()) {
-        auto out = std::make_shared<std::vector<float>>(llm->output());
+        auto out = std::make_shared<std::vector<float>>(llm->output().ToHost());
         if (s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) return s;
       }
       continue;

@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     loss_tokens += loom::LossTokens(x);
   }
   const loom::kernels::LossSum l0 = model.Evaluate(all);
-  const std::vector<float>& logits = model.llm().logits();
+  const std::vector<float> logits = model.llm().logits();
   w.F32("logits", {static_cast<int64_t>(logits.size() / c.llm.vocab), c.llm.vocab}, logits.data());
   const float loss0 = static_cast<float>(l0.sum / loss_tokens);
   w.F32("loss", {1}, &loss0);

@@ -29,6 +29,9 @@ class CudaBackend final : public Backend {
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
     LOOM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   }
+  void Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) LOOM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  }
   void Fill(void* dst, int byte, size_t bytes) override {
     LOOM_CUDA_CHECK(cudaMemset(dst, byte, bytes));
   }
