@@ -116,6 +116,25 @@ TEST(CheckSampleFitsTest, NamesWhatDoesNotFitTheModel) {
   EXPECT_FALSE(CheckSampleFits(negative, 8, false, c, "k").ok());
 }
 
+// On the CPU backend the host vectors are the layers' memory: placing the
+// parameters there changes nothing (a GPU backend gets a copy:
+// runtime/backends/cuda:cuda_model_test).
+TEST(ParamSetTest, PlacingOnTheCpuKeepsTheHostVectors) {
+  ParamSet p;
+  const int w = p.Add("w", {3, 4}, Init::kNormal, 0.02f);
+  p.Finalize();
+  p.Initialize(1);
+  float* before = p.param(w);
+  p.Place(CpuBackend::Get());
+  EXPECT_FALSE(p.placed());
+  EXPECT_EQ(p.param(w), before);
+  EXPECT_EQ(p.param(w), p.data().data());
+  EXPECT_EQ(p.grad(w), p.grads().data());
+  ParamSet copy = p;  // a copy is never placed; its own host vectors
+  EXPECT_EQ(copy.data(), p.data());
+  EXPECT_NE(copy.param(w), p.param(w));
+}
+
 TEST(PackTest, TargetsArePredictableTextAndPositionsRestart) {
   Sample a, b;
   a.tokens = {5, -1, -1, 7, 8};

@@ -150,12 +150,37 @@ void ParamSet::Initialize(uint64_t seed) {
   step_ = 0;
 }
 
-void ParamSet::ZeroGrad() { std::fill(grad_.begin(), grad_.end(), 0.0f); }
+void ParamSet::ZeroGrad() {
+  std::fill(grad_.begin(), grad_.end(), 0.0f);
+  if (device_.placed && !frozen_) device_.grad.Zeros(grad_.size());
+}
+
+void ParamSet::Place(Backend* backend) {
+  LOOM_CHECK(finalized_) << "Place before Finalize";
+  if (backend->device().type == DeviceType::kCpu) return;  // the host vectors are its memory
+  device_.placed = true;
+  device_.data.set_backend(backend);
+  device_.grad.set_backend(backend);
+  PushData();
+  if (!frozen_) device_.grad.CopyFromHost(grad_.data(), grad_.size());
+}
+
+void ParamSet::PushData() {
+  if (device_.placed) device_.data.CopyFromHost(data_.data(), data_.size());
+}
+
+void ParamSet::PullGrads() {
+  if (!device_.placed || frozen_) return;
+  device_.grad.backend()->Synchronize();
+  device_.grad.backend()->CopyToHost(grad_.data(), device_.grad.data(),
+                                     sizeof(float) * grad_.size());
+}
 
 void ParamSet::Freeze() {
   LOOM_CHECK(finalized_) << "Freeze before Finalize";
   frozen_ = true;
   for (std::vector<float>* b : {&grad_, &m_, &v_}) std::vector<float>().swap(*b);
+  if (device_.placed) device_.grad.resize(0);
 }
 
 ParamSet ParamSet::MasterLayout() const {

@@ -19,6 +19,8 @@
 
 #include "absl/status/status.h"
 #include "runtime/comm/collective.h"
+#include "runtime/tensor/backend.h"
+#include "runtime/tensor/buffer.h"
 #include "runtime/tensor/tensor.h"
 
 namespace loom {
@@ -119,8 +121,23 @@ class ParamSet {
   // group it is the module's Σ g².
   double OwnedGradSumOfSquares() const;
 
-  float* param(int i) { return data_.data() + specs_[i].offset; }
-  float* grad(int i) { return frozen_ ? nullptr : grad_.data() + specs_[i].offset; }
+  // Where the layers read the weights and add the gradients: the host
+  // vectors below, or, once placed on a device backend (Place), a copy of
+  // them there. The host vectors stay the master: PushData() after they
+  // change (initialisation, a load, an optimizer step), PullGrads() before
+  // the host reads the gradients (their all-reduce, clipping, the step).
+  // ZeroGrad() zeroes both. On the CPU backend Place() changes nothing.
+  void Place(Backend* backend);
+  void PushData();
+  void PullGrads();
+  bool placed() const { return device_.placed; }
+  float* param(int i) {
+    return (device_.placed ? device_.data.data() : data_.data()) + specs_[i].offset;
+  }
+  float* grad(int i) {
+    if (frozen_) return nullptr;
+    return (device_.placed ? device_.grad.data() : grad_.data()) + specs_[i].offset;
+  }
   const ParamSpec& spec(int i) const { return specs_[i]; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t size() const { return total_; }
@@ -145,6 +162,22 @@ class ParamSet {
   bool frozen_ = false;
   std::vector<float> data_, grad_, m_, v_;
   int64_t step_ = 0;  // optimizer steps taken
+  // Place()'s copies of data and grads; a copy of the set is not placed.
+  struct DeviceCopy {
+    DeviceCopy() = default;
+    DeviceCopy(const DeviceCopy&) {}
+    DeviceCopy& operator=(const DeviceCopy&) {
+      placed = false;
+      data.set_backend(nullptr);
+      grad.set_backend(nullptr);
+      return *this;
+    }
+    DeviceCopy(DeviceCopy&&) = default;
+    DeviceCopy& operator=(DeviceCopy&&) = default;
+    bool placed = false;
+    Buffer<float> data, grad;
+  };
+  DeviceCopy device_;
 };
 
 // The master tensors of a module split over the TP group `tp` (null: one
