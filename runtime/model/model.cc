@@ -84,8 +84,27 @@ LayerRange VitStageLayers(const ModelConfig& config, int pp, int stage) {
   return {b[stage], b[stage + 1]};
 }
 
-MultimodalModel::MultimodalModel(const ModelConfig& config)
-    : config_(config), vit_(config.vit), projector_(config), llm_(config.llm) {}
+MultimodalModel::MultimodalModel(const ModelConfig& config, Ops* ops)
+    : config_(config),
+      vit_(config.vit, nullptr, {}, ops),
+      projector_(config, ops),
+      llm_(config.llm, nullptr, {}, ops),
+      ops_(ops),
+      tiles_(ops->backend()),
+      vit_out_(ops->backend()),
+      image_emb_(ops->backend()) {}
+
+void MultimodalModel::Place() {
+  for (ParamSet* p : param_sets()) p->Place(ops_->backend());
+}
+
+void MultimodalModel::PushData() {
+  for (ParamSet* p : param_sets()) p->PushData();
+}
+
+void MultimodalModel::PullGrads() {
+  for (ParamSet* p : param_sets()) p->PullGrads();
+}
 
 void MultimodalModel::Initialize(uint64_t seed) {
   vit_.params().Initialize(ModuleSeed(seed, Module::kEncoder));
@@ -106,14 +125,15 @@ void MultimodalModel::ZeroGrad() {
 
 void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
   const int S = config_.vit.tile_size, tile_floats = 3 * S * S, Dl = config_.llm.dim;
-  tiles_.clear();
+  host_tiles_.clear();
   num_tiles_ = 0;
   for (const Sample* s : mb) {
     LOOM_CHECK(static_cast<int>(s->tiles.size()) == s->num_tiles * tile_floats)
         << "sample tiles do not match num_tiles";
-    tiles_.insert(tiles_.end(), s->tiles.begin(), s->tiles.end());
+    host_tiles_.insert(host_tiles_.end(), s->tiles.begin(), s->tiles.end());
     num_tiles_ += s->num_tiles;
   }
+  tiles_.CopyFromHost(host_tiles_.data(), host_tiles_.size());
   batch_ = PackSamples(mb);
   const int image_tokens = num_tiles_ * config_.tokens_per_tile();
   LOOM_CHECK(batch_.image_positions() == image_tokens)
@@ -133,11 +153,13 @@ kernels::LossSum MultimodalModel::ForwardBackward(const std::vector<const Sample
                                                   float grad_scale) {
   Forward(mb);
   const bool encoder_backward = num_tiles_ > 0 && !frozen_.encoder_side();
-  std::vector<float> dimage(encoder_backward ? image_emb_.size() : 0, 0.0f);
+  Buffer<float> dimage(ops_->backend());
+  dimage.Zeros(encoder_backward ? image_emb_.size() : 0);
   kernels::LossSum loss =
       NoGroup(llm_.Backward(grad_scale, encoder_backward ? dimage.data() : nullptr));
   if (encoder_backward) {
-    std::vector<float> dvit(frozen_.vision ? 0 : vit_out_.size(), 0.0f);
+    Buffer<float> dvit(ops_->backend());
+    dvit.Zeros(frozen_.vision ? 0 : vit_out_.size());
     projector_.Backward(dimage.data(), frozen_.vision ? nullptr : dvit.data());
     if (!frozen_.vision) NoGroup(vit_.Backward(dvit.data()));
   }

@@ -56,7 +56,8 @@ LayerRange VitStageLayers(const ModelConfig& config, int pp, int stage);
 
 class MultimodalModel {
  public:
-  explicit MultimodalModel(const ModelConfig& config);
+  // `ops` (not owned): the backend the modules run on.
+  explicit MultimodalModel(const ModelConfig& config, Ops* ops = CpuOps());
 
   const ModelConfig& config() const { return config_; }
   VitEncoder& vit() { return vit_; }
@@ -68,6 +69,13 @@ class MultimodalModel {
 
   // Every module's parameters from `seed` (each module its own stream).
   void Initialize(uint64_t seed);
+  // The parameters on the ops' backend (ParamSet::Place), once their host
+  // values are set; PushData after the host values change (a load, an
+  // optimizer step), PullGrads before the host reads gradients. No-ops on
+  // the CPU.
+  void Place();
+  void PushData();
+  void PullGrads();
   void ZeroGrad();
   // Freezes the modules `frozen` names (after their weights are set: a
   // frozen module loads weights but no AdamW state).
@@ -88,8 +96,10 @@ class MultimodalModel {
   VitEncoder vit_;
   Projector projector_;
   Llm llm_;
+  Ops* ops_;
   LlmBatch batch_;
-  std::vector<float> tiles_, vit_out_, image_emb_;
+  std::vector<float> host_tiles_;
+  Buffer<float> tiles_, vit_out_, image_emb_;  // on ops_'s backend
   int num_tiles_ = 0;
 };
 

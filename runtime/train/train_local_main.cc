@@ -17,11 +17,15 @@
 // cursor (step-N/data_cursor.binpb) so a resumed run continues with exactly
 // the next sample.
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
 #include "runtime/data/loader.h"
 #include "runtime/hf/model_flags.h"
@@ -35,6 +39,9 @@
 ABSL_FLAG(std::string, config, "tiny",
           "Model config: tiny, tiny-deep, vit300m-llm1b, vit300m-llm7b, vit300m-llm70b.");
 ABSL_FLAG(int, steps, 100, "Train until this many optimizer steps have been taken.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the layers run: cpu, or cuda / cuda:N (a GPU; the optimizer steps on the host "
+          "copies of the weights for now).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the weights and the data.");
 ABSL_FLAG(bool, shuffle_images, false,
           "Pair each caption with another sample's image (the control run).");
@@ -88,7 +95,20 @@ int main(int argc, char** argv) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<loom::Frozen> frozen = loom::ParseFrozen(absl::GetFlag(FLAGS_freeze));
   if (!frozen.ok()) return Fail("--freeze: " + std::string(frozen.status().message()));
-  loom::MultimodalModel model(*config);
+  std::unique_ptr<loom::Ops> gpu;
+  loom::Ops* ops = loom::CpuOps();
+  if (const std::string device = absl::GetFlag(FLAGS_device); device != "cpu") {
+    int index = 0;
+    if (device != "cuda" &&
+        !(absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index))) {
+      return Fail("--device: want cpu, cuda or cuda:N, got \"" + device + "\"");
+    }
+    absl::StatusOr<std::unique_ptr<loom::Ops>> made = loom::MakeCudaOps(index);
+    if (!made.ok()) return Fail("--device " + device + ": " + std::string(made.status().message()));
+    gpu = *std::move(made);
+    ops = gpu.get();
+  }
+  loom::MultimodalModel model(*config, ops);
   model.Initialize(seed);
   if (absl::Status s = loom::hf::LoadPretrainedWeights(*pretrained, &model); !s.ok()) {
     return Fail("--" + std::string(s.message()));
@@ -98,6 +118,7 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail("--init_checkpoint: " + std::string(s.message()));
   }
   model.Freeze(*frozen);
+  model.Place();  // the weights as set so far (a resume below pushes its own)
   loom::SyntheticCaptions data(*config, seed, absl::GetFlag(FLAGS_shuffle_images));
   const std::string shards = absl::GetFlag(FLAGS_shards);
   std::unique_ptr<loom::data::Tokenizer> tokenizer;
@@ -163,6 +184,7 @@ int main(int argc, char** argv) {
                    std::string(loaded.message()).c_str());
       return 1;
     }
+    model.PushData();
     first_step = static_cast<int>(*latest);
     if (loader != nullptr) {
       absl::StatusOr<std::string> bytes = loom::ReadFile(CursorPath(ckpt_dir, first_step));

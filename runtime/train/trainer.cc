@@ -67,8 +67,12 @@ StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
   }
   st.loss = loss_sum / static_cast<double>(st.loss_tokens);
 
+  // The optimizer runs on the host copies (a model on a GPU: its gradients
+  // come back, its new weights go out).
+  model_->PullGrads();
   st.grad_norm = std::sqrt(GradSumOfSquares(model_->param_sets()));
   st.lr = OptimizerStep(model_->param_sets(), options_, step_, st.grad_norm);
+  model_->PushData();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
