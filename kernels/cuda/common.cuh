@@ -24,15 +24,16 @@ inline int GridFor(int64_t n) {
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 // Sum of `v` over the block; every thread gets the result. blockDim.x must be
-// a multiple of 32 and at most 1024. `scratch` holds 32 floats.
-__device__ inline float BlockSum(float v, float* scratch) {
+// a multiple of 32 and at most 1024. `scratch` holds 32 values.
+template <typename T>
+__device__ inline T BlockSum(T v, T* scratch) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();  // scratch may still be read from a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int warps = blockDim.x / 32;
-  v = lane < warps ? scratch[lane] : 0.0f;
+  v = lane < warps ? scratch[lane] : T(0);
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
   return v;
 }

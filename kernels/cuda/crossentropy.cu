@@ -33,18 +33,6 @@ __global__ void CrossEntropy(float* dlogits, float* losses, const float* logits,
   if (threadIdx.x == 0) losses[row] = lse - (x[target] - mx);
 }
 
-__device__ double BlockSumDouble(double v, double* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x / 32;
-  v = lane < warps ? scratch[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-  return v;
-}
-
 // The vocab-parallel pieces: one block per row of the shard.
 __global__ void ShardMax(float* mx, const float* logits, int V) {
   __shared__ float scratch[32];
@@ -67,7 +55,7 @@ __global__ void ShardSums(double* sums, const float* logits, const float* mx,
   }
   double s = 0;
   for (int v = threadIdx.x; v < V; v += blockDim.x) s += exp(static_cast<double>(x[v] - mx[row]));
-  s = BlockSumDouble(s, scratch);
+  s = BlockSum(s, scratch);
   if (threadIdx.x == 0) {
     const int v = target - vocab_start;
     sums[2 * row] = s;

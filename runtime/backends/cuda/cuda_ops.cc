@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/backends/cuda/cuda_backend.h"
+#include "runtime/tensor/buffer.h"
 
 #ifdef LOOM_WITH_CUDA
 #include "kernels/attention/attention.h"
@@ -23,10 +24,6 @@ namespace k = kernels::cuda;
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
-  ~CudaOps() override {
-    if (scratch_ != nullptr) cudaFree(scratch_);
-    if (int_scratch_ != nullptr) cudaFree(int_scratch_);
-  }
 
   Backend* backend() const override { return backend_.get(); }
 
@@ -222,27 +219,17 @@ class CudaOps final : public Ops {
   // At least `n` floats (ints) of device memory, kept between calls (one
   // user at a time: see cuda_ops.h).
   float* Scratch(int64_t n) {
-    if (n > scratch_n_) {
-      if (scratch_ != nullptr) LOOM_CUDA_CHECK(cudaFree(scratch_));
-      LOOM_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float) * std::max<int64_t>(n, 1)));
-      scratch_n_ = n;
-    }
-    return scratch_;
+    scratch_.resize(static_cast<size_t>(n));
+    return scratch_.data();
   }
   int32_t* IntScratch(int64_t n) {
-    if (n > int_scratch_n_) {
-      if (int_scratch_ != nullptr) LOOM_CUDA_CHECK(cudaFree(int_scratch_));
-      LOOM_CUDA_CHECK(cudaMalloc(&int_scratch_, sizeof(int32_t) * std::max<int64_t>(n, 1)));
-      int_scratch_n_ = n;
-    }
-    return int_scratch_;
+    int_scratch_.resize(static_cast<size_t>(n));
+    return int_scratch_.data();
   }
 
   std::unique_ptr<Backend> backend_;
-  float* scratch_ = nullptr;
-  int64_t scratch_n_ = 0;
-  int32_t* int_scratch_ = nullptr;
-  int64_t int_scratch_n_ = 0;
+  Buffer<float> scratch_{backend_.get()};
+  Buffer<int32_t> int_scratch_{backend_.get()};
 };
 
 }  // namespace
