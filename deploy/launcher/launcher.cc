@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -334,6 +336,30 @@ void Launcher::AwaitReplacement(const LaunchedService* s) {
   for (LaunchedService& own : services_) {
     if (&own == s) own.awaiting_replacement = true;
   }
+}
+
+std::string Launcher::ExitMessage(common::v1::Role role, int rank) {
+  for (LaunchedService& s : services_) {
+    if (s.binary->role != role || s.rank != rank) continue;
+    // A lost service is often still ending (its port closed first).
+    if (s.process == nullptr || !s.process->Wait(absl::Seconds(3)).ok()) return "";
+    // The log's end: a long run's log is long, and the main's last words
+    // come last.
+    std::ifstream in(s.process->log_path(), std::ios::binary);
+    if (!in) return "";
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg(), tail = std::min<std::streamoff>(size, 64 << 10);
+    in.seekg(size - tail);
+    std::string text(static_cast<size_t>(tail), '\0');
+    in.read(text.data(), tail);
+    const std::string prefix = s.binary->name + ": ";
+    std::string found;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::StartsWith(line, prefix)) found = std::string(line.substr(prefix.size()));
+    }
+    return found;
+  }
+  return "";
 }
 
 const LaunchedService* Launcher::FindExited() {

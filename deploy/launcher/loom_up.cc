@@ -197,6 +197,10 @@ bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery&
                  JobOutcome* outcome) {
   std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job_name.c_str(),
                loom::DescribeLoss(r).c_str());
+  if (const std::string why = launcher.ExitMessage(r.role(), r.rank()); !why.empty()) {
+    std::fprintf(stderr, "loom up: %s rank %d exited: %s\n", loom::RoleLabel(r.role()).c_str(),
+                 r.rank(), why.c_str());
+  }
   if (*restarts >= max_restarts) {
     std::fprintf(stderr, "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
                  job_name.c_str(), loom::DescribeLoss(r).c_str(), max_restarts);
@@ -358,6 +362,10 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                    s->binary->name.c_str(), s->rank,
                    loom::DescribeWaitStatus(s->exit_status).c_str(),
                    s->process->log_path().c_str());
+      if (const std::string why = launcher.ExitMessage(s->binary->role, s->rank); !why.empty()) {
+        std::fprintf(stderr, "loom up: %s rank %d: %s\n", s->binary->name.c_str(), s->rank,
+                     why.c_str());
+      }
       rc = 1;
       // Ctrl-C in a terminal reaches the services too: then this is a stop,
       // not a failure to recover from.

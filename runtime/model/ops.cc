@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/matmul/matmul.h"
@@ -191,6 +195,18 @@ class Cpu final : public Ops {
 Ops* CpuOps() {
   static Cpu* const ops = new Cpu();
   return ops;
+}
+
+absl::StatusOr<int> ParseDevice(const std::string& name) {
+  if (name == "cpu") return -1;
+  if (name == "cuda") return 0;
+  int index = -1;
+  if (absl::StartsWith(name, "cuda:") && absl::SimpleAtoi(name.substr(5), &index) && index >= 0 &&
+      index < 1024) {
+    return index;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("want cpu, cuda or cuda:N (N a device index), got \"", name, "\""));
 }
 
 }  // namespace loom

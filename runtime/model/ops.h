@@ -17,7 +17,9 @@
 #define LOOM_RUNTIME_MODEL_OPS_H_
 
 #include <cstdint>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "kernels/activation/activation.h"
 #include "kernels/loss/crossentropy.h"
 #include "runtime/tensor/backend.h"
@@ -125,6 +127,11 @@ class Ops {
 
 // The CPU kernels on host memory (CpuBackend). Process-wide.
 Ops* CpuOps();
+
+// A device as flags and job configs name it: "cpu" is -1, "cuda" is CUDA
+// device 0 (the first visible one: a pod's own GPU), "cuda:N" device N.
+// INVALID_ARGUMENT saying what it wants otherwise.
+absl::StatusOr<int> ParseDevice(const std::string& name);
 
 }  // namespace loom
 

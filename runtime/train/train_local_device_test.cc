@@ -27,7 +27,7 @@ TEST(TrainLocalDeviceTest, BadOrMissingDevicesAreRefusedByName) {
   int rc = 0;
   std::string out = TrainLocal("--device gpu --steps 0", &rc);
   EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("--device: want cpu, cuda or cuda:N, got \"gpu\""), std::string::npos) << out;
+  EXPECT_NE(out.find("--device gpu: want cpu, cuda or cuda:N"), std::string::npos) << out;
   out = TrainLocal("--device cuda:x --steps 0", &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("got \"cuda:x\""), std::string::npos) << out;

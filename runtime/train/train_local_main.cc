@@ -23,8 +23,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
 #include "runtime/data/loader.h"
@@ -96,19 +94,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<loom::Frozen> frozen = loom::ParseFrozen(absl::GetFlag(FLAGS_freeze));
   if (!frozen.ok()) return Fail("--freeze: " + std::string(frozen.status().message()));
   std::unique_ptr<loom::Ops> gpu;
-  loom::Ops* ops = loom::CpuOps();
-  if (const std::string device = absl::GetFlag(FLAGS_device); device != "cpu") {
-    int index = 0;
-    if (device != "cuda" &&
-        !(absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index))) {
-      return Fail("--device: want cpu, cuda or cuda:N, got \"" + device + "\"");
-    }
-    absl::StatusOr<std::unique_ptr<loom::Ops>> made = loom::MakeCudaOps(index);
-    if (!made.ok()) return Fail("--device " + device + ": " + std::string(made.status().message()));
-    gpu = *std::move(made);
-    ops = gpu.get();
-  }
-  loom::MultimodalModel model(*config, ops);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  absl::StatusOr<loom::Ops*> ops = loom::OpsForDevice(device, &gpu);
+  if (!ops.ok()) return Fail("--device " + device + ": " + std::string(ops.status().message()));
+  loom::MultimodalModel model(*config, *ops);
   model.Initialize(seed);
   if (absl::Status s = loom::hf::LoadPretrainedWeights(*pretrained, &model); !s.ok()) {
     return Fail("--" + std::string(s.message()));

@@ -12,6 +12,7 @@
 #include "runtime/base/file.h"
 #include "runtime/data/datagen.h"
 #include "runtime/model/config.h"
+#include "runtime/model/ops.h"
 #include "runtime/scheduling/assign.h"
 
 namespace loom {
@@ -80,6 +81,9 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (r->lease_seconds() == 0) r->set_lease_seconds(10);
   if (r->stall_floor_seconds() == 0) r->set_stall_floor_seconds(300);
   if (r->stall_factor() == 0) r->set_stall_factor(10);
+  job::v1::DeviceConfig* dev = job->mutable_device();
+  Default<std::string>(dev->mutable_encoder(), "cpu");
+  Default<std::string>(dev->mutable_llm(), "cpu");
 }
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
@@ -157,6 +161,12 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (const int cap = job.recovery().max_restarts(); cap < 0 || cap > 1000) {
     return Bad("recovery.max_restarts", absl::StrCat("must be in [0, 1000], got ", cap));
   }
+  for (const bool enc : {true, false}) {
+    absl::StatusOr<int> device = ParseDevice(JobDevice(job, enc));
+    if (!device.ok()) {
+      return Bad(enc ? "device.encoder" : "device.llm", std::string(device.status().message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -188,6 +198,10 @@ absl::StatusOr<hf::PretrainedModel> JobModel(const job::v1::JobConfig& job) {
         absl::StrCat(source.pretrained() ? "hf." : "model: ", m.status().message()));
   }
   return m;
+}
+
+const std::string& JobDevice(const job::v1::JobConfig& job, bool encoder) {
+  return encoder ? job.device().encoder() : job.device().llm();
 }
 
 Frozen JobFrozen(const job::v1::JobConfig& job) {

@@ -41,6 +41,9 @@ absl::StatusOr<hf::PretrainedModel> JobModel(const job::v1::JobConfig& job);
 
 // The modules the job does not train (job.freeze).
 Frozen JobFrozen(const job::v1::JobConfig& job);
+// The device (device.encoder or device.llm) of the encoder's or the LLM's
+// workers, a name for ParseDevice (runtime/model/ops.h).
+const std::string& JobDevice(const job::v1::JobConfig& job, bool encoder);
 
 // The job as one line of JSON (for logs and for handing to a child process).
 std::string JobToJson(const job::v1::JobConfig& job);

@@ -27,6 +27,16 @@ TEST(JobConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(job->parallel().llm_tp(), 1);
   EXPECT_EQ(job->checkpoint().dir(), "/run/checkpoints");
   EXPECT_DOUBLE_EQ(job->train().clip_norm(), 1.0);
+  EXPECT_EQ(job->device().encoder(), "cpu");
+  EXPECT_EQ(job->device().llm(), "cpu");
+}
+
+TEST(JobConfig, DevicesAreChosenPerModule) {
+  // Only syntax is checked here (no GPU is needed to validate a job): each
+  // worker opens its module's device when it joins.
+  EXPECT_TRUE(ParseAndCheck("device { encoder: 'cpu' llm: 'cuda' }").ok());
+  EXPECT_TRUE(ParseAndCheck("device { encoder: 'cuda:1' llm: 'cuda:0' }").ok());
+  EXPECT_TRUE(ParseAndCheck("device { llm: 'cuda' } parallel { llm_tp: 2 }").ok());
 }
 
 TEST(JobConfig, JsonAndTextGiveTheSameJob) {
@@ -105,6 +115,9 @@ TEST(JobConfig, InvalidValuesAreNamed) {
                 "recovery.stall_factor: must be in [1, 1000], got 0.5"},
            Case{"recovery { max_restarts: -1 }",
                 "recovery.max_restarts: must be in [0, 1000], got -1"},
+           Case{"device { llm: 'gpu' }", "device.llm: want cpu, cuda or cuda:N"},
+           Case{"device { encoder: 'cuda:-1' }", "device.encoder: want cpu, cuda or cuda:N"},
+           Case{"device { encoder: 'cuda:x' }", "device.encoder: want cpu, cuda or cuda:N"},
        }) {
     absl::Status s = ParseAndCheck(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;

@@ -11,10 +11,12 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/comm/host_staged.h"
 #include "runtime/parallel/grid.h"
 #include "services/common/channel.h"
 #include "services/common/job.h"
@@ -187,20 +189,38 @@ absl::Status TrainingWorker::Impl::Join() {
     bridge_comm = std::move(*c);
   }
 
+  if (ops == nullptr) {
+    const std::string& device = JobDevice(job, encoder);
+    absl::StatusOr<Ops*> made = OpsForDevice(device, &device_ops);
+    if (!made.ok()) {
+      return absl::Status(made.status().code(),
+                          absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, ": ",
+                                       made.status().message()));
+    }
+    ops = *made;
+    for (Buffer<float>& b : staged) b.set_backend(ops->backend());
+  }
+  // The layers' TP all-reduces run on their buffers: on a device, through
+  // host memory (NCCL in the groups is not there yet).
+  Communicator* layers_tp = tp_comm.get();
+  if (tp_comm != nullptr && !on_host()) {
+    staged_tp = std::make_unique<HostStagedCommunicator>(tp_comm.get(), ops->backend());
+    layers_tp = staged_tp.get();
+  }
   if (encoder) {
-    vit = std::make_unique<VitEncoder>(model.vit, tp_comm.get(),
-                                       VitStageLayers(model, shape.pp, pos.pp));
+    vit = std::make_unique<VitEncoder>(model.vit, layers_tp,
+                                       VitStageLayers(model, shape.pp, pos.pp), ops);
     sets = {&vit->params()};
     modules = {Module::kEncoder};
     set_tp = {tp_comm.get()};
     if (last_stage()) {
-      projector = std::make_unique<Projector>(model);
+      projector = std::make_unique<Projector>(model, ops);
       sets.push_back(&projector->params());
       modules.push_back(Module::kProjector);
       set_tp.push_back(nullptr);
     }
   } else {
-    llm = std::make_unique<Llm>(model.llm, tp_comm.get(), LlmStageLayers(model, shape.pp, pos.pp));
+    llm = std::make_unique<Llm>(model.llm, layers_tp, LlmStageLayers(model, shape.pp, pos.pp), ops);
     sets = {&llm->params()};
     modules = {Module::kLlm};
     set_tp = {tp_comm.get()};
@@ -231,6 +251,7 @@ absl::Status TrainingWorker::Impl::Join() {
   frozen = JobFrozen(job);
   for (size_t i = 0; i < sets.size(); ++i) {
     if (frozen.module(modules[i])) sets[i]->Freeze();
+    sets[i]->Place(ops->backend());  // the weights as set (no-op on the CPU)
   }
   return absl::OkStatus();
 }
@@ -380,6 +401,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const double a0 = trace::NowMicros();
   for (ParamSet* p : sets) {
     if (p->frozen()) continue;  // no gradients (the same on every rank)
+    p->PullGrads();             // the host's copy is the one reduced and stepped
     if (s = dp_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
   }
   // Σ g² of each module from DP replica 0 (replicas hold equal gradients),
@@ -401,6 +423,9 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const double o0 = trace::NowMicros();
   const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
   const double lr = OptimizerStep(sets, train, step, grad_norm);
+  for (ParamSet* p : sets) {
+    if (!p->frozen()) p->PushData();  // the stepped weights where the layers read them
+  }
   Span("optimizer", o0, d.iteration, "optimizer");
   if (!trace_path.empty()) {
     if (absl::Status t = trace::AppendLine(trace_path, spans); !t.ok()) {

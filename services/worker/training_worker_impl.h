@@ -27,7 +27,9 @@
 #include "runtime/comm/ucx.h"
 #include "runtime/hf/pretrained.h"
 #include "runtime/model/model.h"
+#include "runtime/model/ops.h"
 #include "runtime/parallel/grid.h"
+#include "runtime/tensor/buffer.h"
 #include "runtime/train/trainer.h"
 #include "services/common/chassis.h"
 #include "services/preprocess/data_client.h"
@@ -101,6 +103,43 @@ struct TrainingWorker::Impl {
   int64_t start_iteration = 0;
   std::string checkpoint_step_dir;  // the generation's start ("": the seed)
   hf::PretrainedModel pretrained;   // the job's model (config, Hugging Face files)
+  // The module's ops on the job's device.encoder or device.llm: CpuOps(),
+  // or CUDA's, made at the first Join on the training thread (the thread
+  // CudaOps serves). Declared before everything that holds their memory.
+  std::unique_ptr<Ops> device_ops;
+  Ops* ops = nullptr;
+  // Host staging: UCX and the groups move host memory. On a device, the
+  // modules' inputs and outputs pass through these buffers of ops' memory
+  // (the modules copy their inputs, so one per role serves every
+  // microbatch); on the CPU the host vectors are the modules' own memory.
+  enum Slot { kStageIn, kStageOut, kStageEmb, kStageGrad, kStageDvit, kStageDin, kStageSlots };
+  Buffer<float> staged[kStageSlots];
+  bool on_host() const { return ops->backend()->device().type == DeviceType::kCpu; }
+  // `host` in ops' memory: its own data on the CPU, else a copy in `slot`.
+  const float* Stage(const std::vector<float>& host, Slot slot) {
+    if (on_host()) return host.data();
+    staged[slot].CopyFromHost(host.data(), host.size());
+    return staged[slot].data();
+  }
+  float* Stage(std::vector<float>* host, Slot slot) {
+    Stage(*host, slot);
+    return Staged(host, slot);
+  }
+  // Room for an output the size of `host` (contents unspecified): `host`
+  // itself on the CPU, else `slot`.
+  float* Room(std::vector<float>* host, Slot slot) {
+    if (on_host()) return host->data();
+    staged[slot].resize(host->size());
+    return staged[slot].data();
+  }
+  // Where Stage or Room put `host`; after the op, Unstage brings `slot`
+  // back into `host` (nothing to do on the CPU).
+  float* Staged(std::vector<float>* host, Slot slot) {
+    return on_host() ? host->data() : staged[slot].data();
+  }
+  void Unstage(std::vector<float>* host, Slot slot) {
+    if (!on_host()) *host = staged[slot].ToHost();
+  }
   // The generation this worker trains in; the watcher cancels UCX waits
   // under this lock only when the scheduler's is newer.
   absl::Mutex generation_mu;
@@ -119,6 +158,9 @@ struct TrainingWorker::Impl {
   // null when pp is 1), and on each module's rank 0 only, the two-rank
   // bridge between the modules (JobSum).
   std::unique_ptr<Communicator> tp_comm, dp_comm, pp_comm, bridge_comm;
+  // On a device: the TP group as the layers use it, through host memory
+  // (their buffers are the device's); null on the CPU.
+  std::unique_ptr<Communicator> staged_tp;
   // Writes this rank's part of a checkpoint from its copy and reports it
   // (the training thread starts and joins it: AwaitCheckpointWrite).
   std::thread checkpoint_writer;

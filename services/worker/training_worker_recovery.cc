@@ -20,6 +20,7 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   sets.clear();
   modules.clear();
   set_tp.clear();
+  staged_tp.reset();
   tp_comm.reset();
   dp_comm.reset();
   pp_comm.reset();

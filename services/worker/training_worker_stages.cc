@@ -36,10 +36,14 @@ absl::Status TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& in, 
   // A stage before the last hands on every row (the class token's too).
   const int rows = last_stage() ? model.vit.patches_per_tile() : model.vit.seq();
   vit_out->resize(static_cast<size_t>(n) * rows * model.vit.dim);
-  if (absl::Status s = vit->Forward(in.data(), n, vit_out->data()); !s.ok()) return s;
+  if (absl::Status s = vit->Forward(Stage(in, kStageIn), n, Room(vit_out, kStageOut)); !s.ok()) {
+    return s;
+  }
+  Unstage(vit_out, kStageOut);
   if (!last_stage()) return absl::OkStatus();
   emb->resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
-  projector->Forward(vit_out->data(), n, emb->data());
+  projector->Forward(Staged(vit_out, kStageOut), n, Room(emb, kStageEmb));
+  Unstage(emb, kStageEmb);
   return absl::OkStatus();
 }
 
@@ -225,7 +229,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       } else {  // the projector alone, from the tower's output it kept
         vit_out.swap(projector_in.at(b));
         emb_scratch.resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
-        projector->Forward(vit_out.data(), n, emb_scratch.data());
+        projector->Forward(Stage(vit_out, kStageOut), n, Room(&emb_scratch, kStageEmb));
       }
       totals.recompute += Since(r0);
       totals.recomputed_forward += first_forward[k];
@@ -234,11 +238,11 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     live = -1;
     const auto t0 = Clock::now();
     const double s0 = trace::NowMicros();
-    const float* dout = grad.data();
+    const float* dout = Stage(grad, kStageGrad);
     if (last_stage()) {
       dvit.assign(vit_backward ? vit_out.size() : 0, 0.0f);
-      projector->Backward(grad.data(), vit_backward ? dvit.data() : nullptr);
-      dout = dvit.data();
+      projector->Backward(dout, vit_backward ? Stage(&dvit, kStageDvit) : nullptr);
+      dout = Staged(&dvit, kStageDvit);
     }
     if (!vit_backward) {
       seconds[k] += Since(t0);
@@ -246,7 +250,10 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       continue;
     }
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : n * stage_floats);
-    if (s = vit->Backward(dout, first_stage() ? nullptr : din->data()); !s.ok()) return s;
+    if (s = vit->Backward(dout, first_stage() ? nullptr : Stage(din.get(), kStageDin)); !s.ok()) {
+      return s;
+    }
+    if (!first_stage()) Unstage(din.get(), kStageDin);
     seconds[k] += Since(t0);
     Span("backward", s0, d.iteration, "B bin ", b);
     if (!first_stage()) {
@@ -321,8 +328,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   std::vector<double> first_forward(d.bins.size(), 0.0);
   auto forward = [&](int j) {
     const bool img = image_tokens[j] > 0;
-    return llm->Forward(batches[j], first_stage() && img ? inputs[j].data() : nullptr,
-                        first_stage() ? nullptr : inputs[j].data());
+    const float* in = first_stage() && !img ? nullptr : Stage(inputs[j], kStageIn);
+    return llm->Forward(batches[j], first_stage() ? in : nullptr, first_stage() ? nullptr : in);
   };
   const int stages = encoder_grid.pp + llm_grid.pp;
   for (const parallel::PipelineOp& op : parallel::OneFOneBSchedule(
@@ -372,9 +379,12 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     auto grad = std::make_shared<std::vector<float>>(send_image ? image_tokens[j] * C : 0, 0.0f);
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : TC);
     absl::StatusOr<kernels::LossSum> loss =
-        llm->Backward(scale, send_image ? grad->data() : nullptr,
-                      last_stage() ? nullptr : dout.data(), first_stage() ? nullptr : din->data());
+        llm->Backward(scale, send_image ? Stage(grad.get(), kStageGrad) : nullptr,
+                      last_stage() ? nullptr : Stage(dout, kStageOut),
+                      first_stage() ? nullptr : Stage(din.get(), kStageDin));
     if (!loss.ok()) return loss.status();
+    if (send_image) Unstage(grad.get(), kStageGrad);
+    if (!first_stage()) Unstage(din.get(), kStageDin);
     seconds[j] += Since(t0);
     Span("backward", s0, d.iteration, "B mb ", j, " bin ", b);
     if (last_stage()) {

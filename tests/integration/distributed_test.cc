@@ -7,7 +7,8 @@
 // run stopped at 10 and resumed to 20, with the same and with other degrees,
 // against the uninterrupted one; a fresh run in a reused folder never
 // resuming the older run's steps; frozen modules (LLaVA's stages) in
-// pipeline and tensor-parallel layouts; and a bad job config named.
+// pipeline and tensor-parallel layouts; a bad job config and a missing
+// device named.
 // (Hugging Face models: pretrained_test.cc; a lost process:
 // recovery_test.cc.)
 #include <algorithm>
@@ -312,6 +313,27 @@ TEST_F(DistributedTest, BadJobConfigIsNamedAndNothingStarts) {
                  "bad2.log", &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("parallel.microbatches: must be >= 1, got -1"), std::string::npos) << out;
+}
+
+// A module's device that this machine lacks (no CUDA in the build, or no
+// GPU 7): the job fails and loom up says which field and why, from the
+// worker's own last words (without a GPU this is what CI can check of
+// `device`; CPU jobs run through the same staging code in every test above).
+TEST_F(DistributedTest, AMissingDeviceIsNamed) {
+  int rc = 0;
+  const std::string config = TempPath("device.txtpb");
+  ASSERT_TRUE(WriteFileAtomically(config, Job("sequential", 0, 1, 1) +
+                                              "train { steps: 2 }\ndevice { llm: 'cuda:7' }\n")
+                  .ok());
+  const std::string out =
+      RunToEnd({Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
+                "--run_dir=" + TempPath("device"), "--config=" + config, "--max_restarts=0"},
+               "device.log", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("llm_worker rank 0 exited: cannot join the job: device.llm cuda:7: "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("FAILED"), std::string::npos) << out;
 }
 
 TEST_F(DistributedTest, ResumeWithoutACheckpointIsAnError) {

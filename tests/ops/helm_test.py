@@ -319,6 +319,7 @@ job:
   model: vit300m-llm1b
   parallel: {encoder_dp: 4, llm_dp: 8, microbatches: 4, llm_tp: 2, llm_pp: 2}
   data: {shards: "/data/laion/*.tar", global_batch: 256}
+  device: {encoder: cuda, llm: cpu}
 scheduler: {peakFlops: 1.2e16, extraArgs: ["--ilp_seconds=30"]}
 tls: {controlTokensSecret: loom-control-tokens, serverName: loom.ml.svc, refresh: 30s}
 workers: {llm: {extraArgs: ["--log_level=debug"]}}
@@ -449,6 +450,7 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         ("a misspelled tls field", ["--set", "tls.secret=x"], "tls"),
         ("an unknown identity's Secret", ["--set", "tls.secrets.admin=x"], "tls.secrets"),
         ("a bad tls refresh", ["--set", "tls.refresh=soon"], "tls.refresh"),
+        ("a device that is none", ["--set", "job.device.llm=gpu"], "job.device.llm"),
     ]:
         rc, out, err = render(*args)
         check(rc != 0 and named in err, "refuses %s, naming %s (%s)" % (what, named, err.strip().splitlines()[-1] if err.strip() else ""))

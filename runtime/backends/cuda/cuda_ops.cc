@@ -250,4 +250,14 @@ absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps(int device) {
 
 #endif  // LOOM_WITH_CUDA
 
+absl::StatusOr<Ops*> OpsForDevice(const std::string& device, std::unique_ptr<Ops>* owned) {
+  absl::StatusOr<int> index = ParseDevice(device);
+  if (!index.ok()) return index.status();
+  if (*index < 0) return CpuOps();
+  absl::StatusOr<std::unique_ptr<Ops>> made = MakeCudaOps(*index);
+  if (!made.ok()) return made.status();
+  *owned = *std::move(made);
+  return owned->get();
+}
+
 }  // namespace loom

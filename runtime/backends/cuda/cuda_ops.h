@@ -11,6 +11,7 @@
 #define LOOM_RUNTIME_BACKENDS_CUDA_CUDA_OPS_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "runtime/model/ops.h"
@@ -20,6 +21,10 @@ namespace loom {
 // Ops on CUDA device `device` (its backend allocates there). UNIMPLEMENTED
 // without --config=cuda; FAILED_PRECONDITION when the device is not visible.
 absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps(int device);
+
+// The ops for a device name (ParseDevice's: cpu, cuda, cuda:N): CpuOps()
+// for the CPU, else MakeCudaOps's, kept in `*owned`. Their errors.
+absl::StatusOr<Ops*> OpsForDevice(const std::string& device, std::unique_ptr<Ops>* owned);
 
 }  // namespace loom
 
