@@ -131,6 +131,13 @@ class ParamSet {
   void PushData();
   void PullGrads();
   bool placed() const { return device_.placed; }
+  // The whole gradient where the layers add it (the device copy once
+  // placed, else the host's): a device collective reduces it in place
+  // before PullGrads. Null when frozen.
+  float* placed_grads() {
+    if (frozen_) return nullptr;
+    return device_.placed ? device_.grad.data() : grad_.data();
+  }
   float* param(int i) {
     return (device_.placed ? device_.data.data() : data_.data()) + specs_[i].offset;
   }

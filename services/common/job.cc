@@ -84,6 +84,7 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   job::v1::DeviceConfig* dev = job->mutable_device();
   Default<std::string>(dev->mutable_encoder(), "cpu");
   Default<std::string>(dev->mutable_llm(), "cpu");
+  Default<std::string>(dev->mutable_collectives(), "host");
 }
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
@@ -166,6 +167,13 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
     if (!device.ok()) {
       return Bad(enc ? "device.encoder" : "device.llm", std::string(device.status().message()));
     }
+  }
+  if (const std::string& c = job.device().collectives(); c != "host" && c != "nccl") {
+    return Bad("device.collectives", absl::StrCat("want host or nccl, got \"", c, "\""));
+  }
+  if (job.device().collectives() == "nccl" && job.device().encoder() == "cpu" &&
+      job.device().llm() == "cpu") {
+    return Bad("device.collectives", "nccl reduces device memory: no module is on cuda");
   }
   return absl::OkStatus();
 }

@@ -29,6 +29,7 @@ TEST(JobConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_DOUBLE_EQ(job->train().clip_norm(), 1.0);
   EXPECT_EQ(job->device().encoder(), "cpu");
   EXPECT_EQ(job->device().llm(), "cpu");
+  EXPECT_EQ(job->device().collectives(), "host");
 }
 
 TEST(JobConfig, DevicesAreChosenPerModule) {
@@ -37,6 +38,7 @@ TEST(JobConfig, DevicesAreChosenPerModule) {
   EXPECT_TRUE(ParseAndCheck("device { encoder: 'cpu' llm: 'cuda' }").ok());
   EXPECT_TRUE(ParseAndCheck("device { encoder: 'cuda:1' llm: 'cuda:0' }").ok());
   EXPECT_TRUE(ParseAndCheck("device { llm: 'cuda' } parallel { llm_tp: 2 }").ok());
+  EXPECT_TRUE(ParseAndCheck("device { llm: 'cuda' collectives: 'nccl' }").ok());
 }
 
 TEST(JobConfig, JsonAndTextGiveTheSameJob) {
@@ -118,6 +120,10 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"device { llm: 'gpu' }", "device.llm: want cpu, cuda or cuda:N"},
            Case{"device { encoder: 'cuda:-1' }", "device.encoder: want cpu, cuda or cuda:N"},
            Case{"device { encoder: 'cuda:x' }", "device.encoder: want cpu, cuda or cuda:N"},
+           Case{"device { llm: 'cuda' collectives: 'mpi' }",
+                "device.collectives: want host or nccl, got \"mpi\""},
+           Case{"device { collectives: 'nccl' }",
+                "device.collectives: nccl reduces device memory: no module is on cuda"},
        }) {
     absl::Status s = ParseAndCheck(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;

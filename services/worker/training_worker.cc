@@ -12,6 +12,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "runtime/backends/cuda/cuda_ops.h"
+#include "runtime/backends/cuda/nccl_communicator.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -191,6 +192,8 @@ absl::Status TrainingWorker::Impl::Join() {
 
   if (ops == nullptr) {
     const std::string& device = JobDevice(job, encoder);
+    absl::StatusOr<int> index = ParseDevice(device);  // checked with the job
+    device_index = index.ok() ? *index : -1;
     absl::StatusOr<Ops*> made = OpsForDevice(device, &device_ops);
     if (!made.ok()) {
       return absl::Status(made.status().code(),
@@ -200,10 +203,41 @@ absl::Status TrainingWorker::Impl::Join() {
     ops = *made;
     for (Buffer<float>& b : staged) b.set_backend(ops->backend());
   }
-  // The layers' TP all-reduces run on their buffers: on a device, through
-  // host memory (NCCL in the groups is not there yet).
+  // The layers' TP all-reduces run on their buffers: on a device, NCCL's
+  // or through host memory; the gradients' DP all-reduce likewise.
   Communicator* layers_tp = tp_comm.get();
-  if (tp_comm != nullptr && !on_host()) {
+  if (!on_host() && job.device().collectives() == "nccl") {
+    auto connect_nccl = [&](const std::string& prefix, int rank,
+                            int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+      NcclOptions o;
+      o.prefix = prefix;
+      o.rank = rank;
+      o.size = size;
+      o.device = device_index;
+      o.timeout = options.startup_timeout;
+      o.cancel = &collectives;
+      o.wait_limit = [this] { return stall->WaitLimit(); };
+      absl::StatusOr<std::unique_ptr<NcclCommunicator>> c = ConnectNccl(&store, o);
+      if (!c.ok()) {
+        return absl::Status(c.status().code(),
+                            absl::StrCat("device.collectives nccl: ", c.status().message()));
+      }
+      return std::unique_ptr<Communicator>(new WatchedCommunicator(*std::move(c), stall.get()));
+    };
+    if (shape.tp > 1) {
+      absl::StatusOr<std::unique_ptr<Communicator>> n = connect_nccl(
+          absl::StrCat(module_name, "-nccl-tp-dp", pos.dp, "-pp", pos.pp), pos.tp, shape.tp);
+      if (!n.ok()) return n.status();
+      nccl_tp = *std::move(n);
+      layers_tp = nccl_tp.get();
+    }
+    if (shape.dp > 1) {
+      absl::StatusOr<std::unique_ptr<Communicator>> n = connect_nccl(
+          absl::StrCat(module_name, "-nccl-dp-tp", pos.tp, "-pp", pos.pp), pos.dp, shape.dp);
+      if (!n.ok()) return n.status();
+      nccl_dp = *std::move(n);
+    }
+  } else if (tp_comm != nullptr && !on_host()) {
     staged_tp = std::make_unique<HostStagedCommunicator>(tp_comm.get(), ops->backend());
     layers_tp = staged_tp.get();
   }
@@ -401,7 +435,14 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const double a0 = trace::NowMicros();
   for (ParamSet* p : sets) {
     if (p->frozen()) continue;  // no gradients (the same on every rank)
-    p->PullGrads();             // the host's copy is the one reduced and stepped
+    // The host's copy is the one stepped: reduced on the device first
+    // (NCCL), or brought down and reduced there.
+    if (nccl_dp != nullptr) {
+      if (s = nccl_dp->AllreduceSum(p->placed_grads(), p->size()); !s.ok()) return s;
+      p->PullGrads();
+      continue;
+    }
+    p->PullGrads();
     if (s = dp_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
   }
   // Σ g² of each module from DP replica 0 (replicas hold equal gradients),

@@ -108,6 +108,7 @@ struct TrainingWorker::Impl {
   // CudaOps serves). Declared before everything that holds their memory.
   std::unique_ptr<Ops> device_ops;
   Ops* ops = nullptr;
+  int device_index = -1;  // ParseDevice's: -1 the CPU
   // Host staging: UCX and the groups move host memory. On a device, the
   // modules' inputs and outputs pass through these buffers of ops' memory
   // (the modules copy their inputs, so one per role serves every
@@ -158,9 +159,11 @@ struct TrainingWorker::Impl {
   // null when pp is 1), and on each module's rank 0 only, the two-rank
   // bridge between the modules (JobSum).
   std::unique_ptr<Communicator> tp_comm, dp_comm, pp_comm, bridge_comm;
-  // On a device: the TP group as the layers use it, through host memory
-  // (their buffers are the device's); null on the CPU.
-  std::unique_ptr<Communicator> staged_tp;
+  // On a device, the TP and DP groups as the device's tensors use them:
+  // NCCL communicators (device.collectives "nccl"; null where the group is
+  // one rank), else the layers' TP group through host memory (staged_tp).
+  // The Gloo groups above keep the host-side sums (JobSum). Null on the CPU.
+  std::unique_ptr<Communicator> staged_tp, nccl_tp, nccl_dp;
   // Writes this rank's part of a checkpoint from its copy and reports it
   // (the training thread starts and joins it: AwaitCheckpointWrite).
   std::thread checkpoint_writer;

@@ -21,6 +21,8 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   modules.clear();
   set_tp.clear();
   staged_tp.reset();
+  nccl_tp.reset();
+  nccl_dp.reset();
   tp_comm.reset();
   dp_comm.reset();
   pp_comm.reset();

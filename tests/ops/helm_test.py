@@ -319,7 +319,7 @@ job:
   model: vit300m-llm1b
   parallel: {encoder_dp: 4, llm_dp: 8, microbatches: 4, llm_tp: 2, llm_pp: 2}
   data: {shards: "/data/laion/*.tar", global_batch: 256}
-  device: {encoder: cuda, llm: cpu}
+  device: {encoder: cuda, llm: cpu, collectives: nccl}
 scheduler: {peakFlops: 1.2e16, extraArgs: ["--ilp_seconds=30"]}
 tls: {controlTokensSecret: loom-control-tokens, serverName: loom.ml.svc, refresh: 30s}
 workers: {llm: {extraArgs: ["--log_level=debug"]}}
