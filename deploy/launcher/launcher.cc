@@ -348,7 +348,9 @@ std::string Launcher::ExitMessage(common::v1::Role role, int rank) {
     std::ifstream in(s.process->log_path(), std::ios::binary);
     if (!in) return "";
     in.seekg(0, std::ios::end);
-    const std::streamoff size = in.tellg(), tail = std::min<std::streamoff>(size, 64 << 10);
+    const std::streamoff size = in.tellg();
+    if (size <= 0) return "";
+    const std::streamoff tail = std::min<std::streamoff>(size, 64 << 10);
     in.seekg(size - tail);
     std::string text(static_cast<size_t>(tail), '\0');
     in.read(text.data(), tail);

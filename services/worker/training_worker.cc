@@ -136,6 +136,21 @@ absl::Status TrainingWorker::Impl::Register() {
 }
 
 absl::Status TrainingWorker::Impl::Join() {
+  // The module's device first: a rank without it fails before its peers
+  // wait for it in the groups.
+  if (ops == nullptr) {
+    const std::string& device = JobDevice(job, encoder);
+    absl::StatusOr<int> index = ParseDevice(device);  // checked with the job
+    device_index = index.ok() ? *index : -1;
+    absl::StatusOr<Ops*> made = OpsForDevice(device, &device_ops);
+    if (!made.ok()) {
+      return absl::Status(made.status().code(),
+                          absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, ": ",
+                                       made.status().message()));
+    }
+    ops = *made;
+    for (Buffer<float>& b : staged) b.set_backend(ops->backend());
+  }
   absl::StatusOr<scheduler::v1::GetPlanResponse> all =
       scheduler->WaitForAllWorkers(options.startup_timeout);
   if (!all.ok()) return all.status();
@@ -190,19 +205,6 @@ absl::Status TrainingWorker::Impl::Join() {
     bridge_comm = std::move(*c);
   }
 
-  if (ops == nullptr) {
-    const std::string& device = JobDevice(job, encoder);
-    absl::StatusOr<int> index = ParseDevice(device);  // checked with the job
-    device_index = index.ok() ? *index : -1;
-    absl::StatusOr<Ops*> made = OpsForDevice(device, &device_ops);
-    if (!made.ok()) {
-      return absl::Status(made.status().code(),
-                          absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, ": ",
-                                       made.status().message()));
-    }
-    ops = *made;
-    for (Buffer<float>& b : staged) b.set_backend(ops->backend());
-  }
   // The layers' TP all-reduces run on their buffers: on a device, NCCL's
   // or through host memory; the gradients' DP all-reduce likewise.
   Communicator* layers_tp = tp_comm.get();
@@ -552,6 +554,7 @@ void TrainingWorker::Run() {
   absl::Status result = m.Register();
   if (result.ok()) result = m.Join();
   if (!result.ok()) {
+    m.ReleaseDevice();
     Finish(absl::Status(result.code(), absl::StrCat("cannot join the job: ", result.message())));
     return;
   }
@@ -584,6 +587,7 @@ void TrainingWorker::Run() {
   if (!result.ok()) Announce(result);
   m.watching.store(false);
   watcher.join();
+  m.ReleaseDevice();
   Finish(result);
 }
 

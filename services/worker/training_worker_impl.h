@@ -213,6 +213,13 @@ struct TrainingWorker::Impl {
   // A recovery in place: drops the groups, the models and anything in
   // flight, and joins generation `g` from its start.
   absl::Status Regroup(const scheduler::v1::Regroup& g);
+  // The models and the communicators of the device's tensors (NCCL's, the
+  // host-staged TP group): a regroup's start.
+  void DropModels();
+  // Those, the staging buffers and the device's Ops: at the training
+  // thread's end, on that thread (CudaOps' and NCCL's rule) and while
+  // `collectives` lives (NCCL's teardown waits under it).
+  void ReleaseDevice();
   // Until training ends: asks the scheduler for its generation a few times
   // a lease and cancels this worker's UCX waits once it is newer.
   void WatchGeneration();

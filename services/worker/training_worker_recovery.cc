@@ -10,10 +10,7 @@
 
 namespace loom {
 
-absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
-  // Nothing of the old generation is kept: its models (which hold the TP
-  // group), its groups (closing their sockets ends any peer still waiting
-  // in a collective with this one), its weights (the checkpoint's come back).
+void TrainingWorker::Impl::DropModels() {
   vit.reset();
   projector.reset();
   llm.reset();
@@ -23,6 +20,20 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   staged_tp.reset();
   nccl_tp.reset();
   nccl_dp.reset();
+}
+
+void TrainingWorker::Impl::ReleaseDevice() {
+  DropModels();
+  for (Buffer<float>& b : staged) b.set_backend(nullptr);
+  device_ops.reset();
+  ops = nullptr;
+}
+
+absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
+  // Nothing of the old generation is kept: its models (which hold the TP
+  // group), its groups (closing their sockets ends any peer still waiting
+  // in a collective with this one), its weights (the checkpoint's come back).
+  DropModels();
   tp_comm.reset();
   dp_comm.reset();
   pp_comm.reset();
