@@ -338,11 +338,10 @@ void Launcher::AwaitReplacement(const LaunchedService* s) {
   }
 }
 
-std::string Launcher::ExitMessage(common::v1::Role role, int rank) {
+std::string Launcher::ExitMessage(common::v1::Role role, int rank, absl::Duration wait) {
   for (LaunchedService& s : services_) {
     if (s.binary->role != role || s.rank != rank) continue;
-    // A lost service is often still ending (its port closed first).
-    if (s.process == nullptr || !s.process->Wait(absl::Seconds(3)).ok()) return "";
+    if (s.process == nullptr || !s.process->Wait(wait).ok()) return "";
     // The log's end: a long run's log is long, and the main's last words
     // come last.
     std::ifstream in(s.process->log_path(), std::ios::binary);

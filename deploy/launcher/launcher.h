@@ -110,11 +110,11 @@ class Launcher {
   absl::Status Replace(common::v1::Role role, int rank, int64_t resume_step);
   // Marks an exited service as awaiting its replacement (FindExited skips it).
   void AwaitReplacement(const LaunchedService* s);
-  // Why service `role` rank `rank` ended, once its process has: the last
+  // Why service `role` rank `rank` ended, once its process has (waiting up
+  // to `wait` for one that is ending: a lost one often still is): the last
   // "<binary>: ..." line of its log (what each service's main prints of a
-  // fatal error), without the prefix. "" if it said none, or if it still
-  // runs after 3 s (a hung process; a lost one is often still ending).
-  std::string ExitMessage(common::v1::Role role, int rank);
+  // fatal error), without the prefix. "" if it said none or still runs.
+  std::string ExitMessage(common::v1::Role role, int rank, absl::Duration wait);
 
   // `signal` (SIGTERM: a clean stop) to all, then wait; true if every
   // process exited 0 (a process that had exited before Stop() counts with

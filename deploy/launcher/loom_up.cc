@@ -197,11 +197,17 @@ bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery&
                  JobOutcome* outcome) {
   std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job_name.c_str(),
                loom::DescribeLoss(r).c_str());
-  if (const std::string why = launcher.ExitMessage(r.role(), r.rank()); !why.empty()) {
+  // Its last words if it has ended. Where it is replaced, no waiting for
+  // that: a partitioned process that lives on must be ended before it
+  // rejoins (Replace), not given time to.
+  const bool last = *restarts >= max_restarts;
+  if (const std::string why =
+          launcher.ExitMessage(r.role(), r.rank(), last ? absl::Seconds(3) : absl::ZeroDuration());
+      !why.empty()) {
     std::fprintf(stderr, "loom up: %s rank %d exited: %s\n", loom::RoleLabel(r.role()).c_str(),
                  r.rank(), why.c_str());
   }
-  if (*restarts >= max_restarts) {
+  if (last) {
     std::fprintf(stderr, "loom up: job %s FAILED: %s; no restart left (--max_restarts %d)\n",
                  job_name.c_str(), loom::DescribeLoss(r).c_str(), max_restarts);
     outcome->rc = 1;
@@ -362,7 +368,9 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
                    s->binary->name.c_str(), s->rank,
                    loom::DescribeWaitStatus(s->exit_status).c_str(),
                    s->process->log_path().c_str());
-      if (const std::string why = launcher.ExitMessage(s->binary->role, s->rank); !why.empty()) {
+      if (const std::string why =
+              launcher.ExitMessage(s->binary->role, s->rank, absl::ZeroDuration());
+          !why.empty()) {
         std::fprintf(stderr, "loom up: %s rank %d: %s\n", s->binary->name.c_str(), s->rank,
                      why.c_str());
       }
