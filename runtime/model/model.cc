@@ -1,15 +1,30 @@
 #include "runtime/model/model.h"
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
 
 namespace loom {
 
+namespace {
+constexpr char kSampleMisfitPayload[] = "type.loom.dev/loom.SampleMisfit";
+}  // namespace
+
+absl::Status SampleMisfitError(const std::string& message) {
+  absl::Status s = absl::FailedPreconditionError(message);
+  s.SetPayload(kSampleMisfitPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsSampleMisfit(const absl::Status& s) {
+  return s.GetPayload(kSampleMisfitPayload).has_value();
+}
+
 absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_only,
                              const ModelConfig& config, const std::string& key) {
   const int s = config.vit.tile_size;
   auto bad = [&](const std::string& what) {
-    return absl::FailedPreconditionError(
+    return SampleMisfitError(
         absl::StrCat("sample ", key, " from loom-preprocess does not fit model ", config.name, ": ",
                      what, " (is loom-preprocess running with --config=", config.name, "?)"));
   };

@@ -32,6 +32,11 @@ struct Sample {
 // every text id inside the vocabulary. FAILED_PRECONDITION naming the sample
 // `key`, what it holds and what the model needs: a preprocess started with
 // another model config than the worker's.
+//
+// Such an error carries the SampleMisfit mark: a regroup rolls back to the
+// same samples, so a worker that meets one ends instead of regrouping.
+absl::Status SampleMisfitError(const std::string& message);
+bool IsSampleMisfit(const absl::Status& s);
 absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_only,
                              const ModelConfig& config, const std::string& key);
 

@@ -84,7 +84,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
       }
       if (t.num_tokens() > model_->llm.max_seq ||
           static_cast<int64_t>(t.num_tiles()) * model_->tokens_per_tile() > t.num_tokens()) {
-        return absl::FailedPreconditionError(absl::StrCat(
+        return SampleMisfitError(absl::StrCat(
             "sample ", t.key(), " from loom-preprocess does not fit model ", model_->name, ": ",
             t.num_tiles(), " tiles and ", t.num_tokens(), " tokens (the model takes at most ",
             model_->llm.max_seq, " tokens, ", model_->tokens_per_tile(),

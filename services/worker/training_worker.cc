@@ -563,6 +563,9 @@ void TrainingWorker::Run() {
   for (;;) {
     result = Train();
     if (result.ok() || m.stop.load()) break;
+    // Samples that do not fit the model come back after any regroup (it
+    // rolls back to them): this worker ends, as its replacement would.
+    if (IsSampleMisfit(result)) break;
     // A peer lost (the scheduler raises the generation; every survivor
     // regroups and rolls back to its checkpoint), or this worker's own failure.
     // A regroup cut short by a newer loss (its rendezvous cancelled) waits
