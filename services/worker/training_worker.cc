@@ -11,13 +11,10 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
-#include "runtime/backends/cuda/cuda_ops.h"
-#include "runtime/backends/cuda/nccl_communicator.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
-#include "runtime/comm/host_staged.h"
 #include "runtime/parallel/grid.h"
 #include "services/common/channel.h"
 #include "services/common/job.h"
@@ -135,22 +132,14 @@ absl::Status TrainingWorker::Impl::Register() {
   return absl::OkStatus();
 }
 
+std::unique_ptr<Communicator> TrainingWorker::Impl::Watched(std::unique_ptr<Communicator> c) {
+  return std::unique_ptr<Communicator>(new WatchedCommunicator(std::move(c), stall.get()));
+}
+
 absl::Status TrainingWorker::Impl::Join() {
   // The module's device first: a rank without it fails before its peers
   // wait for it in the groups.
-  if (ops == nullptr) {
-    const std::string& device = JobDevice(job, encoder);
-    absl::StatusOr<int> index = ParseDevice(device);  // checked with the job
-    device_index = index.ok() ? *index : -1;
-    absl::StatusOr<Ops*> made = OpsForDevice(device, &device_ops);
-    if (!made.ok()) {
-      return absl::Status(made.status().code(),
-                          absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, ": ",
-                                       made.status().message()));
-    }
-    ops = *made;
-    for (Buffer<float>& b : staged) b.set_backend(ops->backend());
-  }
+  if (absl::Status s = OpenDevice(); !s.ok()) return s;
   absl::StatusOr<scheduler::v1::GetPlanResponse> all =
       scheduler->WaitForAllWorkers(options.startup_timeout);
   if (!all.ok()) return all.status();
@@ -181,7 +170,7 @@ absl::Status TrainingWorker::Impl::Join() {
     g.wait_limit = [this] { return stall->WaitLimit(); };
     absl::StatusOr<std::unique_ptr<Communicator>> c = ConnectGloo(&store, g);
     if (!c.ok()) return c.status();
-    return std::unique_ptr<Communicator>(new WatchedCommunicator(std::move(*c), stall.get()));
+    return Watched(*std::move(c));
   };
   if (shape.tp > 1) {
     absl::StatusOr<std::unique_ptr<Communicator>> c =
@@ -205,46 +194,10 @@ absl::Status TrainingWorker::Impl::Join() {
     bridge_comm = std::move(*c);
   }
 
-  // The layers' TP all-reduces run on their buffers: on a device, NCCL's
-  // or through host memory; the gradients' DP all-reduce likewise.
-  Communicator* layers_tp = tp_comm.get();
-  if (!on_host() && job.device().collectives() == "nccl") {
-    auto connect_nccl = [&](const std::string& prefix, int rank,
-                            int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-      NcclOptions o;
-      o.prefix = prefix;
-      o.rank = rank;
-      o.size = size;
-      o.device = device_index;
-      o.timeout = options.startup_timeout;
-      o.cancel = &collectives;
-      o.wait_limit = [this] { return stall->WaitLimit(); };
-      absl::StatusOr<std::unique_ptr<NcclCommunicator>> c = ConnectNccl(&store, o);
-      if (!c.ok()) {
-        return absl::Status(c.status().code(),
-                            absl::StrCat("device.collectives nccl: ", c.status().message()));
-      }
-      return std::unique_ptr<Communicator>(new WatchedCommunicator(*std::move(c), stall.get()));
-    };
-    if (shape.tp > 1) {
-      absl::StatusOr<std::unique_ptr<Communicator>> n = connect_nccl(
-          absl::StrCat(module_name, "-nccl-tp-dp", pos.dp, "-pp", pos.pp), pos.tp, shape.tp);
-      if (!n.ok()) return n.status();
-      nccl_tp = *std::move(n);
-      layers_tp = nccl_tp.get();
-    }
-    if (shape.dp > 1) {
-      absl::StatusOr<std::unique_ptr<Communicator>> n = connect_nccl(
-          absl::StrCat(module_name, "-nccl-dp-tp", pos.tp, "-pp", pos.pp), pos.dp, shape.dp);
-      if (!n.ok()) return n.status();
-      nccl_dp = *std::move(n);
-    }
-  } else if (tp_comm != nullptr && !on_host()) {
-    staged_tp = std::make_unique<HostStagedCommunicator>(tp_comm.get(), ops->backend());
-    layers_tp = staged_tp.get();
-  }
+  absl::StatusOr<Communicator*> layers_tp = DeviceGroups(&store, module_name);
+  if (!layers_tp.ok()) return layers_tp.status();
   if (encoder) {
-    vit = std::make_unique<VitEncoder>(model.vit, layers_tp,
+    vit = std::make_unique<VitEncoder>(model.vit, *layers_tp,
                                        VitStageLayers(model, shape.pp, pos.pp), ops);
     sets = {&vit->params()};
     modules = {Module::kEncoder};
@@ -256,7 +209,8 @@ absl::Status TrainingWorker::Impl::Join() {
       set_tp.push_back(nullptr);
     }
   } else {
-    llm = std::make_unique<Llm>(model.llm, layers_tp, LlmStageLayers(model, shape.pp, pos.pp), ops);
+    llm =
+        std::make_unique<Llm>(model.llm, *layers_tp, LlmStageLayers(model, shape.pp, pos.pp), ops);
     sets = {&llm->params()};
     modules = {Module::kLlm};
     set_tp = {tp_comm.get()};

@@ -209,6 +209,14 @@ struct TrainingWorker::Impl {
   absl::Status Register();
   scheduler::v1::Worker Me() const;  // this worker's registration
   absl::Status Join();
+  // training_worker_device.cc: the module's Ops on the job's device (once,
+  // at the first Join, on the training thread); then, each Join, the
+  // communicators of the device's tensors (NCCL's, or the TP group through
+  // host memory) and the TP group the layers take (null where tp is 1).
+  absl::Status OpenDevice();
+  absl::StatusOr<Communicator*> DeviceGroups(KeyValueStore* store, const std::string& module_name);
+  // `c` with its waits counted by the stall watch.
+  std::unique_ptr<Communicator> Watched(std::unique_ptr<Communicator> c);
   void RegisterMetrics();
   // A recovery in place: drops the groups, the models and anything in
   // flight, and joins generation `g` from its start.

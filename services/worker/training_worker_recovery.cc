@@ -10,25 +10,6 @@
 
 namespace loom {
 
-void TrainingWorker::Impl::DropModels() {
-  vit.reset();
-  projector.reset();
-  llm.reset();
-  sets.clear();
-  modules.clear();
-  set_tp.clear();
-  staged_tp.reset();
-  nccl_tp.reset();
-  nccl_dp.reset();
-}
-
-void TrainingWorker::Impl::ReleaseDevice() {
-  DropModels();
-  for (Buffer<float>& b : staged) b.set_backend(nullptr);
-  device_ops.reset();
-  ops = nullptr;
-}
-
 absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
   // Nothing of the old generation is kept: its models (which hold the TP
   // group), its groups (closing their sockets ends any peer still waiting
