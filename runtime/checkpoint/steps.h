@@ -9,6 +9,11 @@
 //   DIR/step-<N>/           step N, complete: COMPLETE names its run and the
 //                           job's checkpoint identity; it appears only whole,
 //                           by one rename of the partial folder
+//   DIR/step-<N>.replaced/  an older step N moved aside while a new one takes
+//                           its place, on file systems without an atomic
+//                           exchange (NFS, Lustre, CephFS, FUSE); removed
+//                           once the new one is in place, or put back if
+//                           a crash left no step N
 //
 // A resume takes a step of the run DIR/RUN names and refuses one written by
 // another run or under another identity (model, seed, batch, data), so a
@@ -49,7 +54,9 @@ std::string PartialStepDir(const std::string& dir, int64_t step);
 absl::StatusOr<CheckpointRun> StartCheckpointRun(const std::string& dir,
                                                  const std::string& identity);
 
-// The run DIR/RUN names. NOT_FOUND if there is none.
+// The run DIR/RUN names. NOT_FOUND if there is none (no RUN file); any
+// other failure to read it keeps its own code (it is no proof that no run
+// was started there).
 absl::StatusOr<CheckpointRun> ReadCheckpointRun(const std::string& dir);
 
 // Empties (or creates) the step's partial folder: whatever an interrupted
@@ -59,14 +66,26 @@ absl::Status BeginCheckpointStep(const std::string& dir, int64_t step);
 // Completes step N: COMPLETE (step, run, identity) into the partial folder,
 // DIR/RUN set to `run` if it names another, then the partial folder and
 // DIR/step-<N> are exchanged atomically (an existing step N, an older run's,
-// is removed after). FAILED_PRECONDITION if the partial folder does not exist.
+// is removed after). Where the file system refuses the exchange
+// (renameat2's RENAME_EXCHANGE: EINVAL, ENOSYS, EOPNOTSUPP), the old step is
+// renamed aside to DIR/step-<N>.replaced first: a crash between the two
+// renames leaves no step N for a moment, and the next commit or resume in
+// DIR puts the aside one back. FAILED_PRECONDITION if the partial folder
+// does not exist.
 absl::Status CommitCheckpointStep(const std::string& dir, int64_t step, const CheckpointRun& run);
+
+// Tests: commits replace an existing step by renaming it aside, as on a file
+// system without RENAME_EXCHANGE. Not thread-safe against running commits.
+void ForceRenameAsideForTesting(bool force);
 
 // The step a resume continues after: `want` if > 0, else the newest complete
 // step of the run DIR/RUN names. Errors name the folder and the reason:
-// NOT_FOUND when no such step exists (listing other runs' steps if any),
-// FAILED_PRECONDITION when the step belongs to another run or was written
-// under another identity than `identity`.
+// NOT_FOUND when no run was started in DIR or no such step of its run
+// exists (listing other runs' steps if any) - the one answer that lets a
+// caller start afresh; FAILED_PRECONDITION when the step belongs to another
+// run or was written under another identity than `identity`; the read
+// error's own code when RUN or a step's COMPLETE cannot be read. Puts back
+// a step a crash left renamed aside (DIR/step-<N>.replaced) first.
 absl::StatusOr<int64_t> ResumableStep(const std::string& dir, const std::string& identity,
                                       int64_t want = 0);
 

@@ -95,5 +95,63 @@ TEST(StepsTest, ResumeRefusesAnotherIdentityAndAMissingRun) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// NFS, Lustre, CephFS and FUSE refuse RENAME_EXCHANGE: a step written again
+// replaces the old one by renaming it aside, and nothing of the old one is
+// left behind.
+TEST(StepsTest, AStepIsRewrittenWithoutAnAtomicExchange) {
+  const std::string dir = testing::TempPath("aside");
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "id");
+  ASSERT_TRUE(run.ok());
+  ForceRenameAsideForTesting(true);
+  WriteStep(dir, 6, *run, "first");
+  WriteStep(dir, 6, *run, "second");
+  ForceRenameAsideForTesting(false);
+  EXPECT_EQ(*ReadFile(StepDir(dir, 6) + "/part"), "second");
+  EXPECT_FALSE(Exists(StepDir(dir, 6) + ".replaced"));
+  EXPECT_FALSE(Exists(PartialStepDir(dir, 6)));
+  EXPECT_EQ(*ResumableStep(dir, "id"), 6);
+}
+
+// A crash between the two renames leaves step N only aside: a resume puts
+// it back; an aside copy whose replacement is in place is dropped.
+TEST(StepsTest, AStepLeftAsideByACrashIsPutBack) {
+  const std::string dir = testing::TempPath("crashed-aside");
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "id");
+  ASSERT_TRUE(run.ok());
+  WriteStep(dir, 4, *run, "kept");
+  ASSERT_EQ(::rename(StepDir(dir, 4).c_str(), (StepDir(dir, 4) + ".replaced").c_str()), 0);
+  EXPECT_EQ(*ResumableStep(dir, "id"), 4);
+  EXPECT_EQ(*ReadFile(StepDir(dir, 4) + "/part"), "kept");
+  WriteStep(dir, 8, *run, "new");
+  ASSERT_EQ(::mkdir((StepDir(dir, 8) + ".replaced").c_str(), 0755), 0);
+  EXPECT_EQ(*ResumableStep(dir, "id"), 8);
+  EXPECT_FALSE(Exists(StepDir(dir, 8) + ".replaced"));
+  EXPECT_EQ(*ReadFile(StepDir(dir, 8) + "/part"), "new");
+}
+
+// Only "no run was started" and "no complete step of this run" are
+// NOT_FOUND (the answer that lets a job start afresh). A RUN or COMPLETE
+// that cannot be read (here: a folder in the file's place; tests run as
+// root, so permissions cannot make one unreadable) is an error of its own.
+TEST(StepsTest, AnUnreadableRunOrStepIsNotMistakenForNone) {
+  const std::string dir = testing::TempPath("unreadable");
+  absl::StatusOr<CheckpointRun> run = StartCheckpointRun(dir, "id");
+  ASSERT_TRUE(run.ok());
+  WriteStep(dir, 2, *run, "p");
+  WriteStep(dir, 4, *run, "p");
+  ASSERT_EQ(::remove((StepDir(dir, 4) + "/COMPLETE").c_str()), 0);
+  ASSERT_EQ(::mkdir((StepDir(dir, 4) + "/COMPLETE").c_str(), 0755), 0);
+  absl::StatusOr<int64_t> step = ResumableStep(dir, "id");
+  EXPECT_FALSE(step.ok()) << "step 2 resumed while step 4 could not be read: " << *step;
+  EXPECT_NE(step.status().code(), absl::StatusCode::kNotFound) << step.status();
+  EXPECT_NE(step.status().message().find("step 4"), std::string::npos) << step.status();
+
+  const std::string other = testing::TempPath("unreadable-run");
+  ASSERT_TRUE(MakeDirectories(other + "/RUN").ok());
+  absl::StatusOr<CheckpointRun> r = ReadCheckpointRun(other);
+  EXPECT_NE(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_NE(ResumableStep(other, "id").status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace loom

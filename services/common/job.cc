@@ -75,6 +75,7 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (!t->has_weight_decay()) t->set_weight_decay(0.0);
   if (!t->has_beta1()) t->set_beta1(0.9);
   if (!t->has_beta2()) t->set_beta2(0.95);
+  if (!t->has_max_skipped_steps()) t->set_max_skipped_steps(10);
   job::v1::CheckpointConfig* c = job->mutable_checkpoint();
   if (c->dir().empty()) c->set_dir(absl::StrCat(run_dir, "/checkpoints"));
   job::v1::RecoveryConfig* r = job->mutable_recovery();
@@ -122,6 +123,7 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   const job::v1::TrainConfig& t = job.train();
   if (s.ok()) s = AtLeast("train.steps", t.steps(), 0);
   if (s.ok()) s = AtLeast("train.warmup_steps", t.warmup_steps(), 0);
+  if (s.ok()) s = AtLeast("train.max_skipped_steps", t.max_skipped_steps(), 0);
   if (!s.ok()) return s;
   if (!(t.lr() > 0 && t.lr() < 1))
     return Bad("train.lr", absl::StrCat("must be in (0, 1), got ", t.lr()));

@@ -24,6 +24,9 @@ ABSL_FLAG(uint64_t, seed, 1, "Shuffle seed.");
 ABSL_FLAG(int, global_batch, 16, "Samples per global batch (iteration).");
 ABSL_FLAG(int, threads, 2, "Decode/tile/tokenize threads.");
 ABSL_FLAG(int, prefetch, 64, "Samples preprocessed ahead of the batches asked for.");
+ABSL_FLAG(int, retained_batches, 16,
+          "Global batches kept (and built ahead) for the scheduler and the workers: the "
+          "window of iterations GetBatch, FetchSamples and GetCursor answer for.");
 ABSL_FLAG(int64_t, start_iteration, 0,
           "Resume: the first batch served is this iteration, starting at --cursor.");
 ABSL_FLAG(std::string, cursor, "",
@@ -37,7 +40,7 @@ int main(int argc, char** argv) {
       "| --llm_from DIR --vision_from DIR]\n"
       "  loom-preprocess scan --shards GLOB --output FILE\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
-      "--threads --prefetch --start_iteration --cursor");
+      "--threads --prefetch --retained_batches --start_iteration --cursor");
   if (args.size() > 1 && args[1] == "scan") {
     loom::ScanOptions o;
     o.shards = absl::GetFlag(FLAGS_shards);
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
   o.global_batch = absl::GetFlag(FLAGS_global_batch);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefetch = absl::GetFlag(FLAGS_prefetch);
+  o.retained_batches = absl::GetFlag(FLAGS_retained_batches);
   o.start_iteration = absl::GetFlag(FLAGS_start_iteration);
   if (o.start_iteration < 0 || (o.start_iteration > 0) != !absl::GetFlag(FLAGS_cursor).empty()) {
     std::fprintf(stderr, "loom-preprocess: --start_iteration > 0 and --cursor go together\n");

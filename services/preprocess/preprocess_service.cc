@@ -20,6 +20,9 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   service->options_ = options;
   if (options.shards.empty()) return service;
   if (options.global_batch < 1) return absl::InvalidArgumentError("--global_batch must be >= 1");
+  if (options.retained_batches < 1) {
+    return absl::InvalidArgumentError("--retained_batches must be >= 1");
+  }
   absl::StatusOr<hf::PretrainedModel> model = hf::ResolveModel(options.model);
   if (!model.ok()) {
     return absl::InvalidArgumentError(
@@ -149,6 +152,7 @@ absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessSe
       }
       batch->samples.push_back(std::move(*s));
     }
+    batch->cursor_after = loader_->Cursor();
     samples_served_->Increment(options_.global_batch);
     absl::MutexLock lock(&mu_);
     batches_[next_iteration_++] = std::move(batch);
@@ -164,6 +168,7 @@ grpc::Status PreprocessServiceImpl::GetBatch(grpc::ServerContext*,
   absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
   if (!batch.ok()) return ToGrpcStatus(batch.status());
   response->set_iteration(request->iteration());
+  *response->mutable_next_cursor() = (*batch)->cursor_after;
   for (size_t i = 0; i < (*batch)->samples.size(); ++i) {
     const data::ProcessedSample& s = (*batch)->samples[i];
     data::v1::SampleMetadata* m = response->add_samples();

@@ -65,6 +65,7 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   struct Batch {
     int64_t iteration = 0;
     data::v1::DataCursor cursor_before;
+    data::v1::DataCursor cursor_after;  // cursor_before of the next batch
     std::vector<data::ProcessedSample> samples;
   };
   // Batch `iteration`, built (with those before it) if it is next.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
@@ -25,6 +26,14 @@ absl::Status ValidateJobId(const std::string& id) {
 }
 
 }  // namespace
+
+namespace {
+constexpr char kNoCheckpointYet[] = "loom.dev/no-checkpoint-yet";
+}  // namespace
+
+bool IsNoCheckpointYet(const absl::Status& status) {
+  return status.GetPayload(kNoCheckpointYet).has_value();
+}
 
 absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec& spec,
                                                       const SchedulerDeployment& deployment) {
@@ -65,8 +74,10 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
         ResumableStep(ckpt, JobCheckpointIdentity(o.job), spec.resume_step());
     absl::StatusOr<CheckpointRun> run = ReadCheckpointRun(ckpt);
     if (!step.ok() || !run.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job.resume: ", (step.ok() ? run.status() : step.status()).message()));
+      const absl::Status& why = step.ok() ? run.status() : step.status();
+      absl::Status s = absl::FailedPreconditionError(absl::StrCat("job.resume: ", why.message()));
+      if (absl::IsNotFound(why)) s.SetPayload(kNoCheckpointYet, absl::Cord("1"));
+      return s;
     }
     o.start_iteration = *step;
     o.run = *run;

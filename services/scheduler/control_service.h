@@ -26,9 +26,18 @@ struct SchedulerDeployment {
 
 // The scheduler options of `spec`: defaults applied, validated (errors name
 // the field as "job.config.<field>"), planned, and on resume placed after
-// the newest complete checkpoint (FAILED_PRECONDITION when there is none).
+// the newest complete checkpoint (FAILED_PRECONDITION when there is none,
+// or when the checkpoint folder cannot be read: IsNoCheckpointYet tells
+// them apart).
 absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec& spec,
                                                       const SchedulerDeployment& deployment);
+
+// True for OptionsForJob's answer when a resume found no run started in the
+// checkpoint folder or no complete step of its run: the one case where a
+// job taken back may start from the seed. A checkpoint that exists but
+// cannot be read (an I/O error, a run or identity that does not match) is
+// never that: starting afresh would orphan it.
+bool IsNoCheckpointYet(const absl::Status& status);
 
 // Sets the options the deployment fixes (and the algorithm from o->job).
 void ApplyDeployment(const SchedulerDeployment& deployment, SchedulerServiceOptions* o);

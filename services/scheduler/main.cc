@@ -157,10 +157,13 @@ int main(int argc, char** argv) {
     spec.set_resume(true);  // after the newest complete checkpoint, if there is one
     spec.set_resume_step(0);
     absl::StatusOr<loom::SchedulerServiceOptions> o = loom::OptionsForJob(spec, deployment);
-    if (!o.ok() && o.status().code() == absl::StatusCode::kFailedPrecondition) {
+    if (!o.ok() && loom::IsNoCheckpointYet(o.status())) {
       spec.set_resume(false);  // none yet: from the start
       o = loom::OptionsForJob(spec, deployment);
     }
+    // Any other resume error (RUN or a step unreadable, another identity)
+    // fails here, naming it: starting from the seed under a new run would
+    // orphan the checkpoints that exist.
     if (!o.ok()) return fail(o.status());
     if (absl::Status s = service->Configure(*o); !s.ok()) return fail(s);
     LOOM_LOG(INFO)

@@ -107,6 +107,7 @@ SchedulerServiceImpl::ComputeAssignment(int64_t iteration, int64_t generation, b
     return FromGrpcStatus(got, "preprocess GetBatch");
   }
   auto computed = std::make_shared<Computed>();
+  if (batch.has_next_cursor()) computed->next_cursor = batch.next_cursor().SerializeAsString();
   std::vector<std::string> keys;
   for (const data::v1::SampleMetadata& m : batch.samples()) {
     sched::SampleShape s;
@@ -171,7 +172,11 @@ absl::Status SchedulerServiceImpl::HandOutLocked(int64_t iteration) {
     // write of it left.
     marking_step_ = iteration + 1;  // a CheckpointJob now gets this step
     mu_.Unlock();
-    absl::Status s = BeginCheckpointStep(options_.job.checkpoint().dir(), iteration + 1);
+    absl::Status s;
+    {
+      absl::MutexLock io(&step_io_mu_);
+      s = BeginCheckpointStep(options_.job.checkpoint().dir(), iteration + 1);
+    }
     mu_.Lock();
     if (!s.ok()) {
       if (generation == generation_ && !IsFinalJobState(state_)) {
@@ -190,6 +195,12 @@ absl::Status SchedulerServiceImpl::HandOutLocked(int64_t iteration) {
   if (mark) {
     computed->assignment.set_checkpoint(true);
     checkpoint_steps_.insert(iteration + 1);
+    // The step's data cursor, kept now: the workers may take any number of
+    // iterations to write their parts, and by then the batch has left
+    // loom-preprocess's window.
+    if (!computed->next_cursor.empty()) {
+      checkpoint_cursors_[iteration + 1] = computed->next_cursor;
+    }
   }
   assignments_by_iteration_[iteration] = std::move(computed);
   newest_ = std::max(newest_, iteration);

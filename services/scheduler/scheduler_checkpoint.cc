@@ -62,10 +62,10 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
     }
   }
   if (!first && !last) return grpc::Status::OK;
-  // The cursor (read at the first part, while loom-preprocess is near the
-  // step) and the completion (at the last) are the scheduler's own thread's
-  // work, done in order: no worker's call waits on loom-preprocess or the
-  // disk.
+  // The cursor (kept when the step was marked: HandOutLocked; else read at
+  // the first part) and the completion (at the last) are the scheduler's own
+  // thread's work, done in order: no worker's call waits on loom-preprocess
+  // or the disk.
   absl::MutexLock lock(&mu_);
   checkpoint_work_.push_back({step, request->generation(), productive_before, last});
   if (last) completing_.insert(step);
@@ -86,6 +86,10 @@ void SchedulerServiceImpl::CheckpointThread() {
       checkpoint_work_.pop_front();
     }
     if (!work.complete) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (checkpoint_cursors_.count(work.step) > 0) continue;  // kept at the mark
+      }
       // Kept for the completion; a failure here is retried then.
       absl::StatusOr<std::string> cursor = ReadCursor(work.step);
       absl::MutexLock lock(&mu_);
@@ -206,19 +210,37 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, int64_t gene
   // this step, and the new generation writes it again: a step completed
   // from the old one's iterations would be trained twice over, and the
   // time of either attempt would be the one kept.
+  //
+  // The commit's fsyncs and renames run outside the main lock (slow shared
+  // storage never holds up an RPC), under step_io_mu_, so the next
+  // generation cannot start this step's partial folder meanwhile. A recovery
+  // declared during the commit is seen after it: the step on disk is then a
+  // complete, correct state of the same training (every part was written
+  // after the same iterations), but the job continues from the step the
+  // recovery chose, and the new generation writes this one again.
+  if (s.ok()) {
+    absl::MutexLock io(&step_io_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      if (generation_ != generation) {
+        return absl::AbortedError(absl::StrCat("checkpoint ", step, " of generation ", generation,
+                                               " abandoned: the job recovered in place (now ",
+                                               generation_, ")"));
+      }
+    }
+    s = CommitCheckpointStep(options_.job.checkpoint().dir(), step, options_.run);
+  }
   if (s.ok()) {
     absl::MutexLock lock(&mu_);
     if (generation_ != generation) {
       return absl::AbortedError(absl::StrCat("checkpoint ", step, " of generation ", generation,
-                                             " abandoned: the job recovered in place (now ",
-                                             generation_, ")"));
+                                             " written, but the job recovered in place meanwhile "
+                                             "(now ",
+                                             generation_, "); it continues from an earlier step"));
     }
-    s = CommitCheckpointStep(options_.job.checkpoint().dir(), step, options_.run);
-    if (s.ok()) {
-      last_checkpoint_ = std::max(last_checkpoint_, step);
-      clock_.CheckpointComplete(step);
-      KeepJobLocked();
-    }
+    last_checkpoint_ = std::max(last_checkpoint_, step);
+    clock_.CheckpointComplete(step);
+    KeepJobLocked();
   }
   if (s.ok()) PruneRecordedAssignments(step);
   if (s.ok()) {

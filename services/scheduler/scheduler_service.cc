@@ -97,6 +97,9 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
   samples_ = counter("loom_train_samples_total", "Samples trained on.");
   tokens_ = counter("loom_train_tokens_total", "Packed LLM tokens (text and image) trained on.");
   loss_ = gauge("loom_train_loss", "Newest iteration's mean loss per loss token.");
+  skipped_steps_ = counter("loom_train_skipped_steps_total",
+                           "Steps skipped for a non-finite loss or gradient norm (no optimizer "
+                           "step); past train.max_skipped_steps the job fails.");
   mfu_ = gauge("loom_train_mfu_ratio",
                "Newest iteration's model FLOPs per second over the workers' peak (0-1).");
   iteration_seconds_ = &prometheus::BuildHistogram()
@@ -458,9 +461,11 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
                                               scheduler::v1::ReportStepResponse*) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   const scheduler::v1::StepReport& r = request->step();
-  if (!std::isfinite(r.loss()) || r.samples() < 0 || r.tokens() < 0 || r.loss_tokens() < 0) {
+  if ((!r.skipped() && !std::isfinite(r.loss())) || r.samples() < 0 || r.tokens() < 0 ||
+      r.loss_tokens() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
-        "step: loss must be finite and samples, tokens, loss_tokens non-negative"));
+        "step: loss must be finite (or the step skipped) and samples, tokens, loss_tokens "
+        "non-negative"));
   }
   absl::ReleasableMutexLock lock(&mu_);
   if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
@@ -480,6 +485,7 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   }
   steps_.push_back(r);
   if (steps_.size() > kRetainedSteps) steps_.pop_front();
+  if (r.skipped()) SkippedStepLocked(r);
   clock_.AddIteration(r.iteration(), r.seconds());
   effective_->Set(clock_.Read(absl::Now()).effective_ratio());
   AddEventLocked(control::v1::JobEvent::KIND_STEP, &r, 0);
@@ -633,6 +639,30 @@ grpc::Status SchedulerServiceImpl::DeleteKeys(grpc::ServerContext*,
 std::pair<size_t, size_t> SchedulerServiceImpl::StoreSize() const {
   absl::MutexLock lock(&keys_mu_);
   return {keys_.size(), key_bytes_};
+}
+
+void SchedulerServiceImpl::SkippedStepLocked(const scheduler::v1::StepReport& r) {
+  // A replay after a recovery reports the same iteration again: counted once.
+  if (!skipped_iterations_.insert(r.iteration()).second) return;
+  skipped_steps_->Increment();
+  const int64_t limit = options_.job.train().max_skipped_steps();
+  LOOM_LOG(WARNING)
+          .With("step", r.iteration() + 1)
+          .With("loss", r.loss())
+          .With("grad_norm", r.grad_norm())
+          .With("skipped", skipped_iterations_.size())
+          .With("max_skipped_steps", limit)
+      << "non-finite loss or gradient norm: the step was skipped";
+  if (static_cast<int64_t>(skipped_iterations_.size()) <= limit || IsFinalJobState(state_)) return;
+  job_message_ =
+      absl::StrCat("loss diverged at step ", r.iteration() + 1, ": ", skipped_iterations_.size(),
+                   " steps with a non-finite loss or gradient norm (train."
+                   "max_skipped_steps = ",
+                   limit, ")");
+  LOOM_LOG(ERROR).With("step", r.iteration() + 1) << job_message_;
+  stop_at_ = newest_ + 1;
+  SetStateLocked(control::v1::JOB_STATE_FAILED);
+  changed_.SignalAll();
 }
 
 void SchedulerServiceImpl::ObserveStepMetrics(const scheduler::v1::StepReport& r) {

@@ -165,6 +165,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   struct Computed {
     scheduler::v1::Assignment assignment;
     std::vector<sched::SampleShape> shapes;  // by batch index
+    // The serialized data cursor after this batch (where a resume from step
+    // iteration + 1 starts); empty from a loom-preprocess that sends none.
+    std::string next_cursor;
   };
 
   // The assignment of `iteration` for a caller in `generation`; null with
@@ -247,6 +250,10 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   void MaybeSucceedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsCheckpointStep(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ObserveStepMetrics(const scheduler::v1::StepReport& r);
+  // Counts a skipped step; the one past train.max_skipped_steps fails the
+  // job, "loss diverged at step N" (the workers end at their next
+  // assignment, as for any final state).
+  void SkippedStepLocked(const scheduler::v1::StepReport& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease thread (scheduler_leases.cc): while the job runs, asks every
   // registered worker and loom-preprocess for its health several times a
   // lease (job.recovery.lease_seconds) and declares lost whoever has not
@@ -280,6 +287,12 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   prometheus::Gauge* llm_imbalance_ = nullptr;
   prometheus::Gauge* encoder_imbalance_ = nullptr;
 
+  // Held over the I/O that makes or publishes a step folder (the partial
+  // folder's creation at the mark, the commit's fsyncs and renames), never
+  // with mu_ held across that I/O: a commit of generation G and the next
+  // generation's new partial folder of the same step never interleave, and
+  // no RPC waits on the disk. Taken before mu_, if both.
+  absl::Mutex step_io_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<std::pair<int, int>, scheduler::v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
   // Handed out (the newest of them: newest_), and computed ahead by the
@@ -328,6 +341,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   prometheus::Counter* checkpoints_ = nullptr;
   prometheus::Histogram* checkpoint_seconds_ = nullptr;
   prometheus::Counter* iterations_ = nullptr;
+  prometheus::Counter* skipped_steps_ = nullptr;
   prometheus::Counter* samples_ = nullptr;
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;
@@ -361,6 +375,8 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   bool awaiting_preprocess_ ABSL_GUARDED_BY(mu_) = false;
   int64_t rewind_to_ ABSL_GUARDED_BY(mu_) = -1;
   bool reload_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // Iterations reported skipped (StepReport.skipped), for train.max_skipped_steps.
+  std::set<int64_t> skipped_iterations_ ABSL_GUARDED_BY(mu_);
   std::optional<ModelConfig> stage_model_;  // set by Configure: the stage shares' layer split
   control::v1::Recovery recovery_ ABSL_GUARDED_BY(mu_);                   // RECOVERING: the loss
   bool closing_ ABSL_GUARDED_BY(mu_) = false;                             // the lease thread ends

@@ -23,6 +23,7 @@
 #include "runtime/scheduling/schedule.h"
 #include "services/common/chassis_testing.h"
 #include "services/preprocess/preprocess_service.h"
+#include "services/scheduler/control_service.h"
 
 namespace loom {
 namespace {
@@ -295,8 +296,8 @@ class ServedScheduleTest : public ::testing::Test {
     so.retained_iterations = 3;
     so.pause_hold = absl::Milliseconds(200);  // answers "paused" long before any deadline
     so.job.set_name("t");
-    so.job.mutable_train()->set_steps(8);
-    so.job.mutable_checkpoint()->set_every(2);
+    so.job.mutable_train()->set_steps(steps_);
+    so.job.mutable_checkpoint()->set_every(every_);
     so.job.mutable_checkpoint()->set_dir(testing::TempPath("ckpt"));
     chassis_ = std::make_unique<Chassis>(
         testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
@@ -346,6 +347,8 @@ class ServedScheduleTest : public ::testing::Test {
     return stub_->ReportTimings(ctx.get(), r, response);
   }
 
+  int64_t steps_ = 8;
+  int every_ = 2;
   std::unique_ptr<Chassis> data_chassis_, chassis_;
   std::unique_ptr<PreprocessServiceImpl> data_;
   std::unique_ptr<SchedulerServiceImpl> service_;
@@ -959,6 +962,93 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
   EXPECT_EQ(remove(std::vector<std::string>(4097, "k")), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(remove({"llm/rank1"}), grpc::StatusCode::OK);
   EXPECT_EQ(service_->StoreSize(), std::make_pair(size_t{0}, size_t{0}));
+}
+
+// A checkpoint's parts may be reported long after its step was marked (a
+// large model, slow shared storage): the step's data cursor was kept at the
+// mark, so step 10 completes with batch 10's cursor though loom-preprocess's
+// 16-batch window left batch 10 behind 20 iterations ago.
+class LateCheckpointTest : public ServedScheduleTest {
+ protected:
+  LateCheckpointTest() {
+    steps_ = 40;
+    every_ = 10;
+  }
+};
+
+TEST_F(LateCheckpointTest, PartsReportedAfterTheBatchLeftTheWindowComplete) {
+  data::v1::DataCursor want;
+  {
+    data::v1::GetCursorRequest r;
+    r.set_iteration(10);
+    data::v1::GetCursorResponse response;
+    auto ctx = testing::ContextWithDeadline(30);
+    ASSERT_TRUE(data_stub_->GetCursor(ctx.get(), r, &response).ok());
+    want = response.cursor();
+  }
+  scheduler::v1::Assignment a;
+  for (int64_t it = 0; it <= 30; ++it) {
+    ASSERT_TRUE(Assignment(it, &a).ok()) << it;
+    EXPECT_EQ(a.checkpoint(), it == 9 || it == 19 || it == 29) << it;
+  }
+  {
+    data::v1::GetCursorRequest r;
+    r.set_iteration(10);
+    data::v1::GetCursorResponse response;
+    auto ctx = testing::ContextWithDeadline(30);
+    ASSERT_EQ(data_stub_->GetCursor(ctx.get(), r, &response).error_code(),
+              grpc::StatusCode::OUT_OF_RANGE)
+        << "batch 10 must have left loom-preprocess's window for this test to mean anything";
+  }
+  for (auto role : {common::v1::ROLE_ENCODER_WORKER, common::v1::ROLE_LLM_WORKER}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      scheduler::v1::ReportCheckpointRequest r;
+      r.set_role(role);
+      r.set_rank(rank);
+      r.set_step(10);
+      scheduler::v1::ReportCheckpointResponse response;
+      auto ctx = testing::ContextWithDeadline(30);
+      ASSERT_TRUE(stub_->ReportCheckpoint(ctx.get(), r, &response).ok());
+    }
+  }
+  const std::string file = testing::TempPath("ckpt/step-10/") + kDataCursorFile;
+  for (absl::Time until = absl::Now() + absl::Seconds(30);
+       !ReadFile(file).ok() && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::StatusOr<std::string> bytes = ReadFile(file);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  data::v1::DataCursor got;
+  ASSERT_TRUE(got.ParseFromString(*bytes));
+  EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
+  EXPECT_TRUE(ReadFile(testing::TempPath("ckpt/step-10/COMPLETE")).ok());
+  control::v1::Job job = *service_->GetJob("t");
+  EXPECT_NE(job.state(), control::v1::JOB_STATE_FAILED) << job.message();
+}
+
+// A scheduler taking its job back starts from the seed only when there is
+// no checkpoint of the job's run yet; a checkpoint folder that cannot be
+// read fails the take-back, naming the cause, instead of orphaning it.
+TEST(OptionsForJobTest, OnlyNoCheckpointYetLetsATakeBackStartAfresh) {
+  SchedulerDeployment deployment;
+  deployment.run_dir = testing::TempPath("takeback-run");
+  control::v1::JobSpec spec;
+  spec.mutable_config()->set_name("t");
+  spec.mutable_config()->set_model("tiny");
+  spec.mutable_config()->mutable_checkpoint()->set_dir(testing::TempPath("takeback-none"));
+  spec.set_resume(true);
+  absl::StatusOr<SchedulerServiceOptions> none = OptionsForJob(spec, deployment);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition) << none.status();
+  EXPECT_TRUE(IsNoCheckpointYet(none.status())) << none.status();
+
+  const std::string unreadable = testing::TempPath("takeback-unreadable");
+  ASSERT_TRUE(MakeDirectories(unreadable + "/RUN").ok());  // read(2): EISDIR
+  spec.mutable_config()->mutable_checkpoint()->set_dir(unreadable);
+  absl::StatusOr<SchedulerServiceOptions> bad = OptionsForJob(spec, deployment);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_FALSE(IsNoCheckpointYet(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("RUN"), std::string::npos) << bad.status();
 }
 
 }  // namespace

@@ -209,28 +209,50 @@ absl::Status SchedulerClient::ReportTimings(const scheduler::v1::ReportTimingsRe
   return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportTimings");
 }
 
+absl::Status SchedulerClient::Report(
+    const char* what, const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const absl::Time until = absl::Now() + deadline_;
+  bool retried = false;
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
+    grpc::ClientContext ctx;
+    // A try that hangs must leave time for the next.
+    SetDeadline(
+        &ctx, std::max(absl::Milliseconds(100), std::min(until - absl::Now(), absl::Seconds(10))));
+    const grpc::Status s = call(&ctx);
+    if (s.ok()) return absl::OkStatus();
+    if (retried && s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      return absl::OkStatus();  // an earlier try landed; its answer was lost
+    }
+    const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!transient || absl::Now() + pause >= until) return FromGrpcStatus(s, what);
+    if (absl::Status c = Cancelled(); !c.ok()) return c;
+    absl::SleepFor(pause);
+    retried = true;
+  }
+}
+
 absl::Status SchedulerClient::ReportStep(const scheduler::v1::StepReport& step) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, deadline_);
   scheduler::v1::ReportStepRequest request;
   *request.mutable_step() = step;
   request.set_generation(generation_.load());
-  scheduler::v1::ReportStepResponse response;
-  grpc::Status s = stub_->ReportStep(&ctx, request, &response);
-  return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportStep");
+  return Report("scheduler ReportStep", [&](grpc::ClientContext* ctx) {
+    scheduler::v1::ReportStepResponse response;
+    return stub_->ReportStep(ctx, request, &response);
+  });
 }
 
 absl::Status SchedulerClient::ReportCheckpoint(common::v1::Role role, int rank, int64_t step) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, deadline_);
   scheduler::v1::ReportCheckpointRequest request;
   request.set_role(role);
   request.set_rank(rank);
   request.set_step(step);
   request.set_generation(generation_.load());
-  scheduler::v1::ReportCheckpointResponse response;
-  grpc::Status s = stub_->ReportCheckpoint(&ctx, request, &response);
-  return s.ok() ? absl::OkStatus() : FromGrpcStatus(s, "scheduler ReportCheckpoint");
+  return Report("scheduler ReportCheckpoint", [&](grpc::ClientContext* ctx) {
+    scheduler::v1::ReportCheckpointResponse response;
+    return stub_->ReportCheckpoint(ctx, request, &response);
+  });
 }
 
 absl::StatusOr<scheduler::v1::GetProgressResponse> SchedulerClient::GetProgress(

@@ -5,6 +5,7 @@
 #define LOOM_SERVICES_WORKER_SCHEDULER_CLIENT_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -52,6 +53,11 @@ class SchedulerClient {
   // The job's current generation and where it starts.
   absl::StatusOr<scheduler::v1::Regroup> GetGeneration();
   absl::Status ReportTimings(const scheduler::v1::ReportTimingsRequest& request);
+  // Reports are retried within the client's deadline while the scheduler is
+  // unreachable (UNAVAILABLE, DEADLINE_EXCEEDED): a try that failed in
+  // transit may have landed, so after one, ALREADY_EXISTS is its success
+  // (both reports are idempotent on the scheduler: a step or a checkpoint
+  // part counts once). One lost answer no longer ends the rank.
   absl::Status ReportStep(const scheduler::v1::StepReport& step);
   absl::Status ReportCheckpoint(common::v1::Role role, int rank, int64_t step);
   absl::StatusOr<scheduler::v1::GetProgressResponse> GetProgress(int64_t after_iteration);
@@ -74,6 +80,10 @@ class SchedulerClient {
   absl::Status Cancelled() const;
 
  private:
+  // Runs `call` (one try, on a fresh context) as ReportStep describes.
+  absl::Status Report(const char* what,
+                      const std::function<grpc::Status(grpc::ClientContext*)>& call);
+
   std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
   absl::Duration deadline_;
   const std::atomic<bool>* cancel_;
