@@ -10,7 +10,8 @@ for tool in helm kubeconform; do
   command -v "$tool" >/dev/null || { echo "helm-check: $tool not found on PATH" >&2; exit 2; }
 done
 all_on=(--set serviceMonitor.enabled=true --set podDisruptionBudget.enabled=true
-        --set rdma.enabled=true --set resumeStep=100)
+        --set rdma.enabled=true --set resumeStep=100
+        --set storage.checkpoints.existingClaim=loom-ckpt --set job.checkpoint.every=100)
 helm lint --strict helm/loom
 helm lint --strict helm/loom "${all_on[@]}"
 # ServiceMonitor is a CRD: kubeconform has no schema for it without a CRD catalog.

@@ -4,7 +4,9 @@ default values and with every option on. Every rendered object has
 apiVersion, kind and metadata; the objects are those the chart promises;
 every container's args pass that service's own flag parser (--check_flags);
 the job ConfigMap is a valid job (loomctl validate); bad values are refused
-naming the value. Every object is validated against Kubernetes 1.33's
+naming the value; checkpoints (job.checkpoint.every, resumeStep,
+submitOnStart false) without a shared claim are refused, and with one every
+pod mounts it where the job writes. Every object is validated against Kubernetes 1.33's
 schemas made strict, the ServiceMonitor against the Prometheus Operator's
 (third_party/kubernetes-schemas: an unknown or misspelled field fails, as
 the API server's strict field validation refuses it).
@@ -255,6 +257,74 @@ def by(objs, kind, name):
     return None
 
 
+def check_checkpoint_volume(base):
+    """Checkpoints need one ReadWriteMany claim shared by every pod: with an
+    emptyDir per pod each worker writes its part into its own pod and the
+    scheduler commits step-N in its own, so the first recovery finds nothing
+    to load. Rendering refuses checkpoints (written: job.checkpoint.every >
+    0; read: resumeStep > 0; a job the chart cannot see: submitOnStart
+    false) without storage.checkpoints.existingClaim, and a checkpoint
+    folder outside the claim's mount; with a claim, the scheduler, loom-
+    preprocess and every worker mount that claim where the job writes."""
+    for what, args, reason in [
+        ("checkpoint.every > 0", ["--set", "job.checkpoint.every=100"], "job.checkpoint.every = 100"),
+        ("resumeStep > 0", ["--set", "resumeStep=200"], "resumeStep = 200"),
+        ("submitOnStart false", ["--set", "submitOnStart=false"], "submitOnStart = false"),
+    ]:
+        rc, out, err = render(*args)
+        check(rc != 0 and "storage.checkpoints.existingClaim" in err and "ReadWriteMany" in err and
+              reason in err and "job.checkpoint.every=0" in err,
+              "refuses checkpoints (%s) without a shared claim, naming storage.checkpoints.existingClaim, "
+              "ReadWriteMany, the reason and the way off (%s)" %
+              (what, err.strip().splitlines()[-1] if err.strip() else "rendered"))
+    rc, out, err = render("--set", "job.checkpoint.every=100", "--set", "storage.checkpoints.existingClaim=ckpt",
+                          "--set", "job.checkpoint.dir=/checkpoints")
+    check(rc != 0 and "job.checkpoint.dir" in err and "/var/lib/loom" in err,
+          "refuses a checkpoint folder outside the claim's mount, naming job.checkpoint.dir (%s)" %
+          (err.strip().splitlines()[-1] if err.strip() else "rendered"))
+
+    for name, args, mount, folder in [
+        ("shared checkpoints", ["--set", "job.checkpoint.every=100",
+                                "--set", "storage.checkpoints.existingClaim=loom-ckpt"],
+         "/var/lib/loom", "/var/lib/loom/checkpoints"),
+        ("shared checkpoints elsewhere", ["--set", "job.checkpoint.every=10", "--set", "resumeStep=20",
+                                          "--set", "storage.checkpoints.existingClaim=loom-ckpt",
+                                          "--set", "storage.checkpoints.mountPath=/ckpt",
+                                          "--set", "job.checkpoint.dir=/ckpt/run1"],
+         "/ckpt", "/ckpt/run1"),
+    ]:
+        objs = check_render(name, args, base)
+        check_args(name, objs)
+        check_references(name, objs)
+        check_schemas(name, objs)
+        if not objs:
+            continue
+        job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+        check(job["checkpoint"]["dir"] == folder and folder.startswith(mount + "/"),
+              "%s: the job's checkpoint folder %s is on the claim's mount %s" % (name, folder, mount))
+        workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+        bad = []
+        for w in workloads:
+            vols = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
+            if vols.get("checkpoints") != {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "loom-ckpt"}}:
+                bad.append("%s: checkpoints volume %s" % (w["metadata"]["name"], vols.get("checkpoints")))
+            for c in containers(w):
+                m = {m["name"]: m for m in c.get("volumeMounts", [])}.get("checkpoints", {})
+                if m.get("mountPath") != mount:
+                    bad.append("%s: checkpoints mounted at %s" % (c["name"], m.get("mountPath")))
+                if c["name"] != "loom-preprocess" and m.get("readOnly"):
+                    bad.append("%s: checkpoints read-only" % c["name"])
+        check(len(workloads) == 4 and not bad,
+              "%s: the scheduler, loom-preprocess and every worker mount claim loom-ckpt at %s%s" %
+              (name, mount, "" if not bad else ": " + "; ".join(bad)))
+        sched = containers(by(objs, "Deployment", "train-loom-scheduler"))[0]["args"]
+        check("--run_dir=" + mount in sched, "%s: the scheduler's run folder is the claim's mount" % name)
+        if "resumeStep=20" in args:
+            pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+            check("--cursor=/ckpt/run1/step-20/data_cursor.binpb" in pre,
+                  "%s: loom-preprocess reads the cursor from the claim" % name)
+
+
 def main():
     base = ["ConfigMap/train-loom-job", "ConfigMap/train-loom-dashboards",
             "Deployment/train-loom-scheduler", "Service/train-loom-scheduler",
@@ -290,6 +360,8 @@ def main():
                 "EncoderWorkerService" if module == "encoder" else "LlmWorkerService")] and live[-2:] == ["health", ""],
                   "%s: grpc.health.v1 liveness and readiness probes (loomctl health over TLS)" % module)
         job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+        check(job["checkpoint"]["every"] == 0,
+              "defaults: checkpoints off (job.checkpoint.every 0), as no shared claim is named")
         path = os.path.join(TMP, "job.json")
         json.dump(job, open(path, "w"))
         r = subprocess.run([os.path.join(BIN, "services/scheduler/loomctl"), "validate", path],
@@ -311,6 +383,7 @@ networkPolicy:
   metricsFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]
 podDisruptionBudget: {enabled: true}
 rdma: {enabled: true}
+storage: {checkpoints: {existingClaim: loom-ckpt}}
 env:
   nccl: {NCCL_IB_HCA: mlx5, NCCL_SOCKET_IFNAME: eth0}
   ucx: {UCX_TLS: "rc,sm,self", UCX_NET_DEVICES: "mlx5_0:1"}
@@ -320,6 +393,7 @@ job:
   parallel: {encoder_dp: 4, llm_dp: 8, microbatches: 4, llm_tp: 2, llm_pp: 2}
   data: {shards: "/data/laion/*.tar", global_batch: 256}
   device: {encoder: cuda, llm: cpu, collectives: nccl}
+  checkpoint: {every: 50}
 scheduler: {peakFlops: 1.2e16, extraArgs: ["--ilp_seconds=30"]}
 tls: {controlTokensSecret: loom-control-tokens, serverName: loom.ml.svc, refresh: 30s}
 workers: {llm: {extraArgs: ["--log_level=debug"]}}
@@ -401,6 +475,8 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
                   mounts["models"]["mountPath"] == "/models" and
                   vols.get("models", {}).get("persistentVolumeClaim", {}).get("claimName") == "models",
                   "hf: %s mounts the models volume read-only" % name)
+
+    check_checkpoint_volume(base)
 
     bad_peer = os.path.join(TMP, "bad-peer.yaml")
     open(bad_peer, "w").write("networkPolicy: {metricsFrom: [{cidr: 10.0.0.0/8}]}\n")  # not under ipBlock

@@ -120,7 +120,36 @@ grpc:
 {{- end }}
 {{- end -}}
 
+{{/* Checkpoints are on when the job writes them (job.checkpoint.every > 0),
+a resume reads one (resumeStep > 0), or the job is not the chart's to see
+(submitOnStart false: `loomctl submit` brings it, and it may checkpoint).
+Then every pod must mount one shared claim: with an emptyDir per pod each
+worker writes its part into its own pod and the scheduler commits step-N in
+its own, so the first recovery finds nothing to load and the workers'
+step-N.partial folders are never removed. Rendering fails instead. The
+checkpoint folder must be on that claim too (under its mountPath). Off
+(every 0, no resume, the chart's job), the volume is an emptyDir: a lost
+process restarts the job from its seed. */}}
+{{- define "loom.checkpointsShared" -}}
+{{- $ck := .Values.job.checkpoint | default dict -}}
+{{- $every := int ($ck.every | default 0) -}}
+{{- $mount := .Values.storage.checkpoints.mountPath | trimSuffix "/" -}}
+{{- $reasons := list -}}
+{{- if gt $every 0 }}{{ $reasons = append $reasons (printf "job.checkpoint.every = %d" $every) }}{{ end -}}
+{{- if gt (int .Values.resumeStep) 0 }}{{ $reasons = append $reasons (printf "resumeStep = %d" (int .Values.resumeStep)) }}{{ end -}}
+{{- if not .Values.submitOnStart }}{{ $reasons = append $reasons "submitOnStart = false: the job comes from loomctl submit and may checkpoint" }}{{ end -}}
+{{- if and $reasons (not .Values.storage.checkpoints.existingClaim) -}}
+{{- $msg := printf "storage.checkpoints.existingClaim is empty but checkpoints are on (%s). Name an existing ReadWriteMany PersistentVolumeClaim that every Loom pod (scheduler, loom-preprocess, every worker) mounts at storage.checkpoints.mountPath (%s): --set storage.checkpoints.existingClaim=CLAIM. Without one each pod writes into its own emptyDir, the scheduler commits steps whose parts are in other pods, and the first recovery finds nothing to load. Or turn checkpoints off: job.checkpoint.every=0, resumeStep=0, submitOnStart=true (a lost process then restarts the job from its seed)." (join "; " $reasons) $mount -}}
+{{- fail $msg -}}
+{{- end -}}
+{{- if and $reasons $ck.dir (not (hasPrefix (printf "%s/" $mount) (printf "%s/" ($ck.dir | trimSuffix "/")))) -}}
+{{- $msg := printf "job.checkpoint.dir %s is not on the checkpoint claim: it must be under storage.checkpoints.mountPath (%s), where every pod mounts storage.checkpoints.existingClaim." $ck.dir $mount -}}
+{{- fail $msg -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "loom.checkpointVolume" -}}
+{{- include "loom.checkpointsShared" . -}}
 - name: checkpoints
 {{- if .Values.storage.checkpoints.existingClaim }}
   persistentVolumeClaim:
