@@ -180,9 +180,25 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     image_bytes.push_back(&it->second);
   }
 
-  // Text.
+  // Text. A text too long to fit is refused before it is encoded, from its
+  // bytes: one id stands for at most max_text_bytes_per_token of them, so
+  // N bytes are at least ceil(N / that) ids (a piece at a time, whose sum is
+  // at least the whole's). Encoding megabytes to refuse them would hold up
+  // the in-order loader.
   std::vector<std::vector<int32_t>> piece_ids(pieces.size());
   int text_tokens = tokenizer_->bos_id() >= 0 ? 2 : 1;
+  if (const int64_t per_token = tokenizer_->max_text_bytes_per_token(); per_token > 0) {
+    int64_t bytes = 0;
+    for (std::string_view p : pieces) bytes += static_cast<int64_t>(p.size());
+    const int64_t at_least = (bytes + per_token - 1) / per_token;
+    if (text_tokens + at_least > options_.max_seq) {
+      return skip(
+          "text_too_long",
+          absl::StrCat(files.key, ": ", bytes, " bytes of text are at least ", at_least,
+                       " text tokens (one stands for at most ", per_token,
+                       " bytes), not tokenized; the maximum sequence is ", options_.max_seq));
+    }
+  }
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].empty()) continue;
     if (absl::Status s = tokenizer_->Encode(pieces[i], &piece_ids[i]); !s.ok()) {

@@ -4,7 +4,9 @@
 //   1. KEY.json: valid UTF-8, protobuf-JSON SampleRecord, a non-empty text
 //      with one "<image>" marker per listed image, every listed image present.
 //   2. Text: <s> (if the tokenizer has one), the BPE ids of each text
-//      piece, an image's slots at its marker, </s>.
+//      piece, an image's slots at its marker, </s>. A text whose bytes
+//      cannot fit the maximum sequence (Tokenizer::max_text_bytes_per_token)
+//      is refused before it is tokenized.
 //   3. Images: the header gives the size; the tile grid (cols x rows <=
 //      max tiles, the aspect ratio closest to the image's; ties go to the
 //      larger grid when the image has the pixels for it) is chosen before a

@@ -1,8 +1,12 @@
 #include "runtime/data/preprocess.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/file.h"
+#include "runtime/base/test_paths.h"
 #include "runtime/data/data_testing.h"
 
 namespace loom::data {
@@ -180,6 +184,79 @@ TEST(PreprocessTest, TokenizerMustFitTheModelVocabulary) {
   absl::Status s = CheckTokenizerFits(testing::TestTokenizer(), c);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("a vocabulary of 100"), std::string::npos) << s;
+}
+
+// A tokenizer.json directory: the 256 byte symbols, "aa" and "aaaa" (the
+// longest token, 4 bytes), <s> and </s> (4 bytes): an id stands for at most
+// 4 bytes of text.
+std::unique_ptr<Tokenizer> FourBytesATokenTokenizer() {
+  nlohmann::json vocab = nlohmann::json::object();
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int cp = printable ? b : next++;
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else {
+      s += static_cast<char>(0xc0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+    vocab[s] = b;
+  }
+  vocab["aa"] = 256;
+  vocab["aaaa"] = 257;
+  const nlohmann::json j = {
+      {"added_tokens",
+       {{{"id", 300}, {"content", "<s>"}, {"special", true}},
+        {{"id", 301}, {"content", "</s>"}, {"special", true}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a a", "aa aa"}}}}};
+  const std::string dir = ::testing::TempDir() + "/four-bytes-a-token";
+  std::filesystem::create_directories(dir);
+  EXPECT_TRUE(WriteFileAtomically(dir + "/tokenizer.json", j.dump()).ok());
+  EXPECT_TRUE(WriteFileAtomically(dir + "/tokenizer_config.json",
+                                  R"({"bos_token": "<s>", "eos_token": "</s>"})")
+                  .ok());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(dir);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+// Issue 39: a text that cannot fit is refused from its byte count before it
+// is tokenized (a multi-megabyte word held up the in-order loader), and the
+// bound refuses nothing that fits.
+TEST(PreprocessTest, TextTooLongIsRefusedBeforeItIsTokenized) {
+  std::unique_ptr<Tokenizer> tok = FourBytesATokenTokenizer();
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->max_text_bytes_per_token(), 4);
+  EXPECT_EQ(testing::TestTokenizer().max_text_bytes_per_token(), 0);  // sentencepiece: no bound
+  PreprocessOptions o = Tiny();
+  o.max_seq = 64;  // <s>, 62 text tokens, </s>
+  const Preprocessor p(o, tok.get());
+  auto process = [&](const std::string& key, const std::string& text) {
+    return p.Process(Files(key, SampleJson(text, {})));
+  };
+  // 4 MB of one word: at least 2^20 tokens, refused without tokenizing.
+  Outcome big = process("big", std::string(4 << 20, 'a'));
+  EXPECT_FALSE(big.ok);
+  EXPECT_EQ(big.skip.key, "big");
+  EXPECT_EQ(big.skip.reason, "text_too_long");
+  EXPECT_EQ(big.skip.detail,
+            "big: 4194304 bytes of text are at least 1048576 text tokens (one stands for at most "
+            "4 bytes), not tokenized; the maximum sequence is 64");
+  // 249 bytes: at least 63 text tokens, one too many.
+  Outcome over = process("over", std::string(249, 'a'));
+  EXPECT_EQ(over.skip.reason, "text_too_long");
+  EXPECT_NE(over.skip.detail.find("not tokenized"), std::string::npos) << over.skip.detail;
+  // 248 bytes may fit, and do: 62 "aaaa".
+  Outcome fits = process("fits", std::string(248, 'a'));
+  ASSERT_TRUE(fits.ok) << fits.skip.detail;
+  EXPECT_EQ(fits.sample.text_tokens, 64);
+  // 100 bytes of "b" may fit, so they are tokenized: 100 tokens do not.
+  Outcome tokenized = process("b", std::string(100, 'b'));
+  EXPECT_EQ(tokenized.skip.reason, "text_too_long");
+  EXPECT_EQ(tokenized.skip.detail, "102 text tokens; the maximum sequence is 64");
 }
 
 }  // namespace

@@ -134,6 +134,10 @@ int Tokenizer::vocab_size() const {
   return bpe_ != nullptr ? bpe_->vocab_size() : model_->vocab_size();
 }
 
+int64_t Tokenizer::max_text_bytes_per_token() const {
+  return bpe_ != nullptr ? bpe_->max_text_bytes_per_token() : 0;
+}
+
 absl::StatusOr<std::string> TrainTokenizer(const std::vector<std::string>& texts, int vocab_size) {
   if (vocab_size < 16) return absl::InvalidArgumentError("tokenizer vocab_size must be >= 16");
   std::vector<std::string> sentences;

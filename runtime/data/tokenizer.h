@@ -53,6 +53,13 @@ class Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int vocab_size() const;
+  // The most bytes of a text one id of Encode can stand for, so that a text
+  // of N bytes is at least ceil(N / this) ids: checked before encoding a
+  // long text (hf::BpeTokenizer::max_text_bytes_per_token). 0 when there is
+  // no such bound: sentencepiece's normalizer drops runs of whitespace, so
+  // its ids can stand for any number of bytes (its BPE is O(n log n) in any
+  // case).
+  int64_t max_text_bytes_per_token() const;
   int bos_id() const { return bos_; }  // -1: samples start without one
   int eos_id() const { return eos_; }
   int pad_id() const { return pad_; }

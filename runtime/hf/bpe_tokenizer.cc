@@ -6,7 +6,9 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <queue>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -82,12 +84,25 @@ bool IsUtf8(std::string_view s) {
   return true;
 }
 
-std::string PairKey(const std::string& a, const std::string& b) {
-  std::string k = a;
-  k += '\0';
-  k += b;
-  return k;
+// Two symbols as one key.
+uint64_t PairKey(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
+
+// Code points in UTF-8 `s`: a token's bytes (each byte one symbol).
+int64_t CodePoints(std::string_view s) {
+  int64_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  return n;
+}
+
+// NFC makes a text at most this many times shorter in UTF-8 bytes. Measured
+// with Python's unicodedata (Unicode 14) over every code point alone and every
+// composed character made from the longest input that decomposes to it:
+// 3.5 at worst (U+0390, 2 bytes, from 7). U+212A KELVIN SIGN (3 bytes)
+// becomes "K" (1), Hangul L, V and T jamo (9) one syllable (3). 4 leaves a
+// margin for later Unicode versions.
+constexpr int64_t kNfcMaxShrink = 4;
 
 absl::Status Bad(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
@@ -100,6 +115,15 @@ struct BpeTokenizer::Impl {
   std::vector<pcre2_code*> splits;  // applied in order, "Isolated"
   bool add_prefix_space = false;
   const icu::Normalizer2* nfc = nullptr;
+  // BPE over symbol indices (each a distinct vocabulary string): a merge's
+  // rank and the symbol it makes, by PairKey(left, right).
+  struct Merge {
+    int rank;
+    int32_t result;
+  };
+  std::unordered_map<uint64_t, Merge> merges;
+  std::vector<int32_t> symbol_id;  // vocabulary id by symbol index
+  int32_t byte_symbol[256] = {};   // symbol index of each byte
   ~Impl() {
     for (pcre2_code* c : splits) pcre2_code_free(c);
   }
@@ -148,6 +172,12 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string
     }
     t->vocab_[it.key()] = it->get<int32_t>();
     max_id = std::max(max_id, it->get<int32_t>());
+  }
+  std::unordered_map<std::string_view, int32_t> symbol;  // vocabulary string -> symbol index
+  for (const auto& [token, id] : t->vocab_) {
+    symbol[token] = static_cast<int32_t>(t->impl_->symbol_id.size());
+    t->impl_->symbol_id.push_back(id);
+    t->max_text_bytes_per_token_ = std::max(t->max_text_bytes_per_token_, CodePoints(token));
   }
   // added tokens (their ids may lie past the vocabulary)
   auto added = j.find("added_tokens");
@@ -198,7 +228,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string
     if (!t->vocab_.count(a) || !t->vocab_.count(b) || !t->vocab_.count(a + b)) {
       return Bad(where, absl::StrCat("merge ", m.dump(), " has a token not in the vocabulary"));
     }
-    t->merge_rank_.emplace(PairKey(a, b), rank++);  // the first of duplicates counts
+    t->impl_->merges.emplace(
+        PairKey(symbol.at(a), symbol.at(b)),
+        Impl::Merge{rank++, symbol.at(a + b)});  // the first of duplicates counts
   }
 
   // normalizer: none or NFC (alone or in a Sequence)
@@ -290,6 +322,14 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string
       return Bad(where, absl::StrCat("model.vocab lacks the symbol of byte ", b, " (",
                                      json(t->byte_symbol_[b]).dump(), ")"));
     }
+    t->impl_->byte_symbol[b] = symbol.at(t->byte_symbol_[b]);
+  }
+  // Every id stands for the bytes of its symbols after normalization (each
+  // symbol one byte), or for an added token's content as given.
+  if (t->nfc_) t->max_text_bytes_per_token_ *= kNfcMaxShrink;
+  for (const auto& [content, id] : t->added_) {
+    t->max_text_bytes_per_token_ =
+        std::max(t->max_text_bytes_per_token_, static_cast<int64_t>(content.size()));
   }
   return t;
 }
@@ -303,44 +343,88 @@ std::optional<int32_t> BpeTokenizer::TokenId(std::string_view token) const {
   return it->second;
 }
 
+// BPE as GPT-2's encoder.py defines it: in rounds, the lowest-ranked
+// adjacent pair and every occurrence of it, left to right (in "a a a" the
+// pair "a a" once), until no pair has a rank. Rescanning the piece each round
+// is O(n^2) on a long word; this finds each round's occurrences instead:
+//
+//   - the symbols are a linked list over their first byte's position;
+//   - a min-heap holds (rank, position) for every adjacent pair with a rank,
+//     and entries go stale as their pair changes (checked when popped);
+//   - a round pops every entry of the lowest valid rank r, which come out
+//     left to right, and merges each that still holds r's pair. A merge
+//     never makes another occurrence of r's pair (its result differs from
+//     either side), so these are exactly the occurrences a left-to-right
+//     scan merges, and an entry whose left symbol the previous merge took
+//     (the middle "a" above) is skipped as stale;
+//   - only then are the pairs beside each merge pushed, so a pair a round
+//     makes waits for the next round even when its rank is lower.
+//
+// Each merge pushes at most two entries: O(n log n) for n bytes, the same
+// ids (runtime/hf/bpe_tokenizer_test.cc checks them against the rounds).
 void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const {
-  std::vector<std::string> symbols;
-  std::string whole;
-  for (unsigned char c : piece) {
-    symbols.push_back(byte_symbol_[c]);
-    whole += byte_symbol_[c];
-  }
   if (ignore_merges_) {
+    std::string whole;
+    for (unsigned char c : piece) whole += byte_symbol_[c];
     auto it = vocab_.find(whole);
     if (it != vocab_.end()) {
       ids->push_back(it->second);
       return;
     }
   }
-  while (symbols.size() > 1) {
-    int best = std::numeric_limits<int>::max();
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto r = merge_rank_.find(PairKey(symbols[i], symbols[i + 1]));
-      if (r != merge_rank_.end() && r->second < best) {
-        best = r->second;
-        at = i;
-      }
-    }
-    if (best == std::numeric_limits<int>::max()) break;
-    const std::string a = symbols[at], b = symbols[at + 1];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < symbols.size(); ++i) {
-      if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
-        merged.push_back(a + b);
-        ++i;
-      } else {
-        merged.push_back(symbols[i]);
-      }
-    }
-    symbols = std::move(merged);
+  const int32_t n = static_cast<int32_t>(piece.size());
+  std::vector<int32_t> sym(n), next(n), prev(n);  // by position; next n, prev -1: none
+  std::vector<bool> gone(n, false);               // merged into the symbol before it
+  for (int32_t i = 0; i < n; ++i) {
+    sym[i] = impl_->byte_symbol[static_cast<unsigned char>(piece[i])];
+    next[i] = i + 1;
+    prev[i] = i - 1;
   }
-  for (const std::string& s : symbols) ids->push_back(vocab_.at(s));  // merges are in the vocab
+  auto merge_at = [&](int32_t i) -> const Impl::Merge* {
+    if (i < 0 || next[i] >= n) return nullptr;
+    auto m = impl_->merges.find(PairKey(sym[i], sym[next[i]]));
+    return m == impl_->merges.end() ? nullptr : &m->second;
+  };
+  // (rank << 32 | position), smallest first: rank, then left to right.
+  std::vector<uint64_t> entries;
+  auto entry = [](int rank, int32_t i) { return static_cast<uint64_t>(rank) << 32 | i; };
+  for (int32_t i = 0; i + 1 < n; ++i) {
+    if (const Impl::Merge* m = merge_at(i)) entries.push_back(entry(m->rank, i));
+  }
+  std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<uint64_t>> heap(
+      std::greater<uint64_t>(), std::move(entries));
+  std::vector<int32_t> round, merged;
+  while (!heap.empty()) {
+    const int rank = static_cast<int>(heap.top() >> 32);
+    const int32_t at = static_cast<int32_t>(heap.top() & 0xffffffffu);
+    const Impl::Merge* m = gone[at] ? nullptr : merge_at(at);
+    if (m == nullptr || m->rank != rank) {  // stale
+      heap.pop();
+      continue;
+    }
+    const int32_t a = sym[at], b = sym[next[at]], result = m->result;
+    round.clear();
+    while (!heap.empty() && static_cast<int>(heap.top() >> 32) == rank) {
+      round.push_back(static_cast<int32_t>(heap.top() & 0xffffffffu));
+      heap.pop();
+    }
+    merged.clear();
+    for (int32_t i : round) {
+      if (gone[i] || next[i] >= n || sym[i] != a || sym[next[i]] != b) continue;
+      const int32_t j = next[i];
+      sym[i] = result;
+      gone[j] = true;
+      next[i] = next[j];
+      if (next[j] < n) prev[next[j]] = i;
+      merged.push_back(i);
+    }
+    for (int32_t i : merged) {
+      for (int32_t k : {prev[i], i}) {
+        if (const Impl::Merge* pm = merge_at(k)) heap.push(entry(pm->rank, k));
+      }
+    }
+  }
+  for (int32_t i = 0; i < n; i = next[i]) ids->push_back(impl_->symbol_id[sym[i]]);
 }
 
 absl::Status BpeTokenizer::Encode(std::string_view text, std::vector<int32_t>* ids) const {

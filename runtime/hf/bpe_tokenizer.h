@@ -11,8 +11,9 @@
 //      order of a `Sequence`;
 //   4. each piece's UTF-8 bytes mapped to GPT-2's printable byte alphabet and
 //      merged by BPE: the lowest-ranked adjacent pair, every occurrence left
-//      to right, until no pair has a rank; with `ignore_merges` a piece that
-//      is itself in the vocabulary is one token.
+//      to right, until no pair has a rank (in O(n log n) for a piece of n
+//      bytes, so a multi-megabyte word is no stall); with `ignore_merges` a
+//      piece that is itself in the vocabulary is one token.
 // Merges come in either JSON form ("a b" strings or ["a", "b"] pairs). The
 // post-processor (BOS and the like) is left to the caller. Anything else --
 // another model type, a normalizer or pre-tokenizer this does not implement,
@@ -50,6 +51,12 @@ class BpeTokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int vocab_size() const { return static_cast<int>(id_to_token_.size()); }
+  // The most bytes of a text, as given to Encode, that one of its ids can
+  // stand for: the longest vocabulary token's bytes (times NFC's largest
+  // shrinking, 4, with the NFC normalizer) or the longest added token. A
+  // text of N bytes therefore encodes to at least ceil(N / this) ids, a
+  // bound a caller can check before spending the encoding.
+  int64_t max_text_bytes_per_token() const { return max_text_bytes_per_token_; }
   std::optional<int32_t> TokenId(std::string_view token) const;
 
  private:
@@ -60,11 +67,11 @@ class BpeTokenizer {
   std::unique_ptr<Impl> impl_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<std::string, int> merge_rank_;     // "a\0b" -> rank
   std::vector<std::pair<std::string, int32_t>> added_;  // longest content first
   std::vector<bool> is_added_;                          // by id
   bool ignore_merges_ = false;
   bool nfc_ = false;
+  int64_t max_text_bytes_per_token_ = 1;
   std::string byte_symbol_[256];
   std::unordered_map<std::string, char> byte_of_symbol_;  // its inverse, for Decode
 };
