@@ -33,6 +33,7 @@
 #include "runtime/train/synthetic_data.h"
 #include "runtime/train/train_checkpoint.h"
 #include "runtime/train/trainer.h"
+#include "runtime/train/weight_decay.h"
 
 ABSL_FLAG(std::string, config, "tiny",
           "Model config: tiny, tiny-deep, vit300m-llm1b, vit300m-llm7b, vit300m-llm70b.");
@@ -49,6 +50,9 @@ ABSL_FLAG(double, lr, 1e-3, "Peak AdamW learning rate.");
 ABSL_FLAG(int, warmup_steps, 10, "Linear learning-rate warm-up steps.");
 ABSL_FLAG(double, clip_norm, 1.0, "Global gradient-norm clip; <= 0 disables.");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
+ABSL_FLAG(std::string, weight_decay_scope, "matrices",
+          "Which tensors --weight_decay shrinks: matrices (the weight matrices; never norms, "
+          "biases or embeddings) or all (runtime/train/weight_decay.h).");
 ABSL_FLAG(std::string, checkpoint_dir, "", "Folder for checkpoints (DIR/step-N/...).");
 ABSL_FLAG(int, checkpoint_every, 0, "Save a checkpoint every K steps (0: never).");
 ABSL_FLAG(bool, resume, false, "Continue from the last complete checkpoint in --checkpoint_dir.");
@@ -136,6 +140,10 @@ int main(int argc, char** argv) {
   options.microbatches = absl::GetFlag(FLAGS_microbatches);
   options.adam.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
   options.adam.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  absl::StatusOr<loom::WeightDecayScope> scope =
+      loom::ParseWeightDecayScope(absl::GetFlag(FLAGS_weight_decay_scope));
+  if (!scope.ok()) return Fail("--weight_decay_scope: " + std::string(scope.status().message()));
+  options.weight_decay_scope = *scope;
   options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   options.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   loom::LocalTrainer trainer(&model, options);

@@ -33,8 +33,13 @@ double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& opt
   for (ParamSet* p : sets) {
     if (p->frozen()) continue;  // no gradients, no AdamW state, no step
     ++p->step();
-    kernels::adamw_update(p->data().data(), p->grads().data(), p->adam_m().data(),
-                          p->adam_v().data(), p->size(), adam, p->step());
+    for (const DecayRun& r : DecayRuns(*p, options.weight_decay_scope)) {
+      kernels::AdamWConfig run = adam;
+      if (!r.decay) run.weight_decay = 0.0f;
+      kernels::adamw_update(p->data().data() + r.offset, p->grads().data() + r.offset,
+                            p->adam_m().data() + r.offset, p->adam_v().data() + r.offset, r.numel,
+                            run, p->step());
+    }
   }
   return adam.lr;
 }

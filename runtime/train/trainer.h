@@ -14,6 +14,7 @@
 
 #include "kernels/optim/optim.h"
 #include "runtime/model/model.h"
+#include "runtime/train/weight_decay.h"
 
 namespace loom {
 
@@ -21,6 +22,9 @@ struct TrainOptions {
   int microbatches = 2;
   kernels::AdamWConfig adam = {/*lr=*/1e-3f, /*beta1=*/0.9f, /*beta2=*/0.95f, /*eps=*/1e-8f,
                                /*weight_decay=*/0.0f};
+  // Which tensors adam.weight_decay shrinks (weight_decay.h: by default the
+  // weight matrices, never norms, biases or embeddings).
+  WeightDecayScope weight_decay_scope = WeightDecayScope::kMatrices;
   int warmup_steps = 10;   // linear learning-rate warm-up
   double clip_norm = 1.0;  // <= 0: no clipping
 };
@@ -39,7 +43,9 @@ struct StepStats {
 // The optimizer step shared by every trainer, local or distributed: clips
 // `sets`' gradients to `clip_norm` given the global norm `grad_norm` (over
 // every module of the model, wherever they live), then one AdamW step on each
-// set with the warm-up learning rate of `step` (1-based). Returns that rate.
+// set with the warm-up learning rate of `step` (1-based), decaying the
+// tensors `options.weight_decay_scope` names (one AdamW call per run of
+// tensors that decay alike). Returns that rate.
 double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& options, int64_t step,
                      double grad_norm);
 

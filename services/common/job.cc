@@ -75,6 +75,9 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (!t->has_weight_decay()) t->set_weight_decay(0.0);
   if (!t->has_beta1()) t->set_beta1(0.9);
   if (!t->has_beta2()) t->set_beta2(0.95);
+  if (t->weight_decay_scope() == job::v1::WEIGHT_DECAY_SCOPE_UNSPECIFIED) {
+    t->set_weight_decay_scope(job::v1::WEIGHT_DECAY_MATRICES);
+  }
   if (!t->has_max_skipped_steps()) t->set_max_skipped_steps(10);
   job::v1::CheckpointConfig* c = job->mutable_checkpoint();
   if (c->dir().empty()) c->set_dir(absl::StrCat(run_dir, "/checkpoints"));
@@ -130,6 +133,11 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (!(t.clip_norm() >= 0)) return Bad("train.clip_norm", "must be >= 0 (0: no clipping)");
   if (!(t.weight_decay() >= 0 && t.weight_decay() < 1)) {
     return Bad("train.weight_decay", "must be in [0, 1)");
+  }
+  if (!job::v1::WeightDecayScope_IsValid(t.weight_decay_scope())) {
+    return Bad("train.weight_decay_scope",
+               absl::StrCat("unknown scope ", t.weight_decay_scope(),
+                            " (known: WEIGHT_DECAY_MATRICES, WEIGHT_DECAY_ALL)"));
   }
   if (!(t.beta1() >= 0 && t.beta1() < 1)) return Bad("train.beta1", "must be in [0, 1)");
   if (!(t.beta2() >= 0 && t.beta2() < 1)) return Bad("train.beta2", "must be in [0, 1)");

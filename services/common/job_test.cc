@@ -27,6 +27,7 @@ TEST(JobConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(job->parallel().llm_tp(), 1);
   EXPECT_EQ(job->checkpoint().dir(), "/run/checkpoints");
   EXPECT_DOUBLE_EQ(job->train().clip_norm(), 1.0);
+  EXPECT_EQ(job->train().weight_decay_scope(), job::v1::WEIGHT_DECAY_MATRICES);
   EXPECT_EQ(job->device().encoder(), "cpu");
   EXPECT_EQ(job->device().llm(), "cpu");
   EXPECT_EQ(job->device().collectives(), "host");
@@ -55,6 +56,20 @@ TEST(JobConfig, JsonAndTextGiveTheSameJob) {
   EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString());
   ApplyJobDefaults("/run", &*a);
   EXPECT_EQ(a->train().clip_norm(), 0.0);  // an explicit 0 is kept: no clipping
+}
+
+TEST(JobConfig, WeightDecayScopeByName) {
+  absl::StatusOr<job::v1::JobConfig> a =
+      ParseJobConfig(R"({"train": {"weight_decay_scope": "WEIGHT_DECAY_ALL"}})", "a.json");
+  absl::StatusOr<job::v1::JobConfig> b =
+      ParseJobConfig("train { weight_decay_scope: WEIGHT_DECAY_ALL }", "b.txtpb");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ApplyJobDefaults("/run", &*a);
+  EXPECT_EQ(a->train().weight_decay_scope(), job::v1::WEIGHT_DECAY_ALL);  // kept
+  EXPECT_TRUE(ValidateJob(*a).ok());
+  EXPECT_EQ(b->train().weight_decay_scope(), job::v1::WEIGHT_DECAY_ALL);
+  EXPECT_FALSE(ParseJobConfig("train { weight_decay_scope: NORMS }", "c.txtpb").ok());
 }
 
 TEST(JobConfig, UnknownFieldsAreNamed) {
@@ -107,6 +122,7 @@ TEST(JobConfig, InvalidValuesAreNamed) {
                 "freeze: vision, projector and llm are all frozen"},
            Case{"train { clip_norm: -1 }", "train.clip_norm"},
            Case{"train { steps: -4 }", "train.steps"},
+           Case{"train { weight_decay_scope: 7 }", "train.weight_decay_scope: unknown scope 7"},
            Case{"checkpoint { every: -1 }", "checkpoint.every"},
            Case{"recovery { lease_seconds: 0.1 }",
                 "recovery.lease_seconds: must be in [0.5, 3600] seconds, got 0.1"},

@@ -95,6 +95,10 @@ absl::Status TrainingWorker::Impl::Register() {
   train.adam.beta1 = static_cast<float>(job.train().beta1());
   train.adam.beta2 = static_cast<float>(job.train().beta2());
   train.adam.weight_decay = static_cast<float>(job.train().weight_decay());
+  // UNSPECIFIED (a job not through ApplyJobDefaults) is the default rule.
+  train.weight_decay_scope = job.train().weight_decay_scope() == job::v1::WEIGHT_DECAY_ALL
+                                 ? WeightDecayScope::kAll
+                                 : WeightDecayScope::kMatrices;
   train.warmup_steps = job.train().warmup_steps();
   train.clip_norm = job.train().clip_norm();
   data = std::make_unique<DataClient>(ServiceChannel(reg->preprocess()), ucx.get(),

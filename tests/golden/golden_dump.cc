@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   loom::TrainOptions opt;
   opt.microbatches = 2;
   opt.warmup_steps = 3;
-  opt.adam.weight_decay = 0.01f;
+  opt.adam.weight_decay = 0.1f;  // the usual LLM value; large enough that the golden
+                                 // losses see which tensors decay (the decay-all mutation)
   opt.clip_norm = 1.0;
 
   loom::MultimodalModel model(c);

@@ -4,7 +4,8 @@
 Reads a dump written by golden_dump (dump_format.md), builds the same ViT,
 projector and LLM in PyTorch from Loom's exported weights, and checks, on the
 same inputs: the logits, the loss, every parameter gradient, then the losses
-of the training steps (AdamW, global-norm clipping, warm-up) against Loom's.
+of the training steps (AdamW with Loom's weight-decay rule, global-norm clipping,
+warm-up) against Loom's.
 Tolerances come from the dump (kernels/testing/tolerances.h).
 
 Run with Debian's /usr/bin/python3 (python3-torch). Exits non-zero on any
@@ -66,8 +67,29 @@ MUTATIONS = {
     "no-causal": "LLM attention not causal inside a sequence",
     "gelu-erf": "exact (erf) GELU instead of the tanh approximation",
     "rope-theta": "RoPE theta doubled",
+    "decay-all": "weight decay on every tensor (norms, biases, embeddings too)",
 }
 MUTATION = sys.argv[2] if len(sys.argv) > 2 else ""
+
+
+# Loom's default weight-decay rule (runtime/train/weight_decay.h), written
+# again here as torch param groups: the weight matrices decay; 1-D tensors
+# (norm weights, biases) and the embedding tables do not.
+NO_DECAY_EMBEDDINGS = {"wte", "pos_embed", "cls_token"}
+
+
+def decays(name, t):
+    return t.dim() >= 2 and name not in NO_DECAY_EMBEDDINGS
+
+
+def adamw(cfg, P, decay_all=False):
+    """AdamW over every module's parameters, decaying those decays() names."""
+    named = [(name, t) for mod in P.values() for name, t in mod.items()]
+    decay = [t for name, t in named if decay_all or decays(name, t)]
+    rest = [t for name, t in named if not (decay_all or decays(name, t))]
+    groups = [{"params": decay, "weight_decay": cfg.wd}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr,
+                             betas=(cfg.b1, cfg.b2), eps=cfg.eps)
 
 
 def params_of(d, prefix):
@@ -243,8 +265,7 @@ def main():
     # 3. Training steps from the same initial weights.
     P = {m: params_of(d, f"param/{m}/") for m in ("vit", "projector", "llm")}
     all_params = [t for mod in P.values() for t in mod.values()]
-    opt = torch.optim.AdamW(all_params, lr=cfg.lr, betas=(cfg.b1, cfg.b2), eps=cfg.eps,
-                            weight_decay=cfg.wd)
+    opt = adamw(cfg, P, decay_all=MUTATION == "decay-all")
     losses = []
     for s in range(cfg.steps):
         opt.zero_grad()

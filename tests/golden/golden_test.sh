@@ -13,7 +13,7 @@ done
 
 # Mutation check: each deliberate change to the reference model must fail the
 # comparison (exit 1, "golden: FAILED"), or the tolerances could hide it.
-for mutation in rope-pairs rms-eps no-causal gelu-erf rope-theta; do
+for mutation in rope-pairs rms-eps no-causal gelu-erf rope-theta decay-all; do
   if /usr/bin/python3 "$script" "$TEST_TMPDIR/golden.bin" "$mutation" >"$TEST_TMPDIR/m.log" 2>&1; then
     echo "golden mutation $mutation passed the comparison: the golden test cannot see it"
     cat "$TEST_TMPDIR/m.log"

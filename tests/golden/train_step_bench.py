@@ -25,8 +25,7 @@ import torch  # noqa: E402
 def torch_step_times(d, cfg, steps):
     P = {m: g.params_of(d, f"param/{m}/") for m in ("vit", "projector", "llm")}
     params = [t for mod in P.values() for t in mod.values()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.b1, cfg.b2), eps=cfg.eps,
-                            weight_decay=cfg.wd)
+    opt = g.adamw(cfg, P)  # Loom's weight-decay rule, as the golden test's
     samples = g.step_samples(d, 0)
     n = sum(int((tk[1:] >= 0).sum()) for _, tk in samples)
     times = []
