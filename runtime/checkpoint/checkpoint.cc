@@ -10,7 +10,9 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -83,6 +85,26 @@ class PayloadWriter {
 const std::vector<float>* Array(const ParamSet& p, int a) {
   const std::vector<float>& v = a == 0 ? p.data() : a == 1 ? p.adam_m() : p.adam_v();
   return v.empty() ? nullptr : &v;  // a frozen set's AdamW state
+}
+
+// Why an entry (from a part's header or a manifest) cannot be, or "".
+std::string EntryError(const CheckpointPart::Entry& e) {
+  if (e.shape.size() > 8) {
+    return absl::StrCat("tensor '", e.name, "' has ", e.shape.size(), " dimensions");
+  }
+  int64_t numel = 1;
+  for (int64_t d : e.shape) {
+    if (d < 0 || d > (int64_t{1} << 40)) return "bad tensor shape";
+    numel *= d;
+    if (numel > (int64_t{1} << 40)) return "bad tensor shape";
+  }
+  if (e.lo < 0 || e.lo > e.hi || e.hi > numel)
+    return absl::StrCat("tensor '", e.name, "': bad range");
+  return "";
+}
+
+bool SameEntry(const CheckpointPart::Entry& a, const CheckpointPart::Entry& b) {
+  return a.name == b.name && a.shape == b.shape && a.lo == b.lo && a.hi == b.hi;
 }
 
 absl::Status Errno(const std::string& what, const std::string& path) {
@@ -187,18 +209,12 @@ absl::Status OpenPart(const std::string& path, const std::string& module, PartFi
     if (absl::Status s = get_value(&ndim); !s.ok()) return s;
     if (ndim > 8) return corrupt(absl::StrCat("tensor '", e.name, "' has ", ndim, " dimensions"));
     e.shape.resize(ndim);
-    int64_t numel = 1;
     for (uint32_t i = 0; i < ndim; ++i) {
       if (absl::Status s = get_value(&e.shape[i]); !s.ok()) return s;
-      if (e.shape[i] < 0 || e.shape[i] > (int64_t{1} << 40)) return corrupt("bad tensor shape");
-      numel *= e.shape[i];
-      if (numel > (int64_t{1} << 40)) return corrupt("bad tensor shape");
     }
     if (absl::Status s = get_value(&e.lo); !s.ok()) return s;
     if (absl::Status s = get_value(&e.hi); !s.ok()) return s;
-    if (e.lo < 0 || e.lo > e.hi || e.hi > numel) {
-      return corrupt(absl::StrCat("tensor '", e.name, "': bad range"));
-    }
+    if (std::string why = EntryError(e); !why.empty()) return corrupt(why);
     f->elements += e.hi - e.lo;
     if (f->elements > (int64_t{1} << 40)) return corrupt("bad tensor ranges");
     f->entries.push_back(std::move(e));
@@ -228,8 +244,8 @@ absl::Status OpenPart(const std::string& path, const std::string& module, PartFi
   return absl::OkStatus();
 }
 
-// One verified payload block at a time, shared by every part a load reads
-// (they are read in payload order, so each block is fetched once).
+// One verified payload block at a time of one part (read in payload order,
+// so each block is fetched once).
 class BlockCache {
  public:
   absl::Status Read(const PartFile& f, int64_t offset, char* dst, int64_t n) {
@@ -272,17 +288,141 @@ class BlockCache {
   std::vector<char> buffer_;
 };
 
-// Where a tensor's elements are: each piece, elements [lo, hi) of it at
-// element `at` of a part's arrays.
+// Where a tensor's elements are: each piece, elements [lo, hi) of it.
 struct Piece {
-  const PartFile* part;
-  int64_t lo, hi, at;
+  int64_t lo, hi;
 };
 
 int64_t Numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
+}
+
+// A module's manifest, read and checked.
+struct Manifest {
+  std::string path;
+  int64_t step = 0;
+  std::vector<std::string> parts;  // file names within the folder
+  // What each part holds, in the order of `parts`: from the manifest's
+  // "contents", or (an older manifest) from each part's header.
+  std::vector<std::vector<CheckpointPart::Entry>> contents;
+  bool described = false;  // the manifest had its contents
+};
+
+nlohmann::json EntryJson(const CheckpointPart::Entry& e) {
+  return {{"tensor", e.name}, {"shape", e.shape}, {"lo", e.lo}, {"hi", e.hi}};
+}
+
+// An entry of a manifest's contents; false if it is not one.
+bool ParseEntry(const nlohmann::json& j, CheckpointPart::Entry* e) {
+  if (!j.is_object() || !j.contains("tensor") || !j["tensor"].is_string() || !j.contains("shape") ||
+      !j["shape"].is_array() || !j.contains("lo") || !j["lo"].is_number_integer() ||
+      !j.contains("hi") || !j["hi"].is_number_integer()) {
+    return false;
+  }
+  e->name = j["tensor"].get<std::string>();
+  if (j["shape"].size() > 8) return false;
+  for (const nlohmann::json& d : j["shape"]) {
+    if (!d.is_number_integer()) return false;
+    e->shape.push_back(d.get<int64_t>());
+  }
+  e->lo = j["lo"].get<int64_t>();
+  e->hi = j["hi"].get<int64_t>();
+  return true;
+}
+
+// Opens a part of the manifest's, checks its step, and hands it out open.
+absl::Status OpenManifestPart(const std::string& dir, const std::string& module, const Manifest& m,
+                              size_t i, PartFile* f) {
+  if (absl::Status s = OpenPart(absl::StrCat(dir, "/", m.parts[i]), module, f); !s.ok()) return s;
+  if (f->step != m.step) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", m.path, ": part ", f->path,
+                                            " is of step ", f->step, ", the manifest's ", m.step));
+  }
+  return absl::OkStatus();
+}
+
+// Reads and checks DIR/<module>.ckpt. Without contents, it learns them from
+// the parts' headers, one part open at a time.
+absl::Status ReadManifest(const std::string& dir, const std::string& module, Manifest* m) {
+  m->path = ModuleManifestPath(dir, module);
+  absl::StatusOr<std::string> text = ReadFile(m->path);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("checkpoint ", m->path, " cannot be read: ", text.status().message()));
+  }
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", m->path, ": ", what));
+  };
+  if (text->compare(0, 8, "LOOMCKPT") == 0) {  // version 1: the module in this one file
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", m->path,
+                     " is in format version 1 (one file per module); this build reads version ",
+                     kCheckpointVersion, " (a manifest and its parts)"));
+  }
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("format", "") != kManifestFormat) {
+    return bad("not a Loom checkpoint manifest");
+  }
+  if (!j.contains("version") || !j["version"].is_number_unsigned()) return bad("no version");
+  if (j["version"].get<uint64_t>() != kCheckpointVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", m->path, ": version ",
+                                                      j["version"].dump(), ", this build reads ",
+                                                      kCheckpointVersion));
+  }
+  if (!j.contains("module") || !j["module"].is_string() || !j.contains("step") ||
+      !j["step"].is_number_integer() || !j.contains("parts") || !j["parts"].is_array() ||
+      j["parts"].empty()) {
+    return bad("missing or mistyped module, step or parts");
+  }
+  if (j["module"].get<std::string>() != module) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", m->path, " holds module '",
+                                                   j["module"].get<std::string>(), "', not '",
+                                                   module, "'"));
+  }
+  m->step = j["step"].get<int64_t>();
+  for (const nlohmann::json& name : j["parts"]) {
+    if (!name.is_string() || name.get<std::string>().empty() ||
+        name.get<std::string>().find('/') != std::string::npos) {
+      return bad(absl::StrCat("part ", name.dump(), " is not a file name in the folder"));
+    }
+    m->parts.push_back(name.get<std::string>());
+  }
+  m->contents.resize(m->parts.size());
+  m->described = j.contains("contents");
+  if (m->described) {
+    const nlohmann::json& c = j["contents"];
+    if (!c.is_array() || c.size() != m->parts.size()) {
+      return bad("its contents are not one list per part");
+    }
+    for (size_t i = 0; i < m->parts.size(); ++i) {
+      if (!c[i].is_array()) return bad(absl::StrCat("the contents of part ", m->parts[i]));
+      int64_t elements = 0;
+      for (const nlohmann::json& entry : c[i]) {
+        CheckpointPart::Entry e;
+        if (!ParseEntry(entry, &e)) {
+          return bad(absl::StrCat("part ", m->parts[i], ": entry ", entry.dump(),
+                                  " is not a tensor, shape, lo and hi"));
+        }
+        if (std::string why = EntryError(e); !why.empty()) {
+          return bad(absl::StrCat("part ", m->parts[i], ": ", why));
+        }
+        elements += e.hi - e.lo;
+        if (elements > (int64_t{1} << 40))
+          return bad(absl::StrCat("part ", m->parts[i], ": bad tensor ranges"));
+        m->contents[i].push_back(std::move(e));
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < m->parts.size(); ++i) {
+    PartFile f;  // closed at the end of each turn
+    if (absl::Status s = OpenManifestPart(dir, module, *m, i, &f); !s.ok()) return s;
+    m->contents[i] = std::move(f.entries);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -372,104 +512,81 @@ absl::Status CheckpointPart::Write(const std::string& module, const std::string&
 }
 
 absl::Status WriteModuleManifest(const std::string& dir, const std::string& module, int64_t step,
-                                 const std::vector<std::string>& parts) {
+                                 const std::vector<std::string>& parts,
+                                 const std::vector<std::vector<CheckpointPart::Entry>>& contents) {
+  LOOM_CHECK(contents.empty() || contents.size() == parts.size())
+      << contents.size() << " contents for " << parts.size() << " parts";
   nlohmann::json j = {{"format", kManifestFormat},
                       {"version", kCheckpointVersion},
                       {"module", module},
                       {"step", step},
                       {"parts", parts}};
-  return WriteFileAtomically(ModuleManifestPath(dir, module), j.dump(1) + "\n");
+  std::string text = j.dump(1);
+  if (!contents.empty()) {         // one line per part: thousands of parts stay readable
+    text.resize(text.size() - 2);  // "\n}"
+    text += ",\n \"contents\": [";
+    for (size_t i = 0; i < contents.size(); ++i) {
+      nlohmann::json entries = nlohmann::json::array();
+      for (const CheckpointPart::Entry& e : contents[i]) entries.push_back(EntryJson(e));
+      absl::StrAppend(&text, i == 0 ? "\n  " : ",\n  ", entries.dump());
+    }
+    text += "\n ]\n}";
+  }
+  return WriteFileAtomically(ModuleManifestPath(dir, module), text + "\n");
+}
+
+absl::Status DescribeModuleParts(const std::string& dir, const std::string& module) {
+  Manifest m;
+  if (absl::Status s = ReadManifest(dir, module, &m); !s.ok()) return s;
+  if (m.described) return absl::OkStatus();
+  return WriteModuleManifest(dir, module, m.step, m.parts, m.contents);
 }
 
 absl::Status SaveModuleCheckpoint(const ParamSet& params, const std::string& module,
                                   const std::string& dir) {
-  const std::string part = ModulePartName(module, 0);
-  absl::Status s =
-      CheckpointPart::View(params, 0, params.size()).Write(module, absl::StrCat(dir, "/", part));
-  if (!s.ok()) return s;
-  return WriteModuleManifest(dir, module, params.step(), {part});
+  const std::string name = ModulePartName(module, 0);
+  const CheckpointPart part = CheckpointPart::View(params, 0, params.size());
+  if (absl::Status s = part.Write(module, absl::StrCat(dir, "/", name)); !s.ok()) return s;
+  return WriteModuleManifest(dir, module, params.step(), {name}, {part.entries()});
 }
 
 absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& module,
                                   ParamSet* params, bool whole_module) {
-  const std::string manifest_path = ModuleManifestPath(dir, module);
-  absl::StatusOr<std::string> text = ReadFile(manifest_path);
-  if (!text.ok()) {
-    return absl::Status(
-        text.status().code(),
-        absl::StrCat("checkpoint ", manifest_path, " cannot be read: ", text.status().message()));
-  }
+  Manifest m;
+  if (absl::Status s = ReadManifest(dir, module, &m); !s.ok()) return s;
   auto bad = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path, ": ", what));
+    return absl::DataLossError(absl::StrCat("checkpoint ", m.path, ": ", what));
   };
-  if (text->compare(0, 8, "LOOMCKPT") == 0) {  // version 1: the module in this one file
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", manifest_path,
-                     " is in format version 1 (one file per module); this build reads version ",
-                     kCheckpointVersion, " (a manifest and its parts)"));
-  }
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || j.value("format", "") != kManifestFormat) {
-    return bad("not a Loom checkpoint manifest");
-  }
-  if (!j.contains("version") || !j["version"].is_number_unsigned()) return bad("no version");
-  if (j["version"].get<uint64_t>() != kCheckpointVersion) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", manifest_path, ": version ",
-                                                      j["version"].dump(), ", this build reads ",
-                                                      kCheckpointVersion));
-  }
-  if (!j.contains("module") || !j["module"].is_string() || !j.contains("step") ||
-      !j["step"].is_number_integer() || !j.contains("parts") || !j["parts"].is_array() ||
-      j["parts"].empty()) {
-    return bad("missing or mistyped module, step or parts");
-  }
-  if (j["module"].get<std::string>() != module) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, " holds module '",
-                                                   j["module"].get<std::string>(), "', not '",
-                                                   module, "'"));
-  }
-  const int64_t step = j["step"].get<int64_t>();
-  std::vector<std::unique_ptr<PartFile>> parts;
+  // Coverage, from the manifest alone: every tensor of the set, of the
+  // model's master shape, covered exactly once.
   std::map<std::string, std::pair<Shape, std::vector<Piece>>> tensors;
-  for (const nlohmann::json& name : j["parts"]) {
-    if (!name.is_string() || name.get<std::string>().empty() ||
-        name.get<std::string>().find('/') != std::string::npos) {
-      return bad(absl::StrCat("part ", name.dump(), " is not a file name in the folder"));
-    }
-    parts.push_back(std::make_unique<PartFile>());
-    PartFile& f = *parts.back();
-    absl::Status s = OpenPart(absl::StrCat(dir, "/", name.get<std::string>()), module, &f);
-    if (!s.ok()) return s;
-    if (f.step != step) {
-      return bad(absl::StrCat("part ", f.path, " is of step ", f.step, ", the manifest's ", step));
-    }
-    int64_t at = 0;
-    for (const CheckpointPart::Entry& e : f.entries) {
+  for (const std::vector<CheckpointPart::Entry>& entries : m.contents) {
+    for (const CheckpointPart::Entry& e : entries) {
       auto& [shape, pieces] = tensors[e.name];
       if (!pieces.empty() && shape != e.shape) {
         return bad(absl::StrCat("tensor '", e.name, "' has two shapes in its parts"));
       }
       shape = e.shape;
-      pieces.push_back({&f, e.lo, e.hi, at});
-      at += e.hi - e.lo;
+      pieces.push_back({e.lo, e.hi});
     }
   }
   if (whole_module && tensors.size() != params->specs().size()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", manifest_path, " has ",
-                                                   tensors.size(), " tensors, the model has ",
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", m.path, " has ", tensors.size(),
+                                                   " tensors, the model has ",
                                                    params->specs().size()));
   }
-  std::vector<const std::vector<Piece>*> where;
-  for (const ParamSpec& s : params->specs()) {
+  std::map<std::string, size_t> index;  // tensor name -> the set's spec
+  for (size_t i = 0; i < params->specs().size(); ++i) {
+    const ParamSpec& s = params->specs()[i];
     auto it = tensors.find(s.name);
     if (it == tensors.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint ", manifest_path, " has no tensor '", s.name, "'"));
+          absl::StrCat("checkpoint ", m.path, " has no tensor '", s.name, "'"));
     }
     auto& [shape, pieces] = it->second;
     if (shape != s.master_shape) {
       return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint ", manifest_path, ": tensor '", s.name, "' ", ShapeString(shape),
+          absl::StrCat("checkpoint ", m.path, ": tensor '", s.name, "' ", ShapeString(shape),
                        " where the model has ", ShapeString(s.master_shape)));
     }
     std::sort(pieces.begin(), pieces.end(),
@@ -482,32 +599,73 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
     if (covered != Numel(shape)) {
       return bad(absl::StrCat("the parts do not cover tensor '", s.name, "' exactly once"));
     }
-    where.push_back(&pieces);
+    index[s.name] = i;
   }
-  // Array by array, in the parts' payload order, so each block is read once.
-  BlockCache cache;
+  // The rank's slices of each tensor, in master order (SliceRuns' order).
+  std::vector<std::vector<SliceRun>> runs(params->specs().size());
+  for (size_t i = 0; i < runs.size(); ++i) runs[i] = SliceRuns(params->specs()[i], params->shard());
+  // Calls `read(spec, run, from, to)` for each slice run of the set that
+  // elements [from, to) of entry `e` of a part fill.
+  auto for_each_overlap = [&](const CheckpointPart::Entry& e, auto&& read) -> absl::Status {
+    auto it = index.find(e.name);
+    if (it == index.end()) return absl::OkStatus();  // another stage's tensor
+    const std::vector<SliceRun>& r = runs[it->second];
+    auto run = std::partition_point(
+        r.begin(), r.end(), [&](const SliceRun& x) { return x.master_offset + x.length <= e.lo; });
+    for (; run != r.end() && run->master_offset < e.hi; ++run) {
+      const int64_t from = std::max(e.lo, run->master_offset);
+      const int64_t to = std::min(e.hi, run->master_offset + run->length);
+      if (from >= to) continue;
+      if (absl::Status s = read(it->second, *run, from, to); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  // Part by part, only those holding some of the rank's slices, one open at
+  // a time; within a part array by array in payload order, so each block is
+  // read once.
   const int arrays = params->frozen() ? 1 : 3;
-  for (int a = 0; a < arrays; ++a) {
-    float* base = a == 0   ? params->data().data()
-                  : a == 1 ? params->adam_m().data()
-                           : params->adam_v().data();
-    for (size_t i = 0; i < params->specs().size(); ++i) {
-      const ParamSpec& s = params->specs()[i];
-      for (const SliceRun& run : SliceRuns(s, params->shard())) {
-        const int64_t lo = run.master_offset, hi = run.master_offset + run.length;
-        for (const Piece& p : *where[i]) {
-          const int64_t from = std::max(lo, p.lo), to = std::min(hi, p.hi);
-          if (from >= to) continue;
-          const int64_t offset =
-              (a * p.part->elements + p.at + (from - p.lo)) * static_cast<int64_t>(sizeof(float));
-          char* dst = reinterpret_cast<char*>(base + s.offset + run.offset + (from - lo));
-          absl::Status st = cache.Read(*p.part, offset, dst, (to - from) * sizeof(float));
-          if (!st.ok()) return st;
-        }
+  for (size_t i = 0; i < m.parts.size(); ++i) {
+    bool needed = false;
+    for (const CheckpointPart::Entry& e : m.contents[i]) {
+      absl::Status s = for_each_overlap(e, [&](size_t, const SliceRun&, int64_t, int64_t) {
+        needed = true;
+        return absl::OkStatus();
+      });
+      if (!s.ok()) return s;
+    }
+    if (!needed) continue;
+    PartFile f;  // closed at the end of the turn
+    if (absl::Status s = OpenManifestPart(dir, module, m, i, &f); !s.ok()) return s;
+    bool same = f.entries.size() == m.contents[i].size();
+    for (size_t k = 0; same && k < f.entries.size(); ++k) {
+      same = SameEntry(f.entries[k], m.contents[i][k]);
+    }
+    if (!same) {
+      return absl::DataLossError(absl::StrCat("checkpoint part ", f.path,
+                                              ": its header's entries are not those the manifest ",
+                                              m.path, " lists for it"));
+    }
+    BlockCache cache;
+    for (int a = 0; a < arrays; ++a) {
+      float* base = a == 0   ? params->data().data()
+                    : a == 1 ? params->adam_m().data()
+                             : params->adam_v().data();
+      int64_t at = 0;  // the entry's first element in the part's arrays
+      for (const CheckpointPart::Entry& e : f.entries) {
+        absl::Status s =
+            for_each_overlap(e, [&](size_t spec, const SliceRun& run, int64_t from, int64_t to) {
+              const int64_t offset =
+                  (a * f.elements + at + (from - e.lo)) * static_cast<int64_t>(sizeof(float));
+              char* dst = reinterpret_cast<char*>(base + params->specs()[spec].offset + run.offset +
+                                                  (from - run.master_offset));
+              return cache.Read(f, offset, dst, (to - from) * static_cast<int64_t>(sizeof(float)));
+            });
+        if (!s.ok()) return s;
+        at += e.hi - e.lo;
       }
     }
   }
-  params->step() = step;
+  params->step() = m.step;
   return absl::OkStatus();
 }
 

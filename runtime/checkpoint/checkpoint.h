@@ -4,8 +4,21 @@
 //
 // In a step folder DIR:
 //   DIR/<module>.ckpt          the manifest (JSON): format, version, module,
-//                              optimizer step, the part files
+//                              optimizer step, the part files ("parts"), and
+//                              what each holds ("contents", optional)
 //   DIR/<module>.part-<i>      a part: some elements of some master tensors
+//
+// The manifest:
+//   {"format": "loom-checkpoint", "version": 2, "module": "llm", "step": 5,
+//    "parts": ["llm.part-0", "llm.part-1"],
+//    "contents": [[{"tensor": "embed.weight", "shape": [8, 4],
+//                   "lo": 0, "hi": 32}, ...],     part 0's entries
+//                 [...]]}                         part 1's
+// "contents", one list per part in the order of "parts", repeats each part's
+// header entries (below), so a load plans from the manifest alone and opens
+// only the parts that hold its slices. A manifest without it (written before
+// it existed, or by a writer that knows only the part names) still loads:
+// the loader then reads each part's header first, one file at a time.
 //
 // A part, version 2 (little-endian):
 //   "LOOMPART"                          8-byte magic
@@ -27,11 +40,14 @@
 // as it goes: no serialized copy, so the extra memory is a few pages. Loading
 // reads one verified block at a time into the rank's own slices (any TP
 // shard of any pipeline stage), so a checkpoint saved under one layout loads
-// under another and no rank holds the whole module. Each file is written
-// atomically (PATH.tmp, fsync, rename, fsync the folder). Loading checks the
-// manifest, every part's header, the module, every tensor's name and master
-// shape, that the parts cover each tensor exactly once, and every block's
-// checksum, and says which failed.
+// under another and no rank holds the whole module. It opens only the parts
+// that hold the rank's slices, one at a time (at most one part file is open
+// at once, whatever the number of parts). Each file is written atomically
+// (PATH.tmp, fsync, rename, fsync the folder). Loading checks the manifest,
+// the module, every tensor's name and master shape, that the parts cover
+// each tensor exactly once, that every part it opens has the header the
+// manifest describes, and every block's checksum it reads, and says which
+// failed.
 #ifndef LOOM_RUNTIME_CHECKPOINT_CHECKPOINT_H_
 #define LOOM_RUNTIME_CHECKPOINT_CHECKPOINT_H_
 
@@ -70,6 +86,8 @@ class CheckpointPart {
   // Writes the part to `path` atomically (a module name, as its manifest's).
   absl::Status Write(const std::string& module, const std::string& path) const;
 
+  // What the part holds, in payload order (its header's entries).
+  const std::vector<Entry>& entries() const { return entries_; }
   int64_t elements() const { return elements_; }
   int64_t step() const { return step_; }
   // Bytes this part holds in memory of its own (a snapshot's copies).
@@ -88,9 +106,19 @@ class CheckpointPart {
 std::pair<int64_t, int64_t> PartRange(int64_t total, int index, int count);
 
 // DIR/<module>.ckpt naming `parts` (file names within DIR), written
-// atomically.
-absl::Status WriteModuleManifest(const std::string& dir, const std::string& module, int64_t step,
-                                 const std::vector<std::string>& parts);
+// atomically; `contents`, if not empty, says what each part holds (its
+// entries(), one list per part). A manifest without contents loads, with a
+// header read of every part first (DescribeModuleParts adds them).
+absl::Status WriteModuleManifest(
+    const std::string& dir, const std::string& module, int64_t step,
+    const std::vector<std::string>& parts,
+    const std::vector<std::vector<CheckpointPart::Entry>>& contents = {});
+
+// Adds the contents to a manifest in DIR that names its parts only, reading
+// each part's header once, one file at a time (the part files must all be
+// written). Checks each part's module and step. A manifest that has its
+// contents is left as it is.
+absl::Status DescribeModuleParts(const std::string& dir, const std::string& module);
 
 // One process's whole module (`params` of TP size 1) as one part and its
 // manifest in DIR.

@@ -1,6 +1,10 @@
 #include "runtime/checkpoint/checkpoint.h"
 
+#include <sys/resource.h>
+
+#include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -193,6 +197,212 @@ TEST(CheckpointTest, DetectsCorruptionAndTruncationInAnyBlock) {
   absl::Status s = load();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("version 1"), absl::string_view::npos) << s;
+}
+
+// Lowers the soft RLIMIT_NOFILE for its lifetime (a process at the usual
+// 1,024 with more parts than that is the case it stands for).
+class OpenFileLimit {
+ public:
+  explicit OpenFileLimit(rlim_t soft) {
+    EXPECT_EQ(getrlimit(RLIMIT_NOFILE, &saved_), 0);
+    rlimit low = saved_;
+    low.rlim_cur = soft;
+    EXPECT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  }
+  ~OpenFileLimit() { EXPECT_EQ(setrlimit(RLIMIT_NOFILE, &saved_), 0); }
+
+ private:
+  rlimit saved_{};
+};
+
+// The layouts a saved module loads into: TP degree, rank, and the layers of
+// a pipeline stage ([first, last) of Make's 3).
+struct Layout {
+  int tp, rank, first, last;
+};
+
+std::vector<Layout> Layouts() {
+  std::vector<Layout> out;
+  for (int tp : {1, 2}) {
+    for (auto [first, last] : {std::pair{0, 3}, std::pair{0, 1}, std::pair{1, 3}}) {
+      for (int r = 0; r < tp; ++r) out.push_back({tp, r, first, last});
+    }
+  }
+  return out;
+}
+
+constexpr int64_t kManyRows = 1024;  // embed: 4,096 elements, about 2 per part
+constexpr int kManyParts = 2048;
+
+// `a` saved as `count` parts cut as the ranks cut them, with a manifest
+// naming them.
+std::vector<std::string> SaveAsParts(const ParamSet& a, const std::string& dir, int count) {
+  std::vector<std::string> names;
+  for (int k = 0; k < count; ++k) {
+    const auto [begin, end] = PartRange(a.size(), k, count);
+    names.push_back(ModulePartName("llm", k));
+    absl::Status s = CheckpointPart::View(a, begin, end).Write("llm", dir + "/" + names.back());
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return names;
+}
+
+// 2,048 parts load into every layout while the process may hold only 64
+// files open, and equal what a load without the limit reads: from a
+// manifest naming the parts only (every header read, one at a time), and
+// from the same manifest once DescribeModuleParts (run under the limit too)
+// has added what each part holds.
+TEST(CheckpointTest, ThousandsOfPartsLoadUnderALowOpenFileLimit) {
+  ParamSet a = Make({}, 0, kManyRows);
+  FillAdam(&a);
+  a.step() = 9;
+  const std::string dir = Dir("many");
+  const std::vector<std::string> names = SaveAsParts(a, dir, kManyParts);
+  ASSERT_TRUE(WriteModuleManifest(dir, "llm", 9, names).ok());
+  for (bool described : {false, true}) {
+    if (described) {
+      OpenFileLimit limit(64);
+      absl::Status s = DescribeModuleParts(dir, "llm");
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    for (const Layout& l : Layouts()) {
+      const bool whole = l.first == 0 && l.last == 3;
+      ParamSet free = Make({l.rank, l.tp}, 0, kManyRows, l.first, l.last);
+      absl::Status s = LoadModuleCheckpoint(dir, "llm", &free, whole);
+      ASSERT_TRUE(s.ok()) << s;
+      ParamSet want = Make({l.rank, l.tp}, 0, kManyRows, l.first, l.last);
+      want.SliceFromMaster(a);
+      ParamSet got = Make({l.rank, l.tp}, 0, kManyRows, l.first, l.last);
+      {
+        OpenFileLimit limit(64);
+        s = LoadModuleCheckpoint(dir, "llm", &got, whole);
+      }
+      ASSERT_TRUE(s.ok()) << s << " described " << described << " tp " << l.tp << " rank " << l.rank
+                          << " layers " << l.first << ".." << l.last;
+      EXPECT_EQ(got.data(), want.data());
+      EXPECT_EQ(got.data(), free.data());
+      EXPECT_EQ(got.adam_m(), free.adam_m());
+      EXPECT_EQ(got.adam_v(), free.adam_v());
+      EXPECT_EQ(got.step(), 9);
+    }
+  }
+}
+
+// The parts of `count` cut from `master` that hold some of the slices of
+// `slice` (a TP shard of some of master's tensors).
+std::set<int> PartsHolding(const ParamSet& master, const ParamSet& slice, int count) {
+  std::set<int> out;
+  for (const ParamSpec& s : slice.specs()) {
+    const int64_t base = master.specs()[master.Find(s.name)].offset;
+    for (const SliceRun& r : SliceRuns(s, slice.shard())) {
+      const int64_t lo = base + r.master_offset, hi = lo + r.length;
+      for (int k = 0; k < count; ++k) {
+        const auto [begin, end] = PartRange(master.size(), k, count);
+        if (begin < hi && lo < end) out.insert(k);
+      }
+    }
+  }
+  return out;
+}
+
+// A load opens only the parts that hold the rank's slices: with every other
+// part moved out of the folder, it still loads. A manifest naming the parts
+// only cannot (it reads every header), which shows the others are missing.
+TEST(CheckpointTest, ALoadOpensOnlyThePartsHoldingTheRanksSlices) {
+  constexpr int kParts = 64;
+  ParamSet a = Make({}, 0, kManyRows);
+  FillAdam(&a);
+  a.step() = 4;
+  const std::string dir = Dir("few"), aside = Dir("few-aside");
+  std::vector<std::string> names;
+  std::vector<std::vector<CheckpointPart::Entry>> contents;
+  for (int k = 0; k < kParts; ++k) {
+    const auto [begin, end] = PartRange(a.size(), k, kParts);
+    const CheckpointPart part = CheckpointPart::Snapshot(a, begin, end);
+    names.push_back(ModulePartName("llm", k));
+    contents.push_back(part.entries());
+    ASSERT_TRUE(part.Write("llm", dir + "/" + names.back()).ok());
+  }
+  for (const Layout& l : Layouts()) {
+    const bool whole = l.first == 0 && l.last == 3;
+    ParamSet got = Make({l.rank, l.tp}, 0, kManyRows, l.first, l.last);
+    const std::set<int> held = PartsHolding(a, got, kParts);
+    ASSERT_FALSE(held.empty());
+    if (l.first == 1) {
+      EXPECT_LT(held.size(), kParts / 4) << "a stage after the embedding";
+    }
+    for (int k = 0; k < kParts; ++k) {
+      if (held.count(k) == 0) {
+        ASSERT_EQ(std::rename((dir + "/" + names[k]).c_str(), (aside + "/" + names[k]).c_str()), 0);
+      }
+    }
+    ASSERT_TRUE(WriteModuleManifest(dir, "llm", 4, names, contents).ok());
+    absl::Status s = LoadModuleCheckpoint(dir, "llm", &got, whole);
+    EXPECT_TRUE(s.ok()) << s << " tp " << l.tp << " rank " << l.rank << " layers " << l.first
+                        << ".." << l.last << ": " << held.size() << " parts of " << kParts;
+    ParamSet want = Make({l.rank, l.tp}, 0, kManyRows, l.first, l.last);
+    want.SliceFromMaster(a);
+    EXPECT_EQ(got.data(), want.data());
+    if (held.size() < kParts) {
+      ASSERT_TRUE(WriteModuleManifest(dir, "llm", 4, names).ok());
+      ParamSet other = Make({l.rank, l.tp}, 0, kManyRows, l.first, l.last);
+      EXPECT_EQ(LoadModuleCheckpoint(dir, "llm", &other, whole).code(),
+                absl::StatusCode::kNotFound);
+    }
+    for (int k = 0; k < kParts; ++k) {
+      if (held.count(k) == 0) {
+        ASSERT_EQ(std::rename((aside + "/" + names[k]).c_str(), (dir + "/" + names[k]).c_str()), 0);
+      }
+    }
+  }
+}
+
+// A manifest as this format's writers made it before it had contents (the
+// part names only) still loads, under any layout; DescribeModuleParts adds
+// the contents. A part whose header disagrees with the contents is named.
+TEST(CheckpointTest, AManifestNamingItsPartsOnlyStillLoads) {
+  ParamSet a = Make();
+  FillAdam(&a);
+  a.step() = 6;
+  const std::string dir = Dir("names-only");
+  const std::vector<std::string> names = SaveAsParts(a, dir, 3);
+  // Byte for byte what WriteModuleManifest wrote before "contents".
+  Spit(dir + "/llm.ckpt",
+       "{\n \"format\": \"loom-checkpoint\",\n \"module\": \"llm\",\n \"parts\": [\n"
+       "  \"llm.part-0\",\n  \"llm.part-1\",\n  \"llm.part-2\"\n ],\n \"step\": 6,\n"
+       " \"version\": 2\n}\n");
+  auto load_all = [&] {
+    for (const Layout& l : Layouts()) {
+      ParamSet want = Make({l.rank, l.tp}, 0, 8, l.first, l.last);
+      want.SliceFromMaster(a);
+      ParamSet got = Make({l.rank, l.tp}, 0, 8, l.first, l.last);
+      absl::Status s = LoadModuleCheckpoint(dir, "llm", &got, l.first == 0 && l.last == 3);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(got.data(), want.data());
+      EXPECT_EQ(got.adam_m(), want.adam_m());
+      EXPECT_EQ(got.adam_v(), want.adam_v());
+      EXPECT_EQ(got.step(), 6);
+    }
+  };
+  load_all();
+  const std::string old = Slurp(dir + "/llm.ckpt");
+  ASSERT_TRUE(DescribeModuleParts(dir, "llm").ok());
+  const std::string described = Slurp(dir + "/llm.ckpt");
+  EXPECT_NE(described.find("\"contents\""), std::string::npos) << described;
+  load_all();
+  ASSERT_TRUE(DescribeModuleParts(dir, "llm").ok());  // described already: unchanged
+  EXPECT_EQ(Slurp(dir + "/llm.ckpt"), described);
+  // Part 1 replaced by another cut of the module: its header no longer is
+  // what the manifest says.
+  const auto [begin, end] = PartRange(a.size(), 0, 2);
+  ASSERT_TRUE(CheckpointPart::View(a, begin, end).Write("llm", dir + "/" + names[1]).ok());
+  ParamSet b = Make();
+  absl::Status s = LoadModuleCheckpoint(dir, "llm", &b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(names[1]), absl::string_view::npos) << s;
+  Spit(dir + "/llm.ckpt", old);  // from the headers: the cut no longer covers the module
+  s = LoadModuleCheckpoint(dir, "llm", &b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
 }
 
 TEST(CheckpointTest, AFrozenSetSavesZeroAdamStateAndLoadsTheWeightsOnly) {

@@ -25,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
+#include "runtime/base/open_files.h"
 #include "runtime/data/loader.h"
 #include "runtime/hf/model_flags.h"
 #include "runtime/hf/pretrained.h"
@@ -81,6 +82,7 @@ std::string CursorPath(const std::string& dir, int64_t step) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("loom-train-local: single-process multimodal training.");
   absl::ParseCommandLine(argc, argv);
+  loom::RaiseOpenFileLimit();  // as every Loom service does (InitService)
   const loom::hf::ModelSource source = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
   absl::StatusOr<loom::hf::PretrainedModel> pretrained = loom::hf::ResolveModel(source);
   if (!pretrained.ok()) {
