@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -152,19 +153,26 @@ std::string ProgressLine(const loom::scheduler::v1::StepReport& r, int64_t end) 
   const double s = r.seconds() > 0 ? r.seconds() : 1e-9;
   return absl::StrFormat(
       "iter %6d%s  loss %.4f  %7.1f samples/s  %9.0f tokens/s  imbalance %.4f  grad_norm %.3f  "
-      "%.3f s",
+      "%.3f s%s",
       r.iteration() + 1, end > 0 ? absl::StrCat("/", end) : "", r.loss(), r.samples() / s,
-      r.tokens() / s, r.microbatch_imbalance(), r.grad_norm(), r.seconds());
+      r.tokens() / s, r.microbatch_imbalance(), r.grad_norm(), r.seconds(),
+      r.skipped() ? "  skipped (not finite: no optimizer step)" : "");
+}
+
+// JSON has no NaN: a skipped step's non-finite loss or norm is null.
+std::string JsonNumber(double v, int digits) {
+  return std::isfinite(v) ? absl::StrFormat("%.*f", digits, v) : std::string("null");
 }
 
 std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
   return absl::StrFormat(
-      "{\"iteration\":%d,\"step\":%d,\"loss\":%.6f,\"samples\":%d,\"tokens\":%d,"
-      "\"loss_tokens\":%d,\"grad_norm\":%.6f,\"lr\":%.6g,\"seconds\":%.6f,"
-      "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f}",
-      r.iteration(), r.iteration() + 1, r.loss(), r.samples(), r.tokens(), r.loss_tokens(),
-      r.grad_norm(), r.lr(), r.seconds(), r.seconds() > 0 ? r.samples() / r.seconds() : 0.0,
-      r.microbatch_imbalance());
+      "{\"iteration\":%d,\"step\":%d,\"loss\":%s,\"samples\":%d,\"tokens\":%d,"
+      "\"loss_tokens\":%d,\"grad_norm\":%s,\"lr\":%.6g,\"seconds\":%.6f,"
+      "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f%s}",
+      r.iteration(), r.iteration() + 1, JsonNumber(r.loss(), 6), r.samples(), r.tokens(),
+      r.loss_tokens(), JsonNumber(r.grad_norm(), 6), r.lr(), r.seconds(),
+      r.seconds() > 0 ? r.samples() / r.seconds() : 0.0, r.microbatch_imbalance(),
+      r.skipped() ? ",\"skipped\":true" : "");
 }
 
 // What the watching thread hands the main thread.

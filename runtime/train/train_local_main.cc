@@ -16,6 +16,7 @@
 // (runtime/data), shuffled by --seed, and checkpoints also hold the data
 // cursor (step-N/data_cursor.binpb) so a resumed run continues with exactly
 // the next sample.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,6 +24,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
 #include "runtime/base/open_files.h"
@@ -50,6 +53,10 @@ ABSL_FLAG(int, microbatches, 2, "Microbatches per global batch.");
 ABSL_FLAG(double, lr, 1e-3, "Peak AdamW learning rate.");
 ABSL_FLAG(int, warmup_steps, 10, "Linear learning-rate warm-up steps.");
 ABSL_FLAG(double, clip_norm, 1.0, "Global gradient-norm clip; <= 0 disables.");
+ABSL_FLAG(int, max_skipped_steps, 10,
+          "Steps with a non-finite loss or gradient norm are skipped (no optimizer step) up to "
+          "this many times; the next one ends the run: \"loss diverged at step N\" (the job "
+          "config's train.max_skipped_steps).");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
 ABSL_FLAG(std::string, weight_decay_scope, "matrices",
           "Which tensors --weight_decay shrinks: matrices (the weight matrices; never norms, "
@@ -200,6 +207,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "loom-train-local: resumed from step %d\n", first_step);
   }
 
+  int skipped = 0;
   for (int s = first_step; s < steps; ++s) {
     std::vector<loom::Sample> global_batch;
     for (int i = 0; i < batch; ++i) {
@@ -212,12 +220,23 @@ int main(int argc, char** argv) {
       global_batch.push_back(std::move(sample->sample));
     }
     loom::StepStats st = trainer.Step(global_batch);
+    // JSON has no NaN: a skipped step's non-finite values print as null.
+    auto number = [](double v, int digits) {
+      return std::isfinite(v) ? absl::StrFormat("%.*f", digits, v) : std::string("null");
+    };
     std::printf(
-        "{\"step\":%lld,\"loss\":%.6f,\"samples\":%lld,\"tokens\":%lld,\"step_seconds\":%.4f,"
-        "\"grad_norm\":%.4f,\"lr\":%.6g}\n",
-        static_cast<long long>(st.step), st.loss, static_cast<long long>(st.samples),
-        static_cast<long long>(st.tokens), st.seconds, st.grad_norm, st.lr);
+        "{\"step\":%lld,\"loss\":%s,\"samples\":%lld,\"tokens\":%lld,\"step_seconds\":%.4f,"
+        "\"grad_norm\":%s,\"lr\":%.6g%s}\n",
+        static_cast<long long>(st.step), number(st.loss, 6).c_str(),
+        static_cast<long long>(st.samples), static_cast<long long>(st.tokens), st.seconds,
+        number(st.grad_norm, 4).c_str(), st.lr, st.skipped ? ",\"skipped\":true" : "");
     std::fflush(stdout);
+    if (st.skipped && ++skipped > absl::GetFlag(FLAGS_max_skipped_steps)) {
+      return Fail(absl::StrCat("loss diverged at step ", st.step, ": ", skipped,
+                               " steps with a non-finite loss or gradient norm "
+                               "(--max_skipped_steps ",
+                               absl::GetFlag(FLAGS_max_skipped_steps), ")"));
+    }
     if (every > 0 && st.step % every == 0) {
       std::vector<std::pair<std::string, std::string>> extra;
       if (loader != nullptr)

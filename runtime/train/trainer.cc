@@ -76,8 +76,11 @@ StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
   // come back, its new weights go out).
   model_->PullGrads();
   st.grad_norm = std::sqrt(GradSumOfSquares(model_->param_sets()));
-  st.lr = OptimizerStep(model_->param_sets(), options_, step_, st.grad_norm);
-  model_->PushData();
+  st.skipped = !StepIsFinite(st.loss, st.grad_norm);
+  if (!st.skipped) {
+    st.lr = OptimizerStep(model_->param_sets(), options_, step_, st.grad_norm);
+    model_->PushData();
+  }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }

@@ -9,6 +9,7 @@
 #ifndef LOOM_RUNTIME_TRAIN_TRAINER_H_
 #define LOOM_RUNTIME_TRAIN_TRAINER_H_
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -29,6 +30,14 @@ struct TrainOptions {
   double clip_norm = 1.0;  // <= 0: no clipping
 };
 
+// A step whose loss or gradient norm is not finite is skipped: no optimizer
+// step on any rank (weights, AdamW moments and the AdamW step count stay as
+// they were), so one diverging batch cannot poison the model. Every trainer
+// decides from the same global sums, so every rank skips alike.
+inline bool StepIsFinite(double loss, double grad_norm) {
+  return std::isfinite(loss) && std::isfinite(grad_norm);
+}
+
 struct StepStats {
   int64_t step = 0;  // 1-based
   double loss = 0;   // mean over the global batch's loss tokens
@@ -36,7 +45,8 @@ struct StepStats {
   int64_t tokens = 0;  // packed LLM tokens (text + image)
   int64_t loss_tokens = 0;
   double grad_norm = 0;  // before clipping
-  double lr = 0;
+  double lr = 0;         // 0 when skipped
+  bool skipped = false;  // !StepIsFinite(loss, grad_norm): no optimizer step
   double seconds = 0;
 };
 

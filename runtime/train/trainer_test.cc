@@ -1,6 +1,9 @@
 #include "runtime/train/trainer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -28,6 +31,54 @@ std::vector<double> Train(int steps, int microbatches, uint64_t seed, bool shuff
     losses.push_back(trainer.Step(batch).loss);
   }
   return losses;
+}
+
+// A step whose loss or gradient norm is not finite changes nothing: no
+// weight, no AdamW moment, no AdamW step count; the next finite step trains.
+TEST(TrainerTest, ANonFiniteStepIsSkipped) {
+  ModelConfig c = *ModelConfigByName("tiny");
+  MultimodalModel model(c);
+  model.Initialize(5);
+  SyntheticCaptions data(c, 5, false);
+  LocalTrainer trainer(&model, TrainOptions());
+  std::vector<Sample> batch;
+  for (int i = 0; i < 8; ++i) batch.push_back(data.Get(i));
+  ASSERT_FALSE(trainer.Step(batch).skipped);
+
+  ParamSet& llm = *model.param_sets()[static_cast<int>(Module::kLlm)];
+  const std::vector<float> kept = llm.data();
+  std::fill(llm.data().begin(), llm.data().end(), std::numeric_limits<float>::infinity());
+  llm.PushData();  // a NaN loss
+  std::vector<std::vector<float>> before;
+  std::vector<int64_t> steps;
+  for (ParamSet* p : model.param_sets()) {
+    before.push_back(p->data());
+    before.push_back(p->adam_m());
+    before.push_back(p->adam_v());
+    steps.push_back(p->step());
+  }
+  const StepStats st = trainer.Step(batch);
+  EXPECT_TRUE(st.skipped);
+  EXPECT_FALSE(std::isfinite(st.loss) && std::isfinite(st.grad_norm));
+  EXPECT_EQ(st.lr, 0.0);
+  size_t k = 0, j = 0;
+  for (ParamSet* p : model.param_sets()) {
+    for (const std::vector<float>* v : {&p->data(), &p->adam_m(), &p->adam_v()}) {
+      const std::vector<float>& was = before[k++];
+      ASSERT_EQ(v->size(), was.size());
+      for (size_t i = 0; i < was.size(); ++i) {
+        ASSERT_TRUE(v->at(i) == was[i] || (std::isnan(v->at(i)) && std::isnan(was[i])))
+            << "element " << i << " changed in a skipped step";
+      }
+    }
+    EXPECT_EQ(p->step(), steps[j++]) << "AdamW's step count moved";
+  }
+  llm.data() = kept;
+  llm.PushData();
+  const StepStats next = trainer.Step(batch);
+  EXPECT_FALSE(next.skipped);
+  EXPECT_TRUE(std::isfinite(next.loss));
+  EXPECT_GT(next.lr, 0.0);
 }
 
 TEST(TrainerTest, SameSeedSameLosses) {

@@ -148,6 +148,13 @@ absl::Status ControlClient::Watch(const std::string& job_id, int64_t after_itera
       }
       finished = IsFinalJobState(state);
     }
+    // Finish() waits for the server's status, which follows any message
+    // still in flight: a final state is the stream's last word, but drain
+    // whatever came with it.
+    if (finished && !quit) {
+      while (reader->Read(&e)) {
+      }
+    }
     done.store(true);
     if (canceller.joinable()) canceller.join();
     grpc::Status s = reader->Finish();

@@ -485,10 +485,10 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   }
   steps_.push_back(r);
   if (steps_.size() > kRetainedSteps) steps_.pop_front();
-  if (r.skipped()) SkippedStepLocked(r);
   clock_.AddIteration(r.iteration(), r.seconds());
   effective_->Set(clock_.Read(absl::Now()).effective_ratio());
   AddEventLocked(control::v1::JobEvent::KIND_STEP, &r, 0);
+  if (r.skipped()) SkippedStepLocked(r);  // after the step's event: a failure ends the watch
   MaybeSucceedLocked();
   lock.Release();
   ObserveStepMetrics(r);

@@ -27,6 +27,7 @@ struct Fault {
   std::string phase;
   int64_t iteration = 0;
   int signal = SIGKILL;  // 0: hang (the calling thread sleeps for good)
+  bool nan = false;      // the caller's gradients turn NaN, every time
 };
 
 std::vector<Fault> ParseFaults() {
@@ -43,12 +44,15 @@ std::vector<Fault> ParseFaults() {
     bool known_phase = false;
     for (const char* p : kFaultPhases) known_phase = known_phase || (f.size() > 2 && f[2] == p);
     if (ok && f.size() == 5) {
-      ok = f[4] == "kill" || f[4] == "stop" || f[4] == "hang";
+      ok = f[4] == "kill" || f[4] == "stop" || f[4] == "hang" ||
+           (f[4] == "nan" && f[2] == "allreduce");
       fault.signal = f[4] == "stop" ? SIGSTOP : f[4] == "hang" ? 0 : SIGKILL;
+      fault.nan = f[4] == "nan";
     }
     if (!ok || !known_phase) {
-      LOOM_LOG(ERROR).With("entry", fault.entry) << "LOOM_FAULTS: ignoring an entry that is not "
-                                                    "ROLE:RANK:PHASE:ITERATION[:kill|stop|hang]";
+      LOOM_LOG(ERROR).With("entry", fault.entry)
+          << "LOOM_FAULTS: ignoring an entry that is not "
+             "ROLE:RANK:PHASE:ITERATION[:kill|stop|hang], or ROLE:RANK:allreduce:ITERATION:nan";
       continue;
     }
     fault.role = f[0];
@@ -60,11 +64,17 @@ std::vector<Fault> ParseFaults() {
 
 }  // namespace
 
-void MaybeInjectFault(absl::string_view role, int rank, absl::string_view phase,
+bool MaybeInjectFault(absl::string_view role, int rank, absl::string_view phase,
                       int64_t iteration) {
   static const std::vector<Fault>* faults = new std::vector<Fault>(ParseFaults());
+  bool nan = false;
   for (const Fault& f : *faults) {
     if (f.role != role || f.rank != rank || f.phase != phase || f.iteration != iteration) continue;
+    if (f.nan) {
+      LOOM_LOG(WARNING).With("entry", f.entry) << "injecting NaN gradients";
+      nan = true;
+      continue;
+    }
     const char* dir = std::getenv("LOOM_FAULTS_FIRED");
     if (dir == nullptr || *dir == '\0') {
       LOOM_LOG(ERROR).With("entry", f.entry) << "LOOM_FAULTS without LOOM_FAULTS_FIRED: ignored";
@@ -86,6 +96,7 @@ void MaybeInjectFault(absl::string_view role, int rank, absl::string_view phase,
     }
     raise(f.signal);
   }
+  return nan;
 }
 
 }  // namespace loom

@@ -7,11 +7,14 @@
 // Each entry is ROLE:RANK:PHASE:ITERATION[:ACTION]: ROLE encoder_worker or
 // llm_worker, RANK the worker's rank, PHASE one of kFaultPhases, ITERATION
 // 0-based, ACTION kill (SIGKILL, the default), stop (SIGSTOP: the process
-// hangs) or hang (the training thread sleeps for good while the process
-// answers its health checks).
-// An entry fires once: DIR/<entry> is created first, so the restarted
-// process runs past the same point. Without LOOM_FAULTS nothing happens;
-// a malformed entry, or no LOOM_FAULTS_FIRED, is logged and ignored.
+// hangs), hang (the training thread sleeps for good while the process
+// answers its health checks) or nan (PHASE allreduce only: the worker's
+// gradients turn NaN before they are summed, as a diverging batch's do).
+// A kill, stop or hang entry fires once: DIR/<entry> is created first, so
+// the restarted process runs past the same point. A nan entry fires every
+// time its iteration runs (a replay diverges again, as real data would).
+// Without LOOM_FAULTS nothing happens; a malformed entry, or no
+// LOOM_FAULTS_FIRED for an entry that needs it, is logged and ignored.
 #ifndef LOOM_SERVICES_WORKER_FAULT_INJECTION_H_
 #define LOOM_SERVICES_WORKER_FAULT_INJECTION_H_
 
@@ -28,8 +31,9 @@ namespace loom {
 inline constexpr const char* kFaultPhases[] = {"forward", "transfer", "allreduce", "checkpoint"};
 
 // Fires the entry of LOOM_FAULTS matching (role, rank, phase, iteration),
-// if any has not fired yet. `role` as RoleLabel() names it.
-void MaybeInjectFault(absl::string_view role, int rank, absl::string_view phase, int64_t iteration);
+// if any has not fired yet. `role` as RoleLabel() names it. True when a nan
+// entry matches: the caller makes its gradients NaN.
+bool MaybeInjectFault(absl::string_view role, int rank, absl::string_view phase, int64_t iteration);
 
 }  // namespace loom
 

@@ -264,6 +264,13 @@ void TrainingWorker::Impl::RegisterMetrics() {
                     .Help("Training iterations this worker finished.")
                     .Register(r)
                     .Add(labels);
+  skipped_steps = &prometheus::BuildCounter()
+                       .Name("loom_worker_skipped_steps_total")
+                       .Help(
+                           "Iterations whose loss or gradient norm was not finite: no "
+                           "optimizer step (train.max_skipped_steps).")
+                       .Register(r)
+                       .Add(labels);
   compute_seconds = &prometheus::BuildCounter()
                          .Name("loom_worker_compute_seconds_total")
                          .Help("Time spent computing forward, backward and recompute.")
@@ -390,7 +397,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
                                           &samples, &loss_tokens);
   if (!s.ok()) return s;
 
-  InjectFault("allreduce", d.iteration);
+  const bool poison = InjectFault("allreduce", d.iteration);
   const auto w0 = Clock::now();
   const double a0 = trace::NowMicros();
   for (ParamSet* p : sets) {
@@ -415,6 +422,12 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
       if (set_tp[i] != nullptr || pos.tp == 0) sq += sets[i]->OwnedGradSumOfSquares();
     }
   }
+  if (poison) {  // LOOM_FAULTS nan: this rank's gradients, and so the norm, turn NaN
+    for (ParamSet* p : sets) {
+      if (!p->frozen() && p->size() > 0) p->grads()[0] = std::nanf("");
+    }
+    sq = std::nan("");
+  }
   const bool counts = pos.tp == 0 && last_stage();
   double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, counts ? loss_sum : 0.0,
                        counts ? tokens : 0.0, counts ? samples : 0.0};
@@ -423,9 +436,18 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   Span("allreduce", a0, d.iteration, "allreduce gradients");
   const double o0 = trace::NowMicros();
   const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
-  const double lr = OptimizerStep(sets, train, step, grad_norm);
-  for (ParamSet* p : sets) {
-    if (!p->frozen()) p->PushData();  // the stepped weights where the layers read them
+  // Every rank holds the job's sums now, so every rank decides alike.
+  const bool skipped = !StepIsFinite(scalars[2], grad_norm);
+  double lr = 0;
+  if (skipped) {
+    skipped_steps->Increment();
+    LOOM_LOG(WARNING).With("step", step).With("grad_norm", grad_norm)
+        << "non-finite loss or gradient norm: no optimizer step";
+  } else {
+    lr = OptimizerStep(sets, train, step, grad_norm);
+    for (ParamSet* p : sets) {
+      if (!p->frozen()) p->PushData();  // the stepped weights where the layers read them
+    }
   }
   Span("optimizer", o0, d.iteration, "optimizer");
   if (!trace_path.empty()) {
@@ -470,6 +492,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     report.set_lr(lr);
     report.set_seconds(seconds);
     report.set_microbatch_imbalance(d.assignment.summary().objective());
+    report.set_skipped(skipped);
     StallWatch::Waiting waiting(stall.get());
     if (s = scheduler->ReportStep(report); !s.ok()) return s;
   }

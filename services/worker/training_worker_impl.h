@@ -191,6 +191,8 @@ struct TrainingWorker::Impl {
   bool stalled = false;  // the watcher's: answering NOT_SERVING for a stall
 
   prometheus::Counter* iterations = nullptr;
+  // Steps skipped (a non-finite loss or gradient norm: no optimizer step).
+  prometheus::Counter* skipped_steps = nullptr;
   prometheus::Counter* compute_seconds = nullptr;
   prometheus::Counter* wait_seconds = nullptr;
   prometheus::Counter* bubble_seconds = nullptr;
@@ -242,9 +244,10 @@ struct TrainingWorker::Impl {
   // groups from rank 0. No group spans the job: no rendezvous, key or ring
   // grows with the job's size.
   absl::Status JobSum(double* v, int n);
-  // LOOM_FAULTS (fault_injection.h) for this rank.
-  void InjectFault(const char* phase, int64_t iteration) const {
-    MaybeInjectFault(RoleLabel(options.role), options.rank, phase, iteration);
+  // LOOM_FAULTS (fault_injection.h) for this rank; true: make the
+  // gradients NaN (a nan entry).
+  bool InjectFault(const char* phase, int64_t iteration) const {
+    return MaybeInjectFault(RoleLabel(options.role), options.rank, phase, iteration);
   }
   // One iteration's stages. `compute` gets forward, backward and recompute
   // seconds, `wait` receives and collectives, `bubble` the idle part of the
