@@ -7,7 +7,10 @@
 // from the registrations, a stopped or hung process answers nothing, and no
 // worker needs a thread of its own for it. A refused connection is final at
 // once (the process is gone; its port is closed); a silence counts only
-// after a whole lease.
+// after a whole lease. A round asks every holder at once (at most
+// kMaxProbesInFlight probes in flight, each with its own deadline) over a
+// channel kept per endpoint, so that at thousands of ranks a round stays
+// well inside a lease and costs no TLS handshake per probe.
 //
 // A lost worker starts a recovery in place: the job's generation rises,
 // its rank is free for a replacement, and the job rolls back to the newest
@@ -31,7 +34,7 @@
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/steps.h"
 #include "services/common/grpc_status.h"
-#include "services/common/health_client.h"
+#include "services/common/health_prober.h"
 #include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
 
@@ -99,6 +102,7 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   // From the newest complete checkpoint, or from the start of this run.
   const int64_t from = std::max(last_checkpoint_, options_.start_iteration);
   start_iteration_ = from;
+  PublishRegroupLocked();  // the GetGeneration calls held answer now
   assignments_by_iteration_.clear();
   newest_ = -1;
   ahead_.clear();  // computed from the old generation's data order
@@ -178,16 +182,28 @@ void SchedulerServiceImpl::ObserveRecovery(const char* part, absl::Time begin, a
 
 void SchedulerServiceImpl::WatchLeases() {
   const absl::Duration lease = absl::Seconds(options_.job.recovery().lease_seconds());
-  // Several probes a lease, each given a part of it, so that one slow
+  // Several rounds a lease, each probe given a part of it, so that one slow
   // answer does not cost a lease.
   const absl::Duration every = std::min(lease / 4, absl::Seconds(1));
   const absl::Duration probe_deadline = std::min(lease / 3, absl::Seconds(2));
+  HealthProber prober(kMaxProbesInFlight);
   struct Holder {
     common::v1::Role role;
     int rank;
     std::string endpoint;
   };
-  std::map<std::pair<int, int>, absl::Time> last_ok;
+  // A holder's lease, from its first probe: its last SERVING answer, and
+  // since when it is silent (the sending of the first probe it failed after
+  // that answer; InfiniteFuture while it answers). Counting the silence from
+  // a failed probe, not from the last answer, keeps a round that ran long
+  // (thousands of holders, a busy machine) from costing a healthy holder
+  // its lease on one slow answer.
+  struct Lease {
+    std::string endpoint;
+    absl::Time last_ok;
+    absl::Time silent_since = absl::InfiniteFuture();
+  };
+  std::map<std::pair<int, int>, Lease> leases;
   for (;;) {
     std::vector<Holder> holders;
     bool check_preprocess = false;  // a lost loom-preprocess being restarted: is it back?
@@ -198,7 +214,7 @@ void SchedulerServiceImpl::WatchLeases() {
       if (closing_) return;
       effective_->Set(clock_.Read(absl::Now()).effective_ratio());
       if (state_ != control::v1::JOB_STATE_RUNNING && state_ != control::v1::JOB_STATE_PAUSED) {
-        last_ok.clear();  // a lease starts when the job runs
+        leases.clear();  // a lease starts when the job runs
         if (state_ != control::v1::JOB_STATE_RECOVERING || !awaiting_preprocess_) continue;
         check_preprocess = true;
       }
@@ -210,41 +226,69 @@ void SchedulerServiceImpl::WatchLeases() {
       }
     }
     if (check_preprocess) {
-      absl::StatusOr<ServingStatus> health = CheckHealth(options_.preprocess, "", probe_deadline);
+      const HealthProber::Answer a = prober.ProbeAll({options_.preprocess}, probe_deadline)[0];
       absl::MutexLock lock(&mu_);
-      if (health.ok() && *health == grpc::health::v1::HealthCheckResponse::SERVING &&
+      if (a.status.ok() && *a.status == grpc::health::v1::HealthCheckResponse::SERVING &&
           state_ == control::v1::JOB_STATE_RECOVERING) {
         awaiting_preprocess_ = false;
         MaybeEndRegroupLocked();
       }
       continue;
     }
-    for (const Holder& h : holders) {
+    std::vector<std::string> endpoints;
+    endpoints.reserve(holders.size());
+    for (const Holder& h : holders) endpoints.push_back(h.endpoint);
+    prober.Keep(endpoints);  // the channels of holders gone or moved are closed
+    const absl::Time round_start = absl::Now();
+    const std::vector<HealthProber::Answer> answers = prober.ProbeAll(endpoints, probe_deadline);
+    lease_round_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - round_start));
+    std::map<std::pair<int, int>, Lease> kept;  // the holders of this round only
+    for (size_t i = 0; i < holders.size(); ++i) {
+      const Holder& h = holders[i];
+      const HealthProber::Answer& a = answers[i];
       const std::pair<int, int> key(h.role, h.rank);
-      const absl::Time asked = absl::Now();
-      auto [seen, fresh] = last_ok.try_emplace(key, asked);
-      absl::StatusOr<ServingStatus> health = CheckHealth(h.endpoint, "", probe_deadline);
-      if (health.ok() && *health == grpc::health::v1::HealthCheckResponse::SERVING) {
-        seen->second = absl::Now();
-        continue;
+      Lease l;
+      if (auto it = leases.find(key); it != leases.end() && it->second.endpoint == h.endpoint) {
+        l = it->second;
+      } else {  // a new holder: its lease starts with its first probe
+        l.endpoint = h.endpoint;
+        l.last_ok = a.sent;
       }
+      Lease& held = kept[key] = l;
+      if (a.status.ok() && *a.status == grpc::health::v1::HealthCheckResponse::SERVING) {
+        held.last_ok = a.answered;
+        held.silent_since = absl::InfiniteFuture();
+      } else if (held.silent_since == absl::InfiniteFuture()) {
+        held.silent_since = a.sent;
+      }
+    }
+    leases = std::move(kept);
+    for (size_t i = 0; i < holders.size(); ++i) {
+      const Holder& h = holders[i];
+      const HealthProber::Answer& a = answers[i];
+      const Lease& l = leases[{h.role, h.rank}];
+      if (l.silent_since == absl::InfiniteFuture()) continue;
       // A closed port: the process is gone (a new one would be a new
       // registration); anything else may pass, so it gets the whole lease.
       const bool refused =
-          !health.ok() && absl::StrContains(health.status().message(), "Connection refused");
-      if (!refused && (fresh || absl::Now() - seen->second < lease)) continue;
+          !a.status.ok() && absl::StrContains(a.status.status().message(), "Connection refused");
+      if (!refused && a.answered - l.silent_since < lease) continue;
       const std::string answer =
-          health.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*health)
-                      : std::string(health.status().message());
+          a.status.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*a.status)
+                        : std::string(a.status.status().message());
       absl::MutexLock lock(&mu_);
+      if (h.role != common::v1::ROLE_PREPROCESS) {
+        auto w = workers_.find({h.role, h.rank});
+        if (w == workers_.end() || w->second.endpoint() != h.endpoint) continue;  // re-registered
+      }
       DeclareLostLocked(
           h.role, h.rank, h.endpoint,
           refused
               ? absl::StrCat("its port refuses connections (", answer, ")")
               : absl::StrFormat("no SERVING health answer for %.1fs (lease %s); last answer: %s",
-                                absl::ToDoubleSeconds(absl::Now() - seen->second),
+                                absl::ToDoubleSeconds(absl::Now() - l.last_ok),
                                 absl::FormatDuration(lease), answer),
-          seen->second);
+          l.last_ok);
       break;
     }
   }
@@ -259,15 +303,6 @@ scheduler::v1::Regroup SchedulerServiceImpl::RegroupLocked() const {
     g.set_checkpoint_step_dir(StepDir(options_.job.checkpoint().dir(), start_iteration_));
   }
   return g;
-}
-
-grpc::Status SchedulerServiceImpl::GetGeneration(grpc::ServerContext*,
-                                                 const scheduler::v1::GetGenerationRequest*,
-                                                 scheduler::v1::GetGenerationResponse* response) {
-  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
-  absl::MutexLock lock(&mu_);
-  *response->mutable_current() = RegroupLocked();
-  return grpc::Status::OK;
 }
 
 absl::Status SchedulerServiceImpl::CheckGenerationLocked(int64_t generation) const {

@@ -125,12 +125,24 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
   for (const char* part : {"detection", "regroup", "reload"}) {
     recovery_seconds_[part] = &recovery.Add({{"part", part}}, seconds);
   }
+  lease_round_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("loom_scheduler_lease_round_seconds")
+           .Help("One round of the lease thread: every holder's health asked and answered.")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                            0.5, 1, 2.5, 5, 10, 20, 30, 60, 120});
   effective_ = gauge("loom_job_effective_training_ratio",
                      "Wall time of the iterations the job kept over the time it has run, "
                      "recoveries included (0-1).");
 }
 
 SchedulerServiceImpl::~SchedulerServiceImpl() {
+  {
+    absl::MutexLock lock(&published_mu_);
+    published_closing_ = true;
+    published_changed_.SignalAll();
+  }
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
@@ -227,6 +239,7 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     costs_ = std::make_unique<sched::CostModel>(*costs);
     start_iteration_ = options.start_iteration;
     generation_ = options.generation;
+    PublishRegroupLocked();
     if (options.generation > 0) rewind_to_ = options.start_iteration;  // a job taken back
     reload_pending_ = options.recovered_from.declared_seconds() > 0;
     if (options.start_iteration > 0) last_checkpoint_ = options.start_iteration;
@@ -417,6 +430,27 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext* context,
   if (request->wait_ms() <= 0) {
     for (const auto& [key, w] : workers_) *response->add_workers() = w;
   }
+  return grpc::Status::OK;
+}
+
+void SchedulerServiceImpl::PublishRegroupLocked() {
+  scheduler::v1::Regroup g = RegroupLocked();
+  absl::MutexLock lock(&published_mu_);
+  published_ = std::move(g);
+  published_changed_.SignalAll();
+}
+
+grpc::Status SchedulerServiceImpl::GetGeneration(grpc::ServerContext* context,
+                                                 const scheduler::v1::GetGenerationRequest* request,
+                                                 scheduler::v1::GetGenerationResponse* response) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  const absl::Time until = LongPollUntil(context, request->wait_ms());
+  absl::MutexLock lock(&published_mu_);
+  while (published_.generation() == request->known_generation() && !published_closing_ &&
+         absl::Now() < until) {
+    published_changed_.WaitWithDeadline(&published_mu_, until);  // PublishRegroupLocked signals
+  }
+  *response->mutable_current() = published_;
   return grpc::Status::OK;
 }
 

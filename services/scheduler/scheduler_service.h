@@ -83,6 +83,9 @@ struct SchedulerServiceOptions {
 // deadline for one GetBatch call (it asks again while the batch is not there).
 inline constexpr absl::Duration kComputeHold = absl::Seconds(30);
 
+// The lease thread's health probes in flight at once (scheduler_leases.cc).
+inline constexpr int kMaxProbesInFlight = 64;
+
 // Where a scheduler keeps its job: <run_dir>/scheduler_job.binpb.
 std::string SchedulerJobFile(const std::string& run_dir);
 
@@ -201,6 +204,9 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
                                                                 int64_t step) const;
   // Where the current generation starts.
   scheduler::v1::Regroup RegroupLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies RegroupLocked() to published_ and wakes the GetGeneration calls
+  // held. Called wherever generation_, data_key_ or start_iteration_ change.
+  void PublishRegroupLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION unless `generation` is the current one.
   absl::Status CheckGenerationLocked(int64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker was declared lost: a recovery in place (scheduler_leases.cc).
@@ -255,9 +261,12 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   // assignment, as for any final state).
   void SkippedStepLocked(const scheduler::v1::StepReport& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease thread (scheduler_leases.cc): while the job runs, asks every
-  // registered worker and loom-preprocess for its health several times a
-  // lease (job.recovery.lease_seconds) and declares lost whoever has not
-  // answered SERVING for a lease.
+  // registered worker and loom-preprocess for its health in rounds, several
+  // a lease (job.recovery.lease_seconds), all holders at once with at most
+  // kMaxProbesInFlight probes in flight, over one kept channel per endpoint;
+  // declares lost a holder whose port refuses connections, or that has not
+  // answered SERVING for a lease since the first probe it failed
+  // (loom_scheduler_lease_round_seconds: each round's time).
   void WatchLeases();
   // RUNNING or PAUSED -> RECOVERING, naming the process and the cause.
   void DeclareLostLocked(common::v1::Role role, int rank, const std::string& endpoint,
@@ -382,6 +391,13 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   bool closing_ ABSL_GUARDED_BY(mu_) = false;                             // the lease thread ends
   absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // every worker in
   std::thread leases_;
+  // The current generation's Regroup as GetGeneration answers it, under a
+  // lock of its own: every worker holds a GetGeneration long poll, and none
+  // of them waits on (or holds up) mu_. Taken after mu_, if both.
+  mutable absl::Mutex published_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  scheduler::v1::Regroup published_ ABSL_GUARDED_BY(published_mu_);
+  bool published_closing_ ABSL_GUARDED_BY(published_mu_) = false;  // held calls answer
+  absl::CondVar published_changed_;
   // The checkpoint thread's work: a step's cursor to read (its first part
   // is in) or the step to complete (every part is in: also in completing_).
   struct CheckpointWork {
@@ -396,6 +412,7 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   prometheus::Counter* restarts_ = nullptr;
   prometheus::Counter* lost_ = nullptr;
   prometheus::Gauge* effective_ = nullptr;  // TrainingTime.effective_ratio
+  prometheus::Histogram* lease_round_seconds_ = nullptr;
   TrainingClock clock_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, prometheus::Histogram*> recovery_seconds_;  // by part
 };

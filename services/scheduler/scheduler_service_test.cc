@@ -14,6 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
@@ -260,6 +262,100 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   EXPECT_TRUE(absl::EndsWith(j.message(), "; no restart left (recovery.max_restarts 3)"))
       << j.message();
   encoder.Shutdown();
+  chassis.Shutdown();
+}
+
+// A grpc.health.v1 server whose answers (SERVING) each take `delay`: a
+// busy but healthy process.
+class SlowHealthServer final : public grpc::health::v1::Health::Service {
+ public:
+  explicit SlowHealthServer(absl::Duration delay) : delay_(delay) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+  }
+  ~SlowHealthServer() override { Shutdown(); }
+  void Shutdown() {
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+    server_.reset();
+  }
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::health::v1::HealthCheckResponse* response) override {
+    absl::SleepFor(delay_);
+    response->set_status(grpc::health::v1::HealthCheckResponse::SERVING);
+    return grpc::Status::OK;
+  }
+  std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  const absl::Duration delay_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Leases at scale: 256 holders whose health answers each take 250 ms
+// (within the 0.4 s probe deadline of a 1.2 s lease; probed one after
+// another, a round would take over a minute) keep their leases round after
+// round, and the one whose port closes is declared lost within a few rounds.
+TEST(SchedulerServiceImplTest, LeasesHoldAtScaleAndALostHolderIsFound) {
+  constexpr int kPerModule = 128;
+  constexpr absl::Duration kDelay = absl::Milliseconds(250);
+  std::vector<std::unique_ptr<SlowHealthServer>> servers;  // 16 holders each
+  for (int i = 0; i < 16; ++i) servers.push_back(std::make_unique<SlowHealthServer>(kDelay));
+  SlowHealthServer victim(kDelay);  // LLM rank 100's own
+  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
+  SchedulerServiceOptions so;
+  so.plan = sched::PlanOfDegrees({/*llm_dp=*/kPerModule, /*microbatches=*/1,
+                                  /*encoder_dp=*/kPerModule});
+  so.job.set_name("t");
+  so.job.set_model("tiny");
+  so.job.mutable_checkpoint()->set_dir(testing::TempPath("lease_scale_ckpt"));
+  so.job.mutable_recovery()->set_lease_seconds(1.2);
+  absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> service =
+      SchedulerServiceImpl::Create(&chassis, so);
+  ASSERT_TRUE(service.ok()) << service.status();
+  chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
+  ASSERT_TRUE(chassis.Start().ok());
+  auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  for (int i = 0; i < 2 * kPerModule; ++i) {
+    const bool llm = i >= kPerModule;
+    const int rank = i % kPerModule;
+    scheduler::v1::RegisterWorkerRequest r;
+    r.mutable_worker()->set_role(llm ? common::v1::ROLE_LLM_WORKER
+                                     : common::v1::ROLE_ENCODER_WORKER);
+    r.mutable_worker()->set_rank(rank);
+    r.mutable_worker()->set_ucx_address(absl::StrCat("ucx", i));
+    r.mutable_worker()->set_endpoint(llm && rank == 100 ? victim.endpoint()
+                                                        : servers[i % 16]->endpoint());
+    scheduler::v1::RegisterWorkerResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    ASSERT_TRUE(stub->RegisterWorker(ctx.get(), r, &response).ok()) << i;
+  }
+  auto job = [&] { return *(*service)->GetJob("t"); };
+  ASSERT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
+  // Several leases of slow answers: nobody is lost.
+  const absl::Time healthy_until = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < healthy_until && job().state() == control::v1::JOB_STATE_RUNNING) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  control::v1::Job j = job();
+  ASSERT_EQ(j.state(), control::v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.restarts(), 0);
+
+  victim.Shutdown();  // its port now refuses connections
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (job().state() == control::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  j = job();
+  ASSERT_EQ(j.state(), control::v1::JOB_STATE_RECOVERING) << "the closed port was not noticed";
+  EXPECT_EQ(j.recovery().role(), common::v1::ROLE_LLM_WORKER);
+  EXPECT_EQ(j.recovery().rank(), 100);
+  EXPECT_EQ(j.recovery().endpoint(), victim.endpoint());
+  EXPECT_EQ(j.recovery().cause().rfind("its port refuses connections", 0), 0u)
+      << j.recovery().cause();
+  EXPECT_EQ(j.restarts(), 1);
   chassis.Shutdown();
 }
 
@@ -752,6 +848,87 @@ TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
   EXPECT_EQ(stub_->GetKeys(bctx.get(), many, &values).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT)
       << "part 3 of 3";
+}
+
+// GetGeneration is a long poll: held while the caller's known generation
+// is the current one, answered as soon as a recovery raises it, at once for
+// a generation the caller is behind on (or an empty request, as old clients
+// send), and with the same generation once the hold is over.
+TEST_F(ServedScheduleTest, GenerationIsALongPoll) {
+  using common::v1::ROLE_ENCODER_WORKER;
+  using common::v1::ROLE_LLM_WORKER;
+  auto register_at = [&](common::v1::Role role, int rank, const std::string& ucx) {
+    scheduler::v1::RegisterWorkerRequest r;
+    r.mutable_worker()->set_role(role);
+    r.mutable_worker()->set_rank(rank);
+    r.mutable_worker()->set_ucx_address(ucx);
+    r.mutable_worker()->set_endpoint(absl::StrCat("host", role, "-", rank, ":1"));
+    scheduler::v1::RegisterWorkerResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    return stub_->RegisterWorker(ctx.get(), r, &response);
+  };
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(register_at(ROLE_ENCODER_WORKER, r, "e" + std::to_string(r)).ok());
+    ASSERT_TRUE(register_at(ROLE_LLM_WORKER, r, "l" + std::to_string(r)).ok());
+  }
+  ASSERT_EQ(service_->GetJob("t")->state(), control::v1::JOB_STATE_RUNNING);
+  struct Answer {
+    grpc::Status status;
+    int64_t generation = -1;
+    std::string data_key;
+    absl::Duration took;
+  };
+  auto get = [&](int64_t known, int wait_ms) {
+    scheduler::v1::GetGenerationRequest request;
+    request.set_known_generation(known);
+    request.set_wait_ms(wait_ms);
+    scheduler::v1::GetGenerationResponse response;
+    auto ctx = testing::ContextWithDeadline(30);
+    const absl::Time t0 = absl::Now();
+    Answer a;
+    a.status = stub_->GetGeneration(ctx.get(), request, &response);
+    a.took = absl::Now() - t0;
+    a.generation = response.current().generation();
+    a.data_key = response.current().data_key();
+    return a;
+  };
+  {  // an empty request (an old client): at once
+    scheduler::v1::GetGenerationResponse response;
+    auto ctx = testing::ContextWithDeadline();
+    ASSERT_TRUE(stub_->GetGeneration(ctx.get(), {}, &response).ok());
+    EXPECT_EQ(response.current().generation(), 0);
+    EXPECT_EQ(response.current().data_key().size(), 16u);
+  }
+  // Nothing changes: the same generation, after the hold.
+  Answer same = get(0, 300);
+  ASSERT_TRUE(same.status.ok()) << same.status.error_message();
+  EXPECT_EQ(same.generation, 0);
+  EXPECT_GE(same.took, absl::Milliseconds(250)) << "held for the wait asked";
+
+  // A recovery (LLM rank 1 restarted in place) raises the generation while
+  // a call is held for up to 5 s: it answers then, not after the hold.
+  std::thread restart([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(register_at(ROLE_LLM_WORKER, 1, "l1-restarted").ok());
+  });
+  Answer raised = get(0, 5000);
+  restart.join();
+  ASSERT_TRUE(raised.status.ok()) << raised.status.error_message();
+  EXPECT_EQ(raised.generation, 1);
+  EXPECT_EQ(raised.data_key.size(), 16u);
+  EXPECT_LT(raised.took, absl::Seconds(4)) << "answered when the generation rose";
+  EXPECT_EQ(service_->GetJob("t")->generation(), 1);
+
+  // A caller behind (it knows generation 0): at once, with the current one.
+  Answer behind = get(0, 5000);
+  ASSERT_TRUE(behind.status.ok());
+  EXPECT_EQ(behind.generation, 1);
+  EXPECT_EQ(behind.data_key, raised.data_key);
+  EXPECT_LT(behind.took, absl::Seconds(4)) << "not held";
+  Answer current = get(1, 300);
+  ASSERT_TRUE(current.status.ok());
+  EXPECT_EQ(current.generation, 1);
+  EXPECT_GE(current.took, absl::Milliseconds(250));
 }
 
 TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {

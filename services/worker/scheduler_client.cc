@@ -192,11 +192,16 @@ SchedulerClient::Generation SchedulerClient::generation_and_key() const {
   return {generation_.load(), key_};
 }
 
-absl::StatusOr<scheduler::v1::Regroup> SchedulerClient::GetGeneration() {
+absl::StatusOr<scheduler::v1::Regroup> SchedulerClient::GetGeneration(int64_t known_generation,
+                                                                      absl::Duration wait) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, absl::Seconds(5));
+  // The scheduler answers a second before the deadline at the latest.
+  SetDeadline(&ctx, wait + absl::Seconds(5));
+  scheduler::v1::GetGenerationRequest request;
+  request.set_known_generation(known_generation);
+  request.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(wait)));
   scheduler::v1::GetGenerationResponse response;
-  grpc::Status s = stub_->GetGeneration(&ctx, scheduler::v1::GetGenerationRequest(), &response);
+  grpc::Status s = stub_->GetGeneration(&ctx, request, &response);
   if (!s.ok()) return FromGrpcStatus(s, "scheduler GetGeneration");
   return response.current();
 }

@@ -50,8 +50,12 @@ class SchedulerClient {
   // over (GetAssignmentResponse). Waits on while the job is paused or
   // recovering.
   absl::StatusOr<scheduler::v1::GetAssignmentResponse> GetAssignment(int64_t iteration);
-  // The job's current generation and where it starts.
-  absl::StatusOr<scheduler::v1::Regroup> GetGeneration();
+  // The job's current generation and where it starts. A long poll when
+  // `wait` > 0: the scheduler holds the call while its generation is
+  // `known_generation`, up to `wait` (at most 5 s), and answers as soon as
+  // the generation changes.
+  absl::StatusOr<scheduler::v1::Regroup> GetGeneration(int64_t known_generation = -1,
+                                                       absl::Duration wait = absl::ZeroDuration());
   absl::Status ReportTimings(const scheduler::v1::ReportTimingsRequest& request);
   // Reports are retried within the client's deadline while the scheduler is
   // unreachable (UNAVAILABLE, DEADLINE_EXCEEDED): a try that failed in

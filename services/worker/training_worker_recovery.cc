@@ -39,13 +39,12 @@ absl::Status TrainingWorker::Impl::Regroup(const scheduler::v1::Regroup& g) {
 }
 
 void TrainingWorker::Impl::WatchGeneration() {
-  const double lease = job.recovery().lease_seconds();
-  // Often: a survivor waiting on the lost peer waits until this notices.
-  const absl::Duration every = lease > 0
-                                   ? std::min(absl::Seconds(lease) / 4, absl::Milliseconds(200))
-                                   : absl::Milliseconds(200);
+  // A long poll: the scheduler answers as soon as the generation rises (a
+  // survivor waiting on the lost peer stops waiting then), else after
+  // kLongPoll, so that the stall check below runs about once a second (its
+  // floor is minutes) and a stop is seen within one hold.
+  int64_t seen = -1;  // the scheduler's generation as last answered
   while (watching.load() && !stop.load()) {
-    absl::SleepFor(every);
     // A hang in the thread's own work: NOT_SERVING, so that the scheduler
     // declares this process lost after a lease (and loom up or Kubernetes
     // replaces it); SERVING again should the work end before that.
@@ -59,11 +58,21 @@ void TrainingWorker::Impl::WatchGeneration() {
       }
       chassis->SetServing(!stalled);
     }
-    absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();
-    if (!g.ok()) continue;
+    if (seen < 0) {
+      absl::MutexLock lock(&generation_mu);
+      seen = generation;
+    }
+    absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration(seen, kLongPoll);
+    if (!g.ok()) {  // the scheduler unreachable: ask again shortly
+      absl::SleepFor(absl::Milliseconds(200));
+      continue;
+    }
+    seen = g->generation();
     absl::MutexLock lock(&generation_mu);
     if (g->generation() > generation) {
       // A peer was lost: whatever this worker waits for may never come.
+      // (Each answer while this worker is behind cancels again: a regroup
+      // into a generation already over is cut short within one hold.)
       ucx->Cancel();
       collectives.Cancel();
     }
@@ -77,12 +86,18 @@ absl::StatusOr<scheduler::v1::Regroup> TrainingWorker::Impl::AwaitRegroup() {
   if (lease <= 0) return absl::UnavailableError("no recovery in place (recovery.lease_seconds 0)");
   const absl::Time until = absl::Now() + absl::Seconds(lease) + absl::Seconds(5);
   for (;;) {
-    absl::StatusOr<scheduler::v1::Regroup> g = scheduler->GetGeneration();
+    // Held by the scheduler until the generation rises (or kLongPoll).
+    const absl::Duration hold =
+        std::max(absl::ZeroDuration(), std::min(kLongPoll, until - absl::Now()));
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<scheduler::v1::Regroup> g =
+        scheduler->GetGeneration(scheduler->generation(), hold);
     if (g.ok() && g->generation() > scheduler->generation()) return *g;
     if (stop.load() || absl::Now() >= until) {
       return absl::DeadlineExceededError("the scheduler declared no recovery");
     }
-    absl::SleepFor(absl::Milliseconds(100));
+    // Not held (an error, an older scheduler, the end near): not too often.
+    if (absl::Now() - asked < absl::Milliseconds(100)) absl::SleepFor(absl::Milliseconds(100));
   }
 }
 

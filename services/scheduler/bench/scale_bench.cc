@@ -22,19 +22,39 @@
 // barrier stands for the barrier over the new group). The keys' sizes are
 // measured from a real Gloo group first.
 //
+// Every rank holds a lease with loom-scheduler (job.recovery.lease_seconds,
+// 10 s): it registers a health endpoint of its own, "127.0.A.B:PORT", one
+// loopback address per rank, served by --health_servers real gRPC servers of
+// this process (listening on every address; the workers' certificate under
+// mutual TLS), so the scheduler probes N distinct endpoints as it would N
+// worker processes. Once its groups are connected, each rank also watches
+// the job's generation as a worker does (--generation_poll): "long", a
+// GetGeneration long poll held by the scheduler (training_worker_recovery.cc),
+// or "interval", the workers' former empty GetGeneration every 200 ms; the
+// pollers are asynchronous calls on two threads of this process, over the
+// ranks' connections.
+//
 // Prints per N: time to all registered, to all groups connected, the
 // rendezvous traffic, GetAssignment latency p50/p99 per iteration beside a
 // no-op call's (GetInfo, the same threads right after: the reference), and
-// loom-scheduler's resident memory. Exits 1 when a figure is missing.
+// loom-scheduler's resident memory; over the steady phase (from all groups
+// connected to the last iteration; --duration_s long): GetGeneration calls
+// answered, loom-scheduler's CPU (utime + stime of its process from
+// /proc/PID/stat, over wall time) and its lease rounds
+// (loom_scheduler_lease_round_seconds). Exits 1 when a figure is missing.
 //
 //   bazel run -c opt //services/scheduler/bench:scale_bench -- --ranks 256,1024,4096
+//   bazel run -c opt //services/scheduler/bench:scale_bench -- --ranks 4096 --duration_s 60
 #include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -42,8 +62,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -52,6 +74,8 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "grpcpp/alarm.h"
+#include "grpcpp/grpcpp.h"
 #include "loom/common/v1/common.pb.h"
 #include "runtime/base/file.h"
 #include "runtime/base/runfiles.h"
@@ -73,6 +97,17 @@ ABSL_FLAG(std::string, work_dir, "/tmp/loom-scale-bench", "Data, runs and logs."
 ABSL_FLAG(int, ranks_per_connection, 0,
           "Simulated ranks sharing one gRPC connection to loom-scheduler (a worker process has "
           "its own); 0: all of them share one.");
+ABSL_FLAG(int, duration_s, 0,
+          "> 0: iterations run until this many seconds have passed since all groups connected "
+          "(at least 2; --iterations is then ignored).");
+ABSL_FLAG(std::string, generation_poll, "long",
+          "How each rank watches the job's generation once connected: long (a GetGeneration "
+          "long poll held up to 1 s, as the workers do), interval (an empty GetGeneration every "
+          "200 ms, the workers' former cadence) or none.");
+ABSL_FLAG(int, health_servers, 4, "gRPC servers serving the simulated ranks' health endpoints.");
+ABSL_FLAG(std::string, scheduler_binary, "",
+          "A loom-scheduler binary to run instead of the one built with the bench (a build of "
+          "another revision, for before/after figures).");
 ABSL_FLAG(int, limit_s, 300,
           "A run whose ranks are not all registered and connected within this many seconds is "
           "stopped and reported as such.");
@@ -176,12 +211,16 @@ absl::StatusOr<GlooKeys> MeasureGlooKeys() {
 // A reusable barrier for `n` threads.
 class Barrier {
  public:
-  explicit Barrier(int n) : n_(n) {}
+  // `on_pass` (optional) runs on the last thread to arrive, before any
+  // thread passes.
+  explicit Barrier(int n, std::function<void()> on_pass = nullptr)
+      : n_(n), on_pass_(std::move(on_pass)) {}
   // False when `cancel` was set before every thread arrived.
   bool Wait(const std::atomic<bool>& cancel) {
     absl::MutexLock lock(&mu_);
     const int64_t round = round_;
     if (++arrived_ == n_) {
+      if (on_pass_) on_pass_();
       arrived_ = 0;
       ++round_;
       return true;
@@ -195,6 +234,7 @@ class Barrier {
 
  private:
   const int n_;
+  const std::function<void()> on_pass_;
   absl::Mutex mu_;
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t round_ ABSL_GUARDED_BY(mu_) = 0;
@@ -229,7 +269,8 @@ struct Run {
   int ranks = 0;
   parallel::GridShape encoder, llm;
   std::string scheduler;  // host:port
-  std::string endpoint;   // the simulated ranks' health server
+  // The simulated ranks' health servers (listening on every address).
+  std::vector<int> health_ports;
   int scheduler_metrics_port = 0;
   // loom-scheduler's GetAssignment handler-time histogram once iteration 0
   // is over (rank 0 scrapes it between two barriers; iteration 0 waits for
@@ -241,20 +282,41 @@ struct Run {
   std::unique_ptr<Barrier> all;
   std::atomic<int> registered{0}, planned{0}, connected{0};
   std::atomic<bool> cancel{false};  // past --limit_s: the ranks stop
+  // --duration_s: the end of the steady phase (unix nanoseconds; set once
+  // all groups are connected), and the decision to stop, taken by the last
+  // rank through each iteration's barrier.
+  std::atomic<int64_t> steady_until{std::numeric_limits<int64_t>::max()};
+  std::atomic<bool> stop{false};
+  std::atomic<int> finished{0};         // ranks whose SimulateRank returned
+  std::atomic<int> iterations_done{0};  // by LLM rank 0
   // Ranks through each group axis ("encoder tp", ...), for the progress lines.
   absl::Mutex axes_mu;
   std::map<std::string, int> axes_done ABSL_GUARDED_BY(axes_mu);
 };
 
-// loom-scheduler's loom_scheduler_get_assignment_seconds buckets (upper
-// bound -> cumulative count), scraped from its /metrics.
-absl::StatusOr<std::map<double, double>> HandlerHistogram(int metrics_port) {
+// The health endpoint of the rank numbered `i` over both modules: a
+// loopback address of its own on one of the health servers.
+std::string EndpointOf(const Run& run, int i) {
+  return absl::StrCat("127.0.", 1 + i / 250, ".", 1 + i % 250, ":",
+                      run.health_ports[i % run.health_ports.size()]);
+}
+
+// A histogram of loom-scheduler's /metrics: its buckets (upper bound ->
+// cumulative count) and its sum.
+struct Scraped {
+  std::map<double, double> buckets;
+  double sum = 0;
+};
+
+absl::StatusOr<Scraped> ScrapeHistogram(int metrics_port, const std::string& name) {
   absl::StatusOr<HttpResponse> r =
       HttpGet("127.0.0.1", metrics_port, "/metrics", absl::Seconds(30));
   if (!r.ok()) return r.status();
-  std::map<double, double> buckets;
-  const std::string prefix = "loom_scheduler_get_assignment_seconds_bucket{le=\"";
+  Scraped h;
+  std::map<double, double>& buckets = h.buckets;
+  const std::string prefix = name + "_bucket{le=\"";
   for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    if (absl::ConsumePrefix(&line, name + "_sum ")) (void)absl::SimpleAtod(line, &h.sum);
     if (!absl::ConsumePrefix(&line, prefix)) continue;
     const size_t end = line.find('"');
     const size_t space = line.rfind(' ');
@@ -269,11 +331,146 @@ absl::StatusOr<std::map<double, double>> HandlerHistogram(int metrics_port) {
     if (absl::SimpleAtod(line.substr(space + 1), &count)) buckets[le] = count;
   }
   if (buckets.empty()) {
-    return absl::NotFoundError(
-        "loom-scheduler's /metrics has no loom_scheduler_get_assignment_seconds");
+    return absl::NotFoundError(absl::StrCat("loom-scheduler's /metrics has no ", name));
   }
-  return buckets;
+  return h;
 }
+
+// loom-scheduler's loom_scheduler_get_assignment_seconds buckets.
+absl::StatusOr<std::map<double, double>> HandlerHistogram(int metrics_port) {
+  absl::StatusOr<Scraped> h =
+      ScrapeHistogram(metrics_port, "loom_scheduler_get_assignment_seconds");
+  if (!h.ok()) return h.status();
+  return h->buckets;
+}
+
+// utime + stime of process `pid`, in seconds (/proc/PID/stat).
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  // After "pid (comm)": field 3 (state) onwards; utime and stime are 14, 15.
+  std::vector<std::string> w = absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
+  double utime = 0, stime = 0;
+  if (w.size() < 13 || !absl::SimpleAtod(w[11], &utime) || !absl::SimpleAtod(w[12], &stime)) {
+    return 0;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec / 1e6;
+}
+
+// Each rank's generation watch (--generation_poll), as asynchronous calls
+// over the ranks' own channels, driven by two threads: "long" holds a
+// GetGeneration with the generation last answered for up to 1 s and asks
+// again at once; "interval" sends an empty GetGeneration 200 ms after the
+// previous answer (the workers' former loop).
+class GenerationPollers {
+ public:
+  GenerationPollers(const std::vector<std::shared_ptr<grpc::Channel>>& channels, bool long_poll)
+      : long_poll_(long_poll), pollers_(channels.size()) {
+    std::map<grpc::Channel*, std::shared_ptr<scheduler::v1::SchedulerService::Stub>> stubs;
+    for (size_t i = 0; i < channels.size(); ++i) {
+      auto& stub = stubs[channels[i].get()];
+      if (stub == nullptr) stub = scheduler::v1::SchedulerService::NewStub(channels[i]);
+      pollers_[i].stub = stub;
+    }
+    active_ = static_cast<int>(pollers_.size());
+    // Started spread over 200 ms, as workers that joined at different times.
+    for (size_t i = 0; i < pollers_.size(); ++i) {
+      Arm(i, absl::Now() + absl::Milliseconds(200) * static_cast<double>(i) / pollers_.size());
+    }
+    for (int t = 0; t < 2; ++t) threads_.emplace_back([this] { Drive(); });
+  }
+  ~GenerationPollers() { Stop(); }
+
+  // Lets each poller's outstanding call or wait end (a long poll within its
+  // 1 s hold) and asks no more.
+  void Stop() {
+    if (threads_.empty()) return;
+    stopping_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](int* active) { return *active == 0; }, &active_));
+    }
+    cq_.Shutdown();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+  int64_t answered() const { return answered_.load(); }
+  int64_t failed() const { return failed_.load(); }
+
+ private:
+  struct Poller {
+    std::shared_ptr<scheduler::v1::SchedulerService::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    scheduler::v1::GetGenerationResponse response;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<scheduler::v1::GetGenerationResponse>> reader;
+    grpc::Alarm alarm;
+    int64_t known = 0;
+  };
+  // Tags: 2 * index + 1 for a call, 2 * index + 2 for an alarm.
+  void Arm(size_t i, absl::Time at) {
+    pollers_[i].alarm.Set(&cq_, absl::ToChronoTime(at), reinterpret_cast<void*>(2 * i + 2));
+  }
+  void Call(size_t i) {
+    Poller& p = pollers_[i];
+    p.ctx = std::make_unique<grpc::ClientContext>();
+    p.ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(6)));
+    scheduler::v1::GetGenerationRequest request;
+    if (long_poll_) {
+      request.set_known_generation(p.known);
+      request.set_wait_ms(1000);
+    }
+    p.reader = p.stub->PrepareAsyncGetGeneration(p.ctx.get(), request, &cq_);
+    p.reader->StartCall();
+    p.reader->Finish(&p.response, &p.status, reinterpret_cast<void*>(2 * i + 1));
+  }
+  void Drive() {
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_.Next(&tag, &ok)) {
+      const size_t t = reinterpret_cast<size_t>(tag) - 1;
+      const size_t i = t / 2;
+      Poller& p = pollers_[i];
+      if (t % 2 == 0) {  // a call answered
+        if (p.status.ok()) {
+          ++answered_;
+          p.known = p.response.current().generation();
+        } else {
+          ++failed_;
+        }
+      }
+      if (stopping_.load()) {
+        absl::MutexLock lock(&mu_);
+        --active_;
+        continue;
+      }
+      if (t % 2 == 1 || (long_poll_ && p.status.ok())) {
+        Call(i);  // an alarm rang, or a long poll answered: ask again
+      } else {
+        Arm(i, absl::Now() + absl::Milliseconds(200));
+      }
+    }
+  }
+
+  const bool long_poll_;
+  std::vector<Poller> pollers_;
+  grpc::CompletionQueue cq_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> answered_{0}, failed_{0};
+  absl::Mutex mu_;
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // The smallest bucket bound under which a fraction `p` of the calls counted
 // between two scrapes fall (the percentile's upper bound), and the count.
@@ -291,6 +488,7 @@ std::pair<double, double> BucketPercentile(const std::map<double, double>& befor
 void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, int rank,
                   RankResult* out) {
   const bool encoder = role == common::v1::ROLE_ENCODER_WORKER;
+  absl::Cleanup finished = [run] { ++run->finished; };
   auto fail = [&](const absl::Status& s) {
     out->error = absl::Status(
         s.code(), absl::StrCat(encoder ? "encoder" : "llm", " rank ", rank, ": ", s.message()));
@@ -300,7 +498,7 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
   w.set_role(role);
   w.set_rank(rank);
   w.set_ucx_address(absl::StrCat("sim-", encoder ? "e" : "l", rank));
-  w.set_endpoint(run->endpoint);
+  w.set_endpoint(EndpointOf(*run, encoder ? rank : run->encoder.size() + rank));
   absl::StatusOr<scheduler::v1::RegisterWorkerResponse> reg =
       client.Register(w, absl::Seconds(300));
   if (!reg.ok()) return fail(reg.status());
@@ -411,10 +609,12 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
   out->connected = absl::ToDoubleSeconds(absl::Now() - run->start);
   ++run->connected;
 
+  const bool timed = absl::GetFlag(FLAGS_duration_s) > 0;
   const int iterations = absl::GetFlag(FLAGS_iterations);
-  for (int it = 0; it < iterations; ++it) {
+  for (int it = 0; timed || it < iterations; ++it) {
     // The gradient allreduce ends every rank's iteration together.
     if (!run->all->Wait(run->cancel)) return fail(absl::CancelledError("stopped"));
+    if (timed && it >= 2 && run->stop.load()) break;  // the same decision for every rank
     if (it == 1) {
       if (encoder && rank == 0) {
         absl::StatusOr<std::map<double, double>> h = HandlerHistogram(run->scheduler_metrics_port);
@@ -459,6 +659,7 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
       step.set_loss(1);
       step.set_seconds(absl::GetFlag(FLAGS_iteration_ms) / 1e3);
       if (absl::Status r = client.ReportStep(step); !r.ok()) return fail(r);
+      ++run->iterations_done;
     }
   }
 }
@@ -494,7 +695,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartService(const std::string& bina
                                                          const std::string& log,
                                                          ServingPorts* ports) {
   std::string tried;
-  const std::string path = FindRunfile(binary, &tried);
+  const std::string path = absl::StartsWith(binary, "/") ? binary : FindRunfile(binary, &tried);
   if (path.empty()) return absl::NotFoundError(absl::StrCat(binary, ": not found in ", tried));
   args.insert(args.begin(), {path, "--host=127.0.0.1", "--grpc_port=0", "--metrics_port=0"});
   args.push_back(certificates.empty() ? "--insecure"
@@ -507,7 +708,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartService(const std::string& bina
   return p;
 }
 
-int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::string& endpoint) {
+int RunOne(int n, const std::string& shards, const GlooKeys& gloo,
+           const std::vector<int>& health_ports) {
   const std::string dir = absl::StrCat(absl::GetFlag(FLAGS_work_dir), "/n", n);
   std::filesystem::remove_all(dir);
   if (absl::Status s = MakeDirectories(dir); !s.ok()) {
@@ -518,10 +720,11 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   run.ranks = n;
   run.llm = {kLlmTp, kLlmPp, 3 * n / 128};
   run.encoder = {kEncoderTp, kEncoderPp, n / 16};
-  run.endpoint = endpoint;
+  run.health_ports = health_ports;
   run.gloo = gloo;
   const int global_batch = 2 * run.llm.dp * kMicrobatches;
-  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const bool timed = absl::GetFlag(FLAGS_duration_s) > 0;
+  const int iterations = timed ? 1000000 : absl::GetFlag(FLAGS_iterations);
   const std::string job = absl::StrCat(
       R"({"name": "scale", "model": "vit300m-llm70b", "seed": 1,)", R"( "data": {"shards": ")",
       shards, R"(", "global_batch": )", global_batch, "},", R"( "parallel": {"encoder_dp": )",
@@ -544,8 +747,11 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
                  std::string(preprocess.status().message()).c_str());
     return 1;
   }
+  const std::string scheduler_binary = absl::GetFlag(FLAGS_scheduler_binary).empty()
+                                           ? "services/scheduler/loom-scheduler"
+                                           : absl::GetFlag(FLAGS_scheduler_binary);
   absl::StatusOr<std::unique_ptr<Subprocess>> scheduler =
-      StartService("services/scheduler/loom-scheduler", kSchedulerIdentity,
+      StartService(scheduler_binary, kSchedulerIdentity,
                    {"--job=" + dir + "/job.json", "--run_dir=" + dir + "/run",
                     absl::StrCat("--preprocess=127.0.0.1:", pre_ports.grpc_port)},
                    dir + "/scheduler.log", &sched_ports);
@@ -556,7 +762,8 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   }
   run.scheduler = absl::StrCat("127.0.0.1:", sched_ports.grpc_port);
   run.scheduler_metrics_port = sched_ports.metrics_port;
-  run.all = std::make_unique<Barrier>(n);
+  run.all = std::make_unique<Barrier>(
+      n, [&run] { run.stop = absl::ToUnixNanos(absl::Now()) >= run.steady_until.load(); });
   const auto [idle_hwm, idle_rss] = Memory((*scheduler)->pid());
   std::vector<RankResult> results(n);
   std::vector<std::thread> threads;
@@ -566,9 +773,11 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   const int per_connection =
       absl::GetFlag(FLAGS_ranks_per_connection) > 0 ? absl::GetFlag(FLAGS_ranks_per_connection) : n;
   std::shared_ptr<grpc::Channel> channel;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;  // by rank, for the pollers
   for (int i = 0; i < n; ++i) {
     const bool enc = i < encoder_ranks;
     if (i % per_connection == 0) channel = ServiceChannel(run.scheduler, /*own_connection=*/true);
+    channels.push_back(channel);
     threads.emplace_back(SimulateRank, &run, channel,
                          enc ? common::v1::ROLE_ENCODER_WORKER : common::v1::ROLE_LLM_WORKER,
                          enc ? i : i - encoder_ranks, &results[i]);
@@ -610,7 +819,40 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
       break;
     }
   }
+  // The steady phase: every rank connected, iterating, watching the
+  // generation and holding its lease.
+  const std::string poll = absl::GetFlag(FLAGS_generation_poll);
+  std::unique_ptr<GenerationPollers> pollers;
+  const absl::Time steady_start = absl::Now();
+  const double scheduler_cpu0 = ProcessCpuSeconds((*scheduler)->pid());
+  const double self_cpu0 = SelfCpuSeconds();
+  absl::StatusOr<Scraped> rounds0 =
+      stopped ? absl::StatusOr<Scraped>(absl::CancelledError("stopped"))
+              : ScrapeHistogram(sched_ports.metrics_port, "loom_scheduler_lease_round_seconds");
+  if (!stopped) {
+    if (poll != "none") pollers = std::make_unique<GenerationPollers>(channels, poll == "long");
+    if (timed) {
+      run.steady_until =
+          absl::ToUnixNanos(steady_start + absl::Seconds(absl::GetFlag(FLAGS_duration_s)));
+    }
+  }
+  for (absl::Time next = absl::Now() + absl::Seconds(10); run.finished.load() < n;) {
+    absl::SleepFor(absl::Milliseconds(100));
+    if (absl::Now() < next) continue;
+    next += absl::Seconds(10);
+    std::printf("N=%d: steady phase %.0f s: %d iterations done, GetGeneration %lld answered\n", n,
+                absl::ToDoubleSeconds(absl::Now() - steady_start), run.iterations_done.load(),
+                static_cast<long long>(pollers == nullptr ? 0 : pollers->answered()));
+    std::fflush(stdout);
+  }
   for (std::thread& t : threads) t.join();
+  const absl::Time steady_end = absl::Now();
+  const double scheduler_cpu = ProcessCpuSeconds((*scheduler)->pid()) - scheduler_cpu0;
+  const double self_cpu = SelfCpuSeconds() - self_cpu0;
+  absl::StatusOr<Scraped> rounds1 =
+      stopped ? absl::StatusOr<Scraped>(absl::CancelledError("stopped"))
+              : ScrapeHistogram(sched_ports.metrics_port, "loom_scheduler_lease_round_seconds");
+  if (pollers != nullptr) pollers->Stop();
   const auto [hwm, rss] = Memory((*scheduler)->pid());
   absl::StatusOr<std::map<double, double>> handler_end =
       stopped ? absl::StatusOr<std::map<double, double>>(std::map<double, double>())
@@ -660,7 +902,20 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   }
   std::printf("  peer addresses: %zu GetWorkers calls, p50 %.2f ms p99 %.2f ms\n", peers_ms.size(),
               Percentile(peers_ms, 0.5), Percentile(peers_ms, 0.99));
-  for (int it = 0; it < iterations; ++it) {
+  const int done = static_cast<int>(results[0].assignment_ms.size());
+  if (timed) {  // iterations 1 to the last together
+    std::vector<double> a, info;
+    for (const RankResult& r : results) {
+      a.insert(a.end(), r.assignment_ms.begin() + 1, r.assignment_ms.end());
+      info.insert(info.end(), r.info_ms.begin() + 1, r.info_ms.end());
+    }
+    std::printf(
+        "  iterations 1-%d: GetAssignment p50 %.2f ms p99 %.2f ms max %.2f ms | GetInfo (no-op) "
+        "p50 %.2f ms p99 %.2f ms\n",
+        done - 1, Percentile(a, 0.5), Percentile(a, 0.99), Percentile(a, 1.0),
+        Percentile(info, 0.5), Percentile(info, 0.99));
+  }
+  for (int it = 0; !timed && it < iterations; ++it) {
     std::vector<double> a, info;
     for (const RankResult& r : results) {
       a.push_back(r.assignment_ms[it]);
@@ -684,7 +939,31 @@ int RunOne(int n, const std::string& shards, const GlooKeys& gloo, const std::st
   std::printf(
       "  loom-scheduler's own time to answer GetAssignment, iterations 1-%d (%.0f calls, its "
       "histogram): p50 <= %.2f ms, p99 <= %.2f ms\n",
-      iterations - 1, calls, h50 * 1e3, h99 * 1e3);
+      done - 1, calls, h50 * 1e3, h99 * 1e3);
+  const double wall = absl::ToDoubleSeconds(steady_end - steady_start);
+  std::printf(
+      "  steady phase %.1f s (%d iterations, generation watch: %s, lease %s): loom-scheduler CPU "
+      "%.1f s = %.2f cores (utime + stime, /proc/PID/stat); this process (ranks, pollers, health "
+      "servers) %.2f cores\n",
+      wall, done, poll.c_str(), "10 s, the default", scheduler_cpu, scheduler_cpu / wall,
+      self_cpu / wall);
+  if (pollers != nullptr) {
+    std::printf("  GetGeneration: %lld answered (%.0f per s), %lld failed\n",
+                static_cast<long long>(pollers->answered()), pollers->answered() / wall,
+                static_cast<long long>(pollers->failed()));
+  }
+  if (!rounds0.ok() || !rounds1.ok()) {
+    std::printf("N=%d: no lease rounds: %s\n", n,
+                std::string((rounds0.ok() ? rounds1 : rounds0).status().message()).c_str());
+    return 1;
+  }
+  const auto [r50, round_count] = BucketPercentile(rounds0->buckets, rounds1->buckets, 0.5);
+  const auto [rmax, unused_count] = BucketPercentile(rounds0->buckets, rounds1->buckets, 1.0);
+  std::printf(
+      "  lease rounds (loom_scheduler_lease_round_seconds, %d holders): %.0f in the steady phase, "
+      "mean %.3f s, p50 <= %.3f s, max <= %.3f s (histogram bounds)\n",
+      n + 1, round_count, round_count > 0 ? (rounds1->sum - rounds0->sum) / round_count : 0.0, r50,
+      rmax);
   std::fflush(stdout);
   return 0;
 }
@@ -704,6 +983,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     ns.push_back(n);
+  }
+  const std::string poll = absl::GetFlag(FLAGS_generation_poll);
+  if (poll != "long" && poll != "interval" && poll != "none") {
+    std::fprintf(stderr, "scale_bench: --generation_poll: long, interval or none, not %s\n",
+                 poll.c_str());
+    return 2;
   }
   if (absl::GetFlag(FLAGS_iterations) < 2) {
     std::fprintf(stderr,
@@ -747,20 +1032,29 @@ int main(int argc, char** argv) {
   std::printf(
       "Gloo full mesh (measured, 4 ranks): per rank a %zu-byte host key and %zu bytes per peer\n",
       gloo->host_bytes, gloo->bytes_per_peer);
-  // The simulated ranks' health server: loom-scheduler holds every rank's
-  // lease against it.
-  loom::ChassisOptions o;
-  o.service_name = "scale-bench-ranks";
-  o.role = loom::common::v1::ROLE_LLM_WORKER;
-  o.host = "127.0.0.1";
-  loom::Chassis health(o);
-  if (absl::Status s = health.Start(); !s.ok()) {
-    std::fprintf(stderr, "scale_bench: %s\n", std::string(s.message()).c_str());
-    return 1;
+  // The simulated ranks' health servers: loom-scheduler holds every rank's
+  // lease against them, one loopback address per rank (EndpointOf), so they
+  // listen on every address; under mutual TLS with the workers' certificate,
+  // as a worker's chassis does.
+  std::vector<std::unique_ptr<loom::Chassis>> health;
+  std::vector<int> health_ports;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_health_servers)); ++i) {
+    loom::ChassisOptions o;
+    o.service_name = "scale-bench-ranks";
+    o.role = loom::common::v1::ROLE_LLM_WORKER;
+    o.host = "0.0.0.0";
+    if (!loom::certificates.empty()) {
+      o.security.tls_dir = loom::IdentityDir(loom::certificates, loom::kWorkerIdentity);
+    }
+    health.push_back(std::make_unique<loom::Chassis>(o));
+    if (absl::Status s = health.back()->Start(); !s.ok()) {
+      std::fprintf(stderr, "scale_bench: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    health_ports.push_back(health.back()->grpc_port());
   }
-  const std::string endpoint = absl::StrCat("127.0.0.1:", health.grpc_port());
   int failed = 0;
-  for (int n : ns) failed |= loom::RunOne(n, data + "/*.tar", *gloo, endpoint);
-  health.Shutdown();
+  for (int n : ns) failed |= loom::RunOne(n, data + "/*.tar", *gloo, health_ports);
+  for (auto& h : health) h->Shutdown();
   return failed;
 }
