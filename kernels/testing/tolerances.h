@@ -168,6 +168,28 @@ inline constexpr Tolerance kDisaggregatedVsLocalLoss = {
     "equal to 6 decimals over 20 AdamW steps; 1e-5 relative still catches a wrong scale "
     "(a missing 1/loss_tokens or clip is O(1e-2) by step 2)"};
 
+// The same runs' global gradient norm (before clipping) step by step.
+inline constexpr Tolerance kDisaggregatedVsLocalGradNorm = {
+    1e-4, 1e-5,
+    "loom-train-local prints grad_norm with 4 decimals (rounding <= 5e-5), loom up with 6. "
+    "Measured over distributed_test: <= 5e-5 against loom-train-local in every layout (2.4e-5 "
+    "relative on norms of 1.6-6, 2.4e-4 on stage 1's projector-only norms of ~0.2: the "
+    "rounding), and <= 6.4e-7 relative between two loom up runs, the math's own difference. "
+    "1e-4 is 2x the rounding; one module's gradients scaled by 2 move the norm by ~1 "
+    "relative, where without clipping the loss stays within 6e-6"};
+
+// The same runs' step-20 checkpoints (tests/integration/distributed_test):
+// every element of every tensor of every module (weights, AdamW m and v),
+// against the largest magnitude of its tensor (v is ~g^2, far below the
+// weights).
+inline constexpr Tolerance kDisaggregatedVsLocalCheckpoint = {
+    0, 1e-4,
+    "kDisaggregatedVsLocalLoss's reordered fp32 sums carried through 20 AdamW steps: measured "
+    "at most 3.6e-6 (weights), 4.6e-6 (m), 2.4e-6 (v) over 3 runs, 8.3e-6 with clipping off, "
+    "of a tensor's largest magnitude, on biases and norm gains; 1e-4 is 12x that. The LLM's "
+    "gradients doubled after the norm moved its m by 1.0 and v by 3.0 while every loss "
+    "stayed within 4e-6"};
+
 // A bin's cost summed from the same samples in another order of double
 // additions (an assignment's largest bin computed by two implementations).
 inline constexpr Tolerance kSameSumOtherOrderF64 = {

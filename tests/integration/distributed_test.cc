@@ -1,7 +1,8 @@
 // Disaggregated training end to end: `loom up` (preprocess, scheduler, two
 // encoder and two LLM worker processes) against loom-train-local on the same
-// shards and seed, loss by loss over 20 steps, for the `sequential` and the
-// `loom` assignment; encoder DP != LLM DP (fan-in, fan-out); tensor and
+// shards and seed, loss and gradient norm step by step over 20 steps, for
+// the `sequential` and the `loom` assignment (and, for `loom`, every tensor
+// of the step-20 checkpoint); encoder DP != LLM DP (fan-in, fan-out); tensor and
 // pipeline parallelism in both modules, mixed layouts, and checkpoints
 // moving between layouts; a
 // run stopped at 10 and resumed to 20, with the same and with other degrees,
@@ -35,24 +36,24 @@
 namespace loom {
 namespace {
 
-// tiny-deep's losses beside tiny's.
+// tiny-deep's steps beside tiny's.
 class DistributedTest : public TrainingRuns {
  protected:
   static void SetUpTestSuite() {
     TrainingRuns::SetUpTestSuite();
     int rc = 0;
     local_deep_ =
-        Steps(StepLosses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny-deep",
-                                   absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
-                                   "--shards=" + data_ + "/*.tar"},
-                                  "local-deep.log", &rc)),
+        Steps(StepResults(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny-deep",
+                                    absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
+                                    "--shards=" + data_ + "/*.tar"},
+                                   "local-deep.log", &rc)),
               1, kSteps, "loom-train-local tiny-deep");
     ASSERT_EQ(rc, 0);
   }
-  static std::vector<double> local_deep_;
+  static std::vector<StepResult> local_deep_;
 };
 
-std::vector<double> DistributedTest::local_deep_;
+std::vector<StepResult> DistributedTest::local_deep_;
 
 // `loom up --trace`: a track per worker, and per iteration each worker ran
 // its forwards and backwards in exactly the order the simulator predicts for
@@ -108,17 +109,17 @@ void ExpectTraceMatchesTheSimulator(const std::string& path, int encoder_workers
 }
 
 TEST_F(DistributedTest, SequentialAssignmentMatchesTheSingleProcessRun) {
-  ExpectSameLosses(Steps(LoomUp("sequential", Job("sequential", 0), kSteps), 1, kSteps, "seq"),
-                   local_, "sequential vs loom-train-local");
+  ExpectSameSteps(Steps(LoomUp("sequential", Job("sequential", 0), kSteps), 1, kSteps, "seq"),
+                  local_, "sequential vs loom-train-local");
 }
 
 // Encoder DP != LLM DP: the bins of one microbatch slot fan in from fewer
 // encoder ranks (1 -> 3 LLM ranks) and fan out to fewer LLM ranks (3 -> 2).
 TEST_F(DistributedTest, FanInAndFanOutMatchTheSingleProcessRun) {
-  ExpectSameLosses(Steps(LoomUp("fan-out", Job("loom", 0, 1, 3), 8), 1, 8, "1+3"), Local(1, 8),
-                   "encoder DP 1, LLM DP 3 vs loom-train-local");
-  ExpectSameLosses(Steps(LoomUp("fan-in", Job("loom", 0, 3, 2), 8), 1, 8, "3+2"), Local(1, 8),
-                   "encoder DP 3, LLM DP 2 vs loom-train-local");
+  ExpectSameSteps(Steps(LoomUp("fan-out", Job("loom", 0, 1, 3), 8), 1, 8, "1+3"), Local(1, 8),
+                  "encoder DP 1, LLM DP 3 vs loom-train-local");
+  ExpectSameSteps(Steps(LoomUp("fan-in", Job("loom", 0, 3, 2), 8), 1, 8, "3+2"), Local(1, 8),
+                  "encoder DP 3, LLM DP 2 vs loom-train-local");
 }
 
 // Tensor parallelism in both modules with different DP on the two sides:
@@ -129,19 +130,19 @@ TEST_F(DistributedTest, FanInAndFanOutMatchTheSingleProcessRun) {
 // both modules, each equal to the single-process run.
 TEST_F(DistributedTest, TensorParallelMatchesAndCheckpointsMoveAcrossLayouts) {
   const std::string tp = "encoder_tp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 2";
-  ExpectSameLosses(Steps(LoomUp("tp", JobWith("loom", 10, tp), kSteps), 1, kSteps, "tp"), local_,
-                   "encoder TP2 x DP1, LLM TP2 x DP2 vs loom-train-local");
-  const std::vector<double> untp = Steps(
+  ExpectSameSteps(Steps(LoomUp("tp", JobWith("loom", 10, tp), kSteps), 1, kSteps, "tp"), local_,
+                  "encoder TP2 x DP1, LLM TP2 x DP2 vs loom-train-local");
+  const std::vector<StepResult> untp = Steps(
       LoomUp("tp", JobWith("loom", 10, "encoder_dp: 2 llm_dp: 1"), kSteps, {"--resume_step=10"}),
       11, kSteps, "TP checkpoint resumed without TP");
-  ExpectSameLosses(untp, Local(11, kSteps), "TP2 checkpoint resumed as DP 2 + 1");
+  ExpectSameSteps(untp, Local(11, kSteps), "TP2 checkpoint resumed as DP 2 + 1");
 
   Steps(LoomUp("dp", Job("loom", 10, 2, 2), 10), 1, 10, "DP-only first 10");
-  const std::vector<double> tp4 =
+  const std::vector<StepResult> tp4 =
       Steps(LoomUp("dp", JobWith("loom", 10, "encoder_tp: 4 encoder_dp: 1 llm_tp: 4 llm_dp: 1"),
                    kSteps, {"--resume_step=10"}),
             11, kSteps, "DP checkpoint resumed under TP4");
-  ExpectSameLosses(tp4, Local(11, kSteps), "DP 2 + 2 checkpoint resumed as TP4 + TP4");
+  ExpectSameSteps(tp4, Local(11, kSteps), "DP 2 + 2 checkpoint resumed as TP4 + TP4");
 }
 
 // The LLM in two pipeline stages (1F1B over the combined pipeline, stage
@@ -150,24 +151,24 @@ TEST_F(DistributedTest, TensorParallelMatchesAndCheckpointsMoveAcrossLayouts) {
 // step-10 checkpoint resumed without pipeline stages. Each equals the
 // single-process run at every step.
 TEST_F(DistributedTest, PipelineStagesMatchTheSingleProcessRun) {
-  ExpectSameLosses(
+  ExpectSameSteps(
       Steps(LoomUp("pp2", JobWith("loom", 10, "encoder_dp: 1 llm_dp: 1 llm_pp: 2 microbatches: 4"),
                    kSteps),
             1, kSteps, "pp2"),
       local_, "LLM PP2, 4 microbatches vs loom-train-local");
-  ExpectSameLosses(
+  ExpectSameSteps(
       Steps(LoomUp("pp2-m1",
                    JobWith("loom", 0, "encoder_dp: 1 llm_dp: 1 llm_pp: 2 microbatches: 1"), kSteps),
             1, kSteps, "pp2 m1"),
       local_, "LLM PP2, 1 microbatch vs loom-train-local");
-  ExpectSameLosses(
+  ExpectSameSteps(
       Steps(LoomUp("pp2-pp2", JobWith("loom", 0, "encoder_pp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 1"),
                    kSteps),
             1, kSteps, "encoder pp2 + llm pp2"),
       local_, "encoder PP2 + LLM PP2 vs loom-train-local");
-  ExpectSameLosses(Steps(LoomUp("pp2", Job("loom", 10, 2, 2), kSteps, {"--resume_step=10"}), 11,
-                         kSteps, "PP checkpoint resumed without PP"),
-                   Local(11, kSteps), "LLM PP2 checkpoint resumed as DP 2 + 2");
+  ExpectSameSteps(Steps(LoomUp("pp2", Job("loom", 10, 2, 2), kSteps, {"--resume_step=10"}), 11,
+                        kSteps, "PP checkpoint resumed without PP"),
+                  Local(11, kSteps), "LLM PP2 checkpoint resumed as DP 2 + 2");
 }
 
 // Three LLM stages of a 6-layer LLM (tiny-deep); and a mixed layout with
@@ -176,13 +177,13 @@ TEST_F(DistributedTest, PipelineStagesMatchTheSingleProcessRun) {
 // (a fifth of the onevision samples) pass through both LLM stages while the
 // encoder skips them.
 TEST_F(DistributedTest, DeeperAndMixedLayoutsMatchTheSingleProcessRun) {
-  ExpectSameLosses(
+  ExpectSameSteps(
       Steps(LoomUp("pp3", JobWith("loom", 0, "encoder_dp: 1 llm_dp: 1 llm_pp: 3", "tiny-deep"),
                    kSteps),
             1, kSteps, "pp3"),
       local_deep_, "tiny-deep LLM PP3 vs loom-train-local");
   const std::string trace = TempPath("mixed-trace.json");
-  ExpectSameLosses(
+  ExpectSameSteps(
       Steps(LoomUp("mixed",
                    JobWith("loom", 0,
                            "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 2 microbatches: 8"),
@@ -212,21 +213,21 @@ TEST_F(DistributedTest, FrozenModulesMatchTheSingleProcessRun) {
         Case{"llm-only", "vision,projector", "encoder_dp: 2 llm_dp: 2"}}) {
     SCOPED_TRACE(c.name);
     int rc = 0;
-    const std::vector<double> local = Steps(
-        StepLosses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny",
-                             absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
-                             "--shards=" + data_ + "/*.tar", absl::StrCat("--freeze=", c.freeze)},
-                            absl::StrCat("local-", c.name, ".log"), &rc)),
+    const std::vector<StepResult> local = Steps(
+        StepResults(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny",
+                              absl::StrCat("--steps=", kSteps), "--seed=1", "--batch_size=16",
+                              "--shards=" + data_ + "/*.tar", absl::StrCat("--freeze=", c.freeze)},
+                             absl::StrCat("local-", c.name, ".log"), &rc)),
         1, kSteps, c.name);
     ASSERT_EQ(rc, 0);
     EXPECT_NE(local, local_) << "freezing changed nothing";
-    EXPECT_LT(local.back(), local.front()) << "nothing trained";
+    EXPECT_LT(local.back().loss, local.front().loss) << "nothing trained";
     std::string freeze = "freeze {";
     for (absl::string_view m : absl::StrSplit(c.freeze, ','))
       absl::StrAppend(&freeze, " ", m, ": true");
     const std::string job = JobWith("loom", 10, c.parallel) + freeze + " }\n";
-    ExpectSameLosses(Steps(LoomUp(c.name, job, kSteps), 1, kSteps, c.name), local,
-                     absl::StrCat(c.name, " (", c.freeze, " frozen; ", c.parallel, ")"));
+    ExpectSameSteps(Steps(LoomUp(c.name, job, kSteps), 1, kSteps, c.name), local,
+                    absl::StrCat(c.name, " (", c.freeze, " frozen; ", c.parallel, ")"));
   }
   // Stage 1's step-10 checkpoint: the frozen modules as the seed made them.
   MultimodalModel seed(*ModelConfigByName("tiny"));
@@ -236,52 +237,57 @@ TEST_F(DistributedTest, FrozenModulesMatchTheSingleProcessRun) {
   // Stage 2 as a new run from stage 1's weights (init.checkpoint), with the
   // LLM in two pipeline stages, against loom-train-local --init_checkpoint.
   int rc = 0;
-  const std::vector<double> local = Steps(
-      StepLosses(RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny", "--steps=10",
-                           "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar",
-                           "--freeze=vision", "--init_checkpoint=" + step},
-                          "local-from-stage1.log", &rc)),
-      1, 10, "local stage 2 from stage 1");
+  const std::vector<StepResult> local =
+      Steps(StepResults(
+                RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny", "--steps=10",
+                          "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar",
+                          "--freeze=vision", "--init_checkpoint=" + step},
+                         "local-from-stage1.log", &rc)),
+            1, 10, "local stage 2 from stage 1");
   ASSERT_EQ(rc, 0);
   const std::string job =
       JobWith("loom", 0, "encoder_dp: 2 llm_pp: 2 llm_dp: 1") +
       absl::StrCat("freeze { vision: true }\ninit { checkpoint: '", step, "' }\n");
-  ExpectSameLosses(Steps(LoomUp("from-stage1", job, 10), 1, 10, "from stage 1"), local,
-                   "stage 2 from stage 1's checkpoint (LLM PP2) vs loom-train-local");
+  ExpectSameSteps(Steps(LoomUp("from-stage1", job, 10), 1, 10, "from stage 1"), local,
+                  "stage 2 from stage 1's checkpoint (LLM PP2) vs loom-train-local");
   // From the seed's weights the first loss would be the unfrozen run's first.
-  EXPECT_NE(local.front(), local_.front()) << "the stage-1 weights were not loaded";
+  EXPECT_NE(local.front().loss, local_.front().loss) << "the stage-1 weights were not loaded";
 }
 
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {
   std::string out;
-  const std::vector<double> full =
+  const std::vector<StepResult> full =
       Steps(LoomUp("loom", Job("loom", 10), kSteps, {}, &out), 1, kSteps, "loom");
-  ExpectSameLosses(full, local_, "loom vs loom-train-local");
+  ExpectSameSteps(full, local_, "loom vs loom-train-local");
   EXPECT_NE(out.find("checkpoint complete"), std::string::npos) << out;
+  // Both runs' step-20 checkpoints, tensor by tensor: what the losses and
+  // norms summarise, whole.
+  ExpectSameCheckpoints("tiny", StepDir(TempPath("loom") + "/checkpoints", kSteps),
+                        StepDir(local_checkpoints_, kSteps), "loom vs loom-train-local, step 20");
 
   // Stop after 10 (checkpoint 10 complete), then resume to 20: the resumed
   // run must train exactly steps 11..20 (a run that ignored --resume would
   // print steps 1..20) and equal the uninterrupted run there.
   Steps(LoomUp("resumed", Job("loom", 10), 10), 1, 10, "first 10");
-  const std::vector<double> rest =
+  const std::vector<StepResult> rest =
       Steps(LoomUp("resumed", Job("loom", 10), kSteps, {"--resume"}), 11, kSteps, "resumed");
-  ExpectSameLosses(rest, Local(11, kSteps), "resumed 11..20 vs loom-train-local");
-  ExpectSameLosses(rest, std::vector<double>(full.begin() + 10, full.end()),
-                   "resumed 11..20 vs uninterrupted");
+  ExpectSameSteps(rest, Local(11, kSteps), "resumed 11..20 vs loom-train-local");
+  ExpectSameSteps(rest, std::vector<StepResult>(full.begin() + 10, full.end()),
+                  "resumed 11..20 vs uninterrupted");
 
   // The same checkpoint (2 + 2 workers) resumed with other degrees (1 + 1).
-  const std::vector<double> other = Steps(
+  const std::vector<StepResult> other = Steps(
       LoomUp("resumed", Job("loom", 10, 1, 1), kSteps, {"--resume_step=10"}), 11, kSteps, "1+1");
-  ExpectSameLosses(other, Local(11, kSteps), "resumed with DP 1 + 1 vs loom-train-local");
+  ExpectSameSteps(other, Local(11, kSteps), "resumed with DP 1 + 1 vs loom-train-local");
 
   // A fresh run in the reused folder (its step 5), then --resume: it must
   // continue that run at 5, never the older run's 10 or 20.
   Steps(LoomUp("resumed", Job("loom", 5), 5), 1, 5, "fresh run in a reused folder");
   std::string again;
-  const std::vector<double> six =
+  const std::vector<StepResult> six =
       Steps(LoomUp("resumed", Job("loom", 5), 6, {"--resume"}, &again), 6, 6, "resumed fresh run");
   EXPECT_NE(again.find("resuming after step 5"), std::string::npos) << again;
-  ExpectSameLosses(six, Local(6, 6), "the fresh run's step 6");
+  ExpectSameSteps(six, Local(6, 6), "the fresh run's step 6");
   // The older run's step 20 is not this run's: named, refused.
   int rc = 0;
   const std::string refused =

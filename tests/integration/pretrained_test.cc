@@ -41,10 +41,10 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
                                      "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     int code = 0;
-    const std::vector<double> losses =
-        Steps(StepLosses(RunToEnd(argv, name + ".log", &code)), 1, 10, name);
+    const std::vector<StepResult> steps =
+        Steps(StepResults(RunToEnd(argv, name + ".log", &code)), 1, 10, name);
     EXPECT_EQ(code, 0);
-    return losses;
+    return steps;
   };
   auto job = [&](const std::string& model, const std::string& parallel, const std::string& rest) {
     return absl::StrCat("seed: 1\n", model, "\ndata { shards: '", data_,
@@ -64,22 +64,22 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
 
   // Stage 1: the projector alone, encoder PP2 and LLM TP2.
   const std::string llava_job = "hf { llava: '" + llava + "' }";
-  const std::vector<double> stage1 =
+  const std::vector<StepResult> stage1 =
       local("hf-local-1", {"--llava=" + llava, "--freeze=vision,llm"});
-  EXPECT_LT(stage1.back(), stage1.front()) << "nothing trained";
-  ExpectSameLosses(Steps(LoomUp("hf-stage1",
-                                job(llava_job, "encoder_pp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 1",
-                                    "freeze { vision: true llm: true }\n"),
-                                10),
-                         1, 10, "hf stage 1"),
-                   stage1, "LLaVA directory, stage 1 (encoder PP2, LLM TP2) vs loom-train-local");
+  EXPECT_LT(stage1.back().loss, stage1.front().loss) << "nothing trained";
+  ExpectSameSteps(Steps(LoomUp("hf-stage1",
+                               job(llava_job, "encoder_pp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 1",
+                                   "freeze { vision: true llm: true }\n"),
+                               10),
+                        1, 10, "hf stage 1"),
+                  stage1, "LLaVA directory, stage 1 (encoder PP2, LLM TP2) vs loom-train-local");
   const std::string step1 = StepDir(TempPath("hf-stage1") + "/checkpoints", 10);
   ExpectOnlyTheProjectorTrained(*start(llava_source), step1);
 
   // Stage 2 from stage 1: encoder TP2, LLM PP2.
-  const std::vector<double> stage2 =
+  const std::vector<StepResult> stage2 =
       local("hf-local-2", {"--llava=" + llava, "--freeze=vision", "--init_checkpoint=" + step1});
-  ExpectSameLosses(
+  ExpectSameSteps(
       Steps(LoomUp("hf-stage2",
                    job(llava_job, "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 1",
                        "freeze { vision: true }\ninit { checkpoint: '" + step1 + "' }\n"),
@@ -120,10 +120,10 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   hf::ModelSource pair;
   pair.llm_from = hf_dir + "/llm";
   pair.vision_from = hf_dir + "/vision";
-  const std::vector<double> pair_local = local(
+  const std::vector<StepResult> pair_local = local(
       "hf-local-pair",
       {"--llm_from=" + pair.llm_from, "--vision_from=" + pair.vision_from, "--freeze=vision,llm"});
-  ExpectSameLosses(
+  ExpectSameSteps(
       Steps(LoomUp("hf-pair",
                    job(absl::StrCat("hf { llm_from: '", pair.llm_from, "' vision_from: '",
                                     pair.vision_from, "' }"),

@@ -245,22 +245,27 @@ TEST_F(RecoveryTest, EveryProcessKilledInEveryPhaseTheJobEndsAsUninterrupted) {
     EXPECT_TRUE(absl::StrContains(log, restart)) << restart << "\n" << log;
   }
   // Steps trained again after a restart got exactly the first attempt's
-  // losses (the recorded assignments replayed, the data cursor rolled back).
-  std::map<int, double> first;
+  // losses and gradient norms (the recorded assignments replayed, the data
+  // cursor rolled back).
+  std::map<int, StepResult> first;
   int again = 0;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
-    double step = 0, loss = 0;
-    if (!JsonNumberField(line, "step", &step) || !JsonNumberField(line, "loss", &loss)) continue;
-    auto [it, fresh] = first.emplace(static_cast<int>(step), loss);
+    double step = 0;
+    StepResult r;
+    if (!JsonNumberField(line, "step", &step) || !JsonNumberField(line, "loss", &r.loss) ||
+        !JsonNumberField(line, "grad_norm", &r.grad_norm)) {
+      continue;
+    }
+    auto [it, fresh] = first.emplace(static_cast<int>(step), r);
     if (!fresh) {
       ++again;
-      EXPECT_EQ(it->second, loss) << "step " << step << " trained again";
+      EXPECT_EQ(it->second, r) << "step " << step << " trained again";
     }
   }
   EXPECT_GE(again, 5) << "no step was trained twice: the restarts lost nothing?";
   ExpectProductiveTimeIsTheKeptSteps(log, "faults");
-  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "faults"), local_,
-                   "8 processes lost and recovered from checkpoints vs loom-train-local");
+  ExpectSameSteps(Steps(StepResults(log), 1, kSteps, "faults"), local_,
+                  "8 processes lost and recovered from checkpoints vs loom-train-local");
 }
 
 // The grids too: encoder TP2 x DP1 feeding LLM PP2 x DP2, one worker of
@@ -318,9 +323,9 @@ TEST_F(RecoveryTest, TensorAndPipelineGridsRecoverInPlace) {
     EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), 1u) << service << " " << rank;
   }
   ExpectProductiveTimeIsTheKeptSteps(log, "grids");
-  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "grids"), local_,
-                   "encoder TP2 + LLM PP2 x DP2, three workers replaced in place (one hung), vs "
-                   "loom-train-local");
+  ExpectSameSteps(Steps(StepResults(log), 1, kSteps, "grids"), local_,
+                  "encoder TP2 + LLM PP2 x DP2, three workers replaced in place (one hung), vs "
+                  "loom-train-local");
 }
 
 // --noin_place: a lost worker stops every service, and all start again
@@ -338,8 +343,8 @@ TEST_F(RecoveryTest, WithoutRecoveryInPlaceEveryServiceRestarts) {
   EXPECT_EQ(Pids(log, "loom-scheduler", "-").size(), 4u) << log;  // 2 tables per attempt
   EXPECT_NE(Pids(log, "loom-scheduler", "-").front(), Pids(log, "loom-scheduler", "-").back());
   ExpectProductiveTimeIsTheKeptSteps(log, "all");  // the clock goes on across the restart
-  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "all"), local_,
-                   "every service restarted after a worker's loss vs loom-train-local");
+  ExpectSameSteps(Steps(StepResults(log), 1, kSteps, "all"), local_,
+                  "every service restarted after a worker's loss vs loom-train-local");
 }
 
 // loom-preprocess stopped (SIGSTOP) for longer than any RPC deadline but
@@ -365,8 +370,8 @@ TEST_F(RecoveryTest, APreprocessStoppedWithinItsLeaseIsWaitedFor) {
   log = up->ReadLog();
   EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log << LogTails("stopped");
   EXPECT_FALSE(absl::StrContains(log, "RECOVERING")) << log;
-  ExpectSameLosses(Steps(StepLosses(log), 1, kSteps, "stopped"), local_,
-                   "loom-preprocess stopped for 45 s vs loom-train-local");
+  ExpectSameSteps(Steps(StepResults(log), 1, kSteps, "stopped"), local_,
+                  "loom-preprocess stopped for 45 s vs loom-train-local");
 }
 
 // More losses than --max_restarts: the job ends FAILED, naming the last
