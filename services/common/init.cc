@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "runtime/base/log.h"
+#include "runtime/base/open_files.h"
 
 ABSL_FLAG(std::string, log_level, "info",
           "Least severe log records written: debug, info, warning or error.");
@@ -45,6 +46,7 @@ std::vector<std::string> InitService(int argc, char** argv, const std::string& s
     std::exit(0);
   }
   BlockTerminationSignals();
+  RaiseOpenFileLimit();  // a worker's peers, channels and checkpoint parts
   return std::vector<std::string>(positional.begin(), positional.end());
 }
 

@@ -11,7 +11,8 @@ namespace loom {
 // malformed flag prints an error naming it and exits 1), sets the log's
 // service name and --log_level, and blocks SIGTERM and SIGINT in this thread
 // and so in every thread started later: Chassis::ServeUntilSignal() then
-// receives them with sigwait(). Returns the positional arguments, argv[0]
+// receives them with sigwait(). Raises the soft open-file limit to the hard
+// one (RaiseOpenFileLimit). Returns the positional arguments, argv[0]
 // first.
 std::vector<std::string> InitService(int argc, char** argv, const std::string& service_name,
                                      const std::string& usage);

@@ -1,7 +1,8 @@
 // The scheduler's part of a coordinated checkpoint: every worker reports its
 // part of step N; after the last report the scheduler's checkpoint thread
-// completes the step (preprocess cursor, cost model, the productive time
-// before it, then the rename into place: runtime/checkpoint/steps.h). And
+// completes the step (what each module's parts hold into its manifest,
+// preprocess cursor, cost model, the productive time before it, then the
+// rename into place: runtime/checkpoint/steps.h). And
 // the assignments recorded since the newest complete step, which a restart
 // from it replays.
 #include <chrono>
@@ -15,7 +16,9 @@
 #include "prometheus/histogram.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/model/config.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
@@ -193,7 +196,17 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, int64_t gene
       return read.status();
     }
   }
-  absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", kDataCursorFile), cursor);
+  // Each module's manifest, written by a worker that knew its parts' names
+  // only, gets what each part holds (runtime/checkpoint/checkpoint.h): every
+  // header read here once, one file at a time, so a load opens only the
+  // parts that hold its rank's slices.
+  absl::Status s;
+  for (const char* module : kModuleNames) {
+    std::error_code ec;
+    if (!s.ok() || !std::filesystem::exists(ModuleManifestPath(dir, module), ec)) continue;
+    s = DescribeModuleParts(dir, module);
+  }
+  if (s.ok()) s = WriteFileAtomically(absl::StrCat(dir, "/", kDataCursorFile), cursor);
   std::string costs;
   control::v1::TrainingTime before;  // what a restart from this step continues with
   before.set_productive_seconds(productive_before);

@@ -20,7 +20,8 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
   // stage's TP group) are cut into DP × TP parts, one per rank of the stage,
   // and the first stage's rank (0, 0) writes the manifest naming every
   // stage's parts (runtime/checkpoint: the layout-independent format, so a
-  // job resumes under other degrees). The scheduler emptied the step's
+  // job resumes under other degrees); the scheduler adds what each part
+  // holds when the step completes. The scheduler emptied the step's
   // partial folder when it marked the step and renames it into place once
   // every rank has reported. A part is a snapshot, a copy of this rank's
   // share alone (1 / (DP × TP) of its stage), written in the background while
