@@ -18,7 +18,6 @@
 
 #include <atomic>
 #include <climits>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -33,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "deploy/launcher/launcher.h"
 #include "runtime/base/file.h"
+#include "runtime/base/json_line.h"
 #include "runtime/base/runfiles.h"
 #include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
@@ -159,18 +159,13 @@ std::string ProgressLine(const loom::scheduler::v1::StepReport& r, int64_t end) 
       r.skipped() ? "  skipped (not finite: no optimizer step)" : "");
 }
 
-// JSON has no NaN: a skipped step's non-finite loss or norm is null.
-std::string JsonNumber(double v, int digits) {
-  return std::isfinite(v) ? absl::StrFormat("%.*f", digits, v) : std::string("null");
-}
-
 std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
   return absl::StrFormat(
       "{\"iteration\":%d,\"step\":%d,\"loss\":%s,\"samples\":%d,\"tokens\":%d,"
       "\"loss_tokens\":%d,\"grad_norm\":%s,\"lr\":%.6g,\"seconds\":%.6f,"
       "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f%s}",
-      r.iteration(), r.iteration() + 1, JsonNumber(r.loss(), 6), r.samples(), r.tokens(),
-      r.loss_tokens(), JsonNumber(r.grad_norm(), 6), r.lr(), r.seconds(),
+      r.iteration(), r.iteration() + 1, loom::JsonNumber(r.loss(), 6), r.samples(), r.tokens(),
+      r.loss_tokens(), loom::JsonNumber(r.grad_norm(), 6), r.lr(), r.seconds(),
       r.seconds() > 0 ? r.samples() / r.seconds() : 0.0, r.microbatch_imbalance(),
       r.skipped() ? ",\"skipped\":true" : "");
 }

@@ -16,7 +16,6 @@
 // (runtime/data), shuffled by --seed, and checkpoints also hold the data
 // cursor (step-N/data_cursor.binpb) so a resumed run continues with exactly
 // the next sample.
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -25,9 +24,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
+#include "runtime/base/json_line.h"
 #include "runtime/base/open_files.h"
 #include "runtime/data/loader.h"
 #include "runtime/hf/model_flags.h"
@@ -220,16 +219,12 @@ int main(int argc, char** argv) {
       global_batch.push_back(std::move(sample->sample));
     }
     loom::StepStats st = trainer.Step(global_batch);
-    // JSON has no NaN: a skipped step's non-finite values print as null.
-    auto number = [](double v, int digits) {
-      return std::isfinite(v) ? absl::StrFormat("%.*f", digits, v) : std::string("null");
-    };
     std::printf(
         "{\"step\":%lld,\"loss\":%s,\"samples\":%lld,\"tokens\":%lld,\"step_seconds\":%.4f,"
         "\"grad_norm\":%s,\"lr\":%.6g%s}\n",
-        static_cast<long long>(st.step), number(st.loss, 6).c_str(),
+        static_cast<long long>(st.step), loom::JsonNumber(st.loss, 6).c_str(),
         static_cast<long long>(st.samples), static_cast<long long>(st.tokens), st.seconds,
-        number(st.grad_norm, 4).c_str(), st.lr, st.skipped ? ",\"skipped\":true" : "");
+        loom::JsonNumber(st.grad_norm, 4).c_str(), st.lr, st.skipped ? ",\"skipped\":true" : "");
     std::fflush(stdout);
     if (st.skipped && ++skipped > absl::GetFlag(FLAGS_max_skipped_steps)) {
       return Fail(absl::StrCat("loss diverged at step ", st.step, ": ", skipped,
