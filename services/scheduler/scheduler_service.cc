@@ -149,6 +149,7 @@ SchedulerServiceImpl::~SchedulerServiceImpl() {
     if (batch_call_ != nullptr) batch_call_->TryCancel();
     changed_.SignalAll();
   }
+  if (poll_timer_.joinable()) poll_timer_.join();  // it answers every held poll first
   if (assigner_.joinable()) assigner_.join();
   if (leases_.joinable()) leases_.join();
   if (checkpointer_.joinable()) checkpointer_.join();
@@ -404,7 +405,7 @@ namespace {
 
 // Until when a long poll asking to wait `wait_ms` is held: at most
 // kMaxLongPoll, and a second before the caller's deadline.
-absl::Time LongPollUntil(const grpc::ServerContext* context, int32_t wait_ms) {
+absl::Time LongPollUntil(const grpc::ServerContextBase* context, int32_t wait_ms) {
   constexpr absl::Duration kMaxLongPoll = absl::Seconds(5);
   const absl::Time now = absl::Now();
   if (wait_ms <= 0) return now;
@@ -440,18 +441,86 @@ void SchedulerServiceImpl::PublishRegroupLocked() {
   published_changed_.SignalAll();
 }
 
-grpc::Status SchedulerServiceImpl::GetGeneration(grpc::ServerContext* context,
-                                                 const scheduler::v1::GetGenerationRequest* request,
-                                                 scheduler::v1::GetGenerationResponse* response) {
-  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
-  const absl::Time until = LongPollUntil(context, request->wait_ms());
-  absl::MutexLock lock(&published_mu_);
-  while (published_.generation() == request->known_generation() && !published_closing_ &&
-         absl::Now() < until) {
-    published_changed_.WaitWithDeadline(&published_mu_, until);  // PublishRegroupLocked signals
+// A held GetGeneration. Finish is called once: by whoever takes it out of
+// held_polls_ (the timer thread, or OnCancel), or at once when not held.
+class SchedulerServiceImpl::GenerationPoll final : public grpc::ServerUnaryReactor {
+ public:
+  GenerationPoll(SchedulerServiceImpl* service, int64_t known,
+                 scheduler::v1::GetGenerationResponse* response)
+      : service_(service), known_(known), response_(response) {}
+  void OnCancel() override { service_->CancelPoll(this); }
+  void OnDone() override { delete this; }
+
+  SchedulerServiceImpl* const service_;
+  const int64_t known_;
+  scheduler::v1::GetGenerationResponse* const response_;
+  bool held_ = false;  // in held_polls_ at at_ (under published_mu_)
+  HeldPolls::iterator at_;
+};
+
+grpc::ServerUnaryReactor* SchedulerServiceImpl::GetGeneration(
+    grpc::CallbackServerContext* context, const scheduler::v1::GetGenerationRequest* request,
+    scheduler::v1::GetGenerationResponse* response) {
+  auto* poll = new GenerationPoll(this, request->known_generation(), response);
+  if (absl::Status s = Configured(); !s.ok()) {
+    poll->Finish(ToGrpcStatus(s));
+    return poll;
   }
-  *response->mutable_current() = published_;
-  return grpc::Status::OK;
+  const absl::Time until = LongPollUntil(context, request->wait_ms());
+  {
+    absl::MutexLock lock(&published_mu_);
+    if (published_.generation() == request->known_generation() && !published_closing_ &&
+        absl::Now() < until) {
+      poll->held_ = true;
+      poll->at_ = held_polls_.emplace(until, poll);
+      if (poll->at_ == held_polls_.begin()) published_changed_.SignalAll();  // a new earliest
+      if (!poll_timer_.joinable()) poll_timer_ = std::thread([this] { PollTimerThread(); });
+      return poll;
+    }
+    *response->mutable_current() = published_;
+  }
+  poll->Finish(grpc::Status::OK);
+  return poll;
+}
+
+void SchedulerServiceImpl::CancelPoll(GenerationPoll* poll) {
+  {
+    absl::MutexLock lock(&published_mu_);
+    if (!poll->held_) return;  // answered already
+    held_polls_.erase(poll->at_);
+    poll->held_ = false;
+  }
+  poll->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+}
+
+void SchedulerServiceImpl::PollTimerThread() {
+  absl::MutexLock lock(&published_mu_);
+  int64_t generation = published_.generation();
+  for (;;) {
+    // Due: every held poll when closing or when the generation changed
+    // (each was held on the generation then current), else those whose
+    // time is up.
+    const bool all = published_closing_ || published_.generation() != generation;
+    generation = published_.generation();
+    const absl::Time now = absl::Now();
+    std::vector<GenerationPoll*> due;
+    for (auto it = held_polls_.begin(); it != held_polls_.end() && (all || it->first <= now);) {
+      GenerationPoll* poll = it->second;
+      *poll->response_->mutable_current() = published_;
+      poll->held_ = false;
+      it = held_polls_.erase(it);
+      due.push_back(poll);
+    }
+    if (!due.empty()) {
+      published_mu_.Unlock();  // Finish outside the lock: OnCancel takes it
+      for (GenerationPoll* poll : due) poll->Finish(grpc::Status::OK);
+      published_mu_.Lock();
+      continue;
+    }
+    if (published_closing_) return;
+    published_changed_.WaitWithDeadline(
+        &published_mu_, held_polls_.empty() ? absl::InfiniteFuture() : held_polls_.begin()->first);
+  }
 }
 
 grpc::Status SchedulerServiceImpl::GetWorkers(grpc::ServerContext*,

@@ -90,7 +90,11 @@ inline constexpr int kMaxProbesInFlight = 64;
 std::string SchedulerJobFile(const std::string& run_dir);
 
 // Thread-safe: gRPC calls its methods from many threads at once.
-class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Service {
+// GetGeneration is a callback method (a held long poll pins no thread);
+// every other method is synchronous.
+class SchedulerServiceImpl final
+    : public scheduler::v1::SchedulerService::WithCallbackMethod_GetGeneration<
+          scheduler::v1::SchedulerService::Service> {
  public:
   // `chassis` is not owned and must outlive this service. Until a job is
   // configured (Configure, or SubmitJob through the control API) the worker
@@ -137,9 +141,11 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   grpc::Status GetAssignment(grpc::ServerContext* context,
                              const scheduler::v1::GetAssignmentRequest* request,
                              scheduler::v1::GetAssignmentResponse* response) override;
-  grpc::Status GetGeneration(grpc::ServerContext* context,
-                             const scheduler::v1::GetGenerationRequest* request,
-                             scheduler::v1::GetGenerationResponse* response) override;
+  // Answered at once, or held in held_polls_ (no thread waits for it) until
+  // the generation changes, its time is up or it is cancelled.
+  grpc::ServerUnaryReactor* GetGeneration(grpc::CallbackServerContext* context,
+                                          const scheduler::v1::GetGenerationRequest* request,
+                                          scheduler::v1::GetGenerationResponse* response) override;
   grpc::Status ReportTimings(grpc::ServerContext* context,
                              const scheduler::v1::ReportTimingsRequest* request,
                              scheduler::v1::ReportTimingsResponse* response) override;
@@ -397,7 +403,16 @@ class SchedulerServiceImpl final : public scheduler::v1::SchedulerService::Servi
   mutable absl::Mutex published_mu_ ABSL_ACQUIRED_AFTER(mu_);
   scheduler::v1::Regroup published_ ABSL_GUARDED_BY(published_mu_);
   bool published_closing_ ABSL_GUARDED_BY(published_mu_) = false;  // held calls answer
-  absl::CondVar published_changed_;
+  absl::CondVar published_changed_;  // a publish, a new earliest poll, closing
+  // GetGeneration calls held, by when they answer at the latest. poll_timer_
+  // answers them when that time comes or the generation changes; a
+  // cancelled one answers at once (GenerationPoll::OnCancel).
+  class GenerationPoll;
+  using HeldPolls = std::multimap<absl::Time, GenerationPoll*>;
+  HeldPolls held_polls_ ABSL_GUARDED_BY(published_mu_);
+  void PollTimerThread();
+  void CancelPoll(GenerationPoll* poll);
+  std::thread poll_timer_;
   // The checkpoint thread's work: a step's cursor to read (its first part
   // is in) or the step to complete (every part is in: also in completing_).
   struct CheckpointWork {

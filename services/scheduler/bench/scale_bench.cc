@@ -223,11 +223,14 @@ class Barrier {
       if (on_pass_) on_pass_();
       arrived_ = 0;
       ++round_;
+      passed_.SignalAll();
       return true;
     }
-    auto passed = [&] { return round_ != round; };
-    while (!mu_.AwaitWithTimeout(absl::Condition(&passed), absl::Milliseconds(100))) {
+    // A CondVar, not Mutex::Await: with thousands of waiters, Await
+    // evaluates every waiter's condition on each unlock.
+    while (round_ == round) {
       if (cancel.load()) return false;
+      passed_.WaitWithTimeout(&mu_, absl::Milliseconds(500));
     }
     return true;
   }
@@ -236,6 +239,7 @@ class Barrier {
   const int n_;
   const std::function<void()> on_pass_;
   absl::Mutex mu_;
+  absl::CondVar passed_;
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t round_ ABSL_GUARDED_BY(mu_) = 0;
 };
