@@ -14,6 +14,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/gauge.h"
 #include "runtime/base/log.h"
+#include "services/common/incarnation.h"
 #include "services/common/version.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0",
@@ -221,6 +222,7 @@ void Chassis::FillServiceInfo(common::v1::ServiceInfo* info) const {
   info->mutable_start_time()->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
   info->set_grpc_port(grpc_port_);
   info->set_metrics_port(metrics_port_);
+  info->set_instance(IncarnationInstance(ProcessIncarnation()));
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) == 0) info->set_hostname(host);
   info->set_pid(getpid());

@@ -44,6 +44,11 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
     if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
       return ToGrpcStatus(s);
     }
+    if (absl::Status s =
+            CheckHolderLocked(request->role(), request->rank(), request->incarnation());
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
     if (!IsCheckpointStep(step)) {
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("step: ", step, " is not a checkpoint step of this job (checkpoint.every = ",

@@ -96,8 +96,7 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
     // answers SERVING again (the lease thread looks).
     awaiting_preprocess_ = true;
   } else {
-    workers_.erase({role, rank});
-    registered_->Set(static_cast<double>(workers_.size()));
+    ReleaseRankLocked(role, rank);
   }
   // From the newest complete checkpoint, or from the start of this run.
   const int64_t from = std::max(last_checkpoint_, options_.start_iteration);

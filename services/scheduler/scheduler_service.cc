@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "loom/worker/v1/worker.grpc.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -18,6 +19,7 @@
 #include "runtime/scheduling/schedule.h"
 #include "services/common/channel.h"
 #include "services/common/grpc_status.h"
+#include "services/common/incarnation.h"
 #include "services/common/job.h"
 #include "services/scheduler/job_state.h"
 
@@ -348,24 +350,56 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   if (w.ucx_address().empty()) {
     return ToGrpcStatus(absl::InvalidArgumentError("worker.ucx_address: empty"));
   }
+  const std::string& incarnation = request->incarnation();
+  if (incarnation.size() != kIncarnationBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("incarnation: ", incarnation.size(), " bytes; a worker sends the ",
+                     kIncarnationBytes, " random bytes it drew at start")));
+  }
+  const std::pair<int, int> key(w.role(), w.rank());
   absl::MutexLock lock(&mu_);
-  // A rank whose holder was declared lost is free again (a recovery in
-  // place erased it): its replacement registers here from a new address.
-  auto [it, inserted] = workers_.try_emplace({w.role(), w.rank()}, w);
-  if (!inserted && it->second.ucx_address() != w.ucx_address() && !w.endpoint().empty() &&
-      it->second.endpoint() == w.endpoint() &&
-      (state_ == control::v1::JOB_STATE_RUNNING || state_ == control::v1::JOB_STATE_PAUSED)) {
-    // A new process at the holder's own address (a container restarted in
-    // its pod): the holder is gone. Declared lost now, it frees the rank.
+  if (lost_incarnations_.count(incarnation) > 0) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("this process was declared lost as ", common::v1::Role_Name(w.role()),
+                     " rank ", w.rank(), "; a new process takes the rank (exit)")));
+  }
+  auto held = incarnations_.find(key);
+  if (held != incarnations_.end() && held->second != incarnation) {
+    const scheduler::v1::Worker holder = workers_.at(key);
+    const std::string holder_incarnation = held->second;
+    if (w.endpoint().empty() || holder.endpoint() != w.endpoint() ||
+        (state_ != control::v1::JOB_STATE_RUNNING && state_ != control::v1::JOB_STATE_PAUSED)) {
+      return ToGrpcStatus(
+          absl::AlreadyExistsError(absl::StrCat(common::v1::Role_Name(w.role()), " rank ", w.rank(),
+                                                " is registered by another process")));
+    }
+    // From the holder's own endpoint: a container restarted in its pod, or
+    // a caller naming the holder's endpoint. Whoever answers there decides.
+    mu_.Unlock();  // no RPC under mu_
+    absl::StatusOr<std::string> instance = AskInstance(w.role(), w.endpoint());
+    mu_.Lock();
+    held = incarnations_.find(key);
+    const bool still =
+        held != incarnations_.end() && held->second == holder_incarnation &&
+        (state_ == control::v1::JOB_STATE_RUNNING || state_ == control::v1::JOB_STATE_PAUSED);
+    if (!instance.ok() || *instance == IncarnationInstance(holder_incarnation) || !still) {
+      return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
+          common::v1::Role_Name(w.role()), " rank ", w.rank(), " is registered by another process",
+          instance.ok() ? (still ? ", which still answers at its endpoint" : "")
+                        : absl::StrCat(" (its endpoint: ", instance.status().message(), ")"))));
+    }
+    // Another process answers at the holder's endpoint: the holder is gone.
+    // Declared lost now, it frees the rank.
     DeclareLostLocked(w.role(), w.rank(), w.endpoint(),
                       "restarted: a new process registered from its endpoint", absl::Now());
-    std::tie(it, inserted) = workers_.try_emplace({w.role(), w.rank()}, w);
+    if (incarnations_.count(key) > 0) {  // not freed (the job was not running)
+      return ToGrpcStatus(
+          absl::AlreadyExistsError(absl::StrCat(common::v1::Role_Name(w.role()), " rank ", w.rank(),
+                                                " is registered by another process")));
+    }
   }
-  if (!inserted && it->second.ucx_address() != w.ucx_address()) {
-    return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
-        common::v1::Role_Name(w.role()), " rank ", w.rank(), " is registered by another worker")));
-  }
-  it->second = w;  // a retry may bring a new endpoint
+  workers_[key] = w;  // the holder's retry may bring new addresses
+  incarnations_[key] = incarnation;
   registered_->Set(static_cast<double>(workers_.size()));
   if (state_ == control::v1::JOB_STATE_PENDING &&
       static_cast<int>(workers_.size()) ==
@@ -387,6 +421,48 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   response->set_data_key(g.data_key());
   response->set_preprocess(options_.preprocess);
   return grpc::Status::OK;
+}
+
+void SchedulerServiceImpl::ReleaseRankLocked(Role role, int rank) {
+  workers_.erase({role, rank});
+  registered_->Set(static_cast<double>(workers_.size()));
+  auto it = incarnations_.find({role, rank});
+  if (it == incarnations_.end()) return;
+  if (lost_incarnations_.insert(it->second).second) lost_order_.push_back(it->second);
+  while (lost_order_.size() > kLostIncarnationsKept) {
+    lost_incarnations_.erase(lost_order_.front());
+    lost_order_.pop_front();
+  }
+  incarnations_.erase(it);
+}
+
+absl::Status SchedulerServiceImpl::CheckHolderLocked(Role role, int rank,
+                                                     const std::string& incarnation) const {
+  auto it = incarnations_.find({role, rank});
+  if (it != incarnations_.end() && !incarnation.empty() && it->second == incarnation) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat(Role_Name(role), " rank ", rank,
+                   it == incarnations_.end() ? " is not registered" : " is held by another process",
+                   ": the caller's incarnation does not hold it"));
+}
+
+absl::StatusOr<std::string> SchedulerServiceImpl::AskInstance(Role role,
+                                                              const std::string& endpoint) const {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  worker::v1::GetInfoResponse response;
+  grpc::Status s;
+  if (role == common::v1::ROLE_ENCODER_WORKER) {
+    s = worker::v1::EncoderWorkerService::NewStub(ServiceChannel(endpoint))
+            ->GetInfo(&ctx, {}, &response);
+  } else {
+    s = worker::v1::LlmWorkerService::NewStub(ServiceChannel(endpoint))
+            ->GetInfo(&ctx, {}, &response);
+  }
+  if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("GetInfo at ", endpoint));
+  return response.info().instance();
 }
 
 absl::Status SchedulerServiceImpl::ValidateWorkerId(Role role, int rank) const {
@@ -574,6 +650,11 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   if (absl::Status s = CheckGenerationLocked(request->generation()); !s.ok()) {
     return ToGrpcStatus(s);
   }
+  // LLM rank 0 reports the steps.
+  if (absl::Status s = CheckHolderLocked(common::v1::ROLE_LLM_WORKER, 0, request->incarnation());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (r.iteration() < start_iteration_) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "step.iteration: ", r.iteration(), " is before this job's start, ", start_iteration_)));
@@ -697,6 +778,20 @@ grpc::Status SchedulerServiceImpl::GetKeys(grpc::ServerContext* context,
       wait->set.WaitWithDeadline(&keys_mu_, until);
     }
     if (--wait->waiters == 0) key_waits_.erase(r.key());
+  }
+  // Bounded by what a client receives (gRPC's default 4 MiB), checked
+  // before any value is copied.
+  constexpr size_t kMaxResponseBytes = (4 << 20) - (64 << 10);
+  size_t bytes = 0;
+  for (const scheduler::v1::KeyRead& r : request->reads()) {
+    auto it = keys_.find(r.key());
+    if (it == keys_.end()) continue;
+    bytes += r.key().size() + (r.parts() > 1 ? it->second.size() / r.parts() : it->second.size());
+  }
+  if (bytes > kMaxResponseBytes) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("reads: the values asked come to ", bytes, " bytes, over the ",
+                     kMaxResponseBytes, " a response carries; ask for fewer keys or for parts")));
   }
   for (const scheduler::v1::KeyRead& r : request->reads()) {
     scheduler::v1::KeyValue* v = response->add_values();

@@ -310,6 +310,21 @@ class SchedulerServiceImpl final
   absl::Mutex step_io_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<std::pair<int, int>, scheduler::v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
+  // The incarnation holding each rank in workers_ (RegisterWorkerRequest),
+  // never sent to anyone; and the incarnations declared lost, whose late
+  // registrations are refused (the newest kLostIncarnationsKept).
+  std::map<std::pair<int, int>, std::string> incarnations_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> lost_incarnations_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kLostIncarnationsKept = 65536;
+  // Frees (role, rank): its holder's incarnation is lost from now on.
+  void ReleaseRankLocked(common::v1::Role role, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PERMISSION_DENIED unless `incarnation` holds (role, rank).
+  absl::Status CheckHolderLocked(common::v1::Role role, int rank,
+                                 const std::string& incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ServiceInfo.instance of the `role` worker answering at `endpoint`.
+  absl::StatusOr<std::string> AskInstance(common::v1::Role role, const std::string& endpoint) const;
   // Handed out (the newest of them: newest_), and computed ahead by the
   // assignment thread but not handed out yet (no mark placed).
   std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);

@@ -18,12 +18,14 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
+#include "loom/worker/v1/worker.grpc.pb.h"
 #include "runtime/base/file.h"
 #include "runtime/base/test_paths.h"
 #include "runtime/data/datagen.h"
 #include "runtime/scheduling/plan.h"
 #include "runtime/scheduling/schedule.h"
 #include "services/common/chassis_testing.h"
+#include "services/common/incarnation.h"
 #include "services/preprocess/preprocess_service.h"
 #include "services/scheduler/control_service.h"
 
@@ -99,6 +101,27 @@ class SilentPort {
   int port_ = 0;
 };
 
+// An LLM worker's GetInfo answering as the process `instance` names
+// (ServiceInfo.instance): what loom-scheduler asks a rank's endpoint when
+// another process registers from it.
+class InstanceAnswer final : public worker::v1::LlmWorkerService::Service {
+ public:
+  void Set(const std::string& instance) {
+    absl::MutexLock lock(&mu_);
+    instance_ = instance;
+  }
+  grpc::Status GetInfo(grpc::ServerContext*, const worker::v1::GetInfoRequest*,
+                       worker::v1::GetInfoResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    response->mutable_info()->set_instance(instance_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string instance_;
+};
+
 // Leases and recovery in place: the scheduler asks every registered
 // worker's health; one that stops answering for a lease (or whose port is
 // closed: at once) is declared lost, the job turns RECOVERING with the
@@ -107,12 +130,18 @@ class SilentPort {
 // free for a replacement, whose registration puts the job back to RUNNING.
 TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacement) {
   std::vector<std::unique_ptr<Chassis>> workers;
+  InstanceAnswer llm0_info;  // LLM rank 0 (workers[2]) says which process it is
+  std::vector<std::string> incarnations;
   for (int i = 0; i < 3; ++i) {
     workers.push_back(std::make_unique<Chassis>(testing::LocalOptions(
         i < 2 ? "loom-encoder-worker" : "loom-llm-worker",
         i < 2 ? common::v1::ROLE_ENCODER_WORKER : common::v1::ROLE_LLM_WORKER, i % 2)));
+    if (i == 2)
+      workers.back()->AddService(&llm0_info, worker::v1::LlmWorkerService::service_full_name());
     ASSERT_TRUE(workers.back()->Start().ok());
   }
+  for (int i = 0; i < 4; ++i) incarnations.push_back(NewIncarnation());
+  llm0_info.Set(IncarnationInstance(incarnations[2]));
   SilentPort hung;  // LLM rank 1
   ASSERT_GT(hung.port(), 0);
   Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
@@ -130,9 +159,12 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   chassis.AddService(service->get(), scheduler::v1::SchedulerService::service_full_name());
   ASSERT_TRUE(chassis.Start().ok());
   auto stub = scheduler::v1::SchedulerService::NewStub(testing::ChannelTo(chassis));
+  // As the process `incarnation` (the first one of slot i if empty).
   auto register_worker = [&](int i, const std::string& ucx, int port,
-                             scheduler::v1::RegisterWorkerResponse* response) {
+                             scheduler::v1::RegisterWorkerResponse* response,
+                             const std::string& incarnation = "") {
     scheduler::v1::RegisterWorkerRequest r;
+    r.set_incarnation(incarnation.empty() ? incarnations[i] : incarnation);
     r.mutable_worker()->set_role(i < 2 ? common::v1::ROLE_ENCODER_WORKER
                                        : common::v1::ROLE_LLM_WORKER);
     r.mutable_worker()->set_rank(i % 2);
@@ -190,6 +222,7 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   EXPECT_NE(key1, key0);
   scheduler::v1::ReportStepRequest step;
   step.set_generation(0);
+  step.set_incarnation(incarnations[2]);
   scheduler::v1::ReportStepResponse step_response;
   auto ctx2 = testing::ContextWithDeadline();
   s = stub->ReportStep(ctx2.get(), step, &step_response);
@@ -208,21 +241,38 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   EXPECT_EQ(current.current().generation(), 1);
   EXPECT_EQ(current.current().data_key(), key1);
 
+  // The lost process, late (it was hung, not gone): refused, it must exit.
+  s = register_worker(3, "ucx3", hung.port(), &registered);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("this process was declared lost as ROLE_LLM_WORKER rank 1"),
+            std::string::npos)
+      << s.error_message();
   // Another rank is still held by its worker; the lost one is free.
-  EXPECT_EQ(register_worker(2, "elsewhere", workers[2]->grpc_port(), &registered).error_code(),
+  EXPECT_EQ(register_worker(2, "elsewhere", workers[2]->grpc_port(), &registered, NewIncarnation())
+                .error_code(),
             grpc::StatusCode::ALREADY_EXISTS);
   Chassis replacement(
       testing::LocalOptions("loom-llm-worker", common::v1::ROLE_LLM_WORKER, /*rank=*/1));
   ASSERT_TRUE(replacement.Start().ok());
-  s = register_worker(3, "ucx3-new", replacement.grpc_port(), &registered);
+  s = register_worker(3, "ucx3-new", replacement.grpc_port(), &registered, NewIncarnation());
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(registered.generation(), 1);
   EXPECT_EQ(registered.data_key(), key1);
   EXPECT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
 
+  // Any process holds the workers' certificate: one naming the holder's
+  // endpoint while the holder still answers there is refused, and the
+  // holder keeps its rank and its reports.
+  const std::string restarted = NewIncarnation();
+  s = register_worker(2, "ucx2-impostor", workers[2]->grpc_port(), &registered, restarted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  EXPECT_NE(s.error_message().find("still answers at its endpoint"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(job().generation(), 1);
   // A new process registering from a holder's own endpoint (its container
-  // restarted in the pod) replaces it at once.
-  s = register_worker(2, "ucx2-restarted", workers[2]->grpc_port(), &registered);
+  // restarted in the pod: another process answers there) replaces it at once.
+  llm0_info.Set(IncarnationInstance(restarted));
+  s = register_worker(2, "ucx2-restarted", workers[2]->grpc_port(), &registered, restarted);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(registered.generation(), 2);
   j = job();
@@ -247,7 +297,8 @@ TEST(SchedulerServiceImplTest, ALostWorkerIsDeclaredAndItsRankTakenByAReplacemen
   Chassis encoder(
       testing::LocalOptions("loom-encoder-worker", common::v1::ROLE_ENCODER_WORKER, /*rank=*/0));
   ASSERT_TRUE(encoder.Start().ok());
-  ASSERT_TRUE(register_worker(0, "ucx0-new", encoder.grpc_port(), &registered).ok());
+  ASSERT_TRUE(
+      register_worker(0, "ucx0-new", encoder.grpc_port(), &registered, NewIncarnation()).ok());
   ASSERT_EQ(job().state(), control::v1::JOB_STATE_RUNNING);
   replacement.Shutdown();  // LLM rank 1 again
   const absl::Time failed_by = absl::Now() + absl::Seconds(20);
@@ -328,6 +379,7 @@ TEST(SchedulerServiceImplTest, LeasesHoldAtScaleAndALostHolderIsFound) {
     r.mutable_worker()->set_ucx_address(absl::StrCat("ucx", i));
     r.mutable_worker()->set_endpoint(llm && rank == 100 ? victim.endpoint()
                                                         : servers[i % 16]->endpoint());
+    r.set_incarnation(NewIncarnation());
     scheduler::v1::RegisterWorkerResponse response;
     auto ctx = testing::ContextWithDeadline();
     ASSERT_TRUE(stub->RegisterWorker(ctx.get(), r, &response).ok()) << i;
@@ -414,15 +466,32 @@ class ServedScheduleTest : public ::testing::Test {
     data_chassis_->Shutdown();
   }
 
+  // As the process named by `address` (its incarnation follows from it: a
+  // retry from the same address is the same process).
   grpc::Status Register(common::v1::Role role, int rank, const std::string& address) {
     scheduler::v1::RegisterWorkerRequest r;
     r.mutable_worker()->set_role(role);
     r.mutable_worker()->set_rank(rank);
     r.mutable_worker()->set_ucx_address(address);
+    r.set_incarnation(IncarnationOf(address));
     scheduler::v1::RegisterWorkerResponse response;
     auto ctx = testing::ContextWithDeadline();
-    return stub_->RegisterWorker(ctx.get(), r, &response);
+    grpc::Status s = stub_->RegisterWorker(ctx.get(), r, &response);
+    if (s.ok()) holders_[{role, rank}] = r.incarnation();
+    return s;
   }
+  static std::string IncarnationOf(const std::string& address) {
+    return IncarnationInstance(address);  // 16 bytes that follow from the name
+  }
+  // Registers encoder and LLM ranks 0 and 1 ("e0", "l1", ...): the job runs.
+  void RegisterAll() {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(Register(common::v1::ROLE_ENCODER_WORKER, r, "e" + std::to_string(r)).ok());
+      ASSERT_TRUE(Register(common::v1::ROLE_LLM_WORKER, r, "l" + std::to_string(r)).ok());
+    }
+  }
+  // The incarnation that registered (role, rank) here ("" if none).
+  std::string Holder(common::v1::Role role, int rank) { return holders_[{role, rank}]; }
 
   // `ended` (optional): GetAssignmentResponse.job_ended.
   grpc::Status Assignment(int64_t iteration, scheduler::v1::Assignment* out,
@@ -437,14 +506,18 @@ class ServedScheduleTest : public ::testing::Test {
     return s;
   }
 
-  grpc::Status Report(const scheduler::v1::ReportTimingsRequest& r,
+  // As the holder of (role, rank) unless `r` names an incarnation (the plan
+  // has TP = PP = 1: the DP rank is the worker's).
+  grpc::Status Report(scheduler::v1::ReportTimingsRequest r,
                       scheduler::v1::ReportTimingsResponse* response) {
+    if (r.incarnation().empty()) r.set_incarnation(Holder(r.role(), r.rank()));
     auto ctx = testing::ContextWithDeadline();
     return stub_->ReportTimings(ctx.get(), r, response);
   }
 
   int64_t steps_ = 8;
   int every_ = 2;
+  std::map<std::pair<int, int>, std::string> holders_;
   std::unique_ptr<Chassis> data_chassis_, chassis_;
   std::unique_ptr<PreprocessServiceImpl> data_;
   std::unique_ptr<SchedulerServiceImpl> service_;
@@ -622,10 +695,7 @@ TEST_F(ServedScheduleTest, ControlRequestsGateAssignments) {
             absl::StatusCode::kFailedPrecondition)
       << "only a RUNNING job checkpoints";
 
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(Register(common::v1::ROLE_ENCODER_WORKER, r, "e" + std::to_string(r)).ok());
-    ASSERT_TRUE(Register(common::v1::ROLE_LLM_WORKER, r, "l" + std::to_string(r)).ok());
-  }
+  RegisterAll();
   EXPECT_EQ(service_->GetJob("t")->state(), control::v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(service_->CheckpointJob("t", &step).ok());
   EXPECT_EQ(step, 3) << "iterations 0 and 1 are handed out: the mark goes on 2, step 3 follows it";
@@ -848,6 +918,25 @@ TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
   EXPECT_EQ(stub_->GetKeys(bctx.get(), many, &values).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT)
       << "part 3 of 3";
+
+  // A response is bounded: five reads of a 1 MiB value are refused, named;
+  // one part of each is not.
+  scheduler::v1::SetKeyRequest big;
+  big.set_key("g0-big");
+  big.set_value(std::string(1 << 20, 'v'));
+  scheduler::v1::SetKeyResponse set;
+  auto sctx = testing::ContextWithDeadline(30);
+  ASSERT_TRUE(stub_->SetKey(sctx.get(), big, &set).ok());
+  scheduler::v1::GetKeysRequest five;
+  for (int i = 0; i < 5; ++i) five.add_reads()->set_key("g0-big");
+  auto fctx = testing::ContextWithDeadline(30);
+  grpc::Status f = stub_->GetKeys(fctx.get(), five, &values);
+  EXPECT_EQ(f.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(f.error_message().find("the values asked come to 5242910 bytes"), std::string::npos)
+      << f.error_message();
+  for (scheduler::v1::KeyRead& r : *five.mutable_reads()) r.set_parts(16);
+  auto pctx = testing::ContextWithDeadline(30);
+  EXPECT_TRUE(stub_->GetKeys(pctx.get(), five, &values).ok());
 }
 
 // GetGeneration is a long poll: held while the caller's known generation
@@ -857,12 +946,21 @@ TEST_F(ServedScheduleTest, PlanAndKeysAreLongPolls) {
 TEST_F(ServedScheduleTest, GenerationIsALongPoll) {
   using common::v1::ROLE_ENCODER_WORKER;
   using common::v1::ROLE_LLM_WORKER;
+  // LLM rank 1's endpoint answers GetInfo: a process restarted there is
+  // told from the holder by it.
+  InstanceAnswer l1_info;
+  Chassis l1(testing::LocalOptions("loom-llm-worker", ROLE_LLM_WORKER, 1));
+  l1.AddService(&l1_info, worker::v1::LlmWorkerService::service_full_name());
+  ASSERT_TRUE(l1.Start().ok());
   auto register_at = [&](common::v1::Role role, int rank, const std::string& ucx) {
     scheduler::v1::RegisterWorkerRequest r;
     r.mutable_worker()->set_role(role);
     r.mutable_worker()->set_rank(rank);
     r.mutable_worker()->set_ucx_address(ucx);
-    r.mutable_worker()->set_endpoint(absl::StrCat("host", role, "-", rank, ":1"));
+    r.mutable_worker()->set_endpoint(role == ROLE_LLM_WORKER && rank == 1
+                                         ? absl::StrCat("127.0.0.1:", l1.grpc_port())
+                                         : absl::StrCat("host", role, "-", rank, ":1"));
+    r.set_incarnation(IncarnationOf(ucx));
     scheduler::v1::RegisterWorkerResponse response;
     auto ctx = testing::ContextWithDeadline();
     return stub_->RegisterWorker(ctx.get(), r, &response);
@@ -907,6 +1005,7 @@ TEST_F(ServedScheduleTest, GenerationIsALongPoll) {
 
   // A recovery (LLM rank 1 restarted in place) raises the generation while
   // a call is held for up to 5 s: it answers then, not after the hold.
+  l1_info.Set(IncarnationInstance(IncarnationOf("l1-restarted")));
   std::thread restart([&] {
     absl::SleepFor(absl::Milliseconds(300));
     EXPECT_TRUE(register_at(ROLE_LLM_WORKER, 1, "l1-restarted").ok());
@@ -968,6 +1067,7 @@ TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {
 }
 
 TEST_F(ServedScheduleTest, TimingReportsRefitTheCostModel) {
+  RegisterAll();
   scheduler::v1::Assignment a;
   ASSERT_TRUE(Assignment(0, &a).ok());
   // The LLM really runs 10x slower than the FLOPs prior says.
@@ -1025,9 +1125,15 @@ TEST_F(ServedScheduleTest, TimingReportsRefitTheCostModel) {
   EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   bad.set_rank(a.bins(0).encoder_rank());
   EXPECT_TRUE(Report(bad, &response).ok());
+  // Only from the process holding a rank of that replica.
+  bad.set_incarnation(Holder(common::v1::ROLE_ENCODER_WORKER, 1 - a.bins(0).encoder_rank()));
+  EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  bad.set_incarnation(NewIncarnation());
+  EXPECT_EQ(Report(bad, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
 }
 
 TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
+  RegisterAll();
   scheduler::v1::Assignment a;
   std::string ended;
   ASSERT_TRUE(Assignment(8, &a, &ended).ok());  // steps: 8
@@ -1035,14 +1141,20 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
   EXPECT_EQ(Assignment(9, &a, &ended).ok(), true);
   EXPECT_EQ(ended, "the job ends after 8 iterations") << "past the end: ended, however far";
 
-  auto step = [&](int64_t iteration, double loss) {
+  // As LLM rank 0, the reporter, unless `incarnation` is given.
+  auto step = [&](int64_t iteration, double loss, const std::string& incarnation = "") {
     scheduler::v1::ReportStepRequest r;
     r.mutable_step()->set_iteration(iteration);
     r.mutable_step()->set_loss(loss);
+    r.set_incarnation(incarnation.empty() ? Holder(common::v1::ROLE_LLM_WORKER, 0) : incarnation);
     scheduler::v1::ReportStepResponse response;
     auto ctx = testing::ContextWithDeadline();
     return stub_->ReportStep(ctx.get(), r, &response).error_code();
   };
+  // Steps come from LLM rank 0's process only.
+  EXPECT_EQ(step(0, 2.5, Holder(common::v1::ROLE_LLM_WORKER, 1)),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(step(0, 2.5, NewIncarnation()), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(step(0, 2.5), grpc::StatusCode::OK);
   EXPECT_EQ(step(0, 2.5), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_EQ(step(1, std::nan("")), grpc::StatusCode::INVALID_ARGUMENT);
@@ -1058,11 +1170,14 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
   EXPECT_EQ(progress().end_iteration(), 8);
   EXPECT_EQ(progress().last_checkpoint(), -1);
 
-  auto checkpoint = [&](common::v1::Role role, int rank, int64_t step_no, bool* complete) {
+  // As the holder of (role, rank), unless `incarnation` is given.
+  auto checkpoint = [&](common::v1::Role role, int rank, int64_t step_no, bool* complete,
+                        const std::string& incarnation = "") {
     scheduler::v1::ReportCheckpointRequest r;
     r.set_role(role);
     r.set_rank(rank);
     r.set_step(step_no);
+    r.set_incarnation(incarnation.empty() ? Holder(role, rank) : incarnation);
     scheduler::v1::ReportCheckpointResponse response;
     auto ctx = testing::ContextWithDeadline(30);
     grpc::Status s = stub_->ReportCheckpoint(ctx.get(), r, &response);
@@ -1076,6 +1191,10 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(checkpoint(common::v1::ROLE_LLM_WORKER, 5, 2, &complete),
             grpc::StatusCode::INVALID_ARGUMENT);
+  // A part only from the process holding its rank: not from another rank's.
+  EXPECT_EQ(checkpoint(common::v1::ROLE_LLM_WORKER, 1, 2, &complete,
+                       Holder(common::v1::ROLE_LLM_WORKER, 0)),
+            grpc::StatusCode::PERMISSION_DENIED);
   int reported = 0;
   for (auto role : {common::v1::ROLE_ENCODER_WORKER, common::v1::ROLE_LLM_WORKER}) {
     for (int rank = 0; rank < 2; ++rank) {
@@ -1154,6 +1273,7 @@ class LateCheckpointTest : public ServedScheduleTest {
 };
 
 TEST_F(LateCheckpointTest, PartsReportedAfterTheBatchLeftTheWindowComplete) {
+  RegisterAll();
   data::v1::DataCursor want;
   {
     data::v1::GetCursorRequest r;
@@ -1183,6 +1303,7 @@ TEST_F(LateCheckpointTest, PartsReportedAfterTheBatchLeftTheWindowComplete) {
       r.set_role(role);
       r.set_rank(rank);
       r.set_step(10);
+      r.set_incarnation(Holder(role, rank));
       scheduler::v1::ReportCheckpointResponse response;
       auto ctx = testing::ContextWithDeadline(30);
       ASSERT_TRUE(stub_->ReportCheckpoint(ctx.get(), r, &response).ok());

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/counter.h"
+#include "runtime/parallel/grid.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/scheduler_service.h"
 
@@ -33,6 +34,23 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
   std::shared_ptr<const Computed> c;
   {
     absl::MutexLock lock(&mu_);
+    // From a process holding a rank of that DP replica (its first stage's
+    // TP rank 0 reports).
+    const scheduler::v1::ModulePlan& mp = encoder ? options_.plan.encoder() : options_.plan.llm();
+    const parallel::GridShape grid{mp.tp(), mp.pp(), mp.dp()};
+    absl::Status holds = absl::PermissionDeniedError(
+        absl::StrCat(common::v1::Role_Name(role), " DP rank ", request->rank(),
+                     ": the caller's incarnation holds none of its ranks"));
+    for (int t = 0; t < grid.tp && !holds.ok(); ++t) {
+      for (int p = 0; p < grid.pp && !holds.ok(); ++p) {
+        if (CheckHolderLocked(role, parallel::RankOf(grid, {t, p, request->rank()}),
+                              request->incarnation())
+                .ok()) {
+          holds = absl::OkStatus();
+        }
+      }
+    }
+    if (!holds.ok()) return ToGrpcStatus(holds);
     auto it = assignments_by_iteration_.find(request->iteration());
     if (it != assignments_by_iteration_.end()) c = it->second;
   }

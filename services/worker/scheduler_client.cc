@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/channel.h"
 #include "services/common/grpc_status.h"
+#include "services/common/incarnation.h"
 
 namespace loom {
 namespace {
@@ -40,6 +41,7 @@ absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
   const absl::Time until = absl::Now() + wait;
   scheduler::v1::RegisterWorkerRequest request;
   *request.mutable_worker() = w;
+  request.set_incarnation(incarnation_);
   for (;;) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(5));
@@ -206,7 +208,8 @@ absl::StatusOr<scheduler::v1::Regroup> SchedulerClient::GetGeneration(int64_t kn
   return response.current();
 }
 
-absl::Status SchedulerClient::ReportTimings(const scheduler::v1::ReportTimingsRequest& request) {
+absl::Status SchedulerClient::ReportTimings(scheduler::v1::ReportTimingsRequest request) {
+  request.set_incarnation(incarnation_);
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline_);
   scheduler::v1::ReportTimingsResponse response;
@@ -242,6 +245,7 @@ absl::Status SchedulerClient::ReportStep(const scheduler::v1::StepReport& step) 
   scheduler::v1::ReportStepRequest request;
   *request.mutable_step() = step;
   request.set_generation(generation_.load());
+  request.set_incarnation(incarnation_);
   return Report("scheduler ReportStep", [&](grpc::ClientContext* ctx) {
     scheduler::v1::ReportStepResponse response;
     return stub_->ReportStep(ctx, request, &response);
@@ -254,6 +258,7 @@ absl::Status SchedulerClient::ReportCheckpoint(common::v1::Role role, int rank, 
   request.set_rank(rank);
   request.set_step(step);
   request.set_generation(generation_.load());
+  request.set_incarnation(incarnation_);
   return Report("scheduler ReportCheckpoint", [&](grpc::ClientContext* ctx) {
     scheduler::v1::ReportCheckpointResponse response;
     return stub_->ReportCheckpoint(ctx, request, &response);

@@ -19,6 +19,7 @@
 #include "loom/scheduler/v1/scheduler.grpc.pb.h"
 #include "runtime/comm/collective.h"
 #include "runtime/comm/data_key.h"
+#include "services/common/incarnation.h"
 
 namespace loom {
 
@@ -56,7 +57,7 @@ class SchedulerClient {
   // the generation changes.
   absl::StatusOr<scheduler::v1::Regroup> GetGeneration(int64_t known_generation = -1,
                                                        absl::Duration wait = absl::ZeroDuration());
-  absl::Status ReportTimings(const scheduler::v1::ReportTimingsRequest& request);
+  absl::Status ReportTimings(scheduler::v1::ReportTimingsRequest request);
   // Reports are retried within the client's deadline while the scheduler is
   // unreachable (UNAVAILABLE, DEADLINE_EXCEEDED): a try that failed in
   // transit may have landed, so after one, ALREADY_EXISTS is its success
@@ -82,6 +83,12 @@ class SchedulerClient {
   Generation generation_and_key() const;
   // CANCELLED once cancelled; OK otherwise.
   absl::Status Cancelled() const;
+  // What Register binds the rank to and every report carries
+  // (services/common/incarnation.h): the process's own, unless a process
+  // standing for many ranks (scale_bench, tests) sets one per rank before
+  // Register.
+  void set_incarnation(std::string incarnation) { incarnation_ = std::move(incarnation); }
+  const std::string& incarnation() const { return incarnation_; }
 
  private:
   // Runs `call` (one try, on a fresh context) as ReportStep describes.
@@ -91,6 +98,7 @@ class SchedulerClient {
   std::unique_ptr<scheduler::v1::SchedulerService::Stub> stub_;
   absl::Duration deadline_;
   const std::atomic<bool>* cancel_;
+  std::string incarnation_ = ProcessIncarnation();
   std::atomic<int64_t> generation_{0};
   mutable absl::Mutex key_mu_;
   DataKey key_ ABSL_GUARDED_BY(key_mu_);  // generation_'s (set together under key_mu_)

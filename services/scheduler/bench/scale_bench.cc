@@ -85,6 +85,7 @@
 #include "services/common/channel.h"
 #include "services/common/chassis.h"
 #include "services/common/http_get.h"
+#include "services/common/incarnation.h"
 #include "services/common/security.h"
 #include "services/common/subprocess.h"
 #include "services/worker/scheduler_client.h"
@@ -498,6 +499,7 @@ void SimulateRank(Run* run, std::shared_ptr<grpc::Channel> channel, Role role, i
         s.code(), absl::StrCat(encoder ? "encoder" : "llm", " rank ", rank, ": ", s.message()));
   };
   SchedulerClient client(channel, absl::Seconds(120), &run->cancel);
+  client.set_incarnation(NewIncarnation());  // each simulated rank is a process of its own
   scheduler::v1::Worker w;
   w.set_role(role);
   w.set_rank(rank);
