@@ -51,6 +51,17 @@ ABSL_FLAG(int, batch_size, 16, "Samples per global batch.");
 ABSL_FLAG(int, microbatches, 2, "Microbatches per global batch.");
 ABSL_FLAG(double, lr, 1e-3, "Peak AdamW learning rate.");
 ABSL_FLAG(int, warmup_steps, 10, "Linear learning-rate warm-up steps.");
+ABSL_FLAG(double, warmup_ratio, -1,
+          "The warm-up as a share of --steps (ceil(ratio x steps)), in place of --warmup_steps "
+          "(the job config's train.warmup_ratio); < 0: unset.");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "After the warm-up: constant, cosine or linear (a decay to --min_lr at --steps; "
+          "runtime/train/lr_schedule.h).");
+ABSL_FLAG(double, min_lr, 0, "Where a decay ends (<= --lr).");
+ABSL_FLAG(double, adam_eps, 1e-8, "AdamW's epsilon.");
+ABSL_FLAG(double, encoder_lr, 0, "The vision encoder's peak learning rate (0: --lr).");
+ABSL_FLAG(double, projector_lr, 0, "The projector's peak learning rate (0: --lr).");
+ABSL_FLAG(double, llm_lr, 0, "The LLM's peak learning rate (0: --lr).");
 ABSL_FLAG(double, clip_norm, 1.0, "Global gradient-norm clip; <= 0 disables.");
 ABSL_FLAG(int, max_skipped_steps, 10,
           "Steps with a non-finite loss or gradient norm are skipped (no optimizer step) up to "
@@ -152,8 +163,24 @@ int main(int argc, char** argv) {
       loom::ParseWeightDecayScope(absl::GetFlag(FLAGS_weight_decay_scope));
   if (!scope.ok()) return Fail("--weight_decay_scope: " + std::string(scope.status().message()));
   options.weight_decay_scope = *scope;
-  options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  options.warmup_steps = absl::GetFlag(FLAGS_warmup_ratio) >= 0
+                             ? static_cast<int>(loom::WarmupStepsFromRatio(
+                                   absl::GetFlag(FLAGS_warmup_ratio), absl::GetFlag(FLAGS_steps)))
+                             : absl::GetFlag(FLAGS_warmup_steps);
   options.clip_norm = absl::GetFlag(FLAGS_clip_norm);
+  absl::StatusOr<loom::LrSchedule> schedule =
+      loom::ParseLrSchedule(absl::GetFlag(FLAGS_lr_schedule));
+  if (!schedule.ok()) return Fail("--lr_schedule: " + std::string(schedule.status().message()));
+  options.lr_schedule = *schedule;
+  options.total_steps = absl::GetFlag(FLAGS_steps);
+  options.min_lr = absl::GetFlag(FLAGS_min_lr);
+  options.adam.eps = static_cast<float>(absl::GetFlag(FLAGS_adam_eps));
+  options.encoder_lr = absl::GetFlag(FLAGS_encoder_lr);
+  options.projector_lr = absl::GetFlag(FLAGS_projector_lr);
+  options.llm_lr = absl::GetFlag(FLAGS_llm_lr);
+  if (absl::Status l = loom::ValidateLrSchedule(options.Schedule()); !l.ok()) {
+    return Fail("--lr_schedule: " + std::string(l.message()));
+  }
   loom::LocalTrainer trainer(&model, options);
   const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   const int every = absl::GetFlag(FLAGS_checkpoint_every);

@@ -23,15 +23,32 @@ double GradSumOfSquares(const std::vector<ParamSet*>& sets) {
   return kernels::sum_of_squares(Spans(sets));
 }
 
-double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& options, int64_t step,
-                     double grad_norm) {
+LrScheduleOptions TrainOptions::Schedule() const {
+  LrScheduleOptions o;
+  o.schedule = lr_schedule;
+  o.warmup_steps = warmup_steps;
+  o.total_steps = total_steps;
+  o.min_ratio = adam.lr > 0 ? min_lr / adam.lr : 0;
+  return o;
+}
+
+double TrainOptions::PeakLr(Module m) const {
+  const double own = m == Module::kEncoder     ? encoder_lr
+                     : m == Module::kProjector ? projector_lr
+                                               : llm_lr;
+  return own > 0 ? own : adam.lr;
+}
+
+double OptimizerStep(const std::vector<ParamSet*>& sets, const std::vector<Module>& modules,
+                     const TrainOptions& options, int64_t step, double grad_norm) {
+  LOOM_CHECK(modules.size() == sets.size()) << "one module per parameter set";
   kernels::clip_to_norm(Spans(sets), grad_norm, options.clip_norm);
-  kernels::AdamWConfig adam = options.adam;
-  if (options.warmup_steps > 0 && step <= options.warmup_steps) {
-    adam.lr *= static_cast<float>(step) / static_cast<float>(options.warmup_steps);
-  }
-  for (ParamSet* p : sets) {
+  const double factor = LrFactor(options.Schedule(), step);
+  for (size_t i = 0; i < sets.size(); ++i) {
+    ParamSet* p = sets[i];
     if (p->frozen()) continue;  // no gradients, no AdamW state, no step
+    kernels::AdamWConfig adam = options.adam;
+    adam.lr = static_cast<float>(options.PeakLr(modules[i]) * factor);
     ++p->step();
     for (const DecayRun& r : DecayRuns(*p, options.weight_decay_scope)) {
       kernels::AdamWConfig run = adam;
@@ -41,7 +58,7 @@ double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& opt
                             run, p->step());
     }
   }
-  return adam.lr;
+  return static_cast<float>(options.adam.lr * factor);
 }
 
 LocalTrainer::LocalTrainer(MultimodalModel* model, TrainOptions options)
@@ -78,7 +95,9 @@ StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
   st.grad_norm = std::sqrt(GradSumOfSquares(model_->param_sets()));
   st.skipped = !StepIsFinite(st.loss, st.grad_norm);
   if (!st.skipped) {
-    st.lr = OptimizerStep(model_->param_sets(), options_, step_, st.grad_norm);
+    st.lr =
+        OptimizerStep(model_->param_sets(), {Module::kEncoder, Module::kProjector, Module::kLlm},
+                      options_, step_, st.grad_norm);
     model_->PushData();
   }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

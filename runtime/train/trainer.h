@@ -15,6 +15,7 @@
 
 #include "kernels/optim/optim.h"
 #include "runtime/model/model.h"
+#include "runtime/train/lr_schedule.h"
 #include "runtime/train/weight_decay.h"
 
 namespace loom {
@@ -28,6 +29,17 @@ struct TrainOptions {
   WeightDecayScope weight_decay_scope = WeightDecayScope::kMatrices;
   int warmup_steps = 10;   // linear learning-rate warm-up
   double clip_norm = 1.0;  // <= 0: no clipping
+  // After the warm-up (lr_schedule.h): constant, or a decay to min_lr at
+  // step total_steps.
+  LrSchedule lr_schedule = LrSchedule::kConstant;
+  int64_t total_steps = 0;
+  double min_lr = 0;
+  // Each module's peak learning rate; <= 0: adam.lr's.
+  double encoder_lr = 0, projector_lr = 0, llm_lr = 0;
+  // The schedule's options (warm-up, decay, floor as a share of adam.lr).
+  LrScheduleOptions Schedule() const;
+  // Module `m`'s peak.
+  double PeakLr(Module m) const;
 };
 
 // A step whose loss or gradient norm is not finite is skipped: no optimizer
@@ -53,11 +65,12 @@ struct StepStats {
 // The optimizer step shared by every trainer, local or distributed: clips
 // `sets`' gradients to `clip_norm` given the global norm `grad_norm` (over
 // every module of the model, wherever they live), then one AdamW step on each
-// set with the warm-up learning rate of `step` (1-based), decaying the
-// tensors `options.weight_decay_scope` names (one AdamW call per run of
-// tensors that decay alike). Returns that rate.
-double OptimizerStep(const std::vector<ParamSet*>& sets, const TrainOptions& options, int64_t step,
-                     double grad_norm);
+// set at its module's (`modules`, one per set) learning rate for `step`
+// (1-based; lr_schedule.h), decaying the tensors `options.weight_decay_scope`
+// names (one AdamW call per run of tensors that decay alike). Returns the
+// scheduled adam.lr (train.lr's schedule: what a step reports).
+double OptimizerStep(const std::vector<ParamSet*>& sets, const std::vector<Module>& modules,
+                     const TrainOptions& options, int64_t step, double grad_norm);
 
 // Σ g² over the gradients of `sets` (a module's part of the global norm).
 double GradSumOfSquares(const std::vector<ParamSet*>& sets);

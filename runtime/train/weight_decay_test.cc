@@ -182,7 +182,7 @@ struct OneOfEach {
     o.warmup_steps = 0;
     o.clip_norm = 0;
     o.weight_decay_scope = scope;
-    OptimizerStep({&p}, o, 1, 0.0);
+    OptimizerStep({&p}, {Module::kLlm}, o, 1, 0.0);
   }
   // Every element of tensor `i` shrank by 1 - lr·wd, or none changed.
   void ExpectShrunk(int i, bool shrunk) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -14,6 +15,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/scheduling/assign.h"
+#include "runtime/train/lr_schedule.h"
 
 namespace loom {
 namespace {
@@ -70,7 +72,12 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (p->llm_pp() == 0) p->set_llm_pp(1);
   job::v1::TrainConfig* t = job->mutable_train();
   if (!t->has_lr()) t->set_lr(1e-3);
-  if (!t->has_warmup_steps()) t->set_warmup_steps(10);
+  if (!t->has_warmup_steps() && !t->has_warmup_ratio()) t->set_warmup_steps(10);
+  if (t->lr_schedule() == job::v1::LR_SCHEDULE_UNSPECIFIED) {
+    t->set_lr_schedule(job::v1::LR_SCHEDULE_CONSTANT);
+  }
+  if (!t->has_min_lr()) t->set_min_lr(0.0);
+  if (!t->has_eps()) t->set_eps(1e-8);
   if (!t->has_clip_norm()) t->set_clip_norm(1.0);
   if (!t->has_weight_decay()) t->set_weight_decay(0.0);
   if (!t->has_beta1()) t->set_beta1(0.9);
@@ -141,6 +148,35 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   }
   if (!(t.beta1() >= 0 && t.beta1() < 1)) return Bad("train.beta1", "must be in [0, 1)");
   if (!(t.beta2() >= 0 && t.beta2() < 1)) return Bad("train.beta2", "must be in [0, 1)");
+  if (!(t.eps() > 0 && t.eps() < 1)) return Bad("train.eps", "must be in (0, 1)");
+  if (t.has_warmup_ratio()) {
+    if (t.has_warmup_steps()) {
+      return Bad("train.warmup_ratio", "set warmup_steps or warmup_ratio, not both");
+    }
+    if (!(t.warmup_ratio() >= 0 && t.warmup_ratio() < 1)) {
+      return Bad("train.warmup_ratio", absl::StrCat("must be in [0, 1), got ", t.warmup_ratio()));
+    }
+    if (t.steps() <= 0) return Bad("train.warmup_ratio", "a share of train.steps: set steps");
+  }
+  if (!job::v1::LrSchedule_IsValid(t.lr_schedule())) {
+    return Bad(
+        "train.lr_schedule",
+        absl::StrCat("unknown schedule ", t.lr_schedule(),
+                     " (known: LR_SCHEDULE_CONSTANT, LR_SCHEDULE_COSINE, LR_SCHEDULE_LINEAR)"));
+  }
+  if (!(t.min_lr() >= 0 && t.min_lr() <= t.lr())) {
+    return Bad("train.min_lr", absl::StrCat("must be in [0, lr = ", t.lr(), "], got ", t.min_lr()));
+  }
+  for (const auto& [name, has, lr] :
+       {std::tuple<const char*, bool, double>{"train.encoder_lr", t.has_encoder_lr(),
+                                              t.encoder_lr()},
+        {"train.projector_lr", t.has_projector_lr(), t.projector_lr()},
+        {"train.llm_lr", t.has_llm_lr(), t.llm_lr()}}) {
+    if (has && !(lr > 0 && lr < 1)) return Bad(name, absl::StrCat("must be in (0, 1), got ", lr));
+  }
+  if (absl::Status l = ValidateLrSchedule(JobTrainOptions(job).Schedule()); !l.ok()) {
+    return Bad("train.lr_schedule", std::string(l.message()));
+  }
   if (const std::string& init = job.init().checkpoint(); !init.empty()) {
     for (const char* module : kModuleNames) {
       const std::string path = absl::StrCat(init, "/", module, ".ckpt");
@@ -282,6 +318,33 @@ std::string JobCheckpointIdentity(const job::v1::JobConfig& job) {
       " global_batch=", d.global_batch(),
       " data=", d.shards().empty() ? absl::StrCat(d.preset(), ":", d.samples()) : d.shards(),
       job.init().checkpoint().empty() ? "" : absl::StrCat(" init=", job.init().checkpoint()));
+}
+
+TrainOptions JobTrainOptions(const job::v1::JobConfig& job) {
+  const job::v1::TrainConfig& t = job.train();
+  TrainOptions o;
+  o.adam.lr = static_cast<float>(t.lr());
+  o.adam.beta1 = static_cast<float>(t.beta1());
+  o.adam.beta2 = static_cast<float>(t.beta2());
+  o.adam.eps = static_cast<float>(t.has_eps() ? t.eps() : 1e-8);
+  o.adam.weight_decay = static_cast<float>(t.weight_decay());
+  // UNSPECIFIED (a job not through ApplyJobDefaults) is the default rule.
+  o.weight_decay_scope = t.weight_decay_scope() == job::v1::WEIGHT_DECAY_ALL
+                             ? WeightDecayScope::kAll
+                             : WeightDecayScope::kMatrices;
+  o.warmup_steps = t.has_warmup_ratio()
+                       ? static_cast<int>(WarmupStepsFromRatio(t.warmup_ratio(), t.steps()))
+                       : t.warmup_steps();
+  o.clip_norm = t.clip_norm();
+  o.lr_schedule = t.lr_schedule() == job::v1::LR_SCHEDULE_COSINE   ? LrSchedule::kCosine
+                  : t.lr_schedule() == job::v1::LR_SCHEDULE_LINEAR ? LrSchedule::kLinear
+                                                                   : LrSchedule::kConstant;
+  o.total_steps = t.steps();
+  o.min_lr = t.min_lr();
+  o.encoder_lr = t.encoder_lr();
+  o.projector_lr = t.projector_lr();
+  o.llm_lr = t.llm_lr();
+  return o;
 }
 
 }  // namespace loom

@@ -13,6 +13,7 @@
 #include "loom/job/v1/job.pb.h"
 #include "runtime/hf/pretrained.h"
 #include "runtime/model/model.h"
+#include "runtime/train/trainer.h"
 
 namespace loom {
 
@@ -53,6 +54,10 @@ std::string JobToJson(const job::v1::JobConfig& job);
 // the data. The parallel degrees,
 // the assignment algorithm and the step count may change.
 std::string JobCheckpointIdentity(const job::v1::JobConfig& job);
+
+// The optimizer's options for `job` (after ApplyJobDefaults): AdamW,
+// clipping, weight decay, the learning-rate schedule and each module's peak.
+TrainOptions JobTrainOptions(const job::v1::JobConfig& job);
 
 }  // namespace loom
 

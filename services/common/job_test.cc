@@ -72,6 +72,33 @@ TEST(JobConfig, WeightDecayScopeByName) {
   EXPECT_FALSE(ParseJobConfig("train { weight_decay_scope: NORMS }", "c.txtpb").ok());
 }
 
+// The recipe's fields reach the optimizer's options: LLaVA-1.5's stage 2
+// (cosine, warmup_ratio 0.03, the tower at a fifth of the rest).
+TEST(JobConfig, TheRecipeReachesTheOptimizer) {
+  absl::StatusOr<job::v1::JobConfig> job = ParseJobConfig(
+      R"({"train": {"steps": 1000, "lr": 2e-5, "lr_schedule": "LR_SCHEDULE_COSINE",
+          "warmup_ratio": 0.03, "min_lr": 1e-6, "eps": 1e-6, "encoder_lr": 4e-6}})",
+      "job.json");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ApplyJobDefaults("/run", &*job);
+  ASSERT_TRUE(ValidateJob(*job).ok()) << ValidateJob(*job);
+  const TrainOptions o = JobTrainOptions(*job);
+  EXPECT_EQ(o.lr_schedule, LrSchedule::kCosine);
+  EXPECT_EQ(o.warmup_steps, 30);
+  EXPECT_EQ(o.total_steps, 1000);
+  EXPECT_FLOAT_EQ(o.adam.eps, 1e-6f);
+  EXPECT_DOUBLE_EQ(o.PeakLr(Module::kEncoder), 4e-6);
+  EXPECT_FLOAT_EQ(o.PeakLr(Module::kProjector), 2e-5f);
+  EXPECT_FLOAT_EQ(o.PeakLr(Module::kLlm), 2e-5f);
+  EXPECT_NEAR(o.Schedule().min_ratio, 0.05, 1e-6);
+  // The defaults: constant after a 10-step warm-up, eps 1e-8.
+  absl::StatusOr<job::v1::JobConfig> plain = ParseJobConfig("", "empty");
+  ApplyJobDefaults("/run", &*plain);
+  EXPECT_EQ(plain->train().lr_schedule(), job::v1::LR_SCHEDULE_CONSTANT);
+  EXPECT_EQ(JobTrainOptions(*plain).warmup_steps, 10);
+  EXPECT_FLOAT_EQ(JobTrainOptions(*plain).adam.eps, 1e-8f);
+}
+
 TEST(JobConfig, UnknownFieldsAreNamed) {
   absl::Status s = ParseAndCheck(R"({"data": {"shard": "x/*.tar"}})");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -123,6 +150,17 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"train { clip_norm: -1 }", "train.clip_norm"},
            Case{"train { steps: -4 }", "train.steps"},
            Case{"train { weight_decay_scope: 7 }", "train.weight_decay_scope: unknown scope 7"},
+           Case{"train { lr_schedule: LR_SCHEDULE_COSINE }",
+                "train.lr_schedule: a cosine decay ends at the last step: it needs a step count"},
+           Case{"train { steps: 10 lr_schedule: 9 }", "train.lr_schedule: unknown schedule 9"},
+           Case{"train { steps: 10 lr: 0.001 min_lr: 0.01 }",
+                "train.min_lr: must be in [0, lr = 0.001], got 0.01"},
+           Case{"train { steps: 10 warmup_ratio: 0.1 warmup_steps: 3 }",
+                "train.warmup_ratio: set warmup_steps or warmup_ratio, not both"},
+           Case{"train { warmup_ratio: 0.1 }", "train.warmup_ratio: a share of train.steps"},
+           Case{"train { steps: 10 warmup_ratio: 1.5 }", "train.warmup_ratio: must be in [0, 1)"},
+           Case{"train { eps: 0 }", "train.eps: must be in (0, 1)"},
+           Case{"train { encoder_lr: 2 }", "train.encoder_lr: must be in (0, 1), got 2"},
            Case{"checkpoint { every: -1 }", "checkpoint.every"},
            Case{"recovery { lease_seconds: 0.1 }",
                 "recovery.lease_seconds: must be in [0.5, 3600] seconds, got 0.1"},

@@ -91,16 +91,7 @@ absl::Status TrainingWorker::Impl::Register() {
   if (!resolved.ok()) return resolved.status();
   pretrained = std::move(*resolved);
   model = pretrained.config;
-  train.adam.lr = static_cast<float>(job.train().lr());
-  train.adam.beta1 = static_cast<float>(job.train().beta1());
-  train.adam.beta2 = static_cast<float>(job.train().beta2());
-  train.adam.weight_decay = static_cast<float>(job.train().weight_decay());
-  // UNSPECIFIED (a job not through ApplyJobDefaults) is the default rule.
-  train.weight_decay_scope = job.train().weight_decay_scope() == job::v1::WEIGHT_DECAY_ALL
-                                 ? WeightDecayScope::kAll
-                                 : WeightDecayScope::kMatrices;
-  train.warmup_steps = job.train().warmup_steps();
-  train.clip_norm = job.train().clip_norm();
+  train = JobTrainOptions(job);
   data = std::make_unique<DataClient>(ServiceChannel(reg->preprocess()), ucx.get(),
                                       absl::Seconds(30), &model);
   // A batch slow to prepare, or loom-preprocess stopped for less than its
@@ -444,7 +435,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     LOOM_LOG(WARNING).With("step", step).With("grad_norm", grad_norm)
         << "non-finite loss or gradient norm: no optimizer step";
   } else {
-    lr = OptimizerStep(sets, train, step, grad_norm);
+    lr = OptimizerStep(sets, modules, train, step, grad_norm);
     for (ParamSet* p : sets) {
       if (!p->frozen()) p->PushData();  // the stepped weights where the layers read them
     }

@@ -235,19 +235,24 @@ TEST_F(DistributedTest, FrozenModulesMatchTheSingleProcessRun) {
   const std::string step = StepDir(TempPath("stage1") + "/checkpoints", 10);
   ExpectOnlyTheProjectorTrained(seed, step);
   // Stage 2 as a new run from stage 1's weights (init.checkpoint), with the
-  // LLM in two pipeline stages, against loom-train-local --init_checkpoint.
+  // LLM in two pipeline stages, against loom-train-local --init_checkpoint,
+  // under a stage-2 recipe: a cosine decay to a floor after a warm-up, the
+  // projector and the LLM each at their own peak, AdamW's eps set.
   int rc = 0;
   const std::vector<StepResult> local =
-      Steps(StepResults(
-                RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny", "--steps=10",
-                          "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar",
-                          "--freeze=vision", "--init_checkpoint=" + step},
-                         "local-from-stage1.log", &rc)),
+      Steps(StepResults(RunToEnd(
+                {Runfile("runtime/train/loom-train-local"), "--config=tiny", "--steps=10",
+                 "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar", "--freeze=vision",
+                 "--init_checkpoint=" + step, "--lr_schedule=cosine", "--warmup_steps=2",
+                 "--min_lr=1e-4", "--projector_lr=5e-4", "--llm_lr=2e-3", "--adam_eps=1e-6"},
+                "local-from-stage1.log", &rc)),
             1, 10, "local stage 2 from stage 1");
   ASSERT_EQ(rc, 0);
   const std::string job =
       JobWith("loom", 0, "encoder_dp: 2 llm_pp: 2 llm_dp: 1") +
-      absl::StrCat("freeze { vision: true }\ninit { checkpoint: '", step, "' }\n");
+      absl::StrCat("freeze { vision: true }\ninit { checkpoint: '", step, "' }\n") +
+      "train { steps: 10 lr_schedule: LR_SCHEDULE_COSINE warmup_steps: 2 min_lr: 1e-4 "
+      "projector_lr: 5e-4 llm_lr: 2e-3 eps: 1e-6 }\n";
   ExpectSameSteps(Steps(LoomUp("from-stage1", job, 10), 1, 10, "from stage 1"), local,
                   "stage 2 from stage 1's checkpoint (LLM PP2) vs loom-train-local");
   // From the seed's weights the first loss would be the unfrozen run's first.

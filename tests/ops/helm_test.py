@@ -394,6 +394,8 @@ job:
   data: {shards: "/data/laion/*.tar", global_batch: 256}
   device: {encoder: cuda, llm: cpu, collectives: nccl}
   checkpoint: {every: 50}
+  train: {steps: 5198, lr: 2.0e-5, warmup_ratio: 0.03, lr_schedule: LR_SCHEDULE_COSINE, min_lr: 1.0e-6,
+          encoder_lr: 4.0e-6, projector_lr: 2.0e-5, eps: 1.0e-6}
 scheduler: {peakFlops: 1.2e16, extraArgs: ["--ilp_seconds=30"]}
 tls: {controlTokensSecret: loom-control-tokens, serverName: loom.ml.svc, refresh: 30s}
 workers: {llm: {extraArgs: ["--log_level=debug"]}}
@@ -407,6 +409,18 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
     check_locked_down("all options", objs, rdma=True)
     check_tls("all options", objs, tokens=True, server_name="loom.ml.svc")
     if objs:
+        job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+        want = {"steps": 5198, "lr": 2e-5, "warmup_ratio": 0.03, "lr_schedule": "LR_SCHEDULE_COSINE",
+                "min_lr": 1e-6, "encoder_lr": 4e-6, "projector_lr": 2e-5, "eps": 1e-6}
+        check(all(job["train"].get(k) == v for k, v in want.items()),
+              "all options: the recipe (schedule, warm-up ratio, floor, module peaks, eps) reaches job.json: %s"
+              % job["train"])
+        path = os.path.join(TMP, "recipe.json")
+        json.dump(job, open(path, "w"))
+        r = subprocess.run([os.path.join(BIN, "services/scheduler/loomctl"), "validate", path],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, "all options: the job ConfigMap is a valid loom.job.v1.JobConfig%s" %
+              ("" if r.returncode == 0 else ": " + r.stderr.strip()))
         vols = by(objs, "Deployment", "train-loom-scheduler")["spec"]["template"]["spec"]["volumes"]
         check({"name": "control-tokens", "secret": {"secretName": "loom-control-tokens", "defaultMode": 0o440,
                                                     "items": [{"key": "tokens", "path": "tokens"}]}} in vols,
