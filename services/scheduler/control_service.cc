@@ -107,6 +107,7 @@ void ApplyDeployment(const SchedulerDeployment& deployment, SchedulerServiceOpti
   o->ilp_seconds = deployment.ilp_seconds;
   o->peak_flops = deployment.peak_flops;
   o->trace_dir = deployment.trace_dir;
+  o->metrics_dir = deployment.run_dir;
 }
 
 grpc::Status ControlServiceImpl::SubmitJob(grpc::ServerContext*,

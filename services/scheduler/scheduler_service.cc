@@ -265,6 +265,15 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   const double ranks = p.encoder().gpus() + p.llm().gpus();
   register_limit_.Reset(std::max(64.0, 2 * ranks), std::max(20.0, ranks));
   key_limit_.Reset(std::max(256.0, 16 * ranks), std::max(100.0, 8 * ranks));
+  if (!options.metrics_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<StepLog>> log = StepLog::Open(options.metrics_dir);
+    if (log.ok()) {
+      step_log_ = std::move(*log);
+    } else {  // the job trains on; its metrics still go to Prometheus
+      LOOM_LOG(WARNING).With("error", std::string(log.status().message()))
+          << "no metrics.jsonl or TensorBoard events for this job";
+    }
+  }
   configured_.store(true);  // options_ is immutable from here on
   restarts_->Increment(options.restarts);
   const control::v1::Recovery& r = options.recovered_from;
@@ -676,6 +685,12 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   MaybeSucceedLocked();
   lock.Release();
   ObserveStepMetrics(r);
+  if (step_log_ != nullptr) {
+    if (absl::Status s = step_log_->Append(r, absl::Now());
+        !s.ok() && !step_log_failed_.exchange(true)) {
+      LOOM_LOG(WARNING).With("error", std::string(s.message())) << "cannot log the job's steps";
+    }
+  }
   return grpc::Status::OK;
 }
 

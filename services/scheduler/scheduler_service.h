@@ -28,6 +28,7 @@
 #include "runtime/scheduling/cost_model.h"
 #include "services/common/chassis.h"
 #include "services/common/rate_limiter.h"
+#include "services/scheduler/step_log.h"
 #include "services/scheduler/training_clock.h"
 
 namespace prometheus {
@@ -66,6 +67,9 @@ struct SchedulerServiceOptions {
   // Non-empty: each iteration's simulated timeline is appended to
   // DIR/predicted.jsonl (runtime/base/trace.h; loom up --trace).
   std::string trace_dir;
+  // Non-empty: every reported step goes to DIR/metrics.jsonl and DIR/
+  // tensorboard's events file (step_log.h); loom-scheduler's --run_dir.
+  std::string metrics_dir;
   // This job was restarted `restarts` times after failures (JobSpec), the
   // latest from `recovered_from`.
   int restarts = 0;
@@ -428,6 +432,10 @@ class SchedulerServiceImpl final
   void PollTimerThread();
   void CancelPoll(GenerationPoll* poll);
   std::thread poll_timer_;
+  // The steps as people follow them (options_.metrics_dir; null: none, or
+  // the folder could not be made). Written after ReportStep's lock.
+  std::unique_ptr<StepLog> step_log_;
+  std::atomic<bool> step_log_failed_{false};  // warned once
   // The checkpoint thread's work: a step's cursor to read (its first part
   // is in) or the step to complete (every part is in: also in completing_).
   struct CheckpointWork {

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "runtime/base/file.h"
+#include "runtime/base/json_line.h"
+#include "runtime/base/tfrecord.h"
 #include "runtime/base/trace.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
@@ -265,6 +268,31 @@ TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {
       Steps(LoomUp("loom", Job("loom", 10), kSteps, {}, &out), 1, kSteps, "loom");
   ExpectSameSteps(full, local_, "loom vs loom-train-local");
   EXPECT_NE(out.find("checkpoint complete"), std::string::npos) << out;
+  // loom-scheduler kept every step in the run folder: metrics.jsonl (the
+  // same 6-decimal numbers loom up printed) and TensorBoard's events, read
+  // back with their CRCs.
+  absl::StatusOr<std::string> metrics = ReadFile(TempPath("loom") + "/metrics.jsonl");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const std::vector<std::string> lines = absl::StrSplit(*metrics, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps)) << *metrics;
+  for (int i = 0; i < kSteps; ++i) {
+    double step = 0, loss = 0, grad_norm = 0;
+    ASSERT_TRUE(JsonNumberField(lines[i], "step", &step) &&
+                JsonNumberField(lines[i], "loss", &loss) &&
+                JsonNumberField(lines[i], "grad_norm", &grad_norm))
+        << lines[i];
+    EXPECT_EQ(step, i + 1);
+    EXPECT_EQ(loss, full[i].loss) << lines[i];
+    EXPECT_EQ(grad_norm, full[i].grad_norm) << lines[i];
+  }
+  std::vector<std::string> boards;
+  for (const auto& e : std::filesystem::directory_iterator(TempPath("loom") + "/tensorboard")) {
+    boards.push_back(e.path().string());
+  }
+  ASSERT_EQ(boards.size(), 1u);
+  absl::StatusOr<std::vector<std::string>> events = ReadTfRecords(boards[0]);
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_EQ(events->size(), static_cast<size_t>(kSteps) + 1) << "file_version, then a step each";
   // Both runs' step-20 checkpoints, tensor by tensor: what the losses and
   // norms summarise, whole.
   ExpectSameCheckpoints("tiny", StepDir(TempPath("loom") + "/checkpoints", kSteps),
