@@ -149,14 +149,16 @@ absl::StatusOr<std::string> EnsureData(const loom::job::v1::JobConfig& job,
   return glob;
 }
 
-std::string ProgressLine(const loom::scheduler::v1::StepReport& r, int64_t end) {
+std::string ProgressLine(const loom::scheduler::v1::StepReport& r,
+                         const loom::control::v1::Job& j) {
   const double s = r.seconds() > 0 ? r.seconds() : 1e-9;
+  const int64_t end = j.end_iteration();
   return absl::StrFormat(
       "iter %6d%s  loss %.4f  %7.1f samples/s  %9.0f tokens/s  imbalance %.4f  grad_norm %.3f  "
-      "%.3f s%s",
+      "%.3f s  %s%s",
       r.iteration() + 1, end > 0 ? absl::StrCat("/", end) : "", r.loss(), r.samples() / s,
       r.tokens() / s, r.microbatch_imbalance(), r.grad_norm(), r.seconds(),
-      r.skipped() ? "  skipped (not finite: no optimizer step)" : "");
+      loom::DescribeProgress(j), r.skipped() ? "  skipped (not finite: no optimizer step)" : "");
 }
 
 std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
@@ -411,7 +413,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       generation = std::max(generation, j.generation());
       if (e.kind() == loom::control::v1::JobEvent::KIND_STEP) {
         if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", JsonLine(e.step()).c_str());
-        std::fprintf(info, "%s\n", ProgressLine(e.step(), j.end_iteration()).c_str());
+        std::fprintf(info, "%s\n", ProgressLine(e.step(), j).c_str());
       } else if (e.kind() == loom::control::v1::JobEvent::KIND_CHECKPOINT) {
         std::fprintf(info, "loom up: checkpoint %lld complete\n",
                      static_cast<long long>(e.checkpoint_step()));

@@ -51,6 +51,30 @@ inline std::string DescribeTrainingTime(const control::v1::TrainingTime& t) {
                          100 * t.effective_ratio(), t.productive_seconds(), t.elapsed_seconds());
 }
 
+// "1.23M" for 1,234,567: a count as people read it.
+inline std::string HumanCount(double n) {
+  if (n >= 1e12) return absl::StrFormat("%.2fT", n / 1e12);
+  if (n >= 1e9) return absl::StrFormat("%.2fG", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.2fM", n / 1e6);
+  if (n >= 1e3) return absl::StrFormat("%.1fk", n / 1e3);
+  return absl::StrFormat("%.0f", n);
+}
+
+// "2h05m", "3m07s", "42s".
+inline std::string HumanSeconds(double s) {
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%dh%02dm", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return absl::StrFormat("%dm%02ds", t / 60, t % 60);
+  return absl::StrFormat("%ds", t);
+}
+
+// "tokens 1.23M  ETA 3m07s" (the ETA when known).
+inline std::string DescribeProgress(const control::v1::Job& j) {
+  std::string s = absl::StrCat("tokens ", HumanCount(static_cast<double>(j.tokens_seen())));
+  if (j.eta_seconds() > 0) absl::StrAppend(&s, "  ETA ", HumanSeconds(j.eta_seconds()));
+  return s;
+}
+
 }  // namespace loom
 
 #endif  // LOOM_SERVICES_SCHEDULER_JOB_STATE_H_

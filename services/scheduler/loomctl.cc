@@ -83,6 +83,7 @@ std::string Summary(const loom::control::v1::Job& j) {
   if (j.has_last_step()) {
     absl::StrAppend(&s, absl::StrFormat("  loss %.4f", j.last_step().loss()));
   }
+  absl::StrAppend(&s, "  ", loom::DescribeProgress(j));
   if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
   if (j.training_time().started_seconds() > 0) {
     absl::StrAppend(
@@ -106,10 +107,11 @@ bool PrintEvent(const loom::control::v1::JobEvent& e) {
     const auto& r = e.step();
     const double s = r.seconds() > 0 ? r.seconds() : 1e-9;
     std::printf(
-        "step %lld%s  loss %.4f  %.1f samples/s  %.0f tokens/s  imbalance %.4f  %.3f s\n",
+        "step %lld%s  loss %.4f  %.1f samples/s  %.0f tokens/s  imbalance %.4f  %.3f s  %s\n",
         static_cast<long long>(r.iteration() + 1),
         e.job().end_iteration() > 0 ? absl::StrCat("/", e.job().end_iteration()).c_str() : "",
-        r.loss(), r.samples() / s, r.tokens() / s, r.microbatch_imbalance(), r.seconds());
+        r.loss(), r.samples() / s, r.tokens() / s, r.microbatch_imbalance(), r.seconds(),
+        loom::DescribeProgress(e.job()).c_str());
   } else if (e.kind() == loom::control::v1::JobEvent::KIND_CHECKPOINT) {
     std::printf("checkpoint %lld complete\n", static_cast<long long>(e.checkpoint_step()));
   } else {

@@ -38,6 +38,12 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   j.set_restarts(RestartsLocked());
   j.set_generation(generation_);
   *j.mutable_training_time() = clock_.Read(absl::Now());
+  j.set_tokens_seen(tokens_seen_);
+  const int64_t left = options_.job.train().steps() - j.completed_iterations();
+  if (options_.job.train().steps() > 0 && left > 0 && step_interval_ > 0 &&
+      state_ == control::v1::JOB_STATE_RUNNING) {
+    j.set_eta_seconds(static_cast<double>(left) * step_interval_);
+  }
   if (state_ == control::v1::JOB_STATE_RECOVERING || generation_ > 0) {
     *j.mutable_recovery() = recovery_;
   } else if (options_.recovered_from.declared_seconds() > 0) {

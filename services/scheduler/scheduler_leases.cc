@@ -108,7 +108,12 @@ void SchedulerServiceImpl::BeginRegroupLocked(common::v1::Role role, int rank) {
   compute_failed_.clear();
   wanted_ = -1;
   if (batch_call_ != nullptr) batch_call_->TryCancel();
-  while (!steps_.empty() && steps_.back().iteration() >= from) steps_.pop_back();
+  while (!steps_.empty() && steps_.back().iteration() >= from) {
+    tokens_seen_ -= steps_.back().tokens();  // trained again, counted again
+    steps_.pop_back();
+  }
+  last_step_at_ = absl::InfinitePast();  // the recovery's pause is no pace
+  step_interval_ = 0;
   clock_.RollBack();
   // Checkpoints placed after it are abandoned (their partial folders are
   // emptied when the steps are marked again).

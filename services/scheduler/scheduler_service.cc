@@ -266,7 +266,13 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   register_limit_.Reset(std::max(64.0, 2 * ranks), std::max(20.0, ranks));
   key_limit_.Reset(std::max(256.0, 16 * ranks), std::max(100.0, 8 * ranks));
   if (!options.metrics_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<StepLog>> log = StepLog::Open(options.metrics_dir);
+    // A new job starts the log afresh; a resumed or taken-back one goes on.
+    const bool fresh = options.start_iteration == 0 && options.restarts == 0;
+    absl::StatusOr<std::unique_ptr<StepLog>> log =
+        StepLog::Open(options.metrics_dir,
+                      absl::StrCat(options.job.name().empty() ? "job" : options.job.name(), "-",
+                                   options.run.id.empty() ? "run" : options.run.id),
+                      fresh);
     if (log.ok()) {
       step_log_ = std::move(*log);
     } else {  // the job trains on; its metrics still go to Prometheus
@@ -678,6 +684,13 @@ grpc::Status SchedulerServiceImpl::ReportStep(grpc::ServerContext*,
   }
   steps_.push_back(r);
   if (steps_.size() > kRetainedSteps) steps_.pop_front();
+  tokens_seen_ += r.tokens();
+  const absl::Time now = absl::Now();
+  if (last_step_at_ != absl::InfinitePast()) {
+    const double gap = absl::ToDoubleSeconds(now - last_step_at_);
+    step_interval_ = step_interval_ > 0 ? 0.8 * step_interval_ + 0.2 * gap : gap;
+  }
+  last_step_at_ = now;
   clock_.AddIteration(r.iteration(), r.seconds());
   effective_->Set(clock_.Read(absl::Now()).effective_ratio());
   AddEventLocked(control::v1::JobEvent::KIND_STEP, &r, 0);

@@ -435,7 +435,12 @@ class SchedulerServiceImpl final
   // The steps as people follow them (options_.metrics_dir; null: none, or
   // the folder could not be made). Written after ReportStep's lock.
   std::unique_ptr<StepLog> step_log_;
-  std::atomic<bool> step_log_failed_{false};  // warned once
+  // Job.tokens_seen and the pace behind Job.eta_seconds: a moving average of
+  // the wall time between step reports (reset by a rollback).
+  int64_t tokens_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_step_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  double step_interval_ ABSL_GUARDED_BY(mu_) = 0;  // seconds; 0: unknown
+  std::atomic<bool> step_log_failed_{false};       // warned once
   // The checkpoint thread's work: a step's cursor to read (its first part
   // is in) or the step to complete (every part is in: also in completing_).
   struct CheckpointWork {

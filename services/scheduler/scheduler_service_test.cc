@@ -1146,6 +1146,7 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
     scheduler::v1::ReportStepRequest r;
     r.mutable_step()->set_iteration(iteration);
     r.mutable_step()->set_loss(loss);
+    r.mutable_step()->set_tokens(1000 + iteration);
     r.set_incarnation(incarnation.empty() ? Holder(common::v1::ROLE_LLM_WORKER, 0) : incarnation);
     scheduler::v1::ReportStepResponse response;
     auto ctx = testing::ContextWithDeadline();
@@ -1169,6 +1170,15 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
   EXPECT_EQ(progress().steps_size(), 1);
   EXPECT_EQ(progress().end_iteration(), 8);
   EXPECT_EQ(progress().last_checkpoint(), -1);
+  // Tokens seen count each step once; the ETA needs a pace (two steps).
+  EXPECT_EQ(service_->GetJob("t")->tokens_seen(), 1000);
+  EXPECT_EQ(service_->GetJob("t")->eta_seconds(), 0);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(step(1, 2.4), grpc::StatusCode::OK);
+  EXPECT_EQ(service_->GetJob("t")->tokens_seen(), 2001);
+  const double eta = service_->GetJob("t")->eta_seconds();
+  EXPECT_GE(eta, 6 * 0.1) << "6 iterations left at >= 0.1 s each";
+  EXPECT_LT(eta, 6 * 30.0);
 
   // As the holder of (role, rank), unless `incarnation` is given.
   auto checkpoint = [&](common::v1::Role role, int rank, int64_t step_no, bool* complete,

@@ -18,9 +18,13 @@ double UnixSeconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEp
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StepLog>> StepLog::Open(const std::string& dir) {
-  const std::string board = dir + "/tensorboard";
+absl::StatusOr<std::unique_ptr<StepLog>> StepLog::Open(const std::string& dir,
+                                                       const std::string& run, bool fresh) {
+  const std::string board = absl::StrCat(dir, "/tensorboard/", run);
   if (absl::Status s = MakeDirectories(board); !s.ok()) return s;
+  if (fresh) {
+    if (absl::Status s = WriteFileAtomically(dir + "/metrics.jsonl", ""); !s.ok()) return s;
+  }
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
   const absl::Time now = absl::Now();

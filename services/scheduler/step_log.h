@@ -1,9 +1,10 @@
 // Every step the job reports, kept for people following the run: one JSON
-// line per step in <dir>/metrics.jsonl (appended: a scheduler that takes the
-// job back continues it) and TensorBoard scalars in
-// <dir>/tensorboard/events.out.tfevents.<unix seconds>.<host>.<pid>[.N] (a file
-// per scheduler process; TensorBoard reads a folder's files together).
-// A step replayed after a recovery appears again, with its iteration.
+// line per step in <dir>/metrics.jsonl (started afresh by a new job,
+// appended to by a resumed one or a scheduler that takes the job back) and
+// TensorBoard scalars in <dir>/tensorboard/<run>/events.out.tfevents.<unix
+// seconds>.<host>.<pid>[.N] (a file per scheduler process; TensorBoard reads
+// a folder's files together as one run, and shows each <run> folder as a
+// run of its own). A step replayed after a recovery appears again.
 #ifndef LOOM_SERVICES_SCHEDULER_STEP_LOG_H_
 #define LOOM_SERVICES_SCHEDULER_STEP_LOG_H_
 
@@ -20,9 +21,10 @@ namespace loom {
 
 class StepLog {
  public:
-  // Makes <dir> and <dir>/tensorboard, and writes the events file's first
-  // event (file_version "brain.Event:2").
-  static absl::StatusOr<std::unique_ptr<StepLog>> Open(const std::string& dir);
+  // Makes <dir>/tensorboard/<run> and writes the events file's first event
+  // (file_version "brain.Event:2"); `fresh` empties metrics.jsonl.
+  static absl::StatusOr<std::unique_ptr<StepLog>> Open(const std::string& dir,
+                                                       const std::string& run, bool fresh);
 
   // Thread-safe. The tags: train/loss, train/grad_norm, train/lr,
   // train/step_seconds, train/tokens_per_second, train/samples,

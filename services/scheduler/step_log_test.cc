@@ -41,7 +41,7 @@ TEST(StepLogTest, StepsGoToJsonLinesAndTensorBoard) {
   const absl::Time t0 = absl::FromUnixSeconds(1700000000);
   std::string events_path;
   {
-    absl::StatusOr<std::unique_ptr<StepLog>> log = StepLog::Open(dir);
+    absl::StatusOr<std::unique_ptr<StepLog>> log = StepLog::Open(dir, "job-1", /*fresh=*/true);
     ASSERT_TRUE(log.ok()) << log.status();
     ASSERT_TRUE((*log)->Append(Step(0, 4.5), t0).ok());
     ASSERT_TRUE((*log)->Append(Step(1, 4.25), t0 + absl::Seconds(1)).ok());
@@ -88,19 +88,29 @@ TEST(StepLogTest, StepsGoToJsonLinesAndTensorBoard) {
     }
   }
 
-  absl::StatusOr<std::unique_ptr<StepLog>> again = StepLog::Open(dir);
+  EXPECT_EQ(events_path.rfind(dir + "/tensorboard/job-1/events.out.tfevents.", 0), 0u)
+      << events_path;
+  // The same run again (a resume): metrics.jsonl goes on, a new events file.
+  absl::StatusOr<std::unique_ptr<StepLog>> again = StepLog::Open(dir, "job-1", /*fresh=*/false);
   ASSERT_TRUE(again.ok());
   ASSERT_TRUE((*again)->Append(Step(3, 4.0), t0 + absl::Seconds(3)).ok());
   text = ReadFile(dir + "/metrics.jsonl");
   EXPECT_EQ(std::vector<std::string>(absl::StrSplit(*text, '\n', absl::SkipEmpty())).size(), 4u);
   EXPECT_NE((*again)->events_path(), events_path);
   EXPECT_EQ(ReadTfRecords(events_path)->size(), 4u) << "the first process's file is left alone";
+  // A new job: metrics.jsonl starts over, its events in a run folder of its own.
+  absl::StatusOr<std::unique_ptr<StepLog>> next = StepLog::Open(dir, "job-2", /*fresh=*/true);
+  ASSERT_TRUE(next.ok());
+  ASSERT_TRUE((*next)->Append(Step(0, 5.0), t0 + absl::Seconds(4)).ok());
+  text = ReadFile(dir + "/metrics.jsonl");
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(*text, '\n', absl::SkipEmpty())).size(), 1u);
+  EXPECT_EQ((*next)->events_path().rfind(dir + "/tensorboard/job-2/", 0), 0u);
 }
 
 TEST(StepLogTest, AFolderThatCannotBeMadeIsNamed) {
   const std::string file = testing::TempPath("steplog-file");
   ASSERT_TRUE(WriteFileAtomically(file, "x").ok());
-  absl::Status s = StepLog::Open(file + "/run").status();
+  absl::Status s = StepLog::Open(file + "/run", "job-1", true).status();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find(file), std::string::npos) << s;
 }

@@ -286,8 +286,9 @@ TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {
     EXPECT_EQ(grad_norm, full[i].grad_norm) << lines[i];
   }
   std::vector<std::string> boards;
-  for (const auto& e : std::filesystem::directory_iterator(TempPath("loom") + "/tensorboard")) {
-    boards.push_back(e.path().string());
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(TempPath("loom") + "/tensorboard")) {
+    if (e.is_regular_file()) boards.push_back(e.path().string());
   }
   ASSERT_EQ(boards.size(), 1u);
   absl::StatusOr<std::vector<std::string>> events = ReadTfRecords(boards[0]);
