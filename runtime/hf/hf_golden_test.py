@@ -306,7 +306,32 @@ def llm_case(work, name, config, dtype, shards, mutation):
                   indent=2)
     V = config["vocab_size"]
     seqs = [torch.randint(0, V, (n,), generator=gen).tolist() for n in (23, 9)]
-    return weights, seqs, lambda P: forward(config, P, seqs, mutation), []
+    return weights, seqs, lambda P, s=seqs: forward(config, P, s, mutation), []
+
+
+def check_generate(loom_model, name, d, P, reference, prompt, tol, failures):
+    """loom-model generate's greedy ids: at each step the token torch ranks first on the same
+    prefix, or one whose torch logit is within the logits tolerance of the first (a near tie
+    may fall either way in fp32)."""
+    n = 8
+    r = subprocess.run([loom_model, "generate", "--hf", d, "--tokens", ",".join(map(str, prompt)),
+                        "--max_new_tokens", str(n)], check=True, capture_output=True, text=True)
+    out = json.loads(r.stdout)
+    if out["prompt"] != prompt or len(out["ids"]) != n:
+        failures.append(f"{name} generate: printed {out}")
+        return
+    prefix = list(prompt)
+    with torch.no_grad():
+        for i, tok in enumerate(out["ids"]):
+            last = reference(P, [prefix])[0][-1]
+            best = int(last.argmax())
+            atol, rtol = tol
+            if tok != best and last[best] - last[tok] > atol + rtol * abs(last[best]):
+                failures.append(f"{name} generate: token {i} is {tok}, torch's greedy choice "
+                                f"{best} (logits {last[tok]:.6g} vs {last[best]:.6g})")
+                return
+            prefix.append(tok)
+    print(f"hf golden {name}: loom-model generate's {n} greedy tokens are torch's")
 
 
 def llava_case(work, name, config, dtype, shards, layout, mutation):
@@ -390,7 +415,8 @@ def check_export(loom_model, name, d, dtype, tokens, extra, printed, failures):
           f"{'bit-identical' if not diff and set(want) == set(got) else 'DIFFERENT'}")
 
 
-def run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, case):
+def run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, case,
+             generate=False):
     weights, seqs, reference, extra = case
     d = os.path.join(work, name)
     tokens = "/".join(",".join(map(str, s)) for s in seqs)
@@ -426,6 +452,8 @@ def run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, ca
         failures.append(f"{name}: loom-model logits printed position {printed['position']}")
     check(f"{name} loom-model logits", logits[-1].detach(), torch.tensor(printed["logits"]),
           tol_logits, failures)
+    if generate:
+        check_generate(loom_model, name, d, P, reference, seqs[1], tol_logits, failures)
     # Hugging Face -> Loom -> Hugging Face: every tensor back bit for bit.
     if not mutation:
         check_export(loom_model, name, d, dtype, tokens, extra, printed, failures)
@@ -507,6 +535,24 @@ def check_images(work, loom_model, name, config, tokens, failures):
     if printed[0] != printed[1]:
         failures.append(f"{name}: logits --image differ from logits --pixels of the same pixels")
     print(f"hf golden {name}: image processor vs PIL max|diff| {err:.3g} (normalised units)")
+    # generate on a LLaVA directory agrees with its logits path, token by token (a text prompt).
+    image_token = config.get("image_token_index", config.get("image_token_id"))
+    prompt = [t for t in map(int, tokens.split("/")[0].split(",")) if t != image_token][:12]
+    out = json.loads(subprocess.run(
+        [loom_model, "generate", "--hf", d, "--tokens", ",".join(map(str, prompt)),
+         "--max_new_tokens", "3"], check=True, capture_output=True, text=True).stdout)
+    prefix = list(prompt)
+    for tok in out["ids"]:
+        last = json.loads(subprocess.run(
+            [loom_model, "logits", "--hf", d, "--tokens", ",".join(map(str, prefix))], check=True,
+            capture_output=True, text=True).stdout)["logits"]
+        if tok != max(range(len(last)), key=last.__getitem__):
+            failures.append(f"{name}: generate chose {tok} after {prefix}, not logits' argmax")
+            break
+        prefix.append(tok)
+    if len(out["ids"]) != 3:
+        failures.append(f"{name}: generate printed {out}")
+    print(f"hf golden {name}: loom-model generate's tokens {out['ids']} are its logits' argmax")
 
 
 def main():
@@ -517,7 +563,7 @@ def main():
     failures = []
     for name, config, dtype, shards in CASES:
         run_case(work, dump, loom_model, name, dtype, shards, mutation, failures,
-                 llm_case(work, name, config, dtype, shards, mutation))
+                 llm_case(work, name, config, dtype, shards, mutation), generate=True)
     for name, config, dtype, shards, layout in LLAVA_CASES:
         case = llava_case(work, name, config, dtype, shards, layout, mutation)
         run_case(work, dump, loom_model, name, dtype, shards, mutation, failures, case)

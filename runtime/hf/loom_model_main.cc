@@ -32,15 +32,28 @@
 // for llm_from + vision_from, with the tokenizer's <image> id as
 // image_token_index), the tokenizer's files and the image processor's.
 //
+//   loom-model generate --hf DIR --tokens 1,2,3 [--image A.png | --pixels FILE]
+//                       [--max_new_tokens 16] [--eos ID]
+//
+// decodes greedily from the prompt (one sequence): each step runs the whole
+// sequence again (no KV cache) and appends the last position's argmax,
+// until --max_new_tokens or --eos; prints {"prompt": [...], "ids": [...]},
+// the ids it added. A LLaVA directory takes the prompt's images as logits
+// does.
+//
 //   loom-model pixels --hf DIR --image A.png[,B.jpg] --out pixel_values.safetensors
 //
 // writes what the directory's image processor (preprocessor_config.json)
 // makes of the images, as --pixels reads it.
 //
 // A bad directory, config, token list, image or output exits 2 with the reason.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +61,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/file.h"
 #include "runtime/hf/hf_image.h"
@@ -71,6 +85,8 @@ ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
 ABSL_FLAG(std::string, checkpoint, "",
           "export: a Loom checkpoint step folder (RUN/checkpoints/step-N) of a model made of "
           "--hf (a LLaVA directory) or --llm_from + --vision_from: its weights are written");
+ABSL_FLAG(int, max_new_tokens, 16, "generate: tokens to add at most");
+ABSL_FLAG(int, eos, -1, "generate: stop after this token id (-1: none)");
 ABSL_FLAG(int64_t, max_shard_mb, 5000,
           "export: largest safetensors shard, MB (save_pretrained's 5GB)");
 
@@ -151,6 +167,80 @@ int Logits() {
     out += buf;
   }
   std::cout << out << "]}\n";
+  return 0;
+}
+
+// Greedy decoding on --tokens: one model opened once, the sequence run
+// whole each step.
+int Generate() {
+  const std::string dir = absl::GetFlag(FLAGS_hf);
+  if (dir.empty()) return Fail("--hf DIR is required");
+  const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
+  if (max_new < 1) return Fail("--max_new_tokens: must be >= 1");
+  const std::string prompt = absl::GetFlag(FLAGS_tokens);
+  if (prompt.empty() || prompt.find('/') != std::string::npos) {
+    return Fail("--tokens: one sequence (1,2,3) is the prompt");
+  }
+  std::vector<int32_t> ids;
+  // The last position's logits of `ids`.
+  std::function<absl::StatusOr<std::vector<float>>()> last_logits;
+  std::unique_ptr<loom::Llm> llm;
+  std::optional<loom::hf::OpenedLlava> llava;
+  std::vector<float> pixels;
+  int vocab = 0;
+  if (loom::hf::IsLlavaDir(dir)) {
+    absl::StatusOr<loom::hf::OpenedLlava> o = loom::hf::OpenHfLlava(dir);
+    if (!o.ok()) return Fail(std::string(o.status().message()));
+    llava.emplace(std::move(*o));
+    vocab = llava->config.model.llm.vocab;
+    const int S = llava->config.model.vit.tile_size;
+    absl::StatusOr<std::vector<float>> px = std::vector<float>();
+    if (!absl::GetFlag(FLAGS_pixels).empty()) {
+      px = loom::hf::ReadPixelValues(absl::GetFlag(FLAGS_pixels), S);
+    } else if (!absl::GetFlag(FLAGS_image).empty()) {
+      px = loom::hf::PixelValuesOfImages(dir, ImageFiles(), S);
+    }
+    if (!px.ok()) return Fail(std::string(px.status().message()));
+    pixels = std::move(*px);
+    last_logits = [&]() -> absl::StatusOr<std::vector<float>> {
+      absl::StatusOr<std::vector<loom::Sample>> samples =
+          loom::hf::LlavaSamples(absl::StrJoin(ids, ","), llava->config, pixels);
+      if (!samples.ok()) return samples.status();
+      llava->model->Evaluate({&(*samples)[0]});
+      const std::vector<float>& all = llava->model->llm().logits();
+      return std::vector<float>(all.end() - vocab, all.end());
+    };
+  } else {
+    absl::StatusOr<std::unique_ptr<loom::Llm>> o = loom::hf::OpenHfLlm(dir);
+    if (!o.ok()) return Fail(std::string(o.status().message()));
+    llm = std::move(*o);
+    vocab = llm->config().vocab;
+    last_logits = [&]() -> absl::StatusOr<std::vector<float>> {
+      absl::StatusOr<loom::LlmBatch> batch =
+          loom::hf::ParseTokenBatch(absl::StrJoin(ids, ","), vocab);
+      if (!batch.ok()) return batch.status();
+      if (absl::Status st = llm->Forward(*batch, nullptr); !st.ok()) return st;
+      const std::vector<float>& logits = llm->logits();
+      const float* last = logits.data() + static_cast<size_t>(batch->T() - 1) * vocab;
+      return std::vector<float>(last, last + vocab);
+    };
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> seqs =
+      loom::hf::ParseTokenSequences(prompt, vocab);
+  if (!seqs.ok()) return Fail(std::string(seqs.status().message()));
+  ids = (*seqs)[0];
+  const size_t prompt_length = ids.size();
+  for (int i = 0; i < max_new; ++i) {
+    absl::StatusOr<std::vector<float>> logits = last_logits();
+    if (!logits.ok()) return Fail(std::string(logits.status().message()));
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+    ids.push_back(next);
+    if (next == absl::GetFlag(FLAGS_eos)) break;
+  }
+  std::cout << "{\"prompt\": [" << absl::StrJoin(ids.begin(), ids.begin() + prompt_length, ", ")
+            << "], \"ids\": [" << absl::StrJoin(ids.begin() + prompt_length, ids.end(), ", ")
+            << "]}\n";
   return 0;
 }
 
@@ -306,12 +396,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "loom-model logits --hf DIR --tokens 1,2,3 | export --hf DIR [--checkpoint STEP_DIR] --out "
       "DIR [--dtype bf16] | "
-      "pixels --hf DIR --image A.png --out FILE");
+      "pixels --hf DIR --image A.png --out FILE | generate --hf DIR --tokens 1,2,3");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) return Fail("one command: logits, export or pixels");
+  if (args.size() != 2) return Fail("one command: logits, generate, export or pixels");
   const std::string command = args[1];
   if (command == "logits") return Logits();
+  if (command == "generate") return Generate();
   if (command == "export") return Export();
   if (command == "pixels") return Pixels();
-  return Fail("unknown command '" + command + "' (logits, export, pixels)");
+  return Fail("unknown command '" + command + "' (logits, generate, export, pixels)");
 }
