@@ -1,6 +1,7 @@
 #include "runtime/data/image.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <csetjmp>
 #include <cstdio>
@@ -11,6 +12,9 @@
 // clang-format off
 #include <png.h>
 #include <jpeglib.h>
+#include <jerror.h>
+#include <gif_lib.h>
+#include <webp/decode.h>
 // clang-format on
 
 namespace loom::data {
@@ -50,16 +54,25 @@ absl::StatusOr<Image> DecodePng(std::string_view bytes, const DecodeLimits& limi
     png_image_free(&image);
     return s;
   }
-  image.format = PNG_FORMAT_RGB;
+  // With alpha (an alpha channel, or a palette or grey with tRNS): read as
+  // RGBA and drop the alpha, as PIL's convert("RGB") does (libpng would
+  // composite onto black).
+  const bool alpha = (image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
+  image.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
   Image out;
   out.width = static_cast<int>(image.width);
   out.height = static_cast<int>(image.height);
-  out.rgb.resize(static_cast<size_t>(out.width) * out.height * 3);
+  const size_t n = static_cast<size_t>(out.width) * out.height;
+  out.rgb.resize(n * (alpha ? 4 : 3));
   if (!png_image_finish_read(&image, /*background=*/nullptr, out.rgb.data(), /*row_stride=*/0,
                              /*colormap=*/nullptr)) {
     std::string msg = absl::StrCat("corrupt PNG: ", image.message);
     png_image_free(&image);
     return absl::InvalidArgumentError(msg);
+  }
+  if (alpha) {
+    for (size_t i = 0; i < n; ++i) std::memmove(&out.rgb[3 * i], &out.rgb[4 * i], 3);
+    out.rgb.resize(n * 3);
   }
   return out;
 }
@@ -78,10 +91,21 @@ void JpegErrorExit(j_common_ptr cinfo) {
   std::longjmp(err->jump, 1);
 }
 
-// Warnings (a premature end of data, a corrupt segment) make the image
-// unusable for training: turn them into errors as well.
+// Warnings decode as PIL decodes them: extraneous bytes before a marker, a
+// corrupt segment libjpeg resynchronises after, are decoded through; a
+// premature end of the data is an error (PIL: "image file is truncated").
 void JpegEmitMessage(j_common_ptr cinfo, int level) {
-  if (level < 0) JpegErrorExit(cinfo);
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) JpegErrorExit(cinfo);
+}
+
+// PIL's CMYK -> RGB (Convert.c cmyk2rgb) of Adobe's inverted CMYK, which PIL
+// assumes for every CMYK JPEG ("CMYK;I"): with c = 255 - stored and
+// nk = 255 - k, each channel is nk - round(c * nk / 255).
+inline uint8_t CmykChannel(int stored_c, int stored_k) {
+  const int c = 255 - stored_c, nk = stored_k;
+  const int t = c * nk + 128;
+  const int v = nk - (((t >> 8) + t) >> 8);
+  return static_cast<uint8_t>(std::clamp(v, 0, 255));
 }
 
 // The decode itself, with no C++ object whose destructor a longjmp could
@@ -115,7 +139,10 @@ bool DecodeJpegInto(std::string_view bytes, const DecodeLimits& limits, int min_
     jpeg_destroy_decompress(&cinfo);
     return false;
   }
-  cinfo.out_color_space = JCS_RGB;
+  // CMYK and YCCK come out as CMYK, made RGB as PIL does; the rest (grey
+  // included) as RGB.
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   cinfo.scale_num = 1;
   cinfo.scale_denom = 1;
   for (int denom : {8, 4, 2}) {
@@ -129,17 +156,31 @@ bool DecodeJpegInto(std::string_view bytes, const DecodeLimits& limits, int min_
   jpeg_start_decompress(&cinfo);
   out->width = static_cast<int>(cinfo.output_width);
   out->height = static_cast<int>(cinfo.output_height);
-  if (cinfo.output_components != 3) {
+  if (cinfo.output_components != (cmyk ? 4 : 3)) {
     std::snprintf(jerr.message, sizeof(jerr.message), "JPEG has %d output components",
                   cinfo.output_components);
     *error = jerr.message;
     jpeg_destroy_decompress(&cinfo);
     return false;
   }
-  out->rgb.resize(static_cast<size_t>(out->width) * out->height * 3);
+  const size_t pixels = static_cast<size_t>(out->width) * out->height;
+  out->rgb.resize(pixels * (cmyk ? 4 : 3));
+  const int channels = cmyk ? 4 : 3;
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = out->rgb.data() + static_cast<size_t>(cinfo.output_scanline) * out->width * 3;
+    JSAMPROW row =
+        out->rgb.data() + static_cast<size_t>(cinfo.output_scanline) * out->width * channels;
     jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  if (cmyk) {
+    for (size_t i = 0; i < pixels; ++i) {
+      const uint8_t* p = &out->rgb[4 * i];
+      const uint8_t r = CmykChannel(p[0], p[3]), g = CmykChannel(p[1], p[3]),
+                    b = CmykChannel(p[2], p[3]);
+      out->rgb[3 * i] = r;
+      out->rgb[3 * i + 1] = g;
+      out->rgb[3 * i + 2] = b;
+    }
+    out->rgb.resize(pixels * 3);
   }
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
@@ -159,6 +200,214 @@ absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, const DecodeLimits& lim
   return out;
 }
 
+// ---- WebP (libwebp: the still image; an animation is refused) ----
+
+absl::StatusOr<ImageSize> PeekWebp(std::string_view bytes) {
+  WebPBitstreamFeatures f;
+  if (WebPGetFeatures(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &f) !=
+      VP8_STATUS_OK) {
+    return absl::InvalidArgumentError("corrupt WebP: no readable header");
+  }
+  if (f.has_animation) return absl::UnimplementedError("animated WebP");
+  return ImageSize{f.width, f.height};
+}
+
+absl::StatusOr<Image> DecodeWebp(std::string_view bytes, const DecodeLimits& limits) {
+  absl::StatusOr<ImageSize> size = PeekWebp(bytes);
+  if (!size.ok()) return size.status();
+  if (absl::Status s = CheckDecodeLimits(size->width, size->height, limits); !s.ok()) return s;
+  Image out;
+  out.width = size->width;
+  out.height = size->height;
+  out.rgb.resize(static_cast<size_t>(out.width) * out.height * 3);
+  // RGB: an alpha channel is dropped, as PIL's convert("RGB") does.
+  if (WebPDecodeRGBInto(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                        out.rgb.data(), out.rgb.size(), out.width * 3) == nullptr) {
+    return absl::InvalidArgumentError("corrupt WebP: the image data does not decode");
+  }
+  return out;
+}
+
+// ---- GIF (giflib, record by record: the first image only) ----
+
+struct GifSource {
+  std::string_view bytes;
+  size_t at = 0;
+};
+
+int GifRead(GifFileType* gif, GifByteType* buf, int n) {
+  auto* src = static_cast<GifSource*>(gif->UserData);
+  const size_t k = std::min<size_t>(static_cast<size_t>(n), src->bytes.size() - src->at);
+  std::memcpy(buf, src->bytes.data() + src->at, k);
+  src->at += k;
+  return static_cast<int>(k);
+}
+
+// The first frame on the logical screen: the screen filled with the
+// background colour, the frame's pixels at its offset (a transparent index
+// keeps its palette colour, as PIL's convert("RGB") of the frame does).
+absl::StatusOr<Image> DecodeGif(std::string_view bytes, const DecodeLimits& limits,
+                                bool header_only) {
+  GifSource src{bytes};
+  int error = 0;
+  GifFileType* gif = DGifOpen(&src, GifRead, &error);
+  if (gif == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("corrupt GIF: ", GifErrorString(error)));
+  }
+  struct Closer {
+    GifFileType* g;
+    ~Closer() {
+      int e = 0;
+      DGifCloseFile(g, &e);
+    }
+  } closer{gif};
+  auto corrupt = [&](const char* what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("corrupt GIF: ", what, ": ", GifErrorString(gif->Error)));
+  };
+  Image out;
+  out.width = gif->SWidth;
+  out.height = gif->SHeight;
+  if (header_only) return out;
+  if (absl::Status s = CheckDecodeLimits(out.width, out.height, limits); !s.ok()) return s;
+  for (;;) {
+    GifRecordType type;
+    if (DGifGetRecordType(gif, &type) == GIF_ERROR) return corrupt("record");
+    if (type == TERMINATE_RECORD_TYPE) return absl::InvalidArgumentError("GIF has no image");
+    if (type == EXTENSION_RECORD_TYPE) {
+      int code = 0;
+      GifByteType* ext = nullptr;
+      if (DGifGetExtension(gif, &code, &ext) == GIF_ERROR) return corrupt("extension");
+      while (ext != nullptr) {
+        if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR) return corrupt("extension");
+      }
+      continue;
+    }
+    if (type != IMAGE_DESC_RECORD_TYPE) continue;
+    if (DGifGetImageDesc(gif) == GIF_ERROR) return corrupt("image descriptor");
+    const GifImageDesc& d = gif->Image;
+    if (absl::Status s = CheckDecodeLimits(d.Width, d.Height, limits); !s.ok()) return s;
+    const ColorMapObject* map = d.ColorMap != nullptr ? d.ColorMap : gif->SColorMap;
+    if (map == nullptr) return absl::InvalidArgumentError("corrupt GIF: no colour map");
+    std::vector<GifPixelType> frame(static_cast<size_t>(d.Width) * d.Height);
+    if (d.Interlace) {
+      static constexpr int kStart[] = {0, 4, 2, 1}, kStep[] = {8, 8, 4, 2};
+      for (int pass = 0; pass < 4; ++pass) {
+        for (int y = kStart[pass]; y < d.Height; y += kStep[pass]) {
+          if (DGifGetLine(gif, &frame[static_cast<size_t>(y) * d.Width], d.Width) == GIF_ERROR) {
+            return corrupt("image data");
+          }
+        }
+      }
+    } else {
+      for (int y = 0; y < d.Height; ++y) {
+        if (DGifGetLine(gif, &frame[static_cast<size_t>(y) * d.Width], d.Width) == GIF_ERROR) {
+          return corrupt("image data");
+        }
+      }
+    }
+    auto colour = [&](int index, uint8_t* rgb) {
+      const GifColorType c = index < map->ColorCount ? map->Colors[index] : GifColorType{0, 0, 0};
+      rgb[0] = c.Red;
+      rgb[1] = c.Green;
+      rgb[2] = c.Blue;
+    };
+    out.rgb.resize(static_cast<size_t>(out.width) * out.height * 3);
+    uint8_t background[3] = {0, 0, 0};
+    if (gif->SColorMap != nullptr && gif->SBackGroundColor < gif->SColorMap->ColorCount) {
+      const GifColorType c = gif->SColorMap->Colors[gif->SBackGroundColor];
+      background[0] = c.Red;
+      background[1] = c.Green;
+      background[2] = c.Blue;
+    }
+    for (size_t i = 0; i < out.rgb.size(); i += 3) std::memcpy(&out.rgb[i], background, 3);
+    for (int y = 0; y < d.Height; ++y) {
+      const int sy = d.Top + y;
+      if (sy < 0 || sy >= out.height) continue;
+      for (int x = 0; x < d.Width; ++x) {
+        const int sx = d.Left + x;
+        if (sx < 0 || sx >= out.width) continue;
+        colour(frame[static_cast<size_t>(y) * d.Width + x],
+               &out.rgb[(static_cast<size_t>(sy) * out.width + sx) * 3]);
+      }
+    }
+    return out;
+  }
+}
+
+// ---- BMP (uncompressed: 1, 4, 8 bits with a palette; 24; 32 as BGRX) ----
+
+uint32_t Le32(const unsigned char* p) {
+  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+
+absl::StatusOr<Image> DecodeBmp(std::string_view bytes, const DecodeLimits& limits,
+                                bool header_only) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (bytes.size() < 14 + 40) return absl::InvalidArgumentError("corrupt BMP: header cut short");
+  const uint32_t data_at = Le32(b + 10), dib = Le32(b + 14);
+  if (dib < 12 || 14 + static_cast<size_t>(dib) > bytes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("corrupt BMP: a ", dib, "-byte header"));
+  }
+  if (dib < 40) {  // OS/2's BITMAPCOREHEADER
+    return absl::UnimplementedError(absl::StrCat("BMP with a ", dib, "-byte header"));
+  }
+  const int32_t width = static_cast<int32_t>(Le32(b + 18));
+  const int32_t signed_height = static_cast<int32_t>(Le32(b + 22));
+  const int bpp = b[28] | (b[29] << 8);
+  const uint32_t compression = Le32(b + 30);
+  const bool top_down = signed_height < 0;
+  const int64_t height = top_down ? -static_cast<int64_t>(signed_height) : signed_height;
+  Image out;
+  out.width = width;
+  out.height = static_cast<int>(std::min<int64_t>(height, 1 << 30));
+  if (header_only) return out;
+  if (absl::Status s = CheckDecodeLimits(width, height, limits); !s.ok()) return s;
+  // BI_RGB; BI_BITFIELDS only with 32 bits in the usual B, G, R order.
+  const bool bitfields_bgr = compression == 3 && bpp == 32 && dib >= 52 &&
+                             Le32(b + 54) == 0x00ff0000u && Le32(b + 58) == 0x0000ff00u &&
+                             Le32(b + 62) == 0x000000ffu;
+  if (!(compression == 0 || bitfields_bgr) ||
+      !(bpp == 1 || bpp == 4 || bpp == 8 || bpp == 24 || bpp == 32)) {
+    return absl::UnimplementedError(
+        absl::StrCat("BMP of ", bpp, " bits, compression ", compression));
+  }
+  std::vector<std::array<uint8_t, 3>> palette;
+  if (bpp <= 8) {
+    const uint32_t used = Le32(b + 46);
+    const size_t n = used == 0 ? (size_t{1} << bpp) : std::min<size_t>(used, size_t{1} << bpp);
+    const size_t at = 14 + dib;
+    if (at + 4 * n > bytes.size()) return absl::InvalidArgumentError("corrupt BMP: palette");
+    for (size_t i = 0; i < n; ++i) {
+      palette.push_back({b[at + 4 * i + 2], b[at + 4 * i + 1], b[at + 4 * i]});
+    }
+  }
+  const size_t stride = ((static_cast<size_t>(bpp) * width + 31) / 32) * 4;
+  if (data_at > bytes.size() || (bytes.size() - data_at) / stride < static_cast<size_t>(height)) {
+    return absl::InvalidArgumentError("corrupt BMP: pixel data cut short");
+  }
+  out.rgb.resize(static_cast<size_t>(width) * height * 3);
+  for (int64_t y = 0; y < height; ++y) {
+    const unsigned char* row = b + data_at + stride * (top_down ? y : height - 1 - y);
+    uint8_t* dst = &out.rgb[static_cast<size_t>(y) * width * 3];
+    for (int32_t x = 0; x < width; ++x, dst += 3) {
+      if (bpp >= 24) {
+        const unsigned char* p = row + static_cast<size_t>(x) * (bpp / 8);
+        dst[0] = p[2];
+        dst[1] = p[1];
+        dst[2] = p[0];
+        continue;
+      }
+      const size_t bit = static_cast<size_t>(x) * bpp;
+      const int index = (row[bit / 8] >> (8 - bpp - bit % 8)) & ((1 << bpp) - 1);
+      const std::array<uint8_t, 3> c =
+          index < static_cast<int>(palette.size()) ? palette[index] : std::array<uint8_t, 3>{};
+      std::memcpy(dst, c.data(), 3);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 ImageFormat SniffImageFormat(std::string_view bytes) {
@@ -169,6 +418,13 @@ ImageFormat SniffImageFormat(std::string_view bytes) {
       static_cast<unsigned char>(bytes[2]) == 0xff) {
     return ImageFormat::kJpeg;
   }
+  if (bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" && bytes.substr(8, 4) == "WEBP") {
+    return ImageFormat::kWebp;
+  }
+  if (bytes.size() >= 6 && (bytes.substr(0, 6) == "GIF87a" || bytes.substr(0, 6) == "GIF89a")) {
+    return ImageFormat::kGif;
+  }
+  if (bytes.size() >= 2 && bytes.substr(0, 2) == "BM") return ImageFormat::kBmp;
   return ImageFormat::kUnknown;
 }
 
@@ -180,10 +436,16 @@ absl::StatusOr<Image> DecodeImage(std::string_view bytes, const DecodeLimits& li
       return DecodePng(bytes, limits);
     case ImageFormat::kJpeg:
       return DecodeJpeg(bytes, limits, min_width, min_height, /*header_only=*/false);
+    case ImageFormat::kWebp:
+      return DecodeWebp(bytes, limits);
+    case ImageFormat::kGif:
+      return DecodeGif(bytes, limits, /*header_only=*/false);
+    case ImageFormat::kBmp:
+      return DecodeBmp(bytes, limits, /*header_only=*/false);
     case ImageFormat::kUnknown:
       break;
   }
-  return absl::UnimplementedError("neither PNG nor JPEG");
+  return absl::UnimplementedError("not PNG, JPEG, WebP, GIF or BMP");
 }
 
 absl::StatusOr<ImageSize> PeekImageSize(std::string_view bytes) {
@@ -200,10 +462,20 @@ absl::StatusOr<ImageSize> PeekImageSize(std::string_view bytes) {
       if (!header.ok()) return header.status();
       return ImageSize{header->width, header->height};
     }
+    case ImageFormat::kWebp:
+      return PeekWebp(bytes);
+    case ImageFormat::kGif:
+    case ImageFormat::kBmp: {
+      absl::StatusOr<Image> header = SniffImageFormat(bytes) == ImageFormat::kGif
+                                         ? DecodeGif(bytes, DecodeLimits{}, true)
+                                         : DecodeBmp(bytes, DecodeLimits{}, true);
+      if (!header.ok()) return header.status();
+      return ImageSize{header->width, header->height};
+    }
     case ImageFormat::kUnknown:
       break;
   }
-  return absl::UnimplementedError("neither PNG nor JPEG");
+  return absl::UnimplementedError("not PNG, JPEG, WebP, GIF or BMP");
 }
 
 absl::StatusOr<std::string> EncodePng(const Image& image) {

@@ -1,15 +1,23 @@
-// Images: PNG and JPEG decoding (libpng, libjpeg-turbo) and encoding (for
-// loom-datagen), and the resize that tiling is built on.
+// Images: decoding PNG, JPEG, WebP, GIF and BMP (libpng, libjpeg-turbo,
+// libwebp, giflib, and a BMP reader here) to RGB as PIL's
+// Image.open(f).convert("RGB") does - grey and palette images expanded, an
+// alpha channel dropped, CMYK JPEG converted by PIL's formula, a GIF's first
+// frame, a still WebP - PNG and JPEG encoding (for loom-datagen), and the
+// resize that tiling is built on.
 //
 // Decoding never trusts a header: the claimed size is checked against
-// DecodeLimits before any pixel buffer is allocated, and every libpng /
-// libjpeg error or warning (truncated data, bad Huffman code, CRC mismatch)
-// becomes a Status, never an abort or a longjmp out of the caller.
+// DecodeLimits before any pixel buffer is allocated, and every decoder
+// error (truncated data, bad Huffman code, CRC mismatch) becomes a Status,
+// never an abort or a longjmp out of the caller. libjpeg's recoverable
+// warnings (extraneous bytes before a marker, a corrupt segment it
+// resynchronises after) decode through, as PIL decodes them; a premature
+// end of the data is an error, as PIL's "image file is truncated".
 //
 // Errors, by code, so the pipeline can name a skip reason:
 //   INVALID_ARGUMENT    empty, corrupt or truncated data
 //   RESOURCE_EXHAUSTED  the header claims more pixels than the limits allow
-//   UNIMPLEMENTED       neither PNG nor JPEG
+//   UNIMPLEMENTED       another format, an animated WebP, a compressed or
+//                       16-bit BMP
 #ifndef LOOM_RUNTIME_DATA_IMAGE_H_
 #define LOOM_RUNTIME_DATA_IMAGE_H_
 
@@ -38,7 +46,7 @@ struct DecodeLimits {
 // width x height is over `limits` (the message names both).
 absl::Status CheckDecodeLimits(int64_t width, int64_t height, const DecodeLimits& limits);
 
-enum class ImageFormat { kUnknown, kPng, kJpeg };
+enum class ImageFormat { kUnknown, kPng, kJpeg, kWebp, kGif, kBmp };
 
 // From the leading magic bytes.
 ImageFormat SniffImageFormat(std::string_view bytes);

@@ -43,8 +43,16 @@ TEST(ImageTest, JpegDctScalingDecodesSmallerButNotBelowTheTarget) {
 
 TEST(ImageTest, EmptyAndUnknownAndCorrupt) {
   EXPECT_EQ(DecodeImage("", DecodeLimits{}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DecodeImage("GIF89a....", DecodeLimits{}).status().code(),
+  EXPECT_EQ(DecodeImage("II*\0 a TIFF", DecodeLimits{}).status().code(),
             absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(DecodeImage("GIF89a....", DecodeLimits{}).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a GIF cut short is corrupt";
+  EXPECT_EQ(DecodeImage(std::string("RIFF\x10\0\0\0WEBPVP8 ", 16), DecodeLimits{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeImage("BM" + std::string(60, '\0'), DecodeLimits{}).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a BMP of size 0x0";
   std::string png = testing::TestPng(32, 32);
   png[png.size() / 2] ^= 0x55;  // breaks the IDAT CRC or the deflate stream
   EXPECT_EQ(DecodeImage(png, DecodeLimits{}).status().code(), absl::StatusCode::kInvalidArgument);

@@ -51,8 +51,8 @@ inline constexpr std::array<std::string_view, 14> kSkipReasons = {
     "image_count_mismatch",  // markers != listed images
     "missing_image",         // a listed image is not in the tar
     "empty_image",           // a zero-byte image
-    "corrupt_image",         // undecodable or truncated PNG/JPEG
-    "unsupported_image",     // neither PNG nor JPEG
+    "corrupt_image",         // undecodable or truncated image data
+    "unsupported_image",     // not PNG, JPEG, WebP, GIF or BMP; an animated WebP
     "image_too_large",       // header claims more than DecodeLimits
     "text_too_long",         // text tokens alone exceed the maximum sequence
     "sequence_too_long",     // text + image tokens exceed it

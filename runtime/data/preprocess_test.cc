@@ -143,7 +143,7 @@ TEST(PreprocessTest, EveryBadInputIsSkippedWithItsReason) {
        Files("h2", SampleJson("<image> x", {"0.png"}),
              {{"0.png", std::string("\x89PNG\r\n\x1a\n garbage")}}),
        "corrupt_image"},
-      {"not an image", Files("i", SampleJson("<image> x", {"0.gif"}), {{"0.gif", "GIF89a"}}),
+      {"not an image", Files("i", SampleJson("<image> x", {"0.tif"}), {{"0.tif", "II*\0"}}),
        "unsupported_image"},
       {"huge png",
        Files("j", SampleJson("<image> x", {"0.png"}),

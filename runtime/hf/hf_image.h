@@ -46,7 +46,8 @@ absl::StatusOr<ImageProcessor> ReadImageProcessor(const std::string& dir);
 absl::StatusOr<std::vector<float>> ProcessImage(const ImageProcessor& p, const data::Image& image,
                                                 int tile_size);
 
-// PNG or JPEG files -> pixel_values (N, 3, S, S) as DIR's processor makes them.
+// Image files (PNG, JPEG, WebP, GIF, BMP: DecodeImage) -> pixel_values (N, 3, S, S) as DIR's
+// processor makes them.
 absl::StatusOr<std::vector<float>> PixelValuesOfImages(const std::string& dir,
                                                        const std::vector<std::string>& paths,
                                                        int tile_size);

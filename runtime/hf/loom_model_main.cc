@@ -78,7 +78,8 @@ ABSL_FLAG(std::string, pixels, "",
           "logits of a LLaVA directory: safetensors with pixel_values (N, 3, S, S), normalised "
           "as the model's image processor does; image_token_index in --tokens marks the slots");
 ABSL_FLAG(std::string, image, "",
-          "logits and pixels of a LLaVA directory: PNG or JPEG files, comma-separated, made "
+          "logits and pixels of a LLaVA directory: PNG, JPEG, WebP, GIF or BMP files, "
+          "comma-separated, made "
           "pixel_values by the directory's preprocessor_config.json");
 ABSL_FLAG(std::string, out, "", "export: the directory to write; pixels: the file");
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");

@@ -1,4 +1,4 @@
-// libFuzzer target: the PNG and JPEG decoders (and header peeking, and the
+// libFuzzer target: the image decoders (PNG, JPEG, WebP, GIF, BMP) (and header peeking, and the
 // DCT-scaled JPEG path) on arbitrary bytes.
 #include <cstddef>
 #include <cstdint>

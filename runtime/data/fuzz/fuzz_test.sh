@@ -16,6 +16,8 @@ runtime/data/loom-datagen --preset interleaved --samples 12 --seed 1 --out "$wor
   --samples_per_shard 3 >/dev/null
 cp "$work/shards"/*.tar "$work/tar/"
 (cd "$work/image" && for t in "$work"/shards/*.tar; do tar xf "$t"; done && rm -f ./*.json)
+# WebP, GIF, BMP and CMYK JPEG seeds (regressions/image/seed-*), beside datagen's PNG and JPEG.
+cp runtime/data/fuzz/regressions/image/seed-* "$work/image/"
 
 for target in fuzz_tar:tar fuzz_image:image; do
   bin="runtime/data/fuzz/${target%%:*}"
