@@ -325,6 +325,16 @@ def check_checkpoint_volume(base):
                   "%s: loom-preprocess reads the cursor from the claim" % name)
 
 
+def check_valid_job(name, job):
+    """`loomctl validate` accepts the rendered job.json (as loom-scheduler would)."""
+    path = os.path.join(TMP, name.replace(" ", "-") + ".job.json")
+    json.dump(job, open(path, "w"))
+    r = subprocess.run([os.path.join(BIN, "services/scheduler/loomctl"), "validate", path],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "%s: the job ConfigMap is a valid loom.job.v1.JobConfig%s" %
+          (name, "" if r.returncode == 0 else ": " + r.stderr.strip()))
+
+
 def main():
     base = ["ConfigMap/train-loom-job", "ConfigMap/train-loom-dashboards",
             "Deployment/train-loom-scheduler", "Service/train-loom-scheduler",
@@ -362,12 +372,7 @@ def main():
         job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
         check(job["checkpoint"]["every"] == 0,
               "defaults: checkpoints off (job.checkpoint.every 0), as no shared claim is named")
-        path = os.path.join(TMP, "job.json")
-        json.dump(job, open(path, "w"))
-        r = subprocess.run([os.path.join(BIN, "services/scheduler/loomctl"), "validate", path],
-                           capture_output=True, text=True)
-        check(r.returncode == 0, "the job ConfigMap is a valid loom.job.v1.JobConfig%s" %
-              ("" if r.returncode == 0 else ": " + r.stderr.strip()))
+        check_valid_job("defaults", job)
         dash = by(objs, "ConfigMap", "train-loom-dashboards")
         check(dash["metadata"]["labels"].get("grafana_dashboard") == "1" and
               json.loads(dash["data"]["loom.json"]) == json.load(open(DASHBOARD)),
@@ -415,12 +420,7 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         check(all(job["train"].get(k) == v for k, v in want.items()),
               "all options: the recipe (schedule, warm-up ratio, floor, module peaks, eps) reaches job.json: %s"
               % job["train"])
-        path = os.path.join(TMP, "recipe.json")
-        json.dump(job, open(path, "w"))
-        r = subprocess.run([os.path.join(BIN, "services/scheduler/loomctl"), "validate", path],
-                           capture_output=True, text=True)
-        check(r.returncode == 0, "all options: the job ConfigMap is a valid loom.job.v1.JobConfig%s" %
-              ("" if r.returncode == 0 else ": " + r.stderr.strip()))
+        check_valid_job("all options", job)
         vols = by(objs, "Deployment", "train-loom-scheduler")["spec"]["template"]["spec"]["volumes"]
         check({"name": "control-tokens", "secret": {"secretName": "loom-control-tokens", "defaultMode": 0o440,
                                                     "items": [{"key": "tokens", "path": "tokens"}]}} in vols,
