@@ -450,28 +450,26 @@ absl::StatusOr<Image> DecodeImage(std::string_view bytes, const DecodeLimits& li
 
 absl::StatusOr<ImageSize> PeekImageSize(std::string_view bytes) {
   if (bytes.empty()) return absl::InvalidArgumentError("empty image (0 bytes)");
+  // The decoders' header-only read: the size, no pixels.
+  auto size = [](const absl::StatusOr<Image>& header) -> absl::StatusOr<ImageSize> {
+    if (!header.ok()) return header.status();
+    return ImageSize{header->width, header->height};
+  };
   switch (SniffImageFormat(bytes)) {
     case ImageFormat::kPng: {
       png_image image;
-      absl::StatusOr<ImageSize> size = PeekPng(bytes, &image);
-      if (size.ok()) png_image_free(&image);
-      return size;
+      absl::StatusOr<ImageSize> png = PeekPng(bytes, &image);
+      if (png.ok()) png_image_free(&image);
+      return png;
     }
-    case ImageFormat::kJpeg: {
-      absl::StatusOr<Image> header = DecodeJpeg(bytes, DecodeLimits{}, 0, 0, true);
-      if (!header.ok()) return header.status();
-      return ImageSize{header->width, header->height};
-    }
+    case ImageFormat::kJpeg:
+      return size(DecodeJpeg(bytes, DecodeLimits{}, 0, 0, /*header_only=*/true));
     case ImageFormat::kWebp:
       return PeekWebp(bytes);
     case ImageFormat::kGif:
-    case ImageFormat::kBmp: {
-      absl::StatusOr<Image> header = SniffImageFormat(bytes) == ImageFormat::kGif
-                                         ? DecodeGif(bytes, DecodeLimits{}, true)
-                                         : DecodeBmp(bytes, DecodeLimits{}, true);
-      if (!header.ok()) return header.status();
-      return ImageSize{header->width, header->height};
-    }
+      return size(DecodeGif(bytes, DecodeLimits{}, /*header_only=*/true));
+    case ImageFormat::kBmp:
+      return size(DecodeBmp(bytes, DecodeLimits{}, /*header_only=*/true));
     case ImageFormat::kUnknown:
       break;
   }

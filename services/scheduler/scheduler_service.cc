@@ -378,15 +378,18 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
         absl::StrCat("this process was declared lost as ", common::v1::Role_Name(w.role()),
                      " rank ", w.rank(), "; a new process takes the rank (exit)")));
   }
+  // ALREADY_EXISTS, with why the holder keeps the rank (`detail`).
+  auto taken = [&](absl::string_view detail) {
+    return ToGrpcStatus(
+        absl::AlreadyExistsError(absl::StrCat(common::v1::Role_Name(w.role()), " rank ", w.rank(),
+                                              " is registered by another process", detail)));
+  };
   auto held = incarnations_.find(key);
   if (held != incarnations_.end() && held->second != incarnation) {
-    const scheduler::v1::Worker holder = workers_.at(key);
     const std::string holder_incarnation = held->second;
-    if (w.endpoint().empty() || holder.endpoint() != w.endpoint() ||
+    if (w.endpoint().empty() || workers_.at(key).endpoint() != w.endpoint() ||
         (state_ != control::v1::JOB_STATE_RUNNING && state_ != control::v1::JOB_STATE_PAUSED)) {
-      return ToGrpcStatus(
-          absl::AlreadyExistsError(absl::StrCat(common::v1::Role_Name(w.role()), " rank ", w.rank(),
-                                                " is registered by another process")));
+      return taken("");
     }
     // From the holder's own endpoint: a container restarted in its pod, or
     // a caller naming the holder's endpoint. Whoever answers there decides.
@@ -397,21 +400,18 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
     const bool still =
         held != incarnations_.end() && held->second == holder_incarnation &&
         (state_ == control::v1::JOB_STATE_RUNNING || state_ == control::v1::JOB_STATE_PAUSED);
-    if (!instance.ok() || *instance == IncarnationInstance(holder_incarnation) || !still) {
-      return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
-          common::v1::Role_Name(w.role()), " rank ", w.rank(), " is registered by another process",
-          instance.ok() ? (still ? ", which still answers at its endpoint" : "")
-                        : absl::StrCat(" (its endpoint: ", instance.status().message(), ")"))));
+    if (!instance.ok()) {
+      return taken(absl::StrCat(" (its endpoint: ", instance.status().message(), ")"));
+    }
+    if (!still) return taken("");
+    if (*instance == IncarnationInstance(holder_incarnation)) {
+      return taken(", which still answers at its endpoint");
     }
     // Another process answers at the holder's endpoint: the holder is gone.
     // Declared lost now, it frees the rank.
     DeclareLostLocked(w.role(), w.rank(), w.endpoint(),
                       "restarted: a new process registered from its endpoint", absl::Now());
-    if (incarnations_.count(key) > 0) {  // not freed (the job was not running)
-      return ToGrpcStatus(
-          absl::AlreadyExistsError(absl::StrCat(common::v1::Role_Name(w.role()), " rank ", w.rank(),
-                                                " is registered by another process")));
-    }
+    if (incarnations_.count(key) > 0) return taken("");  // not freed (the job was not running)
   }
   workers_[key] = w;  // the holder's retry may bring new addresses
   incarnations_[key] = incarnation;
