@@ -150,7 +150,8 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
       std::vector<std::string> a = {"--shards=" + options_.shards,
                                     absl::StrCat("--seed=", job.seed()),
                                     absl::StrCat("--global_batch=", job.data().global_batch()),
-                                    absl::StrCat("--threads=", job.data().threads())};
+                                    absl::StrCat("--threads=", job.data().threads()),
+                                    "--chat_template=" + job.data().chat_template()};
       for (std::string& flag : hf::ModelSourceFlags(JobModelSource(job))) {
         a.push_back(std::move(flag));
       }

@@ -153,13 +153,35 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
   if (auto s = google::protobuf::util::JsonStringToMessage(json->second, &record, parse); !s.ok()) {
     return skip("bad_json", s.ToString());
   }
+  // A conversation becomes its chat template's text, with loss spans.
+  const bool chat = record.messages_size() > 0;
+  RenderedChat rendered;
+  if (chat) {
+    if (!record.text().empty()) {
+      return skip("bad_conversation", "a sample has text or messages, not both");
+    }
+    if (options_.chat == nullptr) return skip("bad_conversation", "no chat template configured");
+    std::vector<ChatMessage> messages;
+    for (const data::v1::Message& m : record.messages())
+      messages.push_back({m.role(), m.content()});
+    absl::StatusOr<RenderedChat> r = options_.chat->Render(messages);
+    if (!r.ok()) return skip("bad_conversation", std::string(r.status().message()));
+    if (r->loss.empty()) {
+      return skip("bad_conversation", "no assistant message: nothing to train on");
+    }
+    rendered = std::move(*r);
+  }
+  const std::string_view text = chat ? std::string_view(rendered.text) : record.text();
   std::vector<std::string_view> pieces;
+  std::vector<size_t> piece_at;  // each piece's offset in `text`
   {
-    std::string_view rest = record.text();
+    std::string_view rest = text;
     for (size_t at; (at = rest.find(kImageMarker)) != std::string_view::npos;) {
+      piece_at.push_back(static_cast<size_t>(rest.data() - text.data()));
       pieces.push_back(rest.substr(0, at));
       rest.remove_prefix(at + kImageMarker.size());
     }
+    piece_at.push_back(static_cast<size_t>(rest.data() - text.data()));
     pieces.push_back(rest);
   }
   const int markers = static_cast<int>(pieces.size()) - 1;
@@ -186,7 +208,8 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
   // at least the whole's). Encoding megabytes to refuse them would hold up
   // the in-order loader.
   std::vector<std::vector<int32_t>> piece_ids(pieces.size());
-  int text_tokens = tokenizer_->bos_id() >= 0 ? 2 : 1;
+  std::vector<std::vector<uint8_t>> piece_marks(pieces.size());
+  int text_tokens = chat ? 0 : tokenizer_->bos_id() >= 0 ? 2 : 1;
   if (const int64_t per_token = tokenizer_->max_text_bytes_per_token(); per_token > 0) {
     int64_t bytes = 0;
     for (std::string_view p : pieces) bytes += static_cast<int64_t>(p.size());
@@ -201,9 +224,21 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
   }
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].empty()) continue;
-    if (absl::Status s = tokenizer_->Encode(pieces[i], &piece_ids[i]); !s.ok()) {
-      return skip("invalid_utf8", std::string(s.message()));
+    absl::Status s;
+    if (chat) {
+      // The loss spans that fall in this piece, in its own offsets.
+      std::vector<Tokenizer::Span> spans;
+      const size_t b = piece_at[i], e = b + pieces[i].size();
+      for (const Tokenizer::Span& l : rendered.loss) {
+        if (l.end > b && l.begin < e) {
+          spans.push_back({std::max(l.begin, b) - b, std::min(l.end, e) - b});
+        }
+      }
+      s = tokenizer_->EncodeMarked(pieces[i], spans, &piece_ids[i], &piece_marks[i]);
+    } else {
+      s = tokenizer_->Encode(pieces[i], &piece_ids[i]);
     }
+    if (!s.ok()) return skip("invalid_utf8", std::string(s.message()));
     text_tokens += static_cast<int>(piece_ids[i].size());
   }
   if (text_tokens > options_.max_seq) {
@@ -271,20 +306,25 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     }
   }
 
-  // Tokens: <s> piece0 [image0 slots] piece1 ... </s>.
+  // Tokens: <s> piece0 [image0 slots] piece1 ... </s>; a conversation:
+  // piece0 [image0 slots] piece1 ..., with its loss marks.
   sample.tokens.reserve(text_tokens + image_tokens);
-  if (tokenizer_->bos_id() >= 0) sample.tokens.push_back(tokenizer_->bos_id());
+  if (!chat && tokenizer_->bos_id() >= 0) sample.tokens.push_back(tokenizer_->bos_id());
   for (size_t i = 0; i < pieces.size(); ++i) {
     sample.tokens.insert(sample.tokens.end(), piece_ids[i].begin(), piece_ids[i].end());
+    if (chat)
+      sample.loss_mask.insert(sample.loss_mask.end(), piece_marks[i].begin(), piece_marks[i].end());
     if (static_cast<int>(i) < n) {
-      sample.tokens.insert(
-          sample.tokens.end(),
-          static_cast<size_t>(out.sample.images[i].tiles) * options_.tokens_per_tile, -1);
+      const size_t slots =
+          static_cast<size_t>(out.sample.images[i].tiles) * options_.tokens_per_tile;
+      sample.tokens.insert(sample.tokens.end(), slots, -1);
+      if (chat) sample.loss_mask.insert(sample.loss_mask.end(), slots, 0);
     }
   }
-  sample.tokens.push_back(tokenizer_->eos_id());
+  if (!chat) sample.tokens.push_back(tokenizer_->eos_id());
   out.sample.image_tokens = image_tokens;
   out.sample.text_tokens = text_tokens;
+  out.sample.loss_tokens = static_cast<int>(LossTokens(sample));
   out.ok = true;
   return out;
 }

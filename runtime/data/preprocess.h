@@ -4,9 +4,13 @@
 //   1. KEY.json: valid UTF-8, protobuf-JSON SampleRecord, a non-empty text
 //      with one "<image>" marker per listed image, every listed image present.
 //   2. Text: <s> (if the tokenizer has one), the BPE ids of each text
-//      piece, an image's slots at its marker, </s>. A text whose bytes
-//      cannot fit the maximum sequence (Tokenizer::max_text_bytes_per_token)
-//      is refused before it is tokenized.
+//      piece, an image's slots at its marker, </s>; every text token after
+//      the first carries loss. A conversation (`messages`) is instead the
+//      chat template's text, tokenized as it stands (the template puts the
+//      <s> and the turns' end tokens), with loss on the assistant turns
+//      only (Sample::loss_mask). A text whose bytes cannot fit the maximum
+//      sequence (Tokenizer::max_text_bytes_per_token) is refused before it
+//      is tokenized.
 //   3. Images: the header gives the size; the tile grid (cols x rows <=
 //      max tiles, the aspect ratio closest to the image's; ties go to the
 //      larger grid when the image has the pixels for it) is chosen before a
@@ -28,10 +32,12 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "runtime/data/chat_template.h"
 #include "runtime/data/image.h"
 #include "runtime/data/shard.h"
 #include "runtime/data/tokenizer.h"
@@ -41,7 +47,7 @@
 namespace loom::data {
 
 // Label values of loom_preprocess_samples_skipped_total{reason}.
-inline constexpr std::array<std::string_view, 14> kSkipReasons = {
+inline constexpr std::array<std::string_view, 15> kSkipReasons = {
     "truncated_tar",         // the tar ends or breaks inside the sample
     "member_too_large",      // a member over ShardLimits
     "missing_json",          // no KEY.json
@@ -56,6 +62,7 @@ inline constexpr std::array<std::string_view, 14> kSkipReasons = {
     "image_too_large",       // header claims more than DecodeLimits
     "text_too_long",         // text tokens alone exceed the maximum sequence
     "sequence_too_long",     // text + image tokens exceed it
+    "bad_conversation",      // messages the chat template refuses, or text and messages both
 };
 
 struct PreprocessOptions {
@@ -73,6 +80,9 @@ struct PreprocessOptions {
   // the normalisation above (a Hugging Face image processor, as LLaVA's
   // models take images: runtime/hf/hf_image.h). Thread-safe.
   std::function<absl::StatusOr<std::vector<float>>(const Image&)> image_to_tile;
+  // Renders samples that carry `messages` (runtime/data/chat_template.h);
+  // unset, such samples are skipped as bad_conversation.
+  std::shared_ptr<const ChatTemplate> chat;
 };
 
 // Tile size, tokens per tile and maximum sequence from the model config.
@@ -102,7 +112,8 @@ struct ProcessedSample {
   std::vector<ImageInfo> images;
   int image_tokens = 0;
   int text_tokens = 0;
-  Sample sample;  // tiles (empty when processed metadata-only) and tokens
+  int loss_tokens = 0;  // LossTokens(sample)
+  Sample sample;        // tiles (empty when processed metadata-only) and tokens
 };
 
 struct SkippedSample {

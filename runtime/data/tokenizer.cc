@@ -1,5 +1,7 @@
 #include "runtime/data/tokenizer.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -32,6 +34,39 @@ absl::StatusOr<std::optional<std::string>> SpecialToken(const nlohmann::json& co
   }
   return absl::InvalidArgumentError(
       absl::StrCat(where, ": ", key, ": a token string or {\"content\": ...}, got ", v.dump()));
+}
+
+// The chat template a Hugging Face directory ships (Tokenizer::chat_template).
+absl::StatusOr<std::string> ChatTemplateOf(const std::string& dir, const nlohmann::json& config) {
+  const std::string where = dir + "/tokenizer_config.json: chat_template";
+  if (config.contains("chat_template") && !config["chat_template"].is_null()) {
+    const nlohmann::json& c = config["chat_template"];
+    if (c.is_string()) return c.get<std::string>();
+    if (c.is_array()) {
+      for (const nlohmann::json& e : c) {
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+            e["template"].is_string()) {
+          return e["template"].get<std::string>();
+        }
+      }
+      return absl::InvalidArgumentError(where + ": a list without a \"default\" template");
+    }
+    return absl::InvalidArgumentError(where + ": a string or a list of {name, template}");
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/chat_template.jinja", ec)) {
+    return ReadFile(dir + "/chat_template.jinja");
+  }
+  if (std::filesystem::exists(dir + "/chat_template.json", ec)) {
+    absl::StatusOr<std::string> text = ReadFile(dir + "/chat_template.json");
+    if (!text.ok()) return text.status();
+    const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string()) {
+      return absl::InvalidArgumentError(dir + "/chat_template.json: no \"chat_template\" string");
+    }
+    return j["chat_template"].get<std::string>();
+  }
+  return std::string();
 }
 
 }  // namespace
@@ -73,6 +108,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadHuggingFace(const std:
   }
   const std::optional<int32_t> image = (*bpe)->TokenId(std::string(kImageMarker));
   std::unique_ptr<Tokenizer> t(new Tokenizer(std::move(*bpe)));
+  t->special_tokens_.clear();
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    absl::StatusOr<std::optional<std::string>> token = SpecialToken(config, key, where);
+    if (token.ok() && token->has_value()) t->special_tokens_[key] = **token;
+  }
+  absl::StatusOr<std::string> chat = ChatTemplateOf(dir, config);
+  if (!chat.ok()) return chat.status();
+  t->chat_template_ = *chat;
   t->bos_ = *bos;
   t->eos_ = *eos;
   t->pad_ = -1;
@@ -122,6 +165,71 @@ absl::Status Tokenizer::Encode(std::string_view text, std::vector<int32_t>* ids)
     return absl::InvalidArgumentError(absl::StrCat("tokenize: ", error));
   }
   ids->insert(ids->end(), out.begin(), out.end());
+  return absl::OkStatus();
+}
+
+size_t Tokenizer::SpecialTokenAt(std::string_view text, size_t pos) const {
+  if (bpe_ != nullptr) return bpe_->AddedTokenAt(text, pos);
+  for (const char* special : {"</s>", "<s>"}) {
+    const size_t n = std::strlen(special);
+    if (text.compare(pos, n, special) == 0) return n;
+  }
+  return 0;
+}
+
+absl::Status Tokenizer::EncodeMarked(std::string_view text, const std::vector<Span>& spans,
+                                     std::vector<int32_t>* ids, std::vector<uint8_t>* marks) const {
+  auto marked = [&](size_t b, size_t e) {
+    for (const Span& s : spans) {
+      if (b < s.end && s.begin < e) return true;
+    }
+    return false;
+  };
+  if (bpe_ != nullptr) {
+    std::vector<int32_t> all;
+    if (absl::Status s = bpe_->Encode(text, &all); !s.ok()) return s;
+    std::vector<uint8_t> m;
+    size_t at = 0;
+    for (int32_t id : all) {
+      const size_t n = bpe_->Decode({id}).size();
+      m.push_back(marked(at, at + n) ? 1 : 0);
+      at += n;
+    }
+    if (at == text.size()) {
+      ids->insert(ids->end(), all.begin(), all.end());
+      marks->insert(marks->end(), m.begin(), m.end());
+      return absl::OkStatus();
+    }
+  }
+  // Span by span: cut at every span edge and, for sentencepiece, around
+  // each special token's text.
+  std::vector<size_t> cuts = {0, text.size()};
+  for (const Span& s : spans) {
+    cuts.push_back(std::min(s.begin, text.size()));
+    cuts.push_back(std::min(s.end, text.size()));
+  }
+  if (bpe_ == nullptr) {
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (const size_t n = SpecialTokenAt(text, i); n > 0) {
+        cuts.push_back(i);
+        cuts.push_back(i + n);
+        i += n - 1;
+      }
+    }
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    const std::string_view piece = text.substr(cuts[k], cuts[k + 1] - cuts[k]);
+    if (bpe_ == nullptr && piece == "<s>") {
+      ids->push_back(bos_);
+    } else if (bpe_ == nullptr && piece == "</s>") {
+      ids->push_back(eos_);
+    } else if (absl::Status s = Encode(piece, ids); !s.ok()) {
+      return s;
+    }
+    marks->resize(ids->size(), marked(cuts[k], cuts[k + 1]) ? 1 : 0);
+  }
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 #define LOOM_RUNTIME_DATA_TOKENIZER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -50,6 +51,37 @@ class Tokenizer {
 
   // Appends the ids of `text` (no <s>/</s>). Thread-safe.
   absl::Status Encode(std::string_view text, std::vector<int32_t>* ids) const;
+
+  // A byte range [begin, end) of a text.
+  struct Span {
+    size_t begin = 0;
+    size_t end = 0;
+  };
+  // Appends the ids of a rendered chat `text`, and for each id a mark: 1
+  // when a byte it stands for lies in one of `spans` (the loss spans of
+  // runtime/data/chat_template.h). Special tokens' text in `text`
+  // ("<|eot_id|>", Loom's "<s>" and "</s>") becomes their ids.
+  //   - tokenizer.json: the ids are exactly Encode's of the whole text, so
+  //     they equal transformers' for the rendered template; each id's bytes
+  //     (Decode of it alone) place it in the text. Where those do not add
+  //     up to the text (an NFC normalizer changed it), the text is encoded
+  //     span by span instead.
+  //   - Loom's sentencepiece model: encoded span by span, specials apart
+  //     (sentencepiece normalizes whitespace, so bytes cannot place its
+  //     ids); the same text always gives the same ids.
+  absl::Status EncodeMarked(std::string_view text, const std::vector<Span>& spans,
+                            std::vector<int32_t>* ids, std::vector<uint8_t>* marks) const;
+  // The byte length of the special token whose text begins at `pos` of
+  // `text` (an added token of tokenizer.json; Loom's <s> or </s>), or 0.
+  size_t SpecialTokenAt(std::string_view text, size_t pos) const;
+  // The chat template a Hugging Face directory ships: tokenizer_config.json's
+  // chat_template (a string, or the "default" of a list of named ones),
+  // else chat_template.jinja, else chat_template.json's; "" if none (and
+  // for Loom's model).
+  const std::string& chat_template() const { return chat_template_; }
+  // A chat template's token variables: bos_token, eos_token, unk_token and
+  // pad_token, those the tokenizer has.
+  const std::map<std::string, std::string>& special_tokens() const { return special_tokens_; }
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int vocab_size() const;
@@ -71,6 +103,9 @@ class Tokenizer {
   std::unique_ptr<spm::Model> model_;  // or
   std::unique_ptr<hf::BpeTokenizer> bpe_;
   int bos_ = 1, eos_ = 2, pad_ = 3, image_ = 4;
+  std::string chat_template_;
+  std::map<std::string, std::string> special_tokens_ = {
+      {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}, {"pad_token", "<pad>"}};
 };
 
 // Trains the BPE model on `texts` (any "<image>" markers in them are

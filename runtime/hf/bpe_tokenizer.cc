@@ -515,6 +515,13 @@ absl::Status BpeTokenizer::Encode(std::string_view text, std::vector<int32_t>* i
   return absl::OkStatus();
 }
 
+size_t BpeTokenizer::AddedTokenAt(std::string_view text, size_t pos) const {
+  for (const auto& [content, id] : added_) {
+    if (text.compare(pos, content.size(), content) == 0) return content.size();
+  }
+  return 0;
+}
+
 std::string BpeTokenizer::Decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) {

@@ -58,6 +58,9 @@ class BpeTokenizer {
   // bound a caller can check before spending the encoding.
   int64_t max_text_bytes_per_token() const { return max_text_bytes_per_token_; }
   std::optional<int32_t> TokenId(std::string_view token) const;
+  // The byte length of the added token that Encode would match at `pos` of
+  // `text` (the longest there), or 0.
+  size_t AddedTokenAt(std::string_view text, size_t pos) const;
 
  private:
   struct Impl;

@@ -208,8 +208,8 @@ absl::Status LoadPretrainedWeights(const PretrainedModel& m, MultimodalModel* mo
   return absl::OkStatus();
 }
 
-absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m,
-                                             const std::string& tokenizer) {
+absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m, const std::string& tokenizer,
+                                             const std::string& chat_template) {
   DataPipeline d;
   d.preprocess = data::PreprocessOptionsFor(m.config);
   const std::string path = tokenizer.empty() && m.pretrained() ? m.tokenizer_dir : tokenizer;
@@ -217,6 +217,10 @@ absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m,
   if (!t.ok()) return t.status();
   if (absl::Status s = data::CheckTokenizerFits(**t, m.config); !s.ok()) return s;
   d.tokenizer = std::move(*t);
+  absl::StatusOr<std::shared_ptr<const data::ChatTemplate>> chat =
+      data::ChatTemplate::Resolve(chat_template, d.tokenizer.get());
+  if (!chat.ok()) return chat.status();
+  d.preprocess.chat = std::move(*chat);
   if (m.pretrained()) {
     absl::StatusOr<ImageProcessor> p = ReadImageProcessor(m.image_processor_dir);
     if (!p.ok()) return p.status();

@@ -84,13 +84,15 @@ absl::Status LoadPretrainedWeights(const PretrainedModel& m, MultimodalModel* mo
 // sentencepiece model, or a directory with tokenizer.json), else the model's
 // own (Loom's built-in sentencepiece model; the Hugging Face directory's
 // tokenizer.json). FAILED_PRECONDITION when its ids do not fit the
-// vocabulary.
+// vocabulary. `chat_template` renders conversations
+// (runtime/data/chat_template.h): "" for the tokenizer's own, else
+// vicuna_v1; a template name; a file.
 struct DataPipeline {
   data::PreprocessOptions preprocess;
   std::unique_ptr<data::Tokenizer> tokenizer;
 };
-absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m,
-                                             const std::string& tokenizer);
+absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m, const std::string& tokenizer,
+                                             const std::string& chat_template = "");
 
 // The files a Hugging Face directory keeps beside its weights that an export
 // copies: the tokenizer's (from tokenizer_dir), the image processor's (from

@@ -37,6 +37,10 @@ absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_on
     return bad(absl::StrCat(sample.tiles.size(), " tile values for ", sample.num_tiles,
                             " tiles; want ", want_floats));
   }
+  if (!sample.loss_mask.empty() && sample.loss_mask.size() != sample.tokens.size()) {
+    return bad(
+        absl::StrCat(sample.loss_mask.size(), " loss marks for ", sample.tokens.size(), " tokens"));
+  }
   int64_t slots = 0;
   for (int32_t t : sample.tokens) {
     if (t == -1) {
@@ -57,9 +61,18 @@ absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_on
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether predicting token i of `s` carries loss.
+bool IsTarget(const Sample& s, size_t i) {
+  return s.tokens[i] >= 0 && (s.loss_mask.empty() || s.loss_mask[i] != 0);
+}
+
+}  // namespace
+
 int64_t LossTokens(const Sample& s) {
   int64_t n = 0;
-  for (size_t i = 0; i + 1 < s.tokens.size(); ++i) n += s.tokens[i + 1] >= 0;
+  for (size_t i = 1; i < s.tokens.size(); ++i) n += IsTarget(s, i);
   return n;
 }
 
@@ -70,7 +83,7 @@ LlmBatch PackSamples(const std::vector<const Sample*>& samples) {
     const int L = static_cast<int>(s->tokens.size());
     for (int i = 0; i < L; ++i) {
       b.tokens.push_back(s->tokens[i]);
-      b.targets.push_back(i + 1 < L && s->tokens[i + 1] >= 0 ? s->tokens[i + 1] : -1);
+      b.targets.push_back(i + 1 < L && IsTarget(*s, i + 1) ? s->tokens[i + 1] : -1);
       b.positions.push_back(i);
     }
     b.cu_seqlens.push_back(b.cu_seqlens.back() + L);

@@ -23,6 +23,10 @@ struct Sample {
   std::vector<float> tiles;     // (num_tiles, 3, S, S), normalised
   std::vector<int32_t> tokens;  // text ids, -1 at each image-token slot
                                 // (num_tiles * tokens_per_tile of them, in tile order)
+  // Which tokens are trained on: empty, every text token after the first;
+  // else one flag per token, 1 where predicting that token carries loss (a
+  // conversation's assistant turns, runtime/data/chat_template.h).
+  std::vector<uint8_t> loss_mask;
 };
 
 // What a worker checks of every sample it receives from loom-preprocess
@@ -40,11 +44,13 @@ bool IsSampleMisfit(const absl::Status& s);
 absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_only,
                              const ModelConfig& config, const std::string& key);
 
-// Loss tokens of a sample: positions whose next token is text.
+// Loss tokens of a sample: positions whose next token is text and, with a
+// loss_mask, marked.
 int64_t LossTokens(const Sample& s);
 
 // Packs samples into one LLM microbatch: tokens concatenated, targets = next
-// token where it is text (else -1), positions restarting per sample.
+// token where it is text and carries loss (else -1), positions restarting
+// per sample.
 LlmBatch PackSamples(const std::vector<const Sample*>& samples);
 
 // Each module draws its initial weights from its own stream of the job's

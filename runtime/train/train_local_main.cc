@@ -79,6 +79,9 @@ ABSL_FLAG(std::string, tokenizer, "",
           "sentencepiece model or tokenizer.json directory for --shards (default: the model's "
           "own).");
 ABSL_FLAG(int, data_threads, 2, "Preprocessing threads for --shards.");
+ABSL_FLAG(std::string, chat_template, "",
+          "How conversations in --shards become text: plain, vicuna_v1, chatml, llama3 or a "
+          "Jinja file (default: the tokenizer's own chat_template, else vicuna_v1).");
 ABSL_FLAG(std::string, init_checkpoint, "",
           "Start from the weights of this checkpoint step folder (DIR/step-N) instead of the "
           "seed's, with fresh optimizer state (LLaVA's stage 2 from stage 1).");
@@ -139,9 +142,11 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_shuffle_images)) {
       return Fail("--shuffle_images is for the synthetic data; it cannot be used with --shards");
     }
-    absl::StatusOr<loom::hf::DataPipeline> pipeline =
-        loom::hf::DataPipelineFor(*pretrained, absl::GetFlag(FLAGS_tokenizer));
-    if (!pipeline.ok()) return Fail("--tokenizer: " + std::string(pipeline.status().message()));
+    absl::StatusOr<loom::hf::DataPipeline> pipeline = loom::hf::DataPipelineFor(
+        *pretrained, absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_chat_template));
+    if (!pipeline.ok()) {
+      return Fail("--tokenizer, --chat_template: " + std::string(pipeline.status().message()));
+    }
     tokenizer = std::move(pipeline->tokenizer);
     absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(shards);
     if (!paths.ok()) return Fail("--shards: " + std::string(paths.status().message()));

@@ -71,7 +71,8 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     const int64_t expect =
         tokens_only ? 0
                     : static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
-    if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect) {
+    if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect ||
+        (!t.loss_mask().empty() && t.loss_mask().size() != static_cast<size_t>(t.num_tokens()))) {
       return absl::DataLossError(
           absl::StrCat("FetchSamples: inconsistent descriptor for ", t.key()));
     }
@@ -94,6 +95,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     out[k].num_tiles = t.num_tiles();
     out[k].tiles.resize(static_cast<size_t>(t.tiles_bytes() / 4));
     out[k].tokens.resize(static_cast<size_t>(t.num_tokens()));
+    out[k].loss_mask.assign(t.loss_mask().begin(), t.loss_mask().end());
     if (!tokens_only) {
       buffers.push_back({t.tiles_tag(), out[k].tiles.data(), out[k].tiles.size() * 4, received});
     }

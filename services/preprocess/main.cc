@@ -17,6 +17,10 @@ ABSL_FLAG(std::string, output, "", "scan: where to write the JSON lines.");
 ABSL_FLAG(std::string, tokenizer, "",
           "sentencepiece model or tokenizer.json directory (default: the model's own: Loom's, "
           "or the Hugging Face directory's).");
+ABSL_FLAG(std::string, chat_template, "",
+          "How conversations (samples with `messages`) become text: a template name (plain, "
+          "vicuna_v1, chatml, llama3) or a Jinja file; default: the tokenizer's own "
+          "chat_template, else vicuna_v1.");
 ABSL_FLAG(std::string, config, "tiny",
           "Loom model config: tile size, tokens per tile, max sequence (or --llava, or "
           "--llm_from + --vision_from).");
@@ -40,12 +44,14 @@ int main(int argc, char** argv) {
       "| --llm_from DIR --vision_from DIR]\n"
       "  loom-preprocess scan --shards GLOB --output FILE\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
+      "--chat_template "
       "--threads --prefetch --retained_batches --start_iteration --cursor");
   if (args.size() > 1 && args[1] == "scan") {
     loom::ScanOptions o;
     o.shards = absl::GetFlag(FLAGS_shards);
     o.output = absl::GetFlag(FLAGS_output);
     o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+    o.chat_template = absl::GetFlag(FLAGS_chat_template);
     o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
     o.threads = absl::GetFlag(FLAGS_threads);
     absl::StatusOr<loom::ScanSummary> summary = loom::RunScan(o);
@@ -67,6 +73,7 @@ int main(int argc, char** argv) {
   loom::PreprocessServiceOptions o;
   o.shards = absl::GetFlag(FLAGS_shards);
   o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  o.chat_template = absl::GetFlag(FLAGS_chat_template);
   o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.global_batch = absl::GetFlag(FLAGS_global_batch);

@@ -28,7 +28,8 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
     return absl::InvalidArgumentError(
         absl::StrCat(options.model.pretrained() ? "--" : "--config: ", model.status().message()));
   }
-  absl::StatusOr<hf::DataPipeline> pipeline = hf::DataPipelineFor(*model, options.tokenizer);
+  absl::StatusOr<hf::DataPipeline> pipeline =
+      hf::DataPipelineFor(*model, options.tokenizer, options.chat_template);
   if (!pipeline.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", pipeline.status().message()));
   }
@@ -177,6 +178,7 @@ grpc::Status PreprocessServiceImpl::GetBatch(grpc::ServerContext*,
     for (const data::ImageInfo& info : s.images) m->mutable_record()->add_images(info.tiles);
     m->mutable_record()->set_image_tokens(s.image_tokens);
     m->mutable_record()->set_text_tokens(s.text_tokens);
+    m->mutable_record()->set_loss_tokens(s.loss_tokens);
   }
   return grpc::Status::OK;
 }
@@ -223,6 +225,7 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     t->set_tiles_bytes(static_cast<int64_t>(tile_bytes));
     t->set_tokens_tag(request->tags(2 * k + 1));
     t->set_num_tokens(static_cast<int32_t>(s.sample.tokens.size()));
+    t->set_loss_mask(std::string(s.sample.loss_mask.begin(), s.sample.loss_mask.end()));
     // The call has returned by the time a send completes: a failure is
     // counted and logged here, and the receiver's wait for it times out.
     auto count = [counter = bytes_sent_, failures = send_failures_](size_t bytes) {

@@ -13,7 +13,8 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
   if (options.output.empty()) return absl::InvalidArgumentError("--output is required");
   absl::StatusOr<hf::PretrainedModel> model = hf::ResolveModel(options.model);
   if (!model.ok()) return model.status();
-  absl::StatusOr<hf::DataPipeline> pipeline = hf::DataPipelineFor(*model, options.tokenizer);
+  absl::StatusOr<hf::DataPipeline> pipeline =
+      hf::DataPipelineFor(*model, options.tokenizer, options.chat_template);
   if (!pipeline.ok()) return pipeline.status();
   absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
   if (!shards.ok()) return shards.status();
@@ -44,6 +45,7 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
     for (const data::ImageInfo& info : s->images) record.add_images(info.tiles);
     record.set_image_tokens(s->image_tokens);
     record.set_text_tokens(s->text_tokens);
+    record.set_loss_tokens(s->loss_tokens);
     std::string line;
     if (auto st = google::protobuf::util::MessageToJsonString(record, &line, json); !st.ok()) {
       return absl::InternalError(st.ToString());

@@ -20,9 +20,10 @@
 namespace loom {
 
 struct ScanOptions {
-  std::string shards;     // glob
-  std::string output;     // JSON lines, written atomically
-  std::string tokenizer;  // "" for the model's own
+  std::string shards;         // glob
+  std::string output;         // JSON lines, written atomically
+  std::string tokenizer;      // "" for the model's own
+  std::string chat_template;  // "" for the tokenizer's own (runtime/data/chat_template.h)
   hf::ModelSource model;
   int threads = 2;
 };
