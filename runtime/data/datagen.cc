@@ -163,6 +163,7 @@ ImageSpec SizeFor(Rng& rng, double median, double sigma, double lo, double hi, d
 struct Draft {
   std::string text;
   std::string kind;
+  std::vector<std::pair<std::string, std::string>> messages;  // role, content (the chat preset)
   struct Picture {
     Scene scene;
     ImageSpec spec;
@@ -245,6 +246,60 @@ Draft DraftOneVision(Rng& rng) {
   return d;
 }
 
+// LLaVA-665K-like: a conversation of 1-4 different questions about one
+// image (answers the image decides), or 15% text-only turns of filler.
+Draft DraftChat(Rng& rng) {
+  Draft d;
+  const bool text_only = rng.Bernoulli(0.15);
+  d.kind = text_only ? "text" : "single";
+  const int turns = static_cast<int>(rng.UniformInt(1, 4));
+  Scene s{};
+  if (!text_only) {
+    Draft::Picture p{DrawScene(rng), SizeFor(rng, 512, 0.45, 96, 2048, 2.5, 0.15)};
+    s = p.scene;
+    d.pictures.push_back(p);
+  }
+  d.text =
+      "A chat between a curious human and an artificial intelligence assistant. The assistant "
+      "gives helpful, detailed, and polite answers to the human's questions.";
+  int order[5] = {0, 1, 2, 3, 4};
+  for (int i = 4; i > 0; --i) std::swap(order[i], order[rng.UniformInt(0, i)]);
+  for (int t = 0; t < turns; ++t) {
+    std::string q, a;
+    if (text_only) {
+      q = Filler(rng, static_cast<int>(rng.LogNormal(12, 0.5, 3, 60))) + "?";
+      a = Filler(rng, static_cast<int>(rng.LogNormal(25, 0.6, 3, 150))) + ".";
+    } else {
+      switch (order[t]) {
+        case 0:
+          q = "what is in the image?";
+          a = Caption(rng, s);
+          break;
+        case 1:
+          q = "how many shapes are there?";
+          a = absl::StrCat(kCountWords[s.count - 1], ".");
+          break;
+        case 2:
+          q = "what color are they?";
+          a = absl::StrCat(kColors[s.color], ".");
+          break;
+        case 3:
+          q = "where are they?";
+          a = absl::StrCat("in the ", kRegions[s.region], ".");
+          break;
+        default:
+          q = "what shape are they?";
+          a = absl::StrCat(kShapes[s.shape], s.count > 1 ? "s." : ".");
+      }
+      if (t == 0) q = "<image>\n" + q;
+    }
+    d.messages.push_back({"user", q});
+    d.messages.push_back({"assistant", a});
+    absl::StrAppend(&d.text, " USER: ", q, " ASSISTANT: ", a);
+  }
+  return d;
+}
+
 absl::Status CheckPreset(const std::string& preset) {
   const std::vector<std::string>& known = DatagenPresets();
   if (std::find(known.begin(), known.end(), preset) != known.end()) return absl::OkStatus();
@@ -260,13 +315,15 @@ absl::StatusOr<Draft> DraftSample(const std::string& preset, Rng& rng) {
   if (preset == "caption") return DraftCaption(rng);
   if (preset == "interleaved") return DraftInterleaved(rng);
   if (preset == "onevision") return DraftOneVision(rng);
+  if (preset == "chat") return DraftChat(rng);
   return CheckPreset(preset);
 }
 
 }  // namespace
 
 const std::vector<std::string>& DatagenPresets() {
-  static const auto* v = new std::vector<std::string>{"caption", "interleaved", "onevision"};
+  static const auto* v =
+      new std::vector<std::string>{"caption", "interleaved", "onevision", "chat"};
   return *v;
 }
 
@@ -279,7 +336,15 @@ absl::StatusOr<GeneratedSample> GenerateSample(const std::string& preset, uint64
   out.key = SampleKey(preset, index);
   out.text = draft->text;
   data::v1::SampleRecord record;
-  record.set_text(draft->text);
+  if (draft->messages.empty()) {
+    record.set_text(draft->text);
+  } else {
+    for (const auto& [role, content] : draft->messages) {
+      data::v1::Message* m = record.add_messages();
+      m->set_role(role);
+      m->set_content(content);
+    }
+  }
   record.mutable_meta()->set_preset(preset);
   record.mutable_meta()->set_kind(draft->kind);
   std::vector<TarMember> images;

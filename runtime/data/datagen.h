@@ -25,6 +25,11 @@
 //                side median 448, 128-1024); 20% video-like (8-32 frames of
 //                384x216, the shapes moving); 20% text-only (median 80
 //                words, sigma 0.7, 10-300). LLaVA-OneVision-like.
+//   chat         conversations (`messages`, trained through the job's chat
+//                template, loss on the answers): 85% one image as caption
+//                draws it with 1-4 questions its picture answers (what,
+//                how many, what color, where, what shape); 15% text-only
+//                turns of filler. LLaVA-665K-like.
 #ifndef LOOM_RUNTIME_DATA_DATAGEN_H_
 #define LOOM_RUNTIME_DATA_DATAGEN_H_
 
@@ -38,12 +43,12 @@
 
 namespace loom::data {
 
-// The preset names: caption, interleaved, onevision.
+// The preset names: caption, interleaved, onevision, chat.
 const std::vector<std::string>& DatagenPresets();
 
 struct GeneratedSample {
   std::string key;
-  std::string text;                // with "<image>" markers
+  std::string text;                // with "<image>" markers (chat: as vicuna_v1 writes it)
   std::vector<TarMember> members;  // KEY.json, KEY.0.jpg, ...
 };
 

@@ -186,20 +186,16 @@ absl::Status Tokenizer::EncodeMarked(std::string_view text, const std::vector<Sp
     return false;
   };
   if (bpe_ != nullptr) {
-    std::vector<int32_t> all;
-    if (absl::Status s = bpe_->Encode(text, &all); !s.ok()) return s;
-    std::vector<uint8_t> m;
+    std::vector<size_t> ends;
+    if (absl::Status s = bpe_->Encode(text, ids, &ends); !s.ok()) return s;
     size_t at = 0;
-    for (int32_t id : all) {
-      const size_t n = bpe_->Decode({id}).size();
-      m.push_back(marked(at, at + n) ? 1 : 0);
-      at += n;
+    for (size_t k = 0; k < ends.size(); ++k) {
+      // An id that stands for no byte of its own (a prepended "▁") goes
+      // with the next.
+      marks->push_back(marked(at, std::max(ends[k], at + 1)) ? 1 : 0);
+      at = ends[k];
     }
-    if (at == text.size()) {
-      ids->insert(ids->end(), all.begin(), all.end());
-      marks->insert(marks->end(), m.begin(), m.end());
-      return absl::OkStatus();
-    }
+    return absl::OkStatus();
   }
   // Span by span: cut at every span edge and, for sentencepiece, around
   // each special token's text.

@@ -62,10 +62,8 @@ class Tokenizer {
   // runtime/data/chat_template.h). Special tokens' text in `text`
   // ("<|eot_id|>", Loom's "<s>" and "</s>") becomes their ids.
   //   - tokenizer.json: the ids are exactly Encode's of the whole text, so
-  //     they equal transformers' for the rendered template; each id's bytes
-  //     (Decode of it alone) place it in the text. Where those do not add
-  //     up to the text (an NFC normalizer changed it), the text is encoded
-  //     span by span instead.
+  //     they equal transformers' for the rendered template; where each id
+  //     ends in the text (BpeTokenizer::Encode) places it.
   //   - Loom's sentencepiece model: encoded span by span, specials apart
   //     (sentencepiece normalizes whitespace, so bytes cannot place its
   //     ids); the same text always gives the same ids.

@@ -104,6 +104,9 @@ int64_t CodePoints(std::string_view s) {
 // margin for later Unicode versions.
 constexpr int64_t kNfcMaxShrink = 4;
 
+// U+2581 LOWER ONE EIGHTH BLOCK: sentencepiece's space.
+constexpr char kMeta[] = "\xe2\x96\x81";
+
 absl::Status Bad(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
 }
@@ -124,12 +127,25 @@ struct BpeTokenizer::Impl {
   std::unordered_map<uint64_t, Merge> merges;
   std::vector<int32_t> symbol_id;  // vocabulary id by symbol index
   int32_t byte_symbol[256] = {};   // symbol index of each byte
+  // Sentencepiece-style (Llama 2, Mistral): characters, not bytes, with
+  // spaces as U+2581 and "▁" before each text (Prepend, or Metaspace's
+  // prepend_scheme: always, or first for a text at the input's start).
+  bool metaspace = false;
+  enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
+  bool split_metaspace = false;                          // Metaspace split: a piece per "▁word"
+  std::unordered_map<std::string, int32_t> char_symbol;  // vocabulary string -> symbol
+  int32_t byte_token[256];                               // <0xXX>'s symbol (byte_fallback), or -1
+  bool byte_fallback = false;
+  int32_t unk_symbol = -1;
+  bool fuse_unk = false;
   ~Impl() {
     for (pcre2_code* c : splits) pcre2_code_free(c);
   }
 };
 
-BpeTokenizer::BpeTokenizer() : impl_(std::make_unique<Impl>()) {}
+BpeTokenizer::BpeTokenizer() : impl_(std::make_unique<Impl>()) {
+  std::fill(std::begin(impl_->byte_token), std::end(impl_->byte_token), -1);
+}
 BpeTokenizer::~BpeTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(const std::string& path) {
@@ -157,9 +173,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string
       return Bad(where, absl::StrCat("model.", field, " is not supported"));
     }
   }
-  if (model->value("byte_fallback", false)) {
-    return Bad(where, "model.byte_fallback is not supported (byte-level BPE has no unknown bytes)");
-  }
+  t->impl_->byte_fallback = model->value("byte_fallback", false);
+  t->impl_->fuse_unk = model->value("fuse_unk", false);
   t->ignore_merges_ = model->value("ignore_merges", false);
   auto vocab = model->find("vocab");
   if (vocab == model->end() || !vocab->is_object()) return Bad(where, "no model.vocab object");
@@ -240,9 +255,21 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string
     if (normalizer->value("type", std::string()) == "Sequence") {
       parts = normalizer->value("normalizers", std::vector<json>());
     }
+    // Sentencepiece's legacy form: Prepend("▁") then Replace(" ", "▁").
+    const bool legacy = parts.size() == 2 && parts[0].value("type", std::string()) == "Prepend" &&
+                        parts[0].value("prepend", std::string()) == kMeta &&
+                        parts[1].value("type", std::string()) == "Replace" &&
+                        parts[1].value("pattern", json()).value("String", std::string()) == " " &&
+                        parts[1].value("content", std::string()) == kMeta;
+    if (legacy) {
+      t->impl_->metaspace = true;
+      parts.clear();
+    }
     for (const json& n : parts) {
       if (n.value("type", std::string()) != "NFC") {
-        return Bad(where, absl::StrCat("normalizer ", n.dump(), " is not supported (NFC only)"));
+        return Bad(where, absl::StrCat("normalizer ", n.dump(),
+                                       " is not supported (NFC, or Prepend(\"▁\") with "
+                                       "Replace(\" \", \"▁\"))"));
       }
       t->nfc_ = true;
     }
@@ -269,6 +296,51 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(std::string
     return absl::OkStatus();
   };
   auto pre = j.find("pre_tokenizer");
+  if (pre != j.end() && pre->is_object() && pre->value("type", std::string()) == "Metaspace" &&
+      !t->impl_->metaspace) {
+    if (pre->value("replacement", std::string()) != kMeta) {
+      return Bad(where, "pre_tokenizer Metaspace: only the replacement \"▁\" is supported");
+    }
+    const std::string scheme = pre->value("prepend_scheme", std::string("always"));
+    const bool add_prefix = pre->value("add_prefix_space", true);
+    t->impl_->metaspace = true;
+    t->impl_->prepend = !add_prefix || scheme == "never" ? Impl::Prepend::kNever
+                        : scheme == "first"              ? Impl::Prepend::kFirst
+                                                         : Impl::Prepend::kAlways;
+    t->impl_->split_metaspace = pre->value("split", true);
+  }
+  if (t->impl_->metaspace) {
+    if (t->nfc_) return Bad(where, "NFC with a sentencepiece-style tokenizer is not supported");
+    if (pre != j.end() && !pre->is_null() && pre->value("type", std::string()) != "Metaspace") {
+      return Bad(where, absl::StrCat("pre_tokenizer ", pre->dump(),
+                                     " is not supported with a sentencepiece-style normalizer"));
+    }
+    for (const auto& [token, index] : symbol) t->impl_->char_symbol[std::string(token)] = index;
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      auto it = symbol.find(name);
+      if (it != symbol.end()) t->impl_->byte_token[b] = it->second;
+    }
+    const std::string unk = model->value("unk_token", json()).is_string()
+                                ? model->value("unk_token", std::string())
+                                : std::string();
+    if (auto it = symbol.find(unk); !unk.empty() && it != symbol.end()) {
+      t->impl_->unk_symbol = it->second;
+    }
+    // A token stands for at most its own bytes of text ("▁", 3 bytes, for
+    // one space; a byte token for one byte).
+    t->max_text_bytes_per_token_ = 1;
+    for (const auto& [token, id] : t->vocab_) {
+      t->max_text_bytes_per_token_ =
+          std::max(t->max_text_bytes_per_token_, static_cast<int64_t>(token.size()));
+    }
+    for (const auto& [content, id] : t->added_) {
+      t->max_text_bytes_per_token_ =
+          std::max(t->max_text_bytes_per_token_, static_cast<int64_t>(content.size()));
+    }
+    return t;
+  }
   if (pre == j.end() || !pre->is_object()) {
     return Bad(where, "no pre_tokenizer (byte-level BPE needs ByteLevel)");
   }
@@ -362,21 +434,67 @@ std::optional<int32_t> BpeTokenizer::TokenId(std::string_view token) const {
 //
 // Each merge pushes at most two entries: O(n log n) for n bytes, the same
 // ids (runtime/hf/bpe_tokenizer_test.cc checks them against the rounds).
-void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const {
+void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* ids,
+                               std::vector<int32_t>* lengths) const {
   if (ignore_merges_) {
     std::string whole;
     for (unsigned char c : piece) whole += byte_symbol_[c];
     auto it = vocab_.find(whole);
     if (it != vocab_.end()) {
       ids->push_back(it->second);
+      lengths->push_back(static_cast<int32_t>(piece.size()));
       return;
     }
   }
-  const int32_t n = static_cast<int32_t>(piece.size());
-  std::vector<int32_t> sym(n), next(n), prev(n);  // by position; next n, prev -1: none
-  std::vector<bool> gone(n, false);               // merged into the symbol before it
-  for (int32_t i = 0; i < n; ++i) {
+  std::vector<int32_t> sym(piece.size()), bytes(piece.size(), 1);
+  for (size_t i = 0; i < piece.size(); ++i) {
     sym[i] = impl_->byte_symbol[static_cast<unsigned char>(piece[i])];
+  }
+  MergeSymbols(std::move(sym), bytes, ids, lengths);
+}
+
+// A sentencepiece-style piece ("▁" for spaces, already in place): each
+// character its vocabulary symbol, else its bytes' <0xXX> tokens
+// (byte_fallback), else <unk> (one for a run of them with fuse_unk); then
+// the merges.
+void BpeTokenizer::EncodeCharacters(std::string_view piece, std::vector<int32_t>* ids,
+                                    std::vector<int32_t>* lengths) const {
+  std::vector<int32_t> sym, bytes;
+  for (size_t i = 0; i < piece.size();) {
+    const size_t n =
+        std::min<size_t>(Utf8Length(static_cast<unsigned char>(piece[i])), piece.size() - i);
+    const std::string ch(piece.substr(i, n));
+    i += n;
+    if (auto it = impl_->char_symbol.find(ch); it != impl_->char_symbol.end()) {
+      sym.push_back(it->second);
+      bytes.push_back(static_cast<int32_t>(n));
+      continue;
+    }
+    bool fallback = impl_->byte_fallback;
+    for (unsigned char c : ch) fallback = fallback && impl_->byte_token[c] >= 0;
+    if (fallback) {
+      for (unsigned char c : ch) {
+        sym.push_back(impl_->byte_token[c]);
+        bytes.push_back(1);
+      }
+      continue;
+    }
+    if (impl_->fuse_unk && !sym.empty() && sym.back() == impl_->unk_symbol) {
+      bytes.back() += static_cast<int32_t>(n);
+      continue;
+    }
+    sym.push_back(impl_->unk_symbol);
+    bytes.push_back(static_cast<int32_t>(n));
+  }
+  MergeSymbols(std::move(sym), bytes, ids, lengths);
+}
+
+void BpeTokenizer::MergeSymbols(std::vector<int32_t> sym, const std::vector<int32_t>& bytes,
+                                std::vector<int32_t>* ids, std::vector<int32_t>* lengths) const {
+  const int32_t n = static_cast<int32_t>(sym.size());
+  std::vector<int32_t> next(n), prev(n);  // by position; next n, prev -1: none
+  std::vector<bool> gone(n, false);       // merged into the symbol before it
+  for (int32_t i = 0; i < n; ++i) {
     next[i] = i + 1;
     prev[i] = i - 1;
   }
@@ -424,92 +542,154 @@ void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* ids
       }
     }
   }
-  for (int32_t i = 0; i < n; i = next[i]) ids->push_back(impl_->symbol_id[sym[i]]);
+  for (int32_t i = 0; i < n; i = next[i]) {
+    // <unk> where the vocabulary has none is -1: Encode refuses it.
+    ids->push_back(sym[i] < 0 ? -1 : impl_->symbol_id[sym[i]]);
+    int32_t len = 0;
+    for (int32_t k = i; k < next[i]; ++k) len += bytes[k];
+    lengths->push_back(len);
+  }
 }
 
-absl::Status BpeTokenizer::Encode(std::string_view text, std::vector<int32_t>* ids) const {
+absl::Status BpeTokenizer::Encode(std::string_view text, std::vector<int32_t>* ids,
+                                  std::vector<size_t>* ends) const {
   if (!IsUtf8(text)) return absl::InvalidArgumentError("tokenizer: the text is not UTF-8");
   // 1. Added tokens, leftmost first, longest there.
-  std::vector<std::pair<std::string_view, int32_t>> segments;  // id -1: plain text
+  struct Segment {
+    std::string_view text;
+    size_t at;   // offset in `text`
+    int32_t id;  // -1: plain text
+  };
+  std::vector<Segment> segments;
   size_t start = 0, i = 0;
   while (i < text.size()) {
-    int32_t found = -1;
-    size_t len = 0;
-    for (const auto& [content, id] : added_) {
-      if (text.compare(i, content.size(), content) == 0) {
-        found = id;
-        len = content.size();
-        break;  // longest first
-      }
-    }
-    if (found < 0) {
+    const size_t len = AddedTokenAt(text, i);
+    if (len == 0) {
       ++i;
       continue;
     }
-    if (i > start) segments.push_back({text.substr(start, i - start), -1});
-    segments.push_back({text.substr(i, len), found});
+    if (i > start) segments.push_back({text.substr(start, i - start), start, -1});
+    segments.push_back({text.substr(i, len), i, *TokenId(text.substr(i, len))});
     i += len;
     start = i;
   }
-  if (start < text.size()) segments.push_back({text.substr(start), -1});
+  if (start < text.size()) segments.push_back({text.substr(start), start, -1});
 
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(nullptr,
                                                                          &pcre2_match_data_free);
-  for (const auto& [segment, id] : segments) {
-    if (id >= 0) {
-      ids->push_back(id);
+  std::vector<int32_t> lengths;  // each new id's bytes in the normalized segment
+  for (const Segment& seg : segments) {
+    if (seg.id >= 0) {
+      ids->push_back(seg.id);
+      if (ends != nullptr) ends->push_back(seg.at + seg.text.size());
       continue;
     }
-    // 2. Normalize.
-    std::string s(segment);
-    if (nfc_) {
-      UErrorCode err = U_ZERO_ERROR;
-      const icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
-      icu::UnicodeString n = impl_->nfc->normalize(u, err);
-      if (U_FAILURE(err)) {
-        return absl::InvalidArgumentError(absl::StrCat("NFC: ", u_errorName(err)));
+    const size_t first = ids->size();
+    lengths.clear();
+    // `to_text[k]`: where byte k of the normalized segment comes from in
+    // `text` (its size + 1 entries); empty where normalization changed the
+    // text in a way bytes cannot follow (NFC).
+    std::vector<size_t> to_text;
+    if (impl_->metaspace) {
+      // 2. "▁" first (Prepend; Metaspace's scheme) and spaces as "▁".
+      std::string s;
+      const bool prepend = impl_->prepend == Impl::Prepend::kAlways ||
+                           (impl_->prepend == Impl::Prepend::kFirst && seg.at == 0);
+      if (prepend) {
+        s += kMeta;
+        to_text.assign(3, seg.at);
       }
-      s.clear();
-      n.toUTF8String(s);
-    }
-    if (impl_->add_prefix_space && !s.empty() && s[0] != ' ') s.insert(s.begin(), ' ');
-    // 3. Pre-tokenize: each regex splits every piece, matches and the gaps
-    // between them each a piece.
-    std::vector<std::string> pieces = {s};
-    for (pcre2_code* re : impl_->splits) {
-      md.reset(pcre2_match_data_create_from_pattern(re, nullptr));
-      std::vector<std::string> out;
-      for (const std::string& p : pieces) {
-        const auto* subject = reinterpret_cast<PCRE2_SPTR>(p.data());
-        size_t at = 0, gap = 0;
-        while (at <= p.size()) {
-          const int rc =
-              pcre2_match(re, subject, p.size(), at, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
-          if (rc == PCRE2_ERROR_NOMATCH) break;
-          if (rc < 0) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof(msg));
-            return absl::InvalidArgumentError(absl::StrCat("tokenizer: the text cannot be split: ",
-                                                           reinterpret_cast<const char*>(msg)));
-          }
-          const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-          const size_t b = ov[0], e = ov[1];
-          if (e == b) {  // an empty match: step over one character
-            if (b >= p.size()) break;
-            at = b + Utf8Length(static_cast<unsigned char>(p[b]));
-            continue;
-          }
-          if (b > gap) out.push_back(p.substr(gap, b - gap));
-          out.push_back(p.substr(b, e - b));
-          gap = at = e;
+      for (size_t k = 0; k < seg.text.size(); ++k) {
+        if (seg.text[k] == ' ') {
+          s += kMeta;
+          to_text.insert(to_text.end(), 3, seg.at + k);
+        } else {
+          s += seg.text[k];
+          to_text.push_back(seg.at + k);
         }
-        if (gap < p.size()) out.push_back(p.substr(gap));
       }
-      pieces = std::move(out);
+      to_text.push_back(seg.at + seg.text.size());
+      // 3. One piece, or (Metaspace split) a piece per "▁word".
+      size_t p = 0;
+      while (p < s.size()) {
+        size_t q = s.size();
+        if (impl_->split_metaspace) {
+          q = s.find(kMeta, p + 1);
+          if (q == std::string::npos) q = s.size();
+        }
+        EncodeCharacters(std::string_view(s).substr(p, q - p), ids, &lengths);
+        p = q;
+      }
+    } else {
+      // 2. Normalize.
+      std::string s(seg.text);
+      if (nfc_) {
+        UErrorCode err = U_ZERO_ERROR;
+        const icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
+        icu::UnicodeString n = impl_->nfc->normalize(u, err);
+        if (U_FAILURE(err)) {
+          return absl::InvalidArgumentError(absl::StrCat("NFC: ", u_errorName(err)));
+        }
+        s.clear();
+        n.toUTF8String(s);
+      }
+      const bool same = s == seg.text;
+      if (impl_->add_prefix_space && !s.empty() && s[0] != ' ') s.insert(s.begin(), ' ');
+      if (same) {
+        if (s.size() > seg.text.size()) to_text.push_back(seg.at);  // the prefix space
+        for (size_t k = 0; k <= seg.text.size(); ++k) to_text.push_back(seg.at + k);
+      }
+      // 3. Pre-tokenize: each regex splits every piece, matches and the gaps
+      // between them each a piece.
+      std::vector<std::string> pieces = {s};
+      for (pcre2_code* re : impl_->splits) {
+        md.reset(pcre2_match_data_create_from_pattern(re, nullptr));
+        std::vector<std::string> out;
+        for (const std::string& p : pieces) {
+          const auto* subject = reinterpret_cast<PCRE2_SPTR>(p.data());
+          size_t at = 0, gap = 0;
+          while (at <= p.size()) {
+            const int rc =
+                pcre2_match(re, subject, p.size(), at, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+            if (rc == PCRE2_ERROR_NOMATCH) break;
+            if (rc < 0) {
+              PCRE2_UCHAR msg[256];
+              pcre2_get_error_message(rc, msg, sizeof(msg));
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "tokenizer: the text cannot be split: ", reinterpret_cast<const char*>(msg)));
+            }
+            const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+            const size_t b = ov[0], e = ov[1];
+            if (e == b) {  // an empty match: step over one character
+              if (b >= p.size()) break;
+              at = b + Utf8Length(static_cast<unsigned char>(p[b]));
+              continue;
+            }
+            if (b > gap) out.push_back(p.substr(gap, b - gap));
+            out.push_back(p.substr(b, e - b));
+            gap = at = e;
+          }
+          if (gap < p.size()) out.push_back(p.substr(gap));
+        }
+        pieces = std::move(out);
+      }
+      // 4. BPE per piece.
+      for (const std::string& p : pieces) EncodePiece(p, ids, &lengths);
     }
-    // 4. BPE per piece.
-    for (const std::string& p : pieces) {
-      EncodePiece(p, ids);
+    for (size_t k = first; k < ids->size(); ++k) {
+      if ((*ids)[k] < 0) {
+        return absl::InvalidArgumentError(
+            "tokenizer: a character is not in the vocabulary, which has no unk_token");
+      }
+    }
+    if (ends == nullptr) continue;
+    // Where each id ends in `text`.
+    size_t at = 0;
+    for (size_t k = 0; k < lengths.size(); ++k) {
+      at += static_cast<size_t>(lengths[k]);
+      const size_t end = to_text.empty() ? seg.at + std::min(at, seg.text.size())
+                                         : to_text[std::min(at, to_text.size() - 1)];
+      ends->push_back(k + 1 == lengths.size() ? seg.at + seg.text.size() : end);
     }
   }
   return absl::OkStatus();
@@ -529,6 +709,22 @@ std::string BpeTokenizer::Decode(const std::vector<int32_t>& ids) const {
     const std::string& token = id_to_token_[id];
     if (is_added_[id]) {
       out += token;
+      continue;
+    }
+    if (impl_->metaspace) {  // "▁" as a space, <0xXX> as its byte
+      unsigned int byte = 0;
+      if (token.size() == 6 && std::sscanf(token.c_str(), "<0x%2X>", &byte) == 1) {
+        out += static_cast<char>(byte);
+        continue;
+      }
+      for (size_t k = 0; k < token.size();) {
+        if (token.compare(k, 3, kMeta) == 0) {
+          out += ' ';
+          k += 3;
+        } else {
+          out += token[k++];
+        }
+      }
       continue;
     }
     for (size_t i = 0; i < token.size();) {

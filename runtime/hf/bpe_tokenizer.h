@@ -1,5 +1,8 @@
-// Hugging Face tokenizer.json, byte-level BPE (the Llama 3, Qwen2 and GPT-2
-// families), beside the sentencepiece tokenizer of runtime/data/tokenizer.h.
+// Hugging Face tokenizer.json: byte-level BPE (the Llama 3, Qwen2 and GPT-2
+// families) and sentencepiece-style BPE (Llama 2, Vicuna, Mistral: a
+// Prepend("▁") + Replace(" ", "▁") normalizer or a Metaspace pre-tokenizer,
+// characters as symbols, byte_fallback to <0xXX> tokens, unk_token with
+// fuse_unk), beside the sentencepiece tokenizer of runtime/data/tokenizer.h.
 //
 // Encoding runs as the tokenizers library does for these models:
 //   1. added tokens (special or not) are matched in the raw text first,
@@ -43,11 +46,15 @@ class BpeTokenizer {
                                                                 const std::string& where);
   ~BpeTokenizer();
 
-  // Appends the ids of `text`; INVALID_ARGUMENT if it is not UTF-8.
-  // Thread-safe.
-  absl::Status Encode(std::string_view text, std::vector<int32_t>* ids) const;
-  // Bytes of the ids (added tokens as their content); unknown ids are
-  // skipped.
+  // Appends the ids of `text`; INVALID_ARGUMENT if it is not UTF-8. With
+  // `ends`, also where each id ends in `text` (a byte offset; under an NFC
+  // that changed a segment, its ids' ends are approximate inside it and
+  // exact at its end). Thread-safe.
+  absl::Status Encode(std::string_view text, std::vector<int32_t>* ids,
+                      std::vector<size_t>* ends = nullptr) const;
+  // Bytes of the ids (added tokens as their content; a sentencepiece-style
+  // tokenizer's "▁" as a space and <0xXX> as its byte, with the leading
+  // space its Prepend added); unknown ids are skipped.
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int vocab_size() const { return static_cast<int>(id_to_token_.size()); }
@@ -65,7 +72,13 @@ class BpeTokenizer {
  private:
   struct Impl;
   BpeTokenizer();
-  void EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const;
+  // Each appends ids and, in `lengths`, the bytes of the piece each stands for.
+  void EncodePiece(std::string_view piece, std::vector<int32_t>* ids,
+                   std::vector<int32_t>* lengths) const;
+  void EncodeCharacters(std::string_view piece, std::vector<int32_t>* ids,
+                        std::vector<int32_t>* lengths) const;
+  void MergeSymbols(std::vector<int32_t> sym, const std::vector<int32_t>& bytes,
+                    std::vector<int32_t>* ids, std::vector<int32_t>* lengths) const;
 
   std::unique_ptr<Impl> impl_;
   std::unordered_map<std::string, int32_t> vocab_;

@@ -1,5 +1,6 @@
 #include "runtime/hf/bpe_tokenizer.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -158,6 +159,61 @@ TEST(BpeTokenizerTest, EncodesDecodesAndFindsSpecials) {
   EXPECT_FALSE((*t)->Encode("\xc0\xaf", &ids).ok());      // overlong
 }
 
+// Sentencepiece-style tokenizer.json (Llama 2, Mistral): characters as
+// symbols, "▁" for spaces and before each text, byte_fallback for the
+// characters the vocabulary lacks, the ends of ids in the input. The real
+// Llama 2 file is checked against transformers.js in
+// tokenize_reference_test; this covers both spellings of the "▁".
+TEST(BpeTokenizerTest, SentencepieceStyle) {
+  const std::string meta = "\xe2\x96\x81";
+  nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1},      {"</s>", 2}, {meta, 3},       {"a", 4},
+                          {"b", 5},     {meta + "a", 6}, {"ab", 7},   {meta + "ab", 8}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab[name] = 9 + b;
+  }
+  nlohmann::json legacy = {
+      {"added_tokens", {{{"id", 1}, {"content", "<s>"}, {"special", true}}}},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", meta}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", meta}}}}}},
+      {"pre_tokenizer", nullptr},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", {meta + " a", "a b", meta + "a b"}},
+        {"unk_token", "<unk>"},
+        {"byte_fallback", true}}}};
+  auto t = BpeTokenizer::FromJson(legacy.dump(), "tok.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<int32_t> ids;
+  std::vector<size_t> ends;
+  // "▁ab", "▁", "a", then "é" as its two bytes; after <s> a "▁" again.
+  ASSERT_TRUE((*t)->Encode("ab  a\xc3\xa9<s>b", &ids, &ends).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{8, 3, 6, 9 + 0xc3, 9 + 0xa9, 1, 3, 5}));
+  EXPECT_EQ(ends, (std::vector<size_t>{2, 3, 5, 6, 7, 10, 10, 11}));
+  EXPECT_EQ((*t)->Decode(ids), " ab  a\xc3\xa9<s> b");
+  // Metaspace with prepend_scheme "first": no "▁" after an added token.
+  nlohmann::json metaspace = legacy;
+  metaspace["normalizer"] = nullptr;
+  metaspace["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", meta}, {"prepend_scheme", "first"}, {"split", false}};
+  t = BpeTokenizer::FromJson(metaspace.dump(), "tok.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ids.clear();
+  ASSERT_TRUE((*t)->Encode("ab<s>b", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{8, 1, 5}));
+  // Without byte_fallback or an unk_token, an unknown character is an error.
+  metaspace["model"]["byte_fallback"] = false;
+  metaspace["model"].erase("unk_token");
+  t = BpeTokenizer::FromJson(metaspace.dump(), "tok.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE((*t)->Encode("\xc3\xa9", &ids).ok());
+}
+
 // What it does not implement is an error naming the field, not a silent
 // difference.
 TEST(BpeTokenizerTest, UnsupportedTokenizersAreClearErrors) {
@@ -166,7 +222,7 @@ TEST(BpeTokenizerTest, UnsupportedTokenizersAreClearErrors) {
   EXPECT_NE(LoadError(j).find("model.type \"WordPiece\" is not supported"), std::string::npos);
   j = Minimal();
   j["normalizer"] = {{"type", "Lowercase"}};
-  EXPECT_NE(LoadError(j).find("is not supported (NFC only)"), std::string::npos);
+  EXPECT_NE(LoadError(j).find("is not supported (NFC, or Prepend"), std::string::npos);
   j = Minimal();
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   EXPECT_NE(LoadError(j).find("Whitespace"), std::string::npos);

