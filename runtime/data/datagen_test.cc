@@ -64,9 +64,10 @@ TEST(DatagenTest, PresetsAreHeterogeneousAndValid) {
   EXPECT_EQ(image_range["caption"], std::make_pair(1, 1));
   EXPECT_EQ(image_range["interleaved"].first, 0);
   EXPECT_GE(image_range["interleaved"].second, 6);
-  EXPECT_EQ(image_range["onevision"].first, 0);    // text-only samples
-  EXPECT_GE(image_range["onevision"].second, 12);  // video frames
-  EXPECT_GT(kinds["onevision"]["tiled"], 5);       // high-resolution singles
+  EXPECT_EQ(image_range["onevision"].first, 0);          // text-only samples
+  EXPECT_GE(image_range["onevision"].second, 12);        // video frames
+  EXPECT_GT(kinds["onevision"]["tiled"], 5);             // high-resolution singles
+  EXPECT_EQ(image_range["chat"], std::make_pair(0, 1));  // text-only and one image
   for (const auto& [preset, k] : kept) EXPECT_GE(k, n * 9 / 10) << preset;
 }
 

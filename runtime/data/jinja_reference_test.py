@@ -6,27 +6,12 @@ strftime_now). Every case renders to the same bytes, or fails in both.
 Usage: jinja_reference_test.py JINJA_RENDER
 """
 import json
+import os
 import subprocess
 import sys
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-
-def environment():
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                          separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+from transformers_jinja import environment  # pylint: disable=wrong-import-position
 
 CONVERSATION = [
     {"role": "system", "content": "You are helpful."},

