@@ -72,6 +72,7 @@ absl::StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::FromSource(
   }
   std::shared_ptr<ChatTemplate> c(new ChatTemplate());
   c->name_ = std::move(name);
+  c->source_ = std::string(source);
   c->template_ = std::move(*t);
   c->tokenizer_ = tokenizer;
   return std::shared_ptr<const ChatTemplate>(std::move(c));

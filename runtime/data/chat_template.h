@@ -67,6 +67,8 @@ class ChatTemplate {
 
   // What was chosen: a template name, "tokenizer" or the file's path.
   const std::string& name() const { return name_; }
+  // The template's Jinja text.
+  const std::string& source() const { return source_; }
 
   // The text and its loss spans. INVALID_ARGUMENT for a conversation that
   // is not one (an unknown role, no messages, marker code points in it), a
@@ -83,6 +85,7 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderWith(const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt) const;
   std::string name_;
+  std::string source_;
   std::unique_ptr<jinja::Template> template_;
   const Tokenizer* tokenizer_ = nullptr;
 };

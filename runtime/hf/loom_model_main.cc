@@ -30,7 +30,10 @@
 // from those Hugging Face directories (the job's `hf`) as a LLaVA directory
 // in the same form: the trained weights, the LLaVA config.json (composed
 // for llm_from + vision_from, with the tokenizer's <image> id as
-// image_token_index), the tokenizer's files and the image processor's.
+// image_token_index), the tokenizer's files and the image processor's, and
+// what serving needs where the sources lack it: processor_config.json and
+// chat_template.json (--chat_template: the template the job trained with;
+// default the tokenizer's own, else vicuna_v1).
 //
 //   loom-model generate --hf DIR --tokens 1,2,3 [--image A.png | --pixels FILE]
 //                       [--max_new_tokens 16] [--eos ID]
@@ -283,6 +286,46 @@ constexpr const char* kSideFiles[] = {"config.json",
                                       "processor_config.json",
                                       "chat_template.json"};
 
+// What transformers' LlavaProcessor and vLLM open beside the weights, where
+// the sources did not ship it: processor_config.json (from the exported
+// config.json: the tower's patch size, its feature strategy, the CLS token
+// CLIP adds) and chat_template.json (the --chat_template the job trained
+// with; not written over a tokenizer_config.json that holds one).
+absl::Status WriteServingFiles(const std::string& out, const std::string& config) {
+  std::error_code ec;
+  if (!std::filesystem::exists(out + "/processor_config.json", ec)) {
+    const nlohmann::json c = nlohmann::json::parse(config, nullptr, /*allow_exceptions=*/false);
+    if (!c.is_object() || !c.contains("vision_config")) {
+      return absl::InvalidArgumentError("the exported config.json has no vision_config");
+    }
+    const std::string strategy = c.value("vision_feature_select_strategy", "default");
+    const nlohmann::json processor = {
+        {"image_token", "<image>"},
+        {"num_additional_image_tokens", strategy == "default" ? 1 : 0},
+        {"patch_size", c["vision_config"].value("patch_size", 14)},
+        {"processor_class", "LlavaProcessor"},
+        {"vision_feature_select_strategy", strategy}};
+    if (absl::Status s =
+            loom::WriteFileAtomically(out + "/processor_config.json", processor.dump(2) + "\n");
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<std::string> tc = loom::ReadFile(out + "/tokenizer_config.json");
+  const nlohmann::json t = tc.ok() ? nlohmann::json::parse(*tc, nullptr, false) : nlohmann::json();
+  const bool has_template = std::filesystem::exists(out + "/chat_template.json", ec) ||
+                            (t.is_object() && t.contains("chat_template"));
+  if (has_template) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<loom::data::Tokenizer>> tok = loom::data::Tokenizer::Load(out);
+  if (!tok.ok()) return tok.status();
+  absl::StatusOr<std::shared_ptr<const loom::data::ChatTemplate>> chat =
+      loom::data::ChatTemplate::Resolve(absl::GetFlag(FLAGS_chat_template), tok->get());
+  if (!chat.ok()) return chat.status();
+  return loom::WriteFileAtomically(
+      out + "/chat_template.json",
+      nlohmann::json({{"chat_template", (*chat)->source()}}).dump(2) + "\n");
+}
+
 // A trained checkpoint's weights as a LLaVA model of `source`'s form.
 absl::Status CheckpointTensors(const loom::hf::ModelSource& source, const std::string& step,
                                std::vector<loom::hf::NamedTensor>* tensors, std::string* config,
@@ -388,6 +431,11 @@ int Export() {
     if (!text.ok()) return Fail(std::string(text.status().message()));
     if (absl::Status s = loom::WriteFileAtomically(out + "/" + f.name, *text); !s.ok()) {
       return Fail(std::string(s.message()));
+    }
+  }
+  if (!step.empty()) {
+    if (absl::Status s = WriteServingFiles(out, config); !s.ok()) {
+      return Fail("serving files: " + std::string(s.message()));
     }
   }
   std::cout << "loom-model: wrote " << tensors.size() << " tensors (" << dtype << ") to " << out

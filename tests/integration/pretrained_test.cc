@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/base/file.h"
@@ -145,6 +146,19 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   EXPECT_EQ(exported_config->image_token_id, (*tokenizer)->image_id());
   EXPECT_TRUE(hf::OpenHfLlava(pair_export).ok());
+  // What LlavaProcessor and vLLM open beside the weights: the processor's
+  // config and the chat template trained with (the sources had neither;
+  // the tokenizer has no template, so vicuna_v1), which the exported
+  // directory's tokenizer then carries.
+  const std::string processor = ReadFile(pair_export + "/processor_config.json").value_or("");
+  EXPECT_TRUE(absl::StrContains(processor, "\"processor_class\": \"LlavaProcessor\"") &&
+              absl::StrContains(processor, "\"image_token\": \"<image>\"") &&
+              absl::StrContains(processor, "\"patch_size\""))
+      << processor;
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> served = data::Tokenizer::Load(pair_export);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE(absl::StrContains((*served)->chat_template(), "ASSISTANT: "))
+      << (*served)->chat_template();
 }
 
 }  // namespace
