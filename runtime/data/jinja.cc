@@ -1079,7 +1079,9 @@ class Parser {
   absl::StatusOr<Node*> ParseNot() {
     if (IsName("not")) {
       const int line = Next().line;
+      if (++depth_ > 200) return SyntaxError(line, "expression nested too deeply");
       absl::StatusOr<Node*> a = ParseNot();
+      --depth_;
       if (!a.ok()) return a;
       Node* n = Make(N::kNot, line);
       n->kids = {*a};
@@ -1143,7 +1145,9 @@ class Parser {
     absl::StatusOr<Node*> a;
     if (IsOp("-") || IsOp("+")) {
       const Token& op = Next();
+      if (++depth_ > 200) return SyntaxError(op.line, "expression nested too deeply");
       absl::StatusOr<Node*> x = ParseUnary(false);
+      --depth_;
       if (!x.ok()) return x;
       Node* n = Make(N::kUnary, op.line);
       n->name = op.text;
