@@ -218,7 +218,26 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
   std::vector<std::vector<int32_t>> piece_ids(pieces.size());
   std::vector<std::vector<uint8_t>> piece_marks(pieces.size());
   int text_tokens = chat ? 0 : tokenizer_->bos_id() >= 0 ? 2 : 1;
-  if (const int64_t per_token = tokenizer_->max_text_bytes_per_token(); per_token > 0) {
+  if (const int64_t per_token = tokenizer_->max_text_bytes_per_token();
+      per_token > 0 && options_.truncate) {
+    // Truncating: only a prefix of the text can be kept, and its first
+    // (max_seq + 16) x per_token bytes are at least that many ids; the rest
+    // is not encoded (a piece cut there may encode its last word
+    // differently, past the kept ids).
+    const size_t budget = static_cast<size_t>(options_.max_seq + 16) * per_token;
+    size_t bytes = 0;
+    for (std::string_view& p : pieces) {
+      if (bytes + p.size() > budget) {
+        size_t keep = budget > bytes ? budget - bytes : 0;
+        while (keep > 0 && keep < p.size() &&
+               (static_cast<unsigned char>(p[keep]) & 0xC0) == 0x80) {
+          --keep;
+        }
+        p = p.substr(0, keep);
+      }
+      bytes += p.size();
+    }
+  } else if (per_token > 0) {
     int64_t bytes = 0;
     for (std::string_view p : pieces) bytes += static_cast<int64_t>(p.size());
     const int64_t at_least = (bytes + per_token - 1) / per_token;
@@ -249,7 +268,7 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     if (!s.ok()) return skip("invalid_utf8", std::string(s.message()));
     text_tokens += static_cast<int>(piece_ids[i].size());
   }
-  if (text_tokens > options_.max_seq) {
+  if (text_tokens > options_.max_seq && !options_.truncate) {
     return skip("text_too_long", absl::StrCat(text_tokens, " text tokens; the maximum sequence is ",
                                               options_.max_seq));
   }
@@ -280,16 +299,59 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     image_tokens += info.tiles * options_.tokens_per_tile;
     out.sample.images.push_back(info);
   }
+  // Truncation: the sequence <s> piece0 image0 piece1 ... </s> keeps its
+  // first max_seq tokens; a piece may be cut, an image never (the first
+  // that does not fit whole goes with everything after it), and a cut
+  // sample has no </s>.
+  int kept_images = n;
+  bool keep_eos = !chat;
   if (text_tokens + image_tokens > options_.max_seq) {
-    return skip("sequence_too_long",
-                absl::StrCat(text_tokens, " text + ", image_tokens,
-                             " image tokens; the maximum sequence is ", options_.max_seq));
+    if (!options_.truncate) {
+      return skip("sequence_too_long",
+                  absl::StrCat(text_tokens, " text + ", image_tokens,
+                               " image tokens; the maximum sequence is ", options_.max_seq));
+    }
+    const int total = text_tokens + image_tokens;
+    int used = !chat && tokenizer_->bos_id() >= 0 ? 1 : 0;
+    bool cut = false;
+    kept_images = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (cut) {
+        piece_ids[i].clear();
+        piece_marks[i].clear();
+        continue;
+      }
+      const int room = options_.max_seq - used;
+      if (static_cast<int>(piece_ids[i].size()) > room) {
+        piece_ids[i].resize(static_cast<size_t>(room));
+        if (chat) piece_marks[i].resize(static_cast<size_t>(room));
+        cut = true;
+      }
+      used += static_cast<int>(piece_ids[i].size());
+      if (cut || static_cast<int>(i) >= n) continue;
+      const int slots = out.sample.images[i].tiles * options_.tokens_per_tile;
+      if (used + slots > options_.max_seq) {
+        cut = true;
+        continue;
+      }
+      used += slots;
+      kept_images = static_cast<int>(i) + 1;
+    }
+    keep_eos = false;  // a cut sample does not end
+    out.sample.truncated_tokens = total - used;
+    out.sample.images.resize(static_cast<size_t>(kept_images));
+    text_tokens = 0;
+    image_tokens = 0;
+    for (const auto& ids : piece_ids) text_tokens += static_cast<int>(ids.size());
+    if (!chat && tokenizer_->bos_id() >= 0) ++text_tokens;
+    for (const ImageInfo& info : out.sample.images)
+      image_tokens += info.tiles * options_.tokens_per_tile;
   }
 
   // Pixels.
   Sample& sample = out.sample.sample;
   if (decode_pixels) {
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < kept_images; ++i) {
       const ImageInfo& info = out.sample.images[i];
       const int S = options_.tile_size;
       const bool own_tile = static_cast<bool>(options_.image_to_tile);
@@ -322,17 +384,22 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     sample.tokens.insert(sample.tokens.end(), piece_ids[i].begin(), piece_ids[i].end());
     if (chat)
       sample.loss_mask.insert(sample.loss_mask.end(), piece_marks[i].begin(), piece_marks[i].end());
-    if (static_cast<int>(i) < n) {
+    if (static_cast<int>(i) < kept_images) {
       const size_t slots =
           static_cast<size_t>(out.sample.images[i].tiles) * options_.tokens_per_tile;
       sample.tokens.insert(sample.tokens.end(), slots, -1);
       if (chat) sample.loss_mask.insert(sample.loss_mask.end(), slots, 0);
     }
   }
-  if (!chat) sample.tokens.push_back(tokenizer_->eos_id());
+  if (keep_eos) sample.tokens.push_back(tokenizer_->eos_id());
   out.sample.image_tokens = image_tokens;
   out.sample.text_tokens = text_tokens;
   out.sample.loss_tokens = static_cast<int>(LossTokens(sample));
+  if (out.sample.truncated_tokens > 0 && out.sample.loss_tokens == 0) {
+    return skip("sequence_too_long",
+                absl::StrCat("nothing to train on in the first ", options_.max_seq,
+                             " tokens (the maximum sequence)"));
+  }
   out.ok = true;
   return out;
 }

@@ -60,8 +60,9 @@ inline constexpr std::array<std::string_view, 15> kSkipReasons = {
     "corrupt_image",         // undecodable or truncated image data
     "unsupported_image",     // not PNG, JPEG, WebP, GIF or BMP; an animated WebP
     "image_too_large",       // header claims more than DecodeLimits
-    "text_too_long",         // text tokens alone exceed the maximum sequence
-    "sequence_too_long",     // text + image tokens exceed it
+    "text_too_long",         // text tokens alone exceed the maximum sequence (truncate off)
+    "sequence_too_long",     // text + image tokens exceed it (truncate off), or nothing
+                             // to train on is left within it
     "bad_conversation",      // messages the chat template refuses, or text and messages both
 };
 
@@ -71,6 +72,12 @@ struct PreprocessOptions {
   int max_tiles = 12;  // per sample; thumbnail not counted
   bool thumbnail = true;
   int max_seq = 1024;  // text + image tokens, <s> and </s> included
+  // A sample longer than max_seq is cut to it (the text off the end, never
+  // through an image's slots: an image that does not fit whole goes, with
+  // everything after it; no </s> after a cut) instead of skipped as
+  // text_too_long or sequence_too_long. Still skipped: a sample with
+  // nothing to train on in its first max_seq tokens.
+  bool truncate = true;
   DecodeLimits decode;
   ShardLimits shard;
   std::array<float, 3> mean = {0.48145466f, 0.4578275f, 0.40821073f};
@@ -114,8 +121,9 @@ struct ProcessedSample {
   std::vector<ImageInfo> images;
   int image_tokens = 0;
   int text_tokens = 0;
-  int loss_tokens = 0;  // LossTokens(sample)
-  Sample sample;        // tiles (empty when processed metadata-only) and tokens
+  int loss_tokens = 0;       // LossTokens(sample)
+  int truncated_tokens = 0;  // cut off the end to fit max_seq (PreprocessOptions::truncate)
+  Sample sample;             // tiles (empty when processed metadata-only) and tokens
 };
 
 struct SkippedSample {

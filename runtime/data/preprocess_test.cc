@@ -110,6 +110,7 @@ struct BadCase {
 
 TEST(PreprocessTest, EveryBadInputIsSkippedWithItsReason) {
   PreprocessOptions o = Tiny();
+  o.truncate = false;  // over-long samples are refused (the next tests truncate them)
   std::string long_text;
   for (int i = 0; i < 2000; ++i) long_text += "the shapes are all the same size. ";
   std::string many_images_text;
@@ -233,6 +234,7 @@ TEST(PreprocessTest, TextTooLongIsRefusedBeforeItIsTokenized) {
   EXPECT_EQ(testing::TestTokenizer().max_text_bytes_per_token(), 0);  // sentencepiece: no bound
   PreprocessOptions o = Tiny();
   o.max_seq = 64;  // <s>, 62 text tokens, </s>
+  o.truncate = false;
   const Preprocessor p(o, tok.get());
   auto process = [&](const std::string& key, const std::string& text) {
     return p.Process(Files(key, SampleJson(text, {})));
@@ -257,6 +259,63 @@ TEST(PreprocessTest, TextTooLongIsRefusedBeforeItIsTokenized) {
   Outcome tokenized = process("b", std::string(100, 'b'));
   EXPECT_EQ(tokenized.skip.reason, "text_too_long");
   EXPECT_EQ(tokenized.skip.detail, "102 text tokens; the maximum sequence is 64");
+}
+
+// Issue 40: an over-long sample is cut to the maximum sequence, the text
+// off the end and never through an image's slots; a cut sample has no </s>
+// and counts its cut tokens. A multi-megabyte word is cut before it is
+// tokenized.
+TEST(PreprocessTest, OverLongSamplesAreTruncated) {
+  std::unique_ptr<Tokenizer> tok = FourBytesATokenTokenizer();
+  ASSERT_NE(tok, nullptr);
+  PreprocessOptions o = Tiny();
+  o.max_seq = 64;
+  const Preprocessor p(o, tok.get());
+  // 4 MB of one word: 64 ids kept, <s> first, no </s>.
+  Outcome big = p.Process(Files("big", SampleJson(std::string(4 << 20, 'a'), {})));
+  ASSERT_TRUE(big.ok) << big.skip.reason << ": " << big.skip.detail;
+  const std::vector<int32_t>& t = big.sample.sample.tokens;
+  ASSERT_EQ(t.size(), 64u);
+  EXPECT_EQ(t.front(), tok->bos_id());
+  EXPECT_NE(t.back(), tok->eos_id());
+  EXPECT_GT(big.sample.truncated_tokens, 0);
+  EXPECT_EQ(big.sample.text_tokens, 64);
+  // One more token than fits: only </s> goes.
+  Outcome one = p.Process(Files("one", SampleJson(std::string(252, 'a'), {})));
+  ASSERT_TRUE(one.ok);
+  EXPECT_EQ(one.sample.truncated_tokens, 1);
+  EXPECT_EQ(one.sample.sample.tokens.size(), 64u);
+  // An image that does not fit whole goes, with the text after it; the
+  // text before it stays. Tiny's images are 16 tokens a tile.
+  const std::string png = testing::TestPng(32, 32);
+  Outcome img = p.Process(
+      Files("img", SampleJson(std::string(200, 'a') + "<image>tail", {"0.png"}), {{"0.png", png}}));
+  ASSERT_TRUE(img.ok) << img.skip.reason << ": " << img.skip.detail;
+  EXPECT_TRUE(img.sample.images.empty());
+  EXPECT_EQ(img.sample.sample.num_tiles, 0);
+  EXPECT_EQ(img.sample.image_tokens, 0);
+  for (int32_t id : img.sample.sample.tokens) EXPECT_GE(id, 0) << "an image slot was kept";
+  EXPECT_EQ(img.sample.sample.tokens.size(), 51u);  // <s> + 50 ids; the image would pass 64
+  // An image that fits stays whole.
+  Outcome fits = p.Process(
+      Files("fits", SampleJson("<image>" + std::string(400, 'a'), {"0.png"}), {{"0.png", png}}));
+  ASSERT_TRUE(fits.ok) << fits.skip.reason << ": " << fits.skip.detail;
+  EXPECT_EQ(fits.sample.images.size(), 1u);
+  EXPECT_EQ(fits.sample.sample.tokens.size(), 64u);
+  EXPECT_EQ(static_cast<int>(fits.sample.sample.tiles.size()),
+            fits.sample.sample.num_tiles * 3 * o.tile_size * o.tile_size);
+  // Nothing to train on within the maximum: still skipped.
+  std::string images;
+  std::vector<std::string> names;
+  std::map<std::string, std::string> files;
+  for (int i = 0; i < 5; ++i) {
+    images += "<image>";
+    names.push_back(std::to_string(i) + ".png");
+    files[names.back()] = png;
+  }
+  Outcome none = p.Process(Files("none", SampleJson(images + "x", names), files));
+  EXPECT_FALSE(none.ok);
+  EXPECT_EQ(none.skip.reason, "sequence_too_long") << none.skip.detail;
 }
 
 }  // namespace

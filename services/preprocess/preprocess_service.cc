@@ -51,6 +51,11 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
                                   .Help("Samples preprocessed into global batches.")
                                   .Register(registry)
                                   .Add({});
+  service->truncated_ = &prometheus::BuildCounter()
+                             .Name("loom_preprocess_samples_truncated_total")
+                             .Help("Samples cut to the maximum sequence (their text off the end).")
+                             .Register(registry)
+                             .Add({});
   service->bytes_sent_ = &prometheus::BuildCounter()
                               .Name("loom_preprocess_ucx_sent_bytes_total")
                               .Help("Tensor bytes sent to workers over UCX.")
@@ -151,6 +156,7 @@ absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessSe
         LOOM_LOG(ERROR).With("error", loader_error_) << "data loader failed";
         return absl::FailedPreconditionError(loader_error_);
       }
+      if (s->truncated_tokens > 0) truncated_->Increment();
       batch->samples.push_back(std::move(*s));
     }
     batch->cursor_after = loader_->Cursor();

@@ -84,6 +84,7 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   std::unique_ptr<UcxWorker> ucx_;
   prometheus::Family<prometheus::Counter>* skipped_ = nullptr;
   prometheus::Counter* samples_served_ = nullptr;
+  prometheus::Counter* truncated_ = nullptr;
   prometheus::Counter* bytes_sent_ = nullptr;
   prometheus::Counter* send_failures_ = nullptr;
 

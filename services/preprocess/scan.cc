@@ -52,6 +52,7 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
     }
     absl::StrAppend(&out, line, "\n");
     ++summary.kept;
+    summary.truncated += s->truncated_tokens > 0;
   }
   summary.read = summary.kept;
   for (const auto& [reason, n] : summary.skipped) summary.read += n;
@@ -66,8 +67,9 @@ std::string FormatScanSummary(const ScanSummary& summary) {
     skipped += n;
     absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
   }
-  std::string out =
-      absl::StrCat("read ", summary.read, ", kept ", summary.kept, ", skipped ", skipped);
+  std::string out = absl::StrCat("read ", summary.read, ", kept ", summary.kept);
+  if (summary.truncated > 0) absl::StrAppend(&out, " (truncated ", summary.truncated, ")");
+  absl::StrAppend(&out, ", skipped ", skipped);
   if (!reasons.empty()) absl::StrAppend(&out, " (", reasons, ")");
   return out;
 }

@@ -31,12 +31,14 @@ struct ScanOptions {
 struct ScanSummary {
   int64_t read = 0;
   int64_t kept = 0;
+  int64_t truncated = 0;                   // kept, cut to the maximum sequence
   std::map<std::string, int64_t> skipped;  // reason -> samples
 };
 
 absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options);
 
-// "read 40, kept 38, skipped 2 (corrupt_image 1, empty_text 1)"
+// "read 40, kept 38, skipped 2 (corrupt_image 1, empty_text 1)", and
+// ", truncated N" after kept when some were cut to the maximum sequence.
 std::string FormatScanSummary(const ScanSummary& summary);
 
 }  // namespace loom
