@@ -129,7 +129,7 @@ int Fail(const std::string& what) {
 // The job's shards: its own glob, or its preset, generated on first run.
 absl::StatusOr<std::string> EnsureData(const loom::job::v1::JobConfig& job,
                                        const std::string& bin_dir, const std::string& run_dir) {
-  if (!job.data().shards().empty()) return job.data().shards();
+  if (const std::string shards = loom::JobShards(job); !shards.empty()) return shards;
   const std::string glob = job.data().generated_dir() + "/*.tar";
   if (loom::data::ExpandShardGlob(glob).ok()) return glob;
   std::fprintf(info, "loom up: generating %d %s samples into %s (first run)\n",

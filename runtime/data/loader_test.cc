@@ -1,5 +1,6 @@
 #include "runtime/data/loader.h"
 
+#include <cmath>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -85,6 +86,139 @@ TEST(LoaderTest, CursorRestoreNeitherLosesNorRepeats) {
   wrong = cursor;
   wrong.set_dataset_samples(41);
   EXPECT_EQ(second->Restore(wrong).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The caption shards as two sources: shards 0-1 (keys 0-19) and 2-3 (20-39).
+LoaderOptions MixtureOptions(int threads, double weight_a, double weight_b) {
+  LoaderOptions o = Options(threads);
+  o.decode_pixels = false;
+  const std::vector<std::string>& all = CaptionShards();
+  o.sources = {{{all[0], all[1]}, weight_a, "a"}, {{all[2], all[3]}, weight_b, "b"}};
+  o.shards.clear();
+  return o;
+}
+
+int KeyNumber(const std::string& key) { return std::stoi(key.substr(key.rfind('-') + 1)); }
+
+// Binomial noise: |count - n p| within 4 standard deviations.
+void ExpectWithinNoise(int64_t count, int64_t n, double p, const std::string& what) {
+  const double sd = std::sqrt(static_cast<double>(n) * p * (1 - p));
+  EXPECT_LE(std::abs(static_cast<double>(count) - n * p), 4 * sd)
+      << what << ": " << count << " of " << n << " draws, expected " << n * p << " +- " << sd;
+}
+
+TEST(LoaderTest, MixtureWeightsHoldAndEachSourceCyclesThroughItsOwnEpochs) {
+  auto loader = *DataLoader::Open(MixtureOptions(2, 3, 1), &testing::TestTokenizer());
+  ASSERT_EQ(loader->num_sources(), 2);
+  EXPECT_EQ(loader->dataset_samples(), 40);  // a mixture's epoch: every source's samples
+  // One epoch of the mixture, then nine more.
+  std::vector<std::string> keys = Keys(*loader, 40);
+  std::vector<int64_t> drawn = loader->drawn();
+  ASSERT_EQ(drawn.size(), 2u);
+  EXPECT_EQ(drawn[0] + drawn[1], 40);
+  ExpectWithinNoise(drawn[0], 40, 0.75, "source a over one epoch");
+  for (const std::string& k : Keys(*loader, 360)) keys.push_back(k);
+  drawn = loader->drawn();
+  ExpectWithinNoise(drawn[0], 400, 0.75, "source a over ten epochs");
+  // Where each key came from agrees with the counts, and a source's draws
+  // go through its own samples once per its own epoch.
+  std::vector<std::string> a, b;
+  for (const std::string& k : keys) (KeyNumber(k) < 20 ? a : b).push_back(k);
+  EXPECT_EQ(static_cast<int64_t>(a.size()), drawn[0]);
+  EXPECT_EQ(static_cast<int64_t>(b.size()), drawn[1]);
+  for (const std::vector<std::string>* source : {&a, &b}) {
+    for (size_t start = 0; start + 20 <= source->size(); start += 20) {
+      std::set<std::string> epoch(source->begin() + start, source->begin() + start + 20);
+      EXPECT_EQ(epoch.size(), 20u) << "a source's epoch repeats a sample";
+    }
+  }
+  // Other weights, other shares; the same weights and seed, the same order.
+  auto even = *DataLoader::Open(MixtureOptions(1, 1, 1), &testing::TestTokenizer());
+  Keys(*even, 400);
+  ExpectWithinNoise(even->drawn()[0], 400, 0.5, "source a at weight 1:1");
+  auto again = *DataLoader::Open(MixtureOptions(1, 3, 1), &testing::TestTokenizer());
+  EXPECT_EQ(Keys(*again, 400), keys);
+}
+
+TEST(LoaderTest, OneSourceIsExactlyTheShards) {
+  auto shards = *DataLoader::Open(Options(2), &testing::TestTokenizer());
+  LoaderOptions o = Options(2);
+  o.sources = {{o.shards, 5.0, "all"}};
+  o.shards.clear();
+  auto source = *DataLoader::Open(o, &testing::TestTokenizer());
+  EXPECT_EQ(Keys(*source, 90), Keys(*shards, 90));
+  EXPECT_EQ(source->Cursor().sources_size(), 0);  // a checkpoint of either resumes the other
+}
+
+TEST(LoaderTest, CursorRestoreUnderAMixtureNeitherLosesNorRepeats) {
+  auto reference = *DataLoader::Open(MixtureOptions(2, 2, 1), &testing::TestTokenizer());
+  const std::vector<std::string> all = Keys(*reference, 150);
+
+  for (int cut : {1, 57, 121}) {
+    auto first = *DataLoader::Open(MixtureOptions(2, 2, 1), &testing::TestTokenizer());
+    std::vector<std::string> got = Keys(*first, cut);
+    const data::v1::DataCursor cursor = first->Cursor();
+    ASSERT_EQ(cursor.sources_size(), 2);
+    EXPECT_EQ(cursor.sources(0).drawn() + cursor.sources(1).drawn(), cut);
+    EXPECT_EQ(cursor.epoch() * 40 + cursor.position(), cut);
+    first.reset();  // prefetched samples are lost with it
+
+    auto second = *DataLoader::Open(MixtureOptions(1, 2, 1), &testing::TestTokenizer());
+    ASSERT_TRUE(second->Restore(cursor).ok());
+    for (const std::string& k : Keys(*second, 150 - cut)) got.push_back(k);
+    EXPECT_EQ(got, all) << "resumed after " << cut;
+
+    // A cursor of other data is refused, naming what differs.
+    data::v1::DataCursor wrong = cursor;
+    wrong.mutable_sources(0)->set_drawn(cursor.sources(0).drawn() + 1);
+    absl::Status s = second->Restore(wrong);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("draws in all"), std::string::npos) << s;
+    wrong = cursor;
+    wrong.mutable_sources(1)->set_samples(21);
+    EXPECT_EQ(second->Restore(wrong).code(), absl::StatusCode::kInvalidArgument);
+    wrong = cursor;
+    wrong.clear_sources();
+    EXPECT_EQ(second->Restore(wrong).code(), absl::StatusCode::kInvalidArgument);
+    auto single = *DataLoader::Open(Options(1), &testing::TestTokenizer());
+    EXPECT_EQ(single->Restore(cursor).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(LoaderTest, ShardSpecsParseGlobsAndWeights) {
+  const std::string dir = CaptionShards()[0].substr(0, CaptionShards()[0].rfind('/'));
+  absl::StatusOr<std::vector<DataSource>> one = ParseShardSources(dir + "/*.tar");
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].shards, CaptionShards());
+  EXPECT_EQ((*one)[0].weight, 1.0);
+  absl::StatusOr<std::vector<DataSource>> two =
+      ParseShardSources(CaptionShards()[0] + "=2.5," + CaptionShards()[1]);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_EQ(two->size(), 2u);
+  EXPECT_EQ((*two)[0].shards, std::vector<std::string>{CaptionShards()[0]});
+  EXPECT_EQ((*two)[0].weight, 2.5);
+  EXPECT_EQ((*two)[1].weight, 1.0);
+  for (const char* bad : {"=0", "=-1", "=nan", "=inf"}) {
+    EXPECT_EQ(ParseShardSources(CaptionShards()[0] + bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_EQ(ParseShardSources(CaptionShards()[0] + ",,").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseShardSources(dir + "/nothing-*.tar=2").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(LoaderTest, EpochsBecomeWholeBatches) {
+  EXPECT_EQ(*StepsForEpochs(2, 40, 16), 5);  // 80 draws: 5 full batches, 0 left
+  EXPECT_EQ(*StepsForEpochs(1, 40, 16), 2);  // the 8 left over are dropped
+  EXPECT_EQ(*StepsForEpochs(0.5, 1000, 10), 50);
+  EXPECT_EQ(StepsForEpochs(0.1, 40, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StepsForEpochs(0, 40, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StepsForEpochs(std::nan(""), 40, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StepsForEpochs(1e12, 40, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LoaderTest, UnshuffledSingleEpochReadsShardOrderThenEnds) {

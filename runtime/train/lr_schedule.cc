@@ -36,9 +36,9 @@ absl::Status ValidateLrSchedule(const LrScheduleOptions& o) {
         absl::StrCat("min_lr: ", o.min_ratio, " of the peak; must be between 0 and the peak"));
   }
   if (o.schedule != LrSchedule::kConstant && o.total_steps <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a ", LrScheduleName(o.schedule),
-                     " decay ends at the last step: it needs a step count (train.steps > 0)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", LrScheduleName(o.schedule),
+        " decay ends at the last step: it needs a step count (train.steps > 0, or train.epochs)"));
   }
   return absl::OkStatus();
 }

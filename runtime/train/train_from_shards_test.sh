@@ -41,9 +41,33 @@ if "$train" --config tiny --batch_size 8 --microbatches 2 --seed 4 --shards "$di
     --steps 5 --checkpoint_dir "$dir/ckpt" --resume 2>"$dir/err" >/dev/null; then exit 1; fi
 grep -q "another identity" "$dir/err" || { cat "$dir/err"; exit 1; }
 
+# A mixture given in epochs: 64 + 16 samples at weights 3:1, one epoch in
+# batches of 8 is 10 steps; stopped at 4 and resumed, it gives the same
+# losses as the run straight through (each source's position is in the cursor).
+"$gen" --preset caption --samples 16 --seed 6 --out "$dir/more" --samples_per_shard 8 >/dev/null
+mix=(--config tiny --batch_size 8 --microbatches 2 --seed 3 --shards "$dir/shards/*.tar=3,$dir/more/*.tar=1")
+"$train" "${mix[@]}" --epochs 1 2>"$dir/m.err" > "$dir/mfull.jsonl"
+grep -q "1 epochs of 80 samples in batches of 8: 10 steps" "$dir/m.err" || { cat "$dir/m.err"; exit 1; }
+[ "$(steps "$dir/mfull.jsonl")" = "1 2 3 4 5 6 7 8 9 10 " ] || { echo "mixture steps: $(steps "$dir/mfull.jsonl")"; exit 1; }
+"$train" "${mix[@]}" --steps 4 --checkpoint_dir "$dir/ckm" --checkpoint_every 4 2>/dev/null >/dev/null
+"$train" "${mix[@]}" --epochs 1 --checkpoint_dir "$dir/ckm" --resume 2>/dev/null > "$dir/mres.jsonl"
+[ "$(steps "$dir/mres.jsonl")" = "5 6 7 8 9 10 " ] || { echo "mixture resumed: $(steps "$dir/mres.jsonl")"; exit 1; }
+for s in 5 6 7 8 9 10; do
+  full=$(loss "$dir/mfull.jsonl" $s); resumed=$(loss "$dir/mres.jsonl" $s)
+  [ -n "$full" ] && [ "$full" = "$resumed" ] || { echo "mixture step $s: $full vs resumed $resumed"; exit 1; }
+done
+# Another source than the checkpoint's is refused, naming the cursor.
+if "$train" --config tiny --batch_size 8 --microbatches 2 --seed 3 --shards "$dir/shards/*.tar" \
+    --steps 6 --checkpoint_dir "$dir/ckm" --resume 2>"$dir/err" >/dev/null; then exit 1; fi
+grep -q "another identity\|cursor" "$dir/err" || { cat "$dir/err"; exit 1; }
+
 # Clear errors for bad flags.
 if "$train" --config tiny --steps 1 --shards "$dir/none/*.tar" 2>"$dir/err"; then exit 1; fi
 grep -q "no shard matches" "$dir/err"
 if "$train" "${common[@]}" --steps 1 --shuffle_images 2>"$dir/err"; then exit 1; fi
 grep -q "cannot be used with --shards" "$dir/err"
-echo "PASS: loss $first -> $last; resume equal at steps 7-12"
+if "$train" --config tiny --steps 1 --shards "$dir/shards/*.tar=0" 2>"$dir/err"; then exit 1; fi
+grep -q "weight must be a finite number > 0" "$dir/err" || { cat "$dir/err"; exit 1; }
+if "$train" --config tiny --epochs 0.01 --batch_size 8 --shards "$dir/shards/*.tar" 2>"$dir/err"; then exit 1; fi
+grep -q "do not fill one batch" "$dir/err" || { cat "$dir/err"; exit 1; }
+echo "PASS: loss $first -> $last; resume equal at steps 7-12; a mixture resumed equal at 5-10"

@@ -41,6 +41,9 @@
 ABSL_FLAG(std::string, config, "tiny",
           "Model config: tiny, tiny-deep, vit300m-llm1b, vit300m-llm7b, vit300m-llm70b.");
 ABSL_FLAG(int, steps, 100, "Train until this many optimizer steps have been taken.");
+ABSL_FLAG(double, epochs, 0,
+          "With --shards, in place of --steps: train floor(epochs x samples / --batch_size) "
+          "steps, the samples of every source together (0: --steps).");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the layers run: cpu, or cuda / cuda:N (a GPU; the optimizer steps on the host "
           "copies of the weights for now).");
@@ -74,7 +77,9 @@ ABSL_FLAG(std::string, weight_decay_scope, "matrices",
 ABSL_FLAG(std::string, checkpoint_dir, "", "Folder for checkpoints (DIR/step-N/...).");
 ABSL_FLAG(int, checkpoint_every, 0, "Save a checkpoint every K steps (0: never).");
 ABSL_FLAG(bool, resume, false, "Continue from the last complete checkpoint in --checkpoint_dir.");
-ABSL_FLAG(std::string, shards, "", "Train from these WebDataset shards (a glob) instead.");
+ABSL_FLAG(std::string, shards, "",
+          "Train from these WebDataset shards instead: a glob, or a mixture "
+          "'GLOB=WEIGHT,GLOB=WEIGHT' (each draw from a source with probability weight / sum).");
 ABSL_FLAG(std::string, tokenizer, "",
           "sentencepiece model or tokenizer.json directory for --shards (default: the model's "
           "own).");
@@ -110,7 +115,12 @@ int main(int argc, char** argv) {
                 std::string(pretrained.status().message()));
   }
   const loom::ModelConfig* config = &pretrained->config;
-  const int steps = absl::GetFlag(FLAGS_steps), batch = absl::GetFlag(FLAGS_batch_size);
+  int steps = absl::GetFlag(FLAGS_steps);
+  const int batch = absl::GetFlag(FLAGS_batch_size);
+  const double epochs = absl::GetFlag(FLAGS_epochs);
+  if (!(epochs >= 0) || (epochs > 0 && absl::GetFlag(FLAGS_shards).empty())) {
+    return Fail("--epochs: a number >= 0, and it needs --shards");
+  }
   if (steps < 0 || batch < 1 || absl::GetFlag(FLAGS_microbatches) < 1) {
     std::fprintf(stderr,
                  "loom-train-local: --steps >= 0, --batch_size >= 1, --microbatches >= 1\n");
@@ -148,10 +158,11 @@ int main(int argc, char** argv) {
       return Fail("--tokenizer, --chat_template: " + std::string(pipeline.status().message()));
     }
     tokenizer = std::move(pipeline->tokenizer);
-    absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(shards);
-    if (!paths.ok()) return Fail("--shards: " + std::string(paths.status().message()));
+    absl::StatusOr<std::vector<loom::data::DataSource>> sources =
+        loom::data::ParseShardSources(shards);
+    if (!sources.ok()) return Fail("--shards: " + std::string(sources.status().message()));
     loom::data::LoaderOptions lo;
-    lo.shards = *paths;
+    lo.sources = *std::move(sources);
     lo.seed = seed;
     lo.threads = std::max(1, absl::GetFlag(FLAGS_data_threads));
     lo.preprocess = std::move(pipeline->preprocess);
@@ -159,6 +170,15 @@ int main(int argc, char** argv) {
         loom::data::DataLoader::Open(lo, tokenizer.get());
     if (!l.ok()) return Fail("--shards: " + std::string(l.status().message()));
     loader = std::move(*l);
+    if (epochs > 0) {
+      absl::StatusOr<int64_t> s =
+          loom::data::StepsForEpochs(epochs, loader->dataset_samples(), batch);
+      if (!s.ok()) return Fail("--epochs: " + std::string(s.status().message()));
+      steps = static_cast<int>(*s);
+      std::fprintf(stderr,
+                   "loom-train-local: %g epochs of %lld samples in batches of %d: %d steps\n",
+                   epochs, static_cast<long long>(loader->dataset_samples()), batch, steps);
+    }
   }
   loom::TrainOptions options;
   options.microbatches = absl::GetFlag(FLAGS_microbatches);
@@ -168,16 +188,16 @@ int main(int argc, char** argv) {
       loom::ParseWeightDecayScope(absl::GetFlag(FLAGS_weight_decay_scope));
   if (!scope.ok()) return Fail("--weight_decay_scope: " + std::string(scope.status().message()));
   options.weight_decay_scope = *scope;
-  options.warmup_steps = absl::GetFlag(FLAGS_warmup_ratio) >= 0
-                             ? static_cast<int>(loom::WarmupStepsFromRatio(
-                                   absl::GetFlag(FLAGS_warmup_ratio), absl::GetFlag(FLAGS_steps)))
-                             : absl::GetFlag(FLAGS_warmup_steps);
+  options.warmup_steps =
+      absl::GetFlag(FLAGS_warmup_ratio) >= 0
+          ? static_cast<int>(loom::WarmupStepsFromRatio(absl::GetFlag(FLAGS_warmup_ratio), steps))
+          : absl::GetFlag(FLAGS_warmup_steps);
   options.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   absl::StatusOr<loom::LrSchedule> schedule =
       loom::ParseLrSchedule(absl::GetFlag(FLAGS_lr_schedule));
   if (!schedule.ok()) return Fail("--lr_schedule: " + std::string(schedule.status().message()));
   options.lr_schedule = *schedule;
-  options.total_steps = absl::GetFlag(FLAGS_steps);
+  options.total_steps = steps;
   options.min_lr = absl::GetFlag(FLAGS_min_lr);
   options.adam.eps = static_cast<float>(absl::GetFlag(FLAGS_adam_eps));
   options.encoder_lr = absl::GetFlag(FLAGS_encoder_lr);

@@ -1,10 +1,12 @@
 #include "services/common/job.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <system_error>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -106,7 +108,21 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
                                          absl::StrJoin(sched::AlgorithmNames(), ", "), ")"));
   }
   const job::v1::DataConfig& d = job.data();
-  if (d.shards().empty() && !Contains(data::DatagenPresets(), d.preset())) {
+  if (!d.shards().empty() && d.sources_size() > 0) {
+    return Bad("data.sources", "a mixture in place of data.shards: set one, not both");
+  }
+  for (int i = 0; i < d.sources_size(); ++i) {
+    const job::v1::DataSource& src = d.sources(i);
+    const std::string field = absl::StrCat("data.sources[", i, "]");
+    if (src.shards().empty() || absl::StrContains(src.shards(), ",")) {
+      return Bad(field + ".shards", "a glob without \",\"");
+    }
+    if (src.has_weight() && !(std::isfinite(src.weight()) && src.weight() > 0)) {
+      return Bad(field + ".weight",
+                 absl::StrCat("must be a finite number > 0, got ", src.weight()));
+    }
+  }
+  if (JobShards(job).empty() && !Contains(data::DatagenPresets(), d.preset())) {
     return Bad("data.preset", absl::StrCat("unknown preset \"", d.preset(), "\" (known: ",
                                            absl::StrJoin(data::DatagenPresets(), ", "), ")"));
   }
@@ -132,6 +148,12 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   }
   const job::v1::TrainConfig& t = job.train();
   if (s.ok()) s = AtLeast("train.steps", t.steps(), 0);
+  if (s.ok() && t.has_epochs()) {
+    if (t.steps() > 0) return Bad("train.epochs", "in place of train.steps: set one, not both");
+    if (!(std::isfinite(t.epochs()) && t.epochs() > 0)) {
+      return Bad("train.epochs", absl::StrCat("must be a finite number > 0, got ", t.epochs()));
+    }
+  }
   if (s.ok()) s = AtLeast("train.warmup_steps", t.warmup_steps(), 0);
   if (s.ok()) s = AtLeast("train.max_skipped_steps", t.max_skipped_steps(), 0);
   if (!s.ok()) return s;
@@ -156,7 +178,9 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
     if (!(t.warmup_ratio() >= 0 && t.warmup_ratio() < 1)) {
       return Bad("train.warmup_ratio", absl::StrCat("must be in [0, 1), got ", t.warmup_ratio()));
     }
-    if (t.steps() <= 0) return Bad("train.warmup_ratio", "a share of train.steps: set steps");
+    if (t.steps() <= 0 && !t.has_epochs()) {
+      return Bad("train.warmup_ratio", "a share of train.steps: set steps or epochs");
+    }
   }
   if (!job::v1::LrSchedule_IsValid(t.lr_schedule())) {
     return Bad(
@@ -174,7 +198,9 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
         {"train.llm_lr", t.has_llm_lr(), t.llm_lr()}}) {
     if (has && !(lr > 0 && lr < 1)) return Bad(name, absl::StrCat("must be in (0, 1), got ", lr));
   }
-  if (absl::Status l = ValidateLrSchedule(JobTrainOptions(job).Schedule()); !l.ok()) {
+  LrScheduleOptions schedule = JobTrainOptions(job).Schedule();
+  if (t.has_epochs()) schedule.total_steps = 1;  // epochs give at least one step, or are refused
+  if (absl::Status l = ValidateLrSchedule(schedule); !l.ok()) {
     return Bad("train.lr_schedule", std::string(l.message()));
   }
   if (const std::string& init = job.init().checkpoint(); !init.empty()) {
@@ -311,12 +337,33 @@ std::string JobToJson(const job::v1::JobConfig& job) {
   return out;
 }
 
+std::string JobShards(const job::v1::JobConfig& job) {
+  const job::v1::DataConfig& d = job.data();
+  if (d.sources_size() == 0) return d.shards();
+  std::vector<std::string> parts;
+  for (const job::v1::DataSource& src : d.sources()) {
+    parts.push_back(absl::StrCat(src.shards(), "=", src.has_weight() ? src.weight() : 1.0));
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+namespace {
+// The data a run reads: its globs (a mixture's weights may change on resume).
+std::string DataIdentity(const job::v1::DataConfig& d) {
+  if (d.sources_size() == 0) {
+    return d.shards().empty() ? absl::StrCat(d.preset(), ":", d.samples()) : d.shards();
+  }
+  std::vector<std::string> globs;
+  for (const job::v1::DataSource& src : d.sources()) globs.push_back(src.shards());
+  return absl::StrJoin(globs, ",");
+}
+}  // namespace
+
 std::string JobCheckpointIdentity(const job::v1::JobConfig& job) {
   const job::v1::DataConfig& d = job.data();
   return absl::StrCat(
       "model=", JobModelSource(job).Describe(), " seed=", job.seed(),
-      " global_batch=", d.global_batch(),
-      " data=", d.shards().empty() ? absl::StrCat(d.preset(), ":", d.samples()) : d.shards(),
+      " global_batch=", d.global_batch(), " data=", DataIdentity(d),
       job.init().checkpoint().empty() ? "" : absl::StrCat(" init=", job.init().checkpoint()));
 }
 

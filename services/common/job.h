@@ -49,6 +49,11 @@ const std::string& JobDevice(const job::v1::JobConfig& job, bool encoder);
 // The job as one line of JSON (for logs and for handing to a child process).
 std::string JobToJson(const job::v1::JobConfig& job);
 
+// The job's shards as loom-preprocess's --shards takes them: data.shards,
+// or the mixture data.sources as "GLOB=WEIGHT,..." (runtime/data/loader.h,
+// ParseShardSources); empty for a generated preset.
+std::string JobShards(const job::v1::JobConfig& job);
+
 // What a resume must not change, as one line (runtime/checkpoint/steps.h):
 // the model (its name, or its directories), the seed, the global batch and
 // the data. The parallel degrees,

@@ -99,6 +99,26 @@ TEST(JobConfig, TheRecipeReachesTheOptimizer) {
   EXPECT_FLOAT_EQ(JobTrainOptions(*plain).adam.eps, 1e-8f);
 }
 
+TEST(JobConfig, EpochsAndMixturesAreAccepted) {
+  EXPECT_TRUE(ParseAndCheck("train { epochs: 1.5 lr_schedule: LR_SCHEDULE_COSINE "
+                            "warmup_ratio: 0.03 }")
+                  .ok());
+  absl::StatusOr<job::v1::JobConfig> job = ParseJobConfig(
+      "data { sources { shards: '/d/a-*.tar' weight: 3 } sources { shards: '/d/b-*.tar' } }", "t");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ApplyJobDefaults("/run", &*job);
+  EXPECT_TRUE(ValidateJob(*job).ok());
+  // loom-preprocess's --shards: the mixture spelled as runtime/data/loader.h reads it.
+  EXPECT_EQ(JobShards(*job), "/d/a-*.tar=3,/d/b-*.tar=1");
+  // A resume may change the weights, not the datasets.
+  job::v1::JobConfig reweighed = *job;
+  reweighed.mutable_data()->mutable_sources(0)->set_weight(1);
+  EXPECT_EQ(JobCheckpointIdentity(reweighed), JobCheckpointIdentity(*job));
+  job::v1::JobConfig other = *job;
+  other.mutable_data()->mutable_sources(1)->set_shards("/d/c-*.tar");
+  EXPECT_NE(JobCheckpointIdentity(other), JobCheckpointIdentity(*job));
+}
+
 TEST(JobConfig, UnknownFieldsAreNamed) {
   absl::Status s = ParseAndCheck(R"({"data": {"shard": "x/*.tar"}})");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -158,6 +178,16 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"train { steps: 10 warmup_ratio: 0.1 warmup_steps: 3 }",
                 "train.warmup_ratio: set warmup_steps or warmup_ratio, not both"},
            Case{"train { warmup_ratio: 0.1 }", "train.warmup_ratio: a share of train.steps"},
+           Case{"train { steps: 10 epochs: 2 }",
+                "train.epochs: in place of train.steps: set one, not both"},
+           Case{"train { epochs: -1 }", "train.epochs: must be a finite number > 0, got -1"},
+           Case{"train { epochs: inf }", "train.epochs: must be a finite number > 0, got inf"},
+           Case{"data { shards: '/d/*.tar' sources { shards: '/e/*.tar' } }",
+                "data.sources: a mixture in place of data.shards: set one, not both"},
+           Case{"data { sources { shards: '/e/*.tar' weight: 0 } }",
+                "data.sources[0].weight: must be a finite number > 0, got 0"},
+           Case{"data { sources { shards: '/e/*.tar' } sources { shards: '/a/*.tar,/b/*.tar' } }",
+                "data.sources[1].shards: a glob without \",\""},
            Case{"train { steps: 10 warmup_ratio: 1.5 }", "train.warmup_ratio: must be in [0, 1)"},
            Case{"train { eps: 0 }", "train.eps: must be in (0, 1)"},
            Case{"train { encoder_lr: 2 }", "train.encoder_lr: must be in (0, 1), got 2"},

@@ -12,7 +12,10 @@
 #include "services/preprocess/preprocess_service.h"
 #include "services/preprocess/scan.h"
 
-ABSL_FLAG(std::string, shards, "", "WebDataset shards, a glob (quote it): 'data/*.tar'.");
+ABSL_FLAG(std::string, shards, "",
+          "WebDataset shards, a glob (quote it): 'data/*.tar'; or a mixture "
+          "'a/*.tar=3,b/*.tar=1' (each draw from a source with probability weight / sum; scan "
+          "reads every source once).");
 ABSL_FLAG(std::string, output, "", "scan: where to write the JSON lines.");
 ABSL_FLAG(std::string, tokenizer, "",
           "sentencepiece model or tokenizer.json directory (default: the model's own: Loom's, "

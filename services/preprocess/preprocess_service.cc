@@ -34,9 +34,9 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
     return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", pipeline.status().message()));
   }
   service->tokenizer_ = std::move(pipeline->tokenizer);
-  absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
-  if (!shards.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--shards: ", shards.status().message()));
+  absl::StatusOr<std::vector<data::DataSource>> sources = data::ParseShardSources(options.shards);
+  if (!sources.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--shards: ", sources.status().message()));
 
   prometheus::Registry& registry = chassis->registry();
   service->skipped_ = &prometheus::BuildCounter()
@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
                                  .Add({});
 
   data::LoaderOptions lo;
-  lo.shards = *shards;
+  lo.sources = *std::move(sources);
   lo.seed = options.seed;
   lo.threads = std::max(1, options.threads);
   lo.prefetch = std::max(1, options.prefetch);
@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   if (!ucx.ok()) return ucx.status();
   service->ucx_ = std::move(*ucx);
   LOOM_LOG(INFO)
-          .With("shards", static_cast<int64_t>(shards->size()))
+          .With("sources", static_cast<int64_t>(service->loader_->num_sources()))
           .With("samples", service->loader_->dataset_samples())
           .With("global_batch", options.global_batch)
       << "data loader open";
@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
 grpc::Status PreprocessServiceImpl::GetInfo(grpc::ServerContext*, const data::v1::GetInfoRequest*,
                                             data::v1::GetInfoResponse* response) {
   chassis_->FillServiceInfo(response->mutable_info());
+  if (loader_ != nullptr) response->set_dataset_samples(loader_->dataset_samples());
   return grpc::Status::OK;
 }
 

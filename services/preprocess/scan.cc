@@ -16,11 +16,14 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
   absl::StatusOr<hf::DataPipeline> pipeline =
       hf::DataPipelineFor(*model, options.tokenizer, options.chat_template);
   if (!pipeline.ok()) return pipeline.status();
-  absl::StatusOr<std::vector<std::string>> shards = data::ExpandShardGlob(options.shards);
-  if (!shards.ok()) return shards.status();
+  // Every sample once: a mixture's sources one after another, weights aside.
+  absl::StatusOr<std::vector<data::DataSource>> sources = data::ParseShardSources(options.shards);
+  if (!sources.ok()) return sources.status();
 
   data::LoaderOptions lo;
-  lo.shards = *shards;
+  for (const data::DataSource& source : *sources) {
+    lo.shards.insert(lo.shards.end(), source.shards.begin(), source.shards.end());
+  }
   lo.shuffle = false;
   lo.epochs = 1;
   lo.threads = std::max(1, options.threads);

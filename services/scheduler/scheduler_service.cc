@@ -15,6 +15,7 @@
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/data/loader.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/schedule.h"
 #include "services/common/channel.h"
@@ -222,6 +223,11 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
       StartingCosts(p, options.job.checkpoint().dir(), options.start_iteration);
   if (!costs.ok()) return costs.status();
   SchedulerServiceOptions accepted = options;
+  if (options.job.train().has_epochs()) {
+    absl::StatusOr<int64_t> steps = StepsOfEpochs(options);
+    if (!steps.ok()) return steps.status();
+    accepted.job.mutable_train()->set_steps(*steps);
+  }
   if (options.start_iteration == 0) {  // a fresh run: the checkpoint folder is now its
     absl::StatusOr<CheckpointRun> run =
         StartCheckpointRun(options.job.checkpoint().dir(), JobCheckpointIdentity(options.job));
@@ -290,6 +296,40 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   if (options.job.recovery().lease_seconds() > 0) leases_ = std::thread([this] { WatchLeases(); });
   if (preprocess_) assigner_ = std::thread([this] { AssignThread(); });
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> SchedulerServiceImpl::StepsOfEpochs(
+    const SchedulerServiceOptions& options) {
+  const double epochs = options.job.train().epochs();
+  if (options.preprocess.empty()) {
+    return absl::FailedPreconditionError(
+        "train.epochs: the steps come from loom-preprocess's dataset size, and this scheduler "
+        "has no --preprocess");
+  }
+  // loom-preprocess indexes its shards before it serves: wait for it.
+  std::unique_ptr<data::v1::PreprocessService::Stub> stub =
+      data::v1::PreprocessService::NewStub(ServiceChannel(options.preprocess));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+  ctx.set_wait_for_ready(true);
+  data::v1::GetInfoResponse info;
+  if (grpc::Status s = stub->GetInfo(&ctx, data::v1::GetInfoRequest(), &info); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("train.epochs: loom-preprocess at ", options.preprocess,
+                     " did not say its dataset size: ", s.error_message()));
+  }
+  absl::StatusOr<int64_t> steps =
+      data::StepsForEpochs(epochs, info.dataset_samples(), options.job.data().global_batch());
+  if (!steps.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("train.epochs: ", steps.status().message()));
+  }
+  LOOM_LOG(INFO)
+          .With("epochs", epochs)
+          .With("dataset_samples", info.dataset_samples())
+          .With("global_batch", options.job.data().global_batch())
+          .With("steps", *steps)
+      << "train.epochs resolved to steps";
+  return steps;
 }
 
 absl::StatusOr<scheduler::v1::CostCoefficients> SchedulerServiceImpl::StartingCosts(

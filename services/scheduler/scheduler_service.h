@@ -209,6 +209,9 @@ class SchedulerServiceImpl final
   absl::Status HandOutLocked(int64_t iteration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan's cost coefficients with the stage shares of the workers'
   // layer split, or those checkpoint `step` saved (step > 0).
+  // train.epochs as steps: floor(epochs x loom-preprocess's dataset size /
+  // global batch), asked of loom-preprocess (which may still be starting).
+  static absl::StatusOr<int64_t> StepsOfEpochs(const SchedulerServiceOptions& options);
   absl::StatusOr<scheduler::v1::CostCoefficients> StartingCosts(const scheduler::v1::Plan& plan,
                                                                 const std::string& checkpoint_dir,
                                                                 int64_t step) const;

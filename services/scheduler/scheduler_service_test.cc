@@ -444,7 +444,12 @@ class ServedScheduleTest : public ::testing::Test {
     so.retained_iterations = 3;
     so.pause_hold = absl::Milliseconds(200);  // answers "paused" long before any deadline
     so.job.set_name("t");
-    so.job.mutable_train()->set_steps(steps_);
+    so.job.mutable_data()->set_global_batch(8);
+    if (epochs_ > 0) {
+      so.job.mutable_train()->set_epochs(epochs_);
+    } else {
+      so.job.mutable_train()->set_steps(steps_);
+    }
     so.job.mutable_checkpoint()->set_every(every_);
     so.job.mutable_checkpoint()->set_dir(testing::TempPath("ckpt"));
     chassis_ = std::make_unique<Chassis>(
@@ -516,6 +521,7 @@ class ServedScheduleTest : public ::testing::Test {
   }
 
   int64_t steps_ = 8;
+  double epochs_ = 0;  // > 0: the job is given in epochs instead of steps_
   int every_ = 2;
   std::map<std::pair<int, int>, std::string> holders_;
   std::unique_ptr<Chassis> data_chassis_, chassis_;
@@ -1274,6 +1280,57 @@ TEST_F(ServedScheduleTest, JobEndProgressCheckpointsAndRendezvousKeys) {
 // large model, slow shared storage): the step's data cursor was kept at the
 // mark, so step 10 completes with batch 10's cursor though loom-preprocess's
 // 16-batch window left batch 10 behind 20 iterations ago.
+class EpochsTest : public ServedScheduleTest {
+ protected:
+  void SetUp() override {
+    epochs_ = 2.5;
+    ServedScheduleTest::SetUp();
+  }
+};
+
+// 2.5 epochs of loom-preprocess's 32 samples in batches of 8: 10 steps, for
+// the job's end, its progress and the workers' learning-rate schedule.
+TEST_F(EpochsTest, EpochsBecomeStepsFromTheDatasetSize) {
+  absl::StatusOr<control::v1::Job> job = service_->GetJob("t");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->end_iteration(), 10);
+  EXPECT_EQ(job->config().train().steps(), 10);
+  EXPECT_EQ(job->config().train().epochs(), 2.5);
+  scheduler::v1::RegisterWorkerRequest r;
+  r.mutable_worker()->set_role(common::v1::ROLE_LLM_WORKER);
+  r.mutable_worker()->set_rank(0);
+  r.mutable_worker()->set_ucx_address("l0");
+  r.set_incarnation(IncarnationOf("l0"));
+  scheduler::v1::RegisterWorkerResponse registered;
+  auto ctx = testing::ContextWithDeadline();
+  ASSERT_TRUE(stub_->RegisterWorker(ctx.get(), r, &registered).ok());
+  EXPECT_EQ(registered.job().train().steps(), 10);
+  holders_[{common::v1::ROLE_LLM_WORKER, 0}] = r.incarnation();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(Register(common::v1::ROLE_ENCODER_WORKER, rank, "e" + std::to_string(rank)).ok());
+  }
+  ASSERT_TRUE(Register(common::v1::ROLE_LLM_WORKER, 1, "l1").ok());
+  scheduler::v1::Assignment a;
+  std::string ended;
+  ASSERT_TRUE(Assignment(0, &a, &ended).ok());
+  EXPECT_EQ(ended, "");
+  ASSERT_TRUE(Assignment(10, &a, &ended).ok());
+  EXPECT_EQ(ended, "the job ends after 10 iterations");
+}
+
+TEST(SchedulerServiceImplTest, EpochsNeedLoomPreprocess) {
+  Chassis chassis(testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
+  SchedulerServiceOptions so;
+  so.plan = sched::PlanOfDegrees({/*llm_dp=*/1, /*microbatches=*/1, /*encoder_dp=*/1});
+  so.job.set_name("t");
+  so.job.mutable_data()->set_global_batch(8);
+  so.job.mutable_train()->set_epochs(1);
+  absl::StatusOr<std::unique_ptr<SchedulerServiceImpl>> service =
+      SchedulerServiceImpl::Create(&chassis, so);
+  EXPECT_EQ(service.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(service.status().message().find("train.epochs"), std::string::npos) << service.status();
+}
+
 class LateCheckpointTest : public ServedScheduleTest {
  protected:
   LateCheckpointTest() {

@@ -448,6 +448,33 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         check("--take_back" in sched and any(a.startswith("--run_dir=") for a in sched),
               "the scheduler takes its job back from the checkpoint volume after a restart")
 
+    # A mixture given in epochs: loom-preprocess reads the sources as one
+    # --shards spec, and the job keeps them (and epochs, not steps).
+    mixture = os.path.join(TMP, "mixture.yaml")
+    open(mixture, "w").write("""
+job:
+  data:
+    shards: null
+    sources: [{shards: "/data/llava-665k/*.tar", weight: 3}, {shards: "/data/sharegpt4v/*.tar"}]
+  train: {steps: null, epochs: 1.5, lr_schedule: LR_SCHEDULE_COSINE, warmup_ratio: 0.03}
+""")
+    objs = check_render("mixture", ["-f", mixture], base)
+    check_args("mixture", objs)
+    if objs:
+        pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+        check("--shards=/data/llava-665k/*.tar=3,/data/sharegpt4v/*.tar=1" in pre,
+              "mixture: loom-preprocess's --shards is the sources with their weights: %s" %
+              [a for a in pre if a.startswith("--shards")])
+        job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+        check(len(job["data"].get("sources", [])) == 2 and "shards" not in job["data"] and
+              job["train"].get("epochs") == 1.5 and "steps" not in job["train"],
+              "mixture: job.json has the sources and epochs: %s %s" % (job["data"], job["train"]))
+        check_valid_job("mixture", job)
+    both = os.path.join(TMP, "both.yaml")
+    open(both, "w").write("job: {data: {sources: [{shards: /data/a/*.tar}]}}\n")
+    zero_weight = os.path.join(TMP, "zero-weight.yaml")
+    open(zero_weight, "w").write("job: {data: {shards: null, sources: [{shards: /data/a/*.tar, weight: 0}]}}\n")
+
     # TLS off: every service --insecure, the kubelet's gRPC probes, no Secret.
     objs = check_render("tls off", ["--set", "tls.enabled=false"], base)
     check_args("tls off", objs)
@@ -541,6 +568,8 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         ("an unknown identity's Secret", ["--set", "tls.secrets.admin=x"], "tls.secrets"),
         ("a bad tls refresh", ["--set", "tls.refresh=soon"], "tls.refresh"),
         ("a device that is none", ["--set", "job.device.llm=gpu"], "job.device.llm"),
+        ("shards and sources both", ["-f", both], "job.data"),
+        ("a source weight of 0", ["-f", zero_weight], "job.data.sources.0.weight"),
     ]:
         rc, out, err = render(*args)
         check(rc != 0 and named in err, "refuses %s, naming %s (%s)" % (what, named, err.strip().splitlines()[-1] if err.strip() else ""))

@@ -74,6 +74,10 @@ func readYAML(path string) map[string]interface{} {
 
 func merge(dst, src map[string]interface{}) {
 	for k, v := range src {
+		if v == nil { // as Helm: a null removes the default
+			delete(dst, k)
+			continue
+		}
 		if sm, ok := v.(map[string]interface{}); ok {
 			if dm, ok := dst[k].(map[string]interface{}); ok {
 				merge(dm, sm)
@@ -104,6 +108,10 @@ func set(values map[string]interface{}, assignment string) {
 			m[k] = next
 		}
 		m = next
+	}
+	if v == nil { // as Helm: --set key=null removes the default
+		delete(m, keys[len(keys)-1])
+		return
 	}
 	m[keys[len(keys)-1]] = v
 }

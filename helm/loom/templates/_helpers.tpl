@@ -233,3 +233,12 @@ securityContext:
 - name: tmp
   emptyDir: {}
 {{- end -}}
+
+{{/* A mixture (job.data.sources) as loom-preprocess's --shards: GLOB=WEIGHT,... */}}
+{{- define "loom.mixture" -}}
+{{- $parts := list -}}
+{{- range . -}}
+{{- $parts = append $parts (printf "%s=%v" .shards (.weight | default 1)) -}}
+{{- end -}}
+{{- join "," $parts -}}
+{{- end -}}
