@@ -8,9 +8,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/data/data_testing.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/hf/hf_llava.h"
 #include "runtime/hf/safetensors.h"
@@ -24,10 +27,84 @@ namespace {
 
 using PretrainedTest = TrainingRuns;
 
-// Hugging Face directories trained end to end: LLaVA's stage 1 on a LLaVA
-// directory (its tokenizer.json and image processor feed the data), stage 2
-// from stage 1's checkpoint, each equal to loom-train-local under tensor and
-// pipeline layouts; the trained model exported as a LLaVA directory holding
+void Put(const std::string& path, const std::string& bytes) {
+  ASSERT_TRUE(MakeDirectories(path.substr(0, path.rfind('/'))).ok());
+  ASSERT_TRUE(WriteFileAtomically(path, bytes).ok()) << path;
+}
+
+nlohmann::json Record(const std::string& id, nlohmann::json image,
+                      const std::vector<std::pair<std::string, std::string>>& turns) {
+  nlohmann::json r = {{"id", id}};
+  if (!image.is_null()) r[image.is_array() ? "images" : "image"] = image;
+  r["conversations"] = nlohmann::json::array();
+  for (const auto& [from, value] : turns) {
+    r["conversations"].push_back({{"from", from}, {"value", value}});
+  }
+  return r;
+}
+
+// A LLaVA-style JSON as people download it, converted by `loom-data
+// convert`: captions, multi-turn and text-only conversations, multi-image
+// records, a GIF, a WebP, a CMYK JPEG, an image shared by many records,
+// ids with dots, and a record whose image is missing (skipped, counted).
+// Returns the shards' glob.
+std::string ConvertedLlavaJson() {
+  const std::string root = TempPath("llava-json");
+  const std::string img = root + "/images";
+  const std::string seeds = "runtime/data/fuzz/regressions/image/";
+  Put(img + "/coco/a.png", data::testing::TestPng(64, 48));
+  Put(img + "/coco/b.jpg", data::testing::TestJpeg(80, 60));
+  Put(img + "/gqa/c.png", data::testing::TestPng(40, 72));
+  Put(img + "/anim.gif", ReadFile(Runfile(seeds + "seed-interlaced.gif")).value_or(""));
+  Put(img + "/lossy.webp", ReadFile(Runfile(seeds + "seed-lossy.webp")).value_or(""));
+  Put(img + "/cmyk.jpg", ReadFile(Runfile(seeds + "seed-cmyk.jpg")).value_or(""));
+  const std::vector<std::string> images = {"coco/a.png", "coco/b.jpg", "gqa/c.png",
+                                           "anim.gif",   "lossy.webp", "cmyk.jpg"};
+  const std::vector<std::string> shapes = {"a red square", "two blue circles", "a green line",
+                                           "a small yellow triangle", "three grey dots"};
+  nlohmann::json records = nlohmann::json::array();
+  for (int i = 0; i < 36; ++i) {
+    const std::string id = absl::StrCat("0000", i, ".jpg.", i % 3);  // dots in ids
+    const std::string image = images[i % images.size()];
+    const std::string shape = shapes[i % shapes.size()];
+    if (i % 6 == 4) {  // multi-turn
+      records.push_back(Record(id, image,
+                               {{"human", "<image>\nWhat is in the picture?"},
+                                {"gpt", "It shows " + shape + "."},
+                                {"human", "Where is it?"},
+                                {"gpt", i % 4 == 0 ? "At the top left." : "Near the middle."}}));
+    } else if (i % 6 == 5) {  // text only (LLaVA-665K's ShareGPT part)
+      records.push_back(Record(
+          id, nullptr, {{"human", "Name a shape."}, {"gpt", "One shape is " + shape + "."}}));
+    } else if (i % 9 == 3) {  // two images
+      records.push_back(Record(id, nlohmann::json::array({image, images[(i + 1) % images.size()]}),
+                               {{"human", "<image>\n<image>\nAre these the same?"},
+                                {"gpt", "No: the first has " + shape + "."}}));
+    } else {  // LLaVA-Pretrain's caption form
+      records.push_back(Record(id, image,
+                               {{"human", "<image>\nDescribe the image briefly."},
+                                {"gpt", "The image has " + shape + "."}}));
+    }
+  }
+  records.push_back(Record("missing.1", "coco/nope.jpg",
+                           {{"human", "<image>\nWhat is it?"}, {"gpt", "Nothing."}}));
+  Put(root + "/llava_mix.json", records.dump(1));
+  int rc = 0;
+  const std::string out = RunToEnd(
+      {Runfile("runtime/data/loom-data"), "convert", "--input=" + root + "/llava_mix.json",
+       "--images=" + img, "--out=" + root + "/shards", "--name=mix", "--samples_per_shard=8"},
+      "loom-data.log", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "read 37, wrote 36 in 5 shards, skipped 1 (missing_image 1)"))
+      << out;
+  return root + "/shards/*.tar";
+}
+
+// Hugging Face directories trained end to end on a converted LLaVA JSON
+// (ConvertedLlavaJson): LLaVA's stage 1 (`plain`) on a LLaVA directory (its
+// tokenizer.json and image processor feed the data), stage 2 (vicuna_v1,
+// answers only) from stage 1's checkpoint, each equal to loom-train-local
+// under tensor and pipeline layouts; the trained model exported as a LLaVA directory holding
 // the checkpoint's weights in bf16; and a new LLaVA model made of an LLM
 // directory and a CLIP directory (projector from the seed).
 TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
@@ -37,9 +114,38 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
       RunToEnd({"/usr/bin/python3", Runfile("runtime/hf/hf_fixture.py"), hf_dir}, "hf.log", &rc);
   ASSERT_EQ(rc, 0) << made;
   const std::string llava = hf_dir + "/llava";
+  const std::string shards = ConvertedLlavaJson();
+  // Every converted sample goes through the LLaVA directory's pipeline (the
+  // GIF, the WebP and the CMYK JPEG decode; two images fit); under plain
+  // the answers are most of the text, under vicuna_v1 the prompts carry no
+  // loss.
+  for (const char* chat : {"plain", "vicuna_v1"}) {
+    const std::string scanned = TempPath(absl::StrCat("scan-", chat, ".jsonl"));
+    const std::string out = RunToEnd(
+        {Runfile("services/preprocess/loom-preprocess"), "scan", "--shards=" + shards,
+         "--llava=" + llava, absl::StrCat("--chat_template=", chat), "--output=" + scanned},
+        absl::StrCat("scan-", chat, ".log"), &rc);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_TRUE(absl::StrContains(out, "read 36, kept 36, skipped 0")) << chat << ": " << out;
+    int64_t loss = 0, text = 0, two_images = 0;
+    for (absl::string_view line : absl::StrSplit(ReadFile(scanned).value_or(""), '\n')) {
+      if (line.empty()) continue;
+      const nlohmann::json r = nlohmann::json::parse(line);
+      loss += r.value("loss_tokens", int64_t{0});
+      text += r.value("text_tokens", int64_t{0});
+      if (r.contains("images") && r["images"].size() == 2) ++two_images;
+    }
+    EXPECT_GT(two_images, 0) << chat;
+    EXPECT_GT(loss, 0) << chat;
+    if (std::string(chat) == "plain") {  // the caption is nearly all the text
+      EXPECT_GT(loss, text / 2) << chat;
+    } else {
+      EXPECT_LT(loss, text / 2) << chat << ": the prompts carry no loss";
+    }
+  }
   auto local = [&](const std::string& name, const std::vector<std::string>& flags) {
     std::vector<std::string> argv = {Runfile("runtime/train/loom-train-local"), "--steps=10",
-                                     "--seed=1", "--batch_size=16", "--shards=" + data_ + "/*.tar"};
+                                     "--seed=1", "--batch_size=16", "--shards=" + shards};
     argv.insert(argv.end(), flags.begin(), flags.end());
     int code = 0;
     const std::vector<StepResult> steps =
@@ -47,9 +153,13 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
     EXPECT_EQ(code, 0);
     return steps;
   };
-  auto job = [&](const std::string& model, const std::string& parallel, const std::string& rest) {
-    return absl::StrCat("seed: 1\n", model, "\ndata { shards: '", data_,
-                        "/*.tar' global_batch: 16 }\nparallel { ", parallel,
+  // LLaVA's stage 1 reads the conversations through the `plain` template
+  // (the image, then the answer); stage 2 through the tokenizer's own
+  // template, here (it has none) vicuna_v1, loss on the answers only.
+  auto job = [&](const std::string& model, const std::string& parallel, const std::string& rest,
+                 bool stage1) {
+    return absl::StrCat("seed: 1\n", model, "\ndata { shards: '", shards, "' global_batch: 16",
+                        stage1 ? " chat_template: 'plain'" : "", " }\nparallel { ", parallel,
                         " microbatches: 2 }\ncheckpoint { every: 10 }\n", rest);
   };
   auto start = [](const hf::ModelSource& source) {
@@ -66,11 +176,11 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   // Stage 1: the projector alone, encoder PP2 and LLM TP2.
   const std::string llava_job = "hf { llava: '" + llava + "' }";
   const std::vector<StepResult> stage1 =
-      local("hf-local-1", {"--llava=" + llava, "--freeze=vision,llm"});
+      local("hf-local-1", {"--llava=" + llava, "--freeze=vision,llm", "--chat_template=plain"});
   EXPECT_LT(stage1.back().loss, stage1.front().loss) << "nothing trained";
   ExpectSameSteps(Steps(LoomUp("hf-stage1",
                                job(llava_job, "encoder_pp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 1",
-                                   "freeze { vision: true llm: true }\n"),
+                                   "freeze { vision: true llm: true }\n", true),
                                10),
                         1, 10, "hf stage 1"),
                   stage1, "LLaVA directory, stage 1 (encoder PP2, LLM TP2) vs loom-train-local");
@@ -83,7 +193,7 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   ExpectSameSteps(
       Steps(LoomUp("hf-stage2",
                    job(llava_job, "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 1",
-                       "freeze { vision: true }\ninit { checkpoint: '" + step1 + "' }\n"),
+                       "freeze { vision: true }\ninit { checkpoint: '" + step1 + "' }\n", false),
                    10),
             1, 10, "hf stage 2"),
       stage2, "LLaVA directory, stage 2 from stage 1 (encoder TP2, LLM PP2) vs loom-train-local");
@@ -121,14 +231,14 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   hf::ModelSource pair;
   pair.llm_from = hf_dir + "/llm";
   pair.vision_from = hf_dir + "/vision";
-  const std::vector<StepResult> pair_local = local(
-      "hf-local-pair",
-      {"--llm_from=" + pair.llm_from, "--vision_from=" + pair.vision_from, "--freeze=vision,llm"});
+  const std::vector<StepResult> pair_local =
+      local("hf-local-pair", {"--llm_from=" + pair.llm_from, "--vision_from=" + pair.vision_from,
+                              "--freeze=vision,llm", "--chat_template=plain"});
   ExpectSameSteps(
       Steps(LoomUp("hf-pair",
                    job(absl::StrCat("hf { llm_from: '", pair.llm_from, "' vision_from: '",
                                     pair.vision_from, "' }"),
-                       "encoder_dp: 2 llm_dp: 2", "freeze { vision: true llm: true }\n"),
+                       "encoder_dp: 2 llm_dp: 2", "freeze { vision: true llm: true }\n", true),
                    10),
             1, 10, "hf llm_from + vision_from"),
       pair_local, "llm_from + vision_from, stage 1 (DP 2 + 2) vs loom-train-local");
