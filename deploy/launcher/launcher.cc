@@ -155,6 +155,10 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
       for (std::string& flag : hf::ModelSourceFlags(JobModelSource(job))) {
         a.push_back(std::move(flag));
       }
+      if (const int batches = ValidationBatches(job); batches > 0) {
+        a.push_back("--validation_shards=" + job.data().validation().shards());
+        a.push_back(absl::StrCat("--validation_batches=", batches));
+      }
       if (options_.resume_step > 0) {
         a.push_back(absl::StrCat("--start_iteration=", options_.resume_step));
         a.push_back(absl::StrCat("--cursor=", StepDir(job.checkpoint().dir(), options_.resume_step),

@@ -155,21 +155,27 @@ std::string ProgressLine(const loom::scheduler::v1::StepReport& r,
   const int64_t end = j.end_iteration();
   return absl::StrFormat(
       "iter %6d%s  loss %.4f  %7.1f samples/s  %9.0f tokens/s  imbalance %.4f  grad_norm %.3f  "
-      "%.3f s  %s%s",
+      "%.3f s  %s%s%s",
       r.iteration() + 1, end > 0 ? absl::StrCat("/", end) : "", r.loss(), r.samples() / s,
       r.tokens() / s, r.microbatch_imbalance(), r.grad_norm(), r.seconds(),
-      loom::DescribeProgress(j), r.skipped() ? "  skipped (not finite: no optimizer step)" : "");
+      loom::DescribeProgress(j), r.skipped() ? "  skipped (not finite: no optimizer step)" : "",
+      r.has_validation_loss() ? absl::StrFormat("  validation loss %.4f", r.validation_loss())
+                              : "");
 }
 
 std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
   return absl::StrFormat(
       "{\"iteration\":%d,\"step\":%d,\"loss\":%s,\"samples\":%d,\"tokens\":%d,"
       "\"loss_tokens\":%d,\"grad_norm\":%s,\"lr\":%.6g,\"seconds\":%.6f,"
-      "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f%s}",
+      "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f%s%s}",
       r.iteration(), r.iteration() + 1, loom::JsonNumber(r.loss(), 6), r.samples(), r.tokens(),
       r.loss_tokens(), loom::JsonNumber(r.grad_norm(), 6), r.lr(), r.seconds(),
       r.seconds() > 0 ? r.samples() / r.seconds() : 0.0, r.microbatch_imbalance(),
-      r.skipped() ? ",\"skipped\":true" : "");
+      r.skipped() ? ",\"skipped\":true" : "",
+      r.has_validation_loss()
+          ? absl::StrCat(",\"validation_loss\":", loom::JsonNumber(r.validation_loss(), 6),
+                         ",\"validation_loss_tokens\":", r.validation_loss_tokens())
+          : "");
 }
 
 // What the watching thread hands the main thread.

@@ -168,6 +168,15 @@ inline constexpr Tolerance kDisaggregatedVsLocalLoss = {
     "equal to 6 decimals over 20 AdamW steps; 1e-5 relative still catches a wrong scale "
     "(a missing 1/loss_tokens or clip is O(1e-2) by step 2)"};
 
+// The held-out loss (data.validation) of the same runs after the same steps:
+// the same sums as a training step's loss over other samples, so the same
+// bound.
+inline constexpr Tolerance kDisaggregatedVsLocalValidationLoss = {
+    1e-5, 1e-5,
+    "a validation batch's loss is a training step's loss sum without its step: the same fp32 "
+    "math in bins instead of the local contiguous split, taken after weights already equal "
+    "within kDisaggregatedVsLocalLoss; measured equal to 6 decimals (LLM PP2, encoder DP2)"};
+
 // The same runs' global gradient norm (before clipping) step by step.
 inline constexpr Tolerance kDisaggregatedVsLocalGradNorm = {
     1e-4, 1e-5,

@@ -87,6 +87,12 @@ ABSL_FLAG(int, data_threads, 2, "Preprocessing threads for --shards.");
 ABSL_FLAG(std::string, chat_template, "",
           "How conversations in --shards become text: plain, vicuna_v1, chatml, llama3 or a "
           "Jinja file (default: the tokenizer's own chat_template, else vicuna_v1).");
+ABSL_FLAG(std::string, validation_shards, "",
+          "A held-out set (a glob): its first --validation_samples samples, in whole batches of "
+          "--batch_size and read in order, give a validation loss every --validation_every "
+          "steps (the job config's data.validation).");
+ABSL_FLAG(int, validation_samples, 0, "Samples in the held-out set (whole batches).");
+ABSL_FLAG(int, validation_every, 0, "Steps between validation losses.");
 ABSL_FLAG(std::string, init_checkpoint, "",
           "Start from the weights of this checkpoint step folder (DIR/step-N) instead of the "
           "seed's, with fresh optimizer state (LLaVA's stage 2 from stage 1).");
@@ -180,6 +186,38 @@ int main(int argc, char** argv) {
                    epochs, static_cast<long long>(loader->dataset_samples()), batch, steps);
     }
   }
+  // The held-out set: read again from its start at every validation.
+  std::unique_ptr<loom::data::Tokenizer> validation_tokenizer;
+  std::unique_ptr<loom::data::DataLoader> validation;
+  loom::data::v1::DataCursor validation_start;
+  const int validation_batches = absl::GetFlag(FLAGS_validation_samples) / batch;
+  const int validation_every = absl::GetFlag(FLAGS_validation_every);
+  if (const std::string v = absl::GetFlag(FLAGS_validation_shards); !v.empty()) {
+    if (loader == nullptr) return Fail("--validation_shards needs --shards");
+    if (validation_batches < 1 || validation_every < 1) {
+      return Fail(
+          "--validation_shards: --validation_samples >= --batch_size and "
+          "--validation_every >= 1");
+    }
+    absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(v);
+    if (!paths.ok()) return Fail("--validation_shards: " + std::string(paths.status().message()));
+    absl::StatusOr<loom::hf::DataPipeline> pipeline = loom::hf::DataPipelineFor(
+        *pretrained, absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_chat_template));
+    if (!pipeline.ok())
+      return Fail("--validation_shards: " + std::string(pipeline.status().message()));
+    loom::data::LoaderOptions vo;
+    vo.shards = *paths;
+    vo.shuffle = false;
+    vo.threads = 1;
+    vo.prefetch = batch;
+    vo.preprocess = std::move(pipeline->preprocess);
+    validation_tokenizer = std::move(pipeline->tokenizer);  // the template's, kept alive
+    absl::StatusOr<std::unique_ptr<loom::data::DataLoader>> l =
+        loom::data::DataLoader::Open(vo, validation_tokenizer.get());
+    if (!l.ok()) return Fail("--validation_shards: " + std::string(l.status().message()));
+    validation = std::move(*l);
+    validation_start = validation->Cursor();
+  }
   loom::TrainOptions options;
   options.microbatches = absl::GetFlag(FLAGS_microbatches);
   options.adam.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
@@ -271,12 +309,35 @@ int main(int argc, char** argv) {
       global_batch.push_back(std::move(sample->sample));
     }
     loom::StepStats st = trainer.Step(global_batch);
+    std::string held_out;
+    if (validation != nullptr && st.step % validation_every == 0) {
+      if (absl::Status r = validation->Restore(validation_start); !r.ok()) {
+        return Fail("validation: " + std::string(r.message()));
+      }
+      double sum = 0;
+      int64_t tokens = 0;
+      for (int b = 0; b < validation_batches; ++b) {
+        std::vector<loom::Sample> vb;
+        for (int i = 0; i < batch; ++i) {
+          absl::StatusOr<loom::data::ProcessedSample> sample = validation->Next();
+          if (!sample.ok())
+            return Fail("validation data: " + std::string(sample.status().message()));
+          vb.push_back(std::move(sample->sample));
+        }
+        const loom::LocalTrainer::Evaluation e = trainer.Evaluate(vb);
+        sum += e.loss_sum;
+        tokens += e.loss_tokens;
+      }
+      held_out = absl::StrCat(",\"validation_loss\":", loom::JsonNumber(sum / tokens, 6),
+                              ",\"validation_loss_tokens\":", tokens);
+    }
     std::printf(
         "{\"step\":%lld,\"loss\":%s,\"samples\":%lld,\"tokens\":%lld,\"step_seconds\":%.4f,"
-        "\"grad_norm\":%s,\"lr\":%.6g%s}\n",
+        "\"grad_norm\":%s,\"lr\":%.6g%s%s}\n",
         static_cast<long long>(st.step), loom::JsonNumber(st.loss, 6).c_str(),
         static_cast<long long>(st.samples), static_cast<long long>(st.tokens), st.seconds,
-        loom::JsonNumber(st.grad_norm, 4).c_str(), st.lr, st.skipped ? ",\"skipped\":true" : "");
+        loom::JsonNumber(st.grad_norm, 4).c_str(), st.lr, st.skipped ? ",\"skipped\":true" : "",
+        held_out.c_str());
     std::fflush(stdout);
     if (st.skipped && ++skipped > absl::GetFlag(FLAGS_max_skipped_steps)) {
       return Fail(absl::StrCat("loss diverged at step ", st.step, ": ", skipped,

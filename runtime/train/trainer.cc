@@ -66,6 +66,22 @@ LocalTrainer::LocalTrainer(MultimodalModel* model, TrainOptions options)
   LOOM_CHECK(options_.microbatches >= 1) << "microbatches must be >= 1";
 }
 
+LocalTrainer::Evaluation LocalTrainer::Evaluate(const std::vector<Sample>& batch) {
+  Evaluation e;
+  for (const Sample& s : batch) e.loss_tokens += LossTokens(s);
+  LOOM_CHECK(e.loss_tokens > 0) << "validation batch has no loss tokens";
+  const float scale = 1.0f / static_cast<float>(e.loss_tokens);
+  model_->ZeroGrad();
+  const int M = std::min<int>(options_.microbatches, static_cast<int>(batch.size()));
+  for (int m = 0; m < M; ++m) {
+    const size_t begin = batch.size() * m / M, end = batch.size() * (m + 1) / M;
+    std::vector<const Sample*> mb;
+    for (size_t i = begin; i < end; ++i) mb.push_back(&batch[i]);
+    e.loss_sum += model_->ForwardBackward(mb, scale).sum;
+  }
+  return e;
+}
+
 StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   StepStats st;

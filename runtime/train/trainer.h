@@ -82,6 +82,16 @@ class LocalTrainer {
 
   StepStats Step(const std::vector<Sample>& global_batch);
 
+  // A held-out batch's loss: the sum over its loss tokens and their count,
+  // through the same forward and backward as Step (the distributed workers'
+  // path) but with no optimizer step; the gradients it leaves are dropped by
+  // the next Step. The mean over a validation set is the sums' ratio.
+  struct Evaluation {
+    double loss_sum = 0;
+    int64_t loss_tokens = 0;
+  };
+  Evaluation Evaluate(const std::vector<Sample>& batch);
+
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t step) { step_ = step; }
 

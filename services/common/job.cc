@@ -122,6 +122,17 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
                  absl::StrCat("must be a finite number > 0, got ", src.weight()));
     }
   }
+  if (const job::v1::ValidationConfig& v = d.validation(); !v.shards().empty()) {
+    if (v.every() < 1)
+      return Bad("data.validation.every", "steps between validations: must be >= 1");
+    if (v.samples() < std::max(d.global_batch(), 1)) {
+      return Bad("data.validation.samples",
+                 absl::StrCat(v.samples(), ": at least one global batch (data.global_batch ",
+                              d.global_batch(), ")"));
+    }
+  } else if (v.every() != 0 || v.samples() != 0) {
+    return Bad("data.validation.shards", "missing: the held-out set's shards (a glob)");
+  }
   if (JobShards(job).empty() && !Contains(data::DatagenPresets(), d.preset())) {
     return Bad("data.preset", absl::StrCat("unknown preset \"", d.preset(), "\" (known: ",
                                            absl::StrJoin(data::DatagenPresets(), ", "), ")"));
@@ -335,6 +346,12 @@ std::string JobToJson(const job::v1::JobConfig& job) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(job, &out, options);
   return out;
+}
+
+int ValidationBatches(const job::v1::JobConfig& job) {
+  const job::v1::ValidationConfig& v = job.data().validation();
+  if (v.shards().empty() || job.data().global_batch() < 1) return 0;
+  return v.samples() / job.data().global_batch();
 }
 
 std::string JobShards(const job::v1::JobConfig& job) {

@@ -54,6 +54,10 @@ std::string JobToJson(const job::v1::JobConfig& job);
 // ParseShardSources); empty for a generated preset.
 std::string JobShards(const job::v1::JobConfig& job);
 
+// Batches in a validation pass: data.validation.samples in whole global
+// batches; 0 without data.validation.
+int ValidationBatches(const job::v1::JobConfig& job);
+
 // What a resume must not change, as one line (runtime/checkpoint/steps.h):
 // the model (its name, or its directories), the seed, the global batch and
 // the data. The parallel degrees,

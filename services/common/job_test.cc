@@ -110,6 +110,12 @@ TEST(JobConfig, EpochsAndMixturesAreAccepted) {
   EXPECT_TRUE(ValidateJob(*job).ok());
   // loom-preprocess's --shards: the mixture spelled as runtime/data/loader.h reads it.
   EXPECT_EQ(JobShards(*job), "/d/a-*.tar=3,/d/b-*.tar=1");
+  EXPECT_EQ(ValidationBatches(*job), 0);
+  job->mutable_data()->mutable_validation()->set_shards("/d/val-*.tar");
+  job->mutable_data()->mutable_validation()->set_every(100);
+  job->mutable_data()->mutable_validation()->set_samples(40);  // 2 whole batches of 16
+  EXPECT_TRUE(ValidateJob(*job).ok());
+  EXPECT_EQ(ValidationBatches(*job), 2);
   // A resume may change the weights, not the datasets.
   job::v1::JobConfig reweighed = *job;
   reweighed.mutable_data()->mutable_sources(0)->set_weight(1);
@@ -180,6 +186,11 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"train { warmup_ratio: 0.1 }", "train.warmup_ratio: a share of train.steps"},
            Case{"train { steps: 10 epochs: 2 }",
                 "train.epochs: in place of train.steps: set one, not both"},
+           Case{"data { validation { shards: '/v/*.tar' } }",
+                "data.validation.every: steps between validations: must be >= 1"},
+           Case{"data { validation { shards: '/v/*.tar' every: 5 samples: 3 } }",
+                "data.validation.samples: 3: at least one global batch (data.global_batch 16)"},
+           Case{"data { validation { every: 5 } }", "data.validation.shards: missing"},
            Case{"train { epochs: -1 }", "train.epochs: must be a finite number > 0, got -1"},
            Case{"train { epochs: inf }", "train.epochs: must be a finite number > 0, got inf"},
            Case{"data { shards: '/d/*.tar' sources { shards: '/e/*.tar' } }",

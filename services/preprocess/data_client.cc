@@ -27,7 +27,7 @@ absl::StatusOr<data::v1::GetBatchResponse> DataClient::GetBatch(int64_t iteratio
 
 absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
                                                              const std::vector<int>& indices,
-                                                             bool tokens_only) {
+                                                             bool tokens_only, bool validation) {
   const absl::Duration budget = budget_ ? std::max(budget_(), deadline_) : deadline_;
   const absl::Time give_up = absl::Now() + budget;
   data::v1::FetchSamplesRequest request;
@@ -35,6 +35,7 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   for (int i : indices) request.add_indices(i);
   request.set_ucx_address(ucx_->address());
   request.set_tokens_only(tokens_only);
+  request.set_validation(validation);
   data::v1::FetchSamplesResponse response;
   for (;;) {
     // Each attempt gets its own random tags: concurrent fetches and the

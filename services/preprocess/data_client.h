@@ -35,9 +35,11 @@ class DataClient {
 
   // The samples at `indices` of batch `iteration`, in that order. With
   // `tokens_only` each Sample's tiles stay empty (num_tiles is still set).
+  // `validation`: of validation batch `iteration` (GetBatchRequest).
   absl::StatusOr<std::vector<Sample>> FetchSamples(int64_t iteration,
                                                    const std::vector<int>& indices,
-                                                   bool tokens_only = false);
+                                                   bool tokens_only = false,
+                                                   bool validation = false);
 
  private:
   std::unique_ptr<data::v1::PreprocessService::Stub> stub_;

@@ -34,6 +34,10 @@ ABSL_FLAG(int, prefetch, 64, "Samples preprocessed ahead of the batches asked fo
 ABSL_FLAG(int, retained_batches, 16,
           "Global batches kept (and built ahead) for the scheduler and the workers: the "
           "window of iterations GetBatch, FetchSamples and GetCursor answer for.");
+ABSL_FLAG(std::string, validation_shards, "",
+          "A held-out set (a glob): its first --validation_batches x --global_batch samples, "
+          "read in order, are the validation batches (the job's data.validation).");
+ABSL_FLAG(int, validation_batches, 0, "Batches in a validation pass (with --validation_shards).");
 ABSL_FLAG(int64_t, start_iteration, 0,
           "Resume: the first batch served is this iteration, starting at --cursor.");
 ABSL_FLAG(std::string, cursor, "",
@@ -48,7 +52,8 @@ int main(int argc, char** argv) {
       "  loom-preprocess scan --shards GLOB --output FILE\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
       "--chat_template "
-      "--threads --prefetch --retained_batches --start_iteration --cursor");
+      "--threads --prefetch --retained_batches --start_iteration --cursor --validation_shards "
+      "--validation_batches");
   if (args.size() > 1 && args[1] == "scan") {
     loom::ScanOptions o;
     o.shards = absl::GetFlag(FLAGS_shards);
@@ -83,6 +88,8 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefetch = absl::GetFlag(FLAGS_prefetch);
   o.retained_batches = absl::GetFlag(FLAGS_retained_batches);
+  o.validation_shards = absl::GetFlag(FLAGS_validation_shards);
+  o.validation_batches = absl::GetFlag(FLAGS_validation_batches);
   o.start_iteration = absl::GetFlag(FLAGS_start_iteration);
   if (o.start_iteration < 0 || (o.start_iteration > 0) != !absl::GetFlag(FLAGS_cursor).empty()) {
     std::fprintf(stderr, "loom-preprocess: --start_iteration > 0 and --cursor go together\n");

@@ -80,6 +80,32 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   lo.on_skip = [skipped](const data::SkippedSample& s) {
     skipped->Add({{"reason", s.reason}}).Increment();
   };
+  if (!options.validation_shards.empty()) {
+    if (options.validation_batches < 1) {
+      return absl::InvalidArgumentError(
+          "--validation_batches must be >= 1 with --validation_shards");
+    }
+    absl::StatusOr<std::vector<std::string>> paths =
+        data::ExpandShardGlob(options.validation_shards);
+    if (!paths.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--validation_shards: ", paths.status().message()));
+    }
+    data::LoaderOptions vo = lo;
+    vo.sources.clear();
+    vo.shards = *paths;
+    vo.shuffle = false;
+    vo.threads = 1;
+    vo.prefetch = std::max(1, options.global_batch);
+    absl::StatusOr<std::unique_ptr<data::DataLoader>> v =
+        data::DataLoader::Open(std::move(vo), service->tokenizer_.get());
+    if (!v.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--validation_shards: ", v.status().message()));
+    }
+    service->validation_loader_ = std::move(*v);
+    service->validation_start_ = service->validation_loader_->Cursor();
+  }
   absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
       data::DataLoader::Open(std::move(lo), service->tokenizer_.get());
   if (!loader.ok())
@@ -108,6 +134,7 @@ grpc::Status PreprocessServiceImpl::GetInfo(grpc::ServerContext*, const data::v1
                                             data::v1::GetInfoResponse* response) {
   chassis_->FillServiceInfo(response->mutable_info());
   if (loader_ != nullptr) response->set_dataset_samples(loader_->dataset_samples());
+  if (validation_loader_ != nullptr) response->set_validation_batches(options_.validation_batches);
   return grpc::Status::OK;
 }
 
@@ -169,11 +196,49 @@ absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessSe
   }
 }
 
+absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>>
+PreprocessServiceImpl::ValidationBatch(int64_t index) {
+  if (validation_loader_ == nullptr) {
+    return absl::FailedPreconditionError("no held-out set (--validation_shards)");
+  }
+  if (index < 0 || index >= options_.validation_batches) {
+    return absl::InvalidArgumentError(absl::StrCat("iteration: validation batch ", index,
+                                                   " is outside 0 to ",
+                                                   options_.validation_batches - 1));
+  }
+  absl::MutexLock lock(&validation_mu_);
+  if (auto it = validation_.find(index); it != validation_.end()) return it->second;
+  if (index < validation_next_) {  // a new pass, its batches gone: read the set again
+    if (absl::Status s = validation_loader_->Restore(validation_start_); !s.ok()) return s;
+    validation_.clear();
+    validation_next_ = 0;
+  }
+  while (validation_next_ <= index) {
+    auto batch = std::make_shared<Batch>();
+    batch->iteration = validation_next_;
+    batch->cursor_before = validation_loader_->Cursor();
+    for (int i = 0; i < options_.global_batch; ++i) {
+      absl::StatusOr<data::ProcessedSample> s = validation_loader_->Next();
+      if (!s.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("validation data: ", s.status().message()));
+      }
+      batch->samples.push_back(std::move(*s));
+    }
+    batch->cursor_after = validation_loader_->Cursor();
+    validation_[validation_next_++] = std::move(batch);
+    while (static_cast<int>(validation_.size()) > options_.retained_batches)
+      validation_.erase(validation_.begin());
+  }
+  return validation_.at(index);
+}
+
 grpc::Status PreprocessServiceImpl::GetBatch(grpc::ServerContext*,
                                              const data::v1::GetBatchRequest* request,
                                              data::v1::GetBatchResponse* response) {
   if (loader_ == nullptr) return kNoData;
-  absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
+  absl::StatusOr<std::shared_ptr<const Batch>> batch =
+      AnyBatch(request->iteration(), request->validation());
   if (!batch.ok()) return ToGrpcStatus(batch.status());
   response->set_iteration(request->iteration());
   *response->mutable_next_cursor() = (*batch)->cursor_after;
@@ -194,7 +259,8 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
                                                  const data::v1::FetchSamplesRequest* request,
                                                  data::v1::FetchSamplesResponse* response) {
   if (loader_ == nullptr) return kNoData;
-  absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
+  absl::StatusOr<std::shared_ptr<const Batch>> batch =
+      AnyBatch(request->iteration(), request->validation());
   if (!batch.ok()) return ToGrpcStatus(batch.status());
   const int n = static_cast<int>((*batch)->samples.size());
   std::set<int> seen;

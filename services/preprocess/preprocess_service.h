@@ -38,6 +38,10 @@ struct PreprocessServiceOptions {
   // checkpoint of step start_iteration saved); earlier batches do not exist.
   int64_t start_iteration = 0;
   data::v1::DataCursor cursor;
+  // A held-out set: the first validation_batches x global_batch samples
+  // these shards keep, in order ("": none).
+  std::string validation_shards;
+  int validation_batches = 0;
 };
 
 // Thread-safe: gRPC calls its methods from many threads at once.
@@ -74,6 +78,13 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   // The batch if built, an error if it cannot be, null if it is to be built.
   absl::StatusOr<std::shared_ptr<const Batch>> FindBatchLocked(int64_t iteration)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validation batch `index` (0 to validation_batches - 1), built with those
+  // before it; a pass that starts again after its batches left the window
+  // reads the set again from its start.
+  absl::StatusOr<std::shared_ptr<const Batch>> ValidationBatch(int64_t index);
+  absl::StatusOr<std::shared_ptr<const Batch>> AnyBatch(int64_t iteration, bool validation) {
+    return validation ? ValidationBatch(iteration) : BatchFor(iteration);
+  }
 
   Chassis* chassis_;
   PreprocessServiceOptions options_;
@@ -97,6 +108,13 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   std::map<int64_t, std::shared_ptr<const Batch>> batches_ ABSL_GUARDED_BY(mu_);
   int64_t next_iteration_ ABSL_GUARDED_BY(mu_) = 0;
   std::string loader_error_ ABSL_GUARDED_BY(mu_);
+
+  // The held-out set (options_.validation_shards): its own loader, unshuffled.
+  std::unique_ptr<data::DataLoader> validation_loader_;
+  data::v1::DataCursor validation_start_;
+  absl::Mutex validation_mu_;
+  std::map<int64_t, std::shared_ptr<const Batch>> validation_ ABSL_GUARDED_BY(validation_mu_);
+  int64_t validation_next_ ABSL_GUARDED_BY(validation_mu_) = 0;
 };
 
 }  // namespace loom

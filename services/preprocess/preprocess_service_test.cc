@@ -197,3 +197,91 @@ TEST_F(ServedDataTest, RewindServesTheSameBatchesAgain) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// The held-out set: the first validation_batches x global_batch samples of
+// the validation shards in order, the same batches in every pass, read again
+// from its start when a pass's batches have left the window.
+TEST(ValidationBatchesTest, TheSameHeldOutBatchesEveryPass) {
+  auto write = [](const std::string& name, int samples, uint64_t seed) {
+    data::DatagenOptions g;
+    g.preset = "onevision";
+    g.samples = samples;
+    g.seed = seed;
+    g.out_dir = testing::TempPath(name);
+    g.samples_per_shard = 8;
+    EXPECT_TRUE(data::WriteDataset(g).ok());
+    return g.out_dir + "/*.tar";
+  };
+  PreprocessServiceOptions o;
+  o.shards = write("train", 16, 2);
+  o.validation_shards = write("held-out", 12, 3);
+  o.validation_batches = 2;
+  o.global_batch = 4;
+  o.retained_batches = 1;  // every pass reads the set again
+  Chassis chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
+  auto service = PreprocessServiceImpl::Create(&chassis, o);
+  ASSERT_TRUE(service.ok()) << service.status();
+  chassis.AddService(service->get(), data::v1::PreprocessService::service_full_name());
+  ASSERT_TRUE(chassis.Start().ok());
+  auto stub = data::v1::PreprocessService::NewStub(testing::ChannelTo(chassis));
+  auto keys = [&](int64_t index, grpc::StatusCode* code) {
+    grpc::ClientContext ctx;
+    data::v1::GetBatchRequest r;
+    r.set_iteration(index);
+    r.set_validation(true);
+    data::v1::GetBatchResponse batch;
+    *code = stub->GetBatch(&ctx, r, &batch).error_code();
+    std::vector<std::string> out;
+    for (const auto& s : batch.samples()) out.push_back(s.record().key());
+    return out;
+  };
+  // The reference: the validation shards read in order.
+  auto tokenizer = *data::Tokenizer::Load("");
+  data::LoaderOptions lo;
+  lo.shards = *data::ExpandShardGlob(o.validation_shards);
+  lo.shuffle = false;
+  lo.preprocess = data::PreprocessOptionsFor(*ModelConfigByName("tiny"));
+  auto reference = *data::DataLoader::Open(lo, tokenizer.get());
+  std::vector<std::string> want;
+  std::vector<data::ProcessedSample> samples;
+  for (int i = 0; i < 8; ++i) {
+    samples.push_back(*reference->Next());
+    want.push_back(samples.back().key);
+  }
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<std::string> got;
+    for (int64_t b = 0; b < 2; ++b) {
+      grpc::StatusCode code;
+      for (const std::string& k : keys(b, &code)) got.push_back(k);
+      EXPECT_EQ(code, grpc::StatusCode::OK);
+    }
+    EXPECT_EQ(got, want) << "pass " << pass;
+  }
+  // Its tensors travel as a training batch's do; the training batches are
+  // untouched by it.
+  auto ucx = *UcxWorker::Create();
+  DataClient client(testing::ChannelTo(chassis), ucx.get());
+  absl::StatusOr<std::vector<Sample>> got =
+      client.FetchSamples(1, {2, 0}, /*tokens_only=*/false, /*validation=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].tokens, samples[6].sample.tokens);
+  EXPECT_EQ((*got)[1].tiles, samples[4].sample.tiles);
+  absl::StatusOr<data::v1::GetBatchResponse> train = client.GetBatch(0);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_NE(train->samples(0).record().key(), want[0]);
+  grpc::StatusCode code;
+  keys(2, &code);
+  EXPECT_EQ(code, grpc::StatusCode::INVALID_ARGUMENT) << "only 2 validation batches";
+  grpc::ClientContext ctx;
+  data::v1::GetInfoResponse info;
+  ASSERT_TRUE(stub->GetInfo(&ctx, data::v1::GetInfoRequest(), &info).ok());
+  EXPECT_EQ(info.validation_batches(), 2);
+  EXPECT_EQ(info.dataset_samples(), 16);
+  chassis.Shutdown();
+}
+
+}  // namespace
+}  // namespace loom

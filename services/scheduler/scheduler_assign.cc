@@ -17,6 +17,7 @@
 #include "runtime/scheduling/assign.h"
 #include "runtime/scheduling/schedule.h"
 #include "services/common/grpc_status.h"
+#include "services/common/job.h"
 #include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
 
@@ -309,6 +310,86 @@ SchedulerServiceImpl::AssignmentFor(int64_t iteration, int64_t generation, absl:
   }
 }
 
+absl::StatusOr<std::shared_ptr<const SchedulerServiceImpl::Computed>>
+SchedulerServiceImpl::ValidationAssignment(int64_t index, int64_t generation, absl::Time deadline,
+                                           scheduler::v1::Regroup* regroup) {
+  const int batches = ValidationBatches(options_.job);
+  if (batches == 0) {
+    return absl::FailedPreconditionError("validation: the job has no data.validation");
+  }
+  if (index < 0 || index >= batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("iteration: validation batch ", index, " is outside 0 to ", batches - 1));
+  }
+  if (!preprocess_) {
+    return absl::FailedPreconditionError("no preprocess service (--preprocess) to read batches");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (;;) {
+      if (generation < generation_) {
+        *regroup = RegroupLocked();
+        return std::shared_ptr<const Computed>();
+      }
+      if (absl::Status s = CheckGenerationLocked(generation); !s.ok()) return s;
+      if (auto it = validation_assignments_.find(index); it != validation_assignments_.end()) {
+        return it->second;
+      }
+      if (validation_computing_.count(index) == 0) break;  // this caller computes it
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(
+            absl::StrCat("validation batch ", index, ": being assigned; retry"));
+      }
+      changed_.WaitWithDeadline(&mu_, deadline);
+    }
+    validation_computing_.insert(index);
+  }
+  absl::Cleanup done = [&] {
+    absl::MutexLock lock(&mu_);
+    validation_computing_.erase(index);
+    changed_.SignalAll();
+  };
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  ctx.set_wait_for_ready(true);
+  data::v1::GetBatchRequest request;
+  request.set_iteration(index);
+  request.set_validation(true);
+  data::v1::GetBatchResponse batch;
+  if (grpc::Status got = preprocess_->GetBatch(&ctx, request, &batch); !got.ok()) {
+    if (got.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::UnavailableError(absl::StrCat(
+          "validation batch ", index, ": loom-preprocess has not prepared it yet; retry"));
+    }
+    return FromGrpcStatus(got, "preprocess GetBatch (validation)");
+  }
+  auto computed = std::make_shared<Computed>();
+  std::vector<std::string> keys;
+  for (const data::v1::SampleMetadata& m : batch.samples()) {
+    sched::SampleShape s;
+    for (int t : m.record().images()) s.tiles += t;
+    s.image_tokens = m.record().image_tokens();
+    s.text_tokens = m.record().text_tokens();
+    computed->shapes.push_back(s);
+    keys.push_back(m.record().key());
+  }
+  std::vector<sched::SampleLoad> loads;
+  scheduler::v1::Plan plan = options_.plan;
+  {
+    absl::MutexLock lock(&mu_);
+    loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
+    *plan.mutable_costs() = costs_->coefficients();
+  }
+  absl::StatusOr<scheduler::v1::Assignment> a =
+      sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds, nullptr);
+  if (!a.ok()) return a.status();
+  a->set_iteration(index);
+  computed->assignment = *std::move(a);
+  absl::MutexLock lock(&mu_);
+  validation_assignments_[index] = computed;
+  return std::shared_ptr<const Computed>(computed);
+}
+
 grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
                                                  const scheduler::v1::GetAssignmentRequest* request,
                                                  scheduler::v1::GetAssignmentResponse* response) {
@@ -324,8 +405,11 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
   const absl::Time compute_deadline = std::min(answer_by, absl::Now() + kComputeHold);
   std::string ended;
   scheduler::v1::Regroup regroup;
-  absl::StatusOr<std::shared_ptr<const Computed>> c = AssignmentFor(
-      request->iteration(), request->generation(), deadline, compute_deadline, &ended, &regroup);
+  absl::StatusOr<std::shared_ptr<const Computed>> c =
+      request->validation() ? ValidationAssignment(request->iteration(), request->generation(),
+                                                   compute_deadline, &regroup)
+                            : AssignmentFor(request->iteration(), request->generation(), deadline,
+                                            compute_deadline, &ended, &regroup);
   if (!c.ok()) return ToGrpcStatus(c.status());
   if (*c == nullptr) {
     if (ended.empty()) {

@@ -100,6 +100,8 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
   samples_ = counter("loom_train_samples_total", "Samples trained on.");
   tokens_ = counter("loom_train_tokens_total", "Packed LLM tokens (text and image) trained on.");
   loss_ = gauge("loom_train_loss", "Newest iteration's mean loss per loss token.");
+  validation_loss_ =
+      gauge("loom_validation_loss", "Newest held-out loss (data.validation) per loss token.");
   skipped_steps_ = counter("loom_train_skipped_steps_total",
                            "Steps skipped for a non-finite loss or gradient norm (no optimizer "
                            "step); past train.max_skipped_steps the job fails.");
@@ -936,6 +938,7 @@ void SchedulerServiceImpl::ObserveStepMetrics(const scheduler::v1::StepReport& r
   samples_->Increment(static_cast<double>(r.samples()));
   tokens_->Increment(static_cast<double>(r.tokens()));
   loss_->Set(r.loss());
+  if (r.has_validation_loss()) validation_loss_->Set(r.validation_loss());
   iteration_seconds_->Observe(r.seconds());
   std::shared_ptr<const Computed> c;
   {

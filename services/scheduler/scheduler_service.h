@@ -189,6 +189,12 @@ class SchedulerServiceImpl final
   // how long the caller waits for the iteration to be computed (then
   // UNAVAILABLE "...; retry"). Hands out computed iterations
   // (scheduler_assign.cc).
+  // Validation batch `index`'s assignment (data.validation), computed by the
+  // first caller from loom-preprocess's batch and kept for every pass; null
+  // with `regroup` set when the caller's generation is over. UNAVAILABLE
+  // "...; retry" past `deadline`.
+  absl::StatusOr<std::shared_ptr<const Computed>> ValidationAssignment(
+      int64_t index, int64_t generation, absl::Time deadline, scheduler::v1::Regroup* regroup);
   absl::StatusOr<std::shared_ptr<const Computed>> AssignmentFor(
       int64_t iteration, int64_t generation, absl::Time deadline, absl::Time compute_deadline,
       std::string* ended, scheduler::v1::Regroup* regroup);
@@ -337,6 +343,10 @@ class SchedulerServiceImpl final
   std::map<int64_t, std::shared_ptr<const Computed>> assignments_by_iteration_ ABSL_GUARDED_BY(mu_);
   int64_t newest_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int64_t, std::shared_ptr<Computed>> ahead_ ABSL_GUARDED_BY(mu_);
+  // Validation batches' assignments (the same every pass), and those being
+  // computed by a caller now.
+  std::map<int64_t, std::shared_ptr<const Computed>> validation_assignments_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> validation_computing_ ABSL_GUARDED_BY(mu_);
   // The assignment thread: an iteration whose computation failed (its next
   // caller hears why), the newest iteration a caller asked for (-1: none
   // this generation), the one being computed (-1: none) and whether it waits
@@ -382,6 +392,7 @@ class SchedulerServiceImpl final
   prometheus::Counter* samples_ = nullptr;
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* validation_loss_ = nullptr;
   prometheus::Gauge* mfu_ = nullptr;
   prometheus::Histogram* iteration_seconds_ = nullptr;
   prometheus::Histogram* get_assignment_seconds_ = nullptr;

@@ -53,8 +53,12 @@ absl::Status StepLog::Append(const scheduler::v1::StepReport& r, absl::Time at) 
       ",\"samples\":", r.samples(), ",\"tokens\":", r.tokens(),
       ",\"loss_tokens\":", r.loss_tokens(), ",\"step_seconds\":", JsonNumber(r.seconds(), 4),
       ",\"tokens_per_second\":", JsonNumber(tokens_per_second, 1),
-      ",\"skipped\":", r.skipped() ? "true" : "false", ",\"time\":", JsonNumber(UnixSeconds(at), 3),
-      "}\n");
+      ",\"skipped\":", r.skipped() ? "true" : "false",
+      r.has_validation_loss()
+          ? absl::StrCat(",\"validation_loss\":", JsonNumber(r.validation_loss(), 6),
+                         ",\"validation_loss_tokens\":", r.validation_loss_tokens())
+          : "",
+      ",\"time\":", JsonNumber(UnixSeconds(at), 3), "}\n");
   tensorboard::v1::Event e;
   e.set_wall_time(UnixSeconds(at));
   e.set_step(step);
@@ -69,6 +73,11 @@ absl::Status StepLog::Append(const scheduler::v1::StepReport& r, absl::Time at) 
     tensorboard::v1::Summary::Value* value = summary->add_value();
     value->set_tag(tag);
     value->set_simple_value(static_cast<float>(v));
+  }
+  if (r.has_validation_loss()) {
+    tensorboard::v1::Summary::Value* value = summary->add_value();
+    value->set_tag("validation/loss");
+    value->set_simple_value(static_cast<float>(r.validation_loss()));
   }
   absl::MutexLock lock(&mu_);
   std::FILE* f = std::fopen(metrics_path_.c_str(), "ab");

@@ -146,9 +146,10 @@ void PeerAddresses::Clear() {
 }
 
 absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignment(
-    int64_t iteration) {
+    int64_t iteration, bool validation) {
   scheduler::v1::GetAssignmentRequest request;
   request.set_iteration(iteration);
+  request.set_validation(validation);
   request.set_generation(generation_.load());
   absl::Time unreachable_since = absl::InfiniteFuture();
   for (;;) {

@@ -49,8 +49,9 @@ class SchedulerClient {
       const std::vector<scheduler::v1::WorkerRef>& refs);
   // The assignment, job_ended, or regroup when this client's generation is
   // over (GetAssignmentResponse). Waits on while the job is paused or
-  // recovering.
-  absl::StatusOr<scheduler::v1::GetAssignmentResponse> GetAssignment(int64_t iteration);
+  // recovering. `validation`: of validation batch `iteration`.
+  absl::StatusOr<scheduler::v1::GetAssignmentResponse> GetAssignment(int64_t iteration,
+                                                                     bool validation = false);
   // The job's current generation and where it starts. A long poll when
   // `wait` > 0: the scheduler holds the call while its generation is
   // `known_generation`, up to `wait` (at most 5 s), and answers as soon as

@@ -318,10 +318,12 @@ void TrainingWorker::Impl::RegisterMetrics() {
                                             0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
 }
 
-absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
+absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration, bool validation) {
   IterationData d;
   d.iteration = iteration;
-  absl::StatusOr<scheduler::v1::GetAssignmentResponse> a = scheduler->GetAssignment(iteration);
+  d.validation = validation;
+  absl::StatusOr<scheduler::v1::GetAssignmentResponse> a =
+      scheduler->GetAssignment(iteration, validation);
   if (!a.ok()) return a.status();
   if (!a->job_ended().empty()) {
     d.job_ended = a->job_ended();
@@ -349,8 +351,8 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration) {
   if (indices.empty()) return d;
   // Only the encoder's first stage reads pixels; every other rank needs the
   // tokens and tile counts (shapes, image positions, targets).
-  absl::StatusOr<std::vector<Sample>> samples =
-      data->FetchSamples(iteration, indices, /*tokens_only=*/!(encoder && first_stage()));
+  absl::StatusOr<std::vector<Sample>> samples = data->FetchSamples(
+      iteration, indices, /*tokens_only=*/!(encoder && first_stage()), validation);
   if (!samples.ok()) return samples.status();
   for (size_t k = 0; k < indices.size(); ++k) d.samples[indices[k]] = std::move((*samples)[k]);
   return d;
@@ -370,6 +372,40 @@ absl::Status TrainingWorker::Impl::JobSum(double* v, int n) {
   }
   if (options.rank != 0) std::fill(v, v + n, 0.0);  // rank 0 alone hands the total out
   return module_sum();
+}
+
+absl::Status TrainingWorker::Impl::Validate(int64_t step, double* loss_sum, int64_t* loss_tokens) {
+  const auto t0 = Clock::now();
+  double sum = 0;
+  int64_t tokens_of_loss = 0;
+  for (int b = 0; b < ValidationBatches(job); ++b) {
+    absl::StatusOr<IterationData> d = Fetch(b, /*validation=*/true);
+    if (!d.ok()) return d.status();
+    if (!d->job_ended.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("validation batch ", b, ": ", d->job_ended));
+    }
+    double compute = 0, wait = 0, bubble = 0, batch_loss = 0, tokens = 0, samples = 0;
+    int64_t lt = 0;
+    scheduler::v1::ReportTimingsRequest timings;  // not the cost model's: nothing steps
+    absl::Status s = encoder ? EncoderIteration(*d, &compute, &wait, &bubble, &timings)
+                             : LlmIteration(*d, &compute, &wait, &bubble, &timings, &batch_loss,
+                                            &tokens, &samples, &lt);
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat("validation batch ", b, ": ", s.message()));
+    if (pos.tp == 0 && last_stage()) sum += batch_loss;
+    tokens_of_loss += lt;
+  }
+  double total = encoder ? 0.0 : sum;
+  if (absl::Status s = JobSum(&total, 1); !s.ok()) return s;
+  *loss_sum = total;
+  *loss_tokens = tokens_of_loss;
+  LOOM_LOG(INFO)
+          .With("step", step)
+          .With("batches", ValidationBatches(job))
+          .With("seconds", Since(t0))
+      << "validation pass";
+  return absl::OkStatus();
 }
 
 absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
@@ -472,6 +508,15 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const double seconds = Since(t0);
   iteration_seconds->Observe(seconds);
   stall->IterationDone(absl::Seconds(seconds));
+  // A held-out loss after every data.validation.every steps (on every rank:
+  // its batches cross the same stages and modules), not in the step's time.
+  double validation_sum = 0;
+  int64_t validation_tokens = 0;
+  const int every = job.data().validation().every();
+  const bool validate = ValidationBatches(job) > 0 && every > 0 && step % every == 0;
+  if (validate) {
+    if (s = Validate(step, &validation_sum, &validation_tokens); !s.ok()) return s;
+  }
   if (!encoder && options.rank == 0) {
     scheduler::v1::StepReport report;
     report.set_iteration(d.iteration);
@@ -484,6 +529,10 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     report.set_seconds(seconds);
     report.set_microbatch_imbalance(d.assignment.summary().objective());
     report.set_skipped(skipped);
+    if (validate && validation_tokens > 0) {
+      report.set_validation_loss(validation_sum / static_cast<double>(validation_tokens));
+      report.set_validation_loss_tokens(validation_tokens);
+    }
     StallWatch::Waiting waiting(stall.get());
     if (s = scheduler->ReportStep(report); !s.ok()) return s;
   }

@@ -48,7 +48,8 @@ inline double Since(Clock::time_point t0) {
 }
 
 // Worker-to-worker UCX tags: bit 63 set (the data client's tags never have
-// it), bits 60-62 what travels, then the job's generation (its low 8 bits:
+// it), bits 60-62 what travels (bit 62: of a validation batch), then the
+// job's generation (its low 8 bits:
 // a message an older generation sent never matches a newer one's receive),
 // the iteration (28 bits), the bin and the stage that receives it (the
 // stage within its module).
@@ -58,10 +59,15 @@ enum class Transfer : uint64_t {
   kActivations = 2,      // a stage -> the next stage of its module
   kActivationGrads = 3,  // a stage -> the previous stage of its module
 };
+inline constexpr uint64_t kValidationTransfer = 4;  // or-ed in: a validation batch's tensors
+// What travels, validation aside.
+inline Transfer TransferKind(Transfer t) {
+  return static_cast<Transfer>(static_cast<uint64_t>(t) & 3);
+}
 inline const char* TransferName(Transfer t) {
   static const char* const kNames[] = {"embeddings", "embedding grads", "activations",
                                        "activation grads"};
-  return kNames[static_cast<int>(t)];
+  return kNames[static_cast<int>(TransferKind(t))];
 }
 inline constexpr int kMaxTagBins = 1 << 16, kMaxTagStages = 1 << 8;
 inline uint64_t TransferTag(Transfer t, int64_t generation, int64_t iteration, int bin, int stage) {
@@ -82,7 +88,13 @@ inline uint64_t WireTag(const SchedulerClient& scheduler, Transfer t, int64_t it
 
 // One iteration's inputs, fetched ahead of time.
 struct IterationData {
-  int64_t iteration = 0;
+  int64_t iteration = 0;  // or, for a validation batch, its index
+  bool validation = false;
+  // `t` as this iteration's tensors travel: a validation batch's under
+  // their own tags, apart from any training iteration's.
+  Transfer T(Transfer t) const {
+    return validation ? static_cast<Transfer>(static_cast<uint64_t>(t) | kValidationTransfer) : t;
+  }
   std::string job_ended;  // non-empty: there is no such iteration (why); nothing else is set
   scheduler::v1::Assignment assignment;
   std::vector<int> bins;          // this rank's bins, in compute order
@@ -236,8 +248,14 @@ struct TrainingWorker::Impl {
   // After a failed iteration: the newer generation the scheduler declares
   // within a lease (and a margin), else an error.
   absl::StatusOr<scheduler::v1::Regroup> AwaitRegroup();
-  absl::StatusOr<worker::IterationData> Fetch(int64_t iteration);
+  // `validation`: validation batch `iteration` (data.validation).
+  absl::StatusOr<worker::IterationData> Fetch(int64_t iteration, bool validation = false);
   absl::Status RunIteration(const worker::IterationData& d);
+  // The held-out loss after `step` (every rank runs every validation batch,
+  // forward and backward through the iteration's own stages, and steps
+  // nothing; the gradients are dropped by the next iteration's ZeroGrad):
+  // on LLM rank 0 the job's loss sum and loss tokens, elsewhere zeros.
+  absl::Status Validate(int64_t step, double* loss_sum, int64_t* loss_tokens);
   // In place: v[i] = Σ over every worker of the job of v[i] (the global
   // norm, the loss), reduced over the module's own groups (DP, PP, TP: the
   // module's total), across the bridge, then handed back out over the same

@@ -92,7 +92,8 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
 
 absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
                                            std::vector<float>* out, double* wait) {
-  const int stage = what == Transfer::kEmbeddings || what == Transfer::kEmbeddingGrads ? 0 : pos.pp;
+  const Transfer kind = TransferKind(what);
+  const int stage = kind == Transfer::kEmbeddings || kind == Transfer::kEmbeddingGrads ? 0 : pos.pp;
   const auto w0 = Clock::now();
   const double s0 = trace::NowMicros();
   // Owned here, so that a receive cut off mid-transfer can be left to UCX.
@@ -171,8 +172,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     std::vector<float> in;
     if (first_stage()) {
       in = Tiles(d, bins[b], &n);
-    } else if (absl::Status s =
-                   Receive(Transfer::kActivations, d.iteration, b, n * stage_floats, &in, wait);
+    } else if (absl::Status s = Receive(d.T(Transfer::kActivations), d.iteration, b,
+                                        n * stage_floats, &in, wait);
                !s.ok()) {
       return s;
     }
@@ -189,7 +190,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     Span("forward", s0, d.iteration, "F bin ", b);
     if (!last_stage()) {
       *out = vit_out;
-      if (absl::Status s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) {
+      if (absl::Status s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out);
+          !s.ok()) {
         return s;
       }
       continue;
@@ -203,7 +205,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_LLM_WORKER, peer);
       if (!address.ok()) return address.status();
       absl::Status s =
-          ucx->Send(*address, WireTag(*scheduler, Transfer::kEmbeddings, d.iteration, b, 0),
+          ucx->Send(*address, WireTag(*scheduler, d.T(Transfer::kEmbeddings), d.iteration, b, 0),
                     out->data(), out->size() * sizeof(float), out);
       if (!s.ok()) return s;
     }
@@ -217,9 +219,10 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const auto& [input, n] = in->second;
     absl::Status s =
         last_stage()
-            ? Receive(Transfer::kEmbeddingGrads, d.iteration, b,
+            ? Receive(d.T(Transfer::kEmbeddingGrads), d.iteration, b,
                       static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim, &grad, wait)
-            : Receive(Transfer::kActivationGrads, d.iteration, b, n * stage_floats, &grad, wait);
+            : Receive(d.T(Transfer::kActivationGrads), d.iteration, b, n * stage_floats, &grad,
+                      wait);
     if (!s.ok()) return s;
     if (live != b) {  // recompute
       const auto r0 = Clock::now();
@@ -257,7 +260,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     seconds[k] += Since(t0);
     Span("backward", s0, d.iteration, "B bin ", b);
     if (!first_stage()) {
-      if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
+      if (s = SendToStage(-1, d.T(Transfer::kActivationGrads), d.iteration, b, din); !s.ok())
+        return s;
     }
   }
   double busy = totals.recompute;
@@ -339,9 +343,10 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     absl::Status s;
     if (op.kind == parallel::PipelineOp::kForward) {
       if (!first_stage()) {
-        s = Receive(Transfer::kActivations, d.iteration, b, TC, &inputs[j], wait);
+        s = Receive(d.T(Transfer::kActivations), d.iteration, b, TC, &inputs[j], wait);
       } else if (image_tokens[j] > 0) {
-        s = Receive(Transfer::kEmbeddings, d.iteration, b, image_tokens[j] * C, &inputs[j], wait);
+        s = Receive(d.T(Transfer::kEmbeddings), d.iteration, b, image_tokens[j] * C, &inputs[j],
+                    wait);
       }
       if (!s.ok()) return s;
       const auto t0 = Clock::now();
@@ -354,12 +359,12 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       Span("forward", s0, d.iteration, "F mb ", j, " bin ", b);
       if (!last_stage()) {
         auto out = std::make_shared<std::vector<float>>(llm->output().ToHost());
-        if (s = SendToStage(1, Transfer::kActivations, d.iteration, b, out); !s.ok()) return s;
+        if (s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out); !s.ok()) return s;
       }
       continue;
     }
     if (!last_stage()) {
-      if (s = Receive(Transfer::kActivationGrads, d.iteration, b, TC, &dout, wait); !s.ok()) {
+      if (s = Receive(d.T(Transfer::kActivationGrads), d.iteration, b, TC, &dout, wait); !s.ok()) {
         return s;
       }
     }
@@ -393,7 +398,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       *samples += sample_count[j];
     }
     if (!first_stage()) {
-      if (s = SendToStage(-1, Transfer::kActivationGrads, d.iteration, b, din); !s.ok()) return s;
+      if (s = SendToStage(-1, d.T(Transfer::kActivationGrads), d.iteration, b, din); !s.ok())
+        return s;
     }
     // Every TP rank holds the whole embedding gradient: the first sends it
     // to every rank of the encoder replica's last-stage TP group.
@@ -403,7 +409,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
       absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_ENCODER_WORKER, peer);
       if (!address.ok()) return address.status();
-      s = ucx->Send(*address, WireTag(*scheduler, Transfer::kEmbeddingGrads, d.iteration, b, 0),
+      s = ucx->Send(*address,
+                    WireTag(*scheduler, d.T(Transfer::kEmbeddingGrads), d.iteration, b, 0),
                     grad->data(), grad->size() * sizeof(float), grad);
       if (!s.ok()) return s;
     }

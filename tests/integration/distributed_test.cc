@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "runtime/base/tfrecord.h"
@@ -284,6 +285,63 @@ TEST_F(DistributedTest, FrozenModulesMatchTheSingleProcessRun) {
   EXPECT_LT(loss_tokens, 0.25 * tokens) << "loss on more than the answers";
   // From the seed's weights the first loss would be the unfrozen run's first.
   EXPECT_NE(local.front().loss, local_.front().loss) << "the stage-1 weights were not loaded";
+}
+
+// The validation loss (data.validation): a held-out set every 3 steps,
+// computed on the job's ranks (encoder TP2, LLM PP2), equals
+// loom-train-local's, and neither run's training losses change with it.
+TEST_F(DistributedTest, ValidationLossMatchesAndLeavesTrainingUnchanged) {
+  int rc = 0;
+  const std::string held_out = TempPath("held-out");
+  RunToEnd({Runfile("runtime/data/loom-datagen"), "--preset=onevision", "--samples=40", "--seed=9",
+            "--out=" + held_out},
+           "datagen-held-out.log", &rc);
+  ASSERT_EQ(rc, 0);
+  // step -> validation loss, from JSON lines.
+  auto validation = [](const std::string& out) {
+    std::map<int, double> by_step;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      double step = 0, loss = 0;
+      if (JsonNumberField(line, "step", &step) && JsonNumberField(line, "validation_loss", &loss)) {
+        by_step[static_cast<int>(step)] = loss;
+      }
+    }
+    return by_step;
+  };
+  const std::string local_out =
+      RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny", "--steps=6", "--seed=1",
+                "--batch_size=16", "--shards=" + data_ + "/*.tar",
+                "--validation_shards=" + held_out + "/*.tar", "--validation_samples=32",
+                "--validation_every=3"},
+               "local-validation.log", &rc);
+  ASSERT_EQ(rc, 0) << local_out;
+  EXPECT_EQ(Steps(StepResults(local_out), 1, 6, "local with validation"), Local(1, 6))
+      << "validating changed loom-train-local's training";
+  const std::map<int, double> want = validation(local_out);
+  ASSERT_EQ(want.size(), 2u) << local_out;
+  ASSERT_EQ(want.count(3) + want.count(6), 2u);
+
+  const std::string job = absl::StrReplaceAll(
+      JobWith("loom", 0, "encoder_tp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 1") +
+          "train { steps: 6 }\n",
+      {{"global_batch: 16 }", absl::StrCat("global_batch: 16 validation { shards: '", held_out,
+                                           "/*.tar' every: 3 samples: 32 } }")}});
+  std::string out;
+  ExpectSameSteps(Steps(LoomUp("validation", job, 6, {}, &out), 1, 6, "with validation"),
+                  Local(1, 6),
+                  "encoder TP2 + LLM PP2 with validation every 3 steps vs "
+                  "loom-train-local without");
+  const std::map<int, double> got = validation(out);
+  ASSERT_EQ(got.size(), want.size()) << out;
+  for (const auto& [step, loss] : want) {
+    EXPECT_NEAR(got.at(step), loss,
+                testing::Allowed(testing::kDisaggregatedVsLocalValidationLoss, loss))
+        << "validation loss after step " << step;
+  }
+  EXPECT_NE(want.at(3), want.at(6)) << "the held-out loss did not follow the training";
+  // metrics.jsonl and the dashboard's gauge carry it too.
+  const std::string metrics = ReadFile(TempPath("validation") + "/metrics.jsonl").value_or("");
+  EXPECT_TRUE(absl::StrContains(metrics, "\"validation_loss\":")) << metrics;
 }
 
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {

@@ -456,12 +456,15 @@ job:
   data:
     shards: null
     sources: [{shards: "/data/llava-665k/*.tar", weight: 3}, {shards: "/data/sharegpt4v/*.tar"}]
+    validation: {shards: "/data/val/*.tar", every: 100, samples: 40}
   train: {steps: null, epochs: 1.5, lr_schedule: LR_SCHEDULE_COSINE, warmup_ratio: 0.03}
 """)
     objs = check_render("mixture", ["-f", mixture], base)
     check_args("mixture", objs)
     if objs:
         pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+        check("--validation_shards=/data/val/*.tar" in pre and "--validation_batches=2" in pre,
+              "mixture: the held-out set reaches loom-preprocess in whole batches (40 // 16)")
         check("--shards=/data/llava-665k/*.tar=3,/data/sharegpt4v/*.tar=1" in pre,
               "mixture: loom-preprocess's --shards is the sources with their weights: %s" %
               [a for a in pre if a.startswith("--shards")])
