@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
     loom::data::LoaderOptions vo;
     vo.shards = *paths;
     vo.shuffle = false;
+    vo.epochs = 1;  // never wraps around
     vo.threads = 1;
     vo.prefetch = batch;
     vo.preprocess = std::move(pipeline->preprocess);
@@ -215,6 +216,11 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<loom::data::DataLoader>> l =
         loom::data::DataLoader::Open(vo, validation_tokenizer.get());
     if (!l.ok()) return Fail("--validation_shards: " + std::string(l.status().message()));
+    if ((*l)->dataset_samples() < static_cast<int64_t>(validation_batches) * batch) {
+      return Fail(absl::StrCat("--validation_shards: ", (*l)->dataset_samples(),
+                               " samples, fewer than --validation_samples ",
+                               validation_batches * batch));
+    }
     validation = std::move(*l);
     validation_start = validation->Cursor();
   }

@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
     vo.sources.clear();
     vo.shards = *paths;
     vo.shuffle = false;
+    vo.epochs = 1;  // never wraps around: a set too small to fill its batches is an error
     vo.threads = 1;
     vo.prefetch = std::max(1, options.global_batch);
     absl::StatusOr<std::unique_ptr<data::DataLoader>> v =
@@ -102,6 +103,12 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
     if (!v.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--validation_shards: ", v.status().message()));
+    }
+    const int64_t wanted = static_cast<int64_t>(options.validation_batches) * options.global_batch;
+    if ((*v)->dataset_samples() < wanted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--validation_shards: ", (*v)->dataset_samples(), " samples, fewer than the ",
+          options.validation_batches, " batches of ", options.global_batch, " asked for"));
     }
     service->validation_loader_ = std::move(*v);
     service->validation_start_ = service->validation_loader_->Cursor();

@@ -281,6 +281,14 @@ TEST(ValidationBatchesTest, TheSameHeldOutBatchesEveryPass) {
   EXPECT_EQ(info.validation_batches(), 2);
   EXPECT_EQ(info.dataset_samples(), 16);
   chassis.Shutdown();
+  // A set that cannot fill its batches is refused at start, not wrapped.
+  o.validation_batches = 4;  // 16 samples of the 12
+  Chassis other(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
+  absl::Status refused = PreprocessServiceImpl::Create(&other, o).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("--validation_shards: 12 samples, fewer than"),
+            std::string::npos)
+      << refused;
 }
 
 }  // namespace
