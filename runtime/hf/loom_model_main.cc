@@ -37,12 +37,22 @@
 //
 //   loom-model generate --hf DIR --tokens 1,2,3 [--image A.png | --pixels FILE]
 //                       [--max_new_tokens 16] [--eos ID]
+//   loom-model generate --hf LLAVA_DIR [--checkpoint RUN/checkpoints/step-N]
+//                       --prompt "<image>\nWhat is this?" --image A.png
+//                       [--chat_template NAME|FILE] [--max_new_tokens 16]
 //
 // decodes greedily from the prompt (one sequence): each step runs the whole
 // sequence again (no KV cache) and appends the last position's argmax,
 // until --max_new_tokens or --eos; prints {"prompt": [...], "ids": [...]},
 // the ids it added. A LLaVA directory takes the prompt's images as logits
-// does.
+// does. --prompt is a user message instead of ids: rendered by the chat
+// template (as tokenize --chat; default the tokenizer's own, else
+// vicuna_v1) with its generation prompt and encoded by the directory's
+// tokenizer, each "<image>" (one per --image) becoming the image's slots;
+// the output adds the decoded "text", and generation stops at the
+// tokenizer's eos unless --eos says otherwise. --checkpoint generates with a
+// Loom training checkpoint of a model that started from --hf (a
+// llm_from + vision_from run: export it first).
 //
 //   loom-model pixels --hf DIR --image A.png[,B.jpg] --out pixel_values.safetensors
 //
@@ -110,6 +120,9 @@ ABSL_FLAG(std::string, checkpoint, "",
           "export: a Loom checkpoint step folder (RUN/checkpoints/step-N) of a model made of "
           "--hf (a LLaVA directory) or --llm_from + --vision_from: its weights are written");
 ABSL_FLAG(int, max_new_tokens, 16, "generate: tokens to add at most");
+ABSL_FLAG(std::string, prompt, "",
+          "generate: a user message (\"<image>\" where each --image goes), through the chat "
+          "template, in place of --tokens");
 ABSL_FLAG(int, eos, -1, "generate: stop after this token id (-1: none)");
 ABSL_FLAG(std::string, tokenizer, "",
           "tokenize: a tokenizer.json directory or sentencepiece model (\"\": Loom's own)");
@@ -203,15 +216,61 @@ int Logits() {
 
 // Greedy decoding on --tokens: one model opened once, the sequence run
 // whole each step.
+// --prompt's ids for a LLaVA directory: the user message through the chat
+// template with its generation prompt, each "<image>" the image's slots.
+absl::StatusOr<std::vector<int32_t>> PromptIds(const std::string& dir, const std::string& text,
+                                               const loom::hf::LlavaConfig& config,
+                                               const loom::data::Tokenizer& tokenizer) {
+  absl::StatusOr<std::shared_ptr<const loom::data::ChatTemplate>> chat =
+      loom::data::ChatTemplate::Resolve(absl::GetFlag(FLAGS_chat_template), &tokenizer);
+  if (!chat.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--chat_template: ", chat.status().message()));
+  }
+  absl::StatusOr<std::string> rendered =
+      (*chat)->RenderText({{"user", text}}, /*add_generation_prompt=*/true);
+  if (!rendered.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompt: ", rendered.status().message()));
+  }
+  std::vector<int32_t> ids;
+  const std::vector<std::string> pieces =
+      absl::StrSplit(*rendered, std::string(loom::data::kImageMarker));
+  const int images = static_cast<int>(pieces.size()) - 1;
+  if (images != static_cast<int>(ImageFiles().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompt: ", images, " <image> markers for ",
+                                                   ImageFiles().size(), " --image files"));
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i > 0) ids.insert(ids.end(), config.model.tokens_per_tile(), config.image_token_id);
+    std::vector<uint8_t> marks;
+    if (absl::Status s = tokenizer.EncodeMarked(pieces[i], {}, &ids, &marks); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, " tokenizer: ", s.message()));
+    }
+  }
+  return ids;
+}
+
 int Generate() {
   const std::string dir = absl::GetFlag(FLAGS_hf);
   if (dir.empty()) return Fail("--hf DIR is required");
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 1) return Fail("--max_new_tokens: must be >= 1");
   const std::string prompt = absl::GetFlag(FLAGS_tokens);
-  if (prompt.empty() || prompt.find('/') != std::string::npos) {
+  const std::string text_prompt = absl::GetFlag(FLAGS_prompt);
+  if (text_prompt.empty() == prompt.empty()) {
+    return Fail("--tokens (ids) or --prompt (a user message): one of them");
+  }
+  if (!prompt.empty() && prompt.find('/') != std::string::npos) {
     return Fail("--tokens: one sequence (1,2,3) is the prompt");
   }
+  if (!text_prompt.empty() && !loom::hf::IsLlavaDir(dir)) {
+    return Fail("--prompt: needs a LLaVA directory (--hf), whose tokenizer and template it uses");
+  }
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (!checkpoint.empty() && !loom::hf::IsLlavaDir(dir)) {
+    return Fail("--checkpoint: of a model that started from a LLaVA directory (--hf)");
+  }
+  std::unique_ptr<loom::data::Tokenizer> tokenizer;
+  int32_t eos = absl::GetFlag(FLAGS_eos);
   std::vector<int32_t> ids;
   // The last position's logits of `ids`.
   std::function<absl::StatusOr<std::vector<float>>()> last_logits;
@@ -224,6 +283,17 @@ int Generate() {
     if (!o.ok()) return Fail(std::string(o.status().message()));
     llava.emplace(std::move(*o));
     vocab = llava->config.model.llm.vocab;
+    if (!checkpoint.empty()) {
+      if (absl::Status s = loom::LoadTrainingWeights(*llava->model, checkpoint); !s.ok()) {
+        return Fail("--checkpoint: " + std::string(s.message()));
+      }
+    }
+    if (!text_prompt.empty()) {
+      absl::StatusOr<std::unique_ptr<loom::data::Tokenizer>> t = loom::data::Tokenizer::Load(dir);
+      if (!t.ok()) return Fail(std::string(t.status().message()));
+      tokenizer = std::move(*t);
+      if (eos < 0) eos = tokenizer->eos_id();
+    }
     const int S = llava->config.model.vit.tile_size;
     absl::StatusOr<std::vector<float>> px = std::vector<float>();
     if (!absl::GetFlag(FLAGS_pixels).empty()) {
@@ -256,10 +326,16 @@ int Generate() {
       return std::vector<float>(last, last + vocab);
     };
   }
-  absl::StatusOr<std::vector<std::vector<int32_t>>> seqs =
-      loom::hf::ParseTokenSequences(prompt, vocab);
-  if (!seqs.ok()) return Fail(std::string(seqs.status().message()));
-  ids = (*seqs)[0];
+  if (tokenizer != nullptr) {
+    absl::StatusOr<std::vector<int32_t>> p = PromptIds(dir, text_prompt, llava->config, *tokenizer);
+    if (!p.ok()) return Fail(std::string(p.status().message()));
+    ids = *std::move(p);
+  } else {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> seqs =
+        loom::hf::ParseTokenSequences(prompt, vocab);
+    if (!seqs.ok()) return Fail(std::string(seqs.status().message()));
+    ids = (*seqs)[0];
+  }
   const size_t prompt_length = ids.size();
   for (int i = 0; i < max_new; ++i) {
     absl::StatusOr<std::vector<float>> logits = last_logits();
@@ -267,11 +343,15 @@ int Generate() {
     const int32_t next =
         static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
     ids.push_back(next);
-    if (next == absl::GetFlag(FLAGS_eos)) break;
+    if (next == eos) break;
   }
-  std::cout << "{\"prompt\": [" << absl::StrJoin(ids.begin(), ids.begin() + prompt_length, ", ")
-            << "], \"ids\": [" << absl::StrJoin(ids.begin() + prompt_length, ids.end(), ", ")
-            << "]}\n";
+  nlohmann::json out;
+  out["prompt"] = std::vector<int32_t>(ids.begin(), ids.begin() + prompt_length);
+  out["ids"] = std::vector<int32_t>(ids.begin() + prompt_length, ids.end());
+  if (tokenizer != nullptr) {
+    out["text"] = tokenizer->Decode(std::vector<int32_t>(ids.begin() + prompt_length, ids.end()));
+  }
+  std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return 0;
 }
 

@@ -2,12 +2,14 @@
 // loom-train-local (runtime/hf/pretrained.h), and exported.
 #include "runtime/hf/pretrained.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -208,6 +210,48 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   ASSERT_EQ(rc, 0) << out;
   MultimodalModel trained(start(llava_source)->config());
   ASSERT_TRUE(LoadTrainingWeights(trained, step2).ok());
+
+  // What the trained model says: `generate` from the checkpoint with a text
+  // prompt and an image (the template's generation prompt, the image's
+  // slots) gives the ids that --tokens gives for the prompt's ids, and that
+  // the same weights exported in f32 give.
+  const std::string image = TempPath("llava-json") + "/images/coco/a.png";
+  auto generate = [&](const std::string& name, std::vector<std::string> args) {
+    std::vector<std::string> argv = {Runfile("runtime/hf/loom-model"), "generate",
+                                     "--image=" + image, "--max_new_tokens=6"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string printed = RunToEnd(argv, name + ".log", &rc);
+    EXPECT_EQ(rc, 0) << printed;
+    const nlohmann::json j = nlohmann::json::parse(printed.substr(printed.rfind('{')), nullptr,
+                                                   /*allow_exceptions=*/false);
+    EXPECT_TRUE(j.is_object() && j.contains("ids") && j.contains("prompt")) << printed;
+    return j;
+  };
+  const nlohmann::json said = generate(
+      "generate-prompt",
+      {"--hf=" + llava, "--checkpoint=" + step2, "--prompt=<image>\nDescribe the image briefly."});
+  ASSERT_TRUE(said.contains("text") && said["text"].is_string()) << said.dump();
+  absl::StatusOr<hf::LlavaConfig> llava_config = hf::ReadLlavaConfig(llava);
+  ASSERT_TRUE(llava_config.ok()) << llava_config.status();
+  std::vector<int32_t> prompt = said["prompt"].get<std::vector<int32_t>>();
+  EXPECT_EQ(std::count(prompt.begin(), prompt.end(), llava_config->image_token_id),
+            llava_config->model.tokens_per_tile())
+      << "one image's slots";
+  const nlohmann::json by_ids =
+      generate("generate-ids",
+               {"--hf=" + llava, "--checkpoint=" + step2, "--tokens=" + absl::StrJoin(prompt, ","),
+                absl::StrCat("--eos=", (*data::Tokenizer::Load(llava))->eos_id())});
+  EXPECT_EQ(by_ids["ids"], said["ids"]);
+  const std::string exported_f32 = TempPath("hf-export-f32");
+  out = RunToEnd({Runfile("runtime/hf/loom-model"), "export", "--hf=" + llava,
+                  "--checkpoint=" + step2, "--out=" + exported_f32, "--dtype=f32"},
+                 "hf-export-f32.log", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json from_export = generate(
+      "generate-export", {"--hf=" + exported_f32, "--prompt=<image>\nDescribe the image briefly."});
+  EXPECT_EQ(from_export["prompt"], said["prompt"]);
+  EXPECT_EQ(from_export["ids"], said["ids"]);
+
   absl::StatusOr<hf::OpenedLlava> back = hf::OpenHfLlava(exported);
   ASSERT_TRUE(back.ok()) << back.status();
   const std::vector<hf::NamedTensor> want =
