@@ -151,7 +151,8 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
                                     absl::StrCat("--seed=", job.seed()),
                                     absl::StrCat("--global_batch=", job.data().global_batch()),
                                     absl::StrCat("--threads=", job.data().threads()),
-                                    "--chat_template=" + job.data().chat_template()};
+                                    "--chat_template=" + job.data().chat_template(),
+                                    "--image_aspect_ratio=" + job.data().image_aspect_ratio()};
       for (std::string& flag : hf::ModelSourceFlags(JobModelSource(job))) {
         a.push_back(std::move(flag));
       }

@@ -590,6 +590,26 @@ Coefficients Precompute(int in, int out, ResizeFilter filter) {
 
 }  // namespace
 
+Image PadToSquare(const Image& src, const std::array<uint8_t, 3>& fill) {
+  if (src.width == src.height) return src;
+  const int side = std::max(src.width, src.height);
+  Image out;
+  out.width = out.height = side;
+  out.rgb.resize(static_cast<size_t>(side) * side * 3);
+  for (size_t i = 0; i < out.rgb.size(); i += 3) {
+    out.rgb[i] = fill[0];
+    out.rgb[i + 1] = fill[1];
+    out.rgb[i + 2] = fill[2];
+  }
+  const int left = (side - src.width) / 2, top = (side - src.height) / 2;
+  for (int y = 0; y < src.height; ++y) {
+    std::copy_n(&src.rgb[static_cast<size_t>(y) * src.width * 3],
+                static_cast<size_t>(src.width) * 3,
+                &out.rgb[(static_cast<size_t>(top + y) * side + left) * 3]);
+  }
+  return out;
+}
+
 Image Resize(const Image& src, int width, int height, ResizeFilter filter) {
   Image dst;
   dst.width = width;

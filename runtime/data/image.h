@@ -21,6 +21,7 @@
 #ifndef LOOM_RUNTIME_DATA_IMAGE_H_
 #define LOOM_RUNTIME_DATA_IMAGE_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -78,6 +79,11 @@ absl::StatusOr<std::string> EncodeJpeg(const Image& image, int quality);
 enum class ResizeFilter { kBilinear, kBicubic };
 Image Resize(const Image& src, int width, int height,
              ResizeFilter filter = ResizeFilter::kBilinear);
+
+// LLaVA-1.5's image_aspect_ratio "pad" (its expand2square): a square of the
+// longer side filled with `fill`, the image pasted centred (offset rounded
+// down). A square image is returned as it is.
+Image PadToSquare(const Image& src, const std::array<uint8_t, 3>& fill);
 
 }  // namespace loom::data
 

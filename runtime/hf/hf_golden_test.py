@@ -479,12 +479,19 @@ PROCESSORS = {
 }
 
 
-def pil_pixels(proc, path):
-    """What transformers' processor computes (PIL resize, crop, rescale, normalise)."""
+def pil_pixels(proc, path, pad=False):
+    """What transformers' processor computes (PIL resize, crop, rescale, normalise); with `pad`,
+    after LLaVA-1.5's expand2square (image_aspect_ratio "pad") of the mean colour."""
     import numpy
     from PIL import Image
     img = Image.open(path).convert("RGB")
     w, h = img.size
+    if pad and w != h:
+        side = max(w, h)
+        square = Image.new(img.mode, (side, side), tuple(int(x * 255) for x in proc["image_mean"]))
+        square.paste(img, ((side - w) // 2, (side - h) // 2))
+        img = square
+        w, h = img.size
     if "shortest_edge" in proc["size"]:  # get_resize_output_image_size(default_to_square=False)
         s = proc["size"]["shortest_edge"]
         size = (int(s * w / h), s) if w >= h else (s, int(s * h / w))
@@ -526,6 +533,16 @@ def check_images(work, loom_model, name, config, tokens, failures):
     got = read_safetensors(px)[0]["pixel_values"]
     want = torch.stack([pil_pixels(proc, f) for f in files])
     err = check(f"{name} image processor vs PIL", want, got, tol, failures)
+    subprocess.run([loom_model, "pixels", "--hf", d, "--image", ",".join(files),
+                    "--image_aspect_ratio", "pad", "--out", px], check=True)
+    padded = read_safetensors(px)[0]["pixel_values"]
+    pad_err = check(f"{name} image processor with image_aspect_ratio pad vs PIL",
+                    torch.stack([pil_pixels(proc, f, pad=True) for f in files]), padded, tol,
+                    failures)
+    print(f"hf golden {name}: image_aspect_ratio pad vs PIL's expand2square max|diff| "
+          f"{pad_err:.3g} (normalised units)")
+    if torch.equal(padded, got):
+        failures.append(f"{name}: image_aspect_ratio pad changed nothing")
     three = ",".join([files[0], files[1], files[0]])  # the case's three image slots
     subprocess.run([loom_model, "pixels", "--hf", d, "--image", three, "--out", px], check=True)
     printed = [json.loads(subprocess.run(

@@ -116,8 +116,29 @@ absl::StatusOr<ImageProcessor> ReadImageProcessor(const std::string& dir) {
   return ParseImageProcessor(*text, path);
 }
 
-absl::StatusOr<std::vector<float>> ProcessImage(const ImageProcessor& p, const data::Image& image,
+absl::Status SetImageAspectRatio(const std::string& choice, ImageProcessor* p) {
+  if (choice.empty() || choice == "crop") {
+    p->pad_to_square = false;
+  } else if (choice == "pad") {
+    p->pad_to_square = true;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("image_aspect_ratio: \"", choice, "\" (known: crop, pad)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> ProcessImage(const ImageProcessor& p, const data::Image& source,
                                                 int tile_size) {
+  data::Image padded;
+  if (p.pad_to_square) {
+    std::array<uint8_t, 3> fill;
+    for (int c = 0; c < 3; ++c) {
+      fill[c] = static_cast<uint8_t>(std::clamp(static_cast<int>(p.mean[c] * 255.0f), 0, 255));
+    }
+    padded = data::PadToSquare(source, fill);
+  }
+  const data::Image& image = p.pad_to_square ? padded : source;
   data::Image img = image;
   if (p.resize) {
     int w = p.width, h = p.height;
@@ -162,9 +183,11 @@ absl::StatusOr<std::vector<float>> ProcessImage(const ImageProcessor& p, const d
 
 absl::StatusOr<std::vector<float>> PixelValuesOfImages(const std::string& dir,
                                                        const std::vector<std::string>& paths,
-                                                       int tile_size) {
+                                                       int tile_size,
+                                                       const std::string& image_aspect_ratio) {
   absl::StatusOr<ImageProcessor> p = ReadImageProcessor(dir);
   if (!p.ok()) return p.status();
+  if (absl::Status s = SetImageAspectRatio(image_aspect_ratio, &*p); !s.ok()) return s;
   std::vector<float> all;
   for (const std::string& path : paths) {
     absl::StatusOr<std::string> bytes = ReadFile(path);

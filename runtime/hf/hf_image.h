@@ -34,7 +34,14 @@ struct ImageProcessor {
   float rescale = 1.0f / 255.0f;
   std::array<float, 3> mean = {0, 0, 0};
   std::array<float, 3> std = {1, 1, 1};
+  // LLaVA-1.5's image_aspect_ratio "pad": first a square, filled with the
+  // mean colour (int(mean x 255), as LLaVA computes it).
+  bool pad_to_square = false;
 };
+
+// A job's data.image_aspect_ratio: "" or "crop" (the processor's own
+// resize and crop) or "pad"; sets `p`. INVALID_ARGUMENT for anything else.
+absl::Status SetImageAspectRatio(const std::string& choice, ImageProcessor* p);
 
 // `json` is preprocessor_config.json's text; `origin` names it in errors.
 absl::StatusOr<ImageProcessor> ParseImageProcessor(const std::string& json,
@@ -48,9 +55,11 @@ absl::StatusOr<std::vector<float>> ProcessImage(const ImageProcessor& p, const d
 
 // Image files (PNG, JPEG, WebP, GIF, BMP: DecodeImage) -> pixel_values (N, 3, S, S) as DIR's
 // processor makes them.
+// `image_aspect_ratio` as SetImageAspectRatio takes it.
 absl::StatusOr<std::vector<float>> PixelValuesOfImages(const std::string& dir,
                                                        const std::vector<std::string>& paths,
-                                                       int tile_size);
+                                                       int tile_size,
+                                                       const std::string& image_aspect_ratio = "");
 
 }  // namespace loom::hf
 

@@ -114,6 +114,9 @@ ABSL_FLAG(std::string, image, "",
           "logits and pixels of a LLaVA directory: PNG, JPEG, WebP, GIF or BMP files, "
           "comma-separated, made "
           "pixel_values by the directory's preprocessor_config.json");
+ABSL_FLAG(std::string, image_aspect_ratio, "",
+          "--image: crop (the image processor's own) or pad (LLaVA-1.5's: a square filled "
+          "with the mean colour first), as the job's data.image_aspect_ratio");
 ABSL_FLAG(std::string, out, "", "export: the directory to write; pixels: the file");
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
 ABSL_FLAG(std::string, checkpoint, "",
@@ -160,7 +163,8 @@ absl::StatusOr<std::vector<float>> LlavaLogits(int* T) {
   }
   if (!absl::GetFlag(FLAGS_image).empty()) {
     LOOM_HF_ASSIGN(pixels, loom::hf::PixelValuesOfImages(absl::GetFlag(FLAGS_hf), ImageFiles(),
-                                                         o->config.model.vit.tile_size));
+                                                         o->config.model.vit.tile_size,
+                                                         absl::GetFlag(FLAGS_image_aspect_ratio)));
   }
   absl::StatusOr<std::vector<loom::Sample>> samples =
       loom::hf::LlavaSamples(absl::GetFlag(FLAGS_tokens), o->config, pixels);
@@ -299,7 +303,8 @@ int Generate() {
     if (!absl::GetFlag(FLAGS_pixels).empty()) {
       px = loom::hf::ReadPixelValues(absl::GetFlag(FLAGS_pixels), S);
     } else if (!absl::GetFlag(FLAGS_image).empty()) {
-      px = loom::hf::PixelValuesOfImages(dir, ImageFiles(), S);
+      px = loom::hf::PixelValuesOfImages(dir, ImageFiles(), S,
+                                         absl::GetFlag(FLAGS_image_aspect_ratio));
     }
     if (!px.ok()) return Fail(std::string(px.status().message()));
     pixels = std::move(*px);
@@ -536,7 +541,8 @@ int Pixels() {
   if (!config.ok()) return Fail(std::string(config.status().message()));
   const int S = config->model.vit.tile_size;
   const std::vector<std::string> files = ImageFiles();
-  absl::StatusOr<std::vector<float>> px = loom::hf::PixelValuesOfImages(dir, files, S);
+  absl::StatusOr<std::vector<float>> px =
+      loom::hf::PixelValuesOfImages(dir, files, S, absl::GetFlag(FLAGS_image_aspect_ratio));
   if (!px.ok()) return Fail(std::string(px.status().message()));
   loom::hf::TensorView v{"pixel_values",
                          loom::hf::DType::kF32,

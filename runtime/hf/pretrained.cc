@@ -209,8 +209,14 @@ absl::Status LoadPretrainedWeights(const PretrainedModel& m, MultimodalModel* mo
 }
 
 absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m, const std::string& tokenizer,
-                                             const std::string& chat_template) {
+                                             const std::string& chat_template,
+                                             const std::string& image_aspect_ratio) {
   DataPipeline d;
+  if (!image_aspect_ratio.empty() && image_aspect_ratio != "crop" && !m.pretrained()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image_aspect_ratio \"", image_aspect_ratio,
+        "\": for a Hugging Face image processor; Loom's own models tile each image dynamically"));
+  }
   d.preprocess = data::PreprocessOptionsFor(m.config);
   const std::string path = tokenizer.empty() && m.pretrained() ? m.tokenizer_dir : tokenizer;
   absl::StatusOr<std::unique_ptr<data::Tokenizer>> t = data::Tokenizer::Load(path);
@@ -224,6 +230,7 @@ absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m, const std
   if (m.pretrained()) {
     absl::StatusOr<ImageProcessor> p = ReadImageProcessor(m.image_processor_dir);
     if (!p.ok()) return p.status();
+    if (absl::Status s = SetImageAspectRatio(image_aspect_ratio, &*p); !s.ok()) return s;
     const int S = m.config.vit.tile_size;
     // A processor that makes anything but the tower's S x S fails here, not
     // on every image.

@@ -86,13 +86,16 @@ absl::Status LoadPretrainedWeights(const PretrainedModel& m, MultimodalModel* mo
 // tokenizer.json). FAILED_PRECONDITION when its ids do not fit the
 // vocabulary. `chat_template` renders conversations
 // (runtime/data/chat_template.h): "" for the tokenizer's own, else
-// vicuna_v1; a template name; a file.
+// vicuna_v1; a template name; a file. `image_aspect_ratio`: "" or "crop"
+// (the image processor's own), "pad" (LLaVA-1.5's square padding first; a
+// Hugging Face source only: Loom's own models tile dynamically).
 struct DataPipeline {
   data::PreprocessOptions preprocess;
   std::unique_ptr<data::Tokenizer> tokenizer;
 };
 absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m, const std::string& tokenizer,
-                                             const std::string& chat_template = "");
+                                             const std::string& chat_template = "",
+                                             const std::string& image_aspect_ratio = "");
 
 // The files a Hugging Face directory keeps beside its weights that an export
 // copies: the tokenizer's (from tokenizer_dir), the image processor's (from

@@ -93,6 +93,9 @@ ABSL_FLAG(std::string, validation_shards, "",
           "steps (the job config's data.validation).");
 ABSL_FLAG(int, validation_samples, 0, "Samples in the held-out set (whole batches).");
 ABSL_FLAG(int, validation_every, 0, "Steps between validation losses.");
+ABSL_FLAG(std::string, image_aspect_ratio, "",
+          "A Hugging Face image processor's images: crop (its own) or pad (LLaVA-1.5's square "
+          "padding with the mean colour first).");
 ABSL_FLAG(std::string, init_checkpoint, "",
           "Start from the weights of this checkpoint step folder (DIR/step-N) instead of the "
           "seed's, with fresh optimizer state (LLaVA's stage 2 from stage 1).");
@@ -159,7 +162,8 @@ int main(int argc, char** argv) {
       return Fail("--shuffle_images is for the synthetic data; it cannot be used with --shards");
     }
     absl::StatusOr<loom::hf::DataPipeline> pipeline = loom::hf::DataPipelineFor(
-        *pretrained, absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_chat_template));
+        *pretrained, absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_chat_template),
+        absl::GetFlag(FLAGS_image_aspect_ratio));
     if (!pipeline.ok()) {
       return Fail("--tokenizer, --chat_template: " + std::string(pipeline.status().message()));
     }
@@ -202,7 +206,8 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(v);
     if (!paths.ok()) return Fail("--validation_shards: " + std::string(paths.status().message()));
     absl::StatusOr<loom::hf::DataPipeline> pipeline = loom::hf::DataPipelineFor(
-        *pretrained, absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_chat_template));
+        *pretrained, absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_chat_template),
+        absl::GetFlag(FLAGS_image_aspect_ratio));
     if (!pipeline.ok())
       return Fail("--validation_shards: " + std::string(pipeline.status().message()));
     loom::data::LoaderOptions vo;

@@ -122,6 +122,16 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
                  absl::StrCat("must be a finite number > 0, got ", src.weight()));
     }
   }
+  if (const std::string& r = d.image_aspect_ratio(); !r.empty() && r != "crop") {
+    if (r != "pad") {
+      return Bad("data.image_aspect_ratio", absl::StrCat("\"", r, "\" (known: crop, pad)"));
+    }
+    if (!JobModelSource(job).pretrained()) {
+      return Bad("data.image_aspect_ratio",
+                 "pad is for a Hugging Face image processor (hf); Loom's own models tile "
+                 "each image dynamically");
+    }
+  }
   if (const job::v1::ValidationConfig& v = d.validation(); !v.shards().empty()) {
     if (v.every() < 1)
       return Bad("data.validation.every", "steps between validations: must be >= 1");

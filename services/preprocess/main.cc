@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, chat_template, "",
           "How conversations (samples with `messages`) become text: a template name (plain, "
           "vicuna_v1, chatml, llama3) or a Jinja file; default: the tokenizer's own "
           "chat_template, else vicuna_v1.");
+ABSL_FLAG(std::string, image_aspect_ratio, "",
+          "A Hugging Face image processor's images: crop (its own resize and crop) or pad "
+          "(LLaVA-1.5's: a square filled with the mean colour first).");
 ABSL_FLAG(std::string, config, "tiny",
           "Loom model config: tile size, tokens per tile, max sequence (or --llava, or "
           "--llm_from + --vision_from).");
@@ -51,7 +54,7 @@ int main(int argc, char** argv) {
       "| --llm_from DIR --vision_from DIR]\n"
       "  loom-preprocess scan --shards GLOB --output FILE\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
-      "--chat_template "
+      "--chat_template --image_aspect_ratio "
       "--threads --prefetch --retained_batches --start_iteration --cursor --validation_shards "
       "--validation_batches");
   if (args.size() > 1 && args[1] == "scan") {
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
     o.output = absl::GetFlag(FLAGS_output);
     o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
     o.chat_template = absl::GetFlag(FLAGS_chat_template);
+    o.image_aspect_ratio = absl::GetFlag(FLAGS_image_aspect_ratio);
     o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
     o.threads = absl::GetFlag(FLAGS_threads);
     absl::StatusOr<loom::ScanSummary> summary = loom::RunScan(o);
@@ -82,6 +86,7 @@ int main(int argc, char** argv) {
   o.shards = absl::GetFlag(FLAGS_shards);
   o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   o.chat_template = absl::GetFlag(FLAGS_chat_template);
+  o.image_aspect_ratio = absl::GetFlag(FLAGS_image_aspect_ratio);
   o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.global_batch = absl::GetFlag(FLAGS_global_batch);

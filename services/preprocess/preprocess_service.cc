@@ -28,8 +28,8 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
     return absl::InvalidArgumentError(
         absl::StrCat(options.model.pretrained() ? "--" : "--config: ", model.status().message()));
   }
-  absl::StatusOr<hf::DataPipeline> pipeline =
-      hf::DataPipelineFor(*model, options.tokenizer, options.chat_template);
+  absl::StatusOr<hf::DataPipeline> pipeline = hf::DataPipelineFor(
+      *model, options.tokenizer, options.chat_template, options.image_aspect_ratio);
   if (!pipeline.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--tokenizer: ", pipeline.status().message()));
   }

@@ -25,9 +25,10 @@
 namespace loom {
 
 struct PreprocessServiceOptions {
-  std::string shards;         // glob; "" serves GetInfo only (data RPCs: FAILED_PRECONDITION)
-  std::string tokenizer;      // "" for the model's own
-  std::string chat_template;  // "" for the tokenizer's own (runtime/data/chat_template.h)
+  std::string shards;              // glob; "" serves GetInfo only (data RPCs: FAILED_PRECONDITION)
+  std::string tokenizer;           // "" for the model's own
+  std::string chat_template;       // "" for the tokenizer's own (runtime/data/chat_template.h)
+  std::string image_aspect_ratio;  // "", crop or pad (hf::DataPipelineFor)
   hf::ModelSource model;  // tile size, tokens per tile, max sequence, tokenizer, image processor
   uint64_t seed = 1;
   int global_batch = 16;

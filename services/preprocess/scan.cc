@@ -13,8 +13,8 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
   if (options.output.empty()) return absl::InvalidArgumentError("--output is required");
   absl::StatusOr<hf::PretrainedModel> model = hf::ResolveModel(options.model);
   if (!model.ok()) return model.status();
-  absl::StatusOr<hf::DataPipeline> pipeline =
-      hf::DataPipelineFor(*model, options.tokenizer, options.chat_template);
+  absl::StatusOr<hf::DataPipeline> pipeline = hf::DataPipelineFor(
+      *model, options.tokenizer, options.chat_template, options.image_aspect_ratio);
   if (!pipeline.ok()) return pipeline.status();
   // Every sample once: a mixture's sources one after another, weights aside.
   absl::StatusOr<std::vector<data::DataSource>> sources = data::ParseShardSources(options.shards);

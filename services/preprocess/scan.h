@@ -20,10 +20,11 @@
 namespace loom {
 
 struct ScanOptions {
-  std::string shards;         // glob
-  std::string output;         // JSON lines, written atomically
-  std::string tokenizer;      // "" for the model's own
-  std::string chat_template;  // "" for the tokenizer's own (runtime/data/chat_template.h)
+  std::string shards;              // glob
+  std::string output;              // JSON lines, written atomically
+  std::string tokenizer;           // "" for the model's own
+  std::string chat_template;       // "" for the tokenizer's own (runtime/data/chat_template.h)
+  std::string image_aspect_ratio;  // "", crop or pad (hf::DataPipelineFor)
   hf::ModelSource model;
   int threads = 2;
 };

@@ -180,6 +180,12 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   const std::vector<StepResult> stage1 =
       local("hf-local-1", {"--llava=" + llava, "--freeze=vision,llm", "--chat_template=plain"});
   EXPECT_LT(stage1.back().loss, stage1.front().loss) << "nothing trained";
+  // LLaVA-1.5's image_aspect_ratio pad reaches the pixels the tower sees
+  // (the images are not square): another first loss.
+  const std::vector<StepResult> padded =
+      local("hf-local-pad", {"--llava=" + llava, "--freeze=vision,llm", "--chat_template=plain",
+                             "--image_aspect_ratio=pad"});
+  EXPECT_NE(padded.front().loss, stage1.front().loss) << "padding changed no pixel";
   ExpectSameSteps(Steps(LoomUp("hf-stage1",
                                job(llava_job, "encoder_pp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 1",
                                    "freeze { vision: true llm: true }\n", true),
