@@ -81,6 +81,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -414,7 +415,8 @@ absl::Status WriteServingFiles(const std::string& out, const std::string& config
 // A trained checkpoint's weights as a LLaVA model of `source`'s form.
 absl::Status CheckpointTensors(const loom::hf::ModelSource& source, const std::string& step,
                                std::vector<loom::hf::NamedTensor>* tensors, std::string* config,
-                               std::vector<loom::hf::SideFile>* side) {
+                               std::vector<loom::hf::SideFile>* side,
+                               std::map<std::string, std::string>* rewritten) {
   absl::StatusOr<loom::hf::PretrainedModel> m = loom::hf::ResolveModel(source);
   if (!m.ok()) return m.status();
   loom::MultimodalModel model(m->config);
@@ -429,7 +431,7 @@ absl::Status CheckpointTensors(const loom::hf::ModelSource& source, const std::s
   if (!c.ok()) return c.status();
   *config = *c;
   *side = loom::hf::ExportSideFiles(*m);
-  return absl::OkStatus();
+  return loom::hf::AddImageTokenToExport(*m, tensors, config, rewritten);
 }
 
 int Export() {
@@ -458,9 +460,11 @@ int Export() {
   std::vector<loom::hf::NamedTensor> tensors;
   std::string config;  // empty: copy the source's
   std::vector<loom::hf::SideFile> side;
+  std::map<std::string, std::string> rewritten;  // side files with new contents
   for (const char* name : kSideFiles) side.push_back({in + "/" + name, name});
   if (!step.empty()) {
-    if (absl::Status s = CheckpointTensors(source, step, &tensors, &config, &side); !s.ok()) {
+    if (absl::Status s = CheckpointTensors(source, step, &tensors, &config, &side, &rewritten);
+        !s.ok()) {
       return Fail(std::string(s.message()));
     }
   } else if (loom::hf::IsLlavaDir(in)) {
@@ -512,9 +516,15 @@ int Export() {
   for (const loom::hf::SideFile& f : side) {
     if (!std::filesystem::exists(f.from)) continue;
     if (!config.empty() && f.name == "config.json") continue;
+    if (rewritten.count(f.name) > 0) continue;
     absl::StatusOr<std::string> text = loom::ReadFile(f.from);
     if (!text.ok()) return Fail(std::string(text.status().message()));
     if (absl::Status s = loom::WriteFileAtomically(out + "/" + f.name, *text); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
+  for (const auto& [name, text] : rewritten) {
+    if (absl::Status s = loom::WriteFileAtomically(out + "/" + name, text); !s.ok()) {
       return Fail(std::string(s.message()));
     }
   }

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
@@ -39,8 +40,9 @@ absl::Status NeedFile(const std::string& dir, const std::string& name, const std
   return absl::NotFoundError(absl::StrCat(dir, "/", name, ": not found (", why, ")"));
 }
 
-// A LLaVA config.json for llm_from + vision_from.
-absl::StatusOr<std::string> ComposeLlavaConfig(const ModelSource& s) {
+// A LLaVA config.json for llm_from + vision_from; `*added` when the LLM's
+// tokenizer has no <image> (its id is then text_config.vocab_size).
+absl::StatusOr<std::string> ComposeLlavaConfig(const ModelSource& s, bool* added) {
   absl::StatusOr<json> text = ReadJson(s.llm_from + "/config.json");
   if (!text.ok()) return Named("llm_from", text.status());
   absl::StatusOr<json> vision = ReadJson(s.vision_from + "/config.json");
@@ -57,12 +59,24 @@ absl::StatusOr<std::string> ComposeLlavaConfig(const ModelSource& s) {
   absl::StatusOr<std::unique_ptr<BpeTokenizer>> tok =
       BpeTokenizer::Load(s.llm_from + "/tokenizer.json");
   if (!tok.ok()) return Named("llm_from", tok.status());
-  const std::optional<int32_t> image = (*tok)->TokenId(kImageToken);
-  if (!image) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("llm_from: ", s.llm_from, "/tokenizer.json has no \"", kImageToken,
-                     "\" token to mark images (LLaVA adds one to the tokenizer and the "
-                     "embedding table; add it as an added token inside the vocabulary)"));
+  std::optional<int32_t> image = (*tok)->TokenId(kImageToken);
+  *added = !image.has_value();
+  if (*added) {
+    if (!text->contains("vocab_size") || !(*text)["vocab_size"].is_number_integer()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llm_from: ", s.llm_from, "/config.json: vocab_size missing"));
+    }
+    image = (*text)["vocab_size"].get<int32_t>();
+    if (*image < (*tok)->vocab_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llm_from: ", s.llm_from, "/tokenizer.json has no \"", kImageToken,
+                       "\" and ids up to ", (*tok)->vocab_size() - 1, ", past the vocabulary (",
+                       *image, "): no free id to add it as"));
+    }
+    LOOM_LOG(WARNING).With("llm_from", s.llm_from).With("image_token_index", *image)
+        << "the tokenizer has no <image>: Loom marks images with id " << *image
+        << ", just past the text vocabulary (its embedding row is never read); an export adds "
+           "the token and its row";
   }
   const bool clip = v.value("model_type", "") == "clip_vision_model";
   json llava = {{"architectures", {"LlavaForConditionalGeneration"}},
@@ -120,7 +134,7 @@ absl::StatusOr<PretrainedModel> ResolveModel(const ModelSource& source) {
   } else {
     m.tokenizer_dir = source.llm_from;
     m.image_processor_dir = source.vision_from;
-    absl::StatusOr<std::string> text = ComposeLlavaConfig(source);
+    absl::StatusOr<std::string> text = ComposeLlavaConfig(source, &m.image_token_added);
     if (!text.ok()) return text.status();
     m.llava_config_json = *text;
   }
@@ -247,6 +261,54 @@ absl::StatusOr<DataPipeline> DataPipelineFor(const PretrainedModel& m, const std
     };
   }
   return d;
+}
+
+absl::Status AddImageTokenToExport(const PretrainedModel& m, std::vector<NamedTensor>* tensors,
+                                   std::string* config_json,
+                                   std::map<std::string, std::string>* files) {
+  if (!m.image_token_added) return absl::OkStatus();
+  const int64_t id = m.llava.image_token_id, dim = m.config.llm.dim;
+  for (NamedTensor& t : *tensors) {
+    if (!absl::EndsWith(t.name, "embed_tokens.weight") && !absl::EndsWith(t.name, "lm_head.weight"))
+      continue;
+    if (t.shape.size() != 2 || t.shape[0] != id || t.shape[1] != dim) {
+      return absl::InternalError(absl::StrCat(t.name, ": not (", id, ", ", dim, ")"));
+    }
+    std::vector<double> mean(dim, 0.0);
+    for (int64_t r = 0; r < id; ++r) {
+      for (int64_t c = 0; c < dim; ++c) mean[c] += t.data[r * dim + c];
+    }
+    for (int64_t c = 0; c < dim; ++c) t.data.push_back(static_cast<float>(mean[c] / id));
+    t.shape[0] = id + 1;
+  }
+  json config = json::parse(*config_json, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("text_config")) {
+    return absl::InternalError("the export's config.json has no text_config");
+  }
+  config["text_config"]["vocab_size"] = id + 1;
+  if (config.contains("vocab_size")) config["vocab_size"] = id + 1;
+  *config_json = config.dump(2) + "\n";
+  const json token = {{"id", id},        {"content", kImageToken}, {"single_word", false},
+                      {"lstrip", false}, {"rstrip", false},        {"normalized", false},
+                      {"special", true}};
+  absl::StatusOr<json> tok = ReadJson(m.tokenizer_dir + "/tokenizer.json");
+  if (!tok.ok()) return tok.status();
+  if (!(*tok)["added_tokens"].is_array()) (*tok)["added_tokens"] = json::array();
+  (*tok)["added_tokens"].push_back(token);
+  (*files)["tokenizer.json"] = tok->dump(2) + "\n";
+  const std::string config_path = m.tokenizer_dir + "/tokenizer_config.json";
+  std::error_code error;
+  if (std::filesystem::is_regular_file(config_path, error)) {
+    absl::StatusOr<json> tc = ReadJson(config_path);
+    if (!tc.ok()) return tc.status();
+    if (tc->contains("added_tokens_decoder") && (*tc)["added_tokens_decoder"].is_object()) {
+      json entry = token;
+      entry.erase("id");
+      (*tc)["added_tokens_decoder"][std::to_string(id)] = entry;
+    }
+    (*files)["tokenizer_config.json"] = tc->dump(2) + "\n";
+  }
+  return absl::OkStatus();
 }
 
 std::vector<SideFile> ExportSideFiles(const PretrainedModel& m) {

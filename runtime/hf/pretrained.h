@@ -23,6 +23,7 @@
 #ifndef LOOM_RUNTIME_HF_PRETRAINED_H_
 #define LOOM_RUNTIME_HF_PRETRAINED_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,11 @@ struct PretrainedModel {
   std::string llava_config_json;    // the LLaVA config.json (the directory's, or composed)
   std::string tokenizer_dir;        // holds tokenizer.json (llava or llm_from)
   std::string image_processor_dir;  // holds preprocessor_config.json (llava or vision_from)
+  // llm_from's tokenizer has no "<image>": Loom marks images with the id
+  // just past the text vocabulary (text_config.vocab_size), whose embedding
+  // row is never read (image slots take the projector's output), and an
+  // export adds the token to the tokenizer and a row to the embeddings.
+  bool image_token_added = false;
 
   bool pretrained() const { return source.pretrained(); }
 };
@@ -105,6 +111,16 @@ struct SideFile {
   std::string name;  // the file name in the export
 };
 std::vector<SideFile> ExportSideFiles(const PretrainedModel& m);
+
+// For a model whose "<image>" Loom added (image_token_added): the export's
+// embed_tokens and lm_head get the id's row (the mean of the others, as
+// transformers' LLaVA conversion starts it), text_config.vocab_size one
+// more, and the tokenizer the token (tokenizer.json's added_tokens,
+// tokenizer_config.json's added_tokens_decoder), so that transformers looks
+// the id up inside the vocabulary. `files`: file name -> new contents.
+absl::Status AddImageTokenToExport(const PretrainedModel& m, std::vector<NamedTensor>* tensors,
+                                   std::string* config_json,
+                                   std::map<std::string, std::string>* files);
 
 }  // namespace loom::hf
 

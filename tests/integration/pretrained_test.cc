@@ -3,6 +3,7 @@
 #include "runtime/hf/pretrained.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -319,6 +320,74 @@ TEST_F(PretrainedTest, HuggingFaceModelsTrainAsTheSingleProcessRunAndExport) {
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_TRUE(absl::StrContains((*served)->chat_template(), "ASSISTANT: "))
       << (*served)->chat_template();
+
+  // An LLM whose tokenizer has no <image> (as Llama 3's, Vicuna's and
+  // Qwen's ship): Loom marks images with the id past the vocabulary, says
+  // so, trains, and the export adds the token and its embedding row.
+  const std::string bare = hf_dir + "/llm-without-image";
+  ASSERT_TRUE(MakeDirectories(bare).ok());
+  for (const auto& entry : std::filesystem::directory_iterator(pair.llm_from)) {
+    const std::string name = entry.path().filename().string();
+    std::string bytes = ReadFile(entry.path().string()).value_or("");
+    if (name == "tokenizer.json") {
+      nlohmann::json t = nlohmann::json::parse(bytes);
+      nlohmann::json kept = nlohmann::json::array();
+      for (const nlohmann::json& a : t["added_tokens"]) {
+        if (a["content"] != "<image>") kept.push_back(a);
+      }
+      t["added_tokens"] = kept;
+      bytes = t.dump(1);
+    }
+    Put(bare + "/" + name, bytes);
+  }
+  const std::string bare_log =
+      RunToEnd({Runfile("runtime/train/loom-train-local"), "--steps=2", "--seed=1",
+                "--batch_size=16", "--shards=" + shards, "--llm_from=" + bare,
+                "--vision_from=" + pair.vision_from, "--freeze=vision,llm", "--chat_template=plain",
+                "--checkpoint_dir=" + TempPath("bare-ckpt"), "--checkpoint_every=2"},
+               "bare.log", &rc);
+  ASSERT_EQ(rc, 0) << bare_log;
+  EXPECT_TRUE(absl::StrContains(bare_log, "the tokenizer has no <image>")) << bare_log;
+  const int vocab = hf::ResolveModel(pair)->config.llm.vocab;
+  const std::string bare_export = TempPath("bare-export");
+  out = RunToEnd(
+      {Runfile("runtime/hf/loom-model"), "export", "--llm_from=" + bare,
+       "--vision_from=" + pair.vision_from, "--checkpoint=" + StepDir(TempPath("bare-ckpt"), 2),
+       "--out=" + bare_export, "--dtype=f32"},
+      "bare-export.log", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  absl::StatusOr<hf::OpenedLlava> bare_back = hf::OpenHfLlava(bare_export);
+  ASSERT_TRUE(bare_back.ok()) << bare_back.status();
+  EXPECT_EQ(bare_back->config.image_token_id, vocab);
+  EXPECT_EQ(bare_back->config.model.llm.vocab, vocab + 1) << "the exported vocabulary holds it";
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> bare_tok = data::Tokenizer::Load(bare_export);
+  ASSERT_TRUE(bare_tok.ok()) << bare_tok.status();
+  EXPECT_EQ((*bare_tok)->image_id(), vocab);
+  // The trained rows as they were; the new one their mean.
+  hf::ModelSource bare_source = pair;
+  bare_source.llm_from = bare;
+  MultimodalModel bare_trained(hf::ResolveModel(bare_source)->config);
+  ASSERT_TRUE(LoadTrainingWeights(bare_trained, StepDir(TempPath("bare-ckpt"), 2)).ok());
+  int compared = 0;
+  for (const hf::NamedTensor& t :
+       hf::LlavaToHf(*bare_back->model, hf::ClassicLlavaKeys(), /*grads=*/false)) {
+    if (!absl::EndsWith(t.name, "embed_tokens.weight") && !absl::EndsWith(t.name, "lm_head.weight"))
+      continue;
+    for (const hf::NamedTensor& w :
+         hf::LlavaToHf(bare_trained, hf::ClassicLlavaKeys(), /*grads=*/false)) {
+      if (w.name != t.name) continue;
+      ASSERT_EQ(t.data.size(), w.data.size() + w.data.size() / vocab);
+      EXPECT_TRUE(std::equal(w.data.begin(), w.data.end(), t.data.begin())) << t.name;
+      const size_t dim = w.data.size() / vocab;
+      double mean0 = 0;
+      for (int r = 0; r < vocab; ++r) mean0 += w.data[r * dim];
+      EXPECT_NEAR(t.data[static_cast<size_t>(vocab) * dim], mean0 / vocab, 1e-6) << t.name;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 2) << "embed_tokens and lm_head (the fixture's are not tied)";
+  // And it serves: a prompt with an image, the <image> id inside its vocabulary.
+  generate("generate-bare", {"--hf=" + bare_export, "--prompt=<image>\nDescribe the image."});
 }
 
 }  // namespace
