@@ -47,7 +47,8 @@ ABSL_FLAG(std::string, config, "",
           "Job config file (loom.job.v1.JobConfig, JSON or text format). Default: the "
           "default job (tiny model, encoder DP 2, LLM DP 2, onevision preset, loom "
           "assignment).");
-ABSL_FLAG(int, steps, -1, "Stop after this many iterations (overrides train.steps; 0: never).");
+ABSL_FLAG(int, steps, -1,
+          "Stop after this many iterations (overrides train.steps or train.epochs; 0: never).");
 ABSL_FLAG(bool, json, false,
           "One JSON line per iteration on stdout; everything else goes to stderr.");
 ABSL_FLAG(bool, resume, false,
@@ -518,7 +519,10 @@ int main(int argc, char** argv) {
   } else {
     loom::ApplyJobDefaults(run_dir, &job);
   }
-  if (absl::GetFlag(FLAGS_steps) >= 0) job.mutable_train()->set_steps(absl::GetFlag(FLAGS_steps));
+  if (absl::GetFlag(FLAGS_steps) >= 0) {  // in place of train.steps or train.epochs
+    job.mutable_train()->set_steps(absl::GetFlag(FLAGS_steps));
+    job.mutable_train()->clear_epochs();
+  }
   if (absl::GetFlag(FLAGS_encoder_dp) != 0) {
     job.mutable_parallel()->set_encoder_dp(absl::GetFlag(FLAGS_encoder_dp));
   }

@@ -344,6 +344,34 @@ TEST_F(DistributedTest, ValidationLossMatchesAndLeavesTrainingUnchanged) {
   EXPECT_TRUE(absl::StrContains(metrics, "\"validation_loss\":")) << metrics;
 }
 
+// A mixture of two datasets by weight (data.sources), the run given in
+// epochs (train.epochs: the scheduler asks loom-preprocess for the sample
+// count), equals loom-train-local with the same mixture and --epochs.
+TEST_F(DistributedTest, AMixtureInEpochsMatchesTheSingleProcessRun) {
+  int rc = 0;
+  const std::string chat = TempPath("mixture-chat");
+  RunToEnd({Runfile("runtime/data/loom-datagen"), "--preset=chat", "--samples=32", "--seed=5",
+            "--out=" + chat},
+           "datagen-mixture.log", &rc);
+  ASSERT_EQ(rc, 0);
+  // 160 + 32 samples: half an epoch in batches of 16 is 6 steps.
+  const std::string spec = absl::StrCat(data_, "/*.tar=3,", chat, "/*.tar=1");
+  const std::string local_out =
+      RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny", "--epochs=0.5",
+                "--seed=1", "--batch_size=16", "--shards=" + spec},
+               "local-mixture.log", &rc);
+  ASSERT_EQ(rc, 0) << local_out;
+  const std::vector<StepResult> local = Steps(StepResults(local_out), 1, 6, "local mixture");
+  EXPECT_NE(local, Local(1, 6)) << "the mixture changed nothing";
+  const std::string job = absl::StrReplaceAll(
+      JobWith("loom", 0, "encoder_dp: 1 llm_dp: 2") + "train { epochs: 0.5 }\n",
+      {{absl::StrCat("data { shards: '", data_, "/*.tar' "),
+        absl::StrCat("data { sources { shards: '", data_, "/*.tar' weight: 3 } sources { shards: '",
+                     chat, "/*.tar' } ")}});
+  ExpectSameSteps(Steps(LoomUp("mixture", job, /*steps=*/-1), 1, 6, "mixture in epochs"), local,
+                  "a 3:1 mixture, half an epoch (DP 1 + 2) vs loom-train-local");
+}
+
 TEST_F(DistributedTest, LoomAssignmentMatchesAndResumeContinuesExactly) {
   std::string out;
   const std::vector<StepResult> full =

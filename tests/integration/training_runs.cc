@@ -198,8 +198,8 @@ std::map<int, StepResult> TrainingRuns::LoomUp(const std::string& name, const st
   const std::string config = TempPath(name + ".txtpb");
   EXPECT_TRUE(WriteFileAtomically(config, job).ok());
   std::vector<std::string> argv = {Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
-                                   "--run_dir=" + TempPath(name),      "--config=" + config,
-                                   absl::StrCat("--steps=", steps),    "--json"};
+                                   "--run_dir=" + TempPath(name), "--config=" + config, "--json"};
+  if (steps >= 0) argv.push_back(absl::StrCat("--steps=", steps));
   argv.insert(argv.end(), extra.begin(), extra.end());
   int rc = 0;
   const std::string text = RunToEnd(argv, absl::StrCat(name, "-", ++runs_, ".log"), &rc);

@@ -67,7 +67,8 @@ class TrainingRuns : public ::testing::Test {
   static void SetUpTestSuite();
 
   // `loom up` in run folder `name` with a job written to a file and `extra`
-  // flags; its JSON lines' results by step.
+  // flags (and --steps unless `steps` < 0: the job's own); its JSON lines'
+  // results by step.
   static std::map<int, StepResult> LoomUp(const std::string& name, const std::string& job,
                                           int steps, const std::vector<std::string>& extra = {},
                                           std::string* out = nullptr);
