@@ -615,8 +615,9 @@ int main(int argc, char** argv) {
                job.name().c_str(), loom::JobModelSource(job).Describe().c_str(), par.encoder_tp(),
                par.encoder_pp(), par.encoder_dp(), par.llm_tp(), par.llm_pp(), par.llm_dp(),
                job.algorithm().c_str(),
-               job.train().steps() > 0 ? absl::StrCat(job.train().steps(), " iterations").c_str()
-                                       : "until stopped");
+               job.train().has_epochs()  ? absl::StrCat(job.train().epochs(), " epochs").c_str()
+               : job.train().steps() > 0 ? absl::StrCat(job.train().steps(), " iterations").c_str()
+                                         : "until stopped");
   const int max_restarts = absl::GetFlag(FLAGS_submit) ? absl::GetFlag(FLAGS_max_restarts) : 0;
   if (max_restarts < 0) return Fail("--max_restarts: must be >= 0");
   int rc = 0;
