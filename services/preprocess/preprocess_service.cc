@@ -180,27 +180,34 @@ absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>> PreprocessSe
       if (!found.ok() || *found) return found;
       next = next_iteration_;
     }
-    auto batch = std::make_shared<Batch>();
-    batch->iteration = next;
-    batch->cursor_before = loader_->Cursor();
-    for (int i = 0; i < options_.global_batch; ++i) {
-      absl::StatusOr<data::ProcessedSample> s = loader_->Next();
-      if (!s.ok()) {
-        absl::MutexLock lock(&mu_);
-        loader_error_ = std::string(s.status().message());
-        LOOM_LOG(ERROR).With("error", loader_error_) << "data loader failed";
-        return absl::FailedPreconditionError(loader_error_);
-      }
-      if (s->truncated_tokens > 0) truncated_->Increment();
-      batch->samples.push_back(std::move(*s));
+    absl::StatusOr<std::shared_ptr<Batch>> batch = NextBatch(*loader_, next);
+    if (!batch.ok()) {
+      absl::MutexLock lock(&mu_);
+      loader_error_ = std::string(batch.status().message());
+      LOOM_LOG(ERROR).With("error", loader_error_) << "data loader failed";
+      return absl::FailedPreconditionError(loader_error_);
     }
-    batch->cursor_after = loader_->Cursor();
     samples_served_->Increment(options_.global_batch);
     absl::MutexLock lock(&mu_);
-    batches_[next_iteration_++] = std::move(batch);
+    batches_[next_iteration_++] = *std::move(batch);
     while (static_cast<int>(batches_.size()) > options_.retained_batches)
       batches_.erase(batches_.begin());
   }
+}
+
+absl::StatusOr<std::shared_ptr<PreprocessServiceImpl::Batch>> PreprocessServiceImpl::NextBatch(
+    data::DataLoader& loader, int64_t iteration) {
+  auto batch = std::make_shared<Batch>();
+  batch->iteration = iteration;
+  batch->cursor_before = loader.Cursor();
+  for (int i = 0; i < options_.global_batch; ++i) {
+    absl::StatusOr<data::ProcessedSample> s = loader.Next();
+    if (!s.ok()) return s.status();
+    if (s->truncated_tokens > 0) truncated_->Increment();
+    batch->samples.push_back(std::move(*s));
+  }
+  batch->cursor_after = loader.Cursor();
+  return batch;
 }
 
 absl::StatusOr<std::shared_ptr<const PreprocessServiceImpl::Batch>>
@@ -221,19 +228,12 @@ PreprocessServiceImpl::ValidationBatch(int64_t index) {
     validation_next_ = 0;
   }
   while (validation_next_ <= index) {
-    auto batch = std::make_shared<Batch>();
-    batch->iteration = validation_next_;
-    batch->cursor_before = validation_loader_->Cursor();
-    for (int i = 0; i < options_.global_batch; ++i) {
-      absl::StatusOr<data::ProcessedSample> s = validation_loader_->Next();
-      if (!s.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("validation data: ", s.status().message()));
-      }
-      batch->samples.push_back(std::move(*s));
+    absl::StatusOr<std::shared_ptr<Batch>> batch = NextBatch(*validation_loader_, validation_next_);
+    if (!batch.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("validation data: ", batch.status().message()));
     }
-    batch->cursor_after = validation_loader_->Cursor();
-    validation_[validation_next_++] = std::move(batch);
+    validation_[validation_next_++] = *std::move(batch);
     while (static_cast<int>(validation_.size()) > options_.retained_batches)
       validation_.erase(validation_.begin());
   }

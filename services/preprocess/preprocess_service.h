@@ -79,6 +79,8 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   // The batch if built, an error if it cannot be, null if it is to be built.
   absl::StatusOr<std::shared_ptr<const Batch>> FindBatchLocked(int64_t iteration)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `loader`'s next global_batch kept samples as batch `iteration`.
+  absl::StatusOr<std::shared_ptr<Batch>> NextBatch(data::DataLoader& loader, int64_t iteration);
   // Validation batch `index` (0 to validation_batches - 1), built with those
   // before it; a pass that starts again after its batches left the window
   // reads the set again from its start.

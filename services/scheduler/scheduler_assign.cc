@@ -71,6 +71,24 @@ void SchedulerServiceImpl::AssignThread() {
   }
 }
 
+void SchedulerServiceImpl::LoadsOf(const data::v1::GetBatchResponse& batch, Computed* computed,
+                                   std::vector<std::string>* keys,
+                                   std::vector<sched::SampleLoad>* loads,
+                                   scheduler::v1::Plan* plan) {
+  for (const data::v1::SampleMetadata& m : batch.samples()) {
+    sched::SampleShape s;
+    for (int t : m.record().images()) s.tiles += t;
+    s.image_tokens = m.record().image_tokens();
+    s.text_tokens = m.record().text_tokens();
+    computed->shapes.push_back(s);
+    keys->push_back(m.record().key());
+  }
+  *plan = options_.plan;  // with the costs as refitted now
+  absl::MutexLock lock(&mu_);
+  *loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
+  *plan->mutable_costs() = costs_->coefficients();
+}
+
 absl::StatusOr<std::shared_ptr<SchedulerServiceImpl::Computed>>
 SchedulerServiceImpl::ComputeAssignment(int64_t iteration, int64_t generation, bool* retry) {
   if (absl::Status s = RewindPreprocess(); !s.ok()) return s;
@@ -110,21 +128,9 @@ SchedulerServiceImpl::ComputeAssignment(int64_t iteration, int64_t generation, b
   auto computed = std::make_shared<Computed>();
   if (batch.has_next_cursor()) computed->next_cursor = batch.next_cursor().SerializeAsString();
   std::vector<std::string> keys;
-  for (const data::v1::SampleMetadata& m : batch.samples()) {
-    sched::SampleShape s;
-    for (int t : m.record().images()) s.tiles += t;
-    s.image_tokens = m.record().image_tokens();
-    s.text_tokens = m.record().text_tokens();
-    computed->shapes.push_back(s);
-    keys.push_back(m.record().key());
-  }
   std::vector<sched::SampleLoad> loads;
-  scheduler::v1::Plan plan = options_.plan;  // with the costs as refitted now
-  {
-    absl::MutexLock lock(&mu_);
-    loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
-    *plan.mutable_costs() = costs_->coefficients();
-  }
+  scheduler::v1::Plan plan;
+  LoadsOf(batch, computed.get(), &keys, &loads, &plan);
   sched::PredictedIteration predicted;
   // An iteration this run assigned before (a restart or resume repeats it):
   // the same bins again, so it trains exactly as it did. Else a new one,
@@ -365,21 +371,9 @@ SchedulerServiceImpl::ValidationAssignment(int64_t index, int64_t generation, ab
   }
   auto computed = std::make_shared<Computed>();
   std::vector<std::string> keys;
-  for (const data::v1::SampleMetadata& m : batch.samples()) {
-    sched::SampleShape s;
-    for (int t : m.record().images()) s.tiles += t;
-    s.image_tokens = m.record().image_tokens();
-    s.text_tokens = m.record().text_tokens();
-    computed->shapes.push_back(s);
-    keys.push_back(m.record().key());
-  }
   std::vector<sched::SampleLoad> loads;
-  scheduler::v1::Plan plan = options_.plan;
-  {
-    absl::MutexLock lock(&mu_);
-    loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
-    *plan.mutable_costs() = costs_->coefficients();
-  }
+  scheduler::v1::Plan plan;
+  LoadsOf(batch, computed.get(), &keys, &loads, &plan);
   absl::StatusOr<scheduler::v1::Assignment> a =
       sched::AssignForPlan(plan, keys, loads, options_.algorithm, options_.ilp_seconds, nullptr);
   if (!a.ok()) return a.status();

@@ -189,6 +189,11 @@ class SchedulerServiceImpl final
   // how long the caller waits for the iteration to be computed (then
   // UNAVAILABLE "...; retry"). Hands out computed iterations
   // (scheduler_assign.cc).
+  // A batch's sample shapes (into `computed`), keys, loads under the cost
+  // model as refitted now, and the plan with those costs.
+  void LoadsOf(const data::v1::GetBatchResponse& batch, Computed* computed,
+               std::vector<std::string>* keys, std::vector<sched::SampleLoad>* loads,
+               scheduler::v1::Plan* plan) ABSL_LOCKS_EXCLUDED(mu_);
   // Validation batch `index`'s assignment (data.validation), computed by the
   // first caller from loom-preprocess's batch and kept for every pass; null
   // with `regroup` set when the caller's generation is over. UNAVAILABLE
