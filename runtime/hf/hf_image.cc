@@ -139,7 +139,7 @@ absl::StatusOr<std::vector<float>> ProcessImage(const ImageProcessor& p, const d
     padded = data::PadToSquare(source, fill);
   }
   const data::Image& image = p.pad_to_square ? padded : source;
-  data::Image img = image;
+  data::Image img;  // what is cropped: `image` resized, or `image` itself
   if (p.resize) {
     int w = p.width, h = p.height;
     if (p.shortest_edge > 0) {  // transformers' get_resize_output_image_size
@@ -150,6 +150,8 @@ absl::StatusOr<std::vector<float>> ProcessImage(const ImageProcessor& p, const d
       h = wide ? p.shortest_edge : longer;
     }
     img = data::Resize(image, w, h, p.filter);
+  } else {
+    img = image;
   }
   int top = 0, left = 0;
   if (p.crop_height > 0) {

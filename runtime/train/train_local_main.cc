@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
   const std::string shards = absl::GetFlag(FLAGS_shards);
   std::unique_ptr<loom::data::Tokenizer> tokenizer;
   std::unique_ptr<loom::data::DataLoader> loader;
+  loom::data::LoaderOptions lo;  // the held-out set's loader reads as this one does
   if (!shards.empty()) {
     if (absl::GetFlag(FLAGS_shuffle_images)) {
       return Fail("--shuffle_images is for the synthetic data; it cannot be used with --shards");
@@ -171,7 +172,6 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::vector<loom::data::DataSource>> sources =
         loom::data::ParseShardSources(shards);
     if (!sources.ok()) return Fail("--shards: " + std::string(sources.status().message()));
-    loom::data::LoaderOptions lo;
     lo.sources = *std::move(sources);
     lo.seed = seed;
     lo.threads = std::max(1, absl::GetFlag(FLAGS_data_threads));
@@ -191,7 +191,6 @@ int main(int argc, char** argv) {
     }
   }
   // The held-out set: read again from its start at every validation.
-  std::unique_ptr<loom::data::Tokenizer> validation_tokenizer;
   std::unique_ptr<loom::data::DataLoader> validation;
   loom::data::v1::DataCursor validation_start;
   const int validation_batches = absl::GetFlag(FLAGS_validation_samples) / batch;
@@ -205,21 +204,15 @@ int main(int argc, char** argv) {
     }
     absl::StatusOr<std::vector<std::string>> paths = loom::data::ExpandShardGlob(v);
     if (!paths.ok()) return Fail("--validation_shards: " + std::string(paths.status().message()));
-    absl::StatusOr<loom::hf::DataPipeline> pipeline = loom::hf::DataPipelineFor(
-        *pretrained, absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_chat_template),
-        absl::GetFlag(FLAGS_image_aspect_ratio));
-    if (!pipeline.ok())
-      return Fail("--validation_shards: " + std::string(pipeline.status().message()));
     loom::data::LoaderOptions vo;
     vo.shards = *paths;
     vo.shuffle = false;
     vo.epochs = 1;  // never wraps around
     vo.threads = 1;
     vo.prefetch = batch;
-    vo.preprocess = std::move(pipeline->preprocess);
-    validation_tokenizer = std::move(pipeline->tokenizer);  // the template's, kept alive
+    vo.preprocess = lo.preprocess;
     absl::StatusOr<std::unique_ptr<loom::data::DataLoader>> l =
-        loom::data::DataLoader::Open(vo, validation_tokenizer.get());
+        loom::data::DataLoader::Open(vo, tokenizer.get());
     if (!l.ok()) return Fail("--validation_shards: " + std::string(l.status().message()));
     if ((*l)->dataset_samples() < static_cast<int64_t>(validation_batches) * batch) {
       return Fail(absl::StrCat("--validation_shards: ", (*l)->dataset_samples(),

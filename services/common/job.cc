@@ -14,6 +14,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
 #include "runtime/data/datagen.h"
+#include "runtime/hf/hf_image.h"
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/scheduling/assign.h"
@@ -123,8 +124,9 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
     }
   }
   if (const std::string& r = d.image_aspect_ratio(); !r.empty() && r != "crop") {
-    if (r != "pad") {
-      return Bad("data.image_aspect_ratio", absl::StrCat("\"", r, "\" (known: crop, pad)"));
+    hf::ImageProcessor checked;
+    if (absl::Status a = hf::SetImageAspectRatio(r, &checked); !a.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("data.", a.message()));
     }
     if (!JobModelSource(job).pretrained()) {
       return Bad("data.image_aspect_ratio",
