@@ -6,6 +6,12 @@ objects that a cc_library links, together with cudart, cuBLAS and NCCL, and
 defines LOOM_WITH_CUDA for C++ code that depends on it. Without it the same
 library compiles to nothing but its headers, and C++ code takes its CPU path;
 so the default build works on a machine with no CUDA at all.
+
+`--config=cuda_emu` sets `--define=loom_cuda=emu`: the same .cu files are
+compiled by the host C++ compiler against the CUDA emulation
+(//runtime/backends/cuda/emu, which stands in for cudart, cuBLAS and NCCL),
+with LOOM_WITH_CUDA and LOOM_CUDA_EMU defined, so that the CUDA path runs on
+a machine without a GPU (or without CUDA).
 """
 
 # GPU architectures compiled for: A100 (sm_80), H100/H200 (sm_90), plus PTX for
@@ -91,8 +97,8 @@ def loom_cuda_library(name, srcs = [], hdrs = [], cu_deps = [], deps = [], **kwa
 
     Args:
       name: the cc_library's name.
-      srcs: .cu files (nvcc), .cuh headers they include (nvcc only), and any
-        .cc/.h files compiled by the C++ compiler.
+      srcs: .cu files (nvcc, or the host compiler under the emulation) and
+        any .cc/.h files compiled by the C++ compiler.
       hdrs: public headers.
       cu_deps: headers (files or filegroups) that the .cu files include from
         other packages; they become inputs of the nvcc action.
@@ -100,14 +106,14 @@ def loom_cuda_library(name, srcs = [], hdrs = [], cu_deps = [], deps = [], **kwa
       **kwargs: passed to cc_library.
     """
     cu_srcs = [s for s in srcs if s.endswith(".cu")]
-    cu_hdrs = [s for s in srcs if s.endswith(".cuh")]  # nvcc inputs only
-    cc_srcs = [s for s in srcs if not s.endswith(".cu") and not s.endswith(".cuh")]
+    cc_srcs = [s for s in srcs if not s.endswith(".cu")]
     objs = []
+    emu_srcs = []
     for src in cu_srcs:
         obj = "_nvcc_%s_%s" % (name, src.replace("/", "_").replace(".cu", ".pic.o"))
         native.genrule(
             name = obj + "_gen",
-            srcs = [src] + hdrs + cu_hdrs + [s for s in cc_srcs if s.endswith(".h")] + cu_deps + ["@local_cuda//:headers"],
+            srcs = [src] + hdrs + [s for s in cc_srcs if s.endswith(".h")] + cu_deps + ["@local_cuda//:headers"],
             outs = [obj],
             cmd = select({
                 "//bazel:cuda_enabled": " ".join([
@@ -123,15 +129,29 @@ def loom_cuda_library(name, srcs = [], hdrs = [], cu_deps = [], deps = [], **kwa
             tags = ["manual"],
         )
         objs.append(obj)
+
+        # The emulation's copy: the C++ compiler takes .cc files only; #line
+        # keeps messages pointing at the .cu file.
+        emu = "_emu_%s_%s" % (name, src.replace("/", "_").replace(".cu", ".cc"))
+        native.genrule(
+            name = emu + "_gen",
+            srcs = [src],
+            outs = [emu],
+            cmd = "(echo '#line 1 \"$<\"'; cat $<) > $@",
+            tags = ["manual"],
+        )
+        emu_srcs.append(emu)
     native.cc_library(
         name = name,
         srcs = cc_srcs + select({
             "//bazel:cuda_enabled": objs,
+            "//bazel:cuda_emu": emu_srcs,
             "//conditions:default": [],
         }),
         hdrs = hdrs,
         defines = select({
             "//bazel:cuda_enabled": ["LOOM_WITH_CUDA=1"],
+            "//bazel:cuda_emu": ["LOOM_WITH_CUDA=1", "LOOM_CUDA_EMU=1"],
             "//conditions:default": [],
         }),
         deps = deps + select({
@@ -140,6 +160,7 @@ def loom_cuda_library(name, srcs = [], hdrs = [], cu_deps = [], deps = [], **kwa
                 "@local_cuda//:cublas",
                 "@local_cuda//:nccl",
             ],
+            "//bazel:cuda_emu": ["//runtime/backends/cuda/emu"],
             "//conditions:default": [],
         }),
         **kwargs

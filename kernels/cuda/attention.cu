@@ -3,7 +3,7 @@
 // dq in the block and scatters dk and dv with atomics. A straightforward
 // kernel, the correctness reference on the GPU; a fused flash-style kernel
 // replaces it for long sequences later.
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
 namespace loom::kernels::cuda {
@@ -131,8 +131,8 @@ __global__ void AttentionBackward(float* dqkv, const float* dout, const float* q
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
                        int T, int NH, int NKV, int HD, bool causal) {
   if (T == 0) return;
-  AttentionForward<<<dim3(T, NH), 128>>>(out, att, qkv, cu_seqlens, S, NH, NKV, HD, causal,
-                                         1.0f / sqrtf(static_cast<float>(HD)));
+  LOOM_LAUNCH(AttentionForward, dim3(T, NH), 128, out, att, qkv, cu_seqlens, S, NH, NKV, HD, causal,
+              1.0f / sqrtf(static_cast<float>(HD)));
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -140,8 +140,8 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int NKV,
                         int HD, bool causal) {
   if (T == 0) return;
-  AttentionBackward<<<dim3(T, NH), 128>>>(dqkv, dout, qkv, att, cu_seqlens, S, NH, NKV, HD, causal,
-                                          1.0f / sqrtf(static_cast<float>(HD)), scratch);
+  LOOM_LAUNCH(AttentionBackward, dim3(T, NH), 128, dqkv, dout, qkv, att, cu_seqlens, S, NH, NKV, HD,
+              causal, 1.0f / sqrtf(static_cast<float>(HD)), scratch);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

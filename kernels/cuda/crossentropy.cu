@@ -1,5 +1,5 @@
 // Fused masked cross-entropy: one block per row.
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
 namespace loom::kernels::cuda {
@@ -84,14 +84,14 @@ __global__ void ShardGrad(float* dlogits, const float* logits, const float* mx, 
 
 void crossentropy_shard_max(float* mx, const float* logits, int T, int V) {
   if (T == 0) return;
-  ShardMax<<<T, kThreads>>>(mx, logits, V);
+  LOOM_LAUNCH(ShardMax, T, kThreads, mx, logits, V);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void crossentropy_shard_sums(double* sums, const float* logits, const float* mx,
                              const int32_t* targets, int T, int V, int vocab_start) {
   if (T == 0) return;
-  ShardSums<<<T, kThreads>>>(sums, logits, mx, targets, V, vocab_start);
+  LOOM_LAUNCH(ShardSums, T, kThreads, sums, logits, mx, targets, V, vocab_start);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -99,14 +99,15 @@ void crossentropy_shard_grad(float* dlogits, const float* logits, const float* m
                              const double* sums, const int32_t* targets, int T, int V,
                              int vocab_start, float grad_scale) {
   if (T == 0) return;
-  ShardGrad<<<T, kThreads>>>(dlogits, logits, mx, sums, targets, V, vocab_start, grad_scale);
+  LOOM_LAUNCH(ShardGrad, T, kThreads, dlogits, logits, mx, sums, targets, V, vocab_start,
+              grad_scale);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
                                    const int32_t* targets, int T, int V, float grad_scale) {
   if (T == 0) return;
-  CrossEntropy<<<T, kThreads>>>(dlogits, losses, logits, targets, V, grad_scale);
+  LOOM_LAUNCH(CrossEntropy, T, kThreads, dlogits, losses, logits, targets, V, grad_scale);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,6 +1,6 @@
 // Elementwise and scatter kernels: GELU, SwiGLU, RoPE, token embedding,
 // AdamW, and the pieces of global-norm clipping.
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
 namespace loom::kernels::cuda {
@@ -140,25 +140,25 @@ __global__ void Scale(float* x, float f, int64_t n) { LOOM_GRID_LOOP(i, n) x[i] 
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
-  GeluForward<<<GridFor(n), kThreads>>>(out, inp, n);
+  LOOM_LAUNCH(GeluForward, GridFor(n), kThreads, out, inp, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-  GeluBackward<<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+  LOOM_LAUNCH(GeluBackward, GridFor(n), kThreads, dinp, inp, dout, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void activation_forward(Activation act, float* out, const float* inp, int64_t n) {
   switch (act) {
     case Activation::kGeluTanh:
-      ActivationForward<Activation::kGeluTanh><<<GridFor(n), kThreads>>>(out, inp, n);
+      LOOM_LAUNCH(ActivationForward<Activation::kGeluTanh>, GridFor(n), kThreads, out, inp, n);
       break;
     case Activation::kGeluErf:
-      ActivationForward<Activation::kGeluErf><<<GridFor(n), kThreads>>>(out, inp, n);
+      LOOM_LAUNCH(ActivationForward<Activation::kGeluErf>, GridFor(n), kThreads, out, inp, n);
       break;
     case Activation::kQuickGelu:
-      ActivationForward<Activation::kQuickGelu><<<GridFor(n), kThreads>>>(out, inp, n);
+      LOOM_LAUNCH(ActivationForward<Activation::kQuickGelu>, GridFor(n), kThreads, out, inp, n);
       break;
   }
   LOOM_CUDA_CHECK(cudaGetLastError());
@@ -168,50 +168,55 @@ void activation_backward(Activation act, float* dinp, const float* inp, const fl
                          int64_t n) {
   switch (act) {
     case Activation::kGeluTanh:
-      ActivationBackward<Activation::kGeluTanh><<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+      LOOM_LAUNCH(ActivationBackward<Activation::kGeluTanh>, GridFor(n), kThreads, dinp, inp, dout,
+                  n);
       break;
     case Activation::kGeluErf:
-      ActivationBackward<Activation::kGeluErf><<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+      LOOM_LAUNCH(ActivationBackward<Activation::kGeluErf>, GridFor(n), kThreads, dinp, inp, dout,
+                  n);
       break;
     case Activation::kQuickGelu:
-      ActivationBackward<Activation::kQuickGelu><<<GridFor(n), kThreads>>>(dinp, inp, dout, n);
+      LOOM_LAUNCH(ActivationBackward<Activation::kQuickGelu>, GridFor(n), kThreads, dinp, inp, dout,
+                  n);
       break;
   }
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
-  SwigluForward<<<GridFor(n), kThreads>>>(out, gate, up, n);
+  LOOM_LAUNCH(SwigluForward, GridFor(n), kThreads, out, gate, up, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
                      const float* dout, int64_t n) {
-  SwigluBackward<<<GridFor(n), kThreads>>>(dgate, dup, gate, up, dout, n);
+  LOOM_LAUNCH(SwigluBackward, GridFor(n), kThreads, dgate, dup, gate, up, dout, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void rope_forward(float* qkv, const int32_t* positions, const float* inv_freq, int T, int NH,
                   int NKV, int HD) {
   const int64_t n = static_cast<int64_t>(T) * (HD / 2) * (NH + NKV);
-  Rope<<<GridFor(n), kThreads>>>(qkv, positions, inv_freq, T, NH, NKV, HD, 1.0f);
+  LOOM_LAUNCH(Rope, GridFor(n), kThreads, qkv, positions, inv_freq, T, NH, NKV, HD, 1.0f);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T, int NH,
                    int NKV, int HD) {
   const int64_t n = static_cast<int64_t>(T) * (HD / 2) * (NH + NKV);
-  Rope<<<GridFor(n), kThreads>>>(dqkv, positions, inv_freq, T, NH, NKV, HD, -1.0f);
+  LOOM_LAUNCH(Rope, GridFor(n), kThreads, dqkv, positions, inv_freq, T, NH, NKV, HD, -1.0f);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, int T, int C) {
-  EmbeddingForward<<<GridFor(static_cast<int64_t>(T) * C), kThreads>>>(out, tokens, wte, T, C);
+  LOOM_LAUNCH(EmbeddingForward, GridFor(static_cast<int64_t>(T) * C), kThreads, out, tokens, wte, T,
+              C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int T, int C) {
-  EmbeddingBackward<<<GridFor(static_cast<int64_t>(T) * C), kThreads>>>(dwte, dout, tokens, T, C);
+  LOOM_LAUNCH(EmbeddingBackward, GridFor(static_cast<int64_t>(T) * C), kThreads, dwte, dout, tokens,
+              T, C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -219,18 +224,18 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
                   float beta1, float beta2, float eps, float weight_decay, int64_t step) {
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
-  AdamW<<<GridFor(n), kThreads>>>(param, grad, m, v, n, lr, beta1, beta2, eps,
-                                  1.0f - lr * weight_decay, bc1, bc2);
+  LOOM_LAUNCH(AdamW, GridFor(n), kThreads, param, grad, m, v, n, lr, beta1, beta2, eps,
+              1.0f - lr * weight_decay, bc1, bc2);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void sum_squares(float* out, const float* x, int64_t n) {
-  SumSquares<<<GridFor(n), kThreads>>>(out, x, n);
+  LOOM_LAUNCH(SumSquares, GridFor(n), kThreads, out, x, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void scale(float* x, float factor, int64_t n) {
-  Scale<<<GridFor(n), kThreads>>>(x, factor, n);
+  LOOM_LAUNCH(Scale, GridFor(n), kThreads, x, factor, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,7 +3,7 @@
 // vocab-parallel embedding, residual adds and biases. Each element is
 // written by one thread (no atomics), so results are deterministic; the
 // reductions over tiles (position gradients) loop in a fixed order.
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
 namespace loom::kernels::cuda {
@@ -85,57 +85,57 @@ __global__ void AddBias(float* out, const float* bias, int64_t n, int N) {
 
 void patchify(float* patches, const float* tiles, int N, int S, int P) {
   const int64_t n = static_cast<int64_t>(N) * (S / P) * (S / P) * 3 * P * P;
-  Patchify<<<GridFor(n), kThreads>>>(patches, tiles, N, S, P);
+  LOOM_LAUNCH(Patchify, GridFor(n), kThreads, patches, tiles, N, S, P);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_position_forward(float* x, const float* pos, int N, int Np, int C) {
   const int64_t per_tile = static_cast<int64_t>(Np) * C;
-  AddPositionForward<<<GridFor(per_tile * N), kThreads>>>(x, pos, per_tile, per_tile * N);
+  LOOM_LAUNCH(AddPositionForward, GridFor(per_tile * N), kThreads, x, pos, per_tile, per_tile * N);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_position_backward(float* dpos, const float* dx, int N, int Np, int C) {
   const int64_t per_tile = static_cast<int64_t>(Np) * C;
-  AddPositionBackward<<<GridFor(per_tile), kThreads>>>(dpos, dx, N, per_tile);
+  LOOM_LAUNCH(AddPositionBackward, GridFor(per_tile), kThreads, dpos, dx, N, per_tile);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void pixel_shuffle_forward(float* out, const float* inp, int N, int G, int C) {
   const int64_t n = static_cast<int64_t>(N) * G * G * C;
-  PixelShuffleForward<<<GridFor(n), kThreads>>>(out, inp, n, G, C);
+  LOOM_LAUNCH(PixelShuffleForward, GridFor(n), kThreads, out, inp, n, G, C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void pixel_shuffle_backward(float* dinp, const float* dout, int N, int G, int C) {
   const int64_t n = static_cast<int64_t>(N) * G * G * C;
-  PixelShuffleBackward<<<GridFor(n), kThreads>>>(dinp, dout, n, G, C);
+  LOOM_LAUNCH(PixelShuffleBackward, GridFor(n), kThreads, dinp, dout, n, G, C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void vocab_embedding_forward(float* out, const int32_t* tokens, const float* table, int T, int C,
                              int vocab_start, int v_shard) {
-  VocabEmbeddingForward<<<GridFor(static_cast<int64_t>(T) * C), kThreads>>>(
-      out, tokens, table, T, C, vocab_start, v_shard);
+  LOOM_LAUNCH(VocabEmbeddingForward, GridFor(static_cast<int64_t>(T) * C), kThreads, out, tokens,
+              table, T, C, vocab_start, v_shard);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void embedding_backward_runs(float* dtable, const float* dout, const int32_t* rows,
                              const int32_t* offsets, const int32_t* order, int runs, int C) {
   if (runs == 0) return;
-  EmbeddingBackwardRuns<<<GridFor(static_cast<int64_t>(runs) * C), kThreads>>>(
-      dtable, dout, rows, offsets, order, runs, C);
+  LOOM_LAUNCH(EmbeddingBackwardRuns, GridFor(static_cast<int64_t>(runs) * C), kThreads, dtable,
+              dout, rows, offsets, order, runs, C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void add(float* x, const float* y, int64_t n) {
-  Add<<<GridFor(n), kThreads>>>(x, y, n);
+  LOOM_LAUNCH(Add, GridFor(n), kThreads, x, y, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_bias(float* out, const float* bias, int M, int N) {
   const int64_t n = static_cast<int64_t>(M) * N;
-  AddBias<<<GridFor(n), kThreads>>>(out, bias, n, N);
+  LOOM_LAUNCH(AddBias, GridFor(n), kThreads, out, bias, n, N);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,7 +5,7 @@
 // outᵀ (N,M) = W' (N,K) · inp' (K,M), with W' = op_T of W stored (K,N).
 #include <cuda_bf16.h>
 
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
 namespace loom::kernels::cuda {
@@ -52,7 +52,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int K, int N) {
   float beta = 0.0f;
   if (bias != nullptr) {
-    BroadcastRows<<<Blocks(static_cast<int64_t>(M) * N), kThreads>>>(out, bias, M, N);
+    LOOM_LAUNCH(BroadcastRows, Blocks(static_cast<int64_t>(M) * N), kThreads, out, bias, M, N);
     LOOM_CUDA_CHECK(cudaGetLastError());
     beta = 1.0f;
   }
@@ -72,7 +72,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   LOOM_CUBLAS_CHECK(cublasSgemm(Handle(), CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, &one, inp, K, dout, N,
                                 &one, dweight, K));
   if (dbias != nullptr) {
-    ColumnSums<<<Blocks(N), kThreads>>>(dbias, dout, M, N);
+    LOOM_LAUNCH(ColumnSums, Blocks(N), kThreads, dbias, dout, M, N);
     LOOM_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -86,12 +86,12 @@ void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* weight
 }
 
 void f32_to_bf16(uint16_t* out, const float* in, int64_t n) {
-  ToBf16<<<Blocks(n), kThreads>>>(reinterpret_cast<__nv_bfloat16*>(out), in, n);
+  LOOM_LAUNCH(ToBf16, Blocks(n), kThreads, reinterpret_cast<__nv_bfloat16*>(out), in, n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void bf16_to_f32(float* out, const uint16_t* in, int64_t n) {
-  FromBf16<<<Blocks(n), kThreads>>>(out, reinterpret_cast<const __nv_bfloat16*>(in), n);
+  LOOM_LAUNCH(FromBf16, Blocks(n), kThreads, out, reinterpret_cast<const __nv_bfloat16*>(in), n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,5 @@
 // LayerNorm and RMSNorm: one block per row, block reductions in fp32.
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
 namespace loom::kernels::cuda {
@@ -83,26 +83,27 @@ __global__ void RmsNormBackward(float* dinp, float* dw, const float* dout, const
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, float eps) {
-  LayerNormForward<<<N, kThreads>>>(out, mean, rstd, inp, weight, bias, C, eps);
+  LOOM_LAUNCH(LayerNormForward, N, kThreads, out, mean, rstd, inp, weight, bias, C, eps);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
-  LayerNormBackward<<<N, kThreads>>>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, C);
+  LOOM_LAUNCH(LayerNormBackward, N, kThreads, dinp, dweight, dbias, dout, inp, weight, mean, rstd,
+              C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void rmsnorm_forward(float* out, float* rrms, const float* inp, const float* weight, int N, int C,
                      float eps) {
-  RmsNormForward<<<N, kThreads>>>(out, rrms, inp, weight, C, eps);
+  LOOM_LAUNCH(RmsNormForward, N, kThreads, out, rrms, inp, weight, C, eps);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rrms, int N, int C) {
-  RmsNormBackward<<<N, kThreads>>>(dinp, dweight, dout, inp, weight, rrms, C);
+  LOOM_LAUNCH(RmsNormBackward, N, kThreads, dinp, dweight, dout, inp, weight, rrms, C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -115,10 +115,11 @@ TEST_F(CudaOpsTest, Norms) {
        g = RandomVector(N * C, 10);
   std::vector<float> y(N * C), mean(N), rstd(N), dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
   const float eps = 1e-6f;  // SigLIP's; Loom's own configs use kLayerNormEps
+  // The device's gradients start where the CPU's do (backward accumulates).
+  Dev<float> dX(x), dW(w), dB(b), dG(g), dY(y.size()), dM(N), dR(N), dDx(dx), dDw(dw), dDb(db);
   layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
   layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), mean.data(),
                      rstd.data(), N, C);
-  Dev<float> dX(x), dW(w), dB(b), dG(g), dY(y.size()), dM(N), dR(N), dDx(dx), dDw(dw), dDb(db);
   cuda::layernorm_forward(dY.get(), dM.get(), dR.get(), dX.get(), dW.get(), dB.get(), N, C, eps);
   cuda::layernorm_backward(dDx.get(), dDw.get(), dDb.get(), dG.get(), dX.get(), dW.get(), dM.get(),
                            dR.get(), N, C);
@@ -128,9 +129,9 @@ TEST_F(CudaOpsTest, Norms) {
   EXPECT_TRUE(Agree(dDb.Host(), db));
 
   std::vector<float> ry(N * C), rr(N), rdx(N * C, 0.0f), rdw(C, 0.0f);
+  Dev<float> eY(ry.size()), eR(N), eDx(rdx), eDw(rdw);
   rmsnorm_forward(ry.data(), rr.data(), x.data(), w.data(), N, C, 1e-5f);
   rmsnorm_backward(rdx.data(), rdw.data(), g.data(), x.data(), w.data(), rr.data(), N, C);
-  Dev<float> eY(ry.size()), eR(N), eDx(rdx), eDw(rdw);
   cuda::rmsnorm_forward(eY.get(), eR.get(), dX.get(), dW.get(), N, C, 1e-5f);
   cuda::rmsnorm_backward(eDx.get(), eDw.get(), dG.get(), dX.get(), dW.get(), eR.get(), N, C);
   EXPECT_TRUE(Agree(eY.Host(), ry));
@@ -142,11 +143,11 @@ TEST_F(CudaOpsTest, Activations) {
   const int n = 5000;
   auto x = RandomVector(n, 11, 4.0f), u = RandomVector(n, 12), g = RandomVector(n, 13);
   std::vector<float> y(n), dx(n, 0.0f), s(n), dg(n, 0.0f), du(n, 0.0f);
+  Dev<float> dX(x), dU(u), dG(g), dY(n), dDx(dx), dS(n), dDg(dg), dDu(du);
   gelu_forward(y.data(), x.data(), n);
   gelu_backward(dx.data(), x.data(), g.data(), n);
   swiglu_forward(s.data(), x.data(), u.data(), n);
   swiglu_backward(dg.data(), du.data(), x.data(), u.data(), g.data(), n);
-  Dev<float> dX(x), dU(u), dG(g), dY(n), dDx(dx), dS(n), dDg(dg), dDu(du);
   cuda::gelu_forward(dY.get(), dX.get(), n);
   cuda::gelu_backward(dDx.get(), dX.get(), dG.get(), n);
   cuda::swiglu_forward(dS.get(), dX.get(), dU.get(), n);

@@ -3,6 +3,7 @@
 
 #include "runtime/backends/cuda/cuda_check.h"
 #include "runtime/backends/cuda/device.h"
+#include "runtime/backends/cuda/launch.h"
 
 namespace loom::cuda {
 namespace {
@@ -34,6 +35,10 @@ absl::StatusOr<std::string> LibraryVersions() {
   LOOM_CUBLAS_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
   int nccl = 0;
   LOOM_NCCL_CHECK(ncclGetVersion(&nccl));
+#ifdef LOOM_CUDA_EMU
+  return "the CUDA emulation (runtime/backends/cuda/emu): cudart API " + std::to_string(rt) +
+         ", cuBLAS on OpenBLAS, NCCL between threads";
+#endif
   return "cudart " + std::to_string(rt) + ", cuBLAS " + std::to_string(major) + "." +
          std::to_string(minor) + "." + std::to_string(patch) + ", NCCL " + std::to_string(nccl);
 }
@@ -48,7 +53,7 @@ absl::Status Axpy(float a, const std::vector<float>& x, std::vector<float>* y) {
   LOOM_CUDA_CHECK(cudaMalloc(&dy, n * sizeof(float)));
   LOOM_CUDA_CHECK(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   LOOM_CUDA_CHECK(cudaMemcpy(dy, y->data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  AxpyKernel<<<(n + 255) / 256, 256>>>(n, a, dx, dy);
+  LOOM_LAUNCH(AxpyKernel, (n + 255) / 256, 256, n, a, dx, dy);
   LOOM_CUDA_CHECK(cudaGetLastError());
   LOOM_CUDA_CHECK(cudaMemcpy(y->data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost));
   LOOM_CUDA_CHECK(cudaFree(dx));

@@ -1,10 +1,11 @@
 // Shared pieces of the CUDA kernels: launch geometry and block reductions.
-#ifndef LOOM_KERNELS_CUDA_COMMON_CUH_
-#define LOOM_KERNELS_CUDA_COMMON_CUH_
+#ifndef LOOM_KERNELS_CUDA_COMMON_H_
+#define LOOM_KERNELS_CUDA_COMMON_H_
 
 #include <cstdint>
 
 #include "runtime/backends/cuda/cuda_check.h"
+#include "runtime/backends/cuda/launch.h"
 
 namespace loom::kernels::cuda {
 
@@ -52,4 +53,4 @@ __device__ inline float BlockMax(float v, float* scratch) {
 
 }  // namespace loom::kernels::cuda
 
-#endif  // LOOM_KERNELS_CUDA_COMMON_CUH_
+#endif  // LOOM_KERNELS_CUDA_COMMON_H_
