@@ -1,8 +1,10 @@
 // Packed varlen attention, one block per (query row, head): scores into the
-// saved `att` rows, block softmax, then the weighted sum of v. Backward keeps
-// dq in the block and scatters dk and dv with atomics. A straightforward
-// kernel, the correctness reference on the GPU; a fused flash-style kernel
-// replaces it for long sequences later.
+// saved `att` rows, block softmax, then the weighted sum of v. Backward is
+// three passes without atomics (below). A straightforward kernel, the
+// correctness reference on the GPU; a fused flash-style kernel replaces it
+// for long sequences later.
+#include <algorithm>
+
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
@@ -83,46 +85,113 @@ __global__ void AttentionForward(float* out, float* att, const float* qkv, const
   }
 }
 
-__global__ void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                  const float* att, const int32_t* cu, int S, int NH, int NKV,
-                                  int HD, bool causal, float scale, float* dp_scratch) {
+// Backward in three passes, each element written by one thread in a fixed
+// order (no atomics: the same bits on every run), from the saved
+// probabilities p and recomputed dP = dO·Vᵀ:
+//   D[t, h] = Σ_j p_tj dP_tj                      (one block per row, head)
+//   dQ_t   += Σ_j dS_tj K_j                       (one block per row, head)
+//   dK_j   += Σ_{h in group, i} dS_ij Q_i, dV_j += Σ p_ij dO_i (one block per
+//             key row, key/value head)
+// with dS_ij = p_ij (dP_ij − D_i) / sqrt(HD). j and i go in chunks of the
+// block's threads through shared memory.
+constexpr int kAttentionThreads = 128;
+
+struct Rows {
+  __device__ Rows(const int32_t* cu, int S, int t) {
+    s = SequenceOf(cu, S, t);
+    start = cu[s];
+    L = cu[s + 1] - start;
+    i = t - start;
+  }
+  int s, start, L, i;
+};
+
+__device__ float Dot(const float* a, const float* b, int n) {
+  float d = 0;
+  for (int e = 0; e < n; ++e) d += a[e] * b[e];
+  return d;
+}
+
+__global__ void AttentionRowDots(float* D, const float* dout, const float* qkv, const float* att,
+                                 const int32_t* cu, int S, int NH, int NKV, int HD, bool causal) {
   __shared__ float scratch[32];
   const int t = blockIdx.x, h = blockIdx.y, C = NH * HD;
   const Heads y(NH, NKV, HD, h);
-  const int s = SequenceOf(cu, S, t);
-  const int start = cu[s], L = cu[s + 1] - start, i = t - start;
-  const int n = causal ? i + 1 : L;
-  const int64_t row_off = AttOffset(cu, s, NH) + (static_cast<int64_t>(h) * L + i) * L;
-  const float* p = att + row_off;
-  float* dp = dp_scratch + row_off;  // same layout as att
+  const Rows r(cu, S, t);
+  const int n = causal ? r.i + 1 : r.L;
+  const float* p = att + AttOffset(cu, r.s, NH) + (static_cast<int64_t>(h) * r.L + r.i) * r.L;
   const float* g = dout + static_cast<int64_t>(t) * C + h * HD;
   float dot = 0;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float* v = qkv + (start + j) * y.ld + y.v;
-    float* dv = dqkv + (start + j) * y.ld + y.v;
-    float d = 0;
-    for (int e = 0; e < HD; ++e) {
-      d += g[e] * v[e];
-      atomicAdd(&dv[e], p[j] * g[e]);
-    }
-    dp[j] = d;
-    dot += p[j] * d;
+    dot += p[j] * Dot(g, qkv + (r.start + j) * y.ld + y.v, HD);
   }
   dot = BlockSum(dot, scratch);
-  __syncthreads();
-  const float* q = qkv + t * y.ld + y.q;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float ds = p[j] * (dp[j] - dot) * scale;
-    dp[j] = ds;
-    float* dk = dqkv + (start + j) * y.ld + y.k;
-    for (int e = 0; e < HD; ++e) atomicAdd(&dk[e], ds * q[e]);
-  }
-  __syncthreads();
+  if (threadIdx.x == 0) D[static_cast<int64_t>(t) * NH + h] = dot;
+}
+
+__global__ void AttentionBackwardQ(float* dqkv, const float* D, const float* dout, const float* qkv,
+                                   const float* att, const int32_t* cu, int S, int NH, int NKV,
+                                   int HD, bool causal, float scale) {
+  __shared__ float ds[kAttentionThreads];
+  const int t = blockIdx.x, h = blockIdx.y, C = NH * HD;
+  const Heads y(NH, NKV, HD, h);
+  const Rows r(cu, S, t);
+  const int n = causal ? r.i + 1 : r.L;
+  const float* p = att + AttOffset(cu, r.s, NH) + (static_cast<int64_t>(h) * r.L + r.i) * r.L;
+  const float* g = dout + static_cast<int64_t>(t) * C + h * HD;
+  const float d_row = D[static_cast<int64_t>(t) * NH + h];
   float* dq = dqkv + t * y.ld + y.q;
-  for (int e = threadIdx.x; e < HD; e += blockDim.x) {
-    float acc = 0;
-    for (int j = 0; j < n; ++j) acc += dp[j] * qkv[(start + j) * y.ld + y.k + e];
-    dq[e] += acc;
+  for (int j0 = 0; j0 < n; j0 += blockDim.x) {
+    const int j = j0 + threadIdx.x;
+    ds[threadIdx.x] =
+        j < n ? p[j] * (Dot(g, qkv + (r.start + j) * y.ld + y.v, HD) - d_row) * scale : 0.0f;
+    __syncthreads();
+    const int m = std::min(static_cast<int>(blockDim.x), n - j0);
+    for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+      float acc = 0;
+      for (int k = 0; k < m; ++k) acc += ds[k] * qkv[(r.start + j0 + k) * y.ld + y.k + e];
+      dq[e] += acc;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void AttentionBackwardKV(float* dqkv, const float* D, const float* dout,
+                                    const float* qkv, const float* att, const int32_t* cu, int S,
+                                    int NH, int NKV, int HD, bool causal, float scale) {
+  __shared__ float ps[kAttentionThreads];
+  __shared__ float ds[kAttentionThreads];
+  const int t = blockIdx.x, hk = blockIdx.y, C = NH * HD, group = NH / NKV;
+  const Rows r(cu, S, t);  // t is key row j = r.i of its sequence
+  const int64_t off = AttOffset(cu, r.s, NH), ld = static_cast<int64_t>(NH + 2 * NKV) * HD;
+  const float* v = qkv + t * ld + (NH + NKV + hk) * HD;
+  float* dk = dqkv + t * ld + (NH + hk) * HD;
+  float* dv = dqkv + t * ld + (NH + NKV + hk) * HD;
+  for (int h = hk * group; h < (hk + 1) * group; ++h) {
+    for (int i0 = causal ? r.i : 0; i0 < r.L; i0 += blockDim.x) {
+      const int i = i0 + threadIdx.x;
+      float p = 0, d = 0;
+      if (i < r.L) {
+        const int64_t ti = r.start + i;
+        p = att[off + (static_cast<int64_t>(h) * r.L + i) * r.L + r.i];
+        d = p * (Dot(dout + ti * C + h * HD, v, HD) - D[ti * NH + h]) * scale;
+      }
+      ps[threadIdx.x] = p;
+      ds[threadIdx.x] = d;
+      __syncthreads();
+      const int m = std::min(static_cast<int>(blockDim.x), r.L - i0);
+      for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+        float av = 0, ak = 0;
+        for (int k = 0; k < m; ++k) {
+          const int64_t ti = r.start + i0 + k;
+          av += ps[k] * dout[ti * C + h * HD + e];
+          ak += ds[k] * qkv[ti * ld + h * HD + e];
+        }
+        dv[e] += av;
+        dk[e] += ak;
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -140,8 +209,15 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int NKV,
                         int HD, bool causal) {
   if (T == 0) return;
-  LOOM_LAUNCH(AttentionBackward, dim3(T, NH), 128, dqkv, dout, qkv, att, cu_seqlens, S, NH, NKV, HD,
-              causal, 1.0f / sqrtf(static_cast<float>(HD)), scratch);
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  LOOM_LAUNCH(AttentionRowDots, dim3(T, NH), kAttentionThreads, scratch, dout, qkv, att, cu_seqlens,
+              S, NH, NKV, HD, causal);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  LOOM_LAUNCH(AttentionBackwardQ, dim3(T, NH), kAttentionThreads, dqkv, scratch, dout, qkv, att,
+              cu_seqlens, S, NH, NKV, HD, causal, scale);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  LOOM_LAUNCH(AttentionBackwardKV, dim3(T, NKV), kAttentionThreads, dqkv, scratch, dout, qkv, att,
+              cu_seqlens, S, NH, NKV, HD, causal, scale);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

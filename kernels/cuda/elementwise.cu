@@ -1,5 +1,7 @@
 // Elementwise and scatter kernels: GELU, SwiGLU, RoPE, token embedding,
 // AdamW, and the pieces of global-norm clipping.
+#include <algorithm>
+
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
 
@@ -127,12 +129,19 @@ __global__ void AdamW(float* p, const float* g, float* m, float* v, int64_t n, f
   }
 }
 
-__global__ void SumSquares(float* out, const float* x, int64_t n) {
+__global__ void SumSquares(float* partials, const float* x, int64_t n) {
   __shared__ float scratch[32];
   float s = 0;
   LOOM_GRID_LOOP(i, n) s += x[i] * x[i];
   s = BlockSum(s, scratch);
-  if (threadIdx.x == 0) atomicAdd(out, s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// One block of kSumSquaresPartials threads.
+__global__ void AddPartials(float* out, const float* partials, int count) {
+  __shared__ float scratch[32];
+  const float s = BlockSum(threadIdx.x < count ? partials[threadIdx.x] : 0.0f, scratch);
+  if (threadIdx.x == 0) *out += s;
 }
 
 __global__ void Scale(float* x, float f, int64_t n) { LOOM_GRID_LOOP(i, n) x[i] *= f; }
@@ -229,8 +238,11 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
-void sum_squares(float* out, const float* x, int64_t n) {
-  LOOM_LAUNCH(SumSquares, GridFor(n), kThreads, out, x, n);
+void sum_squares(float* out, float* partials, const float* x, int64_t n) {
+  const int blocks = std::min(GridFor(n), kSumSquaresPartials);
+  LOOM_LAUNCH(SumSquares, blocks, kThreads, partials, x, n);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  LOOM_LAUNCH(AddPartials, 1, kSumSquaresPartials, out, partials, blocks);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -75,6 +75,20 @@ __global__ void EmbeddingBackwardRuns(float* dtable, const float* dout, const in
   }
 }
 
+__global__ void ScatterRows(float* dst, const float* src, const int32_t* rows, int n, int C) {
+  LOOM_GRID_LOOP(i, static_cast<int64_t>(n) * C) {
+    const int64_t r = i / C, c = i % C;
+    dst[static_cast<int64_t>(rows[r]) * C + c] = src[i];
+  }
+}
+
+__global__ void GatherAddRows(float* dst, const float* src, const int32_t* rows, int n, int C) {
+  LOOM_GRID_LOOP(i, static_cast<int64_t>(n) * C) {
+    const int64_t r = i / C, c = i % C;
+    dst[i] += src[static_cast<int64_t>(rows[r]) * C + c];
+  }
+}
+
 __global__ void Add(float* x, const float* y, int64_t n) { LOOM_GRID_LOOP(i, n) x[i] += y[i]; }
 
 __global__ void AddBias(float* out, const float* bias, int64_t n, int N) {
@@ -125,6 +139,18 @@ void embedding_backward_runs(float* dtable, const float* dout, const int32_t* ro
   if (runs == 0) return;
   LOOM_LAUNCH(EmbeddingBackwardRuns, GridFor(static_cast<int64_t>(runs) * C), kThreads, dtable,
               dout, rows, offsets, order, runs, C);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_rows(float* dst, const float* src, const int32_t* rows, int n, int C) {
+  if (n == 0) return;
+  LOOM_LAUNCH(ScatterRows, GridFor(static_cast<int64_t>(n) * C), kThreads, dst, src, rows, n, C);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_add_rows(float* dst, const float* src, const int32_t* rows, int n, int C) {
+  if (n == 0) return;
+  LOOM_LAUNCH(GatherAddRows, GridFor(static_cast<int64_t>(n) * C), kThreads, dst, src, rows, n, C);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

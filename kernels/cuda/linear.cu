@@ -68,9 +68,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     LOOM_CUBLAS_CHECK(cublasSgemm(Handle(), CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, weight, K,
                                   dout, N, &one, dinp, K));
   }
-  // dWᵀ (K,N) += inpᵀ (K,M) · dout (M,N)
-  LOOM_CUBLAS_CHECK(cublasSgemm(Handle(), CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, &one, inp, K, dout, N,
-                                &one, dweight, K));
+  if (dweight != nullptr) {  // null: frozen (LLaVA's stage 1)
+    // dWᵀ (K,N) += inpᵀ (K,M) · dout (M,N)
+    LOOM_CUBLAS_CHECK(cublasSgemm(Handle(), CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, &one, inp, K, dout,
+                                  N, &one, dweight, K));
+  }
   if (dbias != nullptr) {
     LOOM_LAUNCH(ColumnSums, Blocks(N), kThreads, dbias, dout, M, N);
     LOOM_CUDA_CHECK(cudaGetLastError());

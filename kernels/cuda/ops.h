@@ -61,7 +61,8 @@ void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, i
 
 // Packed varlen attention (kernels/attention/attention.h). cu_seqlens is on
 // the device; S sequences, T = total rows; NKV key/value heads (GQA).
-// Backward needs `scratch` of attention_att_size() floats, like `att`.
+// Backward needs `scratch` of T·NH floats; it sums without atomics, so its
+// results are the same bits on every run.
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
                        int T, int NH, int NKV, int HD, bool causal);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
@@ -104,12 +105,20 @@ void vocab_embedding_forward(float* out, const int32_t* tokens, const float* tab
 // offsets[r + 1]), summed in that order, to dtable row rows[r].
 void embedding_backward_runs(float* dtable, const float* dout, const int32_t* rows,
                              const int32_t* offsets, const int32_t* order, int runs, int C);
+// dst row rows[i] = src row i; dst row i += src row rows[i] (rows: n, on
+// the device; rows of C floats).
+void scatter_rows(float* dst, const float* src, const int32_t* rows, int n, int C);
+void gather_add_rows(float* dst, const float* src, const int32_t* rows, int n, int C);
 // x += y; out (M, N) += bias (N) on every row.
 void add(float* x, const float* y, int64_t n);
 void add_bias(float* out, const float* bias, int M, int N);
 
-// Sum of squares of x, accumulated into *out (device, fp32; zero it first).
-void sum_squares(float* out, const float* x, int64_t n);
+// Sum of squares of x, added to *out (device, fp32; zero it first), the
+// same bits on every run: each block's partial sum goes to `partials`
+// (kSumSquaresPartials floats of device scratch), which one block then adds
+// in order.
+inline constexpr int kSumSquaresPartials = 1024;
+void sum_squares(float* out, float* partials, const float* x, int64_t n);
 void scale(float* x, float factor, int64_t n);
 
 }  // namespace loom::kernels::cuda

@@ -2,6 +2,7 @@
 // table across backends, as ggml's test-backend-ops). Runs only where a GPU
 // is visible; elsewhere each test reports itself skipped.
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,10 @@
 
 #include "kernels/cuda/ops.h"
 #include "runtime/backends/cuda/cuda_check.h"
+#endif
+
+#ifdef LOOM_CUDA_EMU
+#include "runtime/backends/cuda/emu/emu.h"
 #endif
 
 namespace loom::kernels {
@@ -257,10 +262,99 @@ TEST_F(CudaOpsTest, CrossEntropyAndAdamW) {
   EXPECT_TRUE(Agree(dm.Host(), m));
   EXPECT_TRUE(Agree(dv.Host(), v));
 
-  Dev<float> ss(std::vector<float>{0.0f});
-  cuda::sum_squares(ss.get(), dg.get(), n);
+  Dev<float> ss(std::vector<float>{0.0f}), partials(cuda::kSumSquaresPartials);
+  cuda::sum_squares(ss.get(), partials.get(), dg.get(), n);
   const double norm = global_norm({{gr.data(), n}});
   EXPECT_NEAR(ss.Host()[0], norm * norm, kCudaVsCpuF32.atol + kCudaVsCpuF32.rtol * norm * norm);
+}
+
+// Frozen weights (LLaVA's stage 1 freezes the vision tower and the LLM): a
+// null weight or bias gradient is skipped, as by the CPU kernels, and the
+// input gradient is still computed.
+TEST_F(CudaOpsTest, NullWeightGradientsAreSkipped) {
+  const int M = 11, K = 24, N = 13, C = 40;
+  auto x = RandomVector(M * K, 31), w = RandomVector(N * K, 32), g = RandomVector(M * N, 33);
+  std::vector<float> dx(M * K, 0.5f);
+  Dev<float> dX(x), dW(w), dG(g), dDx(dx);
+  matmul_backward_reference(dx.data(), nullptr, nullptr, g.data(), x.data(), w.data(), M, K, N);
+  cuda::matmul_backward(dDx.get(), nullptr, nullptr, dG.get(), dX.get(), dW.get(), M, K, N);
+  EXPECT_TRUE(Agree(dDx.Host(), dx));
+
+  auto nx = RandomVector(M * C, 34), nw = RandomVector(C, 35), nb = RandomVector(C, 36),
+       ng = RandomVector(M * C, 37);
+  std::vector<float> y(M * C), mean(M), rstd(M), rr(M), ndx(M * C, 0.0f), rdx(M * C, 0.0f);
+  Dev<float> eX(nx), eW(nw), eB(nb), eG(ng), eY(y.size()), eM(M), eR(M), eRr(M), eDx(ndx),
+      eRdx(rdx);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), nx.data(), nw.data(), nb.data(), M, C,
+                    1e-5f);
+  layernorm_backward(ndx.data(), nullptr, nullptr, ng.data(), nx.data(), nw.data(), mean.data(),
+                     rstd.data(), M, C);
+  rmsnorm_forward(y.data(), rr.data(), nx.data(), nw.data(), M, C, 1e-5f);
+  rmsnorm_backward(rdx.data(), nullptr, ng.data(), nx.data(), nw.data(), rr.data(), M, C);
+  cuda::layernorm_forward(eY.get(), eM.get(), eR.get(), eX.get(), eW.get(), eB.get(), M, C, 1e-5f);
+  cuda::layernorm_backward(eDx.get(), nullptr, nullptr, eG.get(), eX.get(), eW.get(), eM.get(),
+                           eR.get(), M, C);
+  cuda::rmsnorm_forward(eY.get(), eRr.get(), eX.get(), eW.get(), M, C, 1e-5f);
+  cuda::rmsnorm_backward(eRdx.get(), nullptr, eG.get(), eX.get(), eW.get(), eRr.get(), M, C);
+  EXPECT_TRUE(Agree(eDx.Host(), ndx));
+  EXPECT_TRUE(Agree(eRdx.Host(), rdx));
+}
+
+// What replicated parameters' gradients (norm weights and biases, linear
+// biases), attention's input gradient and the gradient norm come to: the
+// same bits whatever order the GPU runs blocks and threads in. Otherwise TP
+// replicas of a replicated tensor drift apart and a replay after a recovery
+// differs. The emulation runs each schedule seed in its own order.
+TEST_F(CudaOpsTest, ReductionsAreTheSameBitsUnderEverySchedule) {
+  const int N = 96, C = 200, M = 96, K = 32, NB = 40;
+  const std::vector<int32_t> cu = {0, 30, 31, 96};
+  const int S = 3, T = 96, NH = 4, NKV = 2, HD = 8;
+  auto x = RandomVector(N * C, 41), w = RandomVector(C, 42), b = RandomVector(C, 43),
+       g = RandomVector(N * C, 44), mx = RandomVector(M * K, 45), mw = RandomVector(NB * K, 46),
+       mg = RandomVector(M * NB, 47), qkv = RandomVector(T * (NH + 2 * NKV) * HD, 48),
+       ag = RandomVector(T * NH * HD, 49), big = RandomVector(200000, 50);
+  const int64_t na = attention_att_size(cu.data(), S, NH);
+  std::vector<std::vector<float>> runs[2];
+  for (int run = 0; run < 2; ++run) {
+#ifdef LOOM_CUDA_EMU
+    loom::cuda_emu::SetScheduleSeed(static_cast<uint64_t>(run) + 7);
+#endif
+    Dev<float> dX(x), dW(w), dB(b), dG(g), dY(N * C), dM(N), dR(N), dRr(N), dDx(N * C),
+        dDw(std::vector<float>(C, 0.0f)), dDb(std::vector<float>(C, 0.0f)),
+        dRw(std::vector<float>(C, 0.0f));
+    cuda::layernorm_forward(dY.get(), dM.get(), dR.get(), dX.get(), dW.get(), dB.get(), N, C,
+                            1e-5f);
+    cuda::layernorm_backward(dDx.get(), dDw.get(), dDb.get(), dG.get(), dX.get(), dW.get(),
+                             dM.get(), dR.get(), N, C);
+    cuda::rmsnorm_forward(dY.get(), dRr.get(), dX.get(), dW.get(), N, C, 1e-5f);
+    cuda::rmsnorm_backward(dDx.get(), dRw.get(), dG.get(), dX.get(), dW.get(), dRr.get(), N, C);
+    Dev<float> eX(mx), eW(mw), eG(mg), eDw(std::vector<float>(NB * K, 0.0f)),
+        eDb(std::vector<float>(NB, 0.0f));
+    cuda::matmul_backward(nullptr, eDw.get(), eDb.get(), eG.get(), eX.get(), eW.get(), M, K, NB);
+    Dev<float> aQkv(qkv), aG(ag), aOut(T * NH * HD), aAtt(na), aScratch(na),
+        aD(std::vector<float>(qkv.size(), 0.0f));
+    Dev<int32_t> aCu(cu);
+    cuda::attention_forward(aOut.get(), aAtt.get(), aQkv.get(), aCu.get(), S, T, NH, NKV, HD, true);
+    cuda::attention_backward(aD.get(), aScratch.get(), aG.get(), aQkv.get(), aAtt.get(), aCu.get(),
+                             S, T, NH, NKV, HD, true);
+    Dev<float> sBig(big), sSum(std::vector<float>{0.0f}), sPartials(cuda::kSumSquaresPartials);
+    cuda::sum_squares(sSum.get(), sPartials.get(), sBig.get(), static_cast<int64_t>(big.size()));
+    runs[run] = {dDw.Host(), dDb.Host(), dRw.Host(), eDb.Host(), aD.Host(), sSum.Host()};
+  }
+#ifdef LOOM_CUDA_EMU
+  loom::cuda_emu::SetScheduleSeed(1);
+#endif
+  const char* names[] = {"layernorm dweight", "layernorm dbias", "rmsnorm dweight",
+                         "matmul dbias",      "attention dqkv",  "sum of squares"};
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_EQ(runs[0][i].size(), runs[1][i].size());
+    int differ = 0;
+    for (size_t k = 0; k < runs[0][i].size(); ++k) {
+      differ += std::memcmp(&runs[0][i][k], &runs[1][i][k], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << names[i] << ": " << differ << " of " << runs[0][i].size()
+                         << " values differ between two runs";
+  }
 }
 
 #else

@@ -68,7 +68,7 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
   acts_.resize(ids_.size());
   for (LayerActs& a : acts_) a.Bind(ops_->backend());
   for (Buffer<float>* b : {&xf_, &rf_, &rrf_, &logits_}) b->set_backend(ops_->backend());
-  for (Buffer<int32_t>* b : {&tokens_, &targets_, &positions_, &cu_}) {
+  for (Buffer<int32_t>* b : {&tokens_, &targets_, &positions_, &cu_, &image_rows_}) {
     b->set_backend(ops_->backend());
   }
 }
@@ -103,12 +103,16 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
         !s.ok()) {
       return s;
     }
-    int img = 0;
+    // The image embeddings into their rows, in one launch.
+    std::vector<int32_t> rows;
     for (int t = 0; t < T; ++t) {
-      if (b.tokens[t] >= 0) continue;
+      if (b.tokens[t] < 0) rows.push_back(t);
+    }
+    image_tokens_ = static_cast<int>(rows.size());
+    if (!rows.empty()) {
       LOOM_CHECK(image_emb != nullptr) << "image positions but no image embeddings";
-      ops_->copy(x.data() + static_cast<size_t>(t) * C, image_emb + static_cast<size_t>(img++) * C,
-                 C);
+      image_rows_.CopyFromHost(rows.data(), rows.size());
+      ops_->scatter_rows(x.data(), image_emb, image_rows_.data(), image_tokens_, C);
     }
   }
   const int64_t att_size = attention_att_size(b.cu_seqlens.data(), b.S(), NH);
@@ -242,13 +246,8 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     parallel::VocabParallelEmbeddingBackward(ops_, params_.grad(wte_), dx.data(), tokens_.data(), T,
                                              C, vocab_start_, V);
   }
-  if (dimage_emb != nullptr) {
-    int img = 0;
-    for (int t = 0; t < T; ++t) {
-      if (b.tokens[t] >= 0) continue;
-      ops_->add(dimage_emb + static_cast<size_t>(img++) * C, dx.data() + static_cast<size_t>(t) * C,
-                C);
-    }
+  if (dimage_emb != nullptr && image_tokens_ > 0) {
+    ops_->gather_add_rows(dimage_emb, dx.data(), image_rows_.data(), image_tokens_, C);
   }
   return loss;
 }

@@ -188,6 +188,17 @@ class Cpu final : public Ops {
     if (n > 0) std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
   }
   void zero(float* x, int64_t n) override { std::fill(x, x + n, 0.0f); }
+  void scatter_rows(float* dst, const float* src, const int32_t* rows, int n, int C) override {
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(dst + static_cast<int64_t>(rows[i]) * C, src + static_cast<int64_t>(i) * C,
+                  sizeof(float) * C);
+    }
+  }
+  void gather_add_rows(float* dst, const float* src, const int32_t* rows, int n, int C) override {
+    for (int i = 0; i < n; ++i) {
+      add(dst + static_cast<int64_t>(i) * C, src + static_cast<int64_t>(rows[i]) * C, C);
+    }
+  }
 };
 
 }  // namespace

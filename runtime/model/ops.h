@@ -123,6 +123,12 @@ class Ops {
   virtual void add_bias(float* out, const float* bias, int M, int N) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
   virtual void zero(float* x, int64_t n) = 0;
+
+  // Rows of C floats, `rows` (n) on this backend: dst row rows[i] = src row
+  // i (scatter_rows); dst row i += src row rows[i] (gather_add_rows). The
+  // LLM's image-token rows, in one launch however many there are.
+  virtual void scatter_rows(float* dst, const float* src, const int32_t* rows, int n, int C) = 0;
+  virtual void gather_add_rows(float* dst, const float* src, const int32_t* rows, int n, int C) = 0;
 };
 
 // The CPU kernels on host memory (CpuBackend). Process-wide.

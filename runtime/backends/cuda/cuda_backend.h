@@ -3,6 +3,8 @@
 #ifndef LOOM_RUNTIME_BACKENDS_CUDA_CUDA_BACKEND_H_
 #define LOOM_RUNTIME_BACKENDS_CUDA_CUDA_BACKEND_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -13,6 +15,16 @@ namespace loom {
 // A backend for CUDA device `device`. UNIMPLEMENTED when built without
 // --config=cuda; FAILED_PRECONDITION when that device is not visible.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+
+// What a CUDA backend took from the device and holds.
+struct CudaMemoryStats {
+  int64_t device_allocations = 0;  // cudaMalloc calls
+  int64_t device_frees = 0;        // cudaFree calls
+  size_t in_use_bytes = 0;         // allocated and not freed
+  size_t cached_bytes = 0;         // freed by its user, kept for reuse
+};
+// Of a backend from MakeCudaBackend; zeros for any other.
+CudaMemoryStats GetCudaMemoryStats(const Backend* backend);
 
 }  // namespace loom
 

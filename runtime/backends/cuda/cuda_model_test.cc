@@ -10,12 +10,17 @@
 #include "gtest/gtest.h"
 #include "kernels/testing/gradcheck.h"
 #include "kernels/testing/tolerances.h"
+#include "runtime/backends/cuda/cuda_backend.h"
 #include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/backends/cuda/gpu_testing.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/model.h"
 #include "runtime/model/vit.h"
 #include "runtime/tensor/buffer.h"
+
+#ifdef LOOM_CUDA_EMU
+#include "runtime/backends/cuda/emu/emu.h"
+#endif
 
 namespace loom {
 namespace {
@@ -100,6 +105,106 @@ TEST_F(CudaModelTest, AVitEncoderTrainsTheSameOnBothBackends) {
   Buffer<float> d = Upload(dout);
   ASSERT_TRUE(gpu.Backward(d.data()).ok());
   ExpectGradsAgree(cpu.params(), gpu.params());
+}
+
+// An LLM batch of two samples with `images` image-token slots (-1) in the
+// first.
+LlmBatch ImageBatch(const LlmConfig& c, int images, Sample* a, Sample* b) {
+  std::mt19937 rng(17);
+  a->tokens.clear();
+  b->tokens.clear();
+  for (int i = 0; i < 5; ++i) a->tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+  for (int i = 0; i < images; ++i) a->tokens.push_back(-1);
+  for (int i = 0; i < 9; ++i) a->tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+  for (int i = 0; i < 13; ++i) b->tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+  return PackSamples({a, b});
+}
+
+// LLaVA's stage 1: the LLM is frozen (no weight gradients at all) and still
+// hands the image embeddings their gradient.
+TEST_F(CudaModelTest, AFrozenLlmGivesItsImagesTheirGradient) {
+  LlmConfig c = {/*vocab=*/64,      /*dim=*/32, /*layers=*/2, /*heads=*/4,
+                 /*ffn_hidden=*/48, 10000.0f,   128};
+  Llm cpu(c), gpu(c, nullptr, {}, gpu_.get());
+  cpu.params().Initialize(3);
+  gpu.params().Initialize(3);
+  gpu.params().Place(gpu_->backend());
+  cpu.params().Freeze();
+  gpu.params().Freeze();
+  Sample a, b;
+  const int images = 6;
+  const LlmBatch batch = ImageBatch(c, images, &a, &b);
+  const std::vector<float> emb = RandomVector(static_cast<size_t>(images) * c.dim, 19);
+  std::vector<float> want(emb.size(), 0.0f);
+  ASSERT_TRUE(cpu.Forward(batch, emb.data()).ok());
+  ASSERT_TRUE(cpu.Backward(0.05f, want.data()).ok());
+  Buffer<float> demb = Upload(emb), dgot = Upload(std::vector<float>(emb.size(), 0.0f));
+  ASSERT_TRUE(gpu.Forward(batch, demb.data()).ok());
+  ASSERT_TRUE(gpu.Backward(0.05f, dgot.data()).ok());
+  const std::vector<float> got = dgot.ToHost();
+  EXPECT_TRUE(AllClose(got.data(), want.data(), want.size(), kCudaModelVsCpuF32));
+}
+
+// A training step's memory comes from what the steps before it freed: after
+// the first step, neither cudaMalloc nor cudaFree is called.
+TEST_F(CudaModelTest, AStepAfterTheFirstAllocatesNothing) {
+  LlmConfig c = {/*vocab=*/64,      /*dim=*/32, /*layers=*/2, /*heads=*/4,
+                 /*ffn_hidden=*/48, 10000.0f,   128};
+  Llm gpu(c, nullptr, {}, gpu_.get());
+  gpu.params().Initialize(3);
+  gpu.params().Place(gpu_->backend());
+  Sample a, b;
+  const LlmBatch batch = ImageBatch(c, 4, &a, &b);
+  Buffer<float> emb = Upload(RandomVector(4 * static_cast<size_t>(c.dim), 21));
+  Buffer<float> demb = Upload(std::vector<float>(4 * static_cast<size_t>(c.dim), 0.0f));
+  auto step = [&] {
+    gpu.params().ZeroGrad();
+    ASSERT_TRUE(gpu.Forward(batch, emb.data()).ok());
+    ASSERT_TRUE(gpu.Backward(0.05f, demb.data()).ok());
+  };
+  step();
+  const CudaMemoryStats before = GetCudaMemoryStats(gpu_->backend());
+#ifdef LOOM_CUDA_EMU
+  const cuda_emu::Counters emu_before = cuda_emu::GetCounters();
+#endif
+  step();
+  const CudaMemoryStats after = GetCudaMemoryStats(gpu_->backend());
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.device_frees, before.device_frees);
+  EXPECT_GT(after.cached_bytes + after.in_use_bytes, 0u);
+#ifdef LOOM_CUDA_EMU
+  const cuda_emu::Counters emu_after = cuda_emu::GetCounters();
+  EXPECT_EQ(emu_after.mallocs, emu_before.mallocs);
+  EXPECT_EQ(emu_after.frees, emu_before.frees);
+#endif
+}
+
+// The image embeddings go into the LLM's rows, and their gradients out, in
+// a fixed number of kernel launches however many image tokens a batch has
+// (launches are counted by the emulation).
+TEST_F(CudaModelTest, ImageTokensCostNoLaunchesOfTheirOwn) {
+#ifndef LOOM_CUDA_EMU
+  GTEST_SKIP() << "counts kernel launches, which the CUDA emulation does";
+#else
+  LlmConfig c = {/*vocab=*/64,      /*dim=*/32, /*layers=*/1, /*heads=*/4,
+                 /*ffn_hidden=*/48, 10000.0f,   128};
+  Llm gpu(c, nullptr, {}, gpu_.get());
+  gpu.params().Initialize(3);
+  gpu.params().Place(gpu_->backend());
+  std::vector<int64_t> launches;
+  for (int images : {2, 12}) {
+    Sample a, b;
+    const LlmBatch batch = ImageBatch(c, images, &a, &b);
+    Buffer<float> emb = Upload(RandomVector(static_cast<size_t>(images) * c.dim, 23));
+    Buffer<float> demb = Upload(std::vector<float>(static_cast<size_t>(images) * c.dim, 0.0f));
+    const int64_t start = cuda_emu::GetCounters().launches;
+    ASSERT_TRUE(gpu.Forward(batch, emb.data()).ok());
+    ASSERT_TRUE(gpu.Backward(0.05f, demb.data()).ok());
+    launches.push_back(cuda_emu::GetCounters().launches - start);
+  }
+  EXPECT_EQ(launches[1], launches[0])
+      << "10 more image tokens, " << launches[1] - launches[0] << " more launches";
+#endif
 }
 
 }  // namespace

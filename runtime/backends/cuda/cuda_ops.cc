@@ -9,7 +9,6 @@
 #include "runtime/tensor/buffer.h"
 
 #ifdef LOOM_WITH_CUDA
-#include "kernels/attention/attention.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/backends/cuda/cuda_check.h"
 #endif
@@ -86,12 +85,7 @@ class CudaOps final : public Ops {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                           const int32_t* cu_seqlens, int S, int T, int NH, int NKV, int HD,
                           bool causal) override {
-    // The kernel's scratch is as large as `att`: its size from the host
-    // copy of the sequence boundaries.
-    std::vector<int32_t> cu(S + 1);
-    LOOM_CUDA_CHECK(
-        cudaMemcpy(cu.data(), cu_seqlens, sizeof(int32_t) * (S + 1), cudaMemcpyDeviceToHost));
-    float* scratch = Scratch(kernels::attention_att_size(cu.data(), S, NH));
+    float* scratch = Scratch(static_cast<int64_t>(T) * NH);  // a value per row and head
     k::attention_backward(dqkv, scratch, dout, qkv, att, cu_seqlens, S, T, NH, NKV, HD, causal);
   }
 
@@ -195,6 +189,12 @@ class CudaOps final : public Ops {
   void zero(float* x, int64_t n) override {
     if (n <= 0) return;
     LOOM_CUDA_CHECK(cudaMemsetAsync(x, 0, sizeof(float) * n, 0));
+  }
+  void scatter_rows(float* dst, const float* src, const int32_t* rows, int n, int C) override {
+    k::scatter_rows(dst, src, rows, n, C);
+  }
+  void gather_add_rows(float* dst, const float* src, const int32_t* rows, int n, int C) override {
+    k::gather_add_rows(dst, src, rows, n, C);
   }
 
  private:

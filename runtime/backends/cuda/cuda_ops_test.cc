@@ -14,6 +14,10 @@
 #include "kernels/testing/tolerances.h"
 #include "runtime/backends/cuda/gpu_testing.h"
 
+#ifdef LOOM_CUDA_EMU
+#include "runtime/backends/cuda/emu/emu.h"
+#endif
+
 namespace loom {
 namespace {
 
@@ -210,6 +214,46 @@ TEST_F(CudaOpsTest, VocabShardCrossEntropyStepsAgree) {
       nullptr, d_logits.get(), d_mx.get(), d_sums.get(), d_targets.get(), T, V, start, 0.25f);
   EXPECT_EQ(loss_only.count, want.count);
   EXPECT_NEAR(loss_only.sum, want.sum, 1e-4 * want.count);
+}
+
+// The LLM's image-token rows: scattered in, their gradients gathered out.
+TEST_F(CudaOpsTest, RowsScatterAndGather) {
+  const int n = 3, C = 5, T = 8;
+  const std::vector<int32_t> rows = {6, 1, 4};
+  const std::vector<float> src = RandomVector(n * C, 8), big = RandomVector(T * C, 9);
+  std::vector<float> dst = RandomVector(T * C, 10), acc = RandomVector(n * C, 11);
+  Buf<float> ddst(gpu_.get(), dst), dsrc(gpu_.get(), src), dbig(gpu_.get(), big),
+      dacc(gpu_.get(), acc);
+  Buf<int32_t> drows(gpu_.get(), rows);
+  CpuOps()->scatter_rows(dst.data(), src.data(), rows.data(), n, C);
+  CpuOps()->gather_add_rows(acc.data(), big.data(), rows.data(), n, C);
+  gpu_->scatter_rows(ddst.get(), dsrc.get(), drows.get(), n, C);
+  gpu_->gather_add_rows(dacc.get(), dbig.get(), drows.get(), n, C);
+  EXPECT_EQ(ddst.Host(), dst);
+  EXPECT_EQ(dacc.Host(), acc);
+  EXPECT_EQ(dst[6 * C + 2], src[2]);  // row 0 of src went to row 6
+}
+
+// Attention's backward runs on the device alone: no copy to the host (of
+// the sequence boundaries, to size a scratch) stalls the stream.
+TEST_F(CudaOpsTest, AttentionBackwardCopiesNothingToTheHost) {
+#ifndef LOOM_CUDA_EMU
+  GTEST_SKIP() << "counts copies, which the CUDA emulation does";
+#else
+  const std::vector<int32_t> cu = {0, 7, 19};
+  const int S = 2, T = 19, NH = 2, NKV = 1, HD = 8;
+  Buf<float> qkv(gpu_.get(), RandomVector(T * (NH + 2 * NKV) * HD, 3));
+  Buf<float> g(gpu_.get(), RandomVector(T * NH * HD, 4));
+  Buf<float> out(gpu_.get(), std::vector<float>(T * NH * HD));
+  Buf<float> att(gpu_.get(), std::vector<float>(NH * (7 * 7 + 12 * 12)));
+  Buf<float> dqkv(gpu_.get(), std::vector<float>(T * (NH + 2 * NKV) * HD, 0.0f));
+  Buf<int32_t> dcu(gpu_.get(), cu);
+  gpu_->attention_forward(out.get(), att.get(), qkv.get(), dcu.get(), S, T, NH, NKV, HD, true);
+  const int64_t before = cuda_emu::GetCounters().copies_to_host;
+  gpu_->attention_backward(dqkv.get(), g.get(), qkv.get(), att.get(), dcu.get(), S, T, NH, NKV, HD,
+                           true);
+  EXPECT_EQ(cuda_emu::GetCounters().copies_to_host, before);
+#endif
 }
 
 TEST(CudaOpsUnavailableTest, WithoutAGpuItSaysWhy) {
