@@ -178,7 +178,7 @@ absl::Status OpenPart(const std::string& path, const std::string& module, PartFi
     return absl::OkStatus();
   };
   auto get_string = [&](std::string* s) -> absl::Status {
-    uint32_t n;
+    uint32_t n = 0;
     if (absl::Status e = get_value(&n); !e.ok()) return e;
     if (n > 4096) return corrupt("a name longer than 4096 bytes");
     if (absl::Status e = get(n); !e.ok()) return e;

@@ -1,12 +1,19 @@
 // loom-train-local's --device: a bad value, and a GPU that is not there,
-// are refused naming the flag; cpu trains.
+// are refused naming the flag; cpu trains, and cuda trains as cpu does
+// (on a GPU, or on the CUDA emulation: bazel test --config=cuda_emu).
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
+#include "runtime/backends/cuda/device.h"
+#include "runtime/backends/cuda/gpu_testing.h"
 
 namespace loom {
 namespace {
@@ -41,6 +48,53 @@ TEST(TrainLocalDeviceTest, CpuTrains) {
   const std::string out = TrainLocal("--device cpu --steps 2 --batch_size 4", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"step\":2"), std::string::npos) << out;
+}
+
+// A number after "key": in a JSON line.
+double Field(const std::string& line, const std::string& key) {
+  const size_t at = line.find("\"" + key + "\":");
+  return at == std::string::npos ? NAN : std::atof(line.c_str() + at + key.size() + 3);
+}
+
+struct Step {
+  double loss, grad_norm;
+};
+
+std::vector<Step> Steps(const std::string& out) {
+  std::vector<Step> steps;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("{\"step\":", 0) == 0)
+      steps.push_back({Field(line, "loss"), Field(line, "grad_norm")});
+  }
+  return steps;
+}
+
+// The same job on the GPU (CudaOps, device memory, the host optimizer) and
+// on the CPU: step by step the same losses and gradient norms.
+TEST(TrainLocalDeviceTest, CudaTrainsAsTheCpuDoes) {
+  LOOM_REQUIRE_GPU_OR_SKIP(cuda::DeviceCount() > 0, "no usable CUDA device");
+  const std::string job = " --steps 4 --batch_size 4 --seed 11";
+  int rc = 0;
+  const std::string cpu_out = TrainLocal("--device cpu" + job, &rc);
+  ASSERT_EQ(rc, 0) << cpu_out;
+  const std::string gpu_out = TrainLocal("--device cuda" + job, &rc);
+  ASSERT_EQ(rc, 0) << gpu_out;
+  const std::vector<Step> cpu = Steps(cpu_out), gpu = Steps(gpu_out);
+  ASSERT_EQ(cpu.size(), 4u) << cpu_out;
+  ASSERT_EQ(gpu.size(), 4u) << gpu_out;
+  const testing::Tolerance& tol = testing::kCudaTrainingVsCpuF32;
+  double worst_loss = 0, worst_norm = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_NEAR(gpu[i].loss, cpu[i].loss, tol.atol + tol.rtol * std::abs(cpu[i].loss)) << i + 1;
+    EXPECT_NEAR(gpu[i].grad_norm, cpu[i].grad_norm, tol.atol + tol.rtol * cpu[i].grad_norm)
+        << i + 1;
+    worst_loss = std::max(worst_loss, std::abs(gpu[i].loss - cpu[i].loss) / cpu[i].loss);
+    worst_norm =
+        std::max(worst_norm, std::abs(gpu[i].grad_norm - cpu[i].grad_norm) / cpu[i].grad_norm);
+  }
+  std::printf("largest relative difference over 4 steps: loss %.2e, grad_norm %.2e\n", worst_loss,
+              worst_norm);
 }
 
 }  // namespace
