@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -177,9 +178,9 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
       return a;
     }
     default: {
-      std::vector<std::string> a = {absl::StrCat("--rank=", s.rank),
-                                    "--scheduler=" + target(common::v1::ROLE_SCHEDULER),
-                                    "--advertise_host=" + s.host};
+      std::vector<std::string> a = {
+          absl::StrCat("--rank=", s.rank), absl::StrCat("--local_rank=", s.local_rank),
+          "--scheduler=" + target(common::v1::ROLE_SCHEDULER), "--advertise_host=" + s.host};
       if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
       return a;
     }
@@ -225,6 +226,13 @@ absl::Status Launcher::Start() {
       }
       services_.push_back(std::move(s));
     }
+  }
+  // Each worker's rank among the workers on its host (every module's,
+  // in launch order): device "cuda" opens that rank's GPU, so the workers on
+  // a machine spread over its GPUs.
+  std::map<std::string, int> on_host;
+  for (LaunchedService& s : services_) {
+    if (s.binary->worker) s.local_rank = on_host[s.netns + "/" + s.host]++;
   }
   // Each stage needs the previous one's port: preprocess, scheduler, then
   // all workers together.

@@ -78,8 +78,9 @@ struct LauncherOptions {
 struct LaunchedService {
   const ServiceBinary* binary = nullptr;  // from ServiceCatalog()
   int rank = 0;
-  std::string host;   // the address it binds and advertises
-  std::string netns;  // its network namespace; empty: the launcher's
+  int local_rank = 0;  // a worker's rank among the workers on its host
+  std::string host;    // the address it binds and advertises
+  std::string netns;   // its network namespace; empty: the launcher's
   std::unique_ptr<Subprocess> process;
   ServingPorts ports;
   bool same_ports = false;  // a replacement binding the ports `ports` holds

@@ -40,12 +40,15 @@ cublasHandle_t Handle() { return static_cast<cublasHandle_t>(CublasHandle()); }
 }  // namespace
 
 void* CublasHandle() {
-  thread_local cublasHandle_t handle = [] {
-    cublasHandle_t h;
-    LOOM_CUBLAS_CHECK(cublasCreate(&h));
-    return h;
-  }();
-  return handle;
+  // Destroyed when its thread ends (a worker's training thread is replaced at
+  // every recovery: each would leak a handle).
+  struct Handle {
+    Handle() { LOOM_CUBLAS_CHECK(cublasCreate(&h)); }
+    ~Handle() { (void)cublasDestroy(h); }
+    cublasHandle_t h = nullptr;
+  };
+  thread_local Handle handle;
+  return handle.h;
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int M,

@@ -14,6 +14,7 @@ namespace {
 struct Api {
   void* (*load)(const char*, size_t, char*, size_t);
   void (*free_model)(void*);
+  void (*release)(void*);
   int (*encode)(void*, const char*, size_t, int**, size_t*, char*, size_t);
   char* (*decode)(void*, const int*, size_t);
   int (*info)(void*, int);
@@ -21,6 +22,24 @@ struct Api {
   int (*train)(const char* const*, const size_t*, size_t, const char*, char**, size_t*, char*,
                size_t);
 };
+
+// dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND). Under AddressSanitizer
+// (the CUDA emulation's build) the sanitizer's dlopen refuses RTLD_DEEPBIND,
+// because a library bound that way allocates with the C library's malloc:
+// the plugin frees everything it allocates itself (loom_spm_release), so the
+// C library's own dlopen is called.
+void* DlopenDeep(const char* path) {
+  constexpr int kFlags = RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND;
+#if defined(__SANITIZE_ADDRESS__)
+  using Dlopen = void* (*)(const char*, int);
+  for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5"}) {
+    if (auto* real = reinterpret_cast<Dlopen>(::dlvsym(RTLD_DEFAULT, "dlopen", version))) {
+      return real(path, kFlags);
+    }
+  }
+#endif
+  return ::dlopen(path, kFlags);
+}
 
 const Api* LoadApi(std::string* error) {
   static Api api;
@@ -39,7 +58,7 @@ const Api* LoadApi(std::string* error) {
         tried += " " + path;
         continue;
       }
-      handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      handle = DlopenDeep(path.c_str());
       if (handle != nullptr) break;
       tried += " " + path + " (" + ::dlerror() + ")";
     }
@@ -51,12 +70,13 @@ const Api* LoadApi(std::string* error) {
     auto sym = [&](const char* name) { return ::dlsym(handle, name); };
     api.load = reinterpret_cast<decltype(api.load)>(sym("loom_spm_load"));
     api.free_model = reinterpret_cast<decltype(api.free_model)>(sym("loom_spm_free"));
+    api.release = reinterpret_cast<decltype(api.release)>(sym("loom_spm_release"));
     api.encode = reinterpret_cast<decltype(api.encode)>(sym("loom_spm_encode"));
     api.decode = reinterpret_cast<decltype(api.decode)>(sym("loom_spm_decode"));
     api.info = reinterpret_cast<decltype(api.info)>(sym("loom_spm_info"));
     api.piece_to_id = reinterpret_cast<decltype(api.piece_to_id)>(sym("loom_spm_piece_to_id"));
     api.train = reinterpret_cast<decltype(api.train)>(sym("loom_spm_train"));
-    if (!api.load || !api.free_model || !api.encode || !api.decode || !api.info ||
+    if (!api.load || !api.free_model || !api.release || !api.encode || !api.decode || !api.info ||
         !api.piece_to_id || !api.train) {
       load_error = "libloom_spm.so lacks an expected symbol";
     }
@@ -103,7 +123,7 @@ bool Model::Encode(std::string_view text, std::vector<int>* ids, std::string* er
     return false;
   }
   ids->assign(out, out + count);
-  std::free(out);
+  impl_->api->release(out);
   return true;
 }
 
@@ -111,7 +131,7 @@ std::string Model::Decode(const std::vector<int>& ids) const {
   char* s = impl_->api->decode(impl_->model, ids.data(), ids.size());
   if (s == nullptr) return "";
   std::string out(s);
-  std::free(s);
+  impl_->api->release(s);
   return out;
 }
 
@@ -143,7 +163,7 @@ bool Train(const std::vector<std::string>& sentences, const std::string& args,
     return false;
   }
   serialized_model->assign(model, len);
-  std::free(model);
+  api->release(model);
   return true;
 }
 

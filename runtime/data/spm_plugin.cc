@@ -64,11 +64,16 @@ __attribute__((visibility("default"))) void* loom_spm_load(const char* data, siz
   return p;
 }
 
+// Memory the plugin returned (ids, strings, models): freed by the plugin's
+// own allocator, which with RTLD_DEEPBIND is the C library's even where the
+// process replaced malloc (AddressSanitizer).
+__attribute__((visibility("default"))) void loom_spm_release(void* p) { std::free(p); }
+
 __attribute__((visibility("default"))) void loom_spm_free(void* model) {
   delete static_cast<sentencepiece::SentencePieceProcessor*>(model);
 }
 
-// ids: malloc'd, freed by the caller with free().
+// ids: malloc'd, freed by the caller with loom_spm_release().
 __attribute__((visibility("default"))) int loom_spm_encode(void* model, const char* text, size_t n,
                                                            int** ids, size_t* count, char* err,
                                                            size_t errlen) {
@@ -86,7 +91,7 @@ __attribute__((visibility("default"))) int loom_spm_encode(void* model, const ch
   return 1;
 }
 
-// Returns a malloc'd, NUL-terminated string (freed by the caller), or NULL.
+// Returns a malloc'd, NUL-terminated string (loom_spm_release), or NULL.
 __attribute__((visibility("default"))) char* loom_spm_decode(void* model, const int* ids,
                                                              size_t n) {
   std::string out;
@@ -122,7 +127,7 @@ __attribute__((visibility("default"))) int loom_spm_piece_to_id(void* model, con
       std::string_view(piece, n));
 }
 
-// model: malloc'd, freed by the caller.
+// model: malloc'd, freed by the caller with loom_spm_release().
 __attribute__((visibility("default"))) int loom_spm_train(const char* const* sentences,
                                                           const size_t* lens, size_t n,
                                                           const char* args, char** model,

@@ -135,6 +135,34 @@ TEST(ParamSetTest, PlacingOnTheCpuKeepsTheHostVectors) {
   EXPECT_NE(copy.param(w), p.param(w));
 }
 
+// Ranks on one machine spread over its GPUs; an explicit index is kept.
+TEST(DeviceTest, CudaIsTheLocalRanksGpu) {
+  EXPECT_EQ(*ResolveDevice("cuda", 0, 8), 0);
+  EXPECT_EQ(*ResolveDevice("cuda", 5, 8), 5);
+  EXPECT_EQ(*ResolveDevice("cuda", 9, 8), 1);  // more ranks than GPUs: shared
+  EXPECT_EQ(*ResolveDevice("cuda:3", 5, 8), 3);
+  EXPECT_EQ(*ResolveDevice("cpu", 5, 8), -1);
+  EXPECT_EQ(*ResolveDevice("cuda", 5, 0), 0);  // no GPU: opening device 0 says so
+  EXPECT_EQ(ResolveDevice("gpu", 0, 8).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DeviceTest, LocalRankComesFromTheLauncher) {
+  for (const char* v :
+       {"LOOM_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+    unsetenv(v);
+  }
+  EXPECT_EQ(*LocalRankFromEnvironment(), 0);
+  setenv("SLURM_LOCALID", "3", 1);
+  EXPECT_EQ(*LocalRankFromEnvironment(), 3);
+  setenv("LOCAL_RANK", "2", 1);  // torchrun's before Slurm's
+  EXPECT_EQ(*LocalRankFromEnvironment(), 2);
+  setenv("LOOM_LOCAL_RANK", "x", 1);
+  absl::StatusOr<int> bad = LocalRankFromEnvironment();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("LOOM_LOCAL_RANK=x"), std::string::npos) << bad.status();
+  for (const char* v : {"LOOM_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"}) unsetenv(v);
+}
+
 TEST(PackTest, TargetsArePredictableTextAndPositionsRestart) {
   Sample a, b;
   a.tokens = {5, -1, -1, 7, 8};

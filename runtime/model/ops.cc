@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -218,6 +219,27 @@ absl::StatusOr<int> ParseDevice(const std::string& name) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("want cpu, cuda or cuda:N (N a device index), got \"", name, "\""));
+}
+
+absl::StatusOr<int> ResolveDevice(const std::string& name, int local_rank, int devices) {
+  absl::StatusOr<int> index = ParseDevice(name);
+  if (!index.ok() || name != "cuda" || devices <= 0) return index;
+  return local_rank % devices;
+}
+
+absl::StatusOr<int> LocalRankFromEnvironment() {
+  for (const char* var :
+       {"LOOM_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+    const char* v = std::getenv(var);
+    if (v == nullptr || *v == '\0') continue;
+    int rank = -1;
+    if (!absl::SimpleAtoi(v, &rank) || rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(var, "=", v, ": want the process's local rank, an integer >= 0"));
+    }
+    return rank;
+  }
+  return 0;
 }
 
 }  // namespace loom

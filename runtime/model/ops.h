@@ -139,6 +139,19 @@ Ops* CpuOps();
 // INVALID_ARGUMENT saying what it wants otherwise.
 absl::StatusOr<int> ParseDevice(const std::string& name);
 
+// The device a process opens for `name`: "cuda" is the GPU of its local
+// rank (local_rank mod `devices`, so that the ranks on one machine spread
+// over its GPUs; several share one when there are more ranks than GPUs);
+// "cuda:N" is N whatever the rank; "cpu" is -1. ParseDevice's errors.
+absl::StatusOr<int> ResolveDevice(const std::string& name, int local_rank, int devices);
+
+// This process's rank among the ranks on its machine, from its launcher:
+// LOOM_LOCAL_RANK (loom up), LOCAL_RANK (torchrun), SLURM_LOCALID (srun),
+// OMPI_COMM_WORLD_LOCAL_RANK (mpirun), the first set; 0 when none is (one
+// rank per pod or machine). INVALID_ARGUMENT naming a variable that is set
+// but not a non-negative integer.
+absl::StatusOr<int> LocalRankFromEnvironment();
+
 }  // namespace loom
 
 #endif  // LOOM_RUNTIME_MODEL_OPS_H_

@@ -58,6 +58,9 @@ namespace loom {
 struct TrainingWorkerOptions {
   common::v1::Role role = common::v1::ROLE_UNSPECIFIED;  // ENCODER_WORKER or LLM_WORKER
   int rank = 0;
+  // Its rank among the ranks on its machine: device "cuda" is this rank's
+  // GPU (runtime/model/ops.h ResolveDevice).
+  int local_rank = 0;
   std::string scheduler;  // host:port
   std::string host;       // address peers reach this process on (Gloo); "": hostname
   std::string endpoint;   // this worker's gRPC host:port, for the scheduler's records

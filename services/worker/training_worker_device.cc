@@ -3,7 +3,9 @@
 // reduced over, and their end. See training_worker_impl.h.
 #include "absl/strings/str_cat.h"
 #include "runtime/backends/cuda/cuda_ops.h"
+#include "runtime/backends/cuda/device.h"
 #include "runtime/backends/cuda/nccl_communicator.h"
+#include "runtime/base/log.h"
 #include "runtime/comm/host_staged.h"
 #include "services/common/job.h"
 #include "services/worker/training_worker_impl.h"
@@ -13,15 +15,24 @@ namespace loom {
 absl::Status TrainingWorker::Impl::OpenDevice() {
   if (ops != nullptr) return absl::OkStatus();  // opened at the first Join
   const std::string& device = JobDevice(job, encoder);
-  absl::StatusOr<int> index = ParseDevice(device);  // checked with the job
+  // "cuda" is this rank's GPU on its machine (its local rank's).
+  absl::StatusOr<int> index =
+      ResolveDevice(device, options.local_rank, cuda::DeviceCount());  // checked with the job
   device_index = index.ok() ? *index : -1;
-  absl::StatusOr<Ops*> made = OpsForDevice(device, &device_ops);
+  const std::string opened = device_index < 0 ? "cpu" : absl::StrCat("cuda:", device_index);
+  absl::StatusOr<Ops*> made = OpsForDevice(opened, &device_ops);
   if (!made.ok()) {
-    return absl::Status(made.status().code(),
-                        absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, ": ",
-                                     made.status().message()));
+    return absl::Status(
+        made.status().code(),
+        absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, " (", opened,
+                     ", local rank ", options.local_rank, "): ", made.status().message()));
   }
   ops = *made;
+  LOOM_LOG(INFO)
+          .With("device", opened)
+          .With("job_device", device)
+          .With("local_rank", options.local_rank)
+      << "opened its device";
   for (Buffer<float>& b : staged) b.set_backend(ops->backend());
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
+#include "runtime/model/ops.h"
 #include "services/common/init.h"
 #include "services/worker/training_worker.h"
 
@@ -15,6 +16,10 @@ ABSL_FLAG(int, rank, 0, "This process's rank within its module (0-based).");
 ABSL_FLAG(bool, rank_from_hostname, false,
           "Take the rank from the hostname's last '-N' (a StatefulSet pod, loom-encoder-3 -> 3) "
           "instead of --rank.");
+ABSL_FLAG(int, local_rank, -1,
+          "This process's rank among the ranks on its machine; device \"cuda\" opens GPU "
+          "local_rank mod the GPU count. -1: from LOOM_LOCAL_RANK, LOCAL_RANK, SLURM_LOCALID or "
+          "OMPI_COMM_WORLD_LOCAL_RANK, else 0.");
 ABSL_FLAG(std::string, scheduler, "",
           "host:port of loom-scheduler: register and train. Empty: serve GetInfo only.");
 ABSL_FLAG(std::string, advertise_host, "",
@@ -31,7 +36,8 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
   InitService(argc, argv, b.name,
               absl::StrCat(b.name, ": ", b.summary,
                            "\nFlags: --host --grpc_port --metrics_port --shutdown_deadline "
-                           "--log_level --rank --rank_from_hostname --scheduler --advertise_host "
+                           "--log_level --rank --rank_from_hostname --local_rank --scheduler "
+                           "--advertise_host "
                            "--startup_timeout --trace_dir --check_flags"));
   int rank = absl::GetFlag(FLAGS_rank);
   if (absl::GetFlag(FLAGS_rank_from_hostname)) {
@@ -49,6 +55,15 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
     std::fprintf(stderr, "%s: --rank must be >= 0, got %d\n", b.name, rank);
     return 1;
   }
+  int local_rank = absl::GetFlag(FLAGS_local_rank);
+  if (local_rank < 0) {
+    absl::StatusOr<int> from_env = LocalRankFromEnvironment();
+    if (!from_env.ok()) {
+      std::fprintf(stderr, "%s: %s\n", b.name, std::string(from_env.status().message()).c_str());
+      return 1;
+    }
+    local_rank = *from_env;
+  }
   Chassis chassis(ChassisOptionsFromFlags(b.name, b.role, rank));
   std::unique_ptr<grpc::Service> service = b.make_service(&chassis);
   chassis.AddService(service.get(), b.service_full_name);
@@ -62,6 +77,7 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
     TrainingWorkerOptions o;
     o.role = b.role;
     o.rank = rank;
+    o.local_rank = local_rank;
     o.scheduler = absl::GetFlag(FLAGS_scheduler);
     o.host = absl::GetFlag(FLAGS_advertise_host);
     o.endpoint = absl::StrCat(o.host.empty() ? "localhost" : o.host, ":", chassis.grpc_port());
