@@ -2,8 +2,12 @@
 // contract from outside: the logged ports, grpc.health.v1 SERVING overall and
 // per service, GetInfo over gRPC, /metrics that `promtool check metrics`
 // accepts, and a clean exit 0 within a deadline after SIGTERM.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -113,6 +117,76 @@ TEST_P(ServiceProcessTest, ExitsWithAnErrorWhenItsPortIsTaken) {
 
 INSTANTIATE_TEST_SUITE_P(AllServices, ServiceProcessTest, ::testing::ValuesIn(ServiceCatalog()),
                          [](const auto& info) { return TestName(info.param); });
+
+// A free port p with p + 1 free too (bound and released: a race with other
+// processes is possible but unlikely in a test's sandbox).
+int FreePortPair() {
+  static int attempt = 0;
+  for (int tries = 0; tries < 200; ++tries) {
+    const int p = 20000 + static_cast<int>((getpid() * 7919 + ++attempt * 104729) % 40000);
+    bool free = true;
+    for (int port : {p, p + 1}) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      free = free && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+      close(fd);
+    }
+    if (free) return p;
+  }
+  return 0;
+}
+
+// One pod per node: --local_ranks=2 runs ranks 2·rank and 2·rank + 1 as two
+// processes on consecutive ports; SIGTERM stops both (exit 0); a rank that
+// dies stops the other and the pod's process fails.
+TEST(LocalRanksTest, OneProcessPerRankOnConsecutivePorts) {
+  const ServiceBinary* b = nullptr;
+  for (const ServiceBinary& s : ServiceCatalog()) {
+    if (s.role == common::v1::ROLE_LLM_WORKER) b = &s;
+  }
+  ASSERT_NE(b, nullptr);
+  for (bool kill_one : {false, true}) {
+    const int grpc = FreePortPair(), metrics = FreePortPair();
+    ASSERT_TRUE(grpc != 0 && metrics != 0 && grpc != metrics && grpc + 1 != metrics &&
+                metrics + 1 != grpc);
+    std::vector<std::string> argv = {BinaryPath(*b),
+                                     "--host=127.0.0.1",
+                                     absl::StrCat("--grpc_port=", grpc),
+                                     absl::StrCat("--metrics_port=", metrics),
+                                     "--shutdown_deadline=2s",
+                                     "--rank=1",
+                                     "--local_ranks=2"};
+    for (const std::string& flag : SecurityFlags(b->role)) argv.push_back(flag);
+    auto pod = Subprocess::Start(argv, TempPath(absl::StrCat("local_ranks", kill_one, ".log")));
+    ASSERT_TRUE(pod.ok()) << pod.status();
+    std::vector<int> pids;
+    for (int i = 0; i < 2; ++i) {
+      const std::string target = absl::StrCat("127.0.0.1:", grpc + i);
+      ASSERT_TRUE(WaitUntilServing(target, "", absl::Seconds(30)).ok()) << (*pod)->ReadLog();
+      absl::StatusOr<common::v1::ServiceInfo> info = GetInfo(*b, target);
+      ASSERT_TRUE(info.ok()) << info.status();
+      EXPECT_EQ(info->rank(), 2 + i);
+      EXPECT_EQ(info->metrics_port(), metrics + i);
+      EXPECT_NE(info->pid(), (*pod)->pid());
+      pids.push_back(info->pid());
+    }
+    if (kill_one) {
+      kill(pids[1], SIGKILL);
+      absl::StatusOr<int> st = (*pod)->Wait(absl::Seconds(20));
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(DescribeWaitStatus(*st), "exit 1") << (*pod)->ReadLog();
+    } else {
+      (*pod)->Signal(SIGTERM);
+      absl::StatusOr<int> st = (*pod)->Wait(absl::Seconds(20));
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << (*pod)->ReadLog();
+    }
+    EXPECT_NE(kill(pids[0], 0), 0) << "local rank 0 outlived its pod's process";
+  }
+}
 
 }  // namespace
 }  // namespace loom

@@ -524,6 +524,52 @@ job:
 
     bad_peer = os.path.join(TMP, "bad-peer.yaml")
     open(bad_peer, "w").write("networkPolicy: {metricsFrom: [{cidr: 10.0.0.0/8}]}\n")  # not under ipBlock
+    # One pod per node: 8 ranks per pod, each its own process on its own GPU
+    # (--local_ranks), TP groups inside a pod, a port and a scrape per rank.
+    per_node = os.path.join(TMP, "per-node.yaml")
+    open(per_node, "w").write("""
+serviceMonitor: {enabled: true}
+workers: {ranksPerPod: 8}
+job:
+  parallel: {encoder_dp: 8, llm_tp: 4, llm_dp: 4, microbatches: 4}
+  device: {encoder: cuda, llm: cuda, collectives: nccl}
+""")
+    objs = check_render("one pod per node", ["-f", per_node], base + ["ServiceMonitor/train-loom"])
+    check_args("one pod per node", objs)
+    check_references("one pod per node", objs)
+    check_schemas("one pod per node", objs)
+    check_locked_down("one pod per node", objs)
+    if objs:
+        for module, pods in (("encoder", 1), ("llm", 2)):
+            s = by(objs, "StatefulSet", "train-loom-" + module)
+            c = containers(s)[0]
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            svc = {p["name"]: p["port"] for p in by(objs, "Service", "train-loom-" + module)["spec"]["ports"]}
+            check(s["spec"]["replicas"] == pods and "--local_ranks=8" in c["args"] and
+                  "--rank_from_hostname" in c["args"] and c["resources"]["limits"].get("nvidia.com/gpu") == 8,
+                  "one pod per node: %s has %d pods of 8 ranks (--local_ranks=8) and 8 GPUs each" % (module, pods))
+            check(all(ports.get("grpc-%d" % i) == 50051 + i and ports.get("metrics-%d" % i) == 9090 + i and
+                      svc.get("metrics-%d" % i) == 9090 + i for i in range(1, 8)),
+                  "one pod per node: %s local ranks 1-7 on ports grpc+i and metrics+i, each scraped" % module)
+            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+            check(mounts.get("shm") == "/dev/shm", "one pod per node: %s ranks share /dev/shm" % module)
+        monitor = by(objs, "ServiceMonitor", "train-loom")
+        check([e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"] + ["metrics-%d" % i for i in range(1, 8)],
+              "one pod per node: the ServiceMonitor scrapes every local rank")
+        rules = by(objs, "NetworkPolicy", "train-loom-llm-worker")["spec"]["ingress"]
+        check(any(r.get("ports") == [{"port": 9090, "endPort": 9097, "protocol": "TCP"}] for r in rules),
+              "one pod per node: metricsFrom reaches every local rank's metrics port")
+    for what, args, named in [
+        ("3 ranks per pod for 16 LLM ranks", ["-f", per_node, "--set", "workers.ranksPerPod=3"],
+         "workers.ranksPerPod 3 must divide the encoder module's 8 ranks"),
+        ("2 ranks per pod under TP 4", ["-f", per_node, "--set", "workers.ranksPerPod=2"],
+         "workers.ranksPerPod 2 must be a multiple of parallel.llm_tp 4"),
+        ("0 ranks per pod", ["--set", "workers.ranksPerPod=0"], "workers.ranksPerPod"),
+    ]:
+        rc, out, err = render(*args)
+        check(rc != 0 and named in err, "one pod per node: refuses %s, naming it (%s)" %
+              (what, err.strip().splitlines()[-1] if err.strip() else ""))
+
     # The schemas can fail: a misspelled field (the chart's values cannot
     # produce one) and a wrong type are found, named by their path.
     objs = check_render("defaults, again", [], base)
