@@ -364,6 +364,8 @@ def main():
             env = {e["name"] for e in c.get("env", [])}
             check("NCCL_DEBUG" in env and "UCX_LOG_LEVEL" in env, "%s: NCCL_ and UCX_ environment from values" % module)
             check(c["resources"]["limits"].get("nvidia.com/gpu") == 1, "%s: one GPU per rank" % module)
+            check(c["image"] == "loom-cuda:0.1.0", "%s: the GPU image (gpuImage, deploy/docker/Dockerfile.cuda)"
+                  " by default, got %s" % (module, c["image"]))
             ready = c["readinessProbe"]["exec"]["command"]
             live = c["livenessProbe"]["exec"]["command"]
             check("--scheduler=127.0.0.1:50051" in ready and ready[-2:] == ["health", "loom.worker.v1.%s" % (
@@ -524,6 +526,15 @@ job:
 
     bad_peer = os.path.join(TMP, "bad-peer.yaml")
     open(bad_peer, "w").write("networkPolicy: {metricsFrom: [{cidr: 10.0.0.0/8}]}\n")  # not under ipBlock
+    # Without GPUs the workers run the CPU image, as the other services do.
+    objs = check_render("no GPUs", ["--set", "gpu.enabled=false"], base)
+    if objs:
+        images = {o["metadata"]["name"]: containers(o)[0]["image"] for o in objs
+                  if o["kind"] in ("Deployment", "StatefulSet")}
+        check(set(images.values()) == {"loom:0.1.0"} and
+              "nvidia.com/gpu" not in containers(by(objs, "StatefulSet", "train-loom-llm"))[0]["resources"]["limits"],
+              "gpu.enabled false: every pod runs image, no GPU requested (%s)" % images)
+
     # One pod per node: 8 ranks per pod, each its own process on its own GPU
     # (--local_ranks), TP groups inside a pod, a port and a scrape per rank.
     per_node = os.path.join(TMP, "per-node.yaml")

@@ -27,6 +27,15 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* The workers' image: the CUDA build where they get GPUs. */}}
+{{- define "loom.workerImage" -}}
+{{- if .Values.gpu.enabled -}}
+{{ .Values.gpuImage.repository }}:{{ .Values.gpuImage.tag | default .Chart.AppVersion }}
+{{- else -}}
+{{ include "loom.image" . }}
+{{- end -}}
+{{- end -}}
+
 {{/* The flags every Loom service takes (services/common/chassis). */}}
 {{- define "loom.chassisArgs" -}}
 - --host=0.0.0.0
