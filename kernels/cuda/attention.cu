@@ -106,6 +106,24 @@ struct Rows {
   int s, start, L, i;
 };
 
+// Query row t, head h (this block's): its sequence, the keys it sees (n),
+// its saved probabilities p and its output gradient g.
+struct QueryRow {
+  __device__ QueryRow(const float* att, const float* dout, const int32_t* cu, int S, int NH,
+                      int NKV, int HD, bool causal)
+      : t(blockIdx.x), h(blockIdx.y), y(NH, NKV, HD, h), r(cu, S, t) {
+    n = causal ? r.i + 1 : r.L;
+    p = att + AttOffset(cu, r.s, NH) + (static_cast<int64_t>(h) * r.L + r.i) * r.L;
+    g = dout + static_cast<int64_t>(t) * NH * HD + h * HD;
+  }
+  int t, h;
+  Heads y;
+  Rows r;
+  int n;
+  const float* p;
+  const float* g;
+};
+
 __device__ float Dot(const float* a, const float* b, int n) {
   float d = 0;
   for (int e = 0; e < n; ++e) d += a[e] * b[e];
@@ -115,41 +133,32 @@ __device__ float Dot(const float* a, const float* b, int n) {
 __global__ void AttentionRowDots(float* D, const float* dout, const float* qkv, const float* att,
                                  const int32_t* cu, int S, int NH, int NKV, int HD, bool causal) {
   __shared__ float scratch[32];
-  const int t = blockIdx.x, h = blockIdx.y, C = NH * HD;
-  const Heads y(NH, NKV, HD, h);
-  const Rows r(cu, S, t);
-  const int n = causal ? r.i + 1 : r.L;
-  const float* p = att + AttOffset(cu, r.s, NH) + (static_cast<int64_t>(h) * r.L + r.i) * r.L;
-  const float* g = dout + static_cast<int64_t>(t) * C + h * HD;
+  const QueryRow q(att, dout, cu, S, NH, NKV, HD, causal);
   float dot = 0;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    dot += p[j] * Dot(g, qkv + (r.start + j) * y.ld + y.v, HD);
+  for (int j = threadIdx.x; j < q.n; j += blockDim.x) {
+    dot += q.p[j] * Dot(q.g, qkv + (q.r.start + j) * q.y.ld + q.y.v, HD);
   }
   dot = BlockSum(dot, scratch);
-  if (threadIdx.x == 0) D[static_cast<int64_t>(t) * NH + h] = dot;
+  if (threadIdx.x == 0) D[static_cast<int64_t>(q.t) * NH + q.h] = dot;
 }
 
 __global__ void AttentionBackwardQ(float* dqkv, const float* D, const float* dout, const float* qkv,
                                    const float* att, const int32_t* cu, int S, int NH, int NKV,
                                    int HD, bool causal, float scale) {
   __shared__ float ds[kAttentionThreads];
-  const int t = blockIdx.x, h = blockIdx.y, C = NH * HD;
-  const Heads y(NH, NKV, HD, h);
-  const Rows r(cu, S, t);
-  const int n = causal ? r.i + 1 : r.L;
-  const float* p = att + AttOffset(cu, r.s, NH) + (static_cast<int64_t>(h) * r.L + r.i) * r.L;
-  const float* g = dout + static_cast<int64_t>(t) * C + h * HD;
-  const float d_row = D[static_cast<int64_t>(t) * NH + h];
-  float* dq = dqkv + t * y.ld + y.q;
-  for (int j0 = 0; j0 < n; j0 += blockDim.x) {
+  const QueryRow q(att, dout, cu, S, NH, NKV, HD, causal);
+  const int64_t ld = q.y.ld, start = q.r.start;
+  const float d_row = D[static_cast<int64_t>(q.t) * NH + q.h];
+  float* dq = dqkv + q.t * ld + q.y.q;
+  for (int j0 = 0; j0 < q.n; j0 += blockDim.x) {
     const int j = j0 + threadIdx.x;
     ds[threadIdx.x] =
-        j < n ? p[j] * (Dot(g, qkv + (r.start + j) * y.ld + y.v, HD) - d_row) * scale : 0.0f;
+        j < q.n ? q.p[j] * (Dot(q.g, qkv + (start + j) * ld + q.y.v, HD) - d_row) * scale : 0.0f;
     __syncthreads();
-    const int m = std::min(static_cast<int>(blockDim.x), n - j0);
+    const int m = std::min(static_cast<int>(blockDim.x), q.n - j0);
     for (int e = threadIdx.x; e < HD; e += blockDim.x) {
       float acc = 0;
-      for (int k = 0; k < m; ++k) acc += ds[k] * qkv[(r.start + j0 + k) * y.ld + y.k + e];
+      for (int k = 0; k < m; ++k) acc += ds[k] * qkv[(start + j0 + k) * ld + q.y.k + e];
       dq[e] += acc;
     }
     __syncthreads();

@@ -61,6 +61,15 @@ void SetScheduleSeed(uint64_t seed);
 
 // --- Between the emulation's own files. ---
 
+// LOOM_EMU_ASAN: built under AddressSanitizer (GCC's or Clang's flag).
+#if defined(__SANITIZE_ADDRESS__)
+#define LOOM_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LOOM_EMU_ASAN 1
+#endif
+#endif
+
 // The calling host thread's device (cudaSetDevice), and the count.
 int CurrentDevice();
 int Devices();

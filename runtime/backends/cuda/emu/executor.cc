@@ -14,14 +14,6 @@
 
 #include "emu.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define LOOM_EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LOOM_EMU_ASAN 1
-#endif
-#endif
-
 #ifdef LOOM_EMU_ASAN
 #include <sanitizer/common_interface_defs.h>
 #endif

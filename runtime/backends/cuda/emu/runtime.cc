@@ -12,14 +12,6 @@
 #include "emu.h"
 #include "stream.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define LOOM_EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LOOM_EMU_ASAN 1
-#endif
-#endif
-
 #ifdef LOOM_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #define LOOM_EMU_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
