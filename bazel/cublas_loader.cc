@@ -60,6 +60,11 @@ cublasStatus_t CUBLASWINAPI cublasCreate_v2(cublasHandle_t* handle) {
   return f == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : f(handle);
 }
 
+cublasStatus_t CUBLASWINAPI cublasDestroy_v2(cublasHandle_t handle) {
+  static const auto f = Resolve<cublasStatus_t (*)(cublasHandle_t)>("cublasDestroy_v2");
+  return f == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : f(handle);
+}
+
 cublasStatus_t CUBLASWINAPI cublasGetProperty(libraryPropertyType type, int* value) {
   static const auto f = Resolve<cublasStatus_t (*)(libraryPropertyType, int*)>("cublasGetProperty");
   return f == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : f(type, value);
