@@ -22,10 +22,13 @@ absl::Status TrainingWorker::Impl::OpenDevice() {
   const std::string opened = device_index < 0 ? "cpu" : absl::StrCat("cuda:", device_index);
   absl::StatusOr<Ops*> made = OpsForDevice(opened, &device_ops);
   if (!made.ok()) {
-    return absl::Status(
-        made.status().code(),
-        absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, " (", opened,
-                     ", local rank ", options.local_rank, "): ", made.status().message()));
+    // "cuda" says which GPU it stood for.
+    const std::string which =
+        device == opened ? ""
+                         : absl::StrCat(" (", opened, ", local rank ", options.local_rank, ")");
+    return absl::Status(made.status().code(),
+                        absl::StrCat(encoder ? "device.encoder " : "device.llm ", device, which,
+                                     ": ", made.status().message()));
   }
   ops = *made;
   LOOM_LOG(INFO)
