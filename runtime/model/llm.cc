@@ -108,11 +108,11 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     for (int t = 0; t < T; ++t) {
       if (b.tokens[t] < 0) rows.push_back(t);
     }
-    image_tokens_ = static_cast<int>(rows.size());
+    image_rows_.resize(0);
     if (!rows.empty()) {
       LOOM_CHECK(image_emb != nullptr) << "image positions but no image embeddings";
       image_rows_.CopyFromHost(rows.data(), rows.size());
-      ops_->scatter_rows(x.data(), image_emb, image_rows_.data(), image_tokens_, C);
+      ops_->scatter_rows(x.data(), image_emb, image_rows_.data(), static_cast<int>(rows.size()), C);
     }
   }
   const int64_t att_size = attention_att_size(b.cu_seqlens.data(), b.S(), NH);
@@ -246,8 +246,9 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     parallel::VocabParallelEmbeddingBackward(ops_, params_.grad(wte_), dx.data(), tokens_.data(), T,
                                              C, vocab_start_, V);
   }
-  if (dimage_emb != nullptr && image_tokens_ > 0) {
-    ops_->gather_add_rows(dimage_emb, dx.data(), image_rows_.data(), image_tokens_, C);
+  if (dimage_emb != nullptr && !image_rows_.empty()) {
+    ops_->gather_add_rows(dimage_emb, dx.data(), image_rows_.data(),
+                          static_cast<int>(image_rows_.size()), C);
   }
   return loss;
 }

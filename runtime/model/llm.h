@@ -123,8 +123,7 @@ class Llm {
 
   const LlmBatch* batch_ = nullptr;
   Buffer<int32_t> tokens_, targets_, positions_, cu_;  // batch_'s, where the kernels read them
-  Buffer<int32_t> image_rows_;                         // the batch's image-token rows, in order
-  int image_tokens_ = 0;
+  Buffer<int32_t> image_rows_;  // the batch's image-token rows, in order (first stage)
   Buffer<float> xf_, rf_, rrf_, logits_;
   std::vector<LayerActs> acts_;
 };

@@ -14,12 +14,9 @@
 #define LOOM_LAUNCH_ON(kernel, grid, block, shared_bytes, stream, ...)                         \
   ::loom::cuda_emu::Launch(#kernel, dim3(grid), dim3(block), (shared_bytes), (stream), kernel, \
                            __VA_ARGS__)
-// Dynamic shared memory: `extern __shared__ T name[]` on a GPU.
-#define LOOM_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::loom::cuda_emu::DynamicShared())
 #else
 #define LOOM_LAUNCH_ON(kernel, grid, block, shared_bytes, stream, ...) \
   kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
-#define LOOM_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
 #endif
 
 #define LOOM_LAUNCH(kernel, grid, block, ...) \

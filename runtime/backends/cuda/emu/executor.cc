@@ -207,7 +207,7 @@ class Executor {
     const uint64_t blocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
     gridDim = grid;
     blockDim = block;
-    shared_.assign(shared_bytes, 0);
+    shared_.resize(shared_bytes);  // filled per block (RunBlock)
     Order(&thread_order_, threads_, seed, launch * 2 + 1);
     // Blocks in a shuffled order: a permutation of the first 2^20 (larger
     // grids run in strides of a shuffled start, to keep the table small).

@@ -114,6 +114,22 @@ T Combine(T a, T b, ncclRedOp_t op) {
   }
 }
 
+// Arithmetic in T, or in fp32 for bf16 (rounded back after each rank's
+// addition, as NCCL's ring adds in bf16 one rank at a time).
+template <typename T>
+T Widen(T v) {
+  return v;
+}
+float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T, typename A>
+T Narrow(A v) {
+  return static_cast<T>(v);
+}
+template <>
+__nv_bfloat16 Narrow<__nv_bfloat16, float>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
 // Element i of every rank's send buffer combined in rank order, into every
 // rank's receive buffer.
 template <typename T>
@@ -122,30 +138,15 @@ void Reduce(const std::map<int, Op>& parts, size_t count, ncclRedOp_t op) {
   bool first = true;
   for (const auto& [rank, part] : parts) {
     const T* x = static_cast<const T*>(part.send);
-    for (size_t i = 0; i < count; ++i) acc[i] = first ? x[i] : Combine(acc[i], x[i], op);
-    first = false;
-  }
-  if (op == ncclAvg) {
-    for (T& v : acc) v = static_cast<T>(v / static_cast<T>(parts.size()));
-  }
-  for (const auto& [rank, part] : parts) std::memcpy(part.recv, acc.data(), count * sizeof(T));
-}
-
-// bf16 summed in bf16, one rank at a time, as NCCL's ring does in order.
-void ReduceBf16(const std::map<int, Op>& parts, size_t count, ncclRedOp_t op) {
-  std::vector<__nv_bfloat16> acc(count);
-  bool first = true;
-  for (const auto& [rank, part] : parts) {
-    const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(part.send);
     for (size_t i = 0; i < count; ++i) {
-      acc[i] =
-          first
-              ? x[i]
-              : __float2bfloat16_rn(Combine(__bfloat162float(acc[i]), __bfloat162float(x[i]), op));
+      acc[i] = first ? x[i] : Narrow<T>(Combine(Widen(acc[i]), Widen(x[i]), op));
     }
     first = false;
   }
-  for (const auto& [rank, part] : parts) std::memcpy(part.recv, acc.data(), count * 2);
+  if (op == ncclAvg) {
+    for (T& v : acc) v = Narrow<T>(Widen(v) / static_cast<decltype(Widen(v))>(parts.size()));
+  }
+  for (const auto& [rank, part] : parts) std::memcpy(part.recv, acc.data(), count * sizeof(T));
 }
 
 ncclResult_t CheckComm(ncclComm* comm) {
@@ -207,7 +208,7 @@ ncclResult_t MaybeRunCollective(ncclComm* comm, Group& g, uint64_t seq) {
         Reduce<uint8_t>(parts, o.count, o.op);
         break;
       case ncclBfloat16:
-        ReduceBf16(parts, o.count, o.op);
+        Reduce<__nv_bfloat16>(parts, o.count, o.op);
         break;
       default:
         break;

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "emu.h"
 #include "stream.h"
@@ -133,6 +135,54 @@ cudaError_t CheckCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
   return cudaSuccess;
 }
 
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+
+// cudaGetErrorName's and cudaGetErrorString's answers, CUDA's words.
+ErrorText Describe(cudaError_t e) {
+  static constexpr ErrorText kErrors[] = {
+      {cudaSuccess, "cudaSuccess", "no error"},
+      {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+      {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+      {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+      {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+       "invalid configuration argument"},
+      {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+      {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+       "invalid copy direction for memcpy"},
+      {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+      {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+      {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+      {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+      {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
+       "too many resources requested for launch"},
+  };
+  for (const ErrorText& t : kErrors) {
+    if (t.error == e) return t;
+  }
+  return {e, "cudaErrorUnknown", "unknown error"};
+}
+
+// Runs `op` (a copy or a memset) as device code on just the device ranges
+// among `ranges`: they are addressable while it runs, nothing else is.
+template <typename Op>
+void OnRanges(std::initializer_list<std::pair<const void*, size_t>> ranges, Op op) {
+  std::lock_guard<std::mutex> code(Mem().device_code);
+  std::vector<std::pair<void*, size_t>> device;
+  {
+    std::lock_guard<std::mutex> l(Mem().mu);
+    for (const auto& [p, n] : ranges) {
+      if (Find(p, n) != nullptr) device.emplace_back(const_cast<void*>(p), n);
+    }
+  }
+  for (const auto& [p, n] : device) LOOM_EMU_UNPOISON(p, n);
+  op();
+  for (const auto& [p, n] : device) LOOM_EMU_POISON(p, n);
+}
+
 }  // namespace
 
 int CurrentDevice() { return current_device; }
@@ -251,65 +301,9 @@ cudaError_t cudaGetLastError() {
 
 cudaError_t cudaPeekAtLastError() { return loom::cuda_emu::last_error; }
 
-const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInitializationError:
-      return "cudaErrorInitializationError";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevicePointer:
-      return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection:
-      return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    case cudaErrorLaunchOutOfResources:
-      return "cudaErrorLaunchOutOfResources";
-  }
-  return "cudaErrorUnknown";
-}
+const char* cudaGetErrorName(cudaError_t error) { return loom::cuda_emu::Describe(error).name; }
 
-const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInitializationError:
-      return "initialization error";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer:
-      return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection:
-      return "invalid copy direction for memcpy";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle";
-    case cudaErrorNotReady:
-      return "device not ready";
-    case cudaErrorLaunchOutOfResources:
-      return "too many resources requested for launch";
-  }
-  return "unknown error";
-}
+const char* cudaGetErrorString(cudaError_t error) { return loom::cuda_emu::Describe(error).text; }
 
 cudaError_t cudaRuntimeGetVersion(int* version) {
   if (version == nullptr) return loom::cuda_emu::Fail(cudaErrorInvalidValue);
@@ -383,8 +377,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (kind == cudaMemcpyDeviceToHost) c.to_host.fetch_add(1, std::memory_order_relaxed);
   if (kind == cudaMemcpyHostToDevice) c.to_device.fetch_add(1, std::memory_order_relaxed);
   if (kind == cudaMemcpyDeviceToDevice) c.on_device.fetch_add(1, std::memory_order_relaxed);
-  loom::cuda_emu::DeviceAccess access(-1);
-  std::memmove(dst, src, bytes);
+  loom::cuda_emu::OnRanges({{dst, bytes}, {src, bytes}}, [&] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
 
@@ -406,8 +399,7 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
     return loom::cuda_emu::Fail(cudaErrorInvalidValue);
   }
   loom::cuda_emu::Count().memsets.fetch_add(1, std::memory_order_relaxed);
-  loom::cuda_emu::DeviceAccess access(-1);
-  std::memset(dst, value, bytes);
+  loom::cuda_emu::OnRanges({{dst, bytes}}, [&] { std::memset(dst, value, bytes); });
   return cudaSuccess;
 }
 

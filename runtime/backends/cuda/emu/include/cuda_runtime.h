@@ -110,7 +110,7 @@ inline cudaError_t cudaMalloc(T** ptr, size_t bytes) {
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 // One block runs at a time on a host thread, so a block's shared memory is
-// a static per host thread (dynamic shared memory: LOOM_DYNAMIC_SHARED).
+// a static per host thread (dynamic shared memory: loom::cuda_emu::DynamicShared()).
 #define __shared__ static thread_local
 
 extern thread_local uint3 threadIdx;
@@ -120,10 +120,6 @@ extern thread_local dim3 gridDim;
 inline constexpr int warpSize = 32;
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
-inline float __expf(float x) { return std::exp(x); }
-inline float __logf(float x) { return std::log(x); }
-inline float __fdividef(float x, float y) { return x / y; }
 
 namespace loom::cuda_emu {
 
@@ -189,15 +185,6 @@ T AtomicAdd(T* address, T v) {
   }
 }
 
-template <typename T, typename F>
-T AtomicUpdate(T* address, F f) {
-  T old = __atomic_load_n(address, __ATOMIC_RELAXED);
-  while (!__atomic_compare_exchange_n(address, &old, f(old), false, __ATOMIC_RELAXED,
-                                      __ATOMIC_RELAXED)) {
-  }
-  return old;
-}
-
 }  // namespace loom::cuda_emu
 
 inline void __syncthreads() { ::loom::cuda_emu::SyncThreads(); }
@@ -222,12 +209,6 @@ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
   return ::loom::cuda_emu::Ballot(mask, predicate != 0);
 }
-inline int __any_sync(unsigned mask, int predicate) {
-  return ::loom::cuda_emu::Ballot(mask, predicate != 0) != 0;
-}
-inline int __all_sync(unsigned mask, int predicate) {
-  return ::loom::cuda_emu::Ballot(mask, predicate != 0) == ::loom::cuda_emu::Ballot(mask, true);
-}
 
 inline float atomicAdd(float* a, float v) { return ::loom::cuda_emu::AtomicAdd(a, v); }
 inline double atomicAdd(double* a, double v) { return ::loom::cuda_emu::AtomicAdd(a, v); }
@@ -235,17 +216,6 @@ inline int atomicAdd(int* a, int v) { return ::loom::cuda_emu::AtomicAdd(a, v); 
 inline unsigned atomicAdd(unsigned* a, unsigned v) { return ::loom::cuda_emu::AtomicAdd(a, v); }
 inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
   return ::loom::cuda_emu::AtomicAdd(a, v);
-}
-inline int atomicMax(int* a, int v) {
-  return ::loom::cuda_emu::AtomicUpdate(a, [v](int o) { return o > v ? o : v; });
-}
-inline int atomicMin(int* a, int v) {
-  return ::loom::cuda_emu::AtomicUpdate(a, [v](int o) { return o < v ? o : v; });
-}
-inline int atomicExch(int* a, int v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
-inline int atomicCAS(int* a, int compare, int v) {
-  __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-  return compare;
 }
 
 #endif  // LOOM_CUDA_EMU_CUDA_RUNTIME_H_
