@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
 #include "runtime/model/model.h"
 
 namespace loom {
@@ -48,6 +49,10 @@ std::vector<StepResult> Steps(const std::map<int, StepResult>& results, int firs
 // relative difference of each.
 void ExpectSameSteps(const std::vector<StepResult>& got, const std::vector<StepResult>& want,
                      const std::string& what);
+// The same within other bounds (a GPU's run against the CPU's).
+void ExpectSameSteps(const std::vector<StepResult>& got, const std::vector<StepResult>& want,
+                     const std::string& what, const testing::Tolerance& loss_tol,
+                     const testing::Tolerance& norm_tol);
 
 // Every tensor of every module of two step folders (weights, AdamW's m and
 // v, and the optimizer step) of a `config` model equal within
@@ -61,10 +66,13 @@ void ExpectOnlyTheProjectorTrained(MultimodalModel& start, const std::string& st
 
 // 160 generated onevision samples and loom-train-local's 20 steps on them
 // (model tiny, seed 1, batch 16) with a checkpoint of its step 20, made once
-// per test suite.
+// per test suite (fewer steps where a suite asks).
 class TrainingRuns : public ::testing::Test {
  protected:
-  static void SetUpTestSuite();
+  static void SetUpTestSuite() { SetUpReference(kSteps); }
+  // The data, and the reference's first `steps` steps (its checkpoint at the
+  // last).
+  static void SetUpReference(int steps);
 
   // `loom up` in run folder `name` with a job written to a file and `extra`
   // flags (and --steps unless `steps` < 0: the job's own); its JSON lines'

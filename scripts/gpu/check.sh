@@ -1,0 +1,95 @@
+#!/bin/bash
+# On a GPU machine: unpacks .gpu/bundle.txz (scripts/gpu/bundle.sh) and runs
+# issue 41's GPU checks, each bounded in time, logging to /tmp/loom-gpu (and
+# all the logs in one $OUT/logs.tgz where $OUT is set): the CUDA tests with
+# LOOM_REQUIRE_GPU=1 (nothing may skip but what needs more GPUs than there
+# are), loom-train-local --device cuda
+# against the CPU for 20 steps, workers sharing the GPU against the single
+# process, and mfu_bench with PyTorch's fp32 step of the same shapes beside it
+# (scripts/gpu/torch_reference.py).
+#
+#   scripts/gpu/check.sh [tests|bench|exit|all]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+WHAT=${1:-all}
+LOGS=/tmp/loom-gpu
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+ROOT=/tmp/loom-bundle
+rm -rf "$ROOT" && mkdir -p "$ROOT"
+tar -C "$ROOT" -xJf .gpu/bundle.txz ||
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .gpu/bundle.txz "$ROOT"
+R=$ROOT/runfiles/loom
+# NCCL and cuBLAS: the toolkit's, else a Python package's.
+for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13; do
+  f=$(find /usr/local/cuda/lib64 /usr/local/cuda*/lib64 /usr/lib /opt -name "$lib" 2>/dev/null | head -1)
+  echo "$lib: ${f:-not found}"
+done | tee "$LOGS/libs.txt"
+dirs=$ROOT/lib:/usr/local/cuda/lib64$(sed -n 's|^[^:]*: \(/.*\)/[^/]*$|:\1|p' "$LOGS/libs.txt" | tr -d '\n')
+export LD_LIBRARY_PATH="$dirs:${LD_LIBRARY_PATH:-}"
+export UCX_MODULE_DIR=$ROOT/lib/ucx
+export TEST_SRCDIR=$ROOT/runfiles TEST_WORKSPACE=loom LOOM_REQUIRE_GPU=${LOOM_REQUIRE_GPU:-1}
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+} 2>&1 | tee "$LOGS/machine.txt"
+
+run() {  # run NAME SECONDS COMMAND...: its log in $LOGS/NAME.log, one summary line
+  local name=$1 secs=$2
+  shift 2
+  local start=$SECONDS
+  TEST_TMPDIR=$(mktemp -d) timeout -k 10 "$secs" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc $rc in $((SECONDS - start)) s" | tee -a "$LOGS/summary.txt"
+  grep -E '^\[  (FAILED|SKIPPED) \].*\([0-9]+ ms\)|largest relative|Failure$|error:' "$LOGS/$name.log" | head -20
+}
+
+if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+  for t in kernels/cuda/ops_cuda_test runtime/backends/cuda/cuda_backend_test \
+           runtime/backends/cuda/cuda_model_test runtime/backends/cuda/cuda_ops_test \
+           runtime/backends/cuda/device_test runtime/backends/cuda/nccl_communicator_test \
+           tests/integration/loom_up_gpus_test; do
+    run "$(basename $t)" 60 "$R/$t"
+  done
+  run train_local_device_test 150 "$R/runtime/train/train_local_device_test"
+  run gpu_training_test 200 "$R/tests/integration/gpu_training_test"
+fi
+# `loom up` on DEVICE (cpu or cuda:0), 3 steps, encoder DP 1 + LLM DP 2: the
+# services must exit 0 after the job; workers still alive 5 s after its end
+# have their threads' stacks written (cuda-gdb) beside the run's logs.
+exit_check() {
+  local dev=$1 dir=$LOGS/exit-${1/:/}
+  mkdir -p "$dir"
+  printf "model: 'tiny'\ndata { samples: 32 global_batch: 4 }\ndevice { encoder: '%s' llm: '%s' collectives: 'host' }\n" \
+    "$dev" "$dev" >"$dir/job.txtpb"
+  "$R/deploy/launcher/loom-up" --bin_dir="$R" --run_dir="$dir/run" --config="$dir/job.txtpb" \
+    --encoder_dp=1 --llm_dp=2 --steps=3 >"$dir/up.log" 2>&1 &
+  local up=$! waited=0
+  until grep -q "job loom \(SUCCEEDED\|FAILED\)" "$dir/up.log" || ! kill -0 $up 2>/dev/null ||
+    [ $waited -ge 120 ]; do sleep 1; waited=$((waited + 1)); done
+  sleep 5
+  for pid in $(pgrep -f "loom-(encoder|llm)-worker" || true); do
+    echo "pid $pid alive 5 s after the job's end: $(tr '\0' ' ' </proc/$pid/cmdline | cut -c1-120)"
+    timeout 60 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 30" \
+      >"$dir/stacks-$pid.txt" 2>&1
+  done | tee -a "$dir/alive.txt"
+  wait $up
+  echo "exit_check $dev: loom up rc $?" | tee -a "$LOGS/summary.txt"
+  grep -A8 "^  SERVICE" "$dir/up.log" | tail -7
+  cp -r "$dir/run/logs" "$dir/service-logs" 2>/dev/null
+}
+
+if [ "$WHAT" = exit ] || [ "$WHAT" = all ]; then
+  [ -z "${SKIP_CPU:-}" ] && exit_check cpu
+  exit_check cuda:0
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  run mfu_llm 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
+    --modules llm --seq 2048 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
+  run mfu_encoder 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
+    --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
+  run torch_reference 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 --steps 5
+  grep -hE 'TFLOP/s|per patch' "$LOGS"/mfu_*.log "$LOGS/torch_reference.log"
+fi
+cat "$LOGS/summary.txt"
+if [ -n "${OUT:-}" ]; then tar -C "$LOGS" -czf "$OUT/logs.tgz" .; fi

@@ -1,0 +1,48 @@
+// Workers sharing one GPU train as the single process does: `loom up` with
+// the encoder and two LLM data-parallel workers, three processes on the one
+// device "cuda:0" (host collectives: NCCL wants a GPU per rank), against
+// loom-train-local on the CPU, the same shards and seed, loss and gradient
+// norm step by step (kCudaTrainingVsCpuF32). 20 steps on a GPU; on the CUDA
+// emulation (bazel test --config=cuda_emu, ./loom test), where a step takes
+// a minute, the first 2. Without CUDA it skips (fails under
+// LOOM_REQUIRE_GPU=1).
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/tolerances.h"
+#include "runtime/backends/cuda/device.h"
+#include "runtime/backends/cuda/gpu_testing.h"
+#include "tests/integration/training_runs.h"
+
+namespace loom {
+namespace {
+
+#ifdef LOOM_CUDA_EMU
+constexpr int kGpuSteps = 2;  // ~1 minute a step there
+#else
+constexpr int kGpuSteps = kSteps;
+#endif
+
+bool HaveGpu() { return cuda::CompiledWithCuda() && cuda::DeviceCount() > 0; }
+
+class GpuTrainingTest : public TrainingRuns {
+ protected:
+  // The single-process reference only where the test will run.
+  static void SetUpTestSuite() {
+    if (HaveGpu()) SetUpReference(kGpuSteps);
+  }
+};
+
+TEST_F(GpuTrainingTest, WorkersSharingOneGpuTrainAsTheSingleProcess) {
+  LOOM_REQUIRE_GPU_OR_SKIP(HaveGpu(), "no usable CUDA device");
+  const std::string job = JobWith("loom", 0, "encoder_dp: 1 llm_dp: 2") +
+                          "device { encoder: 'cuda:0' llm: 'cuda:0' collectives: 'host' }\n";
+  ExpectSameSteps(Steps(LoomUp("shared-gpu", job, kGpuSteps), 1, kGpuSteps, "shared GPU"),
+                  Local(1, kGpuSteps),
+                  "encoder DP 1 + LLM DP 2 on one GPU vs loom-train-local on the CPU",
+                  testing::kCudaTrainingVsCpuF32, testing::kCudaTrainingVsCpuF32);
+}
+
+}  // namespace
+}  // namespace loom
