@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -196,6 +197,124 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                   base + y.q(h), ld, 1.0f, dbase + y.k(h), ld);
     }
     att += static_cast<int64_t>(NH) * L * L;
+  }
+}
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
+                             int S, int NH, int NKV, int HD, bool causal) {
+  const Layout y(NH, NKV, HD);
+  const int C = NH * HD, ld = static_cast<int>(y.ld), B = kFlashBlock;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  std::vector<float> sc(static_cast<size_t>(B) * B), m(B), l(B);
+  for (int s = 0; s < S; ++s) {
+    const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
+    const float* base = qkv + static_cast<int64_t>(start) * ld;
+    for (int h = 0; h < NH; ++h) {
+      for (int i0 = 0; i0 < L; i0 += B) {
+        const int br = std::min(B, L - i0);
+        float* o = out + static_cast<int64_t>(start + i0) * C + h * HD;
+        for (int i = 0; i < br; ++i)
+          std::fill(o + static_cast<int64_t>(i) * C, o + i * C + HD, 0.f);
+        std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+        std::fill(l.begin(), l.end(), 0.0f);
+        const int j_end = causal ? i0 + br : L;
+        for (int j0 = 0; j0 < j_end; j0 += B) {
+          const int bc = std::min(B, j_end - j0);
+          // sc (br, bc) = scale · Q_i · K_jᵀ
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, HD, scale,
+                      base + static_cast<int64_t>(i0) * ld + y.q(h), ld,
+                      base + static_cast<int64_t>(j0) * ld + y.k(h), ld, 0.0f, sc.data(), bc);
+          for (int i = 0; i < br; ++i) {
+            float* row = sc.data() + static_cast<int64_t>(i) * bc;
+            const int n = causal ? std::min(bc, i0 + i - j0 + 1) : bc;  // keys this row sees
+            float mx = m[i];
+            for (int j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+            const float corr = std::exp(m[i] - mx);  // 0 on the first block (m = -inf)
+            float sum = 0;
+            for (int j = 0; j < n; ++j) sum += row[j] = std::exp(row[j] - mx);
+            for (int j = n; j < bc; ++j) row[j] = 0.0f;
+            l[i] = l[i] * corr + sum;
+            m[i] = mx;
+            float* orow = o + static_cast<int64_t>(i) * C;
+            for (int d = 0; d < HD; ++d) orow[d] *= corr;
+          }
+          // O_i += P · V_j
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, HD, bc, 1.0f, sc.data(), bc,
+                      base + static_cast<int64_t>(j0) * ld + y.v(h), ld, 1.0f, o, C);
+        }
+        for (int i = 0; i < br; ++i) {
+          const float inv = 1.0f / l[i];
+          float* orow = o + static_cast<int64_t>(i) * C;
+          for (int d = 0; d < HD; ++d) orow[d] *= inv;
+          lse[static_cast<int64_t>(start + i0 + i) * NH + h] = m[i] + std::log(l[i]);
+        }
+      }
+    }
+  }
+}
+
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, const int32_t* cu_seqlens, int S, int NH, int NKV,
+                              int HD, bool causal) {
+  const Layout y(NH, NKV, HD);
+  const int C = NH * HD, ld = static_cast<int>(y.ld), B = kFlashBlock;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  std::vector<float> p(static_cast<size_t>(B) * B), dp(static_cast<size_t>(B) * B), dsum(B);
+  for (int s = 0; s < S; ++s) {
+    const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
+    const float* base = qkv + static_cast<int64_t>(start) * ld;
+    float* dbase = dqkv + static_cast<int64_t>(start) * ld;
+    const float* g = dout + static_cast<int64_t>(start) * C;
+    const float* ob = out + static_cast<int64_t>(start) * C;
+    for (int h = 0; h < NH; ++h) {
+      for (int i0 = 0; i0 < L; i0 += B) {
+        const int br = std::min(B, L - i0);
+        // D_i = rowsum(dO_i ⊙ O_i)
+        for (int i = 0; i < br; ++i) {
+          const float* gi = g + static_cast<int64_t>(i0 + i) * C + h * HD;
+          const float* oi = ob + static_cast<int64_t>(i0 + i) * C + h * HD;
+          double d = 0;
+          for (int e = 0; e < HD; ++e) d += static_cast<double>(gi[e]) * oi[e];
+          dsum[i] = static_cast<float>(d);
+        }
+        const int j_end = causal ? i0 + br : L;
+        for (int j0 = 0; j0 < j_end; j0 += B) {
+          const int bc = std::min(B, j_end - j0);
+          // P = exp(scale · Q_i · K_jᵀ − lse_i), 0 where masked
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, HD, scale,
+                      base + static_cast<int64_t>(i0) * ld + y.q(h), ld,
+                      base + static_cast<int64_t>(j0) * ld + y.k(h), ld, 0.0f, p.data(), bc);
+          for (int i = 0; i < br; ++i) {
+            float* row = p.data() + static_cast<int64_t>(i) * bc;
+            const int n = causal ? std::min(bc, i0 + i - j0 + 1) : bc;
+            const float li = lse[static_cast<int64_t>(start + i0 + i) * NH + h];
+            for (int j = 0; j < n; ++j) row[j] = std::exp(row[j] - li);
+            for (int j = std::max(n, 0); j < bc; ++j) row[j] = 0.0f;
+          }
+          // dV_j += Pᵀ · dO_i
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, HD, br, 1.0f, p.data(), bc,
+                      g + static_cast<int64_t>(i0) * C + h * HD, C, 1.0f,
+                      dbase + static_cast<int64_t>(j0) * ld + y.v(h), ld);
+          // dP = dO_i · V_jᵀ ; dS = P ⊙ (dP − D_i)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, HD, 1.0f,
+                      g + static_cast<int64_t>(i0) * C + h * HD, C,
+                      base + static_cast<int64_t>(j0) * ld + y.v(h), ld, 0.0f, dp.data(), bc);
+          for (int i = 0; i < br; ++i) {
+            for (int j = 0; j < bc; ++j) {
+              const int64_t k = static_cast<int64_t>(i) * bc + j;
+              dp[k] = p[k] * (dp[k] - dsum[i]);
+            }
+          }
+          // dQ_i += scale · dS · K_j ; dK_j += scale · dSᵀ · Q_i
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, HD, bc, scale, dp.data(), bc,
+                      base + static_cast<int64_t>(j0) * ld + y.k(h), ld, 1.0f,
+                      dbase + static_cast<int64_t>(i0) * ld + y.q(h), ld);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, HD, br, scale, dp.data(), bc,
+                      base + static_cast<int64_t>(i0) * ld + y.q(h), ld, 1.0f,
+                      dbase + static_cast<int64_t>(j0) * ld + y.k(h), ld);
+        }
+      }
+    }
   }
 }
 

@@ -39,6 +39,23 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                         const int32_t* cu_seqlens, int S, int NH, int NKV, int HD, bool causal);
 
+// Memory-efficient attention (FlashAttention-2's algorithm on the CPU; the
+// CUDA kernels are checked against it): the same function as above, but no
+// L x L probabilities are kept. The forward runs over blocks of
+// kFlashBlock keys with an online softmax and keeps each row's log-sum-exp,
+// lse (T, NH) floats (row t, head h at t * NH + h; natural log of the sum of
+// exp(scale q·k) over the keys the row sees). The backward recomputes the
+// probabilities block by block from qkv and lse, and needs the forward's
+// `out` for D = rowsum(dout ⊙ out). Memory beyond its arguments: O(block²)
+// per call. Deterministic: every sum in a fixed order.
+inline constexpr int kFlashBlock = 64;
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
+                             int S, int NH, int NKV, int HD, bool causal);
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, const int32_t* cu_seqlens, int S, int NH, int NKV,
+                              int HD, bool causal);
+
 }  // namespace loom::kernels
 
 #endif  // LOOM_KERNELS_ATTENTION_ATTENTION_H_

@@ -1,5 +1,6 @@
 #include "kernels/attention/attention.h"
 
+#include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -45,6 +46,50 @@ TEST_P(AttentionTest, BlasMatchesReferenceForwardAndBackward) {
   attention_backward(df.data(), dout.data(), qkv.data(), att_f.data(), c.cu.data(), S, c.NH, c.NKV,
                      c.HD, c.causal);
   EXPECT_TRUE(AllClose(df.data(), dr.data(), dr.size(), kFastVsReferenceF32));
+}
+
+// The memory-efficient kernels compute the same function as the standard
+// ones (out, dqkv), and lse is each row's log-sum-exp of its scores, taken
+// here in double.
+TEST_P(AttentionTest, FlashMatchesTheStandardKernels) {
+  const Case& c = GetParam();
+  const int S = static_cast<int>(c.cu.size()) - 1, T = c.cu.back(), C = c.NH * c.HD,
+            W = (c.NH + 2 * c.NKV) * c.HD;
+  auto qkv = RandomVector(static_cast<size_t>(T) * W, 6);
+  std::vector<float> out_s(T * C), att(attention_att_size(c.cu.data(), S, c.NH));
+  std::vector<float> out_f(T * C, NAN), lse(static_cast<size_t>(T) * c.NH, NAN);
+  attention_forward(out_s.data(), att.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV, c.HD,
+                    c.causal);
+  flash_attention_forward(out_f.data(), lse.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV, c.HD,
+                          c.causal);
+  EXPECT_TRUE(AllClose(out_f.data(), out_s.data(), out_s.size(), kFastVsReferenceF32));
+  std::vector<float> want_lse(lse.size());
+  for (int s = 0; s < S; ++s) {
+    for (int t = c.cu[s]; t < c.cu[s + 1]; ++t) {
+      for (int h = 0; h < c.NH; ++h) {
+        const float* q = qkv.data() + static_cast<int64_t>(t) * W + h * c.HD;
+        const int kv = h / (c.NH / c.NKV);
+        double sum = 0;
+        for (int j = c.cu[s]; j <= (c.causal ? t : c.cu[s + 1] - 1); ++j) {
+          const float* k = qkv.data() + static_cast<int64_t>(j) * W + (c.NH + kv) * c.HD;
+          double dot = 0;
+          for (int e = 0; e < c.HD; ++e) dot += static_cast<double>(q[e]) * k[e];
+          sum += std::exp(dot / std::sqrt(static_cast<double>(c.HD)));
+        }
+        want_lse[static_cast<size_t>(t) * c.NH + h] = static_cast<float>(std::log(sum));
+      }
+    }
+  }
+  EXPECT_TRUE(AllClose(lse.data(), want_lse.data(), lse.size(), kFastVsReferenceF32));
+
+  auto dout = RandomVector(static_cast<size_t>(T) * C, 7);
+  auto d0 = RandomVector(qkv.size(), 8);  // backward must accumulate
+  auto ds = d0, df = d0;
+  attention_backward(ds.data(), dout.data(), qkv.data(), att.data(), c.cu.data(), S, c.NH, c.NKV,
+                     c.HD, c.causal);
+  flash_attention_backward(df.data(), dout.data(), qkv.data(), out_f.data(), lse.data(),
+                           c.cu.data(), S, c.NH, c.NKV, c.HD, c.causal);
+  EXPECT_TRUE(AllClose(df.data(), ds.data(), ds.size(), kFastVsReferenceF32));
 }
 
 TEST_P(AttentionTest, ReferenceBackwardMatchesFiniteDifferences) {
@@ -136,7 +181,11 @@ INSTANTIATE_TEST_SUITE_P(Packs, AttentionTest,
                                            Case{{0, 3, 8, 9, 15}, 3, 3, 2, true, "FourCausal"},
                                            Case{{0, 0, 5}, 2, 2, 4, true, "WithEmpty"},
                                            Case{{0, 3, 8, 9, 15}, 4, 2, 4, true, "GqaCausal"},
-                                           Case{{0, 6, 11}, 6, 1, 2, false, "MqaFull"}),
+                                           Case{{0, 6, 11}, 6, 1, 2, false, "MqaFull"},
+                                           // Longer than kFlashBlock: several blocks
+                                           // each way, lengths not multiples of it.
+                                           Case{{0, 150, 230}, 4, 2, 8, true, "LongGqaCausal"},
+                                           Case{{0, 70, 200}, 2, 2, 16, false, "LongFull"}),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

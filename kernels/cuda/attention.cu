@@ -4,6 +4,8 @@
 // correctness reference on the GPU; a fused flash-style kernel replaces it
 // for long sequences later.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/ops.h"
@@ -204,6 +206,276 @@ __global__ void AttentionBackwardKV(float* dqkv, const float* D, const float* do
   }
 }
 
+// Memory-efficient attention (kernels/attention/attention.h flash_*): a
+// block takes kFlashRows consecutive packed rows (one thread each; a block
+// may span sequences, each row masks keys outside its own) and walks the
+// keys its rows see in tiles of kFlashKeys through shared memory. Head
+// dimensions up to HDM (a template argument: registers are indexed with
+// constants only). The backward: D = rowsum(dO ⊙ O); dQ with a thread per
+// query row over the keys; dK and dV with a thread per key row over the
+// queries and the query heads of its group. Each output row is written by
+// one thread, in a fixed order: no atomics, the same bits on every run.
+constexpr int kFlashRows = 32;
+constexpr int kFlashKeys = 16;
+constexpr int kFlashBackwardTile = 8;
+
+// The packed rows [lo, hi) that rows [t0, min(T, t0 + n)) may attend to.
+__device__ void RowRange(const int32_t* cu, int S, int T, int t0, int n, bool causal, int* lo,
+                         int* hi) {
+  const int last = std::min(T, t0 + n) - 1;
+  *lo = cu[SequenceOf(cu, S, t0)];
+  *hi = causal ? last + 1 : cu[SequenceOf(cu, S, last) + 1];
+}
+
+template <int HDM>
+__global__ void FlashForward(float* out, float* lse, const float* qkv, const int32_t* cu, int S,
+                             int T, int NH, int NKV, int HD, bool causal, float scale) {
+  __shared__ float qs[kFlashRows][HDM + 1];  // +1: a thread's row in its own bank
+  __shared__ float ks[kFlashKeys][HDM];
+  __shared__ float vs[kFlashKeys][HDM];
+  const int h = blockIdx.y, t0 = blockIdx.x * kFlashRows, t = t0 + threadIdx.x;
+  const Heads y(NH, NKV, HD, h);
+  const bool active = t < T;
+  int lo = 0, hi = 0;  // the keys row t sees
+  if (active) {
+    const int s = SequenceOf(cu, S, t);
+    lo = cu[s];
+    hi = causal ? t + 1 : cu[s + 1];
+  }
+  int block_lo, block_hi;
+  RowRange(cu, S, T, t0, kFlashRows, causal, &block_lo, &block_hi);
+  for (int e = threadIdx.x; e < kFlashRows * HD; e += blockDim.x) {
+    const int r = e / HD, d = e % HD;
+    qs[r][d] = t0 + r < T ? qkv[(t0 + r) * y.ld + y.q + d] * scale : 0.0f;
+  }
+  float o[HDM];
+  LOOM_UNROLL
+  for (int d = 0; d < HDM; ++d) o[d] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int j0 = block_lo; j0 < block_hi; j0 += kFlashKeys) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < kFlashKeys * HD; e += blockDim.x) {
+      const int r = e / HD, d = e % HD, j = j0 + r;
+      ks[r][d] = j < block_hi ? qkv[j * y.ld + y.k + d] : 0.0f;
+      vs[r][d] = j < block_hi ? qkv[j * y.ld + y.v + d] : 0.0f;
+    }
+    __syncthreads();
+    float p[kFlashKeys];
+    float mx = m;
+    LOOM_UNROLL
+    for (int r = 0; r < kFlashKeys; ++r) {
+      const int j = j0 + r;
+      float dot = -INFINITY;
+      if (active && j >= lo && j < hi) {
+        dot = 0.0f;
+        LOOM_UNROLL
+        for (int d = 0; d < HDM; ++d) {
+          if (d < HD) dot += qs[threadIdx.x][d] * ks[r][d];
+        }
+      }
+      p[r] = dot;
+      mx = fmaxf(mx, dot);
+    }
+    if (mx == -INFINITY) continue;  // none of this tile's keys is row t's
+    const float corr = expf(m - mx);
+    float sum = 0.0f;
+    LOOM_UNROLL
+    for (int r = 0; r < kFlashKeys; ++r) {
+      p[r] = expf(p[r] - mx);  // 0 for keys the row does not see
+      sum += p[r];
+    }
+    l = l * corr + sum;
+    m = mx;
+    LOOM_UNROLL
+    for (int d = 0; d < HDM; ++d) {
+      if (d >= HD) continue;
+      float acc = o[d] * corr;
+      LOOM_UNROLL
+      for (int r = 0; r < kFlashKeys; ++r) acc += p[r] * vs[r][d];
+      o[d] = acc;
+    }
+  }
+  if (!active) return;
+  const float inv = 1.0f / l;
+  float* orow = out + static_cast<int64_t>(t) * NH * HD + h * HD;
+  LOOM_UNROLL
+  for (int d = 0; d < HDM; ++d) {
+    if (d < HD) orow[d] = o[d] * inv;
+  }
+  lse[static_cast<int64_t>(t) * NH + h] = m + logf(l);
+}
+
+// dsum[t, h] = dout[t, h] · out[t, h].
+__global__ void FlashRowDots(float* dsum, const float* dout, const float* out, int T, int NH,
+                             int HD) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<int64_t>(T) * NH) return;
+  const float* g = dout + i * HD;  // (t, h) rows of HD are contiguous in (T, NH * HD)
+  const float* o = out + i * HD;
+  float d = 0.0f;
+  for (int e = 0; e < HD; ++e) d += g[e] * o[e];
+  dsum[i] = d;
+}
+
+template <int HDM>
+__global__ void FlashBackwardQ(float* dqkv, const float* dsum, const float* dout, const float* qkv,
+                               const float* lse, const int32_t* cu, int S, int T, int NH, int NKV,
+                               int HD, bool causal, float scale) {
+  __shared__ float qs[kFlashRows][HDM + 1];
+  __shared__ float gs[kFlashRows][HDM + 1];
+  __shared__ float ks[kFlashBackwardTile][HDM];
+  __shared__ float vs[kFlashBackwardTile][HDM];
+  const int h = blockIdx.y, t0 = blockIdx.x * kFlashRows, t = t0 + threadIdx.x;
+  const Heads y(NH, NKV, HD, h);
+  const int C = NH * HD;
+  const bool active = t < T;
+  int lo = 0, hi = 0;
+  float row_lse = 0.0f, row_d = 0.0f;
+  if (active) {
+    const int s = SequenceOf(cu, S, t);
+    lo = cu[s];
+    hi = causal ? t + 1 : cu[s + 1];
+    row_lse = lse[static_cast<int64_t>(t) * NH + h];
+    row_d = dsum[static_cast<int64_t>(t) * NH + h];
+  }
+  int block_lo, block_hi;
+  RowRange(cu, S, T, t0, kFlashRows, causal, &block_lo, &block_hi);
+  for (int e = threadIdx.x; e < kFlashRows * HD; e += blockDim.x) {
+    const int r = e / HD, d = e % HD;
+    const bool in = t0 + r < T;
+    qs[r][d] = in ? qkv[(t0 + r) * y.ld + y.q + d] * scale : 0.0f;
+    gs[r][d] = in ? dout[static_cast<int64_t>(t0 + r) * C + h * HD + d] : 0.0f;
+  }
+  float dq[HDM];
+  LOOM_UNROLL
+  for (int d = 0; d < HDM; ++d) dq[d] = 0.0f;
+  for (int j0 = block_lo; j0 < block_hi; j0 += kFlashBackwardTile) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < kFlashBackwardTile * HD; e += blockDim.x) {
+      const int r = e / HD, d = e % HD, j = j0 + r;
+      ks[r][d] = j < block_hi ? qkv[j * y.ld + y.k + d] : 0.0f;
+      vs[r][d] = j < block_hi ? qkv[j * y.ld + y.v + d] : 0.0f;
+    }
+    __syncthreads();
+    if (!active) continue;
+    LOOM_UNROLL
+    for (int r = 0; r < kFlashBackwardTile; ++r) {
+      const int j = j0 + r;
+      if (j < lo || j >= hi) continue;
+      float sc = 0.0f, dp = 0.0f;
+      LOOM_UNROLL
+      for (int d = 0; d < HDM; ++d) {
+        if (d < HD) {
+          sc += qs[threadIdx.x][d] * ks[r][d];
+          dp += gs[threadIdx.x][d] * vs[r][d];
+        }
+      }
+      const float ds = expf(sc - row_lse) * (dp - row_d);
+      LOOM_UNROLL
+      for (int d = 0; d < HDM; ++d) dq[d] += ds * ks[r][d];
+    }
+  }
+  if (!active) return;
+  float* dqrow = dqkv + t * y.ld + y.q;
+  LOOM_UNROLL
+  for (int d = 0; d < HDM; ++d) {
+    if (d < HD) dqrow[d] += scale * dq[d];
+  }
+}
+
+template <int HDM>
+__global__ void FlashBackwardKV(float* dqkv, const float* dsum, const float* dout, const float* qkv,
+                                const float* lse, const int32_t* cu, int S, int T, int NH, int NKV,
+                                int HD, bool causal, float scale) {
+  __shared__ float ks[kFlashRows][HDM + 1];
+  __shared__ float vs[kFlashRows][HDM + 1];
+  __shared__ float qs[kFlashBackwardTile][HDM];
+  __shared__ float gs[kFlashBackwardTile][HDM];
+  __shared__ float ls[kFlashBackwardTile], ds_[kFlashBackwardTile];
+  const int kvh = blockIdx.y, group = NH / NKV, t0 = blockIdx.x * kFlashRows;
+  const int j = t0 + threadIdx.x, C = NH * HD;
+  const Heads yk(NH, NKV, HD, kvh * group);  // the key/value head's offsets
+  const bool active = j < T;
+  int qlo = 0, qhi = 0;  // the queries that see key j
+  if (active) {
+    const int s = SequenceOf(cu, S, j);
+    qlo = causal ? j : cu[s];
+    qhi = cu[s + 1];
+  }
+  // The queries any key of the block is seen by.
+  const int last = std::min(T, t0 + kFlashRows) - 1;
+  const int block_lo = causal ? t0 : cu[SequenceOf(cu, S, t0)];
+  const int block_hi = cu[SequenceOf(cu, S, last) + 1];
+  for (int e = threadIdx.x; e < kFlashRows * HD; e += blockDim.x) {
+    const int r = e / HD, d = e % HD;
+    const bool in = t0 + r < T;
+    ks[r][d] = in ? qkv[(t0 + r) * yk.ld + yk.k + d] : 0.0f;
+    vs[r][d] = in ? qkv[(t0 + r) * yk.ld + yk.v + d] : 0.0f;
+  }
+  float dk[HDM], dv[HDM];
+  LOOM_UNROLL
+  for (int d = 0; d < HDM; ++d) dk[d] = dv[d] = 0.0f;
+  for (int g = 0; g < group; ++g) {
+    const int h = kvh * group + g;
+    const Heads y(NH, NKV, HD, h);
+    for (int i0 = block_lo; i0 < block_hi; i0 += kFlashBackwardTile) {
+      __syncthreads();
+      for (int e = threadIdx.x; e < kFlashBackwardTile * HD; e += blockDim.x) {
+        const int r = e / HD, d = e % HD, i = i0 + r;
+        qs[r][d] = i < block_hi ? qkv[i * y.ld + y.q + d] * scale : 0.0f;
+        gs[r][d] = i < block_hi ? dout[static_cast<int64_t>(i) * C + h * HD + d] : 0.0f;
+      }
+      if (threadIdx.x < kFlashBackwardTile) {
+        const int i = i0 + threadIdx.x;
+        ls[threadIdx.x] = i < block_hi ? lse[static_cast<int64_t>(i) * NH + h] : 0.0f;
+        ds_[threadIdx.x] = i < block_hi ? dsum[static_cast<int64_t>(i) * NH + h] : 0.0f;
+      }
+      __syncthreads();
+      if (!active) continue;
+      LOOM_UNROLL
+      for (int r = 0; r < kFlashBackwardTile; ++r) {
+        const int i = i0 + r;
+        if (i < qlo || i >= qhi) continue;
+        float sc = 0.0f, dp = 0.0f;
+        LOOM_UNROLL
+        for (int d = 0; d < HDM; ++d) {
+          if (d < HD) {
+            sc += qs[r][d] * ks[threadIdx.x][d];
+            dp += gs[r][d] * vs[threadIdx.x][d];
+          }
+        }
+        const float p = expf(sc - ls[r]);
+        const float ds = p * (dp - ds_[r]);
+        LOOM_UNROLL
+        for (int d = 0; d < HDM; ++d) {
+          dv[d] += p * gs[r][d];
+          dk[d] += ds * qs[r][d];  // qs holds scale · q
+        }
+      }
+    }
+  }
+  if (!active) return;
+  float* dkrow = dqkv + j * yk.ld + yk.k;
+  float* dvrow = dqkv + j * yk.ld + yk.v;
+  LOOM_UNROLL
+  for (int d = 0; d < HDM; ++d) {
+    if (d < HD) {
+      dkrow[d] += dk[d];
+      dvrow[d] += dv[d];
+    }
+  }
+}
+
+// Calls F<HDM> for the smallest supported HDM >= HD.
+template <template <int> class F, typename... Args>
+void ForHeadDim(int HD, Args... args) {
+  if (HD <= 16) return F<16>::Run(args...);
+  if (HD <= 32) return F<32>::Run(args...);
+  if (HD <= 64) return F<64>::Run(args...);
+  if (HD <= 128) return F<128>::Run(args...);
+  std::fprintf(stderr, "flash attention: head dimension %d > 128 is not supported\n", HD);
+  std::abort();
+}
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
@@ -228,6 +500,54 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   LOOM_LAUNCH(AttentionBackwardKV, dim3(T, NKV), kAttentionThreads, dqkv, scratch, dout, qkv, att,
               cu_seqlens, S, NH, NKV, HD, causal, scale);
   LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace {
+
+template <int HDM>
+struct ForwardLaunch {
+  static void Run(float* out, float* lse, const float* qkv, const int32_t* cu, int S, int T, int NH,
+                  int NKV, int HD, bool causal, float scale) {
+    LOOM_LAUNCH(FlashForward<HDM>, dim3((T + kFlashRows - 1) / kFlashRows, NH), kFlashRows, out,
+                lse, qkv, cu, S, T, NH, NKV, HD, causal, scale);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+template <int HDM>
+struct BackwardLaunch {
+  static void Run(float* dqkv, const float* dsum, const float* dout, const float* qkv,
+                  const float* lse, const int32_t* cu, int S, int T, int NH, int NKV, int HD,
+                  bool causal, float scale) {
+    const int blocks = (T + kFlashRows - 1) / kFlashRows;
+    LOOM_LAUNCH(FlashBackwardQ<HDM>, dim3(blocks, NH), kFlashRows, dqkv, dsum, dout, qkv, lse, cu,
+                S, T, NH, NKV, HD, causal, scale);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+    LOOM_LAUNCH(FlashBackwardKV<HDM>, dim3(blocks, NKV), kFlashRows, dqkv, dsum, dout, qkv, lse, cu,
+                S, T, NH, NKV, HD, causal, scale);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+}  // namespace
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
+                             int S, int T, int NH, int NKV, int HD, bool causal) {
+  if (T == 0) return;
+  ForHeadDim<ForwardLaunch>(HD, out, lse, qkv, cu_seqlens, S, T, NH, NKV, HD, causal,
+                            1.0f / sqrtf(static_cast<float>(HD)));
+}
+
+void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                              const float* out, const float* lse, const int32_t* cu_seqlens, int S,
+                              int T, int NH, int NKV, int HD, bool causal) {
+  if (T == 0) return;
+  const int64_t rows = static_cast<int64_t>(T) * NH;
+  LOOM_LAUNCH(FlashRowDots, static_cast<int>((rows + 255) / 256), 256, scratch, dout, out, T, NH,
+              HD);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  ForHeadDim<BackwardLaunch>(HD, dqkv, scratch, dout, qkv, lse, cu_seqlens, S, T, NH, NKV, HD,
+                             causal, 1.0f / sqrtf(static_cast<float>(HD)));
 }
 
 }  // namespace loom::kernels::cuda

@@ -7,6 +7,15 @@
 #include "runtime/backends/cuda/cuda_check.h"
 #include "runtime/backends/cuda/launch.h"
 
+// `#pragma unroll` under nvcc (loops over register arrays must unroll for the
+// arrays to stay in registers); nothing for the host compiler (the
+// emulation).
+#if defined(__CUDACC__)
+#define LOOM_UNROLL _Pragma("unroll")
+#else
+#define LOOM_UNROLL
+#endif
+
 namespace loom::kernels::cuda {
 
 inline constexpr int kThreads = 256;

@@ -69,6 +69,16 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, const int32_t* cu_seqlens, int S, int T, int NH, int NKV,
                         int HD, bool causal);
 
+// Memory-efficient attention (kernels/attention/attention.h
+// flash_attention_*, FlashAttention-2's algorithm): lse (T, NH); backward
+// reads the forward's `out` and needs `scratch` of T·NH floats. Head
+// dimension <= 128. No atomics: the same bits on every run.
+void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
+                             int S, int T, int NH, int NKV, int HD, bool causal);
+void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                              const float* out, const float* lse, const int32_t* cu_seqlens, int S,
+                              int T, int NH, int NKV, int HD, bool causal);
+
 // Fused masked cross-entropy: writes dlogits (null: the losses only) and
 // per-row losses (0 where the target is < 0); the caller sums `losses` for
 // the loss sum.

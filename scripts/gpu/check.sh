@@ -8,10 +8,11 @@
 # process, and mfu_bench with PyTorch's fp32 step of the same shapes beside it
 # (scripts/gpu/torch_reference.py).
 #
-#   scripts/gpu/check.sh [tests|bench|exit|all]
+#   scripts/gpu/check.sh [all | a comma-separated list of tests, exit, bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WHAT=${1:-all}
+want() { [ "$WHAT" = all ] || [[ ",$WHAT," == *",$1,"* ]]; }
 LOGS=/tmp/loom-gpu
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 ROOT=/tmp/loom-bundle
@@ -44,7 +45,7 @@ run() {  # run NAME SECONDS COMMAND...: its log in $LOGS/NAME.log, one summary l
   grep -E '^\[  (FAILED|SKIPPED) \].*\([0-9]+ ms\)|largest relative|Failure$|error:' "$LOGS/$name.log" | head -20
 }
 
-if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+if want tests; then
   for t in kernels/cuda/ops_cuda_test runtime/backends/cuda/cuda_backend_test \
            runtime/backends/cuda/cuda_model_test runtime/backends/cuda/cuda_ops_test \
            runtime/backends/cuda/device_test runtime/backends/cuda/nccl_communicator_test \
@@ -79,17 +80,25 @@ exit_check() {
   cp -r "$dir/run/logs" "$dir/service-logs" 2>/dev/null
 }
 
-if [ "$WHAT" = exit ] || [ "$WHAT" = all ]; then
+if want exit; then
   [ -z "${SKIP_CPU:-}" ] && exit_check cpu
   exit_check cuda:0
 fi
-if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+if want bench; then
   run mfu_llm 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
     --modules llm --seq 2048 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
   run mfu_encoder 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
     --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
   run torch_reference 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 --steps 5
-  grep -hE 'TFLOP/s|per patch' "$LOGS"/mfu_*.log "$LOGS/torch_reference.log"
+  for shape in 2048,16,128,causal,1 4096,16,128,causal,1 576,16,64,full,16; do
+    IFS=, read -r len heads hd mask batch <<<"$shape"
+    run "attention_$len" 120 "$R/kernels/attention/bench/attention_bench" --device cuda \
+      --length "$len" --heads "$heads" --head_dim "$hd" --sequences "$batch" --steps 3 --warmup 1 \
+      --causal=$([ "$mask" = causal ] && echo true || echo false)
+    run "torch_attention_$len" 120 python3 scripts/gpu/torch_reference.py --attention "$shape" --steps 3 --warmup 1
+  done
+  grep -hE 'TFLOP/s|per patch|flash /' "$LOGS"/mfu_*.log "$LOGS/torch_reference.log" \
+    "$LOGS"/attention_*.log "$LOGS"/torch_attention_*.log
 fi
 cat "$LOGS/summary.txt"
 if [ -n "${OUT:-}" ]; then tar -C "$LOGS" -czf "$OUT/logs.tgz" .; fi

@@ -96,14 +96,46 @@ def encoder(tiles, steps, warmup, S=336, P=14, D=1024, L=24, H=16, M=4096, hidde
     return timed(step, steps, warmup)
 
 
+def attention(batch, seq, heads, head_dim, causal, steps, warmup):
+    """scaled_dot_product_attention forward + backward, fp32, on `batch` sequences:
+    PyTorch's own choice (its memory-efficient kernel) and its math path
+    (cuBLAS GEMMs and a softmax, the L x L probabilities kept)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", requires_grad=True)
+               for _ in range(3))
+    g = torch.randn(batch, heads, seq, head_dim, device="cuda")
+    out = {}
+    for name, backend in (("sdpa", None), ("math", SDPBackend.MATH)):
+        def step():
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            o.backward(g)
+        if backend is None:
+            out[name] = timed(step, steps, warmup)
+        else:
+            with sdpa_kernel(backend):
+                out[name] = timed(step, steps, warmup)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--tiles", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--attention", default="",
+                    help="SEQ,HEADS,HEAD_DIM,causal|full[,BATCH]: time attention alone")
     a = ap.parse_args()
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}, fp32 (TF32 off)")
+    if a.attention:
+        seq, heads, hd, mask, *batch = a.attention.split(",")
+        seq, heads, hd, causal = int(seq), int(heads), int(hd), mask == "causal"
+        batch = int(batch[0]) if batch else 1
+        flops = 3.5 * 4.0 * batch * seq * seq * hd * heads / (2 if causal else 1)
+        for name, sec in attention(batch, seq, heads, hd, causal, a.steps, a.warmup).items():
+            print(f"torch attention {name:5s} {sec:9.4f} s  {flops / sec / 1e12:8.2f} TFLOP/s  "
+                  f"({batch} x {seq} tokens, {heads} x {hd}, {mask})")
+        return
     print(f"torch llm      {llm(a.seq, a.steps, a.warmup):9.4f} s  (seq {a.seq})")
     torch.cuda.empty_cache()
     print(f"torch encoder  {encoder(a.tiles, a.steps, a.warmup):9.4f} s  ({a.tiles} tiles)")
