@@ -2,13 +2,11 @@
 
 #include <cmath>
 
-#include "kernels/attention/attention.h"
 #include "runtime/base/log.h"
 #include "runtime/parallel/tensor_parallel.h"
 
 namespace loom {
 
-using kernels::attention_att_size;
 using kernels::LossSum;
 using parallel::AllReduceTp;
 
@@ -115,7 +113,6 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
       ops_->scatter_rows(x.data(), image_emb, image_rows_.data(), static_cast<int>(rows.size()), C);
     }
   }
-  const int64_t att_size = attention_att_size(b.cu_seqlens.data(), b.S(), NH);
   for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = acts_[l];
@@ -127,9 +124,9 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     ops_->matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv),
                          id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
     ops_->rope_forward(a.qkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
-    a.att.resize(att_size);
+    a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
     a.atto.resize(TD);
-    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_.data(), b.S(), T, NH,
+    ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_.data(), b.S(), T, NH,
                             NKV, HD, /*causal=*/true);
     a.x1.resize(TC);
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
@@ -226,8 +223,8 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj), nullptr, dx.data(),
                                   a.atto.data(), params_.param(id.proj), T, D, C);
     dqkv.Zeros(TW);
-    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_.data(),
-                             b.S(), T, NH, NKV, HD, /*causal=*/true);
+    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
+                             cu_.data(), b.S(), T, NH, NKV, HD, /*causal=*/true);
     ops_->rope_backward(dqkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
     dtmp.Zeros(TC);
     ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv),

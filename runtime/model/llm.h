@@ -103,9 +103,9 @@ class Llm {
     int rms1, qkv, qkv_b = -1, proj, rms2, gate, up, down;  // qkv_b -1: no biases
   };
   struct LayerActs {  // in ops_'s backend's memory
-    Buffer<float> x, r1, rr1, qkv, att, atto, x1, r2, rr2, gate, up, s;
+    Buffer<float> x, r1, rr1, qkv, lse, atto, x1, r2, rr2, gate, up, s;
     void Bind(Backend* b) {
-      for (Buffer<float>* p : {&x, &r1, &rr1, &qkv, &att, &atto, &x1, &r2, &rr2, &gate, &up, &s}) {
+      for (Buffer<float>* p : {&x, &r1, &rr1, &qkv, &lse, &atto, &x1, &r2, &rr2, &gate, &up, &s}) {
         p->set_backend(b);
       }
     }

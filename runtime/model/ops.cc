@@ -76,14 +76,15 @@ class Cpu final : public Ops {
     kernels::rope_backward(dqkv, positions, inv_freq, T, NH, NKV, HD);
   }
 
-  void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
+  void attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens, int S,
                          int, int NH, int NKV, int HD, bool causal) override {
-    kernels::attention_forward(out, att, qkv, cu_seqlens, S, NH, NKV, HD, causal);
+    kernels::flash_attention_forward(out, lse, qkv, cu_seqlens, S, NH, NKV, HD, causal);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                          const int32_t* cu_seqlens, int S, int, int NH, int NKV, int HD,
-                          bool causal) override {
-    kernels::attention_backward(dqkv, dout, qkv, att, cu_seqlens, S, NH, NKV, HD, causal);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, const int32_t* cu_seqlens, int S, int, int NH, int NKV,
+                          int HD, bool causal) override {
+    kernels::flash_attention_backward(dqkv, dout, qkv, out, lse, cu_seqlens, S, NH, NKV, HD,
+                                      causal);
   }
 
   void patchify(float* patches, const float* tiles, int N, int S, int P) override {

@@ -8,8 +8,7 @@
 // Contracts are the CPU kernels' (shapes, `+=` in backward, masks): see
 // each kernel's header. Every pointer is memory of backend(); the integer
 // arrays (tokens, positions, cu_seqlens, targets) too. Host-side values
-// (sizes, the attention's scratch size) are computed on the host from host
-// copies (attention_att_size).
+// (sizes) are computed on the host from host copies.
 //
 // Thread-safety: the CPU ops are stateless and serve many threads; others
 // say their own (CudaOps: one thread at a time).
@@ -65,15 +64,17 @@ class Ops {
   virtual void rope_backward(float* dqkv, const int32_t* positions, const float* inv_freq, int T,
                              int NH, int NKV, int HD) = 0;
 
-  // kernels/attention: packed variable-length sequences, `cu_seqlens`
-  // (S + 1) on this backend; T = cu_seqlens[S] rows; `att` holds
-  // attention_att_size(host cu_seqlens, S, NH) floats.
-  virtual void attention_forward(float* out, float* att, const float* qkv,
+  // kernels/attention's memory-efficient attention (flash_attention_*):
+  // packed variable-length sequences, `cu_seqlens` (S + 1) on this backend;
+  // T = cu_seqlens[S] rows; `lse` holds T x NH floats (each row's
+  // log-sum-exp), no L x L probabilities; backward reads the forward's
+  // `out`.
+  virtual void attention_forward(float* out, float* lse, const float* qkv,
                                  const int32_t* cu_seqlens, int S, int T, int NH, int NKV, int HD,
                                  bool causal) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
-                                  const float* att, const int32_t* cu_seqlens, int S, int T, int NH,
-                                  int NKV, int HD, bool causal) = 0;
+                                  const float* out, const float* lse, const int32_t* cu_seqlens,
+                                  int S, int T, int NH, int NKV, int HD, bool causal) = 0;
 
   // kernels/embedding: the ViT's patches and positions.
   virtual void patchify(float* patches, const float* tiles, int N, int S, int P) = 0;

@@ -2,13 +2,10 @@
 
 #include <cmath>
 
-#include "kernels/attention/attention.h"
 #include "runtime/base/log.h"
 #include "runtime/parallel/tensor_parallel.h"
 
 namespace loom {
-
-using kernels::attention_att_size;
 
 VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
     : config_(c), tp_(tp), ops_(ops), params_(ShardOf(tp)) {
@@ -77,7 +74,6 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   cu_.resize(N + 1);
   for (int n = 0; n <= N; ++n) cu_[n] = n * L;
   cu_dev_.CopyFromHost(cu_.data(), cu_.size());
-  const int64_t att_size = attention_att_size(cu_.data(), N, NH);
 
   Buffer<float> x(ops_->backend());
   x.Zeros(TD);
@@ -118,9 +114,9 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.qkv.resize(3 * TA);
     ops_->matmul_forward(a.qkv.data(), a.ln1.data(), params_.param(id.qkv_w),
                          params_.param(id.qkv_b), T, D, 3 * A);
-    a.att.resize(att_size);
+    a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
     a.atto.resize(TA);
-    ops_->attention_forward(a.atto.data(), a.att.data(), a.qkv.data(), cu_dev_.data(), N, T, NH, NH,
+    ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_dev_.data(), N, T, NH, NH,
                             HD,
                             /*causal=*/false);
     a.x1.resize(TD);
@@ -225,8 +221,8 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
                                   params_.grad(id.proj_b), dx.data(), a.atto.data(),
                                   params_.param(id.proj_w), T, A, D);
     dqkv.Zeros(3 * TA);
-    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.att.data(), cu_dev_.data(),
-                             N, T, NH, NH, HD, /*causal=*/false);
+    ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
+                             cu_dev_.data(), N, T, NH, NH, HD, /*causal=*/false);
     dtmp.Zeros(TD);
     ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
                           a.ln1.data(), params_.param(id.qkv_w), T, D, 3 * A);

@@ -67,10 +67,10 @@ class VitEncoder {
     int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
   struct LayerActs {  // in ops_'s backend's memory
-    Buffer<float> x, ln1, mean1, rstd1, qkv, att, atto, x1, ln2, mean2, rstd2, h, g;
+    Buffer<float> x, ln1, mean1, rstd1, qkv, lse, atto, x1, ln2, mean2, rstd2, h, g;
     void Bind(Backend* b) {
       for (Buffer<float>* p :
-           {&x, &ln1, &mean1, &rstd1, &qkv, &att, &atto, &x1, &ln2, &mean2, &rstd2, &h, &g}) {
+           {&x, &ln1, &mean1, &rstd1, &qkv, &lse, &atto, &x1, &ln2, &mean2, &rstd2, &h, &g}) {
         p->set_backend(b);
       }
     }

@@ -78,15 +78,16 @@ class CudaOps final : public Ops {
     k::rope_backward(dqkv, positions, inv_freq, T, NH, NKV, HD);
   }
 
-  void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int S,
+  void attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens, int S,
                          int T, int NH, int NKV, int HD, bool causal) override {
-    k::attention_forward(out, att, qkv, cu_seqlens, S, T, NH, NKV, HD, causal);
+    k::flash_attention_forward(out, lse, qkv, cu_seqlens, S, T, NH, NKV, HD, causal);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                          const int32_t* cu_seqlens, int S, int T, int NH, int NKV, int HD,
-                          bool causal) override {
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, const int32_t* cu_seqlens, int S, int T, int NH,
+                          int NKV, int HD, bool causal) override {
     float* scratch = Scratch(static_cast<int64_t>(T) * NH);  // a value per row and head
-    k::attention_backward(dqkv, scratch, dout, qkv, att, cu_seqlens, S, T, NH, NKV, HD, causal);
+    k::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, cu_seqlens, S, T, NH, NKV, HD,
+                                causal);
   }
 
   void patchify(float* patches, const float* tiles, int N, int S, int P) override {

@@ -245,13 +245,13 @@ TEST_F(CudaOpsTest, AttentionBackwardCopiesNothingToTheHost) {
   Buf<float> qkv(gpu_.get(), RandomVector(T * (NH + 2 * NKV) * HD, 3));
   Buf<float> g(gpu_.get(), RandomVector(T * NH * HD, 4));
   Buf<float> out(gpu_.get(), std::vector<float>(T * NH * HD));
-  Buf<float> att(gpu_.get(), std::vector<float>(NH * (7 * 7 + 12 * 12)));
+  Buf<float> lse(gpu_.get(), std::vector<float>(T * NH));
   Buf<float> dqkv(gpu_.get(), std::vector<float>(T * (NH + 2 * NKV) * HD, 0.0f));
   Buf<int32_t> dcu(gpu_.get(), cu);
-  gpu_->attention_forward(out.get(), att.get(), qkv.get(), dcu.get(), S, T, NH, NKV, HD, true);
+  gpu_->attention_forward(out.get(), lse.get(), qkv.get(), dcu.get(), S, T, NH, NKV, HD, true);
   const int64_t before = cuda_emu::GetCounters().copies_to_host;
-  gpu_->attention_backward(dqkv.get(), g.get(), qkv.get(), att.get(), dcu.get(), S, T, NH, NKV, HD,
-                           true);
+  gpu_->attention_backward(dqkv.get(), g.get(), qkv.get(), out.get(), lse.get(), dcu.get(), S, T,
+                           NH, NKV, HD, true);
   EXPECT_EQ(cuda_emu::GetCounters().copies_to_host, before);
 #endif
 }
