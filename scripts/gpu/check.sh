@@ -8,7 +8,8 @@
 # process, and mfu_bench with PyTorch's fp32 step of the same shapes beside it
 # (scripts/gpu/torch_reference.py).
 #
-#   scripts/gpu/check.sh [all | a comma-separated list of tests, exit, bench]
+#   scripts/gpu/check.sh [all | a comma-separated list of tests, exit, bench
+#                         (= mfu and attention)]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WHAT=${1:-all}
@@ -84,12 +85,14 @@ if want exit; then
   [ -z "${SKIP_CPU:-}" ] && exit_check cpu
   exit_check cuda:0
 fi
-if want bench; then
+if want bench || want mfu; then
   run mfu_llm 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
     --modules llm --seq 2048 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
   run mfu_encoder 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
     --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
   run torch_reference 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 --steps 5
+fi
+if want bench || want attention; then
   for shape in 2048,16,128,causal,1 4096,16,128,causal,1 576,16,64,full,16; do
     IFS=, read -r len heads hd mask batch <<<"$shape"
     run "attention_$len" 120 "$R/kernels/attention/bench/attention_bench" --device cuda \
@@ -97,8 +100,7 @@ if want bench; then
       --causal=$([ "$mask" = causal ] && echo true || echo false)
     run "torch_attention_$len" 120 python3 scripts/gpu/torch_reference.py --attention "$shape" --steps 3 --warmup 1
   done
-  grep -hE 'TFLOP/s|per patch|flash /' "$LOGS"/mfu_*.log "$LOGS/torch_reference.log" \
-    "$LOGS"/attention_*.log "$LOGS"/torch_attention_*.log
 fi
+grep -hsE 'TFLOP/s|per patch|flash /' "$LOGS"/mfu_*.log "$LOGS"/torch_*.log "$LOGS"/attention_*.log
 cat "$LOGS/summary.txt"
 if [ -n "${OUT:-}" ]; then tar -C "$LOGS" -czf "$OUT/logs.tgz" .; fi
