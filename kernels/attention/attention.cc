@@ -200,6 +200,20 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   }
 }
 
+namespace {
+
+// sc (br, bc) = scale · Q[i0, i0 + br) · K[j0, j0 + bc)ᵀ of head h (its
+// key/value group's keys), rows of `base` one sequence's qkv.
+void BlockScores(float* sc, const float* base, const Layout& y, int h, int i0, int br, int j0,
+                 int bc, float scale) {
+  const int ld = static_cast<int>(y.ld);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, static_cast<int>(y.hd), scale,
+              base + static_cast<int64_t>(i0) * ld + y.q(h), ld,
+              base + static_cast<int64_t>(j0) * ld + y.k(h), ld, 0.0f, sc, bc);
+}
+
+}  // namespace
+
 void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
                              int S, int NH, int NKV, int HD, bool causal) {
   const Layout y(NH, NKV, HD);
@@ -220,10 +234,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
         const int j_end = causal ? i0 + br : L;
         for (int j0 = 0; j0 < j_end; j0 += B) {
           const int bc = std::min(B, j_end - j0);
-          // sc (br, bc) = scale · Q_i · K_jᵀ
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, HD, scale,
-                      base + static_cast<int64_t>(i0) * ld + y.q(h), ld,
-                      base + static_cast<int64_t>(j0) * ld + y.k(h), ld, 0.0f, sc.data(), bc);
+          BlockScores(sc.data(), base, y, h, i0, br, j0, bc, scale);
           for (int i = 0; i < br; ++i) {
             float* row = sc.data() + static_cast<int64_t>(i) * bc;
             const int n = causal ? std::min(bc, i0 + i - j0 + 1) : bc;  // keys this row sees
@@ -281,9 +292,7 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
         for (int j0 = 0; j0 < j_end; j0 += B) {
           const int bc = std::min(B, j_end - j0);
           // P = exp(scale · Q_i · K_jᵀ − lse_i), 0 where masked
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, HD, scale,
-                      base + static_cast<int64_t>(i0) * ld + y.q(h), ld,
-                      base + static_cast<int64_t>(j0) * ld + y.k(h), ld, 0.0f, p.data(), bc);
+          BlockScores(p.data(), base, y, h, i0, br, j0, bc, scale);
           for (int i = 0; i < br; ++i) {
             float* row = p.data() + static_cast<int64_t>(i) * bc;
             const int n = causal ? std::min(bc, i0 + i - j0 + 1) : bc;
