@@ -24,12 +24,20 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int M, int K, int N);
 
-// bf16 inputs (raw uint16 bit patterns), fp32 accumulation and output:
-// out (M,N) = inp (M,K) · weight (N,K)ᵀ. Tensor cores on sm_80+.
-void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* weight, int M, int K,
-                         int N);
+// bf16 inputs (raw uint16 bit patterns), fp32 accumulation and output, on
+// tensor cores (sm_80+): out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (fp32,
+// or null). Backward: dinp (M,K) += dout16 · weight, dweight (N,K) +=
+// dout16ᵀ · inp16 (fp32 gradients, each may be null), dbias += the column
+// sums of the fp32 `dout`. kernels/matmul/matmul.h's _bf16 contract with the
+// operands already narrowed (CudaOps narrows them).
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* weight, const float* bias,
+                         int M, int K, int N);
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const uint16_t* dout16, const uint16_t* inp, const uint16_t* weight,
+                          int M, int K, int N);
 void f32_to_bf16(uint16_t* out, const float* in, int64_t n);  // round to nearest even
 void bf16_to_f32(float* out, const uint16_t* in, int64_t n);
+void round_to_bf16(float* x, int64_t n);  // in place, to the nearest bf16 value
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, float eps);

@@ -110,7 +110,7 @@ TEST_F(CudaOpsTest, MatmulBf16) {
   }
   std::vector<float> want(M * N);
   matmul_forward_reference(want.data(), xr.data(), wr.data(), nullptr, M, K, N);
-  cuda::matmul_forward_bf16(dOut.get(), hX.get(), hW.get(), M, K, N);
+  cuda::matmul_forward_bf16(dOut.get(), hX.get(), hW.get(), nullptr, M, K, N);
   EXPECT_TRUE(Agree(dOut.Host(), want, loom::testing::kCudaBf16GemmVsCpu));
 }
 

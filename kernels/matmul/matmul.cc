@@ -2,6 +2,10 @@
 
 #include <cblas.h>
 
+#include <vector>
+
+#include "kernels/matmul/bf16.h"
+
 namespace loom::kernels {
 
 void matmul_forward_reference(float* out, const float* inp, const float* weight, const float* bias,
@@ -65,6 +69,51 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     for (int m = 0; m < M; ++m) {
       const float* g = dout + static_cast<long>(m) * N;
       for (int n = 0; n < N; ++n) dbias[n] += g[n];
+    }
+  }
+}
+
+void F32ToBf16(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = F32ToBf16(src[i]);
+}
+
+void Bf16ToF32(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(src[i]);
+}
+
+namespace {
+
+std::vector<float> Rounded(const float* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = RoundToBf16(x[i]);
+  return out;
+}
+
+std::vector<float> Widened(const uint16_t* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  Bf16ToF32(out.data(), x, n);
+  return out;
+}
+
+}  // namespace
+
+void matmul_forward_bf16(float* out, const float* inp, const uint16_t* weight, const float* bias,
+                         int M, int K, int N) {
+  const std::vector<float> x = Rounded(inp, int64_t{M} * K), w = Widened(weight, int64_t{N} * K);
+  matmul_forward(out, x.data(), w.data(), bias, M, K, N);
+}
+
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const uint16_t* weight, int M, int K, int N) {
+  if (dinp == nullptr && dweight == nullptr && dbias == nullptr) return;
+  const std::vector<float> g = Rounded(dout, int64_t{M} * N);
+  const std::vector<float> x = dweight ? Rounded(inp, int64_t{M} * K) : std::vector<float>();
+  const std::vector<float> w = dinp ? Widened(weight, int64_t{N} * K) : std::vector<float>();
+  matmul_backward(dinp, dweight, nullptr, g.data(), x.data(), w.data(), M, K, N);
+  if (dbias) {
+    for (int m = 0; m < M; ++m) {
+      const float* row = dout + static_cast<long>(m) * N;
+      for (int n = 0; n < N; ++n) dbias[n] += row[n];
     }
   }
 }

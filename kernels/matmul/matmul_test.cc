@@ -1,8 +1,11 @@
 #include "kernels/matmul/matmul.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/matmul/bf16.h"
 #include "kernels/testing/gradcheck.h"
 
 namespace loom::kernels {
@@ -100,6 +103,72 @@ TEST(MatmulTest, NullWeightGradientGivesTheSameInputGradient) {
   matmul_backward_reference(dx_r.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), M, K,
                             N);
   EXPECT_TRUE(AllClose(dx_r.data(), dx_a.data(), dx_a.size(), kFastVsReferenceF32));
+}
+
+std::vector<float> RoundedToBf16(const std::vector<float>& x) {
+  std::vector<float> out;
+  for (float v : x) out.push_back(RoundToBf16(v));
+  return out;
+}
+
+std::vector<uint16_t> Bf16Bits(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  F32ToBf16(out.data(), x.data(), static_cast<int64_t>(x.size()));
+  return out;
+}
+
+// bf16 mixed precision's GEMM is the fp32 reference on operands rounded to
+// bf16 (its products are exact in fp32); the bias gradient is the unrounded
+// dout's; and it is not the fp32 GEMM on unrounded operands.
+TEST_P(MatmulTest, Bf16IsTheReferenceOnRoundedOperands) {
+  const auto [M, K, N] = GetParam();
+  auto inp = RandomVector(M * K, 20), w = RandomVector(N * K, 21), b = RandomVector(N, 22),
+       dout = RandomVector(M * N, 23);
+  const std::vector<uint16_t> w16 = Bf16Bits(w);
+  const std::vector<float> inp_r = RoundedToBf16(inp), w_r = RoundedToBf16(w),
+                           dout_r = RoundedToBf16(dout);
+  std::vector<float> want(M * N), got(M * N, 123.0f), fp32(M * N);
+  matmul_forward_reference(want.data(), inp_r.data(), w_r.data(), b.data(), M, K, N);
+  matmul_forward_bf16(got.data(), inp.data(), w16.data(), b.data(), M, K, N);
+  EXPECT_TRUE(AllClose(got.data(), want.data(), want.size(), kFastVsReferenceF32));
+  matmul_forward_reference(fp32.data(), inp.data(), w.data(), b.data(), M, K, N);
+  double most = 0;
+  for (int i = 0; i < M * N; ++i) most = std::max(most, std::fabs(double{fp32[i]} - got[i]));
+  if (K > 1) {
+    EXPECT_GT(most, 1e-4) << "the operands were not narrowed";
+  }
+
+  auto dinp0 = RandomVector(M * K, 24), dw0 = RandomVector(N * K, 25), db0 = RandomVector(N, 26);
+  auto dinp_want = dinp0, dw_want = dw0, db_want = db0, dinp_got = dinp0, dw_got = dw0,
+       db_got = db0;
+  matmul_backward_reference(dinp_want.data(), dw_want.data(), nullptr, dout_r.data(), inp_r.data(),
+                            w_r.data(), M, K, N);
+  matmul_backward_reference(nullptr, nullptr, db_want.data(), dout.data(), inp.data(), w.data(), M,
+                            K, N);
+  matmul_backward_bf16(dinp_got.data(), dw_got.data(), db_got.data(), dout.data(), inp.data(),
+                       w16.data(), M, K, N);
+  EXPECT_TRUE(AllClose(dinp_got.data(), dinp_want.data(), dinp_want.size(), kFastVsReferenceF32));
+  EXPECT_TRUE(AllClose(dw_got.data(), dw_want.data(), dw_want.size(), kFastVsReferenceF32));
+  EXPECT_TRUE(AllClose(db_got.data(), db_want.data(), db_want.size(), kFastVsReferenceF32));
+  // A frozen weight: the input gradient alone, the same.
+  auto dinp_frozen = dinp0;
+  matmul_backward_bf16(dinp_frozen.data(), nullptr, nullptr, dout.data(), inp.data(), w16.data(), M,
+                       K, N);
+  EXPECT_EQ(dinp_frozen, dinp_got);
+}
+
+TEST(Bf16Test, RoundsToNearestEvenAndKeepsNaNAndInfinity) {
+  EXPECT_EQ(F32ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(F32ToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);      // a tie: to even (down)
+  EXPECT_EQ(F32ToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);  // a tie: to even (up)
+  EXPECT_EQ(F32ToBf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);
+  EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(std::nanf("")))));
+  EXPECT_TRUE(std::isinf(Bf16ToF32(F32ToBf16(INFINITY))));
+  EXPECT_EQ(RoundToBf16(-2.5f), -2.5f);  // representable: unchanged
+  std::vector<float> back(2);
+  const uint16_t bits[2] = {0x3f80, 0xc020};
+  Bf16ToF32(back.data(), bits, 2);
+  EXPECT_EQ(back, (std::vector<float>{1.0f, -2.5f}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,

@@ -74,6 +74,16 @@ inline constexpr Tolerance kCudaModelVsCpuF32 = {
     "Passed on an H100 and an H200 (2026-11-26; the CUDA emulation runs it in CI); the "
     "largest difference there is not yet recorded, so it is not yet tightened"};
 
+// The same under bf16 mixed precision: CUDA's bf16 (tensor-core GEMMs)
+// against the CPU's bf16 (widened operands, sgemm).
+inline constexpr Tolerance kCudaModelVsCpuBf16 = {
+    1e-4, 2e-2,
+    "kCudaModelVsCpuF32's fp32 differences (GEMM summation order, ulps in expf), and then each "
+    "narrowing to bf16 can round an element the other way on one side: a 2^-8 = 4e-3 relative "
+    "step in that element, mixed into its neighbours by the next layers (as in "
+    "kTensorParallelModelBf16). Not yet run on a GPU (the emulation runs it in CI, where the "
+    "sums are the CPU's); a wrong cast or a stale bf16 weight is O(1)"};
+
 // loom-train-local on CUDA against the CPU run, step by step: the loss and
 // the gradient norm as printed (loss to 6 decimals, grad_norm to 4).
 inline constexpr Tolerance kCudaTrainingVsCpuF32 = {
@@ -85,6 +95,48 @@ inline constexpr Tolerance kCudaTrainingVsCpuF32 = {
     "loss 3.1e-7 relative, grad_norm equal at its digits (train_local_device_test); three "
     "workers sharing the GPU against the CPU run: loss equal to 6 decimals, grad_norm 2.9e-5 "
     "(gpu_training_test)"};
+
+// The same under bf16 mixed precision (runtime/model/precision.h): a TP
+// layout against one bf16 rank.
+inline constexpr Tolerance kTensorParallelModelBf16 = {
+    1e-5, 1e-2,
+    "kTensorParallelModelF32's fp32 differences, but every GEMM operand and stored activation "
+    "is then rounded to bf16 (8 bits): a value a few fp32 ulps from a bf16 rounding boundary "
+    "rounds the other way on another layout, a 2^-8 = 4e-3 relative step in that element, "
+    "which later layers mix into their neighbours; a missing all-reduce or a wrong slice is "
+    "still O(1)"};
+
+// A model's loss and gradients under bf16 mixed precision against the same
+// model in fp32 (one microbatch; and the loss a step or two after a run
+// switched precision at a checkpoint). Gradients compare by the relative
+// norm of their difference over a module (rtol; atol unused there).
+inline constexpr Tolerance kBf16VsFp32Model = {
+    1e-4, 3e-2,
+    "bf16 keeps 8 significant bits: each narrowing moves a value up to 2^-9 = 2e-3 relative; a "
+    "value passes ~10 narrowings (GEMM inputs, stored activations) on its way through two "
+    "layers and back, which add like a random walk (~sqrt(10) x 2e-3 = 6e-3) and grow where a "
+    "norm or softmax backward cancels terms; 3% is 5x that, and a wrong cast (fp16 bits read "
+    "as bf16, a stale weight copy, a gradient left in bf16) is O(1)"};
+
+// loom-train-local on CUDA against the CPU run in bf16, step by step.
+inline constexpr Tolerance kCudaTrainingVsCpuBf16 = {
+    1e-3, 1e-2,
+    "kCudaModelVsCpuBf16's differences in the gradients, carried through AdamW into the next "
+    "steps' weights and re-narrowed to bf16 each step; 1% of the loss. Not yet run on a GPU "
+    "(the emulation runs it in CI)"};
+
+// A run trained in bf16 mixed precision against the same run in fp32: the
+// mean loss of its last 20 steps (tiny-deep, 200 steps).
+inline constexpr Tolerance kBf16VsFp32Training = {
+    0, 4e-2,
+    "kBf16VsFp32Model's per-step differences move the weights a little apart every step and "
+    "training amplifies them: after 200 steps the two runs are different samples of the same "
+    "training, and a single step's loss swings ~5% from the next. fp32 itself, given only "
+    "another summation order (OpenBLAS on 1 vs 2 threads), ends 2.9% apart on the mean of the "
+    "last 20 steps (0.7337 vs 0.7127, tiny-deep, cosine); bf16 measured 2.4% and 0.5% from "
+    "those (0.7161, 0.7163). 4% is fp32's own spread plus 1%; a bf16 whose attention backward "
+    "recomputed scores from other q and k than its forward's spiked (grad_norm 86) and ended "
+    "5.7% high"};
 
 // bf16 GEMM (fp32 accumulation) against the fp32 CPU GEMM of the same,
 // already bf16-rounded, inputs.
@@ -189,6 +241,17 @@ inline constexpr Tolerance kDisaggregatedVsLocalValidationLoss = {
     "a validation batch's loss is a training step's loss sum without its step: the same fp32 "
     "math in bins instead of the local contiguous split, taken after weights already equal "
     "within kDisaggregatedVsLocalLoss; measured equal to 6 decimals (LLM PP2, encoder DP2)"};
+
+// loom up in bf16 mixed precision against loom-train-local in bf16, step
+// by step: the loss and the gradient norm.
+inline constexpr Tolerance kDisaggregatedVsLocalBf16 = {
+    1e-4, 4e-3,
+    "kDisaggregatedVsLocalLoss's reordered fp32 sums (bins, ring all-reduces, TP partial sums), "
+    "but every GEMM operand and stored activation is then narrowed to bf16, so a value a few "
+    "ulps from a rounding boundary rounds the other way on one side (a 2^-8 = 4e-3 step in "
+    "that element: kTensorParallelModelBf16), and AdamW carries that into the next steps. "
+    "Measured over 10 steps (encoder TP2 x DP2, LLM TP2 x PP2): loss 3.4e-5, grad_norm 9.8e-4 "
+    "relative; the bound is that one bf16 step, 4x the grad_norm seen"};
 
 // The same runs' global gradient norm (before clipping) step by step.
 inline constexpr Tolerance kDisaggregatedVsLocalGradNorm = {

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/matmul/bf16.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
 
@@ -448,20 +449,9 @@ absl::Status WriteSafetensorsModel(const std::string& dir, const std::vector<Ten
   return WriteFileAtomically(absl::StrCat(dir, "/", kIndexFile), index.dump(2) + "\n");
 }
 
-float Bf16ToF32(uint16_t x) {
-  const uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+float Bf16ToF32(uint16_t x) { return kernels::Bf16ToF32(x); }
 
-uint16_t F32ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // stays a quiet NaN
-  bits += 0x7fff + ((bits >> 16) & 1);                                   // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
+uint16_t F32ToBf16(float f) { return kernels::F32ToBf16(f); }
 
 float F16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;

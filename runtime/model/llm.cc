@@ -65,6 +65,9 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
   params_.Finalize();
   acts_.resize(ids_.size());
   for (LayerActs& a : acts_) a.Bind(ops_->backend());
+  work_.Bind(ops_->backend());
+  stash_.resize(ids_.size());
+  for (ActivationStash& st : stash_) st.Bind(ops_->backend());
   for (Buffer<float>* b : {&xf_, &rf_, &rrf_, &logits_}) b->set_backend(ops_->backend());
   for (Buffer<int32_t>* b : {&tokens_, &targets_, &positions_, &cu_, &image_rows_}) {
     b->set_backend(ops_->backend());
@@ -73,6 +76,7 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
 
 absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float* input) {
   const LlmConfig& c = config_;
+  const bool narrow = params_.precision() == Precision::kBf16;  // ActivationStash
   // Per rank: NH heads (D = NH * HD of attention width), F FFN units, V
   // vocabulary rows; the residual stream (T, C) is whole on every rank.
   const int T = b.T(), C = c.dim, HD = c.hd(), NH = heads_, NKV = kv_heads_, D = NH * HD,
@@ -115,22 +119,26 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   }
   for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
-    LayerActs& a = acts_[l];
+    LayerActs& a = narrow ? work_ : acts_[l];
     a.x.CopyFrom(x);
     a.r1.resize(TC);
     a.rr1.resize(T);
     ops_->rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C, eps);
     a.qkv.resize(TW);
-    ops_->matmul_forward(a.qkv.data(), a.r1.data(), params_.param(id.qkv),
+    ops_->linear_forward(a.qkv.data(), a.r1.data(), params_.weight(id.qkv),
                          id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
     ops_->rope_forward(a.qkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
+    // Attention's backward recomputes the scores from the q and k it keeps:
+    // under bf16 those are bf16, so the forward takes them so too (else
+    // the kept log-sum-exp would not be the recomputed scores').
+    if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(TW));
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
     a.atto.resize(TD);
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_.data(), b.S(), T, NH,
                             NKV, HD, /*causal=*/true);
     a.x1.resize(TC);
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
-                                                      params_.param(id.proj), nullptr, T, D, C);
+                                                      params_.weight(id.proj), nullptr, T, D, C);
         !s.ok()) {
       return s;
     }
@@ -143,15 +151,16 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     a.gate.resize(TF);
     a.up.resize(TF);
     a.s.resize(TF);
-    ops_->matmul_forward(a.gate.data(), a.r2.data(), params_.param(id.gate), nullptr, T, C, F);
-    ops_->matmul_forward(a.up.data(), a.r2.data(), params_.param(id.up), nullptr, T, C, F);
+    ops_->linear_forward(a.gate.data(), a.r2.data(), params_.weight(id.gate), nullptr, T, C, F);
+    ops_->linear_forward(a.up.data(), a.r2.data(), params_.weight(id.up), nullptr, T, C, F);
     ops_->swiglu_forward(a.s.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, x.data(), a.s.data(),
-                                                      params_.param(id.down), nullptr, T, F, C);
+                                                      params_.weight(id.down), nullptr, T, F, C);
         !s.ok()) {
       return s;
     }
     ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TC));
+    if (narrow) stash_[l].Pack(ops_, a.Narrow(), a.Kept());
   }
   xf_.swap(x);
   if (!last_stage()) return absl::OkStatus();
@@ -159,7 +168,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   rrf_.resize(T);
   ops_->rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C, eps);
   logits_.resize(static_cast<size_t>(T) * V);
-  ops_->matmul_forward(logits_.data(), rf_.data(), params_.param(lm_head_), nullptr, T, C, V);
+  ops_->linear_forward(logits_.data(), rf_.data(), params_.weight(lm_head_), nullptr, T, C, V);
   return absl::OkStatus();
 }
 
@@ -172,6 +181,7 @@ absl::StatusOr<LossSum> Llm::Loss() const {
 absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const float* doutput,
                                       float* dinput) {
   const LlmConfig& c = config_;
+  const bool narrow = params_.precision() == Precision::kBf16;  // ActivationStash
   const LlmBatch& b = *batch_;
   const int T = b.T(), C = c.dim, HD = c.hd(), NH = heads_, NKV = kv_heads_, D = NH * HD,
             W = (NH + 2 * NKV) * HD, F = ffn_, V = vocab_;
@@ -190,8 +200,8 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     loss = parallel::VocabParallelCrossEntropy(ops_, tp_, logits_.data(), targets_.data(), T, V,
                                                vocab_start_, grad_scale, dlogits.data());
     if (!loss.ok()) return loss.status();
-    ops_->matmul_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
-                          params_.param(lm_head_), T, C, V);
+    ops_->linear_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
+                          params_.weight(lm_head_), T, C, V);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     ops_->rmsnorm_backward(dx.data(), params_.grad(rmsf_), dtmp.data(), xf_.data(),
                            params_.param(rmsf_), rrf_.data(), T, C);
@@ -203,33 +213,34 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
       dqkv(ops_->backend()), datto(ops_->backend());
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
-    const LayerActs& a = acts_[l];
+    if (narrow) stash_[l].Unpack(ops_, work_.Narrow(), work_.Kept());
+    const LayerActs& a = narrow ? work_ : acts_[l];
     ds.Zeros(TF);
     parallel::RowParallelBackward(ops_, ds.data(), params_.grad(id.down), nullptr, dx.data(),
-                                  a.s.data(), params_.param(id.down), T, F, C);
+                                  a.s.data(), params_.weight(id.down), T, F, C);
     dgate.Zeros(TF);
     dup.Zeros(TF);
     ops_->swiglu_backward(dgate.data(), dup.data(), a.gate.data(), a.up.data(), ds.data(),
                           static_cast<int64_t>(TF));
     dtmp.Zeros(TC);
-    ops_->matmul_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), a.r2.data(),
-                          params_.param(id.gate), T, C, F);
-    ops_->matmul_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), a.r2.data(),
-                          params_.param(id.up), T, C, F);
+    ops_->linear_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), a.r2.data(),
+                          params_.weight(id.gate), T, C, F);
+    ops_->linear_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), a.r2.data(),
+                          params_.weight(id.up), T, C, F);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms2), dtmp.data(), a.x1.data(),
                            params_.param(id.rms2), a.rr2.data(), T, C);
     datto.Zeros(TD);
     parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj), nullptr, dx.data(),
-                                  a.atto.data(), params_.param(id.proj), T, D, C);
+                                  a.atto.data(), params_.weight(id.proj), T, D, C);
     dqkv.Zeros(TW);
     ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
                              cu_.data(), b.S(), T, NH, NKV, HD, /*causal=*/true);
     ops_->rope_backward(dqkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
     dtmp.Zeros(TC);
-    ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv),
+    ops_->linear_backward(dtmp.data(), params_.grad(id.qkv),
                           id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(),
-                          a.r1.data(), params_.param(id.qkv), T, C, W);
+                          a.r1.data(), params_.weight(id.qkv), T, C, W);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
                            params_.param(id.rms1), a.rr1.data(), T, C);

@@ -25,6 +25,11 @@
 // Norms are replicated. Every rank of the group calls Forward and Backward
 // with the same batch; each returns the whole loss.
 //
+// Precision: the parameters' (ParamSet::Place). Under bf16 the linear layers
+// read the weights' bf16 copy, attention takes bf16 q/k/v, and each layer's
+// saved activations are packed as bf16 between forward and backward
+// (runtime/model/precision.h).
+//
 // Pipeline parallelism: an Llm built with a LayerRange is one stage. The
 // first stage embeds tokens (and takes the image embeddings), the others
 // take the previous stage's hidden states (T, C); the last stage ends in the
@@ -43,6 +48,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/params.h"
+#include "runtime/model/precision.h"
 #include "runtime/tensor/buffer.h"
 
 namespace loom {
@@ -105,10 +111,15 @@ class Llm {
   struct LayerActs {  // in ops_'s backend's memory
     Buffer<float> x, r1, rr1, qkv, lse, atto, x1, r2, rr2, gate, up, s;
     void Bind(Backend* b) {
-      for (Buffer<float>* p : {&x, &r1, &rr1, &qkv, &lse, &atto, &x1, &r2, &rr2, &gate, &up, &s}) {
-        p->set_backend(b);
-      }
+      for (Buffer<float>* p : Narrow()) p->set_backend(b);
+      for (Buffer<float>* p : Kept()) p->set_backend(b);
     }
+    // Under bf16 (ActivationStash): stored as bf16, and the per-row
+    // statistics kept in fp32.
+    std::vector<Buffer<float>*> Narrow() {
+      return {&x, &r1, &qkv, &atto, &x1, &r2, &gate, &up, &s};
+    }
+    std::vector<Buffer<float>*> Kept() { return {&rr1, &lse, &rr2}; }
   };
 
   LlmConfig config_;
@@ -125,7 +136,11 @@ class Llm {
   Buffer<int32_t> tokens_, targets_, positions_, cu_;  // batch_'s, where the kernels read them
   Buffer<int32_t> image_rows_;  // the batch's image-token rows, in order (first stage)
   Buffer<float> xf_, rf_, rrf_, logits_;
+  // Every layer's activations (fp32), or under bf16 one layer's (work_)
+  // and every layer's packed (stash_).
   std::vector<LayerActs> acts_;
+  LayerActs work_;
+  std::vector<ActivationStash> stash_;
 };
 
 }  // namespace loom

@@ -122,8 +122,8 @@ MultimodalModel::MultimodalModel(const ModelConfig& config, Ops* ops)
       vit_out_(ops->backend()),
       image_emb_(ops->backend()) {}
 
-void MultimodalModel::Place() {
-  for (ParamSet* p : param_sets()) p->Place(ops_->backend());
+void MultimodalModel::Place(Precision precision) {
+  for (ParamSet* p : param_sets()) p->Place(ops_->backend(), precision);
 }
 
 void MultimodalModel::PushData() {

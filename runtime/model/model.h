@@ -80,11 +80,11 @@ class MultimodalModel {
 
   // Every module's parameters from `seed` (each module its own stream).
   void Initialize(uint64_t seed);
-  // The parameters on the ops' backend (ParamSet::Place), once their host
-  // values are set; PushData after the host values change (a load, an
-  // optimizer step), PullGrads before the host reads gradients. No-ops on
-  // the CPU.
-  void Place();
+  // The parameters on the ops' backend (ParamSet::Place), in `precision`
+  // (runtime/model/precision.h), once their host values are set; PushData
+  // after the host values change (a load, an optimizer step), PullGrads
+  // before the host reads gradients. No-ops on the CPU in fp32.
+  void Place(Precision precision = Precision::kFp32);
   void PushData();
   void PullGrads();
   void ZeroGrad();

@@ -3,8 +3,10 @@
 // same image-embedding gradient, and every parameter gradient once the
 // slices are gathered; and the TP ranks' owned Σ g² add up to the module's.
 // Split into pipeline stages chained by hand, they equal the whole module
-// bitwise (the same operations in the same order).
+// bitwise (the same operations in the same order). All of it in fp32 and
+// under bf16 mixed precision.
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -69,9 +71,15 @@ std::vector<float> GatheredGrads(ParamSet& local, Communicator* tp) {
   return master.data();
 }
 
+// The tolerance of a TP layout against one rank in `p`.
+testing::Tolerance TpTolerance(Precision p) {
+  return p == Precision::kBf16 ? testing::kTensorParallelModelBf16
+                               : testing::kTensorParallelModelF32;
+}
+
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
-                 const std::string& what) {
-  const testing::Tolerance t = testing::kTensorParallelModelF32;
+                 const std::string& what, Precision p = Precision::kFp32) {
+  const testing::Tolerance t = TpTolerance(p);
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_NEAR(got[i], want[i], testing::Allowed(t, want[i]))
@@ -85,9 +93,10 @@ struct LlmResult {
   double owned_sq = 0;
 };
 
-LlmResult RunLlm(const ModelConfig& c, Communicator* tp) {
+LlmResult RunLlm(const ModelConfig& c, Communicator* tp, Precision p = Precision::kFp32) {
   Llm llm(c.llm, tp);
   llm.params().Initialize(kSeed);
+  llm.params().Place(CpuBackend::Get(), p);
   LlmResult r;
   ParamSet master;
   EXPECT_TRUE(GatherMaster(llm.params(), tp, &master).ok());
@@ -115,8 +124,9 @@ LlmResult RunLlm(const ModelConfig& c, Communicator* tp) {
   return r;
 }
 
-void ExpectLlmTpEqualsOneRank(const ModelConfig& c, std::initializer_list<int> tps) {
-  const LlmResult want = RunLlm(c, nullptr);
+void ExpectLlmTpEqualsOneRank(const ModelConfig& c, std::initializer_list<int> tps,
+                              Precision p = Precision::kFp32) {
+  const LlmResult want = RunLlm(c, nullptr, p);
   EXPECT_GT(want.loss, 0);
   double want_sq = 0;
   for (float g : want.grads) want_sq += static_cast<double>(g) * g;
@@ -124,17 +134,15 @@ void ExpectLlmTpEqualsOneRank(const ModelConfig& c, std::initializer_list<int> t
   for (int tp : tps) {
     InMemoryStore store;
     testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
-      const LlmResult got = RunLlm(c, comm);
-      const std::string what = "LLM tp " + std::to_string(tp) + " rank " + std::to_string(rank);
+      const LlmResult got = RunLlm(c, comm, p);
+      const std::string what = "LLM " + std::string(PrecisionName(p)) + " tp " +
+                               std::to_string(tp) + " rank " + std::to_string(rank);
       // Slices of the same master tensors: bitwise.
       EXPECT_EQ(got.master, want.master) << what << ": initial weights";
-      EXPECT_NEAR(got.loss, want.loss,
-                  testing::Allowed(testing::kTensorParallelModelF32, want.loss))
-          << what;
-      ExpectClose(got.dimage, want.dimage, what + ": image-embedding gradient");
-      ExpectClose(got.grads, want.grads, what + ": parameter gradients");
-      EXPECT_NEAR(got.owned_sq, want.owned_sq,
-                  testing::Allowed(testing::kTensorParallelModelF32, want.owned_sq))
+      EXPECT_NEAR(got.loss, want.loss, testing::Allowed(TpTolerance(p), want.loss)) << what;
+      ExpectClose(got.dimage, want.dimage, what + ": image-embedding gradient", p);
+      ExpectClose(got.grads, want.grads, what + ": parameter gradients", p);
+      EXPECT_NEAR(got.owned_sq, want.owned_sq, testing::Allowed(TpTolerance(p), want.owned_sq))
           << what;
     });
   }
@@ -142,6 +150,15 @@ void ExpectLlmTpEqualsOneRank(const ModelConfig& c, std::initializer_list<int> t
 
 TEST(TensorParallelModelTest, LlmAtTp2AndTp4EqualsOneRank) {
   ExpectLlmTpEqualsOneRank(Small(), {2, 4});
+}
+
+// bf16 mixed precision: the same layers on bf16 GEMM operands and bf16
+// stored activations, at TP 2 and 4, equal one bf16 rank.
+TEST(TensorParallelModelTest, Bf16LlmAtTp2AndTp4EqualsOneRank) {
+  const LlmResult fp32 = RunLlm(Small(), nullptr),
+                  bf16 = RunLlm(Small(), nullptr, Precision::kBf16);
+  EXPECT_NE(fp32.loss, bf16.loss) << "bf16 computed in fp32";
+  ExpectLlmTpEqualsOneRank(Small(), {2, 4}, Precision::kBf16);
 }
 
 // Grouped-query attention splits whole key/value groups: 8 query heads over
@@ -164,9 +181,10 @@ struct VitResult {
   std::vector<float> master, out, grads;
 };
 
-VitResult RunVit(const ModelConfig& c, Communicator* tp) {
+VitResult RunVit(const ModelConfig& c, Communicator* tp, Precision p = Precision::kFp32) {
   VitEncoder vit(c.vit, tp);
   vit.params().Initialize(kSeed);
+  vit.params().Place(CpuBackend::Get(), p);
   VitResult r;
   ParamSet master;
   EXPECT_TRUE(GatherMaster(vit.params(), tp, &master).ok());
@@ -182,22 +200,30 @@ VitResult RunVit(const ModelConfig& c, Communicator* tp) {
   return r;
 }
 
-TEST(TensorParallelModelTest, VitAtTp2AndTp4EqualsOneRank) {
+class VitTpTest : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(VitTpTest, VitAtTp2AndTp4EqualsOneRank) {
+  const Precision p = GetParam();
   for (const ModelConfig& c : {Small(), SmallClip()}) {
-    const VitResult want = RunVit(c, nullptr);
+    const VitResult want = RunVit(c, nullptr, p);
     for (int tp : {2, 4}) {
       InMemoryStore store;
       testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
-        const VitResult got = RunVit(c, comm);
-        const std::string what = "ViT (class token " + std::to_string(c.vit.class_token) + ") tp " +
-                                 std::to_string(tp) + " rank " + std::to_string(rank);
+        const VitResult got = RunVit(c, comm, p);
+        const std::string what = "ViT " + std::string(PrecisionName(p)) + " (class token " +
+                                 std::to_string(c.vit.class_token) + ") tp " + std::to_string(tp) +
+                                 " rank " + std::to_string(rank);
         EXPECT_EQ(got.master, want.master) << what << ": initial weights";
-        ExpectClose(got.out, want.out, what + ": output");
-        ExpectClose(got.grads, want.grads, what + ": parameter gradients");
+        ExpectClose(got.out, want.out, what + ": output", p);
+        ExpectClose(got.grads, want.grads, what + ": parameter gradients", p);
       });
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, VitTpTest,
+                         ::testing::Values(Precision::kFp32, Precision::kBf16),
+                         [](const auto& info) { return std::string(PrecisionName(info.param)); });
 
 // A gathered master sliced again is the rank's own slice, AdamW state and
 // step included (what a checkpoint saved under one TP degree and loaded
@@ -240,7 +266,10 @@ void ExpectSameTensors(ParamSet& stage, ParamSet& whole, const std::string& what
   }
 }
 
-TEST(PipelineStagesTest, LlmStagesChainedEqualTheWholeLlm) {
+class LlmStagesTest : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(LlmStagesTest, ChainedStagesEqualTheWholeLlm) {
+  const Precision p = GetParam();
   ModelConfig c = Small();
   c.llm.layers = 5;
   int image_tokens = 0;
@@ -249,6 +278,7 @@ TEST(PipelineStagesTest, LlmStagesChainedEqualTheWholeLlm) {
       testing::RandomVector(static_cast<size_t>(image_tokens) * c.llm.dim, 9);
   Llm whole(c.llm);
   whole.params().Initialize(kSeed);
+  whole.params().Place(CpuBackend::Get(), p);
   ASSERT_TRUE(whole.Forward(batch, emb.data()).ok());
   std::vector<float> want_dimage(emb.size(), 0.0f);
   absl::StatusOr<kernels::LossSum> want = whole.Backward(0.25f, want_dimage.data());
@@ -264,6 +294,7 @@ TEST(PipelineStagesTest, LlmStagesChainedEqualTheWholeLlm) {
       held = r.last;
       stages.push_back(std::make_unique<Llm>(c.llm, nullptr, r));
       stages.back()->params().Initialize(kSeed);
+      stages.back()->params().Place(CpuBackend::Get(), p);
     }
     EXPECT_EQ(held, c.llm.layers);
     for (int s = 0; s < pp; ++s) {
@@ -293,12 +324,17 @@ TEST(PipelineStagesTest, LlmStagesChainedEqualTheWholeLlm) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Precisions, LlmStagesTest,
+                         ::testing::Values(Precision::kFp32, Precision::kBf16),
+                         [](const auto& info) { return std::string(PrecisionName(info.param)); });
+
 // With a class token the stages hand on seq = patches + 1 rows per tile and
-// the last drops the token's row.
-class VitStagesTest : public ::testing::TestWithParam<bool> {};
+// the last drops the token's row; in either precision.
+class VitStagesTest : public ::testing::TestWithParam<std::tuple<bool, Precision>> {};
 
 TEST_P(VitStagesTest, ChainedStagesEqualTheWholeVit) {
-  ModelConfig c = GetParam() ? SmallClip() : Small();
+  const Precision p = std::get<1>(GetParam());
+  ModelConfig c = std::get<0>(GetParam()) ? SmallClip() : Small();
   c.vit.layers = 3;
   const int N = 2;
   const std::vector<float> tiles =
@@ -308,6 +344,7 @@ TEST_P(VitStagesTest, ChainedStagesEqualTheWholeVit) {
   const std::vector<float> dout = testing::RandomVector(out_size, 5);
   VitEncoder whole(c.vit);
   whole.params().Initialize(kSeed);
+  whole.params().Place(CpuBackend::Get(), p);
   std::vector<float> want(out_size);
   ASSERT_TRUE(whole.Forward(tiles.data(), N, want.data()).ok());
   ASSERT_TRUE(whole.Backward(dout.data()).ok());
@@ -318,6 +355,7 @@ TEST_P(VitStagesTest, ChainedStagesEqualTheWholeVit) {
   for (int s = 0; s < pp; ++s) {
     stages.push_back(std::make_unique<VitEncoder>(c.vit, nullptr, VitStageLayers(c, pp, s)));
     stages.back()->params().Initialize(kSeed);
+    stages.back()->params().Place(CpuBackend::Get(), p);
     outs[s].resize(s == pp - 1 ? out_size : stage_size);
     ASSERT_TRUE(
         stages[s]->Forward(s == 0 ? tiles.data() : outs[s - 1].data(), N, outs[s].data()).ok());
@@ -333,7 +371,9 @@ TEST_P(VitStagesTest, ChainedStagesEqualTheWholeVit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(ClassToken, VitStagesTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(ClassTokenAndPrecision, VitStagesTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(Precision::kFp32, Precision::kBf16)));
 
 }  // namespace
 }  // namespace loom

@@ -1,10 +1,13 @@
 #include "runtime/model/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "kernels/matmul/bf16.h"
 #include "kernels/testing/gradcheck.h"
 
 namespace loom {
@@ -133,6 +136,101 @@ TEST(ParamSetTest, PlacingOnTheCpuKeepsTheHostVectors) {
   ParamSet copy = p;  // a copy is never placed; its own host vectors
   EXPECT_EQ(copy.data(), p.data());
   EXPECT_NE(copy.param(w), p.param(w));
+}
+
+// Under bf16 the set keeps a bf16 copy of its weights, which the GEMMs read
+// and PushData refreshes from the fp32 masters; fp32 and a copy have none.
+TEST(ParamSetTest, Bf16PlacementKeepsABf16CopyOfTheMasters) {
+  ParamSet p;
+  const int a = p.Add("a", {3, 4}, Init::kNormal, 0.5f), b = p.Add("b", {5}, Init::kOnes);
+  p.Finalize();
+  p.Initialize(1);
+  p.Place(CpuBackend::Get());
+  EXPECT_EQ(p.weight(a).bf16, nullptr);
+  p.Place(CpuBackend::Get(), Precision::kBf16);
+  EXPECT_EQ(p.precision(), Precision::kBf16);
+  EXPECT_EQ(p.weight(a).f32, p.param(a));
+  auto expect_rounded = [&](const std::string& when) {
+    for (int i : {a, b}) {
+      for (int64_t k = 0; k < p.spec(i).numel; ++k) {
+        ASSERT_EQ(p.weight(i).bf16[k], kernels::F32ToBf16(p.param(i)[k])) << when << " " << k;
+      }
+    }
+  };
+  expect_rounded("after Place");
+  bool narrowed = false;
+  for (int64_t k = 0; k < p.spec(a).numel; ++k) {
+    narrowed |= kernels::Bf16ToF32(p.weight(a).bf16[k]) != p.param(a)[k];
+  }
+  EXPECT_TRUE(narrowed) << "N(0, 0.5) draws are not all bf16 values";
+  for (float& x : p.data()) x *= 3;  // an optimizer step
+  p.PushData();
+  expect_rounded("after PushData");
+  ParamSet copy = p;
+  EXPECT_EQ(copy.precision(), Precision::kFp32);
+  EXPECT_EQ(copy.weight(a).bf16, nullptr);
+}
+
+TEST(ActivationStashTest, KeepsNarrowTensorsAsBf16AndTheRestAsTheyAre) {
+  Buffer<float> x(CpuBackend::Get()), y(CpuBackend::Get()), stat(CpuBackend::Get());
+  const std::vector<float> xs = testing::RandomVector(7, 1), ys = testing::RandomVector(3, 2),
+                           st = testing::RandomVector(2, 3);
+  x.CopyFromHost(xs.data(), xs.size());
+  y.CopyFromHost(ys.data(), ys.size());
+  stat.CopyFromHost(st.data(), st.size());
+  ActivationStash stash;
+  stash.Bind(CpuBackend::Get());
+  stash.Pack(CpuOps(), {&x, &y}, {&stat});
+  EXPECT_EQ(stash.bytes(), 2 * (7 + 3) + 4 * 2);
+  x.Zeros(1);  // the working set moves on to the next layer
+  y.Zeros(9);
+  stat.Zeros(4);
+  stash.Unpack(CpuOps(), {&x, &y}, {&stat});
+  const std::vector<float> gx = x.ToHost(), gy = y.ToHost();
+  ASSERT_EQ(gx.size(), xs.size());
+  ASSERT_EQ(gy.size(), ys.size());
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(gx[i], kernels::RoundToBf16(xs[i])) << i;
+  for (size_t i = 0; i < ys.size(); ++i) EXPECT_EQ(gy[i], kernels::RoundToBf16(ys[i])) << i;
+  EXPECT_EQ(stat.ToHost(), st);
+}
+
+// ||got - want|| / ||want|| over a whole tensor.
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = 0, w = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    d += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
+    w += double{want[i]} * want[i];
+  }
+  return std::sqrt(d / std::max(w, 1e-300));
+}
+
+// bf16 mixed precision computes what fp32 does to bf16's precision, every
+// module's gradient included, and no more exactly than that (the GEMMs and
+// the stored activations really are narrowed).
+TEST(ModelTest, Bf16IsFp32ToBf16sPrecision) {
+  for (const ModelConfig& c : {Micro(false), Micro(true)}) {
+    Sample s1 = MakeSample(c, 1, 3, 4, 11), s2 = MakeSample(c, 2, 1, 2, 12);
+    const float scale = 1.0f / (LossTokens(s1) + LossTokens(s2));
+    MultimodalModel fp32(c), bf16(c);
+    fp32.Initialize(5);
+    bf16.Initialize(5);
+    bf16.Place(Precision::kBf16);
+    fp32.ZeroGrad();
+    bf16.ZeroGrad();
+    const double l32 = fp32.ForwardBackward({&s1, &s2}, scale).sum;
+    const double l16 = bf16.ForwardBackward({&s1, &s2}, scale).sum;
+    const testing::Tolerance t = testing::kBf16VsFp32Model;
+    EXPECT_NEAR(l16, l32, testing::Allowed(t, l32)) << c.name << ": " << t.reason;
+    EXPECT_NE(l16, l32) << c.name << ": bf16 computed in fp32";
+    auto a = fp32.param_sets(), b = bf16.param_sets();
+    for (size_t m = 0; m < a.size(); ++m) {
+      const double err = RelativeError(b[m]->grads(), a[m]->grads());
+      EXPECT_LT(err, t.rtol) << c.name << " module " << m << ": " << t.reason;
+      EXPECT_GT(err, 0) << c.name << " module " << m;
+      std::printf("%s module %zu: gradient relative error %.3g, loss %.3g\n", c.name.c_str(), m,
+                  err, std::fabs(l16 - l32) / l32);
+    }
+  }
 }
 
 // Ranks on one machine spread over its GPUs; an explicit index is kept.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/matmul/bf16.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/norm/norm.h"
 #include "kernels/pixel_shuffle/pixel_shuffle.h"
@@ -31,6 +32,24 @@ class Cpu final : public Ops {
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int M, int K, int N) override {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N);
+  }
+  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* weight, const float* bias,
+                           int M, int K, int N) override {
+    kernels::matmul_forward_bf16(out, inp, weight, bias, M, K, N);
+  }
+  void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const uint16_t* weight, int M, int K,
+                            int N) override {
+    kernels::matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, M, K, N);
+  }
+  void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) override {
+    kernels::F32ToBf16(dst, src, n);
+  }
+  void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) override {
+    kernels::Bf16ToF32(dst, src, n);
+  }
+  void round_to_bf16(float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] = kernels::RoundToBf16(x[i]);
   }
 
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,

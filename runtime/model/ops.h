@@ -25,6 +25,17 @@
 
 namespace loom {
 
+// A linear layer's weight as the layers hand it to Ops: fp32 (the master
+// values, or their device copy), and under bf16 mixed precision also a bf16
+// copy (raw bits) that the GEMMs read instead (ParamSet::weight). A bare
+// fp32 pointer converts to one without a bf16 copy.
+struct WeightRef {
+  WeightRef(const float* w) : f32(w) {}  // NOLINT(runtime/explicit): the fp32 case
+  WeightRef(const float* w, const uint16_t* h) : f32(w), bf16(h) {}
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -36,6 +47,38 @@ class Ops {
                               int M, int K, int N) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, int M, int K, int N) = 0;
+
+  // The same under bf16 mixed precision (kernels/matmul/matmul.h's _bf16
+  // contract): the weight as bf16 bits, inp and dout rounded to bf16 by the
+  // op, products summed in fp32, every output and gradient fp32.
+  virtual void matmul_forward_bf16(float* out, const float* inp, const uint16_t* weight,
+                                   const float* bias, int M, int K, int N) = 0;
+  virtual void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const uint16_t* weight, int M, int K,
+                                    int N) = 0;
+  // The layers' linear layer: the bf16 GEMM where the weight has a bf16
+  // copy, the fp32 one otherwise.
+  void linear_forward(float* out, const float* inp, WeightRef weight, const float* bias, int M,
+                      int K, int N) {
+    if (weight.bf16 != nullptr) {
+      matmul_forward_bf16(out, inp, weight.bf16, bias, M, K, N);
+    } else {
+      matmul_forward(out, inp, weight.f32, bias, M, K, N);
+    }
+  }
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, WeightRef weight, int M, int K, int N) {
+    if (weight.bf16 != nullptr) {
+      matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight.bf16, M, K, N);
+    } else {
+      matmul_backward(dinp, dweight, dbias, dout, inp, weight.f32, M, K, N);
+    }
+  }
+  // n values narrowed to bf16 (round to nearest even) or widened (exact).
+  virtual void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) = 0;
+  virtual void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) = 0;
+  // x rounded in place to the nearest bf16 value (kept as fp32).
+  virtual void round_to_bf16(float* x, int64_t n) = 0;
 
   // kernels/norm.
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,

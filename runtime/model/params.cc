@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/matmul/bf16.h"
 #include "runtime/base/log.h"
 
 namespace loom {
@@ -155,18 +156,28 @@ void ParamSet::ZeroGrad() {
   if (device_.placed && !frozen_) device_.grad.Zeros(grad_.size());
 }
 
-void ParamSet::Place(Backend* backend) {
+void ParamSet::Place(Backend* backend, Precision precision) {
   LOOM_CHECK(finalized_) << "Place before Finalize";
-  if (backend->device().type == DeviceType::kCpu) return;  // the host vectors are its memory
-  device_.placed = true;
-  device_.data.set_backend(backend);
-  device_.grad.set_backend(backend);
+  device_.precision = precision;
+  device_.bf16.set_backend(precision == Precision::kBf16 ? backend : nullptr);
+  // On the CPU the host vectors are the layers' memory.
+  device_.placed = backend->device().type != DeviceType::kCpu;
+  if (device_.placed) {
+    device_.data.set_backend(backend);
+    device_.grad.set_backend(backend);
+  }
   PushData();
-  if (!frozen_) device_.grad.CopyFromHost(grad_.data(), grad_.size());
+  if (device_.placed && !frozen_) device_.grad.CopyFromHost(grad_.data(), grad_.size());
 }
 
 void ParamSet::PushData() {
   if (device_.placed) device_.data.CopyFromHost(data_.data(), data_.size());
+  if (device_.precision == Precision::kBf16) {
+    // Narrowed on the host (the masters live there), then copied.
+    std::vector<uint16_t> bits(data_.size());
+    kernels::F32ToBf16(bits.data(), data_.data(), static_cast<int64_t>(bits.size()));
+    device_.bf16.CopyFromHost(bits.data(), bits.size());
+  }
 }
 
 void ParamSet::PullGrads() {

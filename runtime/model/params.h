@@ -19,6 +19,8 @@
 
 #include "absl/status/status.h"
 #include "runtime/comm/collective.h"
+#include "runtime/model/ops.h"
+#include "runtime/model/precision.h"
 #include "runtime/tensor/backend.h"
 #include "runtime/tensor/buffer.h"
 #include "runtime/tensor/tensor.h"
@@ -127,7 +129,13 @@ class ParamSet {
   // change (initialisation, a load, an optimizer step), PullGrads() before
   // the host reads the gradients (their all-reduce, clipping, the step).
   // ZeroGrad() zeroes both. On the CPU backend Place() changes nothing.
-  void Place(Backend* backend);
+  //
+  // Under bf16 (runtime/model/precision.h) Place also makes a bf16 copy of
+  // the weights on `backend`, which PushData refreshes from the fp32
+  // masters: the linear layers' GEMMs read it (weight()); everything else
+  // reads param(). Gradients stay fp32.
+  void Place(Backend* backend, Precision precision = Precision::kFp32);
+  Precision precision() const { return device_.precision; }
   void PushData();
   void PullGrads();
   bool placed() const { return device_.placed; }
@@ -140,6 +148,13 @@ class ParamSet {
   }
   float* param(int i) {
     return (device_.placed ? device_.data.data() : data_.data()) + specs_[i].offset;
+  }
+  // Tensor i as a linear layer's weight: param(i), with its bf16 copy
+  // under bf16.
+  WeightRef weight(int i) {
+    return WeightRef(param(i), device_.precision == Precision::kBf16
+                                   ? device_.bf16.data() + specs_[i].offset
+                                   : nullptr);
   }
   float* grad(int i) {
     if (frozen_) return nullptr;
@@ -169,20 +184,25 @@ class ParamSet {
   bool frozen_ = false;
   std::vector<float> data_, grad_, m_, v_;
   int64_t step_ = 0;  // optimizer steps taken
-  // Place()'s copies of data and grads; a copy of the set is not placed.
+  // Place()'s copies of data and grads, and under bf16 the weights' bf16
+  // copy; a copy of the set is not placed (and fp32).
   struct DeviceCopy {
     DeviceCopy() = default;
     DeviceCopy(const DeviceCopy&) {}
     DeviceCopy& operator=(const DeviceCopy&) {
       placed = false;
+      precision = Precision::kFp32;
       data.set_backend(nullptr);
       grad.set_backend(nullptr);
+      bf16.set_backend(nullptr);
       return *this;
     }
     DeviceCopy(DeviceCopy&&) = default;
     DeviceCopy& operator=(DeviceCopy&&) = default;
     bool placed = false;
+    Precision precision = Precision::kFp32;
     Buffer<float> data, grad;
+    Buffer<uint16_t> bf16;
   };
   DeviceCopy device_;
 };

@@ -29,11 +29,11 @@ void Projector::Forward(const float* in, int N, float* out) {
     x_.swap(shuffled);
   }
   h_.resize(static_cast<size_t>(T) * H);
-  ops_->matmul_forward(h_.data(), x_.data(), params_.param(fc1_w_), params_.param(fc1_b_), T, Din,
+  ops_->linear_forward(h_.data(), x_.data(), params_.weight(fc1_w_), params_.param(fc1_b_), T, Din,
                        H);
   g_.resize(h_.size());
   ops_->activation_forward(c.projector.act, g_.data(), h_.data(), static_cast<int64_t>(h_.size()));
-  ops_->matmul_forward(out, g_.data(), params_.param(fc2_w_), params_.param(fc2_b_), T, H,
+  ops_->linear_forward(out, g_.data(), params_.weight(fc2_w_), params_.param(fc2_b_), T, H,
                        c.llm.dim);
 }
 
@@ -44,12 +44,12 @@ void Projector::Backward(const float* dout, float* din) {
   dg.Zeros(g_.size());
   dh.Zeros(g_.size());
   dx.Zeros(x_.size());
-  ops_->matmul_backward(dg.data(), params_.grad(fc2_w_), params_.grad(fc2_b_), dout, g_.data(),
-                        params_.param(fc2_w_), T, H, c.llm.dim);
+  ops_->linear_backward(dg.data(), params_.grad(fc2_w_), params_.grad(fc2_b_), dout, g_.data(),
+                        params_.weight(fc2_w_), T, H, c.llm.dim);
   ops_->activation_backward(c.projector.act, dh.data(), h_.data(), dg.data(),
                             static_cast<int64_t>(dh.size()));
-  ops_->matmul_backward(din == nullptr ? nullptr : dx.data(), params_.grad(fc1_w_),
-                        params_.grad(fc1_b_), dh.data(), x_.data(), params_.param(fc1_w_), T, Din,
+  ops_->linear_backward(din == nullptr ? nullptr : dx.data(), params_.grad(fc1_w_),
+                        params_.grad(fc1_b_), dh.data(), x_.data(), params_.weight(fc1_w_), T, Din,
                         H);
   if (din == nullptr) return;  // a frozen encoder before it: no input gradient
   if (c.projector.pixel_shuffle) {

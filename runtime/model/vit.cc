@@ -55,6 +55,9 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers, 
   params_.Finalize();
   acts_.resize(ids_.size());
   for (LayerActs& a : acts_) a.Bind(ops_->backend());
+  work_.Bind(ops_->backend());
+  stash_.resize(ids_.size());
+  for (ActivationStash& st : stash_) st.Bind(ops_->backend());
   for (Buffer<float>* b : {&patches_, &x0_, &mean0_, &rstd0_, &xf_, &meanf_, &rstdf_}) {
     b->set_backend(ops_->backend());
   }
@@ -63,6 +66,7 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers, 
 
 absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
   const VitConfig& c = config_;
+  const bool narrow = params_.precision() == Precision::kBf16;  // ActivationStash
   // Per rank: NH heads (A = NH * HD of attention width), H hidden units; the
   // residual stream (T, D) is whole on every rank.
   // L rows per tile (the patches, after the class token if any).
@@ -82,7 +86,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     ops_->patchify(patches_.data(), in, N, c.tile_size, c.patch);
     Buffer<float> emb(ops_->backend());
     emb.resize(static_cast<size_t>(N) * Np * D);
-    ops_->matmul_forward(emb.data(), patches_.data(), params_.param(patch_w_), Param(patch_b_),
+    ops_->linear_forward(emb.data(), patches_.data(), params_.weight(patch_w_), Param(patch_b_),
                          N * Np, c.patch_dim(), D);
     for (int n = 0; n < N; ++n) {
       float* tile = x.data() + static_cast<size_t>(n) * L * D;
@@ -104,7 +108,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
 
   for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
-    LayerActs& a = acts_[l];
+    LayerActs& a = narrow ? work_ : acts_[l];
     a.x.CopyFrom(x);
     a.ln1.resize(TD);
     a.mean1.resize(T);
@@ -112,8 +116,11 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     ops_->layernorm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x.data(),
                             params_.param(id.ln1_w), params_.param(id.ln1_b), T, D, c.norm_eps);
     a.qkv.resize(3 * TA);
-    ops_->matmul_forward(a.qkv.data(), a.ln1.data(), params_.param(id.qkv_w),
+    ops_->linear_forward(a.qkv.data(), a.ln1.data(), params_.weight(id.qkv_w),
                          params_.param(id.qkv_b), T, D, 3 * A);
+    // Under bf16 attention takes the q and k its backward will recompute
+    // from (the kept ones, bf16), as in the LLM.
+    if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(3 * TA));
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
     a.atto.resize(TA);
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_dev_.data(), N, T, NH, NH,
@@ -121,7 +128,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
                             /*causal=*/false);
     a.x1.resize(TD);
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
-                                                      params_.param(id.proj_w),
+                                                      params_.weight(id.proj_w),
                                                       params_.param(id.proj_b), T, A, D);
         !s.ok()) {
       return s;
@@ -133,17 +140,18 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     ops_->layernorm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x1.data(),
                             params_.param(id.ln2_w), params_.param(id.ln2_b), T, D, c.norm_eps);
     a.h.resize(static_cast<size_t>(T) * H);
-    ops_->matmul_forward(a.h.data(), a.ln2.data(), params_.param(id.fc1_w), params_.param(id.fc1_b),
-                         T, D, H);
+    ops_->linear_forward(a.h.data(), a.ln2.data(), params_.weight(id.fc1_w),
+                         params_.param(id.fc1_b), T, D, H);
     a.g.resize(a.h.size());
     ops_->activation_forward(c.act, a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
     if (absl::Status s =
-            parallel::RowParallelForward(ops_, tp_, x.data(), a.g.data(), params_.param(id.fc2_w),
+            parallel::RowParallelForward(ops_, tp_, x.data(), a.g.data(), params_.weight(id.fc2_w),
                                          params_.param(id.fc2_b), T, H, D);
         !s.ok()) {
       return s;
     }
     ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TD));
+    if (narrow) stash_[l].Pack(ops_, a.Narrow(), a.Kept());
   }
   xf_.swap(x);
   if (!last_stage()) {
@@ -169,6 +177,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
 
 absl::Status VitEncoder::Backward(const float* dout, float* din) {
   const VitConfig& c = config_;
+  const bool narrow = params_.precision() == Precision::kBf16;  // ActivationStash
   const int Np = c.patches_per_tile(), L = c.seq(), D = c.dim, HD = c.dim / c.heads, NH = heads_,
             A = NH * HD, H = hidden_;
   const int N = N_, T = N * L;
@@ -200,16 +209,17 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
       dqkv(ops_->backend()), datto(ops_->backend());
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
-    const LayerActs& a = acts_[l];
+    if (narrow) stash_[l].Unpack(ops_, work_.Narrow(), work_.Kept());
+    const LayerActs& a = narrow ? work_ : acts_[l];
     // x2 = x1 + fc2(gelu(fc1(ln2(x1))))
     dg.Zeros(static_cast<size_t>(T) * H);
     parallel::RowParallelBackward(ops_, dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
-                                  dx.data(), a.g.data(), params_.param(id.fc2_w), T, H, D);
+                                  dx.data(), a.g.data(), params_.weight(id.fc2_w), T, H, D);
     dh.Zeros(dg.size());
     ops_->activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
     dtmp.Zeros(TD);
-    ops_->matmul_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
-                          a.ln2.data(), params_.param(id.fc1_w), T, D, H);
+    ops_->linear_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
+                          a.ln2.data(), params_.weight(id.fc1_w), T, D, H);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     // dx (now d x1) += LN2 backward
     ops_->layernorm_backward(dx.data(), params_.grad(id.ln2_w), params_.grad(id.ln2_b), dtmp.data(),
@@ -219,13 +229,13 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     datto.Zeros(TA);
     parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj_w),
                                   params_.grad(id.proj_b), dx.data(), a.atto.data(),
-                                  params_.param(id.proj_w), T, A, D);
+                                  params_.weight(id.proj_w), T, A, D);
     dqkv.Zeros(3 * TA);
     ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
                              cu_dev_.data(), N, T, NH, NH, HD, /*causal=*/false);
     dtmp.Zeros(TD);
-    ops_->matmul_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
-                          a.ln1.data(), params_.param(id.qkv_w), T, D, 3 * A);
+    ops_->linear_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
+                          a.ln1.data(), params_.weight(id.qkv_w), T, D, 3 * A);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     ops_->layernorm_backward(dx.data(), params_.grad(id.ln1_w), params_.grad(id.ln1_b), dtmp.data(),
                              a.x.data(), params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), T,
@@ -252,9 +262,9 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     ops_->copy(demb.data() + static_cast<size_t>(n) * Np * D, tile + (L - Np) * D,
                static_cast<int64_t>(Np) * D);
   }
-  ops_->matmul_backward(nullptr, params_.grad(patch_w_),
+  ops_->linear_backward(nullptr, params_.grad(patch_w_),
                         patch_b_ < 0 ? nullptr : params_.grad(patch_b_), demb.data(),
-                        patches_.data(), params_.param(patch_w_), N * Np, c.patch_dim(), D);
+                        patches_.data(), params_.weight(patch_w_), N * Np, c.patch_dim(), D);
   return absl::OkStatus();
 }
 

@@ -11,7 +11,8 @@
 // post_layernorm). SigLIP: patch bias, no class token, no LN_f.
 //
 // Forward keeps the activations Backward needs; Backward accumulates into the
-// parameter gradients.
+// parameter gradients. Precision: the parameters' (ParamSet::Place), as in
+// the LLM (llm.h, runtime/model/precision.h).
 //
 // Tensor parallelism over the TP group `tp` (null: one rank), Megatron's:
 // QKV and fc1 column-parallel (heads and hidden units split, with their
@@ -33,6 +34,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/params.h"
+#include "runtime/model/precision.h"
 #include "runtime/tensor/buffer.h"
 
 namespace loom {
@@ -69,11 +71,13 @@ class VitEncoder {
   struct LayerActs {  // in ops_'s backend's memory
     Buffer<float> x, ln1, mean1, rstd1, qkv, lse, atto, x1, ln2, mean2, rstd2, h, g;
     void Bind(Backend* b) {
-      for (Buffer<float>* p :
-           {&x, &ln1, &mean1, &rstd1, &qkv, &lse, &atto, &x1, &ln2, &mean2, &rstd2, &h, &g}) {
-        p->set_backend(b);
-      }
+      for (Buffer<float>* p : Narrow()) p->set_backend(b);
+      for (Buffer<float>* p : Kept()) p->set_backend(b);
     }
+    // Under bf16 (ActivationStash): stored as bf16, and the per-row
+    // statistics kept in fp32.
+    std::vector<Buffer<float>*> Narrow() { return {&x, &ln1, &qkv, &atto, &x1, &ln2, &h, &g}; }
+    std::vector<Buffer<float>*> Kept() { return {&mean1, &rstd1, &lse, &mean2, &rstd2}; }
   };
 
   VitConfig config_;
@@ -93,7 +97,11 @@ class VitEncoder {
   std::vector<int32_t> cu_;  // the tiles' boundaries, on the host and (cu_dev_) ops_'s backend
   Buffer<int32_t> cu_dev_;
   Buffer<float> patches_, x0_, mean0_, rstd0_, xf_, meanf_, rstdf_;
+  // Every layer's activations (fp32), or under bf16 one layer's (work_)
+  // and every layer's packed (stash_).
   std::vector<LayerActs> acts_;
+  LayerActs work_;
+  std::vector<ActivationStash> stash_;
 };
 
 }  // namespace loom

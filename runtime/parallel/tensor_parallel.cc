@@ -36,30 +36,30 @@ std::vector<float> SliceCols(const float* w, int rows, int cols, int parts, int 
   return out;
 }
 
-void ColumnParallelForward(Ops* ops, float* out, const float* inp, const float* weight_shard,
+void ColumnParallelForward(Ops* ops, float* out, const float* inp, WeightRef weight_shard,
                            const float* bias_shard, int M, int K, int n_shard) {
-  ops->matmul_forward(out, inp, weight_shard, bias_shard, M, K, n_shard);
+  ops->linear_forward(out, inp, weight_shard, bias_shard, M, K, n_shard);
 }
 
 void ColumnParallelBackward(Ops* ops, float* dinp, float* dweight_shard, float* dbias_shard,
-                            const float* dout, const float* inp, const float* weight_shard, int M,
+                            const float* dout, const float* inp, WeightRef weight_shard, int M,
                             int K, int n_shard) {
-  ops->matmul_backward(dinp, dweight_shard, dbias_shard, dout, inp, weight_shard, M, K, n_shard);
+  ops->linear_backward(dinp, dweight_shard, dbias_shard, dout, inp, weight_shard, M, K, n_shard);
 }
 
 absl::Status RowParallelForward(Ops* ops, Communicator* tp, float* out, const float* inp_shard,
-                                const float* weight_shard, const float* bias, int M, int k_shard,
+                                WeightRef weight_shard, const float* bias, int M, int k_shard,
                                 int N) {
-  ops->matmul_forward(out, inp_shard, weight_shard, /*bias=*/nullptr, M, k_shard, N);
+  ops->linear_forward(out, inp_shard, weight_shard, /*bias=*/nullptr, M, k_shard, N);
   if (absl::Status s = AllReduceTp(tp, out, static_cast<int64_t>(M) * N); !s.ok()) return s;
   if (bias != nullptr) ops->add_bias(out, bias, M, N);
   return absl::OkStatus();
 }
 
 void RowParallelBackward(Ops* ops, float* dinp_shard, float* dweight_shard, float* dbias,
-                         const float* dout, const float* inp_shard, const float* weight_shard,
-                         int M, int k_shard, int N) {
-  ops->matmul_backward(dinp_shard, dweight_shard, dbias, dout, inp_shard, weight_shard, M, k_shard,
+                         const float* dout, const float* inp_shard, WeightRef weight_shard, int M,
+                         int k_shard, int N) {
+  ops->linear_backward(dinp_shard, dweight_shard, dbias, dout, inp_shard, weight_shard, M, k_shard,
                        N);
 }
 

@@ -47,25 +47,25 @@ std::vector<float> SliceCols(const float* w, int rows, int cols, int parts, int 
 // out (M, N/tp) = inp (M, K) · weight_shardᵀ + bias_shard: the column-
 // parallel linear; weight_shard = SliceRows(master (N, K)), bias_shard the
 // matching part of the bias (or null). No communication.
-void ColumnParallelForward(Ops* ops, float* out, const float* inp, const float* weight_shard,
+void ColumnParallelForward(Ops* ops, float* out, const float* inp, WeightRef weight_shard,
                            const float* bias_shard, int M, int K, int n_shard);
 // Backward of the above: dinp (M, K) += this rank's partial input gradient
 // (complete only after f's all-reduce), dweight_shard/dbias_shard +=.
 void ColumnParallelBackward(Ops* ops, float* dinp, float* dweight_shard, float* dbias_shard,
-                            const float* dout, const float* inp, const float* weight_shard, int M,
+                            const float* dout, const float* inp, WeightRef weight_shard, int M,
                             int K, int n_shard);
 
 // out (M, N) = Σ_tp inp_shard (M, K/tp) · weight_shardᵀ, + bias once: the
 // row-parallel linear; weight_shard = SliceCols(master (N, K)). Ends with g's
 // all-reduce; the bias (whole, or null) is added after it, on every rank.
 absl::Status RowParallelForward(Ops* ops, Communicator* tp, float* out, const float* inp_shard,
-                                const float* weight_shard, const float* bias, int M, int k_shard,
+                                WeightRef weight_shard, const float* bias, int M, int k_shard,
                                 int N);
 // Backward: dinp_shard (M, K/tp) +=, dweight_shard +=, dbias += (every rank
 // the whole gradient; g's backward is the identity).
 void RowParallelBackward(Ops* ops, float* dinp_shard, float* dweight_shard, float* dbias,
-                         const float* dout, const float* inp_shard, const float* weight_shard,
-                         int M, int k_shard, int N);
+                         const float* dout, const float* inp_shard, WeightRef weight_shard, int M,
+                         int k_shard, int N);
 
 // The vocab-parallel embedding: rank r holds rows [vocab_start, vocab_start +
 // v_shard) of the table. out (T, C) = each token's row, from the rank that

@@ -1,12 +1,10 @@
 // loom-train-local's --device: a bad value, and a GPU that is not there,
-// are refused naming the flag; cpu trains, and cuda trains as cpu does
-// (on a GPU, or on the CUDA emulation: bazel test --config=cuda_emu).
-#include <sys/wait.h>
-
+// are refused naming the flag; cpu trains, and cuda trains as cpu does, in
+// fp32 and in bf16 (on a GPU, or on the CUDA emulation: bazel test
+// --config=cuda_emu).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,21 +12,14 @@
 #include "kernels/testing/tolerances.h"
 #include "runtime/backends/cuda/device.h"
 #include "runtime/backends/cuda/gpu_testing.h"
+#include "runtime/train/train_local_testing.h"
 
 namespace loom {
 namespace {
 
-std::string TrainLocal(const std::string& args, int* rc) {
-  const std::string bin = std::string(std::getenv("TEST_SRCDIR")) + "/" +
-                          std::getenv("TEST_WORKSPACE") + "/runtime/train/loom-train-local";
-  FILE* p = popen((bin + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
+using testing::PrintedStep;
+using testing::PrintedSteps;
+using testing::TrainLocal;
 
 TEST(TrainLocalDeviceTest, BadOrMissingDevicesAreRefusedByName) {
   int rc = 0;
@@ -50,26 +41,6 @@ TEST(TrainLocalDeviceTest, CpuTrains) {
   EXPECT_NE(out.find("\"step\":2"), std::string::npos) << out;
 }
 
-// A number after "key": in a JSON line.
-double Field(const std::string& line, const std::string& key) {
-  const size_t at = line.find("\"" + key + "\":");
-  return at == std::string::npos ? NAN : std::atof(line.c_str() + at + key.size() + 3);
-}
-
-struct Step {
-  double loss, grad_norm;
-};
-
-std::vector<Step> Steps(const std::string& out) {
-  std::vector<Step> steps;
-  std::istringstream in(out);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("{\"step\":", 0) == 0)
-      steps.push_back({Field(line, "loss"), Field(line, "grad_norm")});
-  }
-  return steps;
-}
-
 // The same job on the GPU (CudaOps, device memory, the host optimizer) and
 // on the CPU: step by step the same losses and gradient norms, over 20 steps
 // on a GPU and 4 on the CUDA emulation (seconds a step).
@@ -79,18 +50,22 @@ constexpr int kCudaSteps = 4;
 constexpr int kCudaSteps = 20;
 #endif
 
-TEST(TrainLocalDeviceTest, CudaTrainsAsTheCpuDoes) {
+class TrainLocalPrecisionTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainLocalPrecisionTest, CudaTrainsAsTheCpuDoes) {
   LOOM_REQUIRE_GPU_OR_SKIP(cuda::DeviceCount() > 0, "no usable CUDA device");
-  const std::string job = " --steps " + std::to_string(kCudaSteps) + " --batch_size 4 --seed 11";
+  const std::string job = " --steps " + std::to_string(kCudaSteps) +
+                          " --batch_size 4 --seed 11 --precision " + GetParam();
   int rc = 0;
   const std::string cpu_out = TrainLocal("--device cpu" + job, &rc);
   ASSERT_EQ(rc, 0) << cpu_out;
   const std::string gpu_out = TrainLocal("--device cuda" + job, &rc);
   ASSERT_EQ(rc, 0) << gpu_out;
-  const std::vector<Step> cpu = Steps(cpu_out), gpu = Steps(gpu_out);
+  const std::vector<PrintedStep> cpu = PrintedSteps(cpu_out), gpu = PrintedSteps(gpu_out);
   ASSERT_EQ(cpu.size(), static_cast<size_t>(kCudaSteps)) << cpu_out;
   ASSERT_EQ(gpu.size(), static_cast<size_t>(kCudaSteps)) << gpu_out;
-  const testing::Tolerance& tol = testing::kCudaTrainingVsCpuF32;
+  const testing::Tolerance& tol =
+      GetParam() == "bf16" ? testing::kCudaTrainingVsCpuBf16 : testing::kCudaTrainingVsCpuF32;
   double worst_loss = 0, worst_norm = 0;
   for (size_t i = 0; i < cpu.size(); ++i) {
     EXPECT_NEAR(gpu[i].loss, cpu[i].loss, tol.atol + tol.rtol * std::abs(cpu[i].loss)) << i + 1;
@@ -100,9 +75,11 @@ TEST(TrainLocalDeviceTest, CudaTrainsAsTheCpuDoes) {
     worst_norm =
         std::max(worst_norm, std::abs(gpu[i].grad_norm - cpu[i].grad_norm) / cpu[i].grad_norm);
   }
-  std::printf("largest relative difference over %d steps: loss %.2e, grad_norm %.2e\n", kCudaSteps,
-              worst_loss, worst_norm);
+  std::printf("%s: largest relative difference over %d steps: loss %.2e, grad_norm %.2e\n",
+              GetParam().c_str(), kCudaSteps, worst_loss, worst_norm);
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, TrainLocalPrecisionTest, ::testing::Values("fp32", "bf16"));
 
 }  // namespace
 }  // namespace loom

@@ -47,6 +47,9 @@ ABSL_FLAG(double, epochs, 0,
 ABSL_FLAG(std::string, device, "cpu",
           "Where the layers run: cpu, or cuda / cuda:N (a GPU; the optimizer steps on the host "
           "copies of the weights for now).");
+ABSL_FLAG(std::string, precision, "fp32",
+          "fp32, or bf16: bf16 mixed precision (bf16 GEMM operands and stored activations, fp32 "
+          "masters, AdamW state, norms and loss; runtime/model/precision.h).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the weights and the data.");
 ABSL_FLAG(bool, shuffle_images, false,
           "Pair each caption with another sample's image (the control run).");
@@ -142,6 +145,8 @@ int main(int argc, char** argv) {
   const std::string device = absl::GetFlag(FLAGS_device);
   absl::StatusOr<loom::Ops*> ops = loom::OpsForDevice(device, &gpu);
   if (!ops.ok()) return Fail("--device " + device + ": " + std::string(ops.status().message()));
+  absl::StatusOr<loom::Precision> precision = loom::ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!precision.ok()) return Fail("--precision: " + std::string(precision.status().message()));
   loom::MultimodalModel model(*config, *ops);
   model.Initialize(seed);
   if (absl::Status s = loom::hf::LoadPretrainedWeights(*pretrained, &model); !s.ok()) {
@@ -152,7 +157,7 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail("--init_checkpoint: " + std::string(s.message()));
   }
   model.Freeze(*frozen);
-  model.Place();  // the weights as set so far (a resume below pushes its own)
+  model.Place(*precision);  // the weights as set so far (a resume below pushes its own)
   loom::SyntheticCaptions data(*config, seed, absl::GetFlag(FLAGS_shuffle_images));
   const std::string shards = absl::GetFlag(FLAGS_shards);
   std::unique_ptr<loom::data::Tokenizer> tokenizer;

@@ -9,7 +9,8 @@
 # (scripts/gpu/torch_reference.py).
 #
 #   scripts/gpu/check.sh [all | a comma-separated list of tests, exit, bench
-#                         (= mfu and attention)]
+#                         (= mfu and attention); bf16 (mfu_bench and PyTorch in
+#                         bf16, tiny-deep 200 steps bf16 vs fp32 on the GPU)]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WHAT=${1:-all}
@@ -92,6 +93,19 @@ if want bench || want mfu; then
     --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
   run torch_reference 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 --steps 5
 fi
+if want bench || want bf16; then
+  # bf16 mixed precision: H100 SXM's dense bf16 peak 989 TFLOP/s (H200's the same).
+  run mfu_llm_bf16 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
+    --modules llm --seq 2048 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 989 --precision bf16
+  run mfu_encoder_bf16 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
+    --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 989 --precision bf16
+  run torch_reference_bf16 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 \
+    --steps 5 --precision bf16
+  run train_local_bf16 300 "$R/runtime/train/loom-train-local" --device cuda --config tiny-deep \
+    --steps 200 --lr_schedule cosine --min_lr 1e-5 --precision bf16
+  run train_local_fp32 300 "$R/runtime/train/loom-train-local" --device cuda --config tiny-deep \
+    --steps 200 --lr_schedule cosine --min_lr 1e-5 --precision fp32
+fi
 if want bench || want attention; then
   for shape in 2048,16,128,causal,1 4096,16,128,causal,1 576,16,64,full,16; do
     IFS=, read -r len heads hd mask batch <<<"$shape"
@@ -102,5 +116,12 @@ if want bench || want attention; then
   done
 fi
 grep -hsE 'TFLOP/s|per patch|flash /' "$LOGS"/mfu_*.log "$LOGS"/torch_*.log "$LOGS"/attention_*.log
+# tiny-deep's bf16 and fp32 runs: the mean loss of their last 20 steps.
+for f in "$LOGS"/train_local_*.log; do
+  [ -f "$f" ] && python3 -c 'import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if x.startswith("{\"step\"")]
+print(sys.argv[1].split("/")[-1], len(l), "steps, mean loss of the last 20:", sum(l[-20:]) / max(1, len(l[-20:])))' "$f" |
+    tee -a "$LOGS/summary.txt"
+done
 cat "$LOGS/summary.txt"
 if [ -n "${OUT:-}" ]; then tar -C "$LOGS" -czf "$OUT/logs.tgz" .; fi

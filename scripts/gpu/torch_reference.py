@@ -1,13 +1,16 @@
 #!/usr/bin/python3
-"""PyTorch's fp32 training step of the shapes mfu_bench times (vit300m-llm1b):
+"""PyTorch's training step of the shapes mfu_bench times (vit300m-llm1b):
 the LLM's forward + loss + backward on one packed sequence, and the encoder's
-(ViT + projector) forward + backward on a batch of tiles. TF32 is off, so the
-GEMMs are fp32 as Loom's are; attention is scaled_dot_product_attention
-(PyTorch picks its kernel). Median seconds over --steps after --warmup,
-synchronised around each.
+(ViT + projector) forward + backward on a batch of tiles. In fp32 TF32 is
+off, so the GEMMs are fp32 as Loom's are; --precision bf16 runs the step
+under torch.autocast(bfloat16) over fp32 weights (PyTorch's AMP: bf16
+GEMMs and attention, fp32 norms and loss), as Loom's bf16 is; attention is
+scaled_dot_product_attention (PyTorch picks its kernel). Median seconds over
+--steps after --warmup, synchronised around each.
 
-  python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16
+  python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 [--precision bf16]
 """
+import contextlib
 import argparse
 import statistics
 import time
@@ -19,12 +22,16 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
 
+AUTOCAST = contextlib.nullcontext  # --precision bf16: torch.autocast
+
+
 def timed(step, steps, warmup):
     t = []
     for i in range(warmup + steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        step()
+        with AUTOCAST():
+            step()
         torch.cuda.synchronize()
         if i >= warmup:
             t.append(time.perf_counter() - t0)
@@ -123,10 +130,15 @@ def main():
     ap.add_argument("--tiles", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--attention", default="",
                     help="SEQ,HEADS,HEAD_DIM,causal|full[,BATCH]: time attention alone")
     a = ap.parse_args()
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}, fp32 (TF32 off)")
+    global AUTOCAST
+    if a.precision == "bf16":
+        AUTOCAST = lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)  # noqa: E731
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}, "
+          f"{'bf16 autocast' if a.precision == 'bf16' else 'fp32 (TF32 off)'}")
     if a.attention:
         seq, heads, hd, mask, *batch = a.attention.split(",")
         seq, heads, hd, causal = int(seq), int(heads), int(hd), mask == "causal"

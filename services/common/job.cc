@@ -17,6 +17,7 @@
 #include "runtime/hf/hf_image.h"
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
+#include "runtime/model/precision.h"
 #include "runtime/scheduling/assign.h"
 #include "runtime/train/lr_schedule.h"
 
@@ -99,6 +100,7 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   Default<std::string>(dev->mutable_encoder(), "cpu");
   Default<std::string>(dev->mutable_llm(), "cpu");
   Default<std::string>(dev->mutable_collectives(), "host");
+  Default<std::string>(job->mutable_precision(), "fp32");
 }
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
@@ -269,6 +271,9 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (job.device().collectives() == "nccl" && job.device().encoder() == "cpu" &&
       job.device().llm() == "cpu") {
     return Bad("device.collectives", "nccl reduces device memory: no module is on cuda");
+  }
+  if (absl::StatusOr<Precision> p = ParsePrecision(job.precision()); !p.ok()) {
+    return Bad("precision", std::string(p.status().message()));
   }
   return absl::OkStatus();
 }

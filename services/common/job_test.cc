@@ -223,6 +223,7 @@ TEST(JobConfig, InvalidValuesAreNamed) {
                 "device.collectives: want host or nccl, got \"mpi\""},
            Case{"device { collectives: 'nccl' }",
                 "device.collectives: nccl reduces device memory: no module is on cuda"},
+           Case{"precision: 'fp16'", "precision: want fp32 or bf16, got \"fp16\""},
        }) {
     absl::Status s = ParseAndCheck(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;

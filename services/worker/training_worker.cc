@@ -15,6 +15,7 @@
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/model/precision.h"
 #include "runtime/parallel/grid.h"
 #include "services/common/channel.h"
 #include "services/common/job.h"
@@ -234,9 +235,13 @@ absl::Status TrainingWorker::Impl::Join() {
     }
   }
   frozen = JobFrozen(job);
+  // Checked with the job (ValidateJob).
+  const Precision precision = ParsePrecision(job.precision()).value_or(Precision::kFp32);
   for (size_t i = 0; i < sets.size(); ++i) {
     if (frozen.module(modules[i])) sets[i]->Freeze();
-    sets[i]->Place(ops->backend());  // the weights as set (no-op on the CPU)
+    // The weights as set (no-op on the CPU in fp32), with their bf16 copy
+    // under bf16.
+    sets[i]->Place(ops->backend(), precision);
   }
   return absl::OkStatus();
 }

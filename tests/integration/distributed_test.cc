@@ -198,6 +198,58 @@ TEST_F(DistributedTest, DeeperAndMixedLayoutsMatchTheSingleProcessRun) {
   ExpectTraceMatchesTheSimulator(trace, /*encoder_workers=*/2, /*llm_workers=*/4);
 }
 
+// bf16 mixed precision (job.precision) against loom-train-local --precision
+// bf16 on the same data: tensor parallelism in both modules and two LLM
+// pipeline stages, with DP on the encoder side, 10 steps; each step within
+// kDisaggregatedVsLocalBf16. And its step-5 checkpoint (fp32 masters)
+// resumed in fp32 under DP alone continues as loom-train-local's bf16
+// step 5 resumed in fp32 does.
+TEST_F(DistributedTest, Bf16MatchesTheSingleProcessBf16Run) {
+  constexpr int kBf16Steps = 10;
+  const std::string ckpt = TempPath("local-bf16-checkpoints");
+  // loom-train-local: 5 bf16 steps and a checkpoint, then from it 5 more
+  // in bf16 (a resume in its own precision is exact:
+  // runtime/train:precision_training_test) and 5 in fp32.
+  auto local = [&](const std::string& precision, int steps, bool resume) {
+    std::vector<std::string> argv = {Runfile("runtime/train/loom-train-local"),
+                                     "--config=tiny",
+                                     "--seed=1",
+                                     "--batch_size=16",
+                                     "--shards=" + data_ + "/*.tar",
+                                     "--checkpoint_dir=" + ckpt,
+                                     "--precision=" + precision,
+                                     absl::StrCat("--steps=", steps),
+                                     resume ? "--resume" : "--checkpoint_every=5"};
+    int rc = 0;
+    const std::string out =
+        RunToEnd(argv, absl::StrCat("local-", precision, "-", steps, ".log"), &rc);
+    EXPECT_EQ(rc, 0) << out;
+    return StepResults(out);
+  };
+  std::vector<StepResult> want = Steps(local("bf16", 5, false), 1, 5, "local bf16 1-5");
+  for (const StepResult& r : Steps(local("bf16", kBf16Steps, true), 6, kBf16Steps, "bf16 6-10")) {
+    want.push_back(r);
+  }
+  const std::vector<StepResult> want32 =
+      Steps(local("fp32", kBf16Steps, true), 6, kBf16Steps, "local bf16 step 5 resumed in fp32");
+  bool differ = false;
+  for (int i = 0; i < kBf16Steps; ++i) differ |= want[i].loss != local_[i].loss;
+  EXPECT_TRUE(differ) << "loom-train-local --precision bf16 printed the fp32 losses";
+
+  const std::string job =
+      JobWith("loom", 5, "encoder_tp: 2 encoder_dp: 2 llm_tp: 2 llm_pp: 2 llm_dp: 1") +
+      "precision: 'bf16'\n";
+  ExpectSameSteps(Steps(LoomUp("bf16", job, kBf16Steps), 1, kBf16Steps, "bf16 loom up"), want,
+                  "bf16: encoder TP2 x DP2, LLM TP2 x PP2 vs loom-train-local bf16",
+                  testing::kDisaggregatedVsLocalBf16, testing::kDisaggregatedVsLocalBf16);
+  // Its step 5 (fp32 masters of a bf16 run) resumed in fp32 under DP alone.
+  ExpectSameSteps(Steps(LoomUp("bf16", JobWith("loom", 0, "encoder_dp: 2 llm_dp: 2"), kBf16Steps,
+                               {"--resume_step=5"}),
+                        6, kBf16Steps, "bf16 checkpoint resumed in fp32"),
+                  want32, "the bf16 run's step 5 resumed in fp32 under DP 2 + 2",
+                  testing::kDisaggregatedVsLocalBf16, testing::kDisaggregatedVsLocalBf16);
+}
+
 // Frozen modules (job.freeze; LLaVA's stage 1 and 2) against
 // loom-train-local --freeze on the same data: stage 1 (vision and LLM
 // frozen) with both modules in two pipeline stages (the tower's stages run

@@ -5,6 +5,7 @@
 // GPU (fails under LOOM_REQUIRE_GPU=1).
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -41,26 +42,35 @@ class CudaModelTest : public ::testing::Test {
     b.CopyFromHost(host.data(), host.size());
     return b;
   }
-  static void ExpectGradsAgree(ParamSet& cpu, ParamSet& gpu) {
+  static void ExpectGradsAgree(ParamSet& cpu, ParamSet& gpu,
+                               const testing::Tolerance& t = kCudaModelVsCpuF32) {
     gpu.PullGrads();
     ASSERT_EQ(cpu.size(), gpu.size());
     for (int i = 0; i < static_cast<int>(cpu.specs().size()); ++i) {
       EXPECT_TRUE(AllClose(gpu.grads().data() + cpu.spec(i).offset,
                            cpu.grads().data() + cpu.spec(i).offset,
-                           static_cast<size_t>(cpu.spec(i).numel), kCudaModelVsCpuF32))
+                           static_cast<size_t>(cpu.spec(i).numel), t))
           << cpu.spec(i).name;
     }
   }
   std::unique_ptr<Ops> gpu_;
 };
 
-TEST_F(CudaModelTest, AnLlmTrainsTheSameOnBothBackends) {
+// In fp32, and under bf16 mixed precision (bf16 GEMMs on tensor cores,
+// bf16 kept activations) against the CPU's bf16.
+class CudaLlmTest : public CudaModelTest, public ::testing::WithParamInterface<Precision> {};
+
+TEST_P(CudaLlmTest, AnLlmTrainsTheSameOnBothBackends) {
+  const Precision p = GetParam();
+  const testing::Tolerance t =
+      p == Precision::kBf16 ? testing::kCudaModelVsCpuBf16 : kCudaModelVsCpuF32;
   LlmConfig c = {/*vocab=*/64,      /*dim=*/32, /*layers=*/2, /*heads=*/4,
                  /*ffn_hidden=*/48, 10000.0f,   128};
   Llm cpu(c), gpu(c, nullptr, {}, gpu_.get());
   cpu.params().Initialize(3);
   gpu.params().Initialize(3);
-  gpu.params().Place(gpu_->backend());
+  cpu.params().Place(CpuBackend::Get(), p);
+  gpu.params().Place(gpu_->backend(), p);
   std::mt19937 rng(5);
   Sample a, b;
   for (int i = 0; i < 37; ++i) a.tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
@@ -71,15 +81,18 @@ TEST_F(CudaModelTest, AnLlmTrainsTheSameOnBothBackends) {
   ASSERT_TRUE(cpu.Forward(batch, nullptr).ok());
   ASSERT_TRUE(gpu.Forward(batch, nullptr).ok());
   const std::vector<float> want_logits = cpu.logits(), got_logits = gpu.logits();
-  EXPECT_TRUE(
-      AllClose(got_logits.data(), want_logits.data(), want_logits.size(), kCudaModelVsCpuF32));
+  EXPECT_TRUE(AllClose(got_logits.data(), want_logits.data(), want_logits.size(), t));
   absl::StatusOr<kernels::LossSum> want = cpu.Backward(0.02f, nullptr);
   absl::StatusOr<kernels::LossSum> got = gpu.Backward(0.02f, nullptr);
   ASSERT_TRUE(want.ok() && got.ok());
   EXPECT_EQ(got->count, want->count);
-  EXPECT_NEAR(got->sum, want->sum, kCudaModelVsCpuF32.rtol * std::abs(want->sum));
-  ExpectGradsAgree(cpu.params(), gpu.params());
+  EXPECT_NEAR(got->sum, want->sum, t.rtol * std::abs(want->sum));
+  ExpectGradsAgree(cpu.params(), gpu.params(), t);
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaLlmTest,
+                         ::testing::Values(Precision::kFp32, Precision::kBf16),
+                         [](const auto& info) { return std::string(PrecisionName(info.param)); });
 
 TEST_F(CudaModelTest, AVitEncoderTrainsTheSameOnBothBackends) {
   VitConfig c = {/*tile_size=*/16, /*patch=*/4, /*dim=*/32, /*layers=*/2, /*heads=*/4,

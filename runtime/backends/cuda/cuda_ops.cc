@@ -34,6 +34,32 @@ class CudaOps final : public Ops {
                        const float* inp, const float* weight, int M, int K, int N) override {
     k::matmul_backward(dinp, dweight, dbias, dout, inp, weight, M, K, N);
   }
+  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* weight, const float* bias,
+                           int M, int K, int N) override {
+    uint16_t* inp16 = HalfScratch(int64_t{M} * K);
+    k::f32_to_bf16(inp16, inp, int64_t{M} * K);
+    k::matmul_forward_bf16(out, inp16, weight, bias, M, K, N);
+  }
+  void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const uint16_t* weight, int M, int K,
+                            int N) override {
+    const int64_t mn = int64_t{M} * N, mk = int64_t{M} * K;
+    uint16_t* dout16 = HalfScratch(mn + (dweight != nullptr ? mk : 0));
+    k::f32_to_bf16(dout16, dout, mn);
+    uint16_t* inp16 = nullptr;
+    if (dweight != nullptr) {
+      inp16 = dout16 + mn;
+      k::f32_to_bf16(inp16, inp, mk);
+    }
+    k::matmul_backward_bf16(dinp, dweight, dbias, dout, dout16, inp16, weight, M, K, N);
+  }
+  void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) override {
+    k::f32_to_bf16(dst, src, n);
+  }
+  void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) override {
+    k::bf16_to_f32(dst, src, n);
+  }
+  void round_to_bf16(float* x, int64_t n) override { k::round_to_bf16(x, n); }
 
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C, float eps) override {
@@ -223,6 +249,10 @@ class CudaOps final : public Ops {
     scratch_.resize(static_cast<size_t>(n));
     return scratch_.data();
   }
+  uint16_t* HalfScratch(int64_t n) {  // bf16 operands narrowed for a GEMM
+    half_scratch_.resize(static_cast<size_t>(n));
+    return half_scratch_.data();
+  }
   int32_t* IntScratch(int64_t n) {
     int_scratch_.resize(static_cast<size_t>(n));
     return int_scratch_.data();
@@ -231,6 +261,7 @@ class CudaOps final : public Ops {
   std::unique_ptr<Backend> backend_;
   Buffer<float> scratch_{backend_.get()};
   Buffer<int32_t> int_scratch_{backend_.get()};
+  Buffer<uint16_t> half_scratch_{backend_.get()};
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -128,6 +129,49 @@ TEST_F(CudaOpsTest, VocabShardEmbeddingAddsAndCopies) {
         o->zero(b[4], T * C);
       },
       "add, bias, copy, zero");
+}
+
+// bf16 mixed precision's ops: the casts (the same bits), and the GEMMs on
+// tensor cores against the CPU's widened sgemm (kernels/matmul/matmul.h).
+TEST_F(CudaOpsTest, Bf16CastsAndGemmsAgree) {
+  const int M = 37, K = 48, N = 29;
+  const std::vector<float> x = RandomVector(M * K, 30), w = RandomVector(N * K, 31),
+                           bias = RandomVector(N, 32), dout = RandomVector(M * N, 33);
+  std::vector<uint16_t> w16(w.size());
+  CpuOps()->f32_to_bf16(w16.data(), w.data(), static_cast<int64_t>(w.size()));
+  Buf<float> dx(gpu_.get(), x), dw(gpu_.get(), w);
+  Buf<uint16_t> dw16(gpu_.get(), std::vector<uint16_t>(w.size()));
+  gpu_->f32_to_bf16(dw16.get(), dw.get(), static_cast<int64_t>(w.size()));
+  EXPECT_EQ(dw16.Host(), w16) << "rounding differs";
+  Buf<float> back(gpu_.get(), std::vector<float>(w.size()));
+  gpu_->bf16_to_f32(back.get(), dw16.get(), static_cast<int64_t>(w.size()));
+  std::vector<float> want_back(w.size());
+  CpuOps()->bf16_to_f32(want_back.data(), w16.data(), static_cast<int64_t>(w.size()));
+  EXPECT_EQ(back.Host(), want_back);
+  std::vector<float> rounded = x;
+  CpuOps()->round_to_bf16(rounded.data(), static_cast<int64_t>(x.size()));
+  Buf<float> g_rounded(gpu_.get(), x);
+  gpu_->round_to_bf16(g_rounded.get(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(g_rounded.Host(), rounded);
+  EXPECT_NE(rounded, x);
+
+  std::vector<float> out(M * N), dinp = RandomVector(M * K, 34), dweight = RandomVector(N * K, 35),
+                                 dbias = RandomVector(N, 36);
+  Buf<float> g_out(gpu_.get(), out), g_bias(gpu_.get(), bias), g_dout(gpu_.get(), dout),
+      g_dinp(gpu_.get(), dinp), g_dweight(gpu_.get(), dweight), g_dbias(gpu_.get(), dbias);
+  CpuOps()->matmul_forward_bf16(out.data(), x.data(), w16.data(), bias.data(), M, K, N);
+  gpu_->matmul_forward_bf16(g_out.get(), dx.get(), dw16.get(), g_bias.get(), M, K, N);
+  CpuOps()->matmul_backward_bf16(dinp.data(), dweight.data(), dbias.data(), dout.data(), x.data(),
+                                 w16.data(), M, K, N);
+  gpu_->matmul_backward_bf16(g_dinp.get(), g_dweight.get(), g_dbias.get(), g_dout.get(), dx.get(),
+                             dw16.get(), M, K, N);
+  for (auto [got, want, what] :
+       {std::tuple{g_out.Host(), out, "out"}, std::tuple{g_dinp.Host(), dinp, "dinp"},
+        std::tuple{g_dweight.Host(), dweight, "dweight"},
+        std::tuple{g_dbias.Host(), dbias, "dbias"}}) {
+    EXPECT_TRUE(AllClose(got.data(), want.data(), want.size(), testing::kCudaBf16GemmVsCpu))
+        << what;
+  }
 }
 
 // Empty batches (a text-only microbatch has no tiles): nothing to do, no

@@ -31,6 +31,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/model.h"
+#include "runtime/model/precision.h"
 #include "runtime/model/projector.h"
 #include "runtime/model/vit.h"
 #include "runtime/scheduling/cost_model.h"
@@ -44,7 +45,10 @@ ABSL_FLAG(int, gemm, 1024, "Side of the reference GEMM (M = K = N).");
 ABSL_FLAG(int, steps, 5, "Measured steps per module.");
 ABSL_FLAG(int, warmup, 2, "Unmeasured steps first.");
 ABSL_FLAG(double, peak_tflops, 0,
-          "The device's datasheet peak for fp32 in TFLOP/s (H100 SXM: 66.9); 0: not printed.");
+          "The device's datasheet peak for --precision in TFLOP/s (H100 SXM: fp32 66.9, dense "
+          "bf16 989); 0: not printed.");
+ABSL_FLAG(std::string, precision, "fp32",
+          "fp32, or bf16 mixed precision (runtime/model/precision.h); the reference GEMM too.");
 ABSL_FLAG(std::string, modules, "llm,encoder", "Which modules: llm, encoder or both.");
 
 namespace {
@@ -84,7 +88,7 @@ loom::Buffer<float> Random(loom::Ops* ops, size_t n, uint32_t seed) {
 // Random weights, uniform with std 0.02 (norm gains too), drawn fast: the
 // speed of the step does not depend on them, and ParamSet::Initialize's
 // Box-Muller takes minutes for a billion weights.
-void FillRandom(loom::ParamSet& params, loom::Ops* ops, uint64_t seed) {
+void FillRandom(loom::ParamSet& params, loom::Ops* ops, uint64_t seed, loom::Precision precision) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (float& w : params.data()) {
     x ^= x << 13;
@@ -92,7 +96,7 @@ void FillRandom(loom::ParamSet& params, loom::Ops* ops, uint64_t seed) {
     x ^= x << 17;
     w = (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) - 0.5f) * 0.0693f;  // sqrt(12) * 0.02
   }
-  params.Place(ops->backend());
+  params.Place(ops->backend(), precision);
 }
 
 double HeldGiB(loom::Ops* ops) {
@@ -132,20 +136,28 @@ int main(int argc, char** argv) {
     return fail("--seq in [2, max_seq], --tiles >= 1, --gemm >= 1, --steps >= 1, --warmup >= 0");
   }
   const std::string modules = absl::GetFlag(FLAGS_modules);
+  absl::StatusOr<loom::Precision> precision = loom::ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!precision.ok()) return fail("--precision: " + std::string(precision.status().message()));
+  const bool bf16 = *precision == loom::Precision::kBf16;
   const loom::sched::ModelFlops flops = loom::sched::AnalyticFlops(*config, /*recompute=*/false);
-  std::printf("mfu_bench: %s on %s (%s), fp32, median of %d steps\n", config->name.c_str(),
+  std::printf("mfu_bench: %s on %s (%s), %s, median of %d steps\n", config->name.c_str(),
               absl::GetFlag(FLAGS_device).c_str(), ops->backend()->name(),
-              absl::GetFlag(FLAGS_steps));
+              loom::PrecisionName(*precision), absl::GetFlag(FLAGS_steps));
 
-  // The reference: out (g, g) = a (g, g) · b (g, g)ᵀ, 2 g³ FLOPs.
+  // The reference: out (g, g) = a (g, g) · b (g, g)ᵀ, 2 g³ FLOPs, in the
+  // layers' precision (bf16: the weight side bf16, as a layer's).
   double gemm_rate = 0;
   {
     loom::Buffer<float> a = Random(ops, static_cast<size_t>(g) * g, 1);
     loom::Buffer<float> b = Random(ops, static_cast<size_t>(g) * g, 2);
+    loom::Buffer<uint16_t> b16(ops->backend());
+    b16.resize(bf16 ? static_cast<size_t>(g) * g : 0);
+    if (bf16) ops->f32_to_bf16(b16.data(), b.data(), int64_t{g} * g);
+    const loom::WeightRef w(b.data(), bf16 ? b16.data() : nullptr);
     loom::Buffer<float> out(ops->backend());
     out.resize(static_cast<size_t>(g) * g);
     const double s = Time(ops, [&] {
-      ops->matmul_forward(out.data(), a.data(), b.data(), nullptr, g, g, g);
+      ops->linear_forward(out.data(), a.data(), w, nullptr, g, g, g);
       return true;
     });
     if (s > 0) gemm_rate = 2.0 * g * g * g / s;
@@ -157,7 +169,7 @@ int main(int argc, char** argv) {
   int measured = 0;
   if (modules.find("llm") != std::string::npos) {
     loom::Llm llm(config->llm, nullptr, {}, ops);
-    FillRandom(llm.params(), ops, 7);
+    FillRandom(llm.params(), ops, 7, *precision);
     loom::Sample sample;
     std::mt19937 rng(3);
     for (int i = 0; i < seq; ++i) {
@@ -180,8 +192,8 @@ int main(int argc, char** argv) {
   if (modules.find("encoder") != std::string::npos) {
     loom::VitEncoder vit(config->vit, nullptr, {}, ops);
     loom::Projector projector(*config, ops);
-    FillRandom(vit.params(), ops, 8);
-    FillRandom(projector.params(), ops, 9);
+    FillRandom(vit.params(), ops, 8, *precision);
+    FillRandom(projector.params(), ops, 9, *precision);
     const int S = config->vit.tile_size, Np = config->vit.patches_per_tile();
     loom::Buffer<float> in = Random(ops, static_cast<size_t>(tiles) * 3 * S * S, 4);
     loom::Buffer<float> features(ops->backend()), dfeatures(ops->backend()), out(ops->backend());
