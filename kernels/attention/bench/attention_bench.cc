@@ -26,6 +26,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/backends/cuda/device.h"
+#include "runtime/base/bench_timing.h"
 
 #ifdef LOOM_WITH_CUDA
 #include <cuda_runtime.h>
@@ -48,7 +49,6 @@ ABSL_FLAG(bool, standard, true,
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // Memory of the device the bench runs on: host vectors or device buffers.
 class Mem {
@@ -114,18 +114,8 @@ double PeakRssMiB() {
 }
 
 double MedianSeconds(Mem& mem, const std::function<void()>& step) {
-  std::vector<double> t;
-  for (int i = 0; i < absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps); ++i) {
-    mem.Sync();
-    const auto t0 = Clock::now();
-    step();
-    mem.Sync();
-    if (i >= absl::GetFlag(FLAGS_warmup)) {
-      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-  }
-  std::sort(t.begin(), t.end());
-  return t.empty() ? 0 : t[t.size() / 2];
+  return loom::bench::MedianSeconds(
+      absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_steps), [&mem] { mem.Sync(); }, step);
 }
 
 }  // namespace

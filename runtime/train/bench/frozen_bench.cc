@@ -19,6 +19,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "runtime/base/bench_timing.h"
 #include "runtime/hf/model_flags.h"
 #include "runtime/hf/pretrained.h"
 #include "runtime/model/model.h"
@@ -31,14 +32,7 @@ ABSL_FLAG(int, steps, 15, "Measured steps per configuration.");
 ABSL_FLAG(int, warmup, 2, "Unmeasured steps per configuration first.");
 ABSL_FLAG(int, batch_size, 16, "Samples per global batch.");
 
-namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-}  // namespace
+using loom::bench::Median;
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);

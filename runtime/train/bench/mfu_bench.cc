@@ -28,6 +28,7 @@
 #include "absl/flags/parse.h"
 #include "runtime/backends/cuda/cuda_backend.h"
 #include "runtime/backends/cuda/cuda_ops.h"
+#include "runtime/base/bench_timing.h"
 #include "runtime/model/config.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/model.h"
@@ -53,26 +54,13 @@ ABSL_FLAG(std::string, modules, "llm,encoder", "Which modules: llm, encoder or b
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Median seconds of `step` (synchronised) over --steps after --warmup.
 template <typename F>
 double Time(loom::Ops* ops, F step) {
-  const int steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
-  std::vector<double> t;
-  for (int i = 0; i < warmup + steps; ++i) {
-    ops->backend()->Synchronize();
-    const auto t0 = Clock::now();
-    if (!step()) return 0;
-    ops->backend()->Synchronize();
-    if (i >= warmup) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return Median(t);
+  return loom::bench::MedianSeconds(
+      absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_steps),
+      [ops] { ops->backend()->Synchronize(); }, step);
 }
 
 loom::Buffer<float> Random(loom::Ops* ops, size_t n, uint32_t seed) {
