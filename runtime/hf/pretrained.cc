@@ -40,12 +40,40 @@ absl::Status NeedFile(const std::string& dir, const std::string& name, const std
   return absl::NotFoundError(absl::StrCat(dir, "/", name, ": not found (", why, ")"));
 }
 
+// A pretrained source names llava alone, or llm_from with vision_from.
+absl::Status CheckSourceFields(const ModelSource& source) {
+  if (!source.llava.empty() && (!source.llm_from.empty() || !source.vision_from.empty())) {
+    return absl::InvalidArgumentError(
+        "llava: one LLaVA directory, or llm_from and vision_from, not both");
+  }
+  if (source.llava.empty() && (source.llm_from.empty() || source.vision_from.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source.llm_from.empty() ? "llm_from" : "vision_from",
+        ": missing (llm_from and vision_from go together: the LLM and the vision tower)"));
+  }
+  if (source.vision_feature_layer && !source.llava.empty()) {
+    return absl::InvalidArgumentError(
+        "vision_feature_layer: only with llm_from + vision_from (a LLaVA directory's "
+        "config.json sets it)");
+  }
+  return absl::OkStatus();
+}
+
+// A source's config.json: `path` itself when it is a file, else the one in
+// the directory `path`.
+std::string ConfigJsonPath(const std::string& path) {
+  std::error_code error;
+  return std::filesystem::is_regular_file(path, error) ? path : path + "/config.json";
+}
+
 // A LLaVA config.json for llm_from + vision_from; `*added` when the LLM's
-// tokenizer has no <image> (its id is then text_config.vocab_size).
+// tokenizer has no <image> (its id is then text_config.vocab_size). With
+// `added` null the tokenizer is not read and the id is vocab_size (the
+// configs alone: planning).
 absl::StatusOr<std::string> ComposeLlavaConfig(const ModelSource& s, bool* added) {
-  absl::StatusOr<json> text = ReadJson(s.llm_from + "/config.json");
+  absl::StatusOr<json> text = ReadJson(ConfigJsonPath(s.llm_from));
   if (!text.ok()) return Named("llm_from", text.status());
-  absl::StatusOr<json> vision = ReadJson(s.vision_from + "/config.json");
+  absl::StatusOr<json> vision = ReadJson(ConfigJsonPath(s.vision_from));
   if (!vision.ok()) return Named("vision_from", vision.status());
   json v = *vision;
   const std::string type = v.value("model_type", "");
@@ -56,21 +84,28 @@ absl::StatusOr<std::string> ComposeLlavaConfig(const ModelSource& s, bool* added
     }
     if (!v.contains("model_type")) v["model_type"] = type + "_vision_model";
   }
-  absl::StatusOr<std::unique_ptr<BpeTokenizer>> tok =
-      BpeTokenizer::Load(s.llm_from + "/tokenizer.json");
-  if (!tok.ok()) return Named("llm_from", tok.status());
-  std::optional<int32_t> image = (*tok)->TokenId(kImageToken);
-  *added = !image.has_value();
-  if (*added) {
+  std::optional<int32_t> image;
+  std::unique_ptr<BpeTokenizer> tokenizer;
+  if (added != nullptr) {
+    absl::StatusOr<std::unique_ptr<BpeTokenizer>> tok =
+        BpeTokenizer::Load(s.llm_from + "/tokenizer.json");
+    if (!tok.ok()) return Named("llm_from", tok.status());
+    tokenizer = *std::move(tok);
+    image = tokenizer->TokenId(kImageToken);
+    *added = !image.has_value();
+  }
+  if (!image.has_value()) {
     if (!text->contains("vocab_size") || !(*text)["vocab_size"].is_number_integer()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("llm_from: ", s.llm_from, "/config.json: vocab_size missing"));
+          absl::StrCat("llm_from: ", ConfigJsonPath(s.llm_from), ": vocab_size missing"));
     }
     image = (*text)["vocab_size"].get<int32_t>();
-    if (*image < (*tok)->vocab_size()) {
+  }
+  if (added != nullptr && *added) {
+    if (*image < tokenizer->vocab_size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("llm_from: ", s.llm_from, "/tokenizer.json has no \"", kImageToken,
-                       "\" and ids up to ", (*tok)->vocab_size() - 1, ", past the vocabulary (",
+                       "\" and ids up to ", tokenizer->vocab_size() - 1, ", past the vocabulary (",
                        *image, "): no free id to add it as"));
     }
     LOOM_LOG(WARNING).With("llm_from", s.llm_from).With("image_token_index", *image)
@@ -102,6 +137,27 @@ std::string ModelSource::Describe() const {
   return d;
 }
 
+absl::StatusOr<ModelConfig> ModelConfigOfConfigs(const ModelSource& source) {
+  if (!source.pretrained()) return ModelConfigByName(source.config);
+  if (absl::Status f = CheckSourceFields(source); !f.ok()) return f;
+  std::string text;
+  if (!source.llava.empty()) {
+    absl::StatusOr<std::string> t = ReadFile(ConfigJsonPath(source.llava));
+    if (!t.ok()) return Named("llava", t.status());
+    text = *t;
+  } else {
+    absl::StatusOr<std::string> t = ComposeLlavaConfig(source, /*added=*/nullptr);
+    if (!t.ok()) return t.status();
+    text = *t;
+  }
+  absl::StatusOr<LlavaConfig> c =
+      ParseLlavaConfig(text, source.llava.empty() ? "llm_from + vision_from" : "llava");
+  if (!c.ok()) return c.status();
+  ModelConfig config = c->model;
+  config.name = source.Describe();
+  return config;
+}
+
 absl::StatusOr<PretrainedModel> ResolveModel(const ModelSource& source) {
   PretrainedModel m;
   m.source = source;
@@ -111,24 +167,11 @@ absl::StatusOr<PretrainedModel> ResolveModel(const ModelSource& source) {
     m.config = *c;
     return m;
   }
-  if (!source.llava.empty() && (!source.llm_from.empty() || !source.vision_from.empty())) {
-    return absl::InvalidArgumentError(
-        "llava: one LLaVA directory, or llm_from and vision_from, not both");
-  }
-  if (source.llava.empty() && (source.llm_from.empty() || source.vision_from.empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source.llm_from.empty() ? "llm_from" : "vision_from",
-        ": missing (llm_from and vision_from go together: the LLM and the vision tower)"));
-  }
-  if (source.vision_feature_layer && !source.llava.empty()) {
-    return absl::InvalidArgumentError(
-        "vision_feature_layer: only with llm_from + vision_from (a LLaVA directory's "
-        "config.json sets it)");
-  }
+  if (absl::Status f = CheckSourceFields(source); !f.ok()) return f;
   const std::string field = source.llava.empty() ? "vision_from" : "llava";
   if (!source.llava.empty()) {
     m.tokenizer_dir = m.image_processor_dir = source.llava;
-    absl::StatusOr<std::string> text = ReadFile(source.llava + "/config.json");
+    absl::StatusOr<std::string> text = ReadFile(ConfigJsonPath(source.llava));
     if (!text.ok()) return Named("llava", text.status());
     m.llava_config_json = *text;
   } else {

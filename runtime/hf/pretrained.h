@@ -69,6 +69,14 @@ struct PretrainedModel {
   bool pretrained() const { return source.pretrained(); }
 };
 
+// The model the source's configs describe, from its config.json files
+// alone (no tokenizer, no weights): what planning needs. Each of llava,
+// llm_from and vision_from may name a directory holding config.json or the
+// JSON file itself (transformers' config.json of LlavaForConditionalGeneration,
+// LlamaForCausalLM / Qwen2ForCausalLM, CLIP / SigLIP). A named config is
+// ModelConfigByName's. Errors name the field (as ResolveModel's).
+absl::StatusOr<ModelConfig> ModelConfigOfConfigs(const ModelSource& source);
+
 // Reads the directories' config.json files and checks every tensor name
 // against them (headers only; no weights are read). INVALID_ARGUMENT or
 // NOT_FOUND naming the field of the source at fault ("llava: ...",

@@ -1,21 +1,36 @@
 // loom-schedule: the scheduler's planning and assignment, offline.
 //
 //   loom-schedule plan --batch SCAN.jsonl --gpus 1296 --global_batch 4096
-//       [--config vit300m-llm7b] [--output plan.json]
+//       [--config vit300m-llm7b | --llava CONFIG | --llm_from CONFIG --vision_from CONFIG]
+//       [--output plan.json] [--job_output job.txtpb|job.json] [--values_output values.json]
+//
+// A CONFIG is a Hugging Face model directory or its config.json itself
+// (runtime/hf/pretrained.h ModelConfigOfConfigs): the plan needs the
+// configs alone. --job_output writes the plan as the job config `loom up
+// --config` and loom-scheduler take; --values_output as the Helm chart's
+// values (`helm install -f`).
 //   loom-schedule assign --batch SCAN.jsonl (--plan plan.json |
 //       --llm_dp N --microbatches M --encoder_dp E) --algorithm loom --output out.json
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "loom/job/v1/job.pb.h"
 #include "runtime/base/file.h"
+#include "runtime/hf/model_flags.h"
+#include "runtime/hf/pretrained.h"
 #include "runtime/model/config.h"
+#include "runtime/model/ops.h"
+#include "runtime/model/precision.h"
 #include "runtime/scheduling/batch_file.h"
 #include "runtime/scheduling/cost_model.h"
 #include "runtime/scheduling/plan.h"
@@ -35,6 +50,15 @@ ABSL_FLAG(int, max_microbatches, 64, "plan: most microbatches per LLM rank.");
 ABSL_FLAG(bool, recompute, false, "plan: full activation recompute.");
 ABSL_FLAG(std::string, freeze, "",
           "plan: modules that do not train, comma-separated: vision, projector, llm.");
+ABSL_FLAG(std::string, job_output, "",
+          "plan: also write the plan as a job config (.json: JSON, else text format) for "
+          "`loom up --config` and loom-scheduler --job.");
+ABSL_FLAG(std::string, values_output, "",
+          "plan: also write the plan as Helm values ({\"job\": ...}) for `helm install -f`.");
+ABSL_FLAG(std::string, shards, "", "plan: the job's data.shards (the shards the scan read).");
+ABSL_FLAG(std::string, device, "cuda", "plan: the job's device for both modules.");
+ABSL_FLAG(std::string, precision, "bf16",
+          "plan: the job's precision (the plan's memory model is bf16's).");
 // assign
 ABSL_FLAG(std::string, plan, "", "assign: a plan from `loom-schedule plan`.");
 ABSL_FLAG(int, llm_dp, 0, "assign: LLM DP ranks (instead of --plan).");
@@ -85,9 +109,104 @@ std::vector<SampleShape> Shapes(const BatchFile& batch) {
   return shapes;
 }
 
+// A job's hf field for a source path: the directory (a config.json file's
+// own), where the workers read the weights.
+std::string ModelDir(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return path;
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// The job config that runs `plan`: its model, degrees, batch and frozen
+// modules, with the flags' data, device and precision.
+absl::StatusOr<job::v1::JobConfig> JobOfPlan(const scheduler::v1::Plan& plan,
+                                             const hf::ModelSource& source, const Frozen& frozen) {
+  job::v1::JobConfig job;
+  if (source.pretrained()) {
+    job::v1::HfConfig* h = job.mutable_hf();
+    if (!source.llava.empty()) h->set_llava(ModelDir(source.llava));
+    if (!source.llm_from.empty()) h->set_llm_from(ModelDir(source.llm_from));
+    if (!source.vision_from.empty()) h->set_vision_from(ModelDir(source.vision_from));
+    if (source.vision_feature_layer) h->set_vision_feature_layer(*source.vision_feature_layer);
+  } else {
+    job.set_model(source.config);
+  }
+  job::v1::DataConfig* d = job.mutable_data();
+  d->set_global_batch(plan.global_batch());
+  d->set_shards(absl::GetFlag(FLAGS_shards));
+  job::v1::ParallelConfig* p = job.mutable_parallel();
+  p->set_encoder_tp(plan.encoder().tp());
+  p->set_encoder_pp(plan.encoder().pp());
+  p->set_encoder_dp(plan.encoder().dp());
+  p->set_llm_tp(plan.llm().tp());
+  p->set_llm_pp(plan.llm().pp());
+  p->set_llm_dp(plan.llm().dp());
+  p->set_microbatches(plan.microbatches());
+  if (frozen.vision || frozen.projector || frozen.llm) {
+    job.mutable_freeze()->set_vision(frozen.vision);
+    job.mutable_freeze()->set_projector(frozen.projector);
+    job.mutable_freeze()->set_llm(frozen.llm);
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (absl::StatusOr<int> dev = ParseDevice(device); !dev.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: ", dev.status().message()));
+  }
+  job.mutable_device()->set_encoder(device);
+  job.mutable_device()->set_llm(device);
+  if (absl::StatusOr<Precision> pr = ParsePrecision(absl::GetFlag(FLAGS_precision)); !pr.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--precision: ", pr.status().message()));
+  }
+  job.set_precision(absl::GetFlag(FLAGS_precision));
+  return job;
+}
+
+absl::StatusOr<std::string> JobJson(const job::v1::JobConfig& job) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.add_whitespace = true;
+  std::string json;
+  if (auto s = google::protobuf::util::MessageToJsonString(job, &json, o); !s.ok()) {
+    return absl::InternalError(std::string(s.message()));
+  }
+  return json;
+}
+
+absl::Status WriteJob(const job::v1::JobConfig& job) {
+  if (const std::string path = absl::GetFlag(FLAGS_job_output); !path.empty()) {
+    std::string text;
+    if (absl::EndsWith(path, ".json")) {
+      absl::StatusOr<std::string> json = JobJson(job);
+      if (!json.ok()) return json.status();
+      text = *json;
+    } else if (!google::protobuf::TextFormat::PrintToString(job, &text)) {
+      return absl::InternalError("--job_output: the job did not print");
+    }
+    if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) return s;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_values_output); !path.empty()) {
+    if (job.has_freeze()) {
+      return absl::InvalidArgumentError(
+          "--values_output: the chart's job cannot set freeze yet (issue 45); use --job_output "
+          "with loomctl submit");
+    }
+    absl::StatusOr<std::string> json = JobJson(job);
+    if (!json.ok()) return json.status();
+    if (absl::Status s = WriteFileAtomically(path, "{\"job\": " + *json + "}\n"); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Plan(const BatchFile& batch) {
-  absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
-  if (!model.ok()) return Fail(model.status());
+  const hf::ModelSource source = hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
+  absl::StatusOr<ModelConfig> model = hf::ModelConfigOfConfigs(source);
+  if (!model.ok()) {
+    return Fail(absl::Status(
+        model.status().code(),
+        absl::StrCat(source.pretrained() ? "--" : "--config: ", model.status().message())));
+  }
   const int global_batch = absl::GetFlag(FLAGS_global_batch) > 0
                                ? absl::GetFlag(FLAGS_global_batch)
                                : static_cast<int>(batch.samples.size());
@@ -103,6 +222,9 @@ int Plan(const BatchFile& batch) {
       SearchPlan(ClusterFromFlags(), *model, StatsOf(Shapes(batch), global_batch), limits);
   if (!plan.ok()) return Fail(plan.status());
   if (absl::Status s = WriteJson(*plan); !s.ok()) return Fail(s);
+  absl::StatusOr<job::v1::JobConfig> job = JobOfPlan(*plan, source, *frozen);
+  if (!job.ok()) return Fail(job.status());
+  if (absl::Status s = WriteJob(*job); !s.ok()) return Fail(s);
   return 0;
 }
 
@@ -151,7 +273,8 @@ int AssignCommand(const BatchFile& batch) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loom-schedule plan --batch FILE --gpus N [--global_batch B --config NAME ...]\n"
+      "loom-schedule plan --batch FILE --gpus N [--global_batch B --config NAME | --llava CONFIG "
+      "| --llm_from CONFIG --vision_from CONFIG] [--job_output FILE --values_output FILE ...]\n"
       "loom-schedule assign --batch FILE (--plan FILE | --llm_dp N --microbatches M "
       "--encoder_dp E) --algorithm NAME --output FILE");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

@@ -1,6 +1,8 @@
 #!/bin/bash
 # loom-schedule as a user runs it: scan lines from loom-preprocess scan, a
-# plan, and an assignment by every algorithm; bad input named.
+# plan (of a named model, and of Hugging Face configs), the plan as a job
+# config that `loom up` runs, and an assignment by every algorithm; bad
+# input named.
 set -euo pipefail
 sched=runtime/scheduling/loom-schedule
 dir="$TEST_TMPDIR/ov"
@@ -23,6 +25,56 @@ for m in (e, l):
 assert p["microbatches"] >= l["pp"] and l["dp"] * p["microbatches"] <= 512, p
 assert 0 < p["predicted_mfu"] < 1 and p["predicted_iteration_seconds"] > 0, p
 PY
+
+# Real models from their Hugging Face configs alone (config.json files, no
+# weights): Llama-3-8B's and CLIP ViT-L/14-336's, as transformers writes
+# them; the plan respects their heads, and its job config and Helm values
+# say the same degrees.
+cat > "$dir/llama3-8b.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+ "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+ "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+ "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16"}
+EOF
+cat > "$dir/clip-l-336.json" <<'EOF'
+{"model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+ "num_attention_heads": 16, "num_hidden_layers": 24, "image_size": 336, "patch_size": 14,
+ "hidden_act": "quick_gelu", "layer_norm_eps": 1e-05}
+EOF
+"$sched" plan --batch "$dir/scan.jsonl" --gpus 256 --global_batch 1024 \
+  --llm_from "$dir/llama3-8b.json" --vision_from "$dir/clip-l-336.json" --output "$dir/hf-plan.json" \
+  --job_output "$dir/hf-job.json" --values_output "$dir/hf-values.json" --shards "$dir/*.tar"
+$py - "$dir/hf-plan.json" "$dir/hf-job.json" "$dir/hf-values.json" helm/loom/values.schema.json <<'PY' || fail "plan from Hugging Face configs"
+import json, sys
+p, job, values, schema = (json.load(open(f)) for f in sys.argv[1:5])
+e, l = p["encoder"], p["llm"]
+assert "llama3-8b.json" in p["model"] and e["gpus"] + l["gpus"] <= 256, p
+assert 32 % l["tp"] == 0 and 8 % l["tp"] == 0 and 16 % e["tp"] == 0, p
+assert l["pp"] <= 32 and e["pp"] <= 23, p  # CLIP runs up to LLaVA's feature layer (-2)
+assert l["memory_bytes"] > 0, p
+par = job["parallel"]
+assert (par["llm_tp"], par["llm_pp"], par["llm_dp"]) == (l["tp"], l["pp"], l["dp"]), job
+assert (par["encoder_tp"], par["encoder_pp"], par["encoder_dp"]) == (e["tp"], e["pp"], e["dp"]), job
+assert par["microbatches"] == p["microbatches"] and job["data"]["global_batch"] == 1024, job
+folder = sys.argv[1].rsplit("/", 1)[0]
+assert job["hf"] == {"llm_from": folder, "vision_from": folder}, job
+assert job["precision"] == "bf16" and job["device"] == {"encoder": "cuda", "llm": "cuda"}, job
+assert values == {"job": job}, values
+known = schema["properties"]["job"]["properties"]
+for k, v in job.items():
+    assert k in known, k
+    if isinstance(v, dict):
+        assert set(v) <= set(known[k]["properties"]), (k, v)
+PY
+
+# A named model's plan, written as a job config, runs under `loom up` as it is.
+"$sched" plan --batch "$dir/scan.jsonl" --gpus 3 --global_batch 16 --config tiny \
+  --output "$dir/tiny-plan.json" --job_output "$dir/tiny-job.txtpb" --shards "$dir/*.tar" \
+  --device cpu --precision fp32
+deploy/launcher/loom-up --bin_dir="$PWD" --run_dir="$dir/run" --config="$dir/tiny-job.txtpb" \
+  --steps=1 --json > "$dir/up.log" 2>&1 || { cat "$dir/up.log"; fail "loom up on the planned job"; }
+grep -q '"step":1' "$dir/up.log" || fail "loom up trained no step: $(tail -5 "$dir/up.log")"
 
 for algorithm in sequential lpt disttrain entrain ilp loom; do
   "$sched" assign --batch "$dir/scan.jsonl" --llm_dp 2 --microbatches 3 --encoder_dp 2 \
@@ -75,4 +127,9 @@ expect_error "unknown algorithm" assign --batch "$dir/scan.jsonl" --llm_dp 1 --m
 expect_error "fewer than the" assign --batch "$dir/costs.jsonl" --llm_dp 4 --microbatches 2 --encoder_dp 1
 expect_error "--plan FILE" assign --batch "$dir/scan.jsonl"
 expect_error "at least 2 GPUs" plan --batch "$dir/scan.jsonl" --gpus 1
+expect_error "--vision_from: missing" plan --batch "$dir/scan.jsonl" --gpus 8 \
+  --llm_from "$dir/llama3-8b.json"
+expect_error "--precision: want fp32 or bf16" plan --batch "$dir/scan.jsonl" --gpus 8 \
+  --config tiny --job_output "$dir/x.txtpb" --precision fp16
+expect_error "--config: " plan --batch "$dir/scan.jsonl" --gpus 8 --config huge
 echo "loom-schedule: $kept samples, plan and six algorithms checked"
