@@ -49,7 +49,6 @@ ABSL_FLAG(bool, standard, true,
 
 namespace {
 
-
 // Memory of the device the bench runs on: host vectors or device buffers.
 class Mem {
  public:

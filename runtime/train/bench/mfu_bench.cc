@@ -54,7 +54,6 @@ ABSL_FLAG(std::string, modules, "llm,encoder", "Which modules: llm, encoder or b
 
 namespace {
 
-
 // Median seconds of `step` (synchronised) over --steps after --warmup.
 template <typename F>
 double Time(loom::Ops* ops, F step) {
