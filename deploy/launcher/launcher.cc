@@ -288,9 +288,10 @@ absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::st
   }
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
-  // A run (e.g. a resume) in the same folder keeps the previous log as .prev;
-  // the new one must not hold an old "serving" record.
-  std::rename(log.c_str(), (log + ".prev").c_str());
+  // A replacement, or a run (e.g. a resume) in the same folder, keeps the
+  // earlier logs (.prev the newest, .prev.1 ...: a crash's log survives
+  // later recoveries); the new one must not hold an old "serving" record.
+  KeepEarlierLogs(log);
   absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(argv, log);
   if (!p.ok()) {
     return absl::Status(p.status().code(), absl::StrCat(LogName(s), ": ", p.status().message(),

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,23 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   }
   ::close(fd);
   return out;
+}
+
+void KeepEarlierLogs(const std::string& path, int keep) {
+  if (access(path.c_str(), F_OK) != 0) return;
+  const std::string prev = path + ".prev";
+  if (access(prev.c_str(), F_OK) == 0) {
+    // PATH.prev.k -> PATH.prev.(k + 1), oldest first, so nothing is
+    // overwritten but the one past `keep`.
+    for (int k = keep - 1; k >= 1; --k) {
+      const std::string from = absl::StrCat(prev, ".", k);
+      if (access(from.c_str(), F_OK) == 0) {
+        std::rename(from.c_str(), absl::StrCat(prev, ".", k + 1).c_str());
+      }
+    }
+    if (keep >= 1) std::rename(prev.c_str(), (prev + ".1").c_str());
+  }
+  std::rename(path.c_str(), prev.c_str());
 }
 
 }  // namespace loom

@@ -40,6 +40,13 @@ class AtomicFile {
 // The whole file; NOT_FOUND if it does not exist, INTERNAL on a read error.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// Moves the log at `path` aside before a new process writes a fresh one,
+// keeping every earlier one: PATH.prev is the newest, PATH.prev.1 the one
+// before it, up to PATH.prev.`keep` (older ones are dropped). A replaced
+// process's log (a crash, a recovery) then survives every later
+// replacement. Nothing to do when `path` does not exist.
+void KeepEarlierLogs(const std::string& path, int keep = 32);
+
 }  // namespace loom
 
 #endif  // LOOM_RUNTIME_BASE_FILE_H_
