@@ -436,7 +436,7 @@ std::string ModulePartName(const std::string& module, int index) {
 }
 
 std::pair<int64_t, int64_t> PartRange(int64_t total, int index, int count) {
-  return {total * index / count, total * (index + 1) / count};
+  return ChunkRange(total, index, count);
 }
 
 CheckpointPart CheckpointPart::View(const ParamSet& master, int64_t begin, int64_t end) {
@@ -451,9 +451,14 @@ CheckpointPart CheckpointPart::View(const ParamSet& master, int64_t begin, int64
       p.entries_.push_back({s.name, s.master_shape, lo - s.offset, hi - s.offset});
     }
   }
+  // A sharded optimizer's moments start at its shard, which must hold the part.
+  const int64_t ob = master.optimizer_begin();
+  LOOM_CHECK(Array(master, 1) == nullptr || (ob <= begin && end <= master.optimizer_end()))
+      << "part " << begin << ".." << end << " outside the optimizer shard " << ob << ".."
+      << master.optimizer_end();
   for (int a = 0; a < 3; ++a) {
     const std::vector<float>* v = Array(master, a);
-    p.arrays_[a] = v == nullptr ? nullptr : v->data() + begin;
+    p.arrays_[a] = v == nullptr ? nullptr : v->data() + (a == 0 ? begin : begin - ob);
   }
   return p;
 }
@@ -650,16 +655,23 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
       float* base = a == 0   ? params->data().data()
                     : a == 1 ? params->adam_m().data()
                              : params->adam_v().data();
+      // The moments of a sharded optimizer: its shard's elements alone.
+      const int64_t lo = a == 0 ? 0 : params->optimizer_begin();
+      const int64_t hi = a == 0 ? params->size() : params->optimizer_end();
       int64_t at = 0;  // the entry's first element in the part's arrays
       for (const CheckpointPart::Entry& e : f.entries) {
-        absl::Status s =
-            for_each_overlap(e, [&](size_t spec, const SliceRun& run, int64_t from, int64_t to) {
-              const int64_t offset =
-                  (a * f.elements + at + (from - e.lo)) * static_cast<int64_t>(sizeof(float));
-              char* dst = reinterpret_cast<char*>(base + params->specs()[spec].offset + run.offset +
-                                                  (from - run.master_offset));
-              return cache.Read(f, offset, dst, (to - from) * static_cast<int64_t>(sizeof(float)));
-            });
+        absl::Status s = for_each_overlap(e, [&](size_t spec, const SliceRun& run, int64_t from,
+                                                 int64_t to) {
+          // Master elements [from, to) are the set's [flat, flat + to - from).
+          const int64_t flat =
+              params->specs()[spec].offset + run.offset + (from - run.master_offset);
+          const int64_t first = std::max(flat, lo), last = std::min(flat + (to - from), hi);
+          if (first >= last) return absl::OkStatus();
+          const int64_t offset = (a * f.elements + at + (from - e.lo) + (first - flat)) *
+                                 static_cast<int64_t>(sizeof(float));
+          char* dst = reinterpret_cast<char*>(base + (first - lo));
+          return cache.Read(f, offset, dst, (last - first) * static_cast<int64_t>(sizeof(float)));
+        });
         if (!s.ok()) return s;
         at += e.hi - e.lo;
       }

@@ -102,7 +102,8 @@ class CheckpointPart {
 };
 
 // The elements a module's parts split into: part `index` of `count` of a
-// flat buffer of `total` elements, [first, second).
+// flat buffer of `total` elements, [first, second): a collective's chunk
+// (ChunkRange), so that a sharded optimizer's rank holds its parts' moments.
 std::pair<int64_t, int64_t> PartRange(int64_t total, int index, int count);
 
 // DIR/<module>.ckpt naming `parts` (file names within DIR), written

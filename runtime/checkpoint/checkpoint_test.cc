@@ -120,6 +120,77 @@ TEST(CheckpointTest, PartsSavedUnderOneLayoutLoadUnderAnother) {
   EXPECT_NE(s.message().find(names[2]), absl::string_view::npos) << s;
 }
 
+// A sharded optimizer (ZeRO-1) over 3 DP ranks: each rank holds its chunk's
+// moments (taken from a whole set), writes the parts within that chunk
+// without a gather (one part per rank, or two, as DP x TP ranks cut them),
+// and the checkpoint loads into unsharded sets and into other shards under
+// other TP degrees. The moments of TP slices added into the master, each DP
+// rank its chunk's, sum to the whole (the worker's gather under TP > 1).
+TEST(CheckpointTest, AShardedOptimizerWritesItsChunksAndLoadsUnderAnyLayout) {
+  ParamSet a = Make();
+  FillAdam(&a);
+  a.step() = 4;
+  constexpr int kRanks = 3;
+  for (int per_rank : {1, 2}) {
+    const std::string dir = Dir(absl::StrCat("zero-", per_rank));
+    std::vector<std::string> names;
+    for (int d = 0; d < kRanks; ++d) {
+      ParamSet s = Make();
+      s.ShardOptimizer(d, kRanks);
+      s.SliceFromMaster(a);
+      const auto [ob, oe] = ChunkRange(a.size(), d, kRanks);
+      ASSERT_EQ(s.optimizer_begin(), ob);
+      ASSERT_EQ(s.optimizer_state_bytes(), (oe - ob) * 8);
+      for (int64_t i = ob; i < oe; ++i) ASSERT_EQ(s.adam_v()[i - ob], a.adam_v()[i]) << i;
+      for (int t = 0; t < per_rank; ++t) {
+        const int index = d * per_rank + t;
+        const auto [begin, end] = PartRange(a.size(), index, kRanks * per_rank);
+        names.push_back(ModulePartName("llm", index));
+        ASSERT_TRUE(
+            CheckpointPart::View(s, begin, end).Write("llm", dir + "/" + names.back()).ok());
+      }
+    }
+    ASSERT_TRUE(WriteModuleManifest(dir, "llm", 4, names).ok());
+    for (int tp : {1, 2}) {
+      for (int dp : {1, 2}) {
+        for (int r = 0; r < tp; ++r) {
+          for (int d = 0; d < dp; ++d) {
+            ParamSet want = Make({r, tp});
+            want.SliceFromMaster(a);
+            ParamSet got = Make({r, tp});
+            got.ShardOptimizer(d, dp);
+            absl::Status st = LoadModuleCheckpoint(dir, "llm", &got);
+            ASSERT_TRUE(st.ok()) << st;
+            EXPECT_EQ(got.data(), want.data());
+            const int64_t ob = got.optimizer_begin();
+            ASSERT_EQ(got.adam_m().size(), static_cast<size_t>(got.optimizer_end() - ob));
+            for (size_t k = 0; k < got.adam_m().size(); ++k) {
+              ASSERT_EQ(got.adam_m()[k], want.adam_m()[ob + k]) << "tp " << tp << " dp " << dp;
+              ASSERT_EQ(got.adam_v()[k], want.adam_v()[ob + k]) << "tp " << tp << " dp " << dp;
+            }
+            EXPECT_EQ(got.step(), 4);
+          }
+        }
+      }
+    }
+  }
+  // TP 2 x DP 2, sharded: the TP sum of each DP rank's contributions, then
+  // the moments' sum over the DP ranks, is the whole module.
+  std::vector<float> m(a.size(), 0.0f);
+  for (int d = 0; d < 2; ++d) {
+    ParamSet master = a.MasterLayout();
+    for (int t = 0; t < 2; ++t) {
+      ParamSet s = Make({t, 2});
+      s.ShardOptimizer(d, 2);
+      s.SliceFromMaster(a);
+      s.AddToMaster(&master);
+    }
+    EXPECT_EQ(master.data(), a.data()) << "DP rank " << d << "'s weights";
+    for (int64_t i = 0; i < a.size(); ++i) m[i] += master.adam_m()[i];
+  }
+  EXPECT_EQ(m, a.adam_m());
+}
+
 // A snapshot is written as it was taken, whatever the set does after.
 TEST(CheckpointTest, ASnapshotIsWrittenAsTakenWhileTheSetTrainsOn) {
   ParamSet a = Make();

@@ -19,6 +19,13 @@
 
 namespace loom {
 
+absl::Status Communicator::AllGather(float* data, int64_t n) {
+  const auto [begin, end] = ChunkRange(n, rank(), size());
+  std::fill(data, data + begin, 0.0f);
+  std::fill(data + end, data + n, 0.0f);
+  return AllreduceSum(data, n);
+}
+
 absl::StatusOr<std::string> PartOf(const KeyValueStore::Read& r, const std::string& whole) {
   if (r.parts <= 1) return whole;
   if (r.part < 0 || r.part >= r.parts || whole.size() % r.parts != 0) {
@@ -221,8 +228,9 @@ class GlooStore final : public gloo::rendezvous::Store {
 };
 
 // Ring allreduce over the context's unbound buffers: chunk c of n is reduced
-// once, along the ring starting at rank c, and then copied to every rank, so
-// every rank ends with the same bits. Every wait is a Cancellation point.
+// once, along the ring from rank c+1 to rank c, and then copied to every
+// rank, so every rank ends with the same bits; a reduce-scatter is the first
+// half, an all-gather the second. Every wait is a Cancellation point.
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout,
@@ -234,21 +242,30 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
   absl::Status AllreduceSum(float* data, int64_t n) override {
-    return Allreduce(data, n, [](float a, float b) { return a + b; });
+    return Collective(data, n, Phases::kBoth, [](float a, float b) { return a + b; });
   }
   absl::Status AllreduceSum(double* data, int64_t n) override {
-    return Allreduce(data, n, [](double a, double b) { return a + b; });
+    return Collective(data, n, Phases::kBoth, [](double a, double b) { return a + b; });
   }
   absl::Status AllreduceMax(float* data, int64_t n) override {
-    return Allreduce(data, n, [](float a, float b) { return std::max(a, b); });
+    return Collective(data, n, Phases::kBoth, [](float a, float b) { return std::max(a, b); });
+  }
+  absl::Status ReduceScatterSum(float* data, int64_t n) override {
+    return Collective(data, n, Phases::kScatter, [](float a, float b) { return a + b; });
+  }
+  absl::Status AllGather(float* data, int64_t n) override {
+    return Collective(data, n, Phases::kGather, [](float a, float) { return a; });
   }
 
  private:
+  // The ring's two halves: reduce-scatter, then all-gather.
+  enum class Phases { kScatter, kGather, kBoth };
+
   template <typename T, typename Reduce>
-  absl::Status Allreduce(T* data, int64_t n, Reduce reduce) {
+  absl::Status Collective(T* data, int64_t n, Phases phases, Reduce reduce) {
     if (size() == 1 || n == 0) return absl::OkStatus();
     if (!broken_.ok()) return broken_;
-    absl::Status s = Ring(data, n, reduce);
+    absl::Status s = Ring(data, n, phases, reduce);
     if (!s.ok()) {
       // Peers still waiting on this rank learn at once (their sockets close).
       context_->closeConnections();
@@ -259,38 +276,46 @@ class GlooCommunicator final : public Communicator {
   }
 
   template <typename T, typename Reduce>
-  absl::Status Ring(T* data, int64_t n, Reduce reduce) {
+  absl::Status Ring(T* data, int64_t n, Phases phases, Reduce reduce) {
     const int p = size(), r = rank();
     const int right = (r + 1) % p, left = (r + p - 1) % p;
-    // Chunk c (any integer, taken mod p): elements [n·c/p, n·(c+1)/p).
-    auto index = [p](int c) { return static_cast<int64_t>(((c % p) + p) % p); };
-    auto begin = [&](int c) { return n * index(c) / p; };
-    auto length = [&](int c) { return n * (index(c) + 1) / p - begin(c); };
-    std::vector<T> incoming(static_cast<size_t>(n / p + 1));
+    // Chunk c (any integer, taken mod p): ChunkRange(n, c mod p, p).
+    auto index = [p](int c) { return ((c % p) + p) % p; };
+    auto begin = [&](int c) { return ChunkRange(n, index(c), p).first; };
+    auto length = [&](int c) {
+      const auto [b, e] = ChunkRange(n, index(c), p);
+      return e - b;
+    };
+    std::vector<T> incoming(phases == Phases::kGather ? 0 : static_cast<size_t>(n / p + 1));
     const uint64_t call = static_cast<uint64_t>(tag_++);
     try {
       std::unique_ptr<gloo::transport::UnboundBuffer> out =
           context_->createUnboundBuffer(data, static_cast<size_t>(n) * sizeof(T));
       std::unique_ptr<gloo::transport::UnboundBuffer> in =
-          context_->createUnboundBuffer(incoming.data(), incoming.size() * sizeof(T));
+          phases == Phases::kGather
+              ? nullptr
+              : context_->createUnboundBuffer(incoming.data(), incoming.size() * sizeof(T));
       Cancellation::Scope scope(cancel_, [&] {
         out->abortWaitSend();
         out->abortWaitRecv();
-        in->abortWaitRecv();
+        if (in != nullptr) in->abortWaitRecv();
       });
       const std::chrono::milliseconds timeout(
           absl::ToInt64Milliseconds(wait_limit_ ? wait_limit_() : timeout_));
       auto cancelled = [&] {
         return absl::CancelledError(
-            absl::StrCat("Gloo allreduce over ", p, " ranks cancelled (a recovery or a stop)"));
+            absl::StrCat("Gloo collective over ", p, " ranks cancelled (a recovery or a stop)"));
       };
-      // Steps 0 .. p-2 reduce-scatter (after them rank r holds chunk r+1
-      // whole), steps p-1 .. 2p-3 pass the whole chunks around.
-      for (int step = 0; step < 2 * (p - 1); ++step) {
+      // Steps 0 .. p-2 reduce-scatter: chunk c starts at rank c+1 and is
+      // reduced along the ring, so after them rank r holds chunk r whole.
+      // Steps p-1 .. 2p-3 pass the whole chunks around.
+      const int first = phases == Phases::kGather ? p - 1 : 0;
+      const int last = phases == Phases::kScatter ? p - 1 : 2 * (p - 1);
+      for (int step = first; step < last; ++step) {
         const bool scatter = step < p - 1;
         const int s = scatter ? step : step - (p - 1);
-        const int send_chunk = scatter ? r - s : r + 1 - s;
-        const int recv_chunk = scatter ? r - s - 1 : r - s;
+        const int send_chunk = scatter ? r - s - 1 : r - s;
+        const int recv_chunk = scatter ? r - s - 2 : r - s - 1;
         const uint64_t slot = (uint64_t{0x4c} << 56) | (call << 24) | static_cast<uint64_t>(step);
         const int64_t send_n = length(send_chunk), recv_n = length(recv_chunk);
         if (scope.cancelled()) return cancelled();
@@ -312,7 +337,7 @@ class GlooCommunicator final : public Communicator {
       }
     } catch (const std::exception& e) {
       return absl::UnavailableError(
-          absl::StrCat("Gloo allreduce over ", p, " ranks failed: ", e.what()));
+          absl::StrCat("Gloo collective over ", p, " ranks failed: ", e.what()));
     }
     return absl::OkStatus();
   }

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -125,6 +126,13 @@ class InMemoryStore final : public KeyValueStore {
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
 };
 
+// The chunk of `n` elements rank `rank` of `size` owns in a reduce-scatter
+// and gives in an all-gather: [n·rank/size, n·(rank+1)/size). Chunks differ
+// in length by at most one; some are empty when n < size.
+inline std::pair<int64_t, int64_t> ChunkRange(int64_t n, int rank, int size) {
+  return {n * rank / size, n * (rank + 1) / size};
+}
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -137,6 +145,15 @@ class Communicator {
   virtual absl::Status AllreduceSum(double* data, int64_t n) = 0;
   // In place: data[i] = max over ranks of data[i] (vocab-parallel softmax).
   virtual absl::Status AllreduceMax(float* data, int64_t n) = 0;
+  // In place, a distributed optimizer's two halves (ZeRO-1). ReduceScatterSum:
+  // this rank's ChunkRange(n, rank, size) of `data` holds the sum over ranks
+  // (under Gloo the same bits AllreduceSum gives it there); the rest of
+  // `data` is left unspecified. AllGather: every rank's chunk of its `data`
+  // is copied into every other rank's `data`. By default both go through
+  // AllreduceSum (an all-gather as the sum of zeros and one chunk, exact; on
+  // host memory); Gloo and NCCL move each chunk once instead.
+  virtual absl::Status ReduceScatterSum(float* data, int64_t n) { return AllreduceSum(data, n); }
+  virtual absl::Status AllGather(float* data, int64_t n);
 };
 
 struct GlooOptions {

@@ -43,6 +43,59 @@ TEST(Gloo, AllreduceSumsAndEveryRankGetsTheSameBits) {
   }
 }
 
+// A distributed optimizer's halves: each rank's chunk after a reduce-scatter
+// has the all-reduce's bits there; an all-gather brings every rank's chunk to
+// every rank, under Gloo's ring and under the base class's fallback (an
+// all-reduce of zeros and one chunk), for lengths shorter than the group too.
+TEST(Gloo, ReduceScatterGivesTheAllreducesChunkAndAllGatherEveryChunk) {
+  // The base class's AllGather over a Gloo group's AllreduceSum.
+  class Fallback final : public Communicator {
+   public:
+    explicit Fallback(Communicator* inner) : inner_(inner) {}
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    absl::Status AllreduceSum(float* d, int64_t n) override { return inner_->AllreduceSum(d, n); }
+    absl::Status AllreduceSum(double* d, int64_t n) override { return inner_->AllreduceSum(d, n); }
+    absl::Status AllreduceMax(float* d, int64_t n) override { return inner_->AllreduceMax(d, n); }
+
+   private:
+    Communicator* inner_;
+  };
+  for (int size : {1, 2, 3, 4}) {
+    for (int64_t n : {int64_t{2}, int64_t{10007}}) {
+      InMemoryStore store;
+      auto value = [](int r, int64_t i) {
+        return 0.1f * static_cast<float>((i * 7 + r * 13) % 101);
+      };
+      OnRanks(size, "rs" + std::to_string(size), &store, [&](int r, Communicator* c) {
+        std::vector<float> all(n), scattered(n), mine(n, -1.0f), fallback(n, -2.0f);
+        for (int64_t i = 0; i < n; ++i) all[i] = scattered[i] = value(r, i);
+        ASSERT_TRUE(c->AllreduceSum(all.data(), n).ok());
+        ASSERT_TRUE(c->ReduceScatterSum(scattered.data(), n).ok());
+        const auto [begin, end] = ChunkRange(n, r, size);
+        for (int64_t i = begin; i < end; ++i) {
+          ASSERT_EQ(scattered[i], all[i]) << "rank " << r << " element " << i;
+        }
+        // Each rank's chunk: its rank number plus the element's index.
+        for (int64_t i = begin; i < end; ++i) {
+          mine[i] = fallback[i] = static_cast<float>(r) + 0.001f * static_cast<float>(i);
+        }
+        ASSERT_TRUE(c->AllGather(mine.data(), n).ok());
+        Fallback f(c);
+        ASSERT_TRUE(f.AllGather(fallback.data(), n).ok());
+        for (int owner = 0; owner < size; ++owner) {
+          const auto [b, e] = ChunkRange(n, owner, size);
+          for (int64_t i = b; i < e; ++i) {
+            const float want = static_cast<float>(owner) + 0.001f * static_cast<float>(i);
+            ASSERT_EQ(mine[i], want) << "rank " << r << " element " << i;
+            ASSERT_EQ(fallback[i], want) << "rank " << r << " element " << i;
+          }
+        }
+      });
+    }
+  }
+}
+
 TEST(Gloo, TwoGroupsInOneStoreStayApart) {
   InMemoryStore store;
   std::vector<float> a(2), b(2);

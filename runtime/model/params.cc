@@ -1,5 +1,6 @@
 #include "runtime/model/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -122,6 +123,18 @@ void ParamSet::Finalize() {
   v_.assign(total_, 0.0f);
 }
 
+void ParamSet::ShardOptimizer(int rank, int ranks) {
+  LOOM_CHECK(finalized_) << "ShardOptimizer before Finalize";
+  LOOM_CHECK(ranks >= 1 && rank >= 0 && rank < ranks) << "DP rank " << rank << " of " << ranks;
+  const auto [begin, end] = ChunkRange(total_, rank, ranks);
+  opt_begin_ = begin;
+  opt_end_ = end;
+  opt_ranks_ = ranks;
+  if (frozen_) return;  // no AdamW state
+  m_.assign(static_cast<size_t>(end - begin), 0.0f);
+  v_.assign(static_cast<size_t>(end - begin), 0.0f);
+}
+
 void ParamSet::Initialize(uint64_t seed) {
   LOOM_CHECK(finalized_) << "Initialize before Finalize";
   std::vector<float> master;
@@ -217,43 +230,55 @@ int64_t ParamSet::MasterOffset(const ParamSet& master, const ParamSpec& s) {
 }
 
 void ParamSet::AddToMaster(ParamSet* master) const {
+  const int64_t ob = optimizer_begin(), oe = optimizer_end();
   for (const ParamSpec& s : specs_) {
     if (s.split == Split::kReplicated && shard_.rank != 0) continue;
     const int64_t mo = MasterOffset(*master, s);
     for (const SliceRun& r : SliceRuns(s, shard_)) {
-      for (auto [from, to] : {std::make_pair(&data_, &master->data_),
-                              std::make_pair(&m_, &master->m_), std::make_pair(&v_, &master->v_)}) {
-        if (from->empty()) continue;  // frozen: no AdamW state, the master's stays zero
-        const float* src = from->data() + s.offset + r.offset;
-        float* dst = to->data() + mo + r.master_offset;
-        for (int64_t k = 0; k < r.length; ++k) dst[k] += src[k];
+      const int64_t flat = s.offset + r.offset;  // the run's first element in the set
+      const float* src = data_.data() + flat;
+      float* dst = master->data_.data() + mo + r.master_offset;
+      for (int64_t k = 0; k < r.length; ++k) dst[k] += src[k];
+      if (m_.empty()) continue;  // frozen: no AdamW state, the master's stays zero
+      // The moments this rank holds: the run within its optimizer shard.
+      const int64_t lo = std::max(flat, ob), hi = std::min(flat + r.length, oe);
+      for (auto [from, to] : {std::make_pair(&m_, &master->m_), std::make_pair(&v_, &master->v_)}) {
+        for (int64_t e = lo; e < hi; ++e)
+          (*to)[mo + r.master_offset + (e - flat)] += (*from)[e - ob];
       }
     }
   }
 }
 
 void ParamSet::SliceFromMaster(const ParamSet& master) {
+  const int64_t ob = optimizer_begin(), oe = optimizer_end();
   for (const ParamSpec& s : specs_) {
     const int64_t mo = MasterOffset(master, s);
     for (const SliceRun& r : SliceRuns(s, shard_)) {
-      for (auto [from, to] : {std::make_pair(&master.data_, &data_),
-                              std::make_pair(&master.m_, &m_), std::make_pair(&master.v_, &v_)}) {
-        if (to->empty()) continue;  // frozen: the weights only
-        std::memcpy(to->data() + s.offset + r.offset, from->data() + mo + r.master_offset,
-                    sizeof(float) * r.length);
+      const int64_t flat = s.offset + r.offset;
+      std::memcpy(data_.data() + flat, master.data_.data() + mo + r.master_offset,
+                  sizeof(float) * r.length);
+      if (m_.empty()) continue;  // frozen: the weights only
+      const int64_t lo = std::max(flat, ob), hi = std::min(flat + r.length, oe);
+      if (lo >= hi) continue;
+      for (auto [from, to] : {std::make_pair(&master.m_, &m_), std::make_pair(&master.v_, &v_)}) {
+        std::memcpy(to->data() + (lo - ob), from->data() + mo + r.master_offset + (lo - flat),
+                    sizeof(float) * (hi - lo));
       }
     }
   }
   step_ = master.step_;
 }
 
-double ParamSet::OwnedGradSumOfSquares() const {
+double ParamSet::OwnedGradSumOfSquares(int64_t begin, int64_t end) const {
   double ss = 0;
   if (frozen_) return ss;
+  if (end < 0) end = total_;
   for (const ParamSpec& s : specs_) {
     if (s.split == Split::kReplicated && shard_.rank != 0) continue;
-    const float* g = grad_.data() + s.offset;
-    for (int64_t i = 0; i < s.numel; ++i) ss += static_cast<double>(g[i]) * g[i];
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    const float* g = grad_.data();
+    for (int64_t i = lo; i < hi; ++i) ss += static_cast<double>(g[i]) * g[i];
   }
   return ss;
 }

@@ -108,20 +108,41 @@ class ParamSet {
   // A set of the master tensors (TP size 1), allocated, all zeros.
   ParamSet MasterLayout() const;
   // master.{data, adam_m, adam_v} += this slice's values at their place;
-  // replicated tensors only from TP rank 0. Summing every rank's contribution
-  // (an all-reduce over the TP group of zeroed buffers) gathers the master.
+  // replicated tensors only from TP rank 0, AdamW moments only from this
+  // rank's optimizer shard. Summing every rank's contribution (an all-reduce
+  // over the TP group of zeroed buffers, and of the moments over the DP group
+  // when sharded) gathers the master.
   // `master` holds these tensors whole, matched by name, and may hold more
   // (the whole module, of which this set is one pipeline stage).
   void AddToMaster(ParamSet* master) const;
   // This slice's {data, adam_m, adam_v} and step from the master's (matched
-  // by name, as above).
+  // by name, as above; the moments of this rank's optimizer shard).
   void SliceFromMaster(const ParamSet& master);
   // The index of the tensor named `name`, or -1.
   int Find(const std::string& name) const;
   // Σ g² over what this rank owns: its slices, and the replicated tensors
   // on TP rank 0 (the others hold the same gradient). Summed over the TP
-  // group it is the module's Σ g².
-  double OwnedGradSumOfSquares() const;
+  // group it is the module's Σ g². Only elements [begin, end) of the flat
+  // buffer (end -1: to the end), so that DP ranks each summing their
+  // optimizer shard together give it once.
+  double OwnedGradSumOfSquares(int64_t begin = 0, int64_t end = -1) const;
+
+  // A distributed optimizer (ZeRO-1, job.optimizer.shard): this rank of a
+  // data-parallel group of `ranks` steps elements [optimizer_begin(),
+  // optimizer_end()) of the flat buffers (ChunkRange, the chunk its gradient
+  // reduce-scatter leaves summed there) and holds the AdamW moments of those
+  // alone: adam_m()[k] and adam_v()[k] are element optimizer_begin() + k's,
+  // zeros until set. The weights stay whole (the layers read them). Call
+  // after Finalize; a load then fills the shard only. (0, 1): the whole set,
+  // as without it.
+  void ShardOptimizer(int rank, int ranks);
+  int64_t optimizer_begin() const { return opt_begin_; }
+  int64_t optimizer_end() const { return opt_end_ < 0 ? total_ : opt_end_; }
+  bool optimizer_sharded() const { return opt_ranks_ > 1; }
+  // Bytes of AdamW state this rank holds (both moments).
+  int64_t optimizer_state_bytes() const {
+    return static_cast<int64_t>((m_.size() + v_.size()) * sizeof(float));
+  }
 
   // Where the layers read the weights and add the gradients: the host
   // vectors below, or, once placed on a device backend (Place), a copy of
@@ -184,6 +205,9 @@ class ParamSet {
   bool frozen_ = false;
   std::vector<float> data_, grad_, m_, v_;
   int64_t step_ = 0;  // optimizer steps taken
+  // ShardOptimizer's range (opt_end_ -1: to the end) and group size.
+  int64_t opt_begin_ = 0, opt_end_ = -1;
+  int opt_ranks_ = 1;
   // Place()'s copies of data and grads, and under bf16 the weights' bf16
   // copy; a copy of the set is not placed (and fp32).
   struct DeviceCopy {

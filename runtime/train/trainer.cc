@@ -9,10 +9,14 @@
 namespace loom {
 namespace {
 
+// The gradients each set steps: its optimizer shard (the whole set unless
+// sharded).
 std::vector<kernels::GradSpan> Spans(const std::vector<ParamSet*>& sets) {
   std::vector<kernels::GradSpan> grads;
   for (ParamSet* p : sets) {
-    if (!p->frozen()) grads.push_back({p->grads().data(), p->size()});
+    if (p->frozen()) continue;
+    grads.push_back(
+        {p->grads().data() + p->optimizer_begin(), p->optimizer_end() - p->optimizer_begin()});
   }
   return grads;
 }
@@ -50,11 +54,15 @@ double OptimizerStep(const std::vector<ParamSet*>& sets, const std::vector<Modul
     kernels::AdamWConfig adam = options.adam;
     adam.lr = static_cast<float>(options.PeakLr(modules[i]) * factor);
     ++p->step();
+    // The runs within the set's optimizer shard; its moments start there.
+    const int64_t ob = p->optimizer_begin(), oe = p->optimizer_end();
     for (const DecayRun& r : DecayRuns(*p, options.weight_decay_scope)) {
+      const int64_t lo = std::max(r.offset, ob), hi = std::min(r.offset + r.numel, oe);
+      if (lo >= hi) continue;
       kernels::AdamWConfig run = adam;
       if (!r.decay) run.weight_decay = 0.0f;
-      kernels::adamw_update(p->data().data() + r.offset, p->grads().data() + r.offset,
-                            p->adam_m().data() + r.offset, p->adam_v().data() + r.offset, r.numel,
+      kernels::adamw_update(p->data().data() + lo, p->grads().data() + lo,
+                            p->adam_m().data() + (lo - ob), p->adam_v().data() + (lo - ob), hi - lo,
                             run, p->step());
     }
   }

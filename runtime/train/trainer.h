@@ -67,8 +67,10 @@ struct StepStats {
 // every module of the model, wherever they live), then one AdamW step on each
 // set at its module's (`modules`, one per set) learning rate for `step`
 // (1-based; lr_schedule.h), decaying the tensors `options.weight_decay_scope`
-// names (one AdamW call per run of tensors that decay alike). Returns the
-// scheduled adam.lr (train.lr's schedule: what a step reports).
+// names (one AdamW call per run of tensors that decay alike). A set whose
+// optimizer is sharded (ParamSet::ShardOptimizer) clips and steps its shard
+// alone; its other weights come from their owners (an all-gather). Returns
+// the scheduled adam.lr (train.lr's schedule: what a step reports).
 double OptimizerStep(const std::vector<ParamSet*>& sets, const std::vector<Module>& modules,
                      const TrainOptions& options, int64_t step, double grad_norm);
 

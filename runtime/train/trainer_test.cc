@@ -81,6 +81,61 @@ TEST(TrainerTest, ANonFiniteStepIsSkipped) {
   EXPECT_GT(next.lr, 0.0);
 }
 
+// A sharded optimizer (ZeRO-1): each of DP ranks, given the summed
+// gradients, clips and steps its chunk alone, holding that chunk's moments
+// only; put together the chunks are the unsharded step's weights and
+// moments, bit for bit, over several steps and with weight decay on some
+// tensors and not others.
+TEST(TrainerTest, AShardedOptimizerStepsItsChunkAsTheWholeStepWould) {
+  ModelConfig c = *ModelConfigByName("tiny");
+  MultimodalModel model(c);
+  model.Initialize(7);
+  const ParamSet& seeded = *model.param_sets()[static_cast<int>(Module::kLlm)];
+  TrainOptions o;
+  o.adam.weight_decay = 0.1f;
+  o.clip_norm = 0.5;
+  constexpr int kRanks = 3;
+  ParamSet whole = seeded;
+  std::vector<ParamSet> shards(kRanks, seeded);
+  for (int r = 0; r < kRanks; ++r) shards[r].ShardOptimizer(r, kRanks);
+  for (int step = 1; step <= 3; ++step) {
+    // The same gradients on every rank (after the reduce-scatter, each
+    // rank's chunk is the sum every rank would have).
+    for (int64_t i = 0; i < whole.size(); ++i) {
+      whole.grads()[i] = 0.01f * static_cast<float>((i * 31 + step * 7) % 17) - 0.08f;
+    }
+    for (ParamSet& s : shards) s.grads() = whole.grads();
+    const double norm = std::sqrt(GradSumOfSquares({&whole}));
+    double sharded = 0;
+    for (ParamSet& s : shards)
+      sharded += s.OwnedGradSumOfSquares(s.optimizer_begin(), s.optimizer_end());
+    EXPECT_NEAR(std::sqrt(sharded), norm, 1e-12 * norm) << "the chunks' norms sum to the whole's";
+    OptimizerStep({&whole}, {Module::kLlm}, o, step, norm);
+    for (ParamSet& s : shards) OptimizerStep({&s}, {Module::kLlm}, o, step, norm);
+    for (int r = 0; r < kRanks; ++r) {
+      const ParamSet& s = shards[r];
+      const int64_t b = s.optimizer_begin(), e = s.optimizer_end();
+      ASSERT_EQ(s.adam_m().size(), static_cast<size_t>(e - b));
+      EXPECT_EQ(s.optimizer_state_bytes(), (e - b) * 8);
+      for (int64_t i = b; i < e; ++i) {
+        ASSERT_EQ(s.data()[i], whole.data()[i]) << "step " << step << " rank " << r << " " << i;
+        ASSERT_EQ(s.adam_m()[i - b], whole.adam_m()[i]) << "step " << step << " rank " << r;
+        ASSERT_EQ(s.adam_v()[i - b], whole.adam_v()[i]) << "step " << step << " rank " << r;
+      }
+      EXPECT_EQ(s.step(), whole.step());
+    }
+    // The all-gather: every rank takes the others' chunks.
+    for (int r = 0; r < kRanks; ++r) {
+      for (int k = 0; k < kRanks; ++k) {
+        for (int64_t i = shards[k].optimizer_begin(); i < shards[k].optimizer_end(); ++i) {
+          shards[r].data()[i] = shards[k].data()[i];
+        }
+      }
+    }
+  }
+  EXPECT_NE(whole.data(), seeded.data());
+}
+
 TEST(TrainerTest, SameSeedSameLosses) {
   EXPECT_EQ(Train(3, 2, 1), Train(3, 2, 1));
   EXPECT_NE(Train(1, 2, 1), Train(1, 2, 2));

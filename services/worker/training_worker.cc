@@ -47,6 +47,14 @@ class WatchedCommunicator final : public Communicator {
     StallWatch::Waiting waiting(stall_);
     return inner_->AllreduceMax(data, n);
   }
+  absl::Status ReduceScatterSum(float* data, int64_t n) override {
+    StallWatch::Waiting waiting(stall_);
+    return inner_->ReduceScatterSum(data, n);
+  }
+  absl::Status AllGather(float* data, int64_t n) override {
+    StallWatch::Waiting waiting(stall_);
+    return inner_->AllGather(data, n);
+  }
 
  private:
   std::unique_ptr<Communicator> inner_;
@@ -211,6 +219,11 @@ absl::Status TrainingWorker::Impl::Join() {
     modules = {Module::kLlm};
     set_tp = {tp_comm.get()};
   }
+  // ZeRO-1: each DP rank holds the AdamW moments of its chunk of each set
+  // (before loading, which fills that chunk alone).
+  if (job.optimizer().shard()) {
+    for (ParamSet* p : sets) p->ShardOptimizer(pos.dp, shape.dp);
+  }
   const bool resume = !checkpoint_step_dir.empty();
   const std::string& init = job.init().checkpoint();
   for (size_t i = 0; i < sets.size(); ++i) {
@@ -243,7 +256,21 @@ absl::Status TrainingWorker::Impl::Join() {
     // under bf16.
     sets[i]->Place(ops->backend(), precision);
   }
+  // What the AdamW moments take here, and would take unsharded.
+  int64_t whole = 0;
+  for (const ParamSet* p : sets) whole += p->frozen() ? 0 : 2 * p->size() * 4;
+  LOOM_LOG(INFO)
+          .With("optimizer_state_bytes", OptimizerStateBytes())
+          .With("unsharded_bytes", whole)
+          .With("sharded", job.optimizer().shard())
+      << "AdamW state held";
   return absl::OkStatus();
+}
+
+int64_t TrainingWorker::Impl::OptimizerStateBytes() const {
+  int64_t bytes = 0;
+  for (const ParamSet* p : sets) bytes += p->optimizer_state_bytes();
+  return bytes;
 }
 
 void TrainingWorker::Impl::RegisterMetrics() {
@@ -260,6 +287,13 @@ void TrainingWorker::Impl::RegisterMetrics() {
                     .Help("Training iterations this worker finished.")
                     .Register(r)
                     .Add(labels);
+  optimizer_state_bytes = &prometheus::BuildGauge()
+                               .Name("loom_worker_optimizer_state_bytes")
+                               .Help(
+                                   "Bytes of AdamW moments this worker holds (1/DP of its "
+                                   "module's under job.optimizer.shard).")
+                               .Register(r)
+                               .Add(labels);
   skipped_steps = &prometheus::BuildCounter()
                        .Name("loom_worker_skipped_steps_total")
                        .Help(
@@ -435,23 +469,34 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   for (ParamSet* p : sets) {
     if (p->frozen()) continue;  // no gradients (the same on every rank)
     // The host's copy is the one stepped: reduced on the device first
-    // (NCCL), or brought down and reduced there.
+    // (NCCL), or brought down and reduced there. A sharded optimizer needs
+    // its own chunk summed alone (a reduce-scatter).
+    const bool scatter = p->optimizer_sharded();
     if (nccl_dp != nullptr) {
-      if (s = nccl_dp->AllreduceSum(p->placed_grads(), p->size()); !s.ok()) return s;
+      s = scatter ? nccl_dp->ReduceScatterSum(p->placed_grads(), p->size())
+                  : nccl_dp->AllreduceSum(p->placed_grads(), p->size());
+      if (!s.ok()) return s;
       p->PullGrads();
       continue;
     }
     p->PullGrads();
-    if (s = dp_comm->AllreduceSum(p->grads().data(), p->size()); !s.ok()) return s;
+    s = scatter ? dp_comm->ReduceScatterSum(p->grads().data(), p->size())
+                : dp_comm->AllreduceSum(p->grads().data(), p->size());
+    if (!s.ok()) return s;
   }
   // Σ g² of each module from DP replica 0 (replicas hold equal gradients),
-  // each stage's TP ranks their own slices and TP rank 0 what they hold
-  // whole; the loss, tokens and samples from each LLM replica's last stage,
-  // its first TP rank.
+  // or under a sharded optimizer from every replica's own chunk; each
+  // stage's TP ranks their own slices and TP rank 0 what they hold whole;
+  // the loss, tokens and samples from each LLM replica's last stage, its
+  // first TP rank.
   double sq = 0;
-  if (pos.dp == 0) {
-    for (size_t i = 0; i < sets.size(); ++i) {
-      if (set_tp[i] != nullptr || pos.tp == 0) sq += sets[i]->OwnedGradSumOfSquares();
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const ParamSet& p = *sets[i];
+    if (set_tp[i] == nullptr && pos.tp != 0) continue;
+    if (p.optimizer_sharded()) {
+      sq += p.OwnedGradSumOfSquares(p.optimizer_begin(), p.optimizer_end());
+    } else if (pos.dp == 0) {
+      sq += p.OwnedGradSumOfSquares();
     }
   }
   if (poison) {  // LOOM_FAULTS nan: this rank's gradients, and so the norm, turn NaN
@@ -478,7 +523,12 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   } else {
     lr = OptimizerStep(sets, modules, train, step, grad_norm);
     for (ParamSet* p : sets) {
-      if (!p->frozen()) p->PushData();  // the stepped weights where the layers read them
+      if (p->frozen()) continue;
+      // Each rank stepped its chunk alone: the others' come from them.
+      if (p->optimizer_sharded()) {
+        if (s = dp_comm->AllGather(p->data().data(), p->size()); !s.ok()) return s;
+      }
+      p->PushData();  // the stepped weights where the layers read them
     }
   }
   Span("optimizer", o0, d.iteration, "optimizer");
@@ -491,6 +541,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   }
 
   iterations->Increment();
+  optimizer_state_bytes->Set(static_cast<double>(OptimizerStateBytes()));
   compute_seconds->Increment(compute);
   wait_seconds->Increment(wait);
   bubble_seconds->Increment(bubble);

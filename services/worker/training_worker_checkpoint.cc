@@ -25,7 +25,10 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
   // partial folder when it marked the step and renames it into place once
   // every rank has reported. A part is a snapshot, a copy of this rank's
   // share alone (1 / (DP × TP) of its stage), written in the background while
-  // training goes on, one checkpoint at a time.
+  // training goes on, one checkpoint at a time. Under a sharded optimizer
+  // (ZeRO-1) a rank's share lies within the chunk whose moments it holds;
+  // under TP > 1 the stage is gathered as before, its moments over the DP
+  // group too (issue 42 item 8 writes TP slices without a gather).
   stall->Work("checkpoint");  // its own limit: a write may take far longer than a step
   if (absl::Status s = AwaitCheckpointWrite(); !s.ok()) return s;
   struct Share {
@@ -43,8 +46,20 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
     const ParamSet* master = sets[i];
     if (sets[i]->shard().size > 1) {
       if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &gathered); !s.ok()) return s;
+      // A sharded optimizer's moments: each DP rank added its chunk's.
+      if (sets[i]->optimizer_sharded() && !sets[i]->frozen()) {
+        for (std::vector<float>* b : {&gathered.adam_m(), &gathered.adam_v()}) {
+          if (absl::Status s = dp_comm->AllreduceSum(b->data(), static_cast<int64_t>(b->size()));
+              !s.ok()) {
+            return s;
+          }
+        }
+      }
       master = &gathered;
     }
+    // Whole tensors (TP 1): this rank's part lies within its optimizer
+    // chunk when sharded (per_stage = DP x TP parts nest in DP chunks), so
+    // it writes the moments it holds, with no gather.
     const auto [begin, end] = PartRange(master->size(), index, per_stage);
     Share share;
     share.module = kModuleNames[static_cast<int>(modules[i])];

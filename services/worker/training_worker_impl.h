@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "runtime/base/trace.h"
 #include "runtime/comm/collective.h"
@@ -205,6 +206,7 @@ struct TrainingWorker::Impl {
   prometheus::Counter* iterations = nullptr;
   // Steps skipped (a non-finite loss or gradient norm: no optimizer step).
   prometheus::Counter* skipped_steps = nullptr;
+  prometheus::Gauge* optimizer_state_bytes = nullptr;
   prometheus::Counter* compute_seconds = nullptr;
   prometheus::Counter* wait_seconds = nullptr;
   prometheus::Counter* bubble_seconds = nullptr;
@@ -262,6 +264,8 @@ struct TrainingWorker::Impl {
   // groups from rank 0. No group spans the job: no rendezvous, key or ring
   // grows with the job's size.
   absl::Status JobSum(double* v, int n);
+  // Bytes of AdamW moments in this worker's sets.
+  int64_t OptimizerStateBytes() const;
   // LOOM_FAULTS (fault_injection.h) for this rank; true: make the
   // gradients NaN (a nan entry).
   bool InjectFault(const char* phase, int64_t iteration) const {

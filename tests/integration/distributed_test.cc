@@ -250,6 +250,72 @@ TEST_F(DistributedTest, Bf16MatchesTheSingleProcessBf16Run) {
                   testing::kDisaggregatedVsLocalBf16, testing::kDisaggregatedVsLocalBf16);
 }
 
+// Each worker's AdamW bytes as it logged them when it joined
+// (optimizer_state_bytes, and unsharded_bytes: what it would hold without
+// sharding), by log file name.
+std::map<std::string, std::pair<int64_t, int64_t>> OptimizerStateBytes(const std::string& run_dir) {
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const auto& f : std::filesystem::directory_iterator(run_dir + "/logs")) {
+    const std::string name = f.path().filename().string();
+    if (!absl::EndsWith(name, ".log") || name.find("worker") == std::string::npos) continue;
+    absl::StatusOr<std::string> text = ReadFile(f.path().string());
+    if (!text.ok()) continue;
+    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+      if (!absl::StrContains(line, "AdamW state held")) continue;
+      auto field = [&](absl::string_view key) -> int64_t {
+        const std::string k = absl::StrCat("\"", key, "\":");
+        const size_t at = line.find(k);
+        if (at == absl::string_view::npos) return -1;
+        return std::strtoll(std::string(line.substr(at + k.size())).c_str(), nullptr, 10);
+      };
+      out[name] = {field("optimizer_state_bytes"), field("unsharded_bytes")};
+    }
+  }
+  return out;
+}
+
+// A distributed optimizer (job.optimizer.shard, ZeRO-1) against
+// loom-train-local step by step: DP 2 on the encoder side and LLM TP2 x DP2
+// for 20 steps with a checkpoint at 10 (the encoder's ranks write their own
+// chunks, the LLM's TP slices are gathered); that checkpoint resumed under
+// DP 4 on the encoder side and LLM PP2 x DP2, sharded again; and resumed
+// unsharded. Each worker holds 1/DP of its set's AdamW moments (the chunks
+// of a group differ by at most one element).
+TEST_F(DistributedTest, AShardedOptimizerMatchesTheSingleProcessRun) {
+  const std::string shard = "optimizer { shard: true }\n";
+  ExpectSameSteps(
+      Steps(
+          LoomUp("zero", JobWith("loom", 10, "encoder_dp: 2 llm_tp: 2 llm_dp: 2") + shard, kSteps),
+          1, kSteps, "zero"),
+      local_, "sharded optimizer: encoder DP2, LLM TP2 x DP2 vs loom-train-local");
+  const auto dp2 = OptimizerStateBytes(TempPath("zero"));
+  ASSERT_EQ(dp2.size(), 6u) << "a worker did not log its AdamW state";
+  for (const auto& [log, bytes] : dp2) {
+    const auto [held, whole] = bytes;
+    ASSERT_GT(whole, 0) << log;
+    // ChunkRange: a chunk of n / 2 elements, rounded either way (8 bytes each).
+    EXPECT_LE(std::abs(2 * held - whole), 16) << log << ": holds " << held << " of " << whole;
+  }
+  const std::vector<StepResult> dp4 =
+      Steps(LoomUp("zero", JobWith("loom", 0, "encoder_dp: 4 llm_pp: 2 llm_dp: 2") + shard, kSteps,
+                   {"--resume_step=10"}),
+            11, kSteps, "zero resumed under encoder DP4, LLM PP2 x DP2");
+  ExpectSameSteps(dp4, Local(11, kSteps),
+                  "sharded checkpoint resumed sharded under encoder DP4, LLM PP2 x DP2");
+  int quarter = 0;
+  for (const auto& [log, bytes] : OptimizerStateBytes(TempPath("zero"))) {
+    const auto [held, whole] = bytes;
+    if (!absl::StartsWith(log, "loom-encoder")) continue;
+    ++quarter;
+    EXPECT_LE(std::abs(4 * held - whole), 4 * 16) << log << ": holds " << held << " of " << whole;
+  }
+  EXPECT_EQ(quarter, 4) << "encoder workers' AdamW state under DP 4";
+  ExpectSameSteps(Steps(LoomUp("zero", JobWith("loom", 0, "encoder_dp: 1 llm_dp: 1"), kSteps,
+                               {"--resume_step=10"}),
+                        11, kSteps, "zero resumed unsharded"),
+                  Local(11, kSteps), "sharded checkpoint resumed unsharded under DP 1 + 1");
+}
+
 // Frozen modules (job.freeze; LLaVA's stage 1 and 2) against
 // loom-train-local --freeze on the same data: stage 1 (vision and LLM
 // frozen) with both modules in two pipeline stages (the tower's stages run

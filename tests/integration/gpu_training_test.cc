@@ -1,6 +1,8 @@
 // Workers sharing one GPU train as the single process does: `loom up` with
 // the encoder and two LLM data-parallel workers, three processes on the one
-// device "cuda:0" (host collectives: NCCL wants a GPU per rank), against
+// device "cuda:0" (host collectives: NCCL wants a GPU per rank), the
+// optimizer sharded over the LLM's two ranks (ZeRO-1: the device gradients
+// reduce-scattered, the stepped weights all-gathered and pushed), against
 // loom-train-local on the CPU, the same shards and seed, loss and gradient
 // norm step by step (kCudaTrainingVsCpuF32). 20 steps on a GPU; on the CUDA
 // emulation (bazel test --config=cuda_emu, ./loom test), where a step takes
@@ -37,10 +39,11 @@ class GpuTrainingTest : public TrainingRuns {
 TEST_F(GpuTrainingTest, WorkersSharingOneGpuTrainAsTheSingleProcess) {
   LOOM_REQUIRE_GPU_OR_SKIP(HaveGpu(), "no usable CUDA device");
   const std::string job = JobWith("loom", 0, "encoder_dp: 1 llm_dp: 2") +
-                          "device { encoder: 'cuda:0' llm: 'cuda:0' collectives: 'host' }\n";
+                          "device { encoder: 'cuda:0' llm: 'cuda:0' collectives: 'host' }\n"
+                          "optimizer { shard: true }\n";
   ExpectSameSteps(Steps(LoomUp("shared-gpu", job, kGpuSteps), 1, kGpuSteps, "shared GPU"),
                   Local(1, kGpuSteps),
-                  "encoder DP 1 + LLM DP 2 on one GPU vs loom-train-local on the CPU",
+                  "encoder DP 1 + LLM DP 2 (sharded optimizer) on one GPU vs loom-train-local",
                   testing::kCudaTrainingVsCpuF32, testing::kCudaTrainingVsCpuF32);
 }
 

@@ -105,6 +105,15 @@ class Nccl final : public NcclCommunicator {
   absl::Status AllreduceSumBf16(uint16_t* data, int64_t n) override {
     return Allreduce(data, n, ncclBfloat16, ncclSum, "allreduce (sum, bf16)");
   }
+  // One reduce (or broadcast) per rank's chunk, rooted there, in one group:
+  // the chunks differ in length by one where n does not divide, which
+  // ncclReduceScatter and ncclAllGather (equal counts) cannot take.
+  absl::Status ReduceScatterSum(float* data, int64_t n) override {
+    return Chunked(data, n, true, "reduce-scatter (sum, fp32)");
+  }
+  absl::Status AllGather(float* data, int64_t n) override {
+    return Chunked(data, n, false, "all-gather (fp32)");
+  }
 
   absl::Status Send(const void* data, size_t bytes, int peer) override {
     if (absl::Status s = Ready(peer, "send"); !s.ok()) return s;
@@ -158,6 +167,26 @@ class Nccl final : public NcclCommunicator {
     if (n == 0) return absl::OkStatus();
     return Run(what, [&] {
       return ncclAllReduce(data, data, static_cast<size_t>(n), type, op, comm_, stream_);
+    });
+  }
+
+  absl::Status Chunked(float* data, int64_t n, bool reduce, const char* what) {
+    if (absl::Status s = Usable(what); !s.ok()) return s;
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat(Describe(what), ": n = ", n));
+    if (n == 0) return absl::OkStatus();
+    return Run(what, [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int root = 0; r == ncclSuccess && root < options_.size; ++root) {
+        const auto [begin, end] = ChunkRange(n, root, options_.size);
+        if (begin == end) continue;  // every rank skips it alike
+        float* chunk = data + begin;
+        const size_t count = static_cast<size_t>(end - begin);
+        r = reduce ? ncclReduce(chunk, chunk, count, ncclFloat32, ncclSum, root, comm_, stream_)
+                   : ncclBroadcast(chunk, chunk, count, ncclFloat32, root, comm_, stream_);
+        if (r == ncclInProgress) r = ncclSuccess;  // a non-blocking communicator's enqueue
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
     });
   }
 

@@ -189,5 +189,54 @@ TEST(NcclCommunicatorTest, RanksOnTwoDevicesReduceAndExchange) {
   }
 }
 
+// A distributed optimizer's halves over three ranks and an odd length (the
+// chunks differ by one element): each rank's chunk after the reduce-scatter
+// is the sum; the all-gather gives every rank every rank's chunk.
+TEST(NcclCommunicatorTest, ReduceScatterAndAllGatherMoveUnevenChunks) {
+  absl::StatusOr<std::unique_ptr<Backend>> first = MakeCudaBackend(0);
+  LOOM_REQUIRE_GPU_OR_SKIP(first.ok(), first.status());
+  constexpr int kRanks = 3;
+  if (cuda::DeviceCount() < kRanks) {
+    GTEST_SKIP() << "needs " << kRanks << " GPUs (" << cuda::DeviceCount() << ")";
+  }
+  constexpr int64_t n = 1001;
+  InMemoryStore store;
+  std::vector<absl::Status> results(kRanks);
+  std::vector<std::vector<float>> scattered(kRanks), gathered(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend(r);
+      if (!b.ok()) return void(results[r] = b.status());
+      absl::StatusOr<std::unique_ptr<NcclCommunicator>> c = ConnectNccl(&store, Options(r, kRanks));
+      if (!c.ok()) return void(results[r] = c.status());
+      std::vector<float> values(n), own(n, -1.0f);
+      for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 89) * (r + 1);
+      const auto [begin, end] = ChunkRange(n, r, kRanks);
+      for (int64_t i = begin; i < end; ++i) own[i] = static_cast<float>(r * 10000 + i);
+      DeviceFloats rs(b->get(), values), ag(b->get(), own);
+      absl::Status s = (*c)->ReduceScatterSum(static_cast<float*>(rs.p), n);
+      if (s.ok()) s = (*c)->AllGather(static_cast<float*>(ag.p), n);
+      results[r] = s;
+      scattered[r] = rs.Host();
+      gathered[r] = ag.Host();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+    const auto [begin, end] = ChunkRange(n, r, kRanks);
+    for (int64_t i = begin; i < end; ++i) {
+      EXPECT_EQ(scattered[r][i], static_cast<float>(i % 89) * 6) << r << " " << i;
+    }
+    for (int owner = 0; owner < kRanks; ++owner) {
+      const auto [b, e] = ChunkRange(n, owner, kRanks);
+      for (int64_t i = b; i < e; ++i) {
+        EXPECT_EQ(gathered[r][i], static_cast<float>(owner * 10000 + i)) << r << " " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -37,7 +37,12 @@ struct IdBody {
 };
 static_assert(sizeof(IdBody) <= NCCL_UNIQUE_ID_BYTES);
 
+// Which collective a rank's part belongs to.
+enum class Kind { kAllReduce, kReduce, kBroadcast };
+
 struct Op {
+  Kind kind = Kind::kAllReduce;
+  int root = -1;  // kReduce, kBroadcast
   const void* send = nullptr;
   void* recv = nullptr;
   size_t count = 0;
@@ -131,7 +136,7 @@ __nv_bfloat16 Narrow<__nv_bfloat16, float>(float v) {
 }
 
 // Element i of every rank's send buffer combined in rank order, into every
-// rank's receive buffer.
+// rank's receive buffer (kReduce: the root's alone).
 template <typename T>
 void Reduce(const std::map<int, Op>& parts, size_t count, ncclRedOp_t op) {
   std::vector<T> acc(count);
@@ -146,7 +151,10 @@ void Reduce(const std::map<int, Op>& parts, size_t count, ncclRedOp_t op) {
   if (op == ncclAvg) {
     for (T& v : acc) v = Narrow<T>(Widen(v) / static_cast<decltype(Widen(v))>(parts.size()));
   }
-  for (const auto& [rank, part] : parts) std::memcpy(part.recv, acc.data(), count * sizeof(T));
+  for (const auto& [rank, part] : parts) {
+    if (part.kind == Kind::kReduce && rank != part.root) continue;
+    std::memcpy(part.recv, acc.data(), count * sizeof(T));
+  }
 }
 
 ncclResult_t CheckComm(ncclComm* comm) {
@@ -182,14 +190,23 @@ ncclResult_t MaybeRunCollective(ncclComm* comm, Group& g, uint64_t seq) {
   g.collectives.erase(it);
   const Op& o = parts.begin()->second;
   for (const auto& [rank, part] : parts) {
-    if (part.count != o.count || part.type != o.type || part.op != o.op) {
+    if (part.kind != o.kind || part.root != o.root || part.count != o.count ||
+        part.type != o.type || part.op != o.op) {
       g.broken = true;
       for (const auto& [r, p] : parts) Complete(p);
       return Error(comm, ncclInvalidUsage,
-                   "ranks called the same all-reduce with different counts, types or ops");
+                   "ranks called the same collective with different kinds, roots, counts, types "
+                   "or ops");
     }
   }
-  {
+  if (o.kind == Kind::kBroadcast) {
+    loom::cuda_emu::DeviceAccess access(-1);
+    const Op& root = parts.at(o.root);
+    const size_t bytes = o.count * TypeBytes(o.type);
+    for (const auto& [rank, part] : parts) {
+      if (part.recv != root.send) std::memmove(part.recv, root.send, bytes);
+    }
+  } else {
     loom::cuda_emu::DeviceAccess access(-1);
     switch (o.type) {
       case ncclFloat32:
@@ -287,6 +304,60 @@ void Drop(ncclComm* comm) {
     }
   }
   if (g.members[comm->rank] == comm) g.members[comm->rank] = nullptr;
+}
+
+// A rank's part of collective `kind` (an all-reduce, or a reduce or
+// broadcast to `root`); the last part issued runs it.
+ncclResult_t Collective(Kind kind, int root, const void* sendbuff, void* recvbuff, size_t count,
+                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm* comm,
+                        cudaStream_t stream) {
+  std::lock_guard<std::mutex> l(mu);
+  if (ncclResult_t r = CheckComm(comm); r != ncclSuccess) return r;
+  if (!loom::cuda_emu::ValidStream(stream)) {
+    return Error(comm, ncclInvalidArgument, "an invalid stream");
+  }
+  if (datatype == ncclFloat16 || datatype == ncclInt8 || datatype == ncclUint32 ||
+      datatype == ncclUint64) {
+    return Error(comm, ncclInvalidArgument, "a collective type the emulation does not have");
+  }
+  if (kind != Kind::kAllReduce && (root < 0 || root >= comm->group->size)) {
+    return Error(
+        comm, ncclInvalidArgument,
+        "root " + std::to_string(root) + " of a group of " + std::to_string(comm->group->size));
+  }
+  const size_t bytes = count * TypeBytes(datatype);
+  // A reduce's non-root ranks and a broadcast's root only send; the others
+  // receive too.
+  const bool sends = kind != Kind::kBroadcast || comm->rank == root;
+  const bool receives = kind == Kind::kAllReduce || comm->rank == root || kind == Kind::kBroadcast;
+  if (bytes > 0) {
+    if (sends) {
+      if (ncclResult_t r = CheckBuffer(comm, sendbuff, bytes, "the send buffer");
+          r != ncclSuccess) {
+        return r;
+      }
+    }
+    if (receives) {
+      if (ncclResult_t r = CheckBuffer(comm, recvbuff, bytes, "the receive buffer");
+          r != ncclSuccess) {
+        return r;
+      }
+    }
+  }
+  Group& g = *comm->group;
+  const uint64_t seq = comm->next_collective++;
+  Op part;
+  part.kind = kind;
+  part.root = root;
+  part.send = sendbuff;
+  part.recv = recvbuff;
+  part.count = count;
+  part.type = datatype;
+  part.op = op;
+  part.stream = stream;
+  loom::cuda_emu::StreamBegin(stream);
+  g.collectives[seq][comm->rank] = part;
+  return MaybeRunCollective(comm, g, seq);
 }
 
 }  // namespace
@@ -435,38 +506,23 @@ const char* ncclGetLastError(ncclComm_t comm) {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  std::lock_guard<std::mutex> l(mu);
-  if (ncclResult_t r = CheckComm(comm); r != ncclSuccess) return r;
-  if (!loom::cuda_emu::ValidStream(stream)) {
-    return Error(comm, ncclInvalidArgument, "an invalid stream");
-  }
-  if (datatype == ncclFloat16 || datatype == ncclInt8 || datatype == ncclUint32 ||
-      datatype == ncclUint64) {
-    return Error(comm, ncclInvalidArgument, "an all-reduce type the emulation does not have");
-  }
-  const size_t bytes = count * TypeBytes(datatype);
-  if (bytes > 0) {
-    if (ncclResult_t r = CheckBuffer(comm, sendbuff, bytes, "the send buffer"); r != ncclSuccess) {
-      return r;
-    }
-    if (ncclResult_t r = CheckBuffer(comm, recvbuff, bytes, "the receive buffer");
-        r != ncclSuccess) {
-      return r;
-    }
-  }
-  Group& g = *comm->group;
-  const uint64_t seq = comm->next_collective++;
-  Op part;
-  part.send = sendbuff;
-  part.recv = recvbuff;
-  part.count = count;
-  part.type = datatype;
-  part.op = op;
-  part.stream = stream;
-  loom::cuda_emu::StreamBegin(stream);
-  g.collectives[seq][comm->rank] = part;
-  return MaybeRunCollective(comm, g, seq);
+  return Collective(Kind::kAllReduce, -1, sendbuff, recvbuff, count, datatype, op, comm, stream);
 }
+
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return Collective(Kind::kReduce, root, sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return Collective(Kind::kBroadcast, root, sendbuff, recvbuff, count, datatype, ncclSum, comm,
+                    stream);
+}
+
+ncclResult_t ncclGroupStart() { return ncclSuccess; }
+ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {

@@ -72,6 +72,16 @@ const char* ncclGetLastError(ncclComm_t comm);
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream);
+// Reduce: the sum (op) lands in root's recvbuff; Broadcast: root's sendbuff
+// into every rank's recvbuff. In place when sendbuff == recvbuff.
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+// Group calls: the emulation's operations never block the issuing thread, so
+// a group changes nothing there (NCCL launches its members together).
+ncclResult_t ncclGroupStart();
+ncclResult_t ncclGroupEnd();
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
