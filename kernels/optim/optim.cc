@@ -29,11 +29,15 @@ double sum_of_squares(const std::vector<GradSpan>& grads) {
 
 double global_norm(const std::vector<GradSpan>& grads) { return std::sqrt(sum_of_squares(grads)); }
 
-void clip_to_norm(const std::vector<GradSpan>& grads, double norm, double max_norm) {
-  if (max_norm <= 0) return;
+float ClipFactor(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0f;
   const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0) return;
-  const float f = static_cast<float>(coef);
+  return coef >= 1.0 ? 1.0f : static_cast<float>(coef);
+}
+
+void clip_to_norm(const std::vector<GradSpan>& grads, double norm, double max_norm) {
+  const float f = ClipFactor(norm, max_norm);
+  if (f == 1.0f) return;
   for (const GradSpan& g : grads) {
     for (int64_t i = 0; i < g.n; ++i) g.data[i] *= f;
   }

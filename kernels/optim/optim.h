@@ -34,6 +34,10 @@ double sum_of_squares(const std::vector<GradSpan>& grads);
 // The L2 norm of all gradients together.
 double global_norm(const std::vector<GradSpan>& grads);
 
+// The factor clip_to_norm scales by: min(1, max_norm / (norm + 1e-6)) as a
+// float; 1 when max_norm <= 0.
+float ClipFactor(double norm, double max_norm);
+
 // Scales every gradient by min(1, max_norm / (norm + 1e-6)), `norm` being
 // the global norm computed elsewhere (possibly over more gradients than
 // these). max_norm <= 0 disables clipping.

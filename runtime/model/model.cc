@@ -123,11 +123,16 @@ MultimodalModel::MultimodalModel(const ModelConfig& config, Ops* ops)
       image_emb_(ops->backend()) {}
 
 void MultimodalModel::Place(Precision precision) {
-  for (ParamSet* p : param_sets()) p->Place(ops_->backend(), precision);
+  for (ParamSet* p : param_sets())
+    p->Place(ops_->backend(), precision, /*optimizer_on_device=*/true);
 }
 
 void MultimodalModel::PushData() {
-  for (ParamSet* p : param_sets()) p->PushData();
+  for (ParamSet* p : param_sets()) p->PushState();
+}
+
+void MultimodalModel::PullState() {
+  for (ParamSet* p : param_sets()) p->PullState();
 }
 
 void MultimodalModel::PullGrads() {

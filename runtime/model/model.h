@@ -81,12 +81,16 @@ class MultimodalModel {
   // Every module's parameters from `seed` (each module its own stream).
   void Initialize(uint64_t seed);
   // The parameters on the ops' backend (ParamSet::Place), in `precision`
-  // (runtime/model/precision.h), once their host values are set; PushData
-  // after the host values change (a load, an optimizer step), PullGrads
-  // before the host reads gradients. No-ops on the CPU in fp32.
+  // (runtime/model/precision.h), once their host values are set, with the
+  // optimizer's state beside them (it steps there); PushData after the host
+  // values change (a load: weights and AdamW state), PullState before the
+  // host reads them (a checkpoint), PullGrads before the host reads
+  // gradients. No-ops on the CPU in fp32.
   void Place(Precision precision = Precision::kFp32);
   void PushData();
+  void PullState();
   void PullGrads();
+  Ops* ops() const { return ops_; }
   void ZeroGrad();
   // Freezes the modules `frozen` names (after their weights are set: a
   // frozen module loads weights but no AdamW state).

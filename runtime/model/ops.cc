@@ -52,6 +52,17 @@ class Cpu final : public Ops {
     for (int64_t i = 0; i < n; ++i) x[i] = kernels::RoundToBf16(x[i]);
   }
 
+  void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                    const kernels::AdamWConfig& config, int64_t step) override {
+    kernels::adamw_update(param, grad, m, v, n, config, step);
+  }
+  double sum_of_squares(const float* x, int64_t n) override {
+    return kernels::sum_of_squares({{const_cast<float*>(x), n}});
+  }
+  void scale(float* x, float factor, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+  }
+
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C, float eps) override {
     kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);

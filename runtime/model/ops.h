@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/activation/activation.h"
 #include "kernels/loss/crossentropy.h"
+#include "kernels/optim/optim.h"
 #include "runtime/tensor/backend.h"
 
 namespace loom {
@@ -79,6 +80,15 @@ class Ops {
   virtual void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) = 0;
   // x rounded in place to the nearest bf16 value (kept as fp32).
   virtual void round_to_bf16(float* x, int64_t n) = 0;
+
+  // kernels/optim, where the parameters live (runtime/train/trainer.h
+  // OptimizerStep): one AdamW step over n parameters; Σ x² brought back to
+  // the host (in double on the CPU; the CUDA kernel sums in fp32, its
+  // blocks in a fixed order); x *= factor.
+  virtual void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                            const kernels::AdamWConfig& config, int64_t step) = 0;
+  virtual double sum_of_squares(const float* x, int64_t n) = 0;
+  virtual void scale(float* x, float factor, int64_t n) = 0;
 
   // kernels/norm.
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,

@@ -169,18 +169,46 @@ void ParamSet::ZeroGrad() {
   if (device_.placed && !frozen_) device_.grad.Zeros(grad_.size());
 }
 
-void ParamSet::Place(Backend* backend, Precision precision) {
+void ParamSet::Place(Backend* backend, Precision precision, bool optimizer_on_device) {
   LOOM_CHECK(finalized_) << "Place before Finalize";
   device_.precision = precision;
   device_.bf16.set_backend(precision == Precision::kBf16 ? backend : nullptr);
   // On the CPU the host vectors are the layers' memory.
   device_.placed = backend->device().type != DeviceType::kCpu;
+  device_.optimizer = device_.placed && optimizer_on_device && !frozen_;
   if (device_.placed) {
     device_.data.set_backend(backend);
     device_.grad.set_backend(backend);
   }
-  PushData();
+  if (device_.optimizer) {
+    device_.m.set_backend(backend);
+    device_.v.set_backend(backend);
+  }
+  PushState();
   if (device_.placed && !frozen_) device_.grad.CopyFromHost(grad_.data(), grad_.size());
+}
+
+void ParamSet::PushState() {
+  PushData();
+  if (!device_.optimizer) return;
+  device_.m.CopyFromHost(m_.data(), m_.size());
+  device_.v.CopyFromHost(v_.data(), v_.size());
+}
+
+void ParamSet::PullState() {
+  if (!device_.optimizer) return;
+  Backend* b = device_.data.backend();
+  b->Synchronize();
+  b->CopyToHost(data_.data(), device_.data.data(), sizeof(float) * data_.size());
+  b->CopyToHost(m_.data(), device_.m.data(), sizeof(float) * m_.size());
+  b->CopyToHost(v_.data(), device_.v.data(), sizeof(float) * v_.size());
+}
+
+void ParamSet::WeightsStepped(Ops* ops) {
+  if (!device_.optimizer) return PushData();
+  if (device_.precision == Precision::kBf16) {
+    ops->f32_to_bf16(device_.bf16.data(), device_.data.data(), total_);
+  }
 }
 
 void ParamSet::PushData() {
@@ -204,7 +232,10 @@ void ParamSet::Freeze() {
   LOOM_CHECK(finalized_) << "Freeze before Finalize";
   frozen_ = true;
   for (std::vector<float>* b : {&grad_, &m_, &v_}) std::vector<float>().swap(*b);
-  if (device_.placed) device_.grad.resize(0);
+  if (device_.placed) {
+    for (Buffer<float>* b : {&device_.grad, &device_.m, &device_.v}) b->resize(0);
+  }
+  device_.optimizer = false;
 }
 
 ParamSet ParamSet::MasterLayout() const {
@@ -280,6 +311,27 @@ double ParamSet::OwnedGradSumOfSquares(int64_t begin, int64_t end) const {
     const float* g = grad_.data();
     for (int64_t i = lo; i < hi; ++i) ss += static_cast<double>(g[i]) * g[i];
   }
+  return ss;
+}
+
+double ParamSet::OwnedGradSumOfSquares(Ops* ops, int64_t begin, int64_t end) {
+  if (!device_.optimizer) return OwnedGradSumOfSquares(begin, end);
+  double ss = 0;
+  // Runs of the tensors this rank owns, merged where they touch: few calls.
+  int64_t run_lo = 0, run_hi = 0;
+  auto flush = [&] {
+    if (run_hi > run_lo) ss += ops->sum_of_squares(device_.grad.data() + run_lo, run_hi - run_lo);
+    run_lo = run_hi = 0;
+  };
+  for (const ParamSpec& s : specs_) {
+    if (s.split == Split::kReplicated && shard_.rank != 0) continue;
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo >= hi) continue;
+    if (lo != run_hi) flush();
+    if (run_hi == run_lo) run_lo = lo;
+    run_hi = hi;
+  }
+  flush();
   return ss;
 }
 

@@ -126,6 +126,9 @@ class ParamSet {
   // buffer (end -1: to the end), so that DP ranks each summing their
   // optimizer shard together give it once.
   double OwnedGradSumOfSquares(int64_t begin = 0, int64_t end = -1) const;
+  // The same over the gradients where the optimizer reads them (the
+  // device's through `ops` when optimizer_on_device()).
+  double OwnedGradSumOfSquares(Ops* ops, int64_t begin, int64_t end);
 
   // A distributed optimizer (ZeRO-1, job.optimizer.shard): this rank of a
   // data-parallel group of `ranks` steps elements [optimizer_begin(),
@@ -155,11 +158,35 @@ class ParamSet {
   // the weights on `backend`, which PushData refreshes from the fp32
   // masters: the linear layers' GEMMs read it (weight()); everything else
   // reads param(). Gradients stay fp32.
-  void Place(Backend* backend, Precision precision = Precision::kFp32);
+  //
+  // `optimizer_on_device` (issue 42 item 4): once placed on a device, the
+  // AdamW moments live there too and OptimizerStep steps the device copies
+  // (runtime/train/trainer.h); the host vectors are then the checkpoint's
+  // copy: PullState() before reading them, PushState() after setting them.
+  void Place(Backend* backend, Precision precision = Precision::kFp32,
+             bool optimizer_on_device = false);
   Precision precision() const { return device_.precision; }
   void PushData();
   void PullGrads();
   bool placed() const { return device_.placed; }
+  bool optimizer_on_device() const { return device_.optimizer; }
+  // Weights and moments to the device (after a load), or back (before a
+  // checkpoint); PushState is PushData where the optimizer runs on the host,
+  // PullState nothing.
+  void PushState();
+  void PullState();
+  // After an optimizer step (and a sharded optimizer's all-gather): the
+  // layers' copies follow the stepped weights: on the device that stepped
+  // them, its bf16 copy narrowed there (`ops`: the device's); else
+  // PushData().
+  void WeightsStepped(Ops* ops);
+  // Where the optimizer reads and writes: the device copies when
+  // optimizer_on_device(), else the host vectors. The moments are the
+  // optimizer shard's (moments()[k] is element optimizer_begin() + k's).
+  float* optimizer_data() { return device_.optimizer ? device_.data.data() : data_.data(); }
+  float* optimizer_grads() { return device_.optimizer ? device_.grad.data() : grad_.data(); }
+  float* optimizer_m() { return device_.optimizer ? device_.m.data() : m_.data(); }
+  float* optimizer_v() { return device_.optimizer ? device_.v.data() : v_.data(); }
   // The whole gradient where the layers add it (the device copy once
   // placed, else the host's): a device collective reduces it in place
   // before PullGrads. Null when frozen.
@@ -215,17 +242,18 @@ class ParamSet {
     DeviceCopy(const DeviceCopy&) {}
     DeviceCopy& operator=(const DeviceCopy&) {
       placed = false;
+      optimizer = false;
       precision = Precision::kFp32;
-      data.set_backend(nullptr);
-      grad.set_backend(nullptr);
+      for (Buffer<float>* b : {&data, &grad, &m, &v}) b->set_backend(nullptr);
       bf16.set_backend(nullptr);
       return *this;
     }
     DeviceCopy(DeviceCopy&&) = default;
     DeviceCopy& operator=(DeviceCopy&&) = default;
     bool placed = false;
+    bool optimizer = false;  // the moments (m, v) live here, and the step runs here
     Precision precision = Precision::kFp32;
-    Buffer<float> data, grad;
+    Buffer<float> data, grad, m, v;
     Buffer<uint16_t> bf16;
   };
   DeviceCopy device_;

@@ -19,6 +19,7 @@ absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
   for (const auto& [name, bytes] : extra) {
     if (absl::Status s = WriteFileAtomically(absl::StrCat(sd, "/", name), bytes); !s.ok()) return s;
   }
+  model.PullState();  // the optimizer's state from where it steps
   auto sets = model.param_sets();
   for (size_t i = 0; i < sets.size(); ++i) {
     absl::Status s = SaveModuleCheckpoint(*sets[i], kModules[i], sd);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,7 @@ TEST(TrainLocalDeviceTest, CpuTrains) {
   EXPECT_NE(out.find("\"step\":2"), std::string::npos) << out;
 }
 
-// The same job on the GPU (CudaOps, device memory, the host optimizer) and
+// The same job on the GPU (CudaOps, device memory, the optimizer there) and
 // on the CPU: step by step the same losses and gradient norms, over 20 steps
 // on a GPU and 4 on the CUDA emulation (seconds a step).
 #ifdef LOOM_CUDA_EMU
@@ -77,6 +78,32 @@ TEST_P(TrainLocalPrecisionTest, CudaTrainsAsTheCpuDoes) {
   }
   std::printf("%s: largest relative difference over %d steps: loss %.2e, grad_norm %.2e\n",
               GetParam().c_str(), kCudaSteps, worst_loss, worst_norm);
+}
+
+// The optimizer's state lives on the GPU (weights, AdamW moments): a
+// checkpoint brings it to the host (PullState) and a resume takes it back
+// (PushState), so a run stopped at step 2 and resumed continues as the
+// uninterrupted run did, to the printed digits.
+TEST(TrainLocalDeviceTest, ACudaCheckpointResumesAsTheUninterruptedRun) {
+  LOOM_REQUIRE_GPU_OR_SKIP(cuda::DeviceCount() > 0, "no usable CUDA device");
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/cuda-resume";
+  const std::string job = " --device cuda --batch_size 4 --seed 11";
+  int rc = 0;
+  const std::string whole = TrainLocal(job + " --steps 4", &rc);
+  ASSERT_EQ(rc, 0) << whole;
+  std::string out =
+      TrainLocal(job + " --steps 2 --checkpoint_every 2 --checkpoint_dir " + dir, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = TrainLocal(job + " --steps 4 --resume --checkpoint_dir " + dir, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::vector<PrintedStep> want = PrintedSteps(whole), got = PrintedSteps(out);
+  ASSERT_EQ(want.size(), 4u) << whole;
+  ASSERT_EQ(got.size(), 2u) << out;  // steps 3 and 4
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].step, want[i + 2].step);
+    EXPECT_EQ(got[i].loss, want[i + 2].loss) << "step " << got[i].step;
+    EXPECT_EQ(got[i].grad_norm, want[i + 2].grad_norm) << "step " << got[i].step;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, TrainLocalPrecisionTest, ::testing::Values("fp32", "bf16"));

@@ -9,22 +9,23 @@
 namespace loom {
 namespace {
 
-// The gradients each set steps: its optimizer shard (the whole set unless
-// sharded).
-std::vector<kernels::GradSpan> Spans(const std::vector<ParamSet*>& sets) {
+// The host gradients of `sets` whose optimizer runs on the host.
+std::vector<kernels::GradSpan> HostSpans(const std::vector<ParamSet*>& sets) {
   std::vector<kernels::GradSpan> grads;
   for (ParamSet* p : sets) {
-    if (p->frozen()) continue;
-    grads.push_back(
-        {p->grads().data() + p->optimizer_begin(), p->optimizer_end() - p->optimizer_begin()});
+    if (!p->frozen() && !p->optimizer_on_device()) grads.push_back({p->grads().data(), p->size()});
   }
   return grads;
 }
 
 }  // namespace
 
-double GradSumOfSquares(const std::vector<ParamSet*>& sets) {
-  return kernels::sum_of_squares(Spans(sets));
+double GradSumOfSquares(const std::vector<ParamSet*>& sets, Ops* ops) {
+  double ss = kernels::sum_of_squares(HostSpans(sets));
+  for (ParamSet* p : sets) {
+    if (!p->frozen() && p->optimizer_on_device()) ss += p->OwnedGradSumOfSquares(ops, 0, p->size());
+  }
+  return ss;
 }
 
 LrScheduleOptions TrainOptions::Schedule() const {
@@ -44,26 +45,32 @@ double TrainOptions::PeakLr(Module m) const {
 }
 
 double OptimizerStep(const std::vector<ParamSet*>& sets, const std::vector<Module>& modules,
-                     const TrainOptions& options, int64_t step, double grad_norm) {
+                     const TrainOptions& options, int64_t step, double grad_norm, Ops* ops) {
   LOOM_CHECK(modules.size() == sets.size()) << "one module per parameter set";
-  kernels::clip_to_norm(Spans(sets), grad_norm, options.clip_norm);
+  const float clip = kernels::ClipFactor(grad_norm, options.clip_norm);
   const double factor = LrFactor(options.Schedule(), step);
   for (size_t i = 0; i < sets.size(); ++i) {
     ParamSet* p = sets[i];
     if (p->frozen()) continue;  // no gradients, no AdamW state, no step
+    // The device's kernels where the set steps there, the host's otherwise.
+    Ops* where = p->optimizer_on_device() ? ops : CpuOps();
+    LOOM_CHECK(where != nullptr) << "a set stepping on its device needs that device's ops";
     kernels::AdamWConfig adam = options.adam;
     adam.lr = static_cast<float>(options.PeakLr(modules[i]) * factor);
     ++p->step();
-    // The runs within the set's optimizer shard; its moments start there.
+    // The set's optimizer shard (the whole set unless sharded); its moments
+    // start there.
     const int64_t ob = p->optimizer_begin(), oe = p->optimizer_end();
+    float* data = p->optimizer_data();
+    float* grads = p->optimizer_grads();
+    if (clip != 1.0f) where->scale(grads + ob, clip, oe - ob);
     for (const DecayRun& r : DecayRuns(*p, options.weight_decay_scope)) {
       const int64_t lo = std::max(r.offset, ob), hi = std::min(r.offset + r.numel, oe);
       if (lo >= hi) continue;
       kernels::AdamWConfig run = adam;
       if (!r.decay) run.weight_decay = 0.0f;
-      kernels::adamw_update(p->data().data() + lo, p->grads().data() + lo,
-                            p->adam_m().data() + (lo - ob), p->adam_v().data() + (lo - ob), hi - lo,
-                            run, p->step());
+      where->adamw_update(data + lo, grads + lo, p->optimizer_m() + (lo - ob),
+                          p->optimizer_v() + (lo - ob), hi - lo, run, p->step());
     }
   }
   return static_cast<float>(options.adam.lr * factor);
@@ -113,16 +120,17 @@ StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
   }
   st.loss = loss_sum / static_cast<double>(st.loss_tokens);
 
-  // The optimizer runs on the host copies (a model on a GPU: its gradients
-  // come back, its new weights go out).
-  model_->PullGrads();
-  st.grad_norm = std::sqrt(GradSumOfSquares(model_->param_sets()));
+  // The optimizer runs where the parameters live (ParamSet::Place: on a
+  // GPU, the norm, clipping and AdamW run there, with no host round trip).
+  const std::vector<ParamSet*> sets = model_->param_sets();
+  st.grad_norm = std::sqrt(GradSumOfSquares(sets, model_->ops()));
   st.skipped = !StepIsFinite(st.loss, st.grad_norm);
   if (!st.skipped) {
-    st.lr =
-        OptimizerStep(model_->param_sets(), {Module::kEncoder, Module::kProjector, Module::kLlm},
-                      options_, step_, st.grad_norm);
-    model_->PushData();
+    st.lr = OptimizerStep(sets, {Module::kEncoder, Module::kProjector, Module::kLlm}, options_,
+                          step_, st.grad_norm, model_->ops());
+    for (ParamSet* p : sets) {
+      if (!p->frozen()) p->WeightsStepped(model_->ops());
+    }
   }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;

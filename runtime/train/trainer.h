@@ -71,11 +71,16 @@ struct StepStats {
 // optimizer is sharded (ParamSet::ShardOptimizer) clips and steps its shard
 // alone; its other weights come from their owners (an all-gather). Returns
 // the scheduled adam.lr (train.lr's schedule: what a step reports).
+// Each set steps where its optimizer runs (ParamSet::optimizer_on_device:
+// the device's `ops`, else the host's); the caller then calls
+// WeightsStepped.
 double OptimizerStep(const std::vector<ParamSet*>& sets, const std::vector<Module>& modules,
-                     const TrainOptions& options, int64_t step, double grad_norm);
+                     const TrainOptions& options, int64_t step, double grad_norm,
+                     Ops* ops = CpuOps());
 
-// Σ g² over the gradients of `sets` (a module's part of the global norm).
-double GradSumOfSquares(const std::vector<ParamSet*>& sets);
+// Σ g² over the gradients of `sets` (a module's part of the global norm),
+// each where its optimizer reads them (`ops`: the device's).
+double GradSumOfSquares(const std::vector<ParamSet*>& sets, Ops* ops = CpuOps());
 
 class LocalTrainer {
  public:

@@ -253,8 +253,11 @@ absl::Status TrainingWorker::Impl::Join() {
   for (size_t i = 0; i < sets.size(); ++i) {
     if (frozen.module(modules[i])) sets[i]->Freeze();
     // The weights as set (no-op on the CPU in fp32), with their bf16 copy
-    // under bf16.
-    sets[i]->Place(ops->backend(), precision);
+    // under bf16. On a GPU the optimizer steps there too where the
+    // gradients are reduced there (NCCL) or not at all (DP 1); host
+    // collectives bring them to the host, where it then steps.
+    sets[i]->Place(ops->backend(), precision,
+                   /*optimizer_on_device=*/nccl_dp != nullptr || shape.dp == 1);
   }
   // What the AdamW moments take here, and would take unsharded.
   int64_t whole = 0;
@@ -468,17 +471,18 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   const double a0 = trace::NowMicros();
   for (ParamSet* p : sets) {
     if (p->frozen()) continue;  // no gradients (the same on every rank)
-    // The host's copy is the one stepped: reduced on the device first
-    // (NCCL), or brought down and reduced there. A sharded optimizer needs
-    // its own chunk summed alone (a reduce-scatter).
+    // Reduced where the optimizer steps: on the device (NCCL; nothing to do
+    // under DP 1), or brought down to the host and reduced there. A sharded
+    // optimizer needs its own chunk summed alone (a reduce-scatter).
     const bool scatter = p->optimizer_sharded();
     if (nccl_dp != nullptr) {
       s = scatter ? nccl_dp->ReduceScatterSum(p->placed_grads(), p->size())
                   : nccl_dp->AllreduceSum(p->placed_grads(), p->size());
       if (!s.ok()) return s;
-      p->PullGrads();
+      if (!p->optimizer_on_device()) p->PullGrads();
       continue;
     }
+    if (p->optimizer_on_device()) continue;
     p->PullGrads();
     s = scatter ? dp_comm->ReduceScatterSum(p->grads().data(), p->size())
                 : dp_comm->AllreduceSum(p->grads().data(), p->size());
@@ -491,12 +495,12 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   // first TP rank.
   double sq = 0;
   for (size_t i = 0; i < sets.size(); ++i) {
-    const ParamSet& p = *sets[i];
+    ParamSet& p = *sets[i];
     if (set_tp[i] == nullptr && pos.tp != 0) continue;
     if (p.optimizer_sharded()) {
-      sq += p.OwnedGradSumOfSquares(p.optimizer_begin(), p.optimizer_end());
+      sq += p.OwnedGradSumOfSquares(ops, p.optimizer_begin(), p.optimizer_end());
     } else if (pos.dp == 0) {
-      sq += p.OwnedGradSumOfSquares();
+      sq += p.OwnedGradSumOfSquares(ops, 0, p.size());
     }
   }
   if (poison) {  // LOOM_FAULTS nan: this rank's gradients, and so the norm, turn NaN
@@ -521,14 +525,17 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     LOOM_LOG(WARNING).With("step", step).With("grad_norm", grad_norm)
         << "non-finite loss or gradient norm: no optimizer step";
   } else {
-    lr = OptimizerStep(sets, modules, train, step, grad_norm);
+    lr = OptimizerStep(sets, modules, train, step, grad_norm, ops);
     for (ParamSet* p : sets) {
       if (p->frozen()) continue;
-      // Each rank stepped its chunk alone: the others' come from them.
+      // Each rank stepped its chunk alone: the others' come from them, where
+      // they were stepped.
       if (p->optimizer_sharded()) {
-        if (s = dp_comm->AllGather(p->data().data(), p->size()); !s.ok()) return s;
+        s = p->optimizer_on_device() ? nccl_dp->AllGather(p->optimizer_data(), p->size())
+                                     : dp_comm->AllGather(p->data().data(), p->size());
+        if (!s.ok()) return s;
       }
-      p->PushData();  // the stepped weights where the layers read them
+      p->WeightsStepped(ops);  // the stepped weights where the layers read them
     }
   }
   Span("optimizer", o0, d.iteration, "optimizer");

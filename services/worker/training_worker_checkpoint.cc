@@ -40,6 +40,7 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
   const parallel::GridShape& g = grid();
   const int per_stage = g.dp * g.tp, index = pos.dp * g.tp + pos.tp;
   for (size_t i = 0; i < sets.size(); ++i) {
+    sets[i]->PullState();  // from the device, where the optimizer steps there
     const bool staged = modules[i] != Module::kProjector;  // the projector: last stage only
     const int stages = staged ? g.pp : 1, stage = staged ? pos.pp : 0;
     ParamSet gathered;

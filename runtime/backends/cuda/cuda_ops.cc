@@ -61,6 +61,24 @@ class CudaOps final : public Ops {
   }
   void round_to_bf16(float* x, int64_t n) override { k::round_to_bf16(x, n); }
 
+  void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                    const kernels::AdamWConfig& c, int64_t step) override {
+    if (n > 0)
+      k::adamw_update(param, grad, m, v, n, c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, step);
+  }
+  double sum_of_squares(const float* x, int64_t n) override {
+    if (n <= 0) return 0.0;
+    float* sum = Scratch(1 + k::kSumSquaresPartials);  // the sum, then the blocks' partials
+    backend_->Fill(sum, 0, sizeof(float));
+    k::sum_squares(sum, sum + 1, x, n);
+    float host = 0;
+    backend_->CopyToHost(&host, sum, sizeof(float));
+    return host;
+  }
+  void scale(float* x, float factor, int64_t n) override {
+    if (n > 0) k::scale(x, factor, n);
+  }
+
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C, float eps) override {
     k::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
