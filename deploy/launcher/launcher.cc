@@ -148,12 +148,15 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
   };
   switch (s.binary->role) {
     case common::v1::ROLE_PREPROCESS: {
-      std::vector<std::string> a = {"--shards=" + options_.shards,
-                                    absl::StrCat("--seed=", job.seed()),
-                                    absl::StrCat("--global_batch=", job.data().global_batch()),
-                                    absl::StrCat("--threads=", job.data().threads()),
-                                    "--chat_template=" + job.data().chat_template(),
-                                    "--image_aspect_ratio=" + job.data().image_aspect_ratio()};
+      std::vector<std::string> a = {
+          "--shards=" + options_.shards,
+          absl::StrCat("--seed=", job.seed()),
+          absl::StrCat("--global_batch=", job.data().global_batch()),
+          absl::StrCat("--threads=", job.data().threads()),
+          "--chat_template=" + job.data().chat_template(),
+          "--image_aspect_ratio=" + job.data().image_aspect_ratio(),
+          absl::StrCat("--encoder_max_tokens=", job.parallel().encoder_max_tokens()),
+          absl::StrCat("--llm_max_tokens=", job.parallel().llm_max_tokens())};
       for (std::string& flag : hf::ModelSourceFlags(JobModelSource(job))) {
         a.push_back(std::move(flag));
       }

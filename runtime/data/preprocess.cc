@@ -14,6 +14,7 @@ PreprocessOptions PreprocessOptionsFor(const ModelConfig& config) {
   o.tile_size = config.vit.tile_size;
   o.tokens_per_tile = config.tokens_per_tile();
   o.max_seq = config.llm.max_seq;
+  o.vit_tokens_per_tile = config.vit.patches_per_tile();
   return o;
 }
 
@@ -399,6 +400,20 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     return skip("sequence_too_long",
                 absl::StrCat("nothing to train on in the first ", options_.max_seq,
                              " tokens (the maximum sequence)"));
+  }
+  int tiles = 0;
+  for (const auto& image : out.sample.images) tiles += image.tiles;
+  const int64_t vit_tokens = int64_t{tiles} * options_.vit_tokens_per_tile;
+  if (options_.caps.encoder > 0 && vit_tokens > options_.caps.encoder) {
+    return skip("over_token_cap",
+                absl::StrCat(vit_tokens, " ViT tokens (", tiles,
+                             " tiles), above parallel.encoder_max_tokens ", options_.caps.encoder));
+  }
+  const int64_t length = static_cast<int64_t>(sample.tokens.size());
+  if (options_.caps.llm > 0 && length > options_.caps.llm) {
+    return skip(
+        "over_token_cap",
+        absl::StrCat(length, " LLM tokens, above parallel.llm_max_tokens ", options_.caps.llm));
   }
   out.ok = true;
   return out;

@@ -47,7 +47,7 @@
 namespace loom::data {
 
 // Label values of loom_preprocess_samples_skipped_total{reason}.
-inline constexpr std::array<std::string_view, 15> kSkipReasons = {
+inline constexpr std::array<std::string_view, 16> kSkipReasons = {
     "truncated_tar",         // the tar ends or breaks inside the sample
     "member_too_large",      // a member over ShardLimits
     "missing_json",          // no KEY.json
@@ -64,6 +64,14 @@ inline constexpr std::array<std::string_view, 15> kSkipReasons = {
     "sequence_too_long",     // text + image tokens exceed it (truncate off), or nothing
                              // to train on is left within it
     "bad_conversation",      // messages the chat template refuses, or text and messages both
+    "over_token_cap",        // more ViT or LLM tokens than a microbatch's cap (TokenCaps)
+};
+
+// A microbatch's token caps (the job's parallel.encoder_max_tokens and
+// llm_max_tokens; 0: none): a sample over one cannot go in any microbatch.
+struct TokenCaps {
+  int encoder = 0;  // ViT tokens: tiles x patches per tile
+  int llm = 0;      // the packed sequence: text + image tokens
 };
 
 struct PreprocessOptions {
@@ -71,7 +79,9 @@ struct PreprocessOptions {
   int tokens_per_tile = 16;
   int max_tiles = 12;  // per sample; thumbnail not counted
   bool thumbnail = true;
-  int max_seq = 1024;  // text + image tokens, <s> and </s> included
+  int max_seq = 1024;            // text + image tokens, <s> and </s> included
+  int vit_tokens_per_tile = 16;  // the ViT's patches per tile (the encoder's token cap)
+  TokenCaps caps;                // a sample over one is skipped as over_token_cap
   // A sample longer than max_seq is cut to it (the text off the end, never
   // through an image's slots: an image that does not fit whole goes, with
   // everything after it; no </s> after a cut) instead of skipped as

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
@@ -80,6 +81,36 @@ TEST(PreprocessTest, SingleImageSampleHasTilesTokensAndSlotsInPlace) {
   EXPECT_GT(top_left_red, 1.0f);
   EXPECT_LT(bottom_right_red, 0.0f);
   for (float v : s.sample.tiles) ASSERT_TRUE(std::isfinite(v));
+}
+
+// Token caps (the job's parallel.encoder_max_tokens, llm_max_tokens): a
+// sample over either is skipped as over_token_cap, naming its count; at the
+// cap it passes. The 3x2 + thumbnail sample: 7 tiles of 16 ViT patches.
+TEST(PreprocessTest, ASampleOverATokenCapIsSkipped) {
+  const SampleFiles f = Files("k", SampleJson("<image>\na picture of one red square.", {"0.jpg"}),
+                              {{"0.jpg", TestJpeg(96, 64)}});
+  const Outcome whole = ProcessOne(f);
+  ASSERT_TRUE(whole.ok) << whole.skip.detail;
+  const int length = static_cast<int>(whole.sample.sample.tokens.size());
+  ASSERT_EQ(Tiny().vit_tokens_per_tile, 16);
+  PreprocessOptions o = Tiny();
+  o.caps = {7 * 16, length};
+  EXPECT_TRUE(ProcessOne(f, o).ok) << "a sample at the caps";
+  o.caps = {7 * 16 - 1, 0};
+  Outcome over = ProcessOne(f, o);
+  EXPECT_FALSE(over.ok);
+  EXPECT_EQ(over.skip.reason, "over_token_cap");
+  EXPECT_NE(
+      over.skip.detail.find("112 ViT tokens (7 tiles), above parallel.encoder_max_tokens 111"),
+      std::string::npos)
+      << over.skip.detail;
+  o.caps = {0, length - 1};
+  over = ProcessOne(f, o);
+  EXPECT_EQ(over.skip.reason, "over_token_cap");
+  EXPECT_NE(over.skip.detail.find(
+                absl::StrCat(length, " LLM tokens, above parallel.llm_max_tokens ", length - 1)),
+            std::string::npos)
+      << over.skip.detail;
 }
 
 TEST(PreprocessTest, ImagesShareTheTileBudgetAndTextOnlyWorks) {

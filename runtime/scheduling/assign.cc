@@ -4,7 +4,9 @@
 #include <cmath>
 #include <numeric>
 #include <queue>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -136,6 +138,90 @@ absl::Status Validate(const std::vector<SampleLoad>& samples, const AssignOption
             absl::StrCat("sample ", i, " has a negative or non-finite cost"));
       }
     }
+    for (auto [tokens, cap, what] :
+         {std::make_tuple(s.encoder_tokens, o.encoder_max_tokens, "encoder_max_tokens"),
+          std::make_tuple(s.llm_tokens, o.llm_max_tokens, "llm_max_tokens")}) {
+      if (cap > 0 && tokens > cap) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample ", i, " has ", tokens, " tokens, above parallel.", what, " (", cap,
+                         "): loom-preprocess skips such samples (over_token_cap)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The token caps' repair pass: while a bin holds more of a module's tokens
+// than its cap, one of its samples (the largest that fits somewhere) moves
+// to the bin with room for it whose cost after the move is least. Every
+// move lowers the tokens over the caps, so it ends; a bin over a cap holds
+// at least two samples (none is over a cap alone), so none empties.
+absl::Status CapTokens(const std::vector<SampleLoad>& samples, const Normalized& common,
+                       const AssignOptions& o, Groups* groups) {
+  const int64_t E = o.encoder_max_tokens, L = o.llm_max_tokens;
+  if (E <= 0 && L <= 0) return absl::OkStatus();
+  const size_t bins = groups->size();
+  std::vector<int64_t> te(bins, 0), tl(bins, 0);
+  std::vector<double> cost(bins, 0);
+  for (size_t g = 0; g < bins; ++g) {
+    for (int i : (*groups)[g]) {
+      te[g] += samples[i].encoder_tokens;
+      tl[g] += samples[i].llm_tokens;
+      cost[g] += common.e[i] + common.l[i];
+    }
+  }
+  auto over = [&](size_t g) { return (E > 0 && te[g] > E) || (L > 0 && tl[g] > L); };
+  auto fits = [&](size_t g, int i) {
+    return (E <= 0 || te[g] + samples[i].encoder_tokens <= E) &&
+           (L <= 0 || tl[g] + samples[i].llm_tokens <= L);
+  };
+  for (size_t g = 0; g < bins; ++g) {
+    while (over(g)) {
+      std::vector<int> order = (*groups)[g];  // the largest first, in the capped dimensions
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        auto size = [&](int i) {
+          return (E > 0 ? static_cast<double>(samples[i].encoder_tokens) / E : 0.0) +
+                 (L > 0 ? static_cast<double>(samples[i].llm_tokens) / L : 0.0);
+        };
+        return size(a) > size(b);
+      });
+      int moved = -1;
+      size_t to = bins;
+      for (int i : order) {
+        for (size_t d = 0; d < bins; ++d) {
+          if (d == g || !fits(d, i)) continue;
+          if (to == bins || cost[d] < cost[to]) to = d;
+        }
+        if (to != bins) {
+          moved = i;
+          break;
+        }
+      }
+      if (moved < 0) {
+        int64_t all_e = 0, all_l = 0;
+        for (const SampleLoad& s : samples) {
+          all_e += s.encoder_tokens;
+          all_l += s.llm_tokens;
+        }
+        const bool llm = L > 0 && tl[g] > L;
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the batch's ", llm ? all_l : all_e, " ", llm ? "LLM" : "encoder",
+                         " tokens do not fit ", bins, " microbatches of parallel.",
+                         llm ? "llm_max_tokens " : "encoder_max_tokens ", llm ? L : E,
+                         ": no sample of an overfull microbatch fits another; raise the cap or "
+                         "parallel.microbatches"));
+      }
+      std::vector<int>& from = (*groups)[g];
+      from.erase(std::find(from.begin(), from.end(), moved));
+      (*groups)[to].push_back(moved);
+      const double c = common.e[moved] + common.l[moved];
+      te[g] -= samples[moved].encoder_tokens;
+      tl[g] -= samples[moved].llm_tokens;
+      cost[g] -= c;
+      te[to] += samples[moved].encoder_tokens;
+      tl[to] += samples[moved].llm_tokens;
+      cost[to] += c;
+    }
   }
   return absl::OkStatus();
 }
@@ -163,32 +249,22 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
   Groups groups;
   std::vector<std::vector<int>> ranks;
   bool order_1f1b = true, balance_encoder = true;
-  auto balanced_ranks = [&] {
-    std::vector<double> size(bins, 0);
-    for (int g = 0; g < bins; ++g) {
-      for (int i : groups[g]) size[g] += common.e[i] + common.l[i];
-    }
-    return RanksBalanced(size, o.llm_dp, o.microbatches);
-  };
+  bool balanced = true;  // bins to ranks so that rank totals balance, else in order
   if (algorithm == "sequential") {
     groups = Sequential(samples.size(), bins);
-    ranks = RanksInOrder(bins, o.microbatches);
-    order_1f1b = balance_encoder = false;
+    balanced = order_1f1b = balance_encoder = false;
   } else if (algorithm == "lpt" || algorithm == "disttrain") {
     groups = LptGroups(n, bins);
-    ranks = RanksInOrder(bins, o.microbatches);
+    balanced = false;
     order_1f1b = algorithm == "disttrain";
   } else if (algorithm == "entrain") {
     groups = EntrainGroups(n, bins, o);
     FillEmpty(n, &groups);
-    ranks = RanksInOrder(bins, o.microbatches);
-    order_1f1b = false;
+    balanced = order_1f1b = false;
   } else if (algorithm == "greedy") {
     groups = GreedyGroups(common, bins, /*even=*/false);
-    ranks = balanced_ranks();
   } else if (algorithm == "loom") {
     groups = LoomGroups(common, n, bins, o);
-    ranks = balanced_ranks();
   } else {  // ilp
     const int64_t variables = static_cast<int64_t>(samples.size()) * bins;
     if (variables > o.ilp_max_variables) {
@@ -203,7 +279,16 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
     groups = std::move(sol->groups);
     result.ilp_bound = sol->bound * common.scale;  // back in the costs' units
     result.ilp_optimal = sol->optimal;
-    ranks = balanced_ranks();
+  }
+  if (absl::Status s = CapTokens(samples, common, o, &groups); !s.ok()) return s;
+  if (balanced) {
+    std::vector<double> size(bins, 0);
+    for (int g = 0; g < bins; ++g) {
+      for (int i : groups[g]) size[g] += common.e[i] + common.l[i];
+    }
+    ranks = RanksBalanced(size, o.llm_dp, o.microbatches);
+  } else {
+    ranks = RanksInOrder(bins, o.microbatches);
   }
   result.bins = Layout(samples, common, groups, ranks, order_1f1b, balance_encoder, o);
   return result;

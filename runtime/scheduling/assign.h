@@ -63,6 +63,10 @@ struct SampleLoad {
   double encoder = 0;
   double llm = 0;
   double transfer = 0;
+  // What the token caps count (AssignOptions): the ViT's tokens (tiles x
+  // patches per tile) and the packed LLM length.
+  int64_t encoder_tokens = 0;
+  int64_t llm_tokens = 0;
 };
 
 struct AssignOptions {
@@ -72,6 +76,12 @@ struct AssignOptions {
   int pipeline_depth = 2;  // encoder stages + LLM stages (the p of 1F1B)
   double ilp_time_limit_seconds = 10;
   int64_t ilp_max_variables = 400000;  // samples * bins above which `ilp` refuses
+  // Token caps per bin (job parallel.encoder_max_tokens, llm_max_tokens; 0:
+  // none): whatever the algorithm, no bin ends with more of a module's
+  // tokens than its cap. A repair pass after the algorithm moves samples out
+  // of a bin over a cap, each to the bin with room whose cost stays least.
+  int64_t encoder_max_tokens = 0;
+  int64_t llm_max_tokens = 0;
 };
 
 struct BinAssignment {
@@ -93,8 +103,10 @@ struct AssignResult {
 const std::vector<std::string>& AlgorithmNames();
 
 // INVALID_ARGUMENT: an unknown algorithm (naming the known ones), a degree
-// below 1, fewer samples than bins, a negative or non-finite cost (naming the
-// sample). RESOURCE_EXHAUSTED: `ilp` on a problem above ilp_max_variables.
+// below 1, fewer samples than bins, a negative or non-finite cost, a sample
+// over a token cap (naming the sample). RESOURCE_EXHAUSTED: `ilp` on a
+// problem above ilp_max_variables; a batch whose bins cannot all be brought
+// under the token caps (naming the cap and the batch's tokens).
 absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples,
                                     const AssignOptions& options, const std::string& algorithm);
 

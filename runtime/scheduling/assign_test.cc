@@ -178,6 +178,67 @@ TEST(AssignTest, PropertiesOnRandomBatches) {
   }
 }
 
+// Token caps (parallel.encoder_max_tokens, llm_max_tokens): every
+// algorithm, ilp included, leaves no bin over either cap, the assignment
+// stays valid (every sample once, no empty bin), and a cap the batch cannot
+// meet, or a sample over a cap, is refused naming it.
+TEST(AssignTest, NoBinExceedsTheTokenCaps) {
+  auto tokens = [](std::vector<SampleLoad> s) {
+    for (SampleLoad& x : s) {
+      x.encoder_tokens = static_cast<int64_t>(std::lround(x.encoder / 1e-3)) * 144;
+      x.llm_tokens = x.encoder_tokens + static_cast<int64_t>(x.llm / 2e-6 / 2);
+    }
+    return s;
+  };
+  const std::vector<SampleLoad> s = tokens(RandomBatch(3, 120));
+  int64_t enc = 0, llm = 0, big_e = 0, big_l = 0;
+  for (const SampleLoad& x : s) {
+    enc += x.encoder_tokens;
+    llm += x.llm_tokens;
+    big_e = std::max(big_e, x.encoder_tokens);
+    big_l = std::max(big_l, x.llm_tokens);
+  }
+  AssignOptions o = Bins(2, 4, 2);
+  o.ilp_time_limit_seconds = 2;
+  // 30% above the mean bin, and no smaller than the largest sample: tight
+  // enough that the algorithms' bins break it before the repair.
+  o.encoder_max_tokens = std::max(big_e, enc * 13 / 10 / 8);
+  o.llm_max_tokens = std::max(big_l, llm * 13 / 10 / 8);
+  int repaired = 0;
+  for (const std::string& a : AlgorithmNames()) {
+    AssignOptions uncapped = o;
+    uncapped.encoder_max_tokens = uncapped.llm_max_tokens = 0;
+    const AssignResult before = RunAlgorithm(s, uncapped, a), r = RunAlgorithm(s, o, a);
+    CheckValid(s, o, r, a);
+    bool was_over = false;
+    for (const BinAssignment& b : before.bins) {
+      int64_t te = 0, tl = 0;
+      for (int i : b.samples) te += s[i].encoder_tokens, tl += s[i].llm_tokens;
+      was_over |= te > o.encoder_max_tokens || tl > o.llm_max_tokens;
+    }
+    repaired += was_over;
+    for (const BinAssignment& b : r.bins) {
+      int64_t te = 0, tl = 0;
+      for (int i : b.samples) te += s[i].encoder_tokens, tl += s[i].llm_tokens;
+      EXPECT_LE(te, o.encoder_max_tokens) << a;
+      EXPECT_LE(tl, o.llm_max_tokens) << a;
+    }
+  }
+  EXPECT_GT(repaired, 0) << "no algorithm broke the caps: the test checks no repair";
+  // Below the mean bin the batch cannot fit.
+  AssignOptions tight = o;
+  tight.llm_max_tokens = std::max(big_l, llm / 8 * 9 / 10);
+  absl::StatusOr<AssignResult> r = Assign(s, tight, "loom");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("llm_max_tokens"), absl::string_view::npos) << r.status();
+  // A sample over a cap is named.
+  AssignOptions small = o;
+  small.encoder_max_tokens = big_e - 1;
+  r = Assign(s, small, "lpt");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("over_token_cap"), absl::string_view::npos) << r.status();
+}
+
 TEST(AssignTest, IlpIsValidAndNoWorseThanItsStart) {
   const auto s = RandomBatch(7, 60);
   const AssignOptions o = Bins(2, 3, 2);

@@ -105,6 +105,8 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
   o.pipeline_depth =
       plan.llm().pp() + (plan.encoder_in_first_llm_stage() ? 0 : plan.encoder().pp());
   o.ilp_time_limit_seconds = ilp_time_limit_seconds;
+  o.encoder_max_tokens = plan.encoder_max_tokens();
+  o.llm_max_tokens = plan.llm_max_tokens();
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<AssignResult> result = Assign(loads, o, algorithm);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

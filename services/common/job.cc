@@ -158,6 +158,8 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (s.ok()) s = AtLeast("parallel.encoder_dp", p.encoder_dp(), 1);
   if (s.ok()) s = AtLeast("parallel.llm_dp", p.llm_dp(), 1);
   if (s.ok()) s = AtLeast("parallel.microbatches", p.microbatches(), 1);
+  if (s.ok()) s = AtLeast("parallel.encoder_max_tokens", p.encoder_max_tokens(), 0);
+  if (s.ok()) s = AtLeast("parallel.llm_max_tokens", p.llm_max_tokens(), 0);
   if (!s.ok()) return s;
   if (absl::Status tp = ValidateModelParallel(model->config, p.encoder_tp(), p.encoder_pp(),
                                               p.llm_tp(), p.llm_pp());

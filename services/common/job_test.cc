@@ -161,6 +161,8 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"parallel { llm_tp: -1 }", "parallel.llm_tp"},
            Case{"parallel { llm_pp: 3 }", "parallel.llm_pp: 3 stages for the LLM's 2 layers"},
            Case{"parallel { encoder_pp: -1 }", "parallel.encoder_pp"},
+           Case{"parallel { llm_max_tokens: -1 }", "parallel.llm_max_tokens"},
+           Case{"parallel { encoder_max_tokens: -16 }", "parallel.encoder_max_tokens"},
            Case{"parallel { llm_tp: 3 }", "parallel.llm_tp: 3 does not divide the LLM heads (4)"},
            Case{"parallel { encoder_tp: 8 }",
                 "parallel.encoder_tp: 8 does not divide the ViT heads"},

@@ -30,6 +30,12 @@ ABSL_FLAG(std::string, image_aspect_ratio, "",
 ABSL_FLAG(std::string, config, "tiny",
           "Loom model config: tile size, tokens per tile, max sequence (or --llava, or "
           "--llm_from + --vision_from).");
+ABSL_FLAG(int, encoder_max_tokens, 0,
+          "Skip a sample with more ViT tokens (tiles x patches per tile) than this, the job's "
+          "parallel.encoder_max_tokens (0: no cap).");
+ABSL_FLAG(int, llm_max_tokens, 0,
+          "Skip a sample with more LLM tokens (its packed length) than this, the job's "
+          "parallel.llm_max_tokens (0: no cap).");
 ABSL_FLAG(uint64_t, seed, 1, "Shuffle seed.");
 ABSL_FLAG(int, global_batch, 16, "Samples per global batch (iteration).");
 ABSL_FLAG(int, threads, 2, "Decode/tile/tokenize threads.");
@@ -54,7 +60,7 @@ int main(int argc, char** argv) {
       "| --llm_from DIR --vision_from DIR]\n"
       "  loom-preprocess scan --shards GLOB --output FILE\n"
       "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level --tokenizer "
-      "--chat_template --image_aspect_ratio "
+      "--chat_template --image_aspect_ratio --encoder_max_tokens --llm_max_tokens "
       "--threads --prefetch --retained_batches --start_iteration --cursor --validation_shards "
       "--validation_batches");
   if (args.size() > 1 && args[1] == "scan") {
@@ -64,6 +70,7 @@ int main(int argc, char** argv) {
     o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
     o.chat_template = absl::GetFlag(FLAGS_chat_template);
     o.image_aspect_ratio = absl::GetFlag(FLAGS_image_aspect_ratio);
+    o.caps = {absl::GetFlag(FLAGS_encoder_max_tokens), absl::GetFlag(FLAGS_llm_max_tokens)};
     o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
     o.threads = absl::GetFlag(FLAGS_threads);
     absl::StatusOr<loom::ScanSummary> summary = loom::RunScan(o);
@@ -87,6 +94,7 @@ int main(int argc, char** argv) {
   o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   o.chat_template = absl::GetFlag(FLAGS_chat_template);
   o.image_aspect_ratio = absl::GetFlag(FLAGS_image_aspect_ratio);
+  o.caps = {absl::GetFlag(FLAGS_encoder_max_tokens), absl::GetFlag(FLAGS_llm_max_tokens)};
   o.model = loom::hf::ModelSourceFromFlags(absl::GetFlag(FLAGS_config));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.global_batch = absl::GetFlag(FLAGS_global_batch);

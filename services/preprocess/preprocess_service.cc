@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   lo.threads = std::max(1, options.threads);
   lo.prefetch = std::max(1, options.prefetch);
   lo.preprocess = std::move(pipeline->preprocess);
+  lo.preprocess.caps = options.caps;
   service->tile_size_ = lo.preprocess.tile_size;
   auto* skipped = service->skipped_;
   lo.on_skip = [skipped](const data::SkippedSample& s) {

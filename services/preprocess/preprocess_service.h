@@ -29,6 +29,7 @@ struct PreprocessServiceOptions {
   std::string tokenizer;           // "" for the model's own
   std::string chat_template;       // "" for the tokenizer's own (runtime/data/chat_template.h)
   std::string image_aspect_ratio;  // "", crop or pad (hf::DataPipelineFor)
+  data::TokenCaps caps;            // samples over them are skipped (over_token_cap)
   hf::ModelSource model;  // tile size, tokens per tile, max sequence, tokenizer, image processor
   uint64_t seed = 1;
   int global_batch = 16;

@@ -29,6 +29,7 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
   lo.threads = std::max(1, options.threads);
   lo.prefetch = 16 * lo.threads;
   lo.preprocess = std::move(pipeline->preprocess);
+  lo.preprocess.caps = options.caps;
   ScanSummary summary;
   lo.on_skip = [&](const data::SkippedSample& s) { ++summary.skipped[s.reason]; };
   absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =

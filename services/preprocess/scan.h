@@ -25,6 +25,7 @@ struct ScanOptions {
   std::string tokenizer;           // "" for the model's own
   std::string chat_template;       // "" for the tokenizer's own (runtime/data/chat_template.h)
   std::string image_aspect_ratio;  // "", crop or pad (hf::DataPipelineFor)
+  data::TokenCaps caps;            // samples over them are skipped (over_token_cap)
   hf::ModelSource model;
   int threads = 2;
 };

@@ -60,6 +60,22 @@ void SchedulerServiceImpl::AssignThread() {
     changed_.SignalAll();
     if (generation != generation_ || retry) continue;  // a recovery abandoned it
     if (!c.ok()) {
+      // A batch that no assignment can take (its tokens over the caps for
+      // the microbatches, a sample over a cap, an ILP too large) gets the
+      // same answer on every try: the job ends, saying why, instead of its
+      // workers failing and being replaced.
+      const absl::StatusCode code = c.status().code();
+      if ((code == absl::StatusCode::kResourceExhausted ||
+           code == absl::StatusCode::kInvalidArgument) &&
+          !IsFinalJobState(state_)) {
+        job_message_ =
+            absl::StrCat("step ", iteration + 1, " has no assignment: ", c.status().message());
+        LOOM_LOG(ERROR).With("step", iteration + 1) << job_message_;
+        stop_at_ = std::max(newest_ + 1,
+                            std::min<int64_t>(iteration, stop_at_ < 0 ? iteration : stop_at_));
+        SetStateLocked(control::v1::JOB_STATE_FAILED);
+        continue;
+      }
       LOOM_LOG(WARNING)
               .With("iteration", iteration)
               .With("error", std::string(c.status().message()))
@@ -83,10 +99,16 @@ void SchedulerServiceImpl::LoadsOf(const data::v1::GetBatchResponse& batch, Comp
     computed->shapes.push_back(s);
     keys->push_back(m.record().key());
   }
-  *plan = options_.plan;  // with the costs as refitted now
+  *plan = options_.plan;  // with the costs as refitted now, and the job's token caps
+  plan->set_encoder_max_tokens(options_.job.parallel().encoder_max_tokens());
+  plan->set_llm_max_tokens(options_.job.parallel().llm_max_tokens());
   absl::MutexLock lock(&mu_);
   *loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
   *plan->mutable_costs() = costs_->coefficients();
+  for (size_t i = 0; i < loads->size(); ++i) {
+    (*loads)[i].encoder_tokens = int64_t{computed->shapes[i].tiles} * patches_per_tile_;
+    (*loads)[i].llm_tokens = computed->shapes[i].length();
+  }
 }
 
 absl::StatusOr<std::shared_ptr<SchedulerServiceImpl::Computed>>

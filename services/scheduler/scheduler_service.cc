@@ -221,6 +221,7 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   if (model.ok() && ValidateModelParallel(*model, 1, p.encoder().pp(), 1, p.llm().pp()).ok()) {
     stage_model_ = *model;
   }
+  if (model.ok()) patches_per_tile_ = model->vit.patches_per_tile();
   absl::StatusOr<scheduler::v1::CostCoefficients> costs =
       StartingCosts(p, options.job.checkpoint().dir(), options.start_iteration);
   if (!costs.ok()) return costs.status();

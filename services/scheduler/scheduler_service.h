@@ -431,6 +431,7 @@ class SchedulerServiceImpl final
   // Iterations reported skipped (StepReport.skipped), for train.max_skipped_steps.
   std::set<int64_t> skipped_iterations_ ABSL_GUARDED_BY(mu_);
   std::optional<ModelConfig> stage_model_;  // set by Configure: the stage shares' layer split
+  int patches_per_tile_ = 0;  // set by Configure: a tile's ViT tokens (the encoder's token cap)
   control::v1::Recovery recovery_ ABSL_GUARDED_BY(mu_);                   // RECOVERING: the loss
   bool closing_ ABSL_GUARDED_BY(mu_) = false;                             // the lease thread ends
   absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // every worker in

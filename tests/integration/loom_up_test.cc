@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +47,49 @@ TEST(LoomUpTest, StartsEveryServiceHealthyAndStopsThemCleanly) {
   EXPECT_EQ(CountOf(out, "SERVING"), 6) << out;
   EXPECT_EQ(CountOf(out, "exit 0"), 6) << out;
   EXPECT_NE(out.find("stopped cleanly"), std::string::npos) << out;
+}
+
+// Token caps (parallel.encoder_max_tokens, llm_max_tokens), end to end:
+// loom-preprocess skips the samples over a cap, naming them, and training
+// goes on; a cap the batches cannot fit in their microbatches ends the job
+// FAILED at once, saying so, with no worker replaced.
+TEST(LoomUpTest, TokenCapsSkipSamplesAndRefuseABatchThatCannotFit) {
+  struct Case {
+    const char* name;
+    const char* parallel;
+    bool succeeds;
+  };
+  for (const Case& c :
+       {Case{"caps", "microbatches: 8 llm_max_tokens: 320 encoder_max_tokens: 1200", true},
+        Case{"tight", "microbatches: 2 llm_max_tokens: 600", false}}) {
+    const std::string job = TempPath(absl::StrCat(c.name, "_job.txtpb"));
+    std::ofstream(job) << "data { samples: 64 global_batch: 16 }\nparallel { encoder_dp: 2 "
+                          "llm_dp: 2 "
+                       << c.parallel << " }\n";
+    const std::string run = TempPath(c.name);
+    auto up = Subprocess::Start(
+        {LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + run, "--config=" + job, "--steps=2"},
+        TempPath(absl::StrCat(c.name, ".log")));
+    ASSERT_TRUE(up.ok()) << up.status();
+    absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(300));
+    ASSERT_TRUE(st.ok()) << st.status();
+    const std::string out = (*up)->ReadLog();
+    EXPECT_EQ(DescribeWaitStatus(*st), c.succeeds ? "exit 0" : "exit 1") << out;
+    EXPECT_NE(out.find("stopped cleanly"), std::string::npos) << out;
+    EXPECT_EQ(out.find("replacing"), std::string::npos) << "a worker was replaced\n" << out;
+    if (c.succeeds) {
+      EXPECT_NE(out.find("job loom SUCCEEDED"), std::string::npos) << out;
+      std::ifstream in(run + "/logs/loom-preprocess.log");
+      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_GT(CountOf(log, "\"reason\":\"over_token_cap\""), 0) << "no sample was over the cap";
+      EXPECT_NE(log.find("LLM tokens, above parallel.llm_max_tokens 320"), std::string::npos);
+    } else {
+      EXPECT_NE(out.find("job loom FAILED (step 1 has no assignment: the batch's"),
+                std::string::npos)
+          << out;
+      EXPECT_NE(out.find("microbatches of parallel.llm_max_tokens 600"), std::string::npos) << out;
+    }
+  }
 }
 
 TEST(LoomUpTest, StopsEverythingOnSigterm) {
