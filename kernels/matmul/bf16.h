@@ -33,6 +33,8 @@ inline float RoundToBf16(float f) { return Bf16ToF32(F32ToBf16(f)); }
 // n values each way.
 void F32ToBf16(uint16_t* dst, const float* src, int64_t n);
 void Bf16ToF32(float* dst, const uint16_t* src, int64_t n);
+// x rounded in place, each to the nearest bf16 value.
+void RoundToBf16(float* x, int64_t n);
 
 }  // namespace loom::kernels
 

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/matmul/bf16.h"
@@ -81,17 +82,31 @@ void Bf16ToF32(float* dst, const uint16_t* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(src[i]);
 }
 
+void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = RoundToBf16(x[i]);
+}
+
 namespace {
 
-std::vector<float> Rounded(const float* x, int64_t n) {
-  std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[i] = RoundToBf16(x[i]);
+// The widened operands, in buffers each thread keeps between calls (the
+// CPU ops serve several threads): `slot` 0-2 for the three a call needs.
+float* Scratch(int slot, int64_t n) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+const float* Rounded(int slot, const float* x, int64_t n) {
+  float* out = Scratch(slot, n);
+  std::copy(x, x + n, out);
+  RoundToBf16(out, n);
   return out;
 }
 
-std::vector<float> Widened(const uint16_t* x, int64_t n) {
-  std::vector<float> out(static_cast<size_t>(n));
-  Bf16ToF32(out.data(), x, n);
+const float* Widened(int slot, const uint16_t* x, int64_t n) {
+  float* out = Scratch(slot, n);
+  Bf16ToF32(out, x, n);
   return out;
 }
 
@@ -99,23 +114,21 @@ std::vector<float> Widened(const uint16_t* x, int64_t n) {
 
 void matmul_forward_bf16(float* out, const float* inp, const uint16_t* weight, const float* bias,
                          int M, int K, int N) {
-  const std::vector<float> x = Rounded(inp, int64_t{M} * K), w = Widened(weight, int64_t{N} * K);
-  matmul_forward(out, x.data(), w.data(), bias, M, K, N);
+  matmul_forward(out, Rounded(0, inp, int64_t{M} * K), Widened(1, weight, int64_t{N} * K), bias, M,
+                 K, N);
 }
 
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const uint16_t* weight, int M, int K, int N) {
   if (dinp == nullptr && dweight == nullptr && dbias == nullptr) return;
-  const std::vector<float> g = Rounded(dout, int64_t{M} * N);
-  const std::vector<float> x = dweight ? Rounded(inp, int64_t{M} * K) : std::vector<float>();
-  const std::vector<float> w = dinp ? Widened(weight, int64_t{N} * K) : std::vector<float>();
-  matmul_backward(dinp, dweight, nullptr, g.data(), x.data(), w.data(), M, K, N);
-  if (dbias) {
-    for (int m = 0; m < M; ++m) {
-      const float* row = dout + static_cast<long>(m) * N;
-      for (int n = 0; n < N; ++n) dbias[n] += row[n];
-    }
+  if (dinp != nullptr || dweight != nullptr) {
+    const float* g = Rounded(0, dout, int64_t{M} * N);
+    const float* x = dweight ? Rounded(1, inp, int64_t{M} * K) : nullptr;
+    const float* w = dinp ? Widened(2, weight, int64_t{N} * K) : nullptr;
+    matmul_backward(dinp, dweight, nullptr, g, x, w, M, K, N);
   }
+  // The bias gradient sums the fp32 output gradient, as without bf16.
+  matmul_backward(nullptr, nullptr, dbias, dout, nullptr, nullptr, M, K, N);
 }
 
 }  // namespace loom::kernels

@@ -48,9 +48,7 @@ class Cpu final : public Ops {
   void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) override {
     kernels::Bf16ToF32(dst, src, n);
   }
-  void round_to_bf16(float* x, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) x[i] = kernels::RoundToBf16(x[i]);
-  }
+  void round_to_bf16(float* x, int64_t n) override { kernels::RoundToBf16(x, n); }
 
   void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                     const kernels::AdamWConfig& config, int64_t step) override {
