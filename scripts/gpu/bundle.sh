@@ -19,6 +19,7 @@ TARGETS=(
   //runtime/backends/cuda:cuda_ops_test
   //runtime/backends/cuda:device_test
   //runtime/backends/cuda:nccl_communicator_test
+  //runtime/train:device_optimizer_test
   //runtime/train:train_local_device_test
   //tests/integration:gpu_training_test
   //tests/integration:loom_up_gpus_test

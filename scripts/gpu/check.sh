@@ -51,7 +51,7 @@ if want tests; then
   for t in kernels/cuda/ops_cuda_test runtime/backends/cuda/cuda_backend_test \
            runtime/backends/cuda/cuda_model_test runtime/backends/cuda/cuda_ops_test \
            runtime/backends/cuda/device_test runtime/backends/cuda/nccl_communicator_test \
-           tests/integration/loom_up_gpus_test; do
+           runtime/train/device_optimizer_test tests/integration/loom_up_gpus_test; do
     run "$(basename $t)" 60 "$R/$t"
   done
   run train_local_device_test 150 "$R/runtime/train/train_local_device_test"
