@@ -71,8 +71,8 @@ void SchedulerServiceImpl::AssignThread() {
         job_message_ =
             absl::StrCat("step ", iteration + 1, " has no assignment: ", c.status().message());
         LOOM_LOG(ERROR).With("step", iteration + 1) << job_message_;
-        stop_at_ = std::max(newest_ + 1,
-                            std::min<int64_t>(iteration, stop_at_ < 0 ? iteration : stop_at_));
+        // Nothing from this iteration on (it is past every handed-out one).
+        stop_at_ = stop_at_ < 0 ? iteration : std::min(stop_at_, iteration);
         SetStateLocked(control::v1::JOB_STATE_FAILED);
         continue;
       }
