@@ -1,5 +1,6 @@
 #include "runtime/tensor/backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -10,10 +11,40 @@ void* CpuBackend::Allocate(size_t bytes) {
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   LOOM_CHECK(p != nullptr) << "out of host memory allocating " << bytes << " bytes";
+  std::lock_guard<std::mutex> l(mu_);
+  sizes_[p] = rounded;
+  in_use_ += rounded;
+  peak_ = std::max(peak_, in_use_);
   return p;
 }
 
-void CpuBackend::Free(void* ptr) { std::free(ptr); }
+void CpuBackend::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = sizes_.find(ptr);
+    if (it != sizes_.end()) {
+      in_use_ -= it->second;
+      sizes_.erase(it);
+    }
+  }
+  std::free(ptr);
+}
+
+size_t CpuBackend::in_use_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return in_use_;
+}
+
+size_t CpuBackend::peak_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return peak_;
+}
+
+void CpuBackend::ResetPeak() {
+  std::lock_guard<std::mutex> l(mu_);
+  peak_ = in_use_;
+}
 
 void CpuBackend::CopyFromHost(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);

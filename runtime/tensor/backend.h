@@ -10,7 +10,9 @@
 #define LOOM_RUNTIME_TENSOR_BACKEND_H_
 
 #include <cstddef>
+#include <mutex>
 #include <string_view>
+#include <unordered_map>
 
 #include "runtime/tensor/tensor.h"
 
@@ -40,6 +42,14 @@ class Backend {
   // Whether this backend runs `op` (a kernel name such as "matmul").
   virtual bool SupportsOp(std::string_view op) const = 0;
 
+  // Bytes handed out by Allocate and not yet freed, and the most at any
+  // moment since the last ResetPeak(): what the memory model
+  // (runtime/model/memory.h) predicts of a module's buffers, measured.
+  // Zeros from a backend that does not count.
+  virtual size_t in_use_bytes() const { return 0; }
+  virtual size_t peak_bytes() const { return 0; }
+  virtual void ResetPeak() {}
+
   static constexpr size_t kAlignment = 64;
 };
 
@@ -55,9 +65,17 @@ class CpuBackend final : public Backend {
   void Fill(void* dst, int byte, size_t bytes) override;
   void Copy(void* dst, const void* src, size_t bytes) override;
   bool SupportsOp(std::string_view op) const override;
+  size_t in_use_bytes() const override;
+  size_t peak_bytes() const override;
+  void ResetPeak() override;
 
   // The process-wide instance.
   static CpuBackend* Get();
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<void*, size_t> sizes_;  // of each live block
+  size_t in_use_ = 0, peak_ = 0;
 };
 
 }  // namespace loom

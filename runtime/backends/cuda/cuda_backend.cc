@@ -1,5 +1,6 @@
 #include "runtime/backends/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -45,6 +46,7 @@ class CudaBackend final : public Backend {
         void* p = it->second;
         stats_.cached_bytes -= it->first;
         stats_.in_use_bytes += it->first;
+        stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
         cached_.erase(it);
         return p;
       }
@@ -61,6 +63,7 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> l(mu_);
     sizes_[p] = n;
     stats_.in_use_bytes += n;
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
     ++stats_.device_allocations;
     return p;
   }
@@ -75,6 +78,12 @@ class CudaBackend final : public Backend {
     cached_.emplace(it->second, ptr);
     stats_.in_use_bytes -= it->second;
     stats_.cached_bytes += it->second;
+  }
+  size_t in_use_bytes() const override { return stats().in_use_bytes; }
+  size_t peak_bytes() const override { return stats().peak_in_use_bytes; }
+  void ResetPeak() override {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.peak_in_use_bytes = stats_.in_use_bytes;
   }
   CudaMemoryStats stats() const {
     std::lock_guard<std::mutex> l(mu_);

@@ -22,6 +22,7 @@ struct CudaMemoryStats {
   int64_t device_frees = 0;        // cudaFree calls
   size_t in_use_bytes = 0;         // allocated and not freed
   size_t cached_bytes = 0;         // freed by its user, kept for reuse
+  size_t peak_in_use_bytes = 0;    // the most in use since the last ResetPeak()
 };
 // Of a backend from MakeCudaBackend; zeros for any other.
 CudaMemoryStats GetCudaMemoryStats(const Backend* backend);

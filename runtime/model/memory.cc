@@ -1,0 +1,272 @@
+#include "runtime/model/memory.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kF = sizeof(float), kH = sizeof(uint16_t), kI = sizeof(int32_t);
+
+// One GEMM of the stage: (M, K) x (N, K)^T, and whether its backward
+// computes the input gradient.
+struct Gemm {
+  int64_t M, K, N;
+  bool dinp = true;
+};
+
+// The CPU bf16 GEMMs' widened operands (kernels/matmul matmul_*_bf16): three
+// per-thread buffers, each as large as the largest operand it ever held.
+int64_t Bf16GemmScratch(const std::vector<Gemm>& gemms, bool backward, bool dweight) {
+  int64_t s0 = 0, s1 = 0, s2 = 0;
+  for (const Gemm& g : gemms) {
+    s0 = std::max(s0, g.M * g.K);  // forward: the input rounded
+    s1 = std::max(s1, g.N * g.K);  // forward: the weight widened
+    if (!backward) continue;
+    s0 = std::max(s0, g.M * g.N);               // backward: dout rounded
+    if (dweight) s1 = std::max(s1, g.M * g.K);  // the input rounded
+    if (g.dinp) s2 = std::max(s2, g.N * g.K);   // the weight widened
+  }
+  return (s0 + s1 + s2) * kF;
+}
+
+// Weights, their bf16 copy, gradients and moments of `params` parameters.
+void AddParameters(int64_t params, bool frozen, const StageMemoryOptions& o, MemoryEstimate* e) {
+  const bool bf16 = o.precision == Precision::kBf16;
+  const int shards = std::max(1, o.optimizer_shards);
+  const int64_t shard = (params + shards - 1) / shards;  // ChunkRange's largest chunk
+  e->weights += kF * params;
+  e->bf16_weights += bf16 ? kH * params : 0;
+  e->grads += frozen ? 0 : kF * params;
+  e->moments += frozen ? 0 : 2 * kF * shard;
+  if (o.device) {
+    e->buffers += kF * params + (bf16 ? kH * params : 0) + (frozen ? 0 : kF * params) +
+                  (frozen || !o.optimizer_on_device ? 0 : 2 * kF * shard);
+  } else {
+    e->buffers += bf16 ? kH * params : 0;  // Place's bf16 copy is the backend's
+  }
+}
+
+// A stack of `layers` layers keeping `narrow` + `kept` floats each: every
+// layer's fp32, or under bf16 one fp32 working layer and every layer's
+// stash (bf16 narrow, fp32 kept).
+int64_t LayerActivations(int64_t layers, int64_t narrow, int64_t kept, Precision p) {
+  if (layers == 0) return 0;
+  if (p == Precision::kFp32) return layers * (narrow + kept) * kF;
+  return (narrow + kept) * kF + layers * (narrow * kH + kept * kF);
+}
+
+std::string Bytes(int64_t b) {
+  const double x = static_cast<double>(b);
+  if (x >= (1ll << 30)) return absl::StrFormat("%.2f GiB", x / (1ll << 30));
+  if (x >= (1ll << 20)) return absl::StrFormat("%.1f MiB", x / (1ll << 20));
+  return absl::StrFormat("%.1f KiB", x / 1024);
+}
+
+int64_t StatusField(const char* field) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kb = -1;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') {
+      long long v = 0;
+      if (std::sscanf(line + n + 1, "%lld", &v) == 1) kb = v;
+      break;
+    }
+  }
+  std::fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+}  // namespace
+
+int64_t MemoryEstimate::total() const {
+  return weights + bf16_weights + grads + moments + activations + workspace + stage_inputs +
+         scratch;
+}
+
+std::string MemoryEstimate::ToString() const {
+  return absl::StrCat("weights ", Bytes(weights), ", bf16 weights ", Bytes(bf16_weights),
+                      ", grads ", Bytes(grads), ", AdamW moments ", Bytes(moments),
+                      ", activations ", Bytes(activations), ", workspace ", Bytes(workspace),
+                      ", stage inputs ", Bytes(stage_inputs), ", GEMM scratch ", Bytes(scratch),
+                      ": total ", Bytes(total()));
+}
+
+int64_t LlmStageParameters(const LlmConfig& c, int first, int last, int tp) {
+  const int64_t C = c.dim, A = int64_t{c.heads} * c.hd() / tp, QKV = c.qkv_rows() / tp,
+                F = c.ffn_hidden / tp, V = c.vocab / tp;
+  const int64_t layer = 2 * C + QKV * C + (c.qkv_bias ? QKV : 0) + C * A + 3 * F * C;
+  int64_t n = (last - first) * layer;
+  if (first == 0) n += V * C;
+  if (last == c.layers) n += C + (c.tie_embeddings ? 0 : V * C);
+  return n;
+}
+
+int64_t VitStageParameters(const VitConfig& c, int first, int last, int tp) {
+  const int64_t D = c.dim, H = c.mlp_hidden / tp, A = D / tp;
+  const int64_t layer = 4 * D + 3 * A * D + 3 * A + A * D + D + H * D + H + D * H + D;
+  int64_t n = (last - first) * layer;
+  if (first == 0) {
+    n += D * c.patch_dim() + (c.patch_bias ? D : 0) + (c.class_token ? D : 0) + c.seq() * D +
+         (c.pre_norm ? 2 * D : 0);
+  }
+  if (last == c.layers && c.final_norm) n += 2 * D;
+  return n;
+}
+
+int64_t ProjectorParameters(const ModelConfig& c) {
+  const int64_t H = c.projector.hidden, D = c.llm.dim,
+                in = c.projector.pixel_shuffle ? 4 * c.vit.dim : c.vit.dim;
+  return H * in + H + D * H + D;
+}
+
+MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t tokens,
+                              int64_t image_tokens, const StageMemoryOptions& o) {
+  MemoryEstimate e;
+  const int tp = std::max(1, o.tp);
+  const bool first_stage = first == 0, last_stage = last == c.layers;
+  const int64_t T = tokens, C = c.dim, HD = c.hd(), NH = c.heads / tp, NKV = c.kv() / tp,
+                D = NH * HD, W = (NH + 2 * NKV) * HD, F = c.ffn_hidden / tp, V = c.vocab / tp,
+                I = first_stage ? image_tokens : 0, L = last - first;
+  AddParameters(LlmStageParameters(c, first, last, tp), o.frozen, o, &e);
+  // Llm::LayerActs: x, r1, qkv, atto, x1, r2, gate, up, s (narrow under
+  // bf16); rr1, lse, rr2 (per row, kept fp32).
+  e.activations = LayerActivations(L, T * (4 * C + W + D + 3 * F), T * (NH + 2), o.precision);
+  // Kept between calls: the batch (tokens, targets, positions), the image
+  // rows, RoPE's frequencies, the output; the last stage's final norm and
+  // logits.
+  int64_t kept = 3 * T * kI + I * kI + HD / 2 * kF + T * C * kF;
+  if (last_stage) kept += (T * C + T + T * V) * kF;
+  // Forward: the residual stream beside the last output. Backward: dx and
+  // dtmp, then dlogits (the head), then the layers' ds, dgate, dup, datto,
+  // dqkv.
+  const int64_t forward = T * C * kF;
+  const int64_t backward = 2 * T * C * kF + std::max(last_stage ? T * V * kF : 0,
+                                                     L > 0 ? (3 * T * F + T * D + T * W) * kF : 0);
+  e.workspace = kept + std::max(forward, backward);
+  e.buffers += e.activations + e.workspace;
+  // The workers' copies: each in-flight microbatch's input (image
+  // embeddings on the first stage, hidden states on the others), and what
+  // passes to the neighbours (the output sent on and the gradient coming
+  // back; the input gradient sent back, or the image embeddings' gradient).
+  const int64_t input = first_stage ? I * C * kF : T * C * kF;
+  const int64_t transit =
+      (last_stage ? 0 : 2 * T * C * kF) + (first_stage ? I * C * kF : T * C * kF);
+  if (o.device) {
+    // On the host, not the device; the device holds one staging buffer per
+    // role (training_worker_impl.h kStage*).
+    const int64_t staging =
+        input + (last_stage ? 0 : 2 * T * C * kF) + (first_stage ? I * C * kF : T * C * kF);
+    e.stage_inputs = staging;
+    e.buffers += staging;
+  } else {
+    e.stage_inputs = std::max(1, o.in_flight) * input + transit;
+  }
+  if (!o.device && o.precision == Precision::kBf16) {
+    std::vector<Gemm> g;
+    if (L > 0) g = {{T, C, W}, {T, D, C}, {T, C, F}, {T, C, F}, {T, F, C}};
+    if (last_stage) g.push_back({T, C, V});
+    e.scratch = Bf16GemmScratch(g, /*backward=*/true, /*dweight=*/!o.frozen);
+  }
+  return e;
+}
+
+MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int64_t tiles,
+                                  int bins, const StageMemoryOptions& o) {
+  MemoryEstimate e;
+  const VitConfig& c = m.vit;
+  const int tp = std::max(1, o.tp);
+  const bool first_stage = first == 0, last_stage = last == c.layers;
+  const int64_t N = tiles, Np = c.patches_per_tile(), S = c.seq(), T = N * S, Dv = c.dim,
+                NH = c.heads / tp, A = Dv / tp, H = c.mlp_hidden / tp, L = last - first,
+                TD = T * Dv, out_rows = N * Np;
+  const bool vit_backward = !o.frozen;
+  const bool projector_backward = last_stage && !o.projector_frozen;
+  AddParameters(VitStageParameters(c, first, last, tp), o.frozen, o, &e);
+  // VitEncoder::LayerActs: x, ln1, qkv (3A), atto, x1, ln2, h, g (narrow);
+  // mean1, rstd1, lse, mean2, rstd2 (kept).
+  e.activations = LayerActivations(L, T * (4 * Dv + 4 * A + 2 * H), T * (4 + NH), o.precision);
+  int64_t kept = TD * kF + (N + 1) * kI;  // the output, the tiles' boundaries
+  if (first_stage) {
+    kept += out_rows * c.patch_dim() * kF;      // the patches
+    if (c.pre_norm) kept += (TD + 2 * T) * kF;  // ln_pre's input, statistics
+  }
+  if (last_stage && c.final_norm) kept += 2 * T * kF;  // ln_f's statistics
+  int64_t forward =
+      TD * kF + std::max(first_stage ? out_rows * Dv * kF : 0,
+                         last_stage && c.final_norm ? TD * kF : 0);  // x; emb or ln_f's output
+  // Backward: dx; dy (the last stage's), then the layers' dtmp, dg, dh,
+  // dqkv and datto, which stay while the first stage's tail runs (ln_pre's
+  // dx0, then the patch embedding's gradient).
+  int64_t backward = 0;
+  if (vit_backward || !first_stage) {
+    const int64_t layers = L > 0 ? (TD + 2 * T * H + 4 * T * A) * kF : 0;
+    const int64_t tail = first_stage ? std::max(c.pre_norm ? TD : 0, out_rows * Dv) * kF : 0;
+    backward = TD * kF + std::max(last_stage ? TD * kF : 0, layers + tail);
+  }
+  std::vector<Gemm> g;
+  if (first_stage) g.push_back({out_rows, c.patch_dim(), Dv, /*dinp=*/false});
+  if (L > 0) {
+    for (Gemm x : std::initializer_list<Gemm>{{T, Dv, 3 * A}, {T, A, Dv}, {T, Dv, H}, {T, H, Dv}})
+      g.push_back(x);
+  }
+  // The projector on the last stage: its own parameters, its kept input
+  // and hidden layer, its temporaries.
+  const int64_t Tp = N * m.tokens_per_tile(), Hp = m.projector.hidden, C = m.llm.dim,
+                Din = m.projector.pixel_shuffle ? 4 * Dv : Dv;
+  if (last_stage) {
+    AddParameters(ProjectorParameters(m), o.projector_frozen, o, &e);
+    kept += (out_rows * Dv + 2 * Tp * Hp) * kF;
+    forward = std::max(forward, m.projector.pixel_shuffle ? out_rows * Dv * kF : 0);
+    if (projector_backward) {
+      backward = std::max(backward, (2 * Tp * Hp + out_rows * Dv) * kF);
+    }
+    g.push_back({Tp, Din, Hp, vit_backward});
+    g.push_back({Tp, Hp, C});
+  }
+  e.workspace = kept + std::max(forward, backward);
+  e.buffers += e.activations + e.workspace;
+  // The worker keeps every bin's input until its backward (pixels on the
+  // first stage, hidden states on the others; the tower's output instead
+  // where only the projector trains), and one bin in transit each way.
+  const int64_t pixels = N * 3 * int64_t{c.tile_size} * c.tile_size * kF;
+  int64_t input = 0;
+  if (vit_backward) {
+    input = first_stage ? pixels : TD * kF;
+  } else if (projector_backward) {
+    input = out_rows * Dv * kF;
+  }
+  int64_t transit = 0;
+  if (last_stage) {
+    // The tower's output, the embeddings sent and their scratch, the
+    // embeddings' gradient and the tower output's.
+    transit = (2 * out_rows * Dv + 3 * Tp * C) * kF;
+  } else {
+    transit = 3 * TD * kF;  // the output sent, its gradient back, the input gradient
+  }
+  if (!first_stage) transit += TD * kF;  // the received input
+  if (o.device) {
+    e.stage_inputs = input + transit;  // one staging buffer per role
+    e.buffers += e.stage_inputs;
+  } else {
+    e.stage_inputs = std::max(1, bins) * input + transit;
+  }
+  if (!o.device && o.precision == Precision::kBf16) {
+    e.scratch = Bf16GemmScratch(g, vit_backward || projector_backward, true);
+  }
+  return e;
+}
+
+int64_t ResidentBytes() { return StatusField("VmRSS"); }
+int64_t PeakResidentBytes() { return StatusField("VmHWM"); }
+
+}  // namespace loom
