@@ -93,7 +93,12 @@ namespace {
 float* Scratch(int slot, int64_t n) {
   thread_local std::vector<float> buffers[3];
   std::vector<float>& b = buffers[slot];
-  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  if (b.size() < static_cast<size_t>(n)) {
+    // The old contents are not needed: free them before the larger
+    // allocation (resize() would hold both while it copies).
+    b = std::vector<float>();
+    b.resize(static_cast<size_t>(n));
+  }
   return b.data();
 }
 

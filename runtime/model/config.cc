@@ -28,6 +28,22 @@ ModelConfig TinyDeep() {
   return c;
 }
 
+// The LLaVA shape at a size a CPU trains in seconds a step, with a real
+// vocabulary (its logits are a large part of the LLM's memory): a
+// ViT-S-like tower on 64 px tiles (~11M) and a 4-layer LLM (~46M), for
+// measurements on the CPU (the memory model's, docs/figures.md).
+ModelConfig Vit10MLlm45M() {
+  ModelConfig c;
+  c.name = "vit10m-llm45m";
+  c.vit = {/*tile_size=*/64,   /*patch=*/8, /*dim=*/384, /*layers=*/6, /*heads=*/6,
+           /*mlp_hidden=*/1536};
+  c.projector = {/*pixel_shuffle=*/false, /*hidden=*/512};
+  c.llm = {/*vocab=*/32000,         /*dim=*/512,     /*layers=*/4, /*heads=*/8,
+           /*ffn_hidden=*/1408,
+           /*rope_theta=*/10000.0f, /*max_seq=*/4096};
+  return c;
+}
+
 // ViT-L/14-like encoder at 336 px tiles (~300M parameters).
 VitConfig Vit300M() {
   VitConfig v;
@@ -80,7 +96,7 @@ ModelConfig Vit300MLlm70B() {
 }  // namespace
 
 std::vector<std::string> ModelConfigNames() {
-  return {"tiny", "tiny-deep", "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm70b"};
+  return {"tiny", "tiny-deep", "vit10m-llm45m", "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm70b"};
 }
 
 absl::StatusOr<Frozen> ParseFrozen(const std::string& list) {
@@ -106,6 +122,7 @@ absl::StatusOr<Frozen> ParseFrozen(const std::string& list) {
 absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
   if (name == "tiny") return Tiny();
   if (name == "tiny-deep") return TinyDeep();
+  if (name == "vit10m-llm45m") return Vit10MLlm45M();
   if (name == "vit300m-llm1b") return Vit300MLlm1B();
   if (name == "vit300m-llm7b") return Vit300MLlm7B();
   if (name == "vit300m-llm70b") return Vit300MLlm70B();

@@ -41,13 +41,13 @@ void AddParameters(int64_t params, bool frozen, const StageMemoryOptions& o, Mem
   const bool bf16 = o.precision == Precision::kBf16;
   const int shards = std::max(1, o.optimizer_shards);
   const int64_t shard = (params + shards - 1) / shards;  // ChunkRange's largest chunk
+  const int64_t moments = frozen || (o.device && !o.optimizer_on_device) ? 0 : 2 * kF * shard;
   e->weights += kF * params;
   e->bf16_weights += bf16 ? kH * params : 0;
   e->grads += frozen ? 0 : kF * params;
-  e->moments += frozen ? 0 : 2 * kF * shard;
+  e->moments += moments;
   if (o.device) {
-    e->buffers += kF * params + (bf16 ? kH * params : 0) + (frozen ? 0 : kF * params) +
-                  (frozen || !o.optimizer_on_device ? 0 : 2 * kF * shard);
+    e->buffers += kF * params + (bf16 ? kH * params : 0) + (frozen ? 0 : kF * params) + moments;
   } else {
     e->buffers += bf16 ? kH * params : 0;  // Place's bf16 copy is the backend's
   }
@@ -84,6 +84,13 @@ int64_t StatusField(const char* field) {
   }
   std::fclose(f);
   return kb < 0 ? -1 : kb * 1024;
+}
+
+// The host ring's incoming chunk while a set's gradients are reduced over
+// DP (runtime/comm/collective.cc); NCCL reduces in place.
+int64_t ReduceBuffer(int64_t params, bool frozen, const StageMemoryOptions& o) {
+  if (frozen || o.device || o.dp <= 1) return 0;
+  return kF * (params / o.dp + 1);
 }
 
 }  // namespace
@@ -137,7 +144,8 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   const int64_t T = tokens, C = c.dim, HD = c.hd(), NH = c.heads / tp, NKV = c.kv() / tp,
                 D = NH * HD, W = (NH + 2 * NKV) * HD, F = c.ffn_hidden / tp, V = c.vocab / tp,
                 I = first_stage ? image_tokens : 0, L = last - first;
-  AddParameters(LlmStageParameters(c, first, last, tp), o.frozen, o, &e);
+  const int64_t P = LlmStageParameters(c, first, last, tp);
+  AddParameters(P, o.frozen, o, &e);
   // Llm::LayerActs: x, r1, qkv, atto, x1, r2, gate, up, s (narrow under
   // bf16); rr1, lse, rr2 (per row, kept fp32).
   e.activations = LayerActivations(L, T * (4 * C + W + D + 3 * F), T * (NH + 2), o.precision);
@@ -152,8 +160,8 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   const int64_t forward = T * C * kF;
   const int64_t backward = 2 * T * C * kF + std::max(last_stage ? T * V * kF : 0,
                                                      L > 0 ? (3 * T * F + T * D + T * W) * kF : 0);
-  e.workspace = kept + std::max(forward, backward);
-  e.buffers += e.activations + e.workspace;
+  e.buffers += e.activations + kept + std::max(forward, backward);
+  e.workspace = kept + std::max({forward, backward, ReduceBuffer(P, o.frozen, o)});
   // The workers' copies: each in-flight microbatch's input (image
   // embeddings on the first stage, hidden states on the others), and what
   // passes to the neighbours (the output sent on and the gradient coming
@@ -191,7 +199,9 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
                 TD = T * Dv, out_rows = N * Np;
   const bool vit_backward = !o.frozen;
   const bool projector_backward = last_stage && !o.projector_frozen;
-  AddParameters(VitStageParameters(c, first, last, tp), o.frozen, o, &e);
+  const int64_t P = VitStageParameters(c, first, last, tp);
+  AddParameters(P, o.frozen, o, &e);
+  int64_t reduce = ReduceBuffer(P, o.frozen, o);
   // VitEncoder::LayerActs: x, ln1, qkv (3A), atto, x1, ln2, h, g (narrow);
   // mean1, rstd1, lse, mean2, rstd2 (kept).
   e.activations = LayerActivations(L, T * (4 * Dv + 4 * A + 2 * H), T * (4 + NH), o.precision);
@@ -225,6 +235,7 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
                 Din = m.projector.pixel_shuffle ? 4 * Dv : Dv;
   if (last_stage) {
     AddParameters(ProjectorParameters(m), o.projector_frozen, o, &e);
+    reduce = std::max(reduce, ReduceBuffer(ProjectorParameters(m), o.projector_frozen, o));
     kept += (out_rows * Dv + 2 * Tp * Hp) * kF;
     forward = std::max(forward, m.projector.pixel_shuffle ? out_rows * Dv * kF : 0);
     if (projector_backward) {
@@ -233,8 +244,8 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
     g.push_back({Tp, Din, Hp, vit_backward});
     g.push_back({Tp, Hp, C});
   }
-  e.workspace = kept + std::max(forward, backward);
-  e.buffers += e.activations + e.workspace;
+  e.buffers += e.activations + kept + std::max(forward, backward);
+  e.workspace = kept + std::max({forward, backward, reduce});
   // The worker keeps every bin's input until its backward (pixels on the
   // first stage, hidden states on the others; the tower's output instead
   // where only the projector trains), and one bin in transit each way.

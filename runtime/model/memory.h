@@ -16,7 +16,9 @@
 //                 attention's per-row log-sum-exp (O(L), not L x L)
 //   workspace     the stage's kept outputs (final norm, logits) and the
 //                 largest set of forward or backward temporaries alive at
-//                 once (input gradients, dlogits, ...)
+//                 once (input gradients, dlogits, ...), or of the gradients'
+//                 reduction over DP on the host (the Gloo ring's incoming
+//                 chunk, 1/DP of the set)
 //   stage_inputs  the inputs the workers keep to recompute a microbatch's
 //                 forward before its backward: one per microbatch in flight
 //                 (1F1B), and what is in transit to and from the neighbours
@@ -66,11 +68,13 @@ struct StageMemoryOptions {
   Precision precision = Precision::kFp32;
   int tp = 1;                     // the module's TP degree
   int optimizer_shards = 1;       // DP ranks sharing the AdamW moments (ZeRO-1); 1: not sharded
+  int dp = 1;                     // the module's DP degree: its gradients' reduction
   bool frozen = false;            // no gradients, no moments (the ViT, for the encoder)
   bool projector_frozen = false;  // the encoder's last stage: the projector's set
-  // On a GPU: the weights, gradients and bf16 copy are counted once, on the
-  // device; the moments there too when the optimizer steps there; no CPU
-  // GEMM scratch. False: the CPU backend (host memory).
+  // On a GPU: what the device holds (the host's copies are not counted):
+  // the weights, gradients and bf16 copy, the moments where the optimizer
+  // steps there, the workers' staging buffers; no CPU GEMM scratch. Then
+  // total() is buffers. False: the CPU backend (host memory).
   bool device = false;
   bool optimizer_on_device = false;
   int in_flight = 1;  // microbatches whose stage input the stage keeps

@@ -233,6 +233,16 @@ TEST(MemoryModelTest, ThePartsFollowPrecisionShardingAndStage) {
   // Activations grow linearly in the tokens (attention keeps O(L) per head).
   const MemoryEstimate longer = LlmStageMemory(c.llm, 0, 4, 4096, 0, o);
   EXPECT_EQ(longer.activations, 4 * whole.activations);
+  // On a GPU everything counted is the device's: the moments only where
+  // the optimizer steps there.
+  o.device = true;
+  const MemoryEstimate gpu = LlmStageMemory(c.llm, 0, 4, 1024, 0, o);
+  EXPECT_EQ(gpu.total(), gpu.buffers);
+  EXPECT_EQ(gpu.moments, 0);
+  o.optimizer_on_device = true;
+  const MemoryEstimate gpu_optimizer = LlmStageMemory(c.llm, 0, 4, 1024, 0, o);
+  EXPECT_EQ(gpu_optimizer.moments, whole.moments);
+  EXPECT_EQ(gpu_optimizer.total(), gpu_optimizer.buffers);
 }
 
 }  // namespace

@@ -435,6 +435,9 @@ TEST(ConfigTest, NamedConfigsAreValidAndSized) {
   EXPECT_NEAR(VitParameterCount(big.vit) / 1e6, 300, 15);
   EXPECT_NEAR(LlmParameterCount(big.llm) / 1e9, 1.0, 0.1);
   EXPECT_NEAR(LlmParameterCount(ModelConfigByName("vit300m-llm70b")->llm) / 1e9, 70, 2);
+  const ModelConfig small = *ModelConfigByName("vit10m-llm45m");
+  EXPECT_NEAR(VitParameterCount(small.vit) / 1e6, 10.7, 0.5);
+  EXPECT_NEAR(LlmParameterCount(small.llm) / 1e6, 45.6, 0.5);
   EXPECT_EQ(ModelConfigByName("huge").status().code(), absl::StatusCode::kNotFound);
   ModelConfig bad = *ModelConfigByName("tiny");
   bad.vit.patch = 7;

@@ -131,8 +131,10 @@ void ParamSet::ShardOptimizer(int rank, int ranks) {
   opt_end_ = end;
   opt_ranks_ = ranks;
   if (frozen_) return;  // no AdamW state
-  m_.assign(static_cast<size_t>(end - begin), 0.0f);
-  v_.assign(static_cast<size_t>(end - begin), 0.0f);
+  // New vectors of the chunk's size: assign() would keep the whole set's
+  // capacity, and its pages (written by Finalize) resident.
+  std::vector<float>(static_cast<size_t>(end - begin), 0.0f).swap(m_);
+  std::vector<float>(static_cast<size_t>(end - begin), 0.0f).swap(v_);
 }
 
 void ParamSet::Initialize(uint64_t seed) {

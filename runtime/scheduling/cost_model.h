@@ -18,10 +18,8 @@
 // least squares from measured microbatch times, with old observations
 // decaying and a weak pull toward the prior so that one kind of microbatch
 // cannot make the fit singular.
-// Memory (bytes per GPU, linear): parameters, gradients and AdamW state
-// (18 bytes per parameter, bf16 weights with fp32 master and moments) over
-// TP x PP, plus activations per token in flight (34 D bytes per token per
-// layer in bf16 with a fused attention, over TP).
+// Memory is not here: the plan (plan.h) prices it with the runtime's memory
+// model (runtime/model/memory.h).
 #ifndef LOOM_RUNTIME_SCHEDULING_COST_MODEL_H_
 #define LOOM_RUNTIME_SCHEDULING_COST_MODEL_H_
 

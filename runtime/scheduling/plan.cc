@@ -9,11 +9,8 @@
 namespace loom::sched {
 namespace {
 
-constexpr double kParamStateBytes = 18;        // bf16 weight + fp32 master, grad, 2 moments
-constexpr double kFrozenParamBytes = 2;        // a frozen module: the bf16 weight alone
-constexpr double kActBytesPerTokenLayer = 34;  // x hidden dim, bf16, fused attention
-constexpr double kGradBytes = 2;               // bf16 gradients on the wire
-constexpr double kMicrobatchHeadroom = 1.3;    // largest microbatch over the mean
+constexpr double kGradBytes = 2;             // bf16 gradients on the wire
+constexpr double kMicrobatchHeadroom = 1.3;  // largest microbatch over the mean
 
 double TpEfficiency(int tp) { return 1.0 / (1.0 + 0.04 * std::log2(static_cast<double>(tp))); }
 
@@ -85,7 +82,6 @@ struct Workload {
   ModelFlops flops;                                       // with the limits' recompute
   double B = 0;                                           // samples per iteration
   double enc_flops = 0, llm_flops = 0, useful_flops = 0;  // per iteration
-  double enc_state = 0, llm_state = 0;                    // bytes of weights and optimizer state
   double enc_trained = 0, llm_trained = 0;                // parameters with gradients (allreduced)
   double budget = 0;                                      // bytes per GPU
   int patches = 0;                                        // encoder rows per tile (VitConfig::seq)
@@ -116,16 +112,76 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
   const double vit = static_cast<double>(VitParameterCount(model.vit));
   const double projector = static_cast<double>(ProjectorParameterCount(model));
   const double llm = static_cast<double>(LlmParameterCount(model.llm));
-  auto state = [](double params, bool frozen) {
-    return params * (frozen ? kFrozenParamBytes : kParamStateBytes);
-  };
-  w.enc_state = state(vit, f.vision) + state(projector, f.projector);
-  w.llm_state = state(llm, f.llm);
   w.enc_trained = (f.vision ? 0 : vit) + (f.projector ? 0 : projector);
   w.llm_trained = f.llm ? 0 : llm;
   w.budget = c.memory_bytes * limits.memory_fraction;
   w.patches = model.vit.seq();
   return w;
+}
+
+// What the runtime holds on a GPU (runtime/model/memory.h) on the fullest
+// rank of a module's pipeline stages: the job's precision and sharding, the
+// optimizer on the device, 1F1B's in-flight microbatches (encoder stages
+// first), microbatches of `tokens` LLM tokens (`image_tokens` of them
+// image positions) or bins of `tiles` tiles, `bins` of them per encoder
+// replica.
+StageMemoryOptions GpuMemoryOptions(const PlanLimits& limits, int tp, int dp, bool frozen) {
+  StageMemoryOptions o;
+  o.precision = limits.precision;
+  o.tp = tp;
+  o.optimizer_shards = limits.shard_optimizer ? dp : 1;
+  o.dp = dp;
+  o.frozen = frozen;
+  o.device = true;
+  o.optimizer_on_device = true;
+  return o;
+}
+
+double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp, int dp,
+                    int m, double tokens, double image_tokens) {
+  const std::vector<int> b = LlmStages(model, pp).bounds;
+  StageMemoryOptions o = GpuMemoryOptions(limits, tp, dp, limits.frozen.llm);
+  double peak = 0;
+  for (int s = 0; s < pp; ++s) {
+    o.in_flight = std::min(m, pp - s);  // at LLM stage s, whatever the encoder's stages
+    const MemoryEstimate e =
+        LlmStageMemory(model.llm, b[s], b[s + 1], static_cast<int64_t>(std::ceil(tokens)),
+                       static_cast<int64_t>(std::ceil(image_tokens)), o);
+    peak = std::max(peak, static_cast<double>(e.total()));
+  }
+  return peak;
+}
+
+double EncoderPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp, int dp,
+                        double tiles, int bins) {
+  const std::vector<int> b = VitStages(model, pp).bounds;
+  StageMemoryOptions o = GpuMemoryOptions(limits, tp, dp, limits.frozen.vision);
+  o.projector_frozen = limits.frozen.projector;
+  double peak = 0;
+  for (int s = 0; s < pp; ++s) {
+    const MemoryEstimate e =
+        EncoderStageMemory(model, b[s], b[s + 1], static_cast<int64_t>(std::ceil(tiles)), bins, o);
+    peak = std::max(peak, static_cast<double>(e.total()));
+  }
+  return peak;
+}
+
+// Megatron's layout: the first LLM stage, layers [0, first), holds the
+// whole encoder too, and keeps both modules' inputs of the microbatches in
+// flight.
+double FirstStagePeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp,
+                           int dp, int m, int first, double tokens, double image_tokens,
+                           double tiles) {
+  StageMemoryOptions o = GpuMemoryOptions(limits, tp, dp, limits.frozen.llm);
+  o.in_flight = std::min(m, pp);
+  const MemoryEstimate llm =
+      LlmStageMemory(model.llm, 0, first, static_cast<int64_t>(std::ceil(tokens)),
+                     static_cast<int64_t>(std::ceil(image_tokens)), o);
+  o.frozen = limits.frozen.vision;
+  o.projector_frozen = limits.frozen.projector;
+  const MemoryEstimate enc = EncoderStageMemory(
+      model, 0, model.vit.layers, static_cast<int64_t>(std::ceil(tiles)), o.in_flight, o);
+  return static_cast<double>(llm.total() + enc.total());
 }
 
 // Rates of one module replica (TP group) at a microbatch's tokens per GPU.
@@ -209,8 +265,10 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
       for (int tp_e : Divisors(model.vit.heads, max_tp)) {
         for (int pp_e : Divisors(model.vit.layers, limits.max_encoder_pp)) {
           const int group_l = tp_l * pp_l, group_e = tp_e * pp_e;
-          const double static_l = w.llm_state / group_l;
-          const double static_e = w.enc_state / group_e;
+          // The parameters alone, at the most DP ranks (the fewest
+          // moments): what no layout of these degrees holds less than.
+          const double static_l = LlmPeakBytes(model, limits, tp_l, pp_l, c.gpus, 1, 0, 0);
+          const double static_e = EncoderPeakBytes(model, limits, tp_e, pp_e, c.gpus, 0, 0);
           if (static_l > budget || static_e > budget) continue;
           for (int dp_l = 1; group_l * dp_l + group_e <= c.gpus; ++dp_l) {
             const int dp_e = (c.gpus - group_l * dp_l) / group_e;
@@ -241,12 +299,12 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
               const double stage = std::max({llm_stage, enc_stage, transfer});
               const double time = (m + pp_e + pp_l - 1) * stage + std::max(ar_l, ar_e);
               if (time >= best.time) continue;
-              const double mem_l = static_l + std::min(pp_l, m) * mb_tokens * kMicrobatchHeadroom *
-                                                  kActBytesPerTokenLayer * model.llm.dim *
-                                                  model.llm.layers / pp_l / tp_l;
-              const double mem_e = static_e + std::min(pp_e + pp_l, m) * slot_tiles * patches *
-                                                  kMicrobatchHeadroom * kActBytesPerTokenLayer *
-                                                  model.vit.dim * model.vit.layers / pp_e / tp_e;
+              const double mem_l =
+                  LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m, mb_tokens * kMicrobatchHeadroom,
+                               B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom);
+              const double mem_e =
+                  EncoderPeakBytes(model, limits, tp_e, pp_e, dp_e,
+                                   slot_tiles * kMicrobatchHeadroom, (dp_l * m + dp_e - 1) / dp_e);
               if (mem_l > budget || mem_e > budget) continue;
               best = {time, tp_e,      pp_e,      dp_e,  tp_l,  pp_l, dp_l,
                       m,    enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l};
@@ -296,7 +354,9 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
     if (model.vit.heads % tp != 0) continue;  // one TP for both modules
     for (int pp : Divisors(L.layers, limits.max_llm_pp)) {
       const StageSplit even = LlmStages(model, pp);
-      const double static_first = (w.llm_state / pp + w.enc_state) / tp;  // stage 0 holds both
+      // Stage 0 holds both modules: at least one LLM layer's and the
+      // whole encoder's parameters (at the fewest moments).
+      const double static_first = FirstStagePeakBytes(model, limits, tp, pp, c.gpus, 1, 1, 0, 0, 0);
       if (static_first > w.budget) continue;
       for (int dp = 1; tp * pp * dp <= c.gpus; ++dp) {
         const int gpus = tp * pp * dp;
@@ -343,10 +403,10 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
           const double time = (m + pp - 1) * stage + ar_l + ar_e;
           if (time >= best.time) continue;
           const double slot_tiles = w.B * stats.mean_tiles / (dp * m);
-          const double mem =
-              static_first + std::min(pp, m) * kMicrobatchHeadroom * kActBytesPerTokenLayer / tp *
-                                 (mb_tokens * L.dim * first +
-                                  slot_tiles * w.patches * model.vit.dim * model.vit.layers);
+          const double mem = FirstStagePeakBytes(
+              model, limits, tp, pp, dp, m, first, mb_tokens * kMicrobatchHeadroom,
+              w.B * stats.mean_image_tokens / (dp * m) * kMicrobatchHeadroom,
+              slot_tiles * kMicrobatchHeadroom);
           if (mem > w.budget) continue;
           best = {time, tp, pp, dp, m, first, stage, mem, ar_l, ar_e};
         }

@@ -2,7 +2,10 @@
 // DFLOP's exhaustive search): from the cluster, the model and macro-batch
 // statistics, choose the GPUs of the encoder and of the LLM, each module's
 // TP / PP / DP and the microbatch count, minimising the predicted iteration
-// time of the 1F1B pipeline under the memory limit.
+// time of the 1F1B pipeline under the memory limit. Memory is the runtime's
+// (runtime/model/memory.h: what the workers hold on a GPU, stage by stage,
+// at the largest microbatch, kMicrobatchHeadroom times the mean), so a job
+// written from a plan passes the job's memory check at those sizes.
 //
 // Predicted iteration = (m + pp_enc + pp_llm - 1) * max(encoder stage,
 // LLM stage, embedding transfer) + the slower module's gradient allreduce, where a
@@ -18,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "runtime/model/config.h"
+#include "runtime/model/memory.h"
 #include "runtime/scheduling/cost_model.h"
 
 namespace loom::sched {
@@ -52,8 +56,12 @@ struct PlanLimits {
   bool recompute = false;
   double memory_fraction = 0.9;  // of a GPU's memory the plan may use
   // Modules that do not train: cheaper backward (AnalyticFlops), weights
-  // alone in memory (2 bytes a parameter), no gradient allreduce.
+  // alone in memory (no gradients or moments), no gradient allreduce.
   Frozen frozen;
+  // The job's precision and optimizer sharding (ZeRO-1 over each module's
+  // DP ranks), which the memory model prices.
+  Precision precision = Precision::kBf16;
+  bool shard_optimizer = false;
 };
 
 // Cost coefficients of one GPU of `cluster` running a whole module at the

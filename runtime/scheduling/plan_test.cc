@@ -137,7 +137,7 @@ TEST(PlanTest, LargeClusterPlanIsConsistent) {
   EXPECT_GE(p->llm().tp() * p->llm().pp(), 2);
 }
 
-// A frozen LLM holds its weights alone (2 bytes a parameter, not 18) and
+// A frozen LLM holds its weights alone (no gradients or moments) and
 // allreduces no gradients: a 7B LLM frozen fits unsplit where training it
 // does not, and the frozen stage-1 plan is faster.
 TEST(PlanTest, FrozenModulesNeedLessMemoryAndTime) {

@@ -58,7 +58,10 @@ ABSL_FLAG(std::string, values_output, "",
 ABSL_FLAG(std::string, shards, "", "plan: the job's data.shards (the shards the scan read).");
 ABSL_FLAG(std::string, device, "cuda", "plan: the job's device for both modules.");
 ABSL_FLAG(std::string, precision, "bf16",
-          "plan: the job's precision (the plan's memory model is bf16's).");
+          "plan: the job's precision, which the memory model prices (fp32 or bf16).");
+ABSL_FLAG(bool, shard_optimizer, false,
+          "plan: the job shards AdamW's state over each module's DP ranks (ZeRO-1, "
+          "optimizer { shard: true }), which the memory model prices.");
 // assign
 ABSL_FLAG(std::string, plan, "", "assign: a plan from `loom-schedule plan`.");
 ABSL_FLAG(int, llm_dp, 0, "assign: LLM DP ranks (instead of --plan).");
@@ -158,6 +161,7 @@ absl::StatusOr<job::v1::JobConfig> JobOfPlan(const scheduler::v1::Plan& plan,
     return absl::InvalidArgumentError(absl::StrCat("--precision: ", pr.status().message()));
   }
   job.set_precision(absl::GetFlag(FLAGS_precision));
+  if (absl::GetFlag(FLAGS_shard_optimizer)) job.mutable_optimizer()->set_shard(true);
   return job;
 }
 
@@ -213,6 +217,13 @@ int Plan(const BatchFile& batch) {
   PlanLimits limits;
   limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
   limits.recompute = absl::GetFlag(FLAGS_recompute);
+  absl::StatusOr<Precision> precision = ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!precision.ok()) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--precision: ", precision.status().message())));
+  }
+  limits.precision = *precision;
+  limits.shard_optimizer = absl::GetFlag(FLAGS_shard_optimizer);
   absl::StatusOr<Frozen> frozen = ParseFrozen(absl::GetFlag(FLAGS_freeze));
   if (!frozen.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--freeze: ", frozen.status().message())));

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -230,6 +231,7 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (absl::Status l = ValidateLrSchedule(schedule); !l.ok()) {
     return Bad("train.lr_schedule", std::string(l.message()));
   }
+  if (absl::Status m = CheckJobMemory(job, model->config); !m.ok()) return m;
   if (const std::string& init = job.init().checkpoint(); !init.empty()) {
     for (const char* module : kModuleNames) {
       const std::string path = absl::StrCat(init, "/", module, ".ckpt");
@@ -320,6 +322,84 @@ Frozen JobFrozen(const job::v1::JobConfig& job) {
   f.projector = job.freeze().projector();
   f.llm = job.freeze().llm();
   return f;
+}
+
+namespace {
+bool OnGpu(const job::v1::JobConfig& job, bool encoder) {
+  return !absl::StartsWith(JobDevice(job, encoder), "cpu");
+}
+}  // namespace
+
+MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& model, bool encoder,
+                              int stage, int64_t tokens, int64_t image_tokens, int64_t tiles,
+                              int bins) {
+  const job::v1::ParallelConfig& p = job.parallel();
+  const Frozen frozen = JobFrozen(job);
+  const int dp = encoder ? p.encoder_dp() : p.llm_dp();
+  StageMemoryOptions o;
+  o.precision = ParsePrecision(job.precision()).value_or(Precision::kFp32);
+  o.tp = std::max(1, encoder ? p.encoder_tp() : p.llm_tp());
+  o.optimizer_shards = job.optimizer().shard() ? std::max(1, dp) : 1;
+  o.dp = std::max(1, dp);
+  o.device = OnGpu(job, encoder);
+  // As the workers place it (services/worker/training_worker.cc).
+  o.optimizer_on_device = o.device && (job.device().collectives() == "nccl" || dp <= 1);
+  if (encoder) {
+    o.frozen = frozen.vision;
+    o.projector_frozen = frozen.projector;
+    const LayerRange r = VitStageLayers(model, std::max(1, p.encoder_pp()), stage);
+    return EncoderStageMemory(model, r.first, r.last, tiles, bins, o);
+  }
+  o.frozen = frozen.llm;
+  const int pp = std::max(1, p.llm_pp());
+  // 1F1B over the encoder's stages and the LLM's keeps stages - s
+  // microbatches in flight at combined stage s.
+  const int stages = std::max(1, p.encoder_pp()) + pp;
+  o.in_flight =
+      std::min(std::max(1, p.microbatches()), stages - (std::max(1, p.encoder_pp()) + stage));
+  const LayerRange r = LlmStageLayers(model, pp, stage);
+  return LlmStageMemory(model.llm, r.first, r.last, tokens, image_tokens, o);
+}
+
+absl::Status CheckJobMemory(const job::v1::JobConfig& job, const ModelConfig& model) {
+  const double gib = job.device().memory_gib();
+  if (gib == 0) return absl::OkStatus();
+  if (!(std::isfinite(gib) && gib > 0)) {
+    return Bad("device.memory_gib", absl::StrCat("must be a number of GiB > 0, got ", gib));
+  }
+  const job::v1::ParallelConfig& p = job.parallel();
+  if (p.llm_max_tokens() <= 0 || p.encoder_max_tokens() <= 0) {
+    return Bad("device.memory_gib",
+               "the memory check sizes microbatches by parallel.llm_max_tokens and "
+               "parallel.encoder_max_tokens: set both");
+  }
+  const int64_t limit = static_cast<int64_t>(gib * (1ll << 30));
+  const int64_t tokens = p.llm_max_tokens();
+  const int64_t tiles = std::max<int64_t>(1, p.encoder_max_tokens() / model.vit.patches_per_tile());
+  const int64_t image_tokens = std::min(tokens, tiles * model.tokens_per_tile());
+  // The assignment spreads the LLM replicas' bins over the encoder replicas.
+  const int64_t all_bins = int64_t{p.llm_dp()} * p.microbatches();
+  const int bins = static_cast<int>((all_bins + p.encoder_dp() - 1) / p.encoder_dp());
+  for (bool encoder : {true, false}) {
+    const int pp = std::max(1, encoder ? p.encoder_pp() : p.llm_pp());
+    for (int stage = 0; stage < pp; ++stage) {
+      const MemoryEstimate e =
+          JobStageMemory(job, model, encoder, stage, tokens, image_tokens, tiles, bins);
+      const int64_t need = e.total();
+      if (need <= limit) continue;
+      const LayerRange r =
+          encoder ? VitStageLayers(model, pp, stage) : LlmStageLayers(model, pp, stage);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "device.memory_gib: the %s's pipeline stage %d of %d (layers [%d, %d)) needs %.2f GiB "
+          "per rank at %s, more than the %.2f GiB of a device (%s)",
+          encoder ? "encoder" : "LLM", stage, pp, r.first, r.last,
+          static_cast<double>(need) / (1ll << 30),
+          encoder ? absl::StrCat(tiles, " tiles a bin (parallel.encoder_max_tokens)")
+                  : absl::StrCat(tokens, " tokens a microbatch (parallel.llm_max_tokens)"),
+          gib, e.ToString()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<job::v1::JobConfig> ParseJobConfig(const std::string& text,

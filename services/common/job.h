@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "loom/job/v1/job.pb.h"
 #include "runtime/hf/pretrained.h"
+#include "runtime/model/memory.h"
 #include "runtime/model/model.h"
 #include "runtime/train/trainer.h"
 
@@ -45,6 +46,20 @@ Frozen JobFrozen(const job::v1::JobConfig& job);
 // The device (device.encoder or device.llm) of the encoder's or the LLM's
 // workers, a name for ParseDevice (runtime/model/ops.h).
 const std::string& JobDevice(const job::v1::JobConfig& job, bool encoder);
+
+// What one rank of pipeline stage `stage` of the encoder (`encoder`) or the
+// LLM holds under the job's precision, optimizer sharding, freezing, layout
+// and devices (runtime/model/memory.h): for LLM microbatches of `tokens`
+// tokens, `image_tokens` of them image positions, or encoder bins of
+// `tiles` tiles, `bins` of them kept at once. On a GPU (device.encoder or
+// device.llm) it counts what the device holds, on the CPU the host memory.
+MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& model, bool encoder,
+                              int stage, int64_t tokens, int64_t image_tokens, int64_t tiles,
+                              int bins);
+// With device.memory_gib set: RESOURCE_EXHAUSTED naming the module, the
+// stage and the figures when some rank of some stage would hold more than
+// that at the token caps (called by ValidateJob).
+absl::Status CheckJobMemory(const job::v1::JobConfig& job, const ModelConfig& model);
 
 // The job as one line of JSON (for logs and for handing to a child process).
 std::string JobToJson(const job::v1::JobConfig& job);

@@ -233,5 +233,40 @@ TEST(JobConfig, InvalidValuesAreNamed) {
   }
 }
 
+// device.memory_gib checks every stage of both modules against the memory
+// model at the token caps: a 7B LLM whole on one 80 GiB GPU is refused,
+// naming the module, the stage and the figures; split over TP 4 x PP 2 with
+// the optimizer sharded over DP 4 in bf16 it fits.
+TEST(JobConfig, AJobThatDoesNotFitItsDevicesIsRefused) {
+  const std::string base =
+      "model: 'vit300m-llm7b' data { global_batch: 64 } device { llm: 'cuda' encoder: 'cuda' "
+      "memory_gib: 80 } parallel { llm_max_tokens: 4096 encoder_max_tokens: 4608 ";
+  absl::Status whole = ParseAndCheck(base + "llm_dp: 1 encoder_dp: 1 }");
+  EXPECT_EQ(whole.code(), absl::StatusCode::kResourceExhausted) << whole;
+  EXPECT_NE(whole.message().find("device.memory_gib: the LLM's pipeline stage 0 of 1"),
+            std::string::npos)
+      << whole;
+  EXPECT_NE(whole.message().find("4096 tokens a microbatch"), std::string::npos) << whole;
+  EXPECT_NE(whole.message().find("AdamW moments"), std::string::npos) << whole;
+  absl::Status split = ParseAndCheck(base +
+                                     "llm_dp: 4 llm_tp: 4 llm_pp: 2 microbatches: 8 "
+                                     "encoder_dp: 2 } precision: 'bf16' optimizer { shard: true }");
+  EXPECT_TRUE(split.ok()) << split;
+  // The same job on a 16 GiB device: the LLM still fits, the encoder's
+  // bins at the cap still fit; at 4 GiB nothing does.
+  absl::Status small = ParseAndCheck(
+      "model: 'vit300m-llm7b' data { global_batch: 64 } device { llm: 'cuda' encoder: 'cuda' "
+      "memory_gib: 4 } parallel { llm_max_tokens: 4096 encoder_max_tokens: 4608 llm_dp: 4 "
+      "llm_tp: 4 llm_pp: 2 microbatches: 8 encoder_dp: 2 } precision: 'bf16' "
+      "optimizer { shard: true }");
+  EXPECT_EQ(small.code(), absl::StatusCode::kResourceExhausted) << small;
+  // Without both caps the check has no microbatch size to check.
+  absl::Status uncapped =
+      ParseAndCheck("model: 'vit300m-llm7b' data { global_batch: 64 } device { memory_gib: 80 }");
+  EXPECT_EQ(uncapped.code(), absl::StatusCode::kInvalidArgument) << uncapped;
+  EXPECT_NE(uncapped.message().find("parallel.llm_max_tokens"), std::string::npos) << uncapped;
+  EXPECT_EQ(ParseAndCheck("device { memory_gib: -1 }").code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace loom

@@ -42,7 +42,11 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   ApplyJobDefaults(deployment.run_dir, &o.job);
   if (absl::Status s = ValidateJobId(o.job.name()); !s.ok()) return s;
   if (absl::Status s = ValidateJob(o.job); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("job.config.", s.message()));
+    // A job that does not fit its devices (CheckJobMemory) says so in its
+    // code; everything else is a bad field.
+    return absl::Status(
+        absl::IsResourceExhausted(s) ? s.code() : absl::StatusCode::kInvalidArgument,
+        absl::StrCat("job.config.", s.message()));
   }
   const job::v1::ParallelConfig& p = o.job.parallel();
   sched::Degrees degrees;

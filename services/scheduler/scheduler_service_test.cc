@@ -1416,5 +1416,30 @@ TEST(OptionsForJobTest, OnlyNoCheckpointYetLetsATakeBackStartAfresh) {
   EXPECT_NE(bad.status().message().find("RUN"), std::string::npos) << bad.status();
 }
 
+// SubmitJob's check: a job that does not fit its devices is refused as
+// RESOURCE_EXHAUSTED (CheckJobMemory), naming the stage; a bad field stays
+// INVALID_ARGUMENT.
+TEST(OptionsForJobTest, AJobThatDoesNotFitIsRefusedAsResourceExhausted) {
+  SchedulerDeployment deployment;
+  deployment.run_dir = testing::TempPath("memory-run");
+  control::v1::JobSpec spec;
+  job::v1::JobConfig* job = spec.mutable_config();
+  job->set_name("m");
+  job->set_model("tiny");
+  job->mutable_device()->set_memory_gib(0.001);  // 1 MiB: not even tiny's LLM
+  job->mutable_parallel()->set_llm_max_tokens(512);
+  job->mutable_parallel()->set_encoder_max_tokens(256);
+  absl::StatusOr<SchedulerServiceOptions> refused = OptionsForJob(spec, deployment);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("job.config.device.memory_gib: the "),
+            std::string::npos)
+      << refused.status();
+  job->mutable_device()->set_memory_gib(1);
+  EXPECT_TRUE(OptionsForJob(spec, deployment).ok());
+  job->mutable_device()->set_memory_gib(-1);
+  EXPECT_EQ(OptionsForJob(spec, deployment).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace loom

@@ -200,6 +200,7 @@ absl::Status TrainingWorker::Impl::Join() {
 
   absl::StatusOr<Communicator*> layers_tp = DeviceGroups(&store, module_name);
   if (!layers_tp.ok()) return layers_tp.status();
+  if (rss_before_model < 0) rss_before_model = ResidentBytes();
   if (encoder) {
     vit = std::make_unique<VitEncoder>(model.vit, *layers_tp,
                                        VitStageLayers(model, shape.pp, pos.pp), ops);
@@ -270,6 +271,33 @@ absl::Status TrainingWorker::Impl::Join() {
   return absl::OkStatus();
 }
 
+MemoryEstimate TrainingWorker::Impl::PredictedMemory() const {
+  return JobStageMemory(job, model, encoder, pos.pp, max_tokens, max_image_tokens, max_tiles,
+                        max_bins);
+}
+
+int64_t TrainingWorker::Impl::MeasuredMemory() const {
+  if (!on_host()) return static_cast<int64_t>(ops->backend()->peak_bytes());
+  const int64_t peak = PeakResidentBytes();
+  return peak < 0 || rss_before_model < 0 ? -1 : peak - rss_before_model;
+}
+
+void TrainingWorker::Impl::ReportMemory(bool log) {
+  const MemoryEstimate e = PredictedMemory();
+  const int64_t measured = MeasuredMemory();
+  memory_predicted_bytes->Set(static_cast<double>(e.total()));
+  memory_measured_bytes->Set(static_cast<double>(measured));
+  if (!log) return;
+  LOOM_LOG(INFO)
+          .With("predicted_bytes", e.total())
+          .With("measured_bytes", measured)
+          .With("measured", on_host() ? "peak RSS over RSS before the model" : "backend peak")
+          .With("stage", pos.pp)
+          .With("max_tokens", encoder ? max_tiles : max_tokens)
+          .With("predicted", e.ToString())
+      << "memory";
+}
+
 int64_t TrainingWorker::Impl::OptimizerStateBytes() const {
   int64_t bytes = 0;
   for (const ParamSet* p : sets) bytes += p->optimizer_state_bytes();
@@ -290,6 +318,20 @@ void TrainingWorker::Impl::RegisterMetrics() {
                     .Help("Training iterations this worker finished.")
                     .Register(r)
                     .Add(labels);
+  memory_predicted_bytes = &prometheus::BuildGauge()
+                                .Name("loom_worker_memory_predicted_bytes")
+                                .Help(
+                                    "What the memory model (runtime/model/memory.h) predicts "
+                                    "this worker holds at the largest microbatch it has run.")
+                                .Register(r)
+                                .Add(labels);
+  memory_measured_bytes = &prometheus::BuildGauge()
+                               .Name("loom_worker_memory_measured_bytes")
+                               .Help(
+                                   "What this worker measured: on the CPU its peak resident set "
+                                   "over the one before its model; on a GPU its backend's peak.")
+                               .Register(r)
+                               .Add(labels);
   optimizer_state_bytes = &prometheus::BuildGauge()
                                .Name("loom_worker_optimizer_state_bytes")
                                .Help(
@@ -549,6 +591,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
 
   iterations->Increment();
   optimizer_state_bytes->Set(static_cast<double>(OptimizerStateBytes()));
+  ReportMemory(/*log=*/step == 1);
   compute_seconds->Increment(compute);
   wait_seconds->Increment(wait);
   bubble_seconds->Increment(bubble);
@@ -710,6 +753,9 @@ absl::Status TrainingWorker::Train() {
     // scheduler calls work again for the regroup.
     m.cancel.store(true);
     m.ucx->Cancel();
+  }
+  if (result.ok() && m.ops != nullptr && (m.max_tokens > 0 || m.max_tiles > 0)) {
+    m.ReportMemory(/*log=*/true);
   }
   // The last checkpoint is written (and reported) before training ends; a
   // failed iteration waits for it too, before any regroup (which may mark

@@ -27,6 +27,7 @@
 #include "runtime/comm/collective.h"
 #include "runtime/comm/ucx.h"
 #include "runtime/hf/pretrained.h"
+#include "runtime/model/memory.h"
 #include "runtime/model/model.h"
 #include "runtime/model/ops.h"
 #include "runtime/parallel/grid.h"
@@ -207,6 +208,8 @@ struct TrainingWorker::Impl {
   // Steps skipped (a non-finite loss or gradient norm: no optimizer step).
   prometheus::Counter* skipped_steps = nullptr;
   prometheus::Gauge* optimizer_state_bytes = nullptr;
+  prometheus::Gauge* memory_predicted_bytes = nullptr;
+  prometheus::Gauge* memory_measured_bytes = nullptr;
   prometheus::Counter* compute_seconds = nullptr;
   prometheus::Counter* wait_seconds = nullptr;
   prometheus::Counter* bubble_seconds = nullptr;
@@ -266,6 +269,18 @@ struct TrainingWorker::Impl {
   absl::Status JobSum(double* v, int n);
   // Bytes of AdamW moments in this worker's sets.
   int64_t OptimizerStateBytes() const;
+  // The memory model against the measurement (issue 42 item 7): the
+  // largest microbatch (LLM) or bin (encoder) this worker has run, and its
+  // resident set before it built its modules.
+  int64_t rss_before_model = -1;
+  int64_t max_tokens = 0, max_image_tokens = 0, max_tiles = 0;
+  int max_bins = 0;
+  // This rank's prediction at those sizes (runtime/model/memory.h), and
+  // what it measured: on the CPU its peak resident set over the one before
+  // the modules; on a GPU its backend's peak bytes.
+  MemoryEstimate PredictedMemory() const;
+  int64_t MeasuredMemory() const;
+  void ReportMemory(bool log);
   // LOOM_FAULTS (fault_injection.h) for this rank; true: make the
   // gradients NaN (a nan entry).
   bool InjectFault(const char* phase, int64_t iteration) const {

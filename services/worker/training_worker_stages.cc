@@ -177,6 +177,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
                !s.ok()) {
       return s;
     }
+    max_tiles = std::max<int64_t>(max_tiles, n);
     const auto t0 = Clock::now();
     const double s0 = trace::NowMicros();
     auto out = std::make_shared<std::vector<float>>();
@@ -211,6 +212,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     }
     Span("send", s1, d.iteration, "send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank());
   }
+  max_bins = std::max(max_bins, static_cast<int>(inputs.size()));
   std::vector<float> grad, dvit;
   for (size_t k = 0; backward && k < d.bins.size(); ++k) {
     const int b = d.bins[k];
@@ -315,6 +317,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     batches[j] = PackSamples(mb);
     sample_count[j] = static_cast<int>(mb.size());
     image_tokens[j] = TileCount(d, bins[b]) * model.tokens_per_tile();
+    max_tokens = std::max<int64_t>(max_tokens, batches[j].T());
+    max_image_tokens = std::max<int64_t>(max_image_tokens, image_tokens[j]);
     if (batches[j].image_positions() != image_tokens[j]) {
       return absl::DataLossError(absl::StrCat("bin ", b, ": ", batches[j].image_positions(),
                                               " image slots for ", image_tokens[j],
@@ -392,6 +396,9 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     if (!first_stage()) Unstage(din.get(), kStageDin);
     seconds[j] += Since(t0);
     Span("backward", s0, d.iteration, "B mb ", j, " bin ", b);
+    // Its input is no longer needed: a stage keeps only the microbatches
+    // 1F1B has in flight.
+    std::vector<float>().swap(inputs[j]);
     if (last_stage()) {
       *loss_sum += loss->sum;
       *tokens += batches[j].T();
