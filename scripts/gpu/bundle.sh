@@ -24,6 +24,7 @@ TARGETS=(
   //tests/integration:gpu_training_test
   //tests/integration:loom_up_gpus_test
   //runtime/train/bench:mfu_bench
+  //services/worker/bench:memory_bench
   //kernels/attention/bench:attention_bench
 )
 FLAGS=(-c opt --config=cuda --platform_suffix=cuda-opt --dynamic_mode=off --force_pic

@@ -10,7 +10,9 @@
 #
 #   scripts/gpu/check.sh [all | a comma-separated list of tests, exit, bench
 #                         (= mfu and attention); bf16 (mfu_bench and PyTorch in
-#                         bf16, tiny-deep 200 steps bf16 vs fp32 on the GPU)]
+#                         bf16, tiny-deep 200 steps bf16 vs fp32 on the GPU);
+#                         memory (memory_bench on cuda: the memory model
+#                         against each worker's CUDA backend peak)]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WHAT=${1:-all}
@@ -114,6 +116,11 @@ if want bench || want attention; then
       --causal=$([ "$mask" = causal ] && echo true || echo false)
     run "torch_attention_$len" 120 python3 scripts/gpu/torch_reference.py --attention "$shape" --steps 3 --warmup 1
   done
+fi
+if want memory; then
+  run memory_bench 400 "$R/services/worker/bench/memory_bench" --device cuda \
+    --work_dir /tmp/loom-memory-bench
+  grep -E '^  [A-Z].*%$|within' "$LOGS/memory_bench.log"
 fi
 grep -hsE 'TFLOP/s|per patch|flash /' "$LOGS"/mfu_*.log "$LOGS"/torch_*.log "$LOGS"/attention_*.log
 # tiny-deep's bf16 and fp32 runs: the mean loss of their last 20 steps.

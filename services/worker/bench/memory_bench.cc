@@ -14,7 +14,9 @@
 // and its measurement: on the CPU its peak resident set (VmHWM) over its
 // resident set just before it built its modules, so the process itself
 // (code, gRPC, UCX) is left out on both sides. Prints one row per worker and
-// the largest error; exits 1 when a run gave no figure.
+// the largest error; exits 1 when a run gave no figure. With --device cuda
+// (a GPU machine, scripts/gpu/check.sh memory) the workers predict what the
+// device holds and measure their CUDA backend's peak.
 //
 //   bazel run -c opt //services/worker/bench:memory_bench
 #include <algorithm>
@@ -41,6 +43,9 @@
 ABSL_FLAG(std::string, work_dir, "/tmp/loom-memory-bench", "Data, runs and logs.");
 ABSL_FLAG(std::string, model, "vit10m-llm45m", "The model config.");
 ABSL_FLAG(int, steps, 2, "Iterations per run.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where both modules compute (device.encoder and device.llm): cpu, or cuda, where the "
+          "measurement is each worker's backend peak (scripts/gpu/check.sh memory).");
 
 namespace {
 
@@ -109,10 +114,12 @@ int main(int argc, char** argv) {
       loom_up.substr(0, loom_up.size() - strlen("/deploy/launcher/loom-up"));
   const std::string dir = absl::GetFlag(FLAGS_work_dir);
   (void)loom::MakeDirectories(dir);
+  const std::string device = absl::GetFlag(FLAGS_device);
   std::printf(
-      "memory_bench: %s, predicted (runtime/model/memory.h) against measured (peak RSS over the "
-      "RSS before the model), per worker\n",
-      absl::GetFlag(FLAGS_model).c_str());
+      "memory_bench: %s on %s, predicted (runtime/model/memory.h) against measured (%s), "
+      "per worker\n",
+      absl::GetFlag(FLAGS_model).c_str(), device.c_str(),
+      device == "cpu" ? "peak RSS over the RSS before the model" : "the backend's peak");
   std::printf("  %-36s %-9s %-26s %5s %7s %12s %12s %8s\n", "layout", "length", "worker", "stage",
               "size", "predicted", "measured", "error");
   double worst = 0;
@@ -129,7 +136,8 @@ int main(int argc, char** argv) {
               config,
               absl::StrCat("name: 'memory'\nmodel: '", absl::GetFlag(FLAGS_model), "'\nseed: 1\n",
                            "data { samples: 64 global_batch: ", batch, " generated_dir: '", dir,
-                           "/data' }\nparallel { ", l.parallel, caps, " }\n", l.extra, "\n"));
+                           "/data' }\nparallel { ", l.parallel, caps, " }\n", l.extra,
+                           "\ndevice { encoder: '", device, "' llm: '", device, "' }\n"));
           !s.ok()) {
         std::fprintf(stderr, "memory_bench: %s\n", std::string(s.message()).c_str());
         return 1;
