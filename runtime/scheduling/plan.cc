@@ -125,6 +125,13 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
 // first), microbatches of `tokens` LLM tokens (`image_tokens` of them
 // image positions) or bins of `tiles` tiles, `bins` of them per encoder
 // replica.
+// Without recompute (limits.recompute false, the time model's too) a stage
+// keeps the activations of every microbatch in flight, not one: the
+// memory model's (the runtime's: one live) times `in_flight`.
+int64_t KeptActivations(const PlanLimits& limits, int in_flight, const MemoryEstimate& e) {
+  return limits.recompute ? 0 : std::max(0, in_flight - 1) * e.activations;
+}
+
 StageMemoryOptions GpuMemoryOptions(const PlanLimits& limits, int tp, int dp, bool frozen) {
   StageMemoryOptions o;
   o.precision = limits.precision;
@@ -147,7 +154,7 @@ double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, 
     const MemoryEstimate e =
         LlmStageMemory(model.llm, b[s], b[s + 1], static_cast<int64_t>(std::ceil(tokens)),
                        static_cast<int64_t>(std::ceil(image_tokens)), o);
-    peak = std::max(peak, static_cast<double>(e.total()));
+    peak = std::max(peak, static_cast<double>(e.total() + KeptActivations(limits, o.in_flight, e)));
   }
   return peak;
 }
@@ -161,27 +168,22 @@ double EncoderPeakBytes(const ModelConfig& model, const PlanLimits& limits, int 
   for (int s = 0; s < pp; ++s) {
     const MemoryEstimate e =
         EncoderStageMemory(model, b[s], b[s + 1], static_cast<int64_t>(std::ceil(tiles)), bins, o);
-    peak = std::max(peak, static_cast<double>(e.total()));
+    peak = std::max(peak, static_cast<double>(e.total() + KeptActivations(limits, bins, e)));
   }
   return peak;
 }
 
-// Megatron's layout: the first LLM stage, layers [0, first), holds the
-// whole encoder too, and keeps both modules' inputs of the microbatches in
-// flight.
-double FirstStagePeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp,
-                           int dp, int m, int first, double tokens, double image_tokens,
-                           double tiles) {
-  StageMemoryOptions o = GpuMemoryOptions(limits, tp, dp, limits.frozen.llm);
-  o.in_flight = std::min(m, pp);
-  const MemoryEstimate llm =
-      LlmStageMemory(model.llm, 0, first, static_cast<int64_t>(std::ceil(tokens)),
-                     static_cast<int64_t>(std::ceil(image_tokens)), o);
-  o.frozen = limits.frozen.vision;
-  o.projector_frozen = limits.frozen.projector;
-  const MemoryEstimate enc = EncoderStageMemory(
-      model, 0, model.vit.layers, static_cast<int64_t>(std::ceil(tiles)), o.in_flight, o);
-  return static_cast<double>(llm.total() + enc.total());
+// Megatron-LM's memory, for its layout (SearchMonolithicPlan), not Loom's
+// runtime: 18 bytes a trained parameter (bf16 weight, fp32 master,
+// gradient and two moments), 2 a frozen one, and 34 · hidden bytes a token
+// and layer of kept activations over TP (Korthikanti et al.: bf16, sequence
+// parallelism, fused attention) for every microbatch in flight.
+constexpr double kMegatronParamBytes = 18;
+constexpr double kMegatronFrozenParamBytes = 2;
+constexpr double kMegatronActBytesPerTokenLayer = 34;
+
+double MegatronStateBytes(double params, bool frozen) {
+  return params * (frozen ? kMegatronFrozenParamBytes : kMegatronParamBytes);
 }
 
 // Rates of one module replica (TP group) at a microbatch's tokens per GPU.
@@ -354,9 +356,12 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
     if (model.vit.heads % tp != 0) continue;  // one TP for both modules
     for (int pp : Divisors(L.layers, limits.max_llm_pp)) {
       const StageSplit even = LlmStages(model, pp);
-      // Stage 0 holds both modules: at least one LLM layer's and the
-      // whole encoder's parameters (at the fewest moments).
-      const double static_first = FirstStagePeakBytes(model, limits, tp, pp, c.gpus, 1, 1, 0, 0, 0);
+      const Frozen& f = limits.frozen;
+      const double static_first =  // stage 0 holds both modules
+          (MegatronStateBytes(static_cast<double>(LlmParameterCount(L)), f.llm) / pp +
+           MegatronStateBytes(static_cast<double>(VitParameterCount(model.vit)), f.vision) +
+           MegatronStateBytes(static_cast<double>(ProjectorParameterCount(model)), f.projector)) /
+          tp;
       if (static_first > w.budget) continue;
       for (int dp = 1; tp * pp * dp <= c.gpus; ++dp) {
         const int gpus = tp * pp * dp;
@@ -403,10 +408,11 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
           const double time = (m + pp - 1) * stage + ar_l + ar_e;
           if (time >= best.time) continue;
           const double slot_tiles = w.B * stats.mean_tiles / (dp * m);
-          const double mem = FirstStagePeakBytes(
-              model, limits, tp, pp, dp, m, first, mb_tokens * kMicrobatchHeadroom,
-              w.B * stats.mean_image_tokens / (dp * m) * kMicrobatchHeadroom,
-              slot_tiles * kMicrobatchHeadroom);
+          const double mem =
+              static_first + std::min(pp, m) * kMicrobatchHeadroom *
+                                 kMegatronActBytesPerTokenLayer / tp *
+                                 (mb_tokens * L.dim * first +
+                                  slot_tiles * w.patches * model.vit.dim * model.vit.layers);
           if (mem > w.budget) continue;
           best = {time, tp, pp, dp, m, first, stage, mem, ar_l, ar_e};
         }

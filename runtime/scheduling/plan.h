@@ -4,8 +4,10 @@
 // TP / PP / DP and the microbatch count, minimising the predicted iteration
 // time of the 1F1B pipeline under the memory limit. Memory is the runtime's
 // (runtime/model/memory.h: what the workers hold on a GPU, stage by stage,
-// at the largest microbatch, kMicrobatchHeadroom times the mean), so a job
-// written from a plan passes the job's memory check at those sizes.
+// at the largest microbatch, 1.3 times the mean): with `recompute` as the
+// workers run (each stage keeps its in-flight microbatches' inputs and one
+// microbatch's activations); without it, priced as keeping every in-flight
+// microbatch's activations, as the time model then assumes no recompute.
 //
 // Predicted iteration = (m + pp_enc + pp_llm - 1) * max(encoder stage,
 // LLM stage, embedding transfer) + the slower module's gradient allreduce, where a
@@ -79,7 +81,10 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& cluster, const
 // comparison (DistTrain's baseline): one TP x PP x DP grid for both modules,
 // the encoder inside the LLM's first pipeline stage at the LLM's TP and DP;
 // searched over the same TP, PP, DP and microbatch counts under the same
-// cost and memory model, the first stage holding both modules' state. The
+// cost model and Megatron's memory (18 bytes a parameter, 34 · hidden
+// bytes a token and layer over TP with sequence parallelism, every
+// in-flight microbatch's activations kept), the first stage holding both
+// modules' state. The
 // LLM's layers split as its own pipeline would (balance_first_stage false),
 // or with fewer on the first stage so that it, encoder included, is no
 // slower than the others (Megatron's --decoder-first-pipeline-num-layers).

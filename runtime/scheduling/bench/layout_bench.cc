@@ -8,12 +8,15 @@
 //
 // Per model config and datagen preset: a global batch of measured outlines
 // (runtime/scheduling/bench/outlines.h); each layout searched by the same
-// cost and memory model (runtime/scheduling/plan.h: SearchPlan,
-// SearchMonolithicPlan, the latter with the LLM's own layer split and with
-// its first stage balanced for the encoder); every sample's cost from the
+// cost model (runtime/scheduling/plan.h: SearchPlan, SearchMonolithicPlan,
+// the latter with the LLM's own layer split and with its first stage
+// balanced for the encoder), each under its own runtime's memory: Loom's
+// memory model with the recompute its workers run (a stage's forward again
+// before its backward, one microbatch's activations live), Megatron's
+// (activations kept, sequence parallelism); every sample's cost from the
 // layout's coefficients; the assignment; and the iteration simulated in the
-// order the workers run it (runtime/scheduling/simulate.h), activations kept
-// in both layouts as the plans' memory model assumes. Rows: Loom's plan with
+// order the workers run it (runtime/scheduling/simulate.h), recomputing as
+// each runtime does. Rows: Loom's plan with
 // `loom` and with `sequential` (what the order adds), the monolithic layouts
 // with `sequential`; the ratio is the better monolithic layout's simulated
 // iteration over Loom's.
@@ -46,6 +49,7 @@ namespace {
 struct Row {
   std::string layout, algorithm;
   const scheduler::v1::Plan* plan;
+  bool recompute = false;  // as the layout's runtime runs it
   double simulated = 0, bubble = 0;
 };
 
@@ -64,7 +68,9 @@ std::string Grid(const scheduler::v1::Plan& p) {
                       l.pp(), " DP", l.dp(), " m", p.microbatches());
 }
 
-// Simulated iteration of `plan` under `algorithm`, activations kept.
+// Simulated iteration of `plan` under `algorithm`, recomputing as the
+// layout's runtime does (Loom's workers: each stage's forward again before
+// its backward, but for the live microbatch; Megatron's: activations kept).
 absl::Status Simulate(const MeasuredBatch& batch, Row* row) {
   const scheduler::v1::Plan& plan = *row->plan;
   const CostModel costs(plan.costs());
@@ -75,7 +81,7 @@ absl::Status Simulate(const MeasuredBatch& batch, Row* row) {
       AssignForPlan(plan, batch.keys, loads, row->algorithm, 10, &predicted);
   if (!a.ok()) return a.status();
   SimulationOptions o = SimulationOptionsFor(plan);
-  o.recompute = false;
+  o.recompute = row->recompute;
   absl::StatusOr<SimulationResult> sim = SimulateIteration(predicted.bins, o);
   if (!sim.ok()) return sim.status();
   row->simulated = sim->iteration_seconds;
@@ -115,8 +121,13 @@ int Main() {
         return 2;
       }
       const BatchStats stats = StatsOf(batch->shapes, global_batch);
+      // Loom's plan priced as its workers run (recompute: its memory model's
+      // one live microbatch, its time's extra forward); Megatron's layout
+      // as Megatron runs it (activations kept, its own memory).
+      PlanLimits loom_limits;
+      loom_limits.recompute = true;
       const PlanLimits limits;
-      absl::StatusOr<scheduler::v1::Plan> loom = SearchPlan(cluster, *model, stats, limits);
+      absl::StatusOr<scheduler::v1::Plan> loom = SearchPlan(cluster, *model, stats, loom_limits);
       absl::StatusOr<scheduler::v1::Plan> even =
           SearchMonolithicPlan(cluster, *model, stats, limits, false);
       absl::StatusOr<scheduler::v1::Plan> balanced =
@@ -131,8 +142,8 @@ int Main() {
       std::printf("\n%s, %s: mean %.2f tiles, %.0f tokens per sample (E[L^2] / E[L]^2 = %.2f)\n",
                   model->name.c_str(), preset.c_str(), stats.mean_tiles, stats.mean_length,
                   stats.mean_length_sq / (stats.mean_length * stats.mean_length));
-      std::vector<Row> rows = {{"loom (disaggregated)", "loom", &*loom},
-                               {"loom (disaggregated)", "sequential", &*loom},
+      std::vector<Row> rows = {{"loom (disaggregated)", "loom", &*loom, true},
+                               {"loom (disaggregated)", "sequential", &*loom, true},
                                {"monolithic, LLM split", "sequential", &*even},
                                {"monolithic, balanced", "sequential", &*balanced}};
       std::printf("  %-22s %-10s %-52s %9s %9s %6s %7s\n", "layout", "order", "grid", "plan_s",
