@@ -591,7 +591,8 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
 
   iterations->Increment();
   optimizer_state_bytes->Set(static_cast<double>(OptimizerStateBytes()));
-  ReportMemory(/*log=*/step == 1);
+  ReportMemory(/*log=*/!memory_logged);  // after this process's first iteration
+  memory_logged = true;
   compute_seconds->Increment(compute);
   wait_seconds->Increment(wait);
   bubble_seconds->Increment(bubble);

@@ -275,6 +275,7 @@ struct TrainingWorker::Impl {
   int64_t rss_before_model = -1;
   int64_t max_tokens = 0, max_image_tokens = 0, max_tiles = 0;
   int max_bins = 0;
+  bool memory_logged = false;
   // This rank's prediction at those sizes (runtime/model/memory.h), and
   // what it measured: on the CPU its peak resident set over the one before
   // the modules; on a GPU its backend's peak bytes.

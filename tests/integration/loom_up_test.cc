@@ -63,9 +63,11 @@ TEST(LoomUpTest, TokenCapsSkipSamplesAndRefuseABatchThatCannotFit) {
        {Case{"caps", "microbatches: 8 llm_max_tokens: 320 encoder_max_tokens: 1200", true},
         Case{"tight", "microbatches: 2 llm_max_tokens: 600", false}}) {
     const std::string job = TempPath(absl::StrCat(c.name, "_job.txtpb"));
-    std::ofstream(job) << "data { samples: 64 global_batch: 16 }\nparallel { encoder_dp: 2 "
-                          "llm_dp: 2 "
-                       << c.parallel << " }\n";
+    // The memory check passes the job with both caps (1 GiB a device: tiny
+    // fits at them).
+    std::ofstream(job) << "data { samples: 64 global_batch: 16 }\n"
+                       << (c.succeeds ? "device { memory_gib: 1 }\n" : "")
+                       << "parallel { encoder_dp: 2 llm_dp: 2 " << c.parallel << " }\n";
     const std::string run = TempPath(c.name);
     auto up = Subprocess::Start(
         {LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + run, "--config=" + job, "--steps=2"},
@@ -83,6 +85,15 @@ TEST(LoomUpTest, TokenCapsSkipSamplesAndRefuseABatchThatCannotFit) {
       const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       EXPECT_GT(CountOf(log, "\"reason\":\"over_token_cap\""), 0) << "no sample was over the cap";
       EXPECT_NE(log.find("LLM tokens, above parallel.llm_max_tokens 320"), std::string::npos);
+      // Each worker logs the memory model's prediction and its measurement.
+      for (const char* worker : {"loom-llm-worker-0", "loom-encoder-worker-1"}) {
+        std::ifstream w(run + "/logs/" + worker + ".log");
+        const std::string wlog((std::istreambuf_iterator<char>(w)),
+                               std::istreambuf_iterator<char>());
+        EXPECT_GE(CountOf(wlog, "\"msg\":\"memory\",\"src\""), 1) << worker;
+        EXPECT_EQ(wlog.find("\"measured_bytes\":-1"), std::string::npos) << worker;
+        EXPECT_EQ(wlog.find("\"predicted_bytes\":0,"), std::string::npos) << worker;
+      }
     } else {
       EXPECT_NE(out.find("job loom FAILED (step 1 has no assignment: the batch's"),
                 std::string::npos)
@@ -90,6 +101,25 @@ TEST(LoomUpTest, TokenCapsSkipSamplesAndRefuseABatchThatCannotFit) {
       EXPECT_NE(out.find("microbatches of parallel.llm_max_tokens 600"), std::string::npos) << out;
     }
   }
+}
+
+// device.memory_gib: a job whose predicted peak does not fit is refused
+// before any process starts, naming the module, the stage and the figures.
+TEST(LoomUpTest, RefusesAJobThatDoesNotFitItsDevices) {
+  const std::string job = TempPath("oom_job.txtpb");
+  std::ofstream(job) << "data { samples: 64 }\ndevice { memory_gib: 0.001 }\n"
+                        "parallel { llm_max_tokens: 512 encoder_max_tokens: 256 }\n";
+  auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + TempPath("oom"),
+                               "--config=" + job, "--steps=1"},
+                              TempPath("oom.log"));
+  ASSERT_TRUE(up.ok()) << up.status();
+  absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const std::string out = (*up)->ReadLog();
+  EXPECT_NE(DescribeWaitStatus(*st), "exit 0") << out;
+  EXPECT_NE(out.find("device.memory_gib: the "), std::string::npos) << out;
+  EXPECT_NE(out.find("AdamW moments"), std::string::npos) << out;
+  EXPECT_EQ(CountOf(out, "SERVING"), 0) << out;
 }
 
 TEST(LoomUpTest, StopsEverythingOnSigterm) {
