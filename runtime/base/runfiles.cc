@@ -67,4 +67,12 @@ std::string FindRunfile(const std::string& rel, std::string* tried) {
   return "";
 }
 
+bool FindLoomUp(std::string* loom_up, std::string* bin_dir, std::string* tried) {
+  constexpr char kRel[] = "deploy/launcher/loom-up";
+  *loom_up = FindRunfile(kRel, tried);
+  if (loom_up->empty()) return false;
+  *bin_dir = loom_up->substr(0, loom_up->size() - (sizeof(kRel) - 1) - 1);
+  return true;
+}
+
 }  // namespace loom

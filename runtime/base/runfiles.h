@@ -29,6 +29,11 @@ std::vector<std::string> RunfileCandidates(const std::string& rel);
 // The first candidate that exists, else "" with `tried` listing them.
 std::string FindRunfile(const std::string& rel, std::string* tried);
 
+// The launcher `loom up` among the runfiles (deploy/launcher/loom-up) and
+// the folder it takes as --bin_dir (the runfiles' workspace root), for the
+// benchmarks that run jobs; false with `tried` listing the candidates.
+bool FindLoomUp(std::string* loom_up, std::string* bin_dir, std::string* tried);
+
 }  // namespace loom
 
 #endif  // LOOM_RUNTIME_BASE_RUNFILES_H_

@@ -172,10 +172,8 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   if (o.device) {
     // On the host, not the device; the device holds one staging buffer per
     // role (training_worker_impl.h kStage*).
-    const int64_t staging =
-        input + (last_stage ? 0 : 2 * T * C * kF) + (first_stage ? I * C * kF : T * C * kF);
-    e.stage_inputs = staging;
-    e.buffers += staging;
+    e.stage_inputs = input + transit;
+    e.buffers += e.stage_inputs;
   } else {
     e.stage_inputs = std::max(1, o.in_flight) * input + transit;
   }

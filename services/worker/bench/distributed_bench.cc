@@ -442,14 +442,11 @@ int main(int argc, char** argv) {
   self[n > 0 ? n : 0] = 0;
 
   if (!absl::GetFlag(FLAGS_skip_training)) {
-    std::string tried;
-    const std::string loom_up = loom::FindRunfile("deploy/launcher/loom-up", &tried);
-    if (loom_up.empty()) {
+    std::string tried, loom_up, bin_dir;
+    if (!loom::FindLoomUp(&loom_up, &bin_dir, &tried)) {
       std::fprintf(stderr, "loom-up not found (%s); use bazel run\n", tried.c_str());
       return 1;
     }
-    const std::string bin_dir =
-        loom_up.substr(0, loom_up.size() - strlen("/deploy/launcher/loom-up"));
     std::map<std::string, std::vector<double>> secs, imb;
     for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
       for (const char* alg : r % 2 == 0 ? std::vector<const char*>{"sequential", "loom"}

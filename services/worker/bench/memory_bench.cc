@@ -104,14 +104,11 @@ std::vector<Row> MemoryRows(const std::string& logs) {
 int main(int argc, char** argv) {
   loom::ExportRunfilesDir();  // loom-up and the services it starts read their data here
   absl::ParseCommandLine(argc, argv);
-  std::string tried;
-  const std::string loom_up = loom::FindRunfile("deploy/launcher/loom-up", &tried);
-  if (loom_up.empty()) {
+  std::string tried, loom_up, bin_dir;
+  if (!loom::FindLoomUp(&loom_up, &bin_dir, &tried)) {
     std::fprintf(stderr, "memory_bench: loom-up not found (%s); use bazel run\n", tried.c_str());
     return 1;
   }
-  const std::string bin_dir =
-      loom_up.substr(0, loom_up.size() - strlen("/deploy/launcher/loom-up"));
   const std::string dir = absl::GetFlag(FLAGS_work_dir);
   (void)loom::MakeDirectories(dir);
   const std::string device = absl::GetFlag(FLAGS_device);
