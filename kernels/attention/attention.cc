@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/matmul/bf16.h"
+
 namespace loom::kernels {
 namespace {
 
@@ -215,7 +217,7 @@ void BlockScores(float* sc, const float* base, const Layout& y, int h, int i0, i
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
-                             int S, int NH, int NKV, int HD, bool causal) {
+                             int S, int NH, int NKV, int HD, bool causal, bool bf16) {
   const Layout y(NH, NKV, HD);
   const int C = NH * HD, ld = static_cast<int>(y.ld), B = kFlashBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -243,6 +245,9 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
             const float corr = std::exp(m[i] - mx);  // 0 on the first block (m = -inf)
             float sum = 0;
             for (int j = 0; j < n; ++j) sum += row[j] = std::exp(row[j] - mx);
+            if (bf16) {  // P·V takes P in bf16; the sum is the fp32 P's
+              for (int j = 0; j < n; ++j) row[j] = RoundToBf16(row[j]);
+            }
             for (int j = n; j < bc; ++j) row[j] = 0.0f;
             l[i] = l[i] * corr + sum;
             m[i] = mx;
@@ -266,11 +271,13 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, const int32_t* cu_seqlens, int S, int NH, int NKV,
-                              int HD, bool causal) {
+                              int HD, bool causal, bool bf16) {
   const Layout y(NH, NKV, HD);
   const int C = NH * HD, ld = static_cast<int>(y.ld), B = kFlashBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   std::vector<float> p(static_cast<size_t>(B) * B), dp(static_cast<size_t>(B) * B), dsum(B);
+  // Under bf16: the block's dO rounded (ld HD), P rounded (B x B).
+  std::vector<float> g16(bf16 ? static_cast<size_t>(B) * HD : 0), p16(bf16 ? p.size() : 0);
   for (int s = 0; s < S; ++s) {
     const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - cu_seqlens[s];
     const float* base = qkv + static_cast<int64_t>(start) * ld;
@@ -280,14 +287,22 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
     for (int h = 0; h < NH; ++h) {
       for (int i0 = 0; i0 < L; i0 += B) {
         const int br = std::min(B, L - i0);
-        // D_i = rowsum(dO_i ⊙ O_i)
+        // D_i = rowsum(dO_i ⊙ O_i), of the dO that dP = dO · Vᵀ takes (so
+        // that rowsum(dS) stays 0 to rounding)
         for (int i = 0; i < br; ++i) {
           const float* gi = g + static_cast<int64_t>(i0 + i) * C + h * HD;
           const float* oi = ob + static_cast<int64_t>(i0 + i) * C + h * HD;
           double d = 0;
-          for (int e = 0; e < HD; ++e) d += static_cast<double>(gi[e]) * oi[e];
+          for (int e = 0; e < HD; ++e) {
+            const float ge = bf16 ? RoundToBf16(gi[e]) : gi[e];
+            if (bf16) g16[static_cast<size_t>(i) * HD + e] = ge;
+            d += static_cast<double>(ge) * oi[e];
+          }
           dsum[i] = static_cast<float>(d);
         }
+        // dO_i as the GEMMs take it.
+        const float* gb = bf16 ? g16.data() : g + static_cast<int64_t>(i0) * C + h * HD;
+        const int gld = bf16 ? HD : C;
         const int j_end = causal ? i0 + br : L;
         for (int j0 = 0; j0 < j_end; j0 += B) {
           const int bc = std::min(B, j_end - j0);
@@ -300,18 +315,21 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
             for (int j = 0; j < n; ++j) row[j] = std::exp(row[j] - li);
             for (int j = std::max(n, 0); j < bc; ++j) row[j] = 0.0f;
           }
+          if (bf16) {
+            for (int64_t k = 0; k < static_cast<int64_t>(br) * bc; ++k) p16[k] = RoundToBf16(p[k]);
+          }
           // dV_j += Pᵀ · dO_i
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, HD, br, 1.0f, p.data(), bc,
-                      g + static_cast<int64_t>(i0) * C + h * HD, C, 1.0f,
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, HD, br, 1.0f,
+                      bf16 ? p16.data() : p.data(), bc, gb, gld, 1.0f,
                       dbase + static_cast<int64_t>(j0) * ld + y.v(h), ld);
           // dP = dO_i · V_jᵀ ; dS = P ⊙ (dP − D_i)
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, HD, 1.0f,
-                      g + static_cast<int64_t>(i0) * C + h * HD, C,
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, HD, 1.0f, gb, gld,
                       base + static_cast<int64_t>(j0) * ld + y.v(h), ld, 0.0f, dp.data(), bc);
           for (int i = 0; i < br; ++i) {
             for (int j = 0; j < bc; ++j) {
               const int64_t k = static_cast<int64_t>(i) * bc + j;
               dp[k] = p[k] * (dp[k] - dsum[i]);
+              if (bf16) dp[k] = RoundToBf16(dp[k]);
             }
           }
           // dQ_i += scale · dS · K_j ; dK_j += scale · dSᵀ · Q_i

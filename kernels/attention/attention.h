@@ -48,13 +48,21 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // probabilities block by block from qkv and lse, and needs the forward's
 // `out` for D = rowsum(dout ⊙ out). Memory beyond its arguments: O(block²)
 // per call. Deterministic: every sum in a fixed order.
+//
+// bf16: the function FlashAttention-2 computes on tensor cores under bf16
+// mixed precision (runtime/model/precision.h), which the CUDA kernel's bf16
+// path computes too: qkv holds bf16 values already (the caller rounds it),
+// the probabilities P are rounded to bf16 before P·V and Pᵀ·dO, dout before
+// dO·Vᵀ, Pᵀ·dO and D = rowsum(dO ⊙ O), and dS before dS·K and dSᵀ·Q; every
+// product is summed in fp32, and the softmax's max, sum and log-sum-exp,
+// and D, stay fp32.
 inline constexpr int kFlashBlock = 64;
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
-                             int S, int NH, int NKV, int HD, bool causal);
+                             int S, int NH, int NKV, int HD, bool causal, bool bf16 = false);
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, const int32_t* cu_seqlens, int S, int NH, int NKV,
-                              int HD, bool causal);
+                              int HD, bool causal, bool bf16 = false);
 
 }  // namespace loom::kernels
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/matmul/bf16.h"
 #include "kernels/testing/gradcheck.h"
 
 namespace loom::kernels {
@@ -11,6 +12,7 @@ namespace {
 
 using loom::testing::AllClose;
 using loom::testing::CheckGradient;
+using loom::testing::kBf16VsFp32Model;
 using loom::testing::kFastVsReferenceF32;
 using loom::testing::RandomVector;
 using loom::testing::WeightedSum;
@@ -172,6 +174,47 @@ TEST(AttentionTest, GroupedQueryEqualsMultiHeadWithSharedKeysAndValues) {
     }
   }
   EXPECT_TRUE(AllClose(d1.data(), folded.data(), d1.size(), kFastVsReferenceF32));
+}
+
+// ‖a − b‖ / ‖b‖ over n values.
+double RelativeNorm(const float* a, const float* b, size_t n) {
+  double d = 0, w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    w += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(d / w);
+}
+
+// bf16 mixed precision's attention (the tensor cores' rounding of P, dO and
+// dS) computes the fp32 function of the same bf16 qkv to bf16's precision,
+// and does round: it is not the fp32 result.
+TEST_P(AttentionTest, Bf16RoundsAtItsPointsAndStaysNearFp32) {
+  const Case& c = GetParam();
+  const int S = static_cast<int>(c.cu.size()) - 1, T = c.cu.back(), C = c.NH * c.HD,
+            W = (c.NH + 2 * c.NKV) * c.HD;
+  if (T == 0) return;
+  auto qkv = RandomVector(static_cast<size_t>(T) * W, 9);
+  RoundToBf16(qkv.data(), static_cast<int64_t>(qkv.size()));
+  std::vector<float> out32(T * C), out16(T * C), lse32(static_cast<size_t>(T) * c.NH),
+      lse16(lse32.size());
+  flash_attention_forward(out32.data(), lse32.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV, c.HD,
+                          c.causal, /*bf16=*/false);
+  flash_attention_forward(out16.data(), lse16.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV, c.HD,
+                          c.causal, /*bf16=*/true);
+  EXPECT_EQ(lse16, lse32);  // the softmax's statistics stay fp32
+  const double out_diff = RelativeNorm(out16.data(), out32.data(), out32.size());
+  EXPECT_GT(out_diff, 0.0);
+  EXPECT_LT(out_diff, kBf16VsFp32Model.rtol);
+  auto dout = RandomVector(static_cast<size_t>(T) * C, 10);
+  std::vector<float> d32(qkv.size(), 0.0f), d16(qkv.size(), 0.0f);
+  flash_attention_backward(d32.data(), dout.data(), qkv.data(), out32.data(), lse32.data(),
+                           c.cu.data(), S, c.NH, c.NKV, c.HD, c.causal, /*bf16=*/false);
+  flash_attention_backward(d16.data(), dout.data(), qkv.data(), out32.data(), lse32.data(),
+                           c.cu.data(), S, c.NH, c.NKV, c.HD, c.causal, /*bf16=*/true);
+  const double grad_diff = RelativeNorm(d16.data(), d32.data(), d32.size());
+  EXPECT_GT(grad_diff, 0.0);
+  EXPECT_LT(grad_diff, kBf16VsFp32Model.rtol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Packs, AttentionTest,

@@ -80,12 +80,14 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 // Memory-efficient attention (kernels/attention/attention.h
 // flash_attention_*, FlashAttention-2's algorithm): lse (T, NH); backward
 // reads the forward's `out` and needs `scratch` of T·NH floats. Head
-// dimension <= 128. No atomics: the same bits on every run.
+// dimension <= 128. No atomics: the same bits on every run. bf16 (the
+// CPU kernel's bf16): its products on tensor cores (WMMA, bf16 in, fp32
+// sums), blocks of 32 queries by 32 keys; else fp32 on the CUDA cores.
 void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
-                             int S, int T, int NH, int NKV, int HD, bool causal);
+                             int S, int T, int NH, int NKV, int HD, bool causal, bool bf16 = false);
 void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                               const float* out, const float* lse, const int32_t* cu_seqlens, int S,
-                              int T, int NH, int NKV, int HD, bool causal);
+                              int T, int NH, int NKV, int HD, bool causal, bool bf16 = false);
 
 // Fused masked cross-entropy: writes dlogits (null: the losses only) and
 // per-row losses (0 where the target is < 0); the caller sums `losses` for

@@ -11,6 +11,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/loss/crossentropy.h"
+#include "kernels/matmul/bf16.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/norm/norm.h"
 #include "kernels/optim/optim.h"
@@ -34,8 +35,10 @@ namespace loom::kernels {
 namespace {
 
 using loom::testing::AllClose;
+using loom::testing::kCudaFlashBf16VsCpuBf16;
 using loom::testing::kCudaVsCpuF32;
 using loom::testing::RandomVector;
+using loom::testing::Tolerance;
 
 class CudaOpsTest : public ::testing::Test {
  protected:
@@ -236,8 +239,12 @@ TEST_F(CudaOpsTest, Attention) {
 
 // The memory-efficient kernels against the CPU's (kernels/attention), over
 // head dimensions of every template instance, sequences longer than a tile,
-// causal and full, grouped-query; backward twice gives the same bits.
-TEST_F(CudaOpsTest, FlashAttention) {
+// causal and full, grouped-query; backward twice gives the same bits. In
+// fp32 (CUDA cores) and bf16 (tensor cores, against the CPU's bf16).
+class CudaFlashAttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CudaFlashAttentionTest, EqualsTheCpuKernel) {
+  const bool bf16 = GetParam();
   struct Case {
     std::vector<int32_t> cu;
     int NH, NKV, HD;
@@ -250,29 +257,36 @@ TEST_F(CudaOpsTest, FlashAttention) {
                                          {{0, 45, 90}, 2, 1, 128, true}}) {
     const int S = static_cast<int>(c.cu.size()) - 1, T = c.cu.back(), C = c.NH * c.HD;
     auto qkv = RandomVector(static_cast<size_t>(T) * (c.NH + 2 * c.NKV) * c.HD, 31);
+    if (bf16) RoundToBf16(qkv.data(), static_cast<int64_t>(qkv.size()));  // the contract
     auto g = RandomVector(static_cast<size_t>(T) * C, 32);
     auto d0 = RandomVector(qkv.size(), 33);  // backward accumulates
     std::vector<float> out(T * C), lse(static_cast<size_t>(T) * c.NH), dqkv = d0;
     flash_attention_forward(out.data(), lse.data(), qkv.data(), c.cu.data(), S, c.NH, c.NKV, c.HD,
-                            c.causal);
+                            c.causal, bf16);
     flash_attention_backward(dqkv.data(), g.data(), qkv.data(), out.data(), lse.data(), c.cu.data(),
-                             S, c.NH, c.NKV, c.HD, c.causal);
+                             S, c.NH, c.NKV, c.HD, c.causal, bf16);
     Dev<float> dQkv(qkv), dG(g), dOut(out.size()), dLse(lse.size()), dScratch(lse.size());
     Dev<float> dD(d0), dD2(d0);
     Dev<int32_t> dCu(c.cu);
     cuda::flash_attention_forward(dOut.get(), dLse.get(), dQkv.get(), dCu.get(), S, T, c.NH, c.NKV,
-                                  c.HD, c.causal);
+                                  c.HD, c.causal, bf16);
     cuda::flash_attention_backward(dD.get(), dScratch.get(), dG.get(), dQkv.get(), dOut.get(),
-                                   dLse.get(), dCu.get(), S, T, c.NH, c.NKV, c.HD, c.causal);
+                                   dLse.get(), dCu.get(), S, T, c.NH, c.NKV, c.HD, c.causal, bf16);
     cuda::flash_attention_backward(dD2.get(), dScratch.get(), dG.get(), dQkv.get(), dOut.get(),
-                                   dLse.get(), dCu.get(), S, T, c.NH, c.NKV, c.HD, c.causal);
+                                   dLse.get(), dCu.get(), S, T, c.NH, c.NKV, c.HD, c.causal, bf16);
     const std::string what = "HD " + std::to_string(c.HD) + " causal " + std::to_string(c.causal);
-    EXPECT_TRUE(Agree(dOut.Host(), out)) << what;
-    EXPECT_TRUE(Agree(dLse.Host(), lse)) << what;
-    EXPECT_TRUE(Agree(dD.Host(), dqkv)) << what;
+    const Tolerance& tol = bf16 ? kCudaFlashBf16VsCpuBf16 : kCudaVsCpuF32;
+    EXPECT_TRUE(Agree(dOut.Host(), out, tol)) << what;
+    EXPECT_TRUE(Agree(dLse.Host(), lse, tol)) << what;
+    EXPECT_TRUE(Agree(dD.Host(), dqkv, tol)) << what;
     EXPECT_EQ(dD.Host(), dD2.Host()) << what << ": two backward runs differ";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaFlashAttentionTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return std::string(p.param ? "Bf16" : "Fp32");
+                         });
 
 TEST_F(CudaOpsTest, CrossEntropyAndAdamW) {
   const int T = 7, V = 1000;

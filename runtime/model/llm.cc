@@ -135,7 +135,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
     a.atto.resize(TD);
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_.data(), b.S(), T, NH,
-                            NKV, HD, /*causal=*/true);
+                            NKV, HD, /*causal=*/true, narrow);
     a.x1.resize(TC);
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
                                                       params_.weight(id.proj), nullptr, T, D, C);
@@ -235,7 +235,7 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
                                   a.atto.data(), params_.weight(id.proj), T, D, C);
     dqkv.Zeros(TW);
     ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
-                             cu_.data(), b.S(), T, NH, NKV, HD, /*causal=*/true);
+                             cu_.data(), b.S(), T, NH, NKV, HD, /*causal=*/true, narrow);
     ops_->rope_backward(dqkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
     dtmp.Zeros(TC);
     ops_->linear_backward(dtmp.data(), params_.grad(id.qkv),

@@ -105,14 +105,14 @@ class Cpu final : public Ops {
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens, int S,
-                         int, int NH, int NKV, int HD, bool causal) override {
-    kernels::flash_attention_forward(out, lse, qkv, cu_seqlens, S, NH, NKV, HD, causal);
+                         int, int NH, int NKV, int HD, bool causal, bool bf16) override {
+    kernels::flash_attention_forward(out, lse, qkv, cu_seqlens, S, NH, NKV, HD, causal, bf16);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, const int32_t* cu_seqlens, int S, int, int NH, int NKV,
-                          int HD, bool causal) override {
-    kernels::flash_attention_backward(dqkv, dout, qkv, out, lse, cu_seqlens, S, NH, NKV, HD,
-                                      causal);
+                          int HD, bool causal, bool bf16) override {
+    kernels::flash_attention_backward(dqkv, dout, qkv, out, lse, cu_seqlens, S, NH, NKV, HD, causal,
+                                      bf16);
   }
 
   void patchify(float* patches, const float* tiles, int N, int S, int P) override {

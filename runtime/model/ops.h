@@ -121,13 +121,15 @@ class Ops {
   // packed variable-length sequences, `cu_seqlens` (S + 1) on this backend;
   // T = cu_seqlens[S] rows; `lse` holds T x NH floats (each row's
   // log-sum-exp), no L x L probabilities; backward reads the forward's
-  // `out`.
+  // `out`. bf16: bf16 mixed precision's attention (kernels/attention's
+  // bf16; qkv holds bf16 values), on tensor cores on CUDA.
   virtual void attention_forward(float* out, float* lse, const float* qkv,
                                  const int32_t* cu_seqlens, int S, int T, int NH, int NKV, int HD,
-                                 bool causal) = 0;
+                                 bool causal, bool bf16) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
                                   const float* out, const float* lse, const int32_t* cu_seqlens,
-                                  int S, int T, int NH, int NKV, int HD, bool causal) = 0;
+                                  int S, int T, int NH, int NKV, int HD, bool causal,
+                                  bool bf16) = 0;
 
   // kernels/embedding: the ViT's patches and positions.
   virtual void patchify(float* patches, const float* tiles, int N, int S, int P) = 0;

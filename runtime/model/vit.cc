@@ -124,8 +124,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
     a.atto.resize(TA);
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_dev_.data(), N, T, NH, NH,
-                            HD,
-                            /*causal=*/false);
+                            HD, /*causal=*/false, narrow);
     a.x1.resize(TD);
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
                                                       params_.weight(id.proj_w),
@@ -232,7 +231,7 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
                                   params_.weight(id.proj_w), T, A, D);
     dqkv.Zeros(3 * TA);
     ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
-                             cu_dev_.data(), N, T, NH, NH, HD, /*causal=*/false);
+                             cu_dev_.data(), N, T, NH, NH, HD, /*causal=*/false, narrow);
     dtmp.Zeros(TD);
     ops_->linear_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
                           a.ln1.data(), params_.weight(id.qkv_w), T, D, 3 * A);

@@ -13,6 +13,10 @@
 #                         bf16, tiny-deep 200 steps bf16 vs fp32 on the GPU);
 #                         memory (memory_bench on cuda: the memory model
 #                         against each worker's CUDA backend peak)]
+#
+# Environment: DEADLINE=S bounds the whole run (below); ATTENTION_PRECISIONS
+# and ATTENTION_SHAPES choose the attention benchmarks; SKIP_CPU=1 skips the
+# exit check on the CPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WHAT=${1:-all}
@@ -39,14 +43,29 @@ export TEST_SRCDIR=$ROOT/runfiles TEST_WORKSPACE=loom LOOM_REQUIRE_GPU=${LOOM_RE
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 } 2>&1 | tee "$LOGS/machine.txt"
 
+# The logs so far, packed into $OUT/logs.tgz after every step: a run the
+# device tool stops at its limit still brings back what finished.
+save() { if [ -n "${OUT:-}" ]; then tar -C "$LOGS" -czf "$OUT/logs.tgz" . 2>/dev/null; fi; }
+# DEADLINE=S (seconds from the start) bounds the whole script: each step's
+# limit is cut to what is left, and a step with under 15 s left is skipped.
+DEADLINE=${DEADLINE:-0}
+left() { if [ "$DEADLINE" -gt 0 ]; then echo $((DEADLINE - SECONDS - 10)); else echo 100000; fi; }
 run() {  # run NAME SECONDS COMMAND...: its log in $LOGS/NAME.log, one summary line
   local name=$1 secs=$2
   shift 2
+  local rest
+  rest=$(left)
+  if [ "$rest" -lt 15 ]; then
+    echo "$name: skipped (deadline)" | tee -a "$LOGS/summary.txt"
+    return
+  fi
+  [ "$rest" -lt "$secs" ] && secs=$rest
   local start=$SECONDS
   TEST_TMPDIR=$(mktemp -d) timeout -k 10 "$secs" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   echo "$name: rc $rc in $((SECONDS - start)) s" | tee -a "$LOGS/summary.txt"
   grep -E '^\[  (FAILED|SKIPPED) \].*\([0-9]+ ms\)|largest relative|Failure$|error:' "$LOGS/$name.log" | head -20
+  save
 }
 
 if want tests; then
@@ -84,17 +103,6 @@ exit_check() {
   cp -r "$dir/run/logs" "$dir/service-logs" 2>/dev/null
 }
 
-if want exit; then
-  [ -z "${SKIP_CPU:-}" ] && exit_check cpu
-  exit_check cuda:0
-fi
-if want bench || want mfu; then
-  run mfu_llm 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
-    --modules llm --seq 2048 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
-  run mfu_encoder 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
-    --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
-  run torch_reference 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 --steps 5
-fi
 if want bench || want bf16; then
   # bf16 mixed precision: H100 SXM's dense bf16 peak 989 TFLOP/s (H200's the same).
   run mfu_llm_bf16 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
@@ -103,26 +111,46 @@ if want bench || want bf16; then
     --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 989 --precision bf16
   run torch_reference_bf16 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 \
     --steps 5 --precision bf16
-  run train_local_bf16 300 "$R/runtime/train/loom-train-local" --device cuda --config tiny-deep \
+  run train_local_bf16 120 "$R/runtime/train/loom-train-local" --device cuda --config tiny-deep \
     --steps 200 --lr_schedule cosine --min_lr 1e-5 --precision bf16
-  run train_local_fp32 300 "$R/runtime/train/loom-train-local" --device cuda --config tiny-deep \
+  run train_local_fp32 120 "$R/runtime/train/loom-train-local" --device cuda --config tiny-deep \
     --steps 200 --lr_schedule cosine --min_lr 1e-5 --precision fp32
 fi
+if want bench || want mfu; then
+  run mfu_llm 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
+    --modules llm --seq 2048 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
+  run mfu_encoder 150 "$R/runtime/train/bench/mfu_bench" --device cuda --config vit300m-llm1b \
+    --modules encoder --tiles 16 --gemm 8192 --steps 5 --warmup 2 --peak_tflops 66.9
+  run torch_reference 150 python3 scripts/gpu/torch_reference.py --seq 2048 --tiles 16 --steps 5
+fi
+# Attention alone, Loom's flash against PyTorch's sdpa, in each of
+# $ATTENTION_PRECISIONS (default: fp32 bf16) at each of $ATTENTION_SHAPES
+# (LENGTH,HEADS,HEAD_DIM,causal|full,SEQUENCES).
 if want bench || want attention; then
-  for shape in 2048,16,128,causal,1 4096,16,128,causal,1 576,16,64,full,16; do
-    IFS=, read -r len heads hd mask batch <<<"$shape"
-    run "attention_$len" 120 "$R/kernels/attention/bench/attention_bench" --device cuda \
-      --length "$len" --heads "$heads" --head_dim "$hd" --sequences "$batch" --steps 3 --warmup 1 \
-      --causal=$([ "$mask" = causal ] && echo true || echo false)
-    run "torch_attention_$len" 120 python3 scripts/gpu/torch_reference.py --attention "$shape" --steps 3 --warmup 1
+  for prec in ${ATTENTION_PRECISIONS:-fp32 bf16}; do
+    for shape in ${ATTENTION_SHAPES:-2048,16,128,causal,1 4096,16,128,causal,1 576,16,64,full,16}; do
+      IFS=, read -r len heads hd mask batch <<<"$shape"
+      run "attention_${prec}_${len}x$batch" 120 "$R/kernels/attention/bench/attention_bench" \
+        --device cuda --precision "$prec" --length "$len" --heads "$heads" --head_dim "$hd" \
+        --sequences "$batch" --steps 3 --warmup 1 --standard=$([ "$prec" = fp32 ] && echo true || echo false) \
+        --causal=$([ "$mask" = causal ] && echo true || echo false)
+      run "torch_attention_${prec}_${len}x$batch" 120 python3 scripts/gpu/torch_reference.py \
+        --attention "$shape" --precision "$prec" --steps 3 --warmup 1
+    done
   done
 fi
 if want memory; then
   run memory_bench 400 "$R/services/worker/bench/memory_bench" --device cuda \
     --work_dir /tmp/loom-memory-bench
-  grep -E '^  [A-Z].*%$|within' "$LOGS/memory_bench.log"
+  grep -E '^  [A-Z].*%|within' "$LOGS/memory_bench.log"
 fi
-grep -hsE 'TFLOP/s|per patch|flash /' "$LOGS"/mfu_*.log "$LOGS"/torch_*.log "$LOGS"/attention_*.log
+# Last: the exit checks, each skipped with under 150 s left.
+if want exit; then
+  [ -z "${SKIP_CPU:-}" ] && [ "$(left)" -ge 150 ] && exit_check cpu
+  [ "$(left)" -ge 150 ] && exit_check cuda:0
+  save
+fi
+grep -hsE 'TFLOP/s|per patch|flash /|attention_bench on' "$LOGS"/mfu_*.log "$LOGS"/torch_*.log "$LOGS"/attention_*.log
 # tiny-deep's bf16 and fp32 runs: the mean loss of their last 20 steps.
 for f in "$LOGS"/train_local_*.log; do
   [ -f "$f" ] && python3 -c 'import json, sys

@@ -103,16 +103,20 @@ def encoder(tiles, steps, warmup, S=336, P=14, D=1024, L=24, H=16, M=4096, hidde
     return timed(step, steps, warmup)
 
 
-def attention(batch, seq, heads, head_dim, causal, steps, warmup):
-    """scaled_dot_product_attention forward + backward, fp32, on `batch` sequences:
-    PyTorch's own choice (its memory-efficient kernel) and its math path
-    (cuBLAS GEMMs and a softmax, the L x L probabilities kept)."""
+def attention(batch, seq, heads, head_dim, causal, steps, warmup, dtype):
+    """scaled_dot_product_attention forward + backward in `dtype` on `batch`
+    sequences: PyTorch's own choice, its math path (cuBLAS GEMMs and a
+    softmax, the L x L probabilities kept) and, in bf16, FlashAttention-2
+    (PyTorch's build of it)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", requires_grad=True)
-               for _ in range(3))
-    g = torch.randn(batch, heads, seq, head_dim, device="cuda")
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype,
+                           requires_grad=True) for _ in range(3))
+    g = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype)
     out = {}
-    for name, backend in (("sdpa", None), ("math", SDPBackend.MATH)):
+    backends = [("sdpa", None), ("math", SDPBackend.MATH)]
+    if dtype == torch.bfloat16:
+        backends.append(("flash", SDPBackend.FLASH_ATTENTION))
+    for name, backend in backends:
         def step():
             o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             o.backward(g)
@@ -144,9 +148,11 @@ def main():
         seq, heads, hd, causal = int(seq), int(heads), int(hd), mask == "causal"
         batch = int(batch[0]) if batch else 1
         flops = 3.5 * 4.0 * batch * seq * seq * hd * heads / (2 if causal else 1)
-        for name, sec in attention(batch, seq, heads, hd, causal, a.steps, a.warmup).items():
+        dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+        for name, sec in attention(batch, seq, heads, hd, causal, a.steps, a.warmup,
+                                   dtype).items():
             print(f"torch attention {name:5s} {sec:9.4f} s  {flops / sec / 1e12:8.2f} TFLOP/s  "
-                  f"({batch} x {seq} tokens, {heads} x {hd}, {mask})")
+                  f"({batch} x {seq} tokens, {heads} x {hd}, {mask}, {a.precision})")
         return
     print(f"torch llm      {llm(a.seq, a.steps, a.warmup):9.4f} s  (seq {a.seq})")
     torch.cuda.empty_cache()

@@ -11,6 +11,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "runtime/backends/cuda/cuda_backend.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -292,6 +293,10 @@ void TrainingWorker::Impl::ReportMemory(bool log) {
           .With("predicted_bytes", e.total())
           .With("measured_bytes", measured)
           .With("measured", on_host() ? "peak RSS over RSS before the model" : "backend peak")
+          .With("held_bytes",  // on a GPU: the allocator's blocks at their peak
+                on_host()
+                    ? measured
+                    : static_cast<int64_t>(GetCudaMemoryStats(ops->backend()).peak_in_use_bytes))
           .With("stage", pos.pp)
           .With("max_tokens", encoder ? max_tiles : max_tokens)
           .With("predicted", e.ToString())

@@ -41,6 +41,9 @@ ABSL_FLAG(int, heads, 16, "Query heads.");
 ABSL_FLAG(int, kv_heads, 0, "Key/value heads (0: --heads).");
 ABSL_FLAG(int, head_dim, 128, "Head dimension.");
 ABSL_FLAG(bool, causal, true, "Causal (the LLM) or full (the ViT's tiles).");
+ABSL_FLAG(std::string, precision, "fp32",
+          "fp32, or bf16: flash's bf16 path (on CUDA the tensor cores; the standard kernels "
+          "stay fp32).");
 ABSL_FLAG(int, steps, 5, "Measured steps.");
 ABSL_FLAG(int, warmup, 2, "Unmeasured steps first.");
 ABSL_FLAG(bool, standard, true,
@@ -127,6 +130,12 @@ int main(int argc, char** argv) {
   const int NH = absl::GetFlag(FLAGS_heads), HD = absl::GetFlag(FLAGS_head_dim);
   const int NKV = absl::GetFlag(FLAGS_kv_heads) > 0 ? absl::GetFlag(FLAGS_kv_heads) : NH;
   const bool causal = absl::GetFlag(FLAGS_causal);
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "attention_bench: --precision %s: want fp32 or bf16\n", precision.c_str());
+    return 2;
+  }
+  const bool bf16 = precision == "bf16";
   if ((device != "cpu" && !gpu) || S < 1 || L < 1 || NH < 1 || HD < 1 || NH % NKV != 0 ||
       absl::GetFlag(FLAGS_steps) < 1 || absl::GetFlag(FLAGS_warmup) < 0) {
     std::fprintf(stderr,
@@ -154,20 +163,21 @@ int main(int argc, char** argv) {
   const double flash_s = MedianSeconds(mem, [&] {
     if (gpu) {
 #ifdef LOOM_WITH_CUDA
-      k::cuda::flash_attention_forward(out, lse, qkv, dcu, S, T, NH, NKV, HD, causal);
+      k::cuda::flash_attention_forward(out, lse, qkv, dcu, S, T, NH, NKV, HD, causal, bf16);
       k::cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, dcu, S, T, NH, NKV, HD,
-                                        causal);
+                                        causal, bf16);
 #endif
     } else {
-      k::flash_attention_forward(out, lse, qkv, dcu, S, NH, NKV, HD, causal);
-      k::flash_attention_backward(dqkv, dout, qkv, out, lse, dcu, S, NH, NKV, HD, causal);
+      k::flash_attention_forward(out, lse, qkv, dcu, S, NH, NKV, HD, causal, bf16);
+      k::flash_attention_backward(dqkv, dout, qkv, out, lse, dcu, S, NH, NKV, HD, causal, bf16);
     }
   });
   // flash's peak, before the standard kernels allocate (the process's peak
   // resident set on the CPU: the inputs, outputs and lse).
   const double flash_peak_mib = PeakRssMiB();
-  std::printf("attention_bench on %s, fp32: %d x %d tokens, %d heads (%d kv) x %d, %s\n",
-              device.c_str(), S, L, NH, NKV, HD, causal ? "causal" : "full");
+  std::printf("attention_bench on %s, flash in %s, standard in fp32: %d x %d tokens, %d heads "
+              "(%d kv) x %d, %s\n",
+              device.c_str(), precision.c_str(), S, L, NH, NKV, HD, causal ? "causal" : "full");
   const double fwd = 4.0 * S * L * static_cast<double>(L) * HD * NH / (causal ? 2 : 1);
   const double flops = 3.5 * fwd;
   if (flash_s <= 0) {

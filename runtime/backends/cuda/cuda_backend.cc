@@ -26,7 +26,8 @@ namespace {
 // again. Sizes are rounded up (512 B; 2 MiB from 1 MiB on) to help reuse,
 // except on the CUDA emulation, where every block keeps its exact size and is
 // reused only for that size, so that AddressSanitizer still sees each
-// buffer's end.
+// buffer's end. Both what the buffers asked for and the blocks they hold are
+// counted (CudaMemoryStats): on a GPU the blocks can hold up to twice it.
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {}
@@ -48,6 +49,7 @@ class CudaBackend final : public Backend {
         stats_.in_use_bytes += it->first;
         stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
         cached_.erase(it);
+        Requested(p, bytes);
         return p;
       }
     }
@@ -65,6 +67,7 @@ class CudaBackend final : public Backend {
     stats_.in_use_bytes += n;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
     ++stats_.device_allocations;
+    Requested(p, bytes);
     return p;
   }
   void Free(void* ptr) override {
@@ -78,12 +81,16 @@ class CudaBackend final : public Backend {
     cached_.emplace(it->second, ptr);
     stats_.in_use_bytes -= it->second;
     stats_.cached_bytes += it->second;
+    auto r = requested_.find(ptr);
+    stats_.requested_bytes -= r->second;
+    requested_.erase(r);
   }
-  size_t in_use_bytes() const override { return stats().in_use_bytes; }
-  size_t peak_bytes() const override { return stats().peak_in_use_bytes; }
+  size_t in_use_bytes() const override { return stats().requested_bytes; }
+  size_t peak_bytes() const override { return stats().peak_requested_bytes; }
   void ResetPeak() override {
     std::lock_guard<std::mutex> l(mu_);
     stats_.peak_in_use_bytes = stats_.in_use_bytes;
+    stats_.peak_requested_bytes = stats_.requested_bytes;
   }
   CudaMemoryStats stats() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -123,6 +130,12 @@ class CudaBackend final : public Backend {
   static size_t MaxReuse(size_t n) { return 2 * n; }
 #endif
 
+  // Under mu_: block p now holds a buffer of `bytes`.
+  void Requested(void* p, size_t bytes) {
+    requested_[p] = bytes;
+    stats_.requested_bytes += bytes;
+    stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
+  }
   // Gives every cached block back to the device.
   void ReleaseCache() {
     std::lock_guard<std::mutex> l(mu_);
@@ -139,8 +152,9 @@ class CudaBackend final : public Backend {
 
   int device_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, size_t> sizes_;  // every block from cudaMalloc
-  std::multimap<size_t, void*> cached_;      // freed blocks by size
+  std::unordered_map<void*, size_t> sizes_;      // every block from cudaMalloc
+  std::multimap<size_t, void*> cached_;          // freed blocks by size
+  std::unordered_map<void*, size_t> requested_;  // what each live block was asked for
   CudaMemoryStats stats_;
 };
 

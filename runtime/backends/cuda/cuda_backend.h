@@ -20,9 +20,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
 struct CudaMemoryStats {
   int64_t device_allocations = 0;  // cudaMalloc calls
   int64_t device_frees = 0;        // cudaFree calls
-  size_t in_use_bytes = 0;         // allocated and not freed
+  size_t in_use_bytes = 0;         // blocks allocated and not freed
   size_t cached_bytes = 0;         // freed by its user, kept for reuse
   size_t peak_in_use_bytes = 0;    // the most in use since the last ResetPeak()
+  // What the buffers asked for (in_use_bytes less the blocks' rounding and
+  // the slack of a reused larger block): Backend::in_use_bytes and
+  // peak_bytes, what the memory model predicts.
+  size_t requested_bytes = 0;
+  size_t peak_requested_bytes = 0;
 };
 // Of a backend from MakeCudaBackend; zeros for any other.
 CudaMemoryStats GetCudaMemoryStats(const Backend* backend);

@@ -23,6 +23,33 @@ TEST(CudaBackendTest, RoundTripsATensorThroughTheDevice) {
   EXPECT_EQ(back, host);
 }
 
+// The backend counts what its buffers asked for (in_use_bytes, peak_bytes:
+// what the memory model predicts) apart from the blocks that hold them
+// (rounded up on a GPU, and a freed larger block reused for a smaller one).
+TEST(CudaBackendTest, CountsWhatBuffersAskForApartFromTheBlocksHeld) {
+  absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend(0);
+  LOOM_REQUIRE_GPU_OR_SKIP(b.ok(), b.status());
+  Backend& be = **b;
+  be.ResetPeak();
+  const size_t base = be.in_use_bytes();
+  void* big = be.Allocate(3000);
+  void* small = be.Allocate(1000);
+  EXPECT_EQ(be.in_use_bytes() - base, 4000u);
+  be.Free(big);
+  void* reuse = be.Allocate(2000);  // may take the freed 3000-byte block
+  EXPECT_EQ(be.in_use_bytes() - base, 3000u);
+  EXPECT_EQ(be.peak_bytes() - base, 4000u);
+  const CudaMemoryStats s = GetCudaMemoryStats(&be);
+  EXPECT_EQ(s.requested_bytes, be.in_use_bytes());
+  EXPECT_GE(s.in_use_bytes, s.requested_bytes);  // the blocks hold at least that
+  EXPECT_GE(s.peak_in_use_bytes, s.peak_requested_bytes);
+  be.Free(small);
+  be.Free(reuse);
+  EXPECT_EQ(be.in_use_bytes(), base);
+  be.ResetPeak();
+  EXPECT_EQ(be.peak_bytes(), base);
+}
+
 TEST(CudaBackendTest, ReportsWhyItIsUnavailable) {
   absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend(1000);
   ASSERT_FALSE(b.ok());

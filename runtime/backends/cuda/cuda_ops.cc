@@ -123,15 +123,15 @@ class CudaOps final : public Ops {
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens, int S,
-                         int T, int NH, int NKV, int HD, bool causal) override {
-    k::flash_attention_forward(out, lse, qkv, cu_seqlens, S, T, NH, NKV, HD, causal);
+                         int T, int NH, int NKV, int HD, bool causal, bool bf16) override {
+    k::flash_attention_forward(out, lse, qkv, cu_seqlens, S, T, NH, NKV, HD, causal, bf16);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, const int32_t* cu_seqlens, int S, int T, int NH,
-                          int NKV, int HD, bool causal) override {
+                          int NKV, int HD, bool causal, bool bf16) override {
     float* scratch = Scratch(static_cast<int64_t>(T) * NH);  // a value per row and head
     k::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, cu_seqlens, S, T, NH, NKV, HD,
-                                causal);
+                                causal, bf16);
   }
 
   void patchify(float* patches, const float* tiles, int N, int S, int P) override {

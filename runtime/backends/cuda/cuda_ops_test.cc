@@ -292,10 +292,11 @@ TEST_F(CudaOpsTest, AttentionBackwardCopiesNothingToTheHost) {
   Buf<float> lse(gpu_.get(), std::vector<float>(T * NH));
   Buf<float> dqkv(gpu_.get(), std::vector<float>(T * (NH + 2 * NKV) * HD, 0.0f));
   Buf<int32_t> dcu(gpu_.get(), cu);
-  gpu_->attention_forward(out.get(), lse.get(), qkv.get(), dcu.get(), S, T, NH, NKV, HD, true);
+  gpu_->attention_forward(out.get(), lse.get(), qkv.get(), dcu.get(), S, T, NH, NKV, HD, true,
+                          false);
   const int64_t before = cuda_emu::GetCounters().copies_to_host;
   gpu_->attention_backward(dqkv.get(), g.get(), qkv.get(), out.get(), lse.get(), dcu.get(), S, T,
-                           NH, NKV, HD, true);
+                           NH, NKV, HD, true, false);
   EXPECT_EQ(cuda_emu::GetCounters().copies_to_host, before);
 #endif
 }

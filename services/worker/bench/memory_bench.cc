@@ -67,7 +67,7 @@ constexpr Layout kLayouts[] = {
 
 struct Row {
   std::string worker;
-  double stage = 0, size = 0, predicted = 0, measured = 0;
+  double stage = 0, size = 0, predicted = 0, measured = 0, held = 0;
 };
 
 // The last "memory" line of each worker log under `logs`.
@@ -91,6 +91,7 @@ std::vector<Row> MemoryRows(const std::string& logs) {
               loom::JsonNumberField(line, "measured_bytes", &row.measured) &&
               loom::JsonNumberField(line, "stage", &row.stage) &&
               loom::JsonNumberField(line, "max_tokens", &row.size);
+      if (!loom::JsonNumberField(line, "held_bytes", &row.held)) row.held = row.measured;
     }
     if (!found) continue;
     row.worker = std::filesystem::path(path).stem().string();
@@ -116,9 +117,11 @@ int main(int argc, char** argv) {
       "memory_bench: %s on %s, predicted (runtime/model/memory.h) against measured (%s), "
       "per worker\n",
       absl::GetFlag(FLAGS_model).c_str(), device.c_str(),
-      device == "cpu" ? "peak RSS over the RSS before the model" : "the backend's peak");
-  std::printf("  %-36s %-9s %-26s %5s %7s %12s %12s %8s\n", "layout", "length", "worker", "stage",
-              "size", "predicted", "measured", "error");
+      device == "cpu" ? "peak RSS over the RSS before the model"
+                      : "the backend's peak of what buffers asked for; held: its allocator's "
+                        "blocks at their peak");
+  std::printf("  %-36s %-9s %-26s %5s %7s %12s %12s %8s %12s\n", "layout", "length", "worker",
+              "stage", "size", "predicted", "measured", "error", "held");
   double worst = 0;
   int rows_seen = 0, runs = 0, within = 0;
   bool ok = true;
@@ -158,9 +161,10 @@ int main(int argc, char** argv) {
       }
       for (const Row& r : rows) {
         const double error = r.measured > 0 ? r.predicted / r.measured - 1 : NAN;
-        std::printf("  %-36s %-9s %-26s %5.0f %7.0f %9.1f MiB %9.1f MiB %+7.1f%%\n", l.name,
-                    capped ? "short" : "long", r.worker.c_str(), r.stage, r.size,
-                    r.predicted / (1 << 20), r.measured / (1 << 20), 100 * error);
+        std::printf("  %-36s %-9s %-26s %5.0f %7.0f %9.1f MiB %9.1f MiB %+7.1f%% %8.1f MiB\n",
+                    l.name, capped ? "short" : "long", r.worker.c_str(), r.stage, r.size,
+                    r.predicted / (1 << 20), r.measured / (1 << 20), 100 * error,
+                    r.held / (1 << 20));
         if (!std::isfinite(error)) {
           ok = false;
           continue;
