@@ -175,9 +175,10 @@ int main(int argc, char** argv) {
   // flash's peak, before the standard kernels allocate (the process's peak
   // resident set on the CPU: the inputs, outputs and lse).
   const double flash_peak_mib = PeakRssMiB();
-  std::printf("attention_bench on %s, flash in %s, standard in fp32: %d x %d tokens, %d heads "
-              "(%d kv) x %d, %s\n",
-              device.c_str(), precision.c_str(), S, L, NH, NKV, HD, causal ? "causal" : "full");
+  std::printf(
+      "attention_bench on %s, flash in %s, standard in fp32: %d x %d tokens, %d heads "
+      "(%d kv) x %d, %s\n",
+      device.c_str(), precision.c_str(), S, L, NH, NKV, HD, causal ? "causal" : "full");
   const double fwd = 4.0 * S * L * static_cast<double>(L) * HD * NH / (causal ? 2 : 1);
   const double flops = 3.5 * fwd;
   if (flash_s <= 0) {
