@@ -100,12 +100,32 @@ std::string EntryError(const CheckpointPart::Entry& e) {
   }
   if (e.lo < 0 || e.lo > e.hi || e.hi > numel)
     return absl::StrCat("tensor '", e.name, "': bad range");
+  // Strided runs: each at least its length apart, the last within the tensor.
+  const int64_t length = e.hi - e.lo;
+  if (e.count < 1 || e.count > numel + 1 ||
+      (e.count > 1 && (e.stride < std::max<int64_t>(length, 1) || e.stride > numel ||
+                       e.count - 1 > (numel - e.hi) / e.stride))) {
+    return absl::StrCat("tensor '", e.name, "': bad runs (count ", e.count, ", stride ", e.stride,
+                        ")");
+  }
   return "";
 }
 
 bool SameEntry(const CheckpointPart::Entry& a, const CheckpointPart::Entry& b) {
-  return a.name == b.name && a.shape == b.shape && a.lo == b.lo && a.hi == b.hi;
+  return a.name == b.name && a.shape == b.shape && a.lo == b.lo && a.hi == b.hi &&
+         a.count == b.count && (a.count == 1 || a.stride == b.stride);
 }
+
+// The format version that holds `entries`: 2 (what builds before strided
+// entries read) unless one is strided.
+uint32_t VersionFor(const std::vector<CheckpointPart::Entry>& entries) {
+  for (const CheckpointPart::Entry& e : entries) {
+    if (e.count > 1) return 3;
+  }
+  return 2;
+}
+
+bool ReadableVersion(uint64_t version) { return version == 2 || version == 3; }
 
 absl::Status Errno(const std::string& what, const std::string& path) {
   return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
@@ -192,9 +212,9 @@ absl::Status OpenPart(const std::string& path, const std::string& module, PartFi
   uint32_t version, count;
   std::string name;
   if (absl::Status s = get_value(&version); !s.ok()) return s;
-  if (version != kCheckpointVersion) {
+  if (!ReadableVersion(version)) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint part ", path, ": version ",
-                                                      version, ", this build reads ",
+                                                      version, ", this build reads versions 2 to ",
                                                       kCheckpointVersion));
   }
   if (absl::Status s = get_string(&name); !s.ok()) return s;
@@ -214,8 +234,12 @@ absl::Status OpenPart(const std::string& path, const std::string& module, PartFi
     }
     if (absl::Status s = get_value(&e.lo); !s.ok()) return s;
     if (absl::Status s = get_value(&e.hi); !s.ok()) return s;
+    if (version >= 3) {
+      if (absl::Status s = get_value(&e.count); !s.ok()) return s;
+      if (absl::Status s = get_value(&e.stride); !s.ok()) return s;
+    }
     if (std::string why = EntryError(e); !why.empty()) return corrupt(why);
-    f->elements += e.hi - e.lo;
+    f->elements += e.elements();
     if (f->elements > (int64_t{1} << 40)) return corrupt("bad tensor ranges");
     f->entries.push_back(std::move(e));
   }
@@ -311,7 +335,12 @@ struct Manifest {
 };
 
 nlohmann::json EntryJson(const CheckpointPart::Entry& e) {
-  return {{"tensor", e.name}, {"shape", e.shape}, {"lo", e.lo}, {"hi", e.hi}};
+  nlohmann::json j = {{"tensor", e.name}, {"shape", e.shape}, {"lo", e.lo}, {"hi", e.hi}};
+  if (e.count > 1) {
+    j["count"] = e.count;
+    j["stride"] = e.stride;
+  }
+  return j;
 }
 
 // An entry of a manifest's contents; false if it is not one.
@@ -329,6 +358,14 @@ bool ParseEntry(const nlohmann::json& j, CheckpointPart::Entry* e) {
   }
   e->lo = j["lo"].get<int64_t>();
   e->hi = j["hi"].get<int64_t>();
+  if (j.contains("count") || j.contains("stride")) {  // both, or neither
+    if (!j.contains("count") || !j["count"].is_number_integer() || !j.contains("stride") ||
+        !j["stride"].is_number_integer()) {
+      return false;
+    }
+    e->count = j["count"].get<int64_t>();
+    e->stride = j["stride"].get<int64_t>();
+  }
   return true;
 }
 
@@ -367,10 +404,10 @@ absl::Status ReadManifest(const std::string& dir, const std::string& module, Man
     return bad("not a Loom checkpoint manifest");
   }
   if (!j.contains("version") || !j["version"].is_number_unsigned()) return bad("no version");
-  if (j["version"].get<uint64_t>() != kCheckpointVersion) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", m->path, ": version ",
-                                                      j["version"].dump(), ", this build reads ",
-                                                      kCheckpointVersion));
+  if (!ReadableVersion(j["version"].get<uint64_t>())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", m->path, ": version ", j["version"].dump(),
+                     ", this build reads versions 2 to ", kCheckpointVersion));
   }
   if (!j.contains("module") || !j["module"].is_string() || !j.contains("step") ||
       !j["step"].is_number_integer() || !j.contains("parts") || !j["parts"].is_array() ||
@@ -404,12 +441,12 @@ absl::Status ReadManifest(const std::string& dir, const std::string& module, Man
         CheckpointPart::Entry e;
         if (!ParseEntry(entry, &e)) {
           return bad(absl::StrCat("part ", m->parts[i], ": entry ", entry.dump(),
-                                  " is not a tensor, shape, lo and hi"));
+                                  " is not a tensor, shape, lo and hi (and count and stride)"));
         }
         if (std::string why = EntryError(e); !why.empty()) {
           return bad(absl::StrCat("part ", m->parts[i], ": ", why));
         }
-        elements += e.hi - e.lo;
+        elements += e.elements();
         if (elements > (int64_t{1} << 40))
           return bad(absl::StrCat("part ", m->parts[i], ": bad tensor ranges"));
         m->contents[i].push_back(std::move(e));
@@ -439,37 +476,89 @@ std::pair<int64_t, int64_t> PartRange(int64_t total, int index, int count) {
   return ChunkRange(total, index, count);
 }
 
-CheckpointPart CheckpointPart::View(const ParamSet& master, int64_t begin, int64_t end) {
-  LOOM_CHECK(master.shard().size == 1) << "a checkpoint part is cut from whole tensors";
-  LOOM_CHECK(0 <= begin && begin <= end && end <= master.size()) << begin << ".." << end;
+CheckpointPart CheckpointPart::View(const ParamSet& set, int64_t begin, int64_t end) {
+  LOOM_CHECK(0 <= begin && begin <= end && end <= set.size()) << begin << ".." << end;
+  const TpShard shard = set.shard();
   CheckpointPart p;
-  p.step_ = master.step();
-  p.elements_ = end - begin;
-  for (const ParamSpec& s : master.specs()) {
-    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-    if (lo < hi || (s.numel == 0 && begin <= s.offset && s.offset < end)) {
-      p.entries_.push_back({s.name, s.master_shape, lo - s.offset, hi - s.offset});
+  p.step_ = set.step();
+  auto take = [&p](int64_t lo, int64_t hi) {  // flat elements [lo, hi) into the payload
+    if (!p.ranges_.empty() && p.ranges_.back().second == lo) {
+      p.ranges_.back().second = hi;
+    } else {
+      p.ranges_.push_back({lo, hi});
     }
+    p.elements_ += hi - lo;
+  };
+  for (const ParamSpec& s : set.specs()) {
+    if (s.numel == 0) {  // named by the part whose range holds its place, once per TP group
+      if (begin <= s.offset && s.offset < end && shard.rank == 0) {
+        p.entries_.push_back({s.name, s.master_shape, 0, 0});
+      }
+      continue;
+    }
+    // The slice's elements [lo, hi) lie in the range.
+    int64_t lo = std::max(begin, s.offset) - s.offset;
+    int64_t hi = std::min(end, s.offset + s.numel) - s.offset;
+    if (lo >= hi) continue;
+    if (s.split == Split::kReplicated && shard.size > 1) {
+      // Every rank of the TP group holds it whole: each writes 1 / TP of it.
+      const auto [first, last] = PartRange(hi - lo, shard.rank, shard.size);
+      hi = lo + last;
+      lo += first;
+      if (lo >= hi) continue;
+      p.entries_.push_back({s.name, s.master_shape, lo, hi});
+      take(s.offset + lo, s.offset + hi);
+      continue;
+    }
+    // The slice's runs in the master, clipped to [lo, hi), each equal-length
+    // run at a constant stride from the last joining its entry.
+    for (const SliceRun& r : SliceRuns(s, shard)) {
+      const int64_t from = std::max(lo, r.offset), to = std::min(hi, r.offset + r.length);
+      if (from >= to) continue;
+      const int64_t at = r.master_offset + (from - r.offset), length = to - from;
+      Entry* e =
+          p.entries_.empty() || p.entries_.back().name != s.name ? nullptr : &p.entries_.back();
+      if (e != nullptr && e->hi - e->lo == length) {
+        if (e->count == 1 && at - e->lo >= length) {
+          e->stride = at - e->lo;
+          e->count = 2;
+          continue;
+        }
+        if (e->count > 1 && at == e->lo + e->count * e->stride) {
+          ++e->count;
+          continue;
+        }
+      }
+      p.entries_.push_back({s.name, s.master_shape, at, at + length});
+    }
+    take(s.offset + lo, s.offset + hi);
   }
   // A sharded optimizer's moments start at its shard, which must hold the part.
-  const int64_t ob = master.optimizer_begin();
-  LOOM_CHECK(Array(master, 1) == nullptr || (ob <= begin && end <= master.optimizer_end()))
+  const int64_t ob = set.optimizer_begin();
+  LOOM_CHECK(Array(set, 1) == nullptr || (ob <= begin && end <= set.optimizer_end()))
       << "part " << begin << ".." << end << " outside the optimizer shard " << ob << ".."
-      << master.optimizer_end();
+      << set.optimizer_end();
   for (int a = 0; a < 3; ++a) {
-    const std::vector<float>* v = Array(master, a);
-    p.arrays_[a] = v == nullptr ? nullptr : v->data() + (a == 0 ? begin : begin - ob);
+    const std::vector<float>* v = Array(set, a);
+    p.arrays_[a] = v == nullptr ? nullptr : v->data();
+    p.shift_[a] = a == 0 ? 0 : ob;
   }
   return p;
 }
 
-CheckpointPart CheckpointPart::Snapshot(const ParamSet& master, int64_t begin, int64_t end) {
-  CheckpointPart p = View(master, begin, end);
+CheckpointPart CheckpointPart::Snapshot(const ParamSet& set, int64_t begin, int64_t end) {
+  CheckpointPart p = View(set, begin, end);
   for (int a = 0; a < 3; ++a) {
     if (p.arrays_[a] == nullptr) continue;
-    p.owned_[a].assign(p.arrays_[a], p.arrays_[a] + p.elements_);
+    p.owned_[a].reserve(static_cast<size_t>(p.elements_));
+    for (const auto& [lo, hi] : p.ranges_) {
+      p.owned_[a].insert(p.owned_[a].end(), p.arrays_[a] + (lo - p.shift_[a]),
+                         p.arrays_[a] + (hi - p.shift_[a]));
+    }
     p.arrays_[a] = p.owned_[a].data();
+    p.shift_[a] = 0;
   }
+  p.ranges_.assign(1, {0, p.elements_});
   return p;
 }
 
@@ -481,7 +570,8 @@ int64_t CheckpointPart::owned_bytes() const {
 
 absl::Status CheckpointPart::Write(const std::string& module, const std::string& path) const {
   std::string header(kPartMagic, 8);
-  Put(&header, kCheckpointVersion);
+  const uint32_t version = VersionFor(entries_);
+  Put(&header, version);
   PutString(&header, module);
   Put(&header, step_);
   Put(&header, kBlockBytes);
@@ -492,6 +582,10 @@ absl::Status CheckpointPart::Write(const std::string& module, const std::string&
     for (int64_t d : e.shape) Put(&header, d);
     Put(&header, e.lo);
     Put(&header, e.hi);
+    if (version >= 3) {
+      Put(&header, e.count);
+      Put(&header, e.stride);
+    }
   }
   Put(&header, static_cast<uint64_t>(XXH3_64bits(header.data(), header.size())));
   AtomicFile file;
@@ -499,12 +593,21 @@ absl::Status CheckpointPart::Write(const std::string& module, const std::string&
   if (absl::Status s = file.Write(header.data(), header.size()); !s.ok()) return s;
   PayloadWriter payload(&file);
   static const std::vector<float> zeros(1 << 18);  // a frozen module's AdamW state
-  for (const float* a : arrays_) {
+  for (int a = 0; a < 3; ++a) {
+    if (arrays_[a] != nullptr) {
+      for (const auto& [lo, hi] : ranges_) {
+        if (absl::Status s =
+                payload.Write(reinterpret_cast<const char*>(arrays_[a] + (lo - shift_[a])),
+                              static_cast<size_t>(hi - lo) * sizeof(float));
+            !s.ok()) {
+          return s;
+        }
+      }
+      continue;
+    }
     for (int64_t done = 0; done < elements_;) {
-      const int64_t n =
-          a != nullptr ? elements_ - done : std::min<int64_t>(elements_ - done, zeros.size());
-      const float* src = a != nullptr ? a : zeros.data();
-      if (absl::Status s = payload.Write(reinterpret_cast<const char*>(src),
+      const int64_t n = std::min<int64_t>(elements_ - done, zeros.size());
+      if (absl::Status s = payload.Write(reinterpret_cast<const char*>(zeros.data()),
                                          static_cast<size_t>(n) * sizeof(float));
           !s.ok()) {
         return s;
@@ -521,8 +624,12 @@ absl::Status WriteModuleManifest(const std::string& dir, const std::string& modu
                                  const std::vector<std::vector<CheckpointPart::Entry>>& contents) {
   LOOM_CHECK(contents.empty() || contents.size() == parts.size())
       << contents.size() << " contents for " << parts.size() << " parts";
+  uint32_t version = 2;
+  for (const std::vector<CheckpointPart::Entry>& entries : contents) {
+    version = std::max(version, VersionFor(entries));
+  }
   nlohmann::json j = {{"format", kManifestFormat},
-                      {"version", kCheckpointVersion},
+                      {"version", version},
                       {"module", module},
                       {"step", step},
                       {"parts", parts}};
@@ -564,17 +671,18 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
   };
   // Coverage, from the manifest alone: every tensor of the set, of the
   // model's master shape, covered exactly once.
-  std::map<std::string, std::pair<Shape, std::vector<Piece>>> tensors;
+  std::map<std::string, std::pair<Shape, std::vector<const CheckpointPart::Entry*>>> tensors;
   for (const std::vector<CheckpointPart::Entry>& entries : m.contents) {
     for (const CheckpointPart::Entry& e : entries) {
-      auto& [shape, pieces] = tensors[e.name];
-      if (!pieces.empty() && shape != e.shape) {
+      auto& [shape, held] = tensors[e.name];
+      if (!held.empty() && shape != e.shape) {
         return bad(absl::StrCat("tensor '", e.name, "' has two shapes in its parts"));
       }
       shape = e.shape;
-      pieces.push_back({e.lo, e.hi});
+      held.push_back(&e);
     }
   }
+  std::vector<Piece> pieces;  // one tensor's runs at a time
   if (whole_module && tensors.size() != params->specs().size()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", m.path, " has ", tensors.size(),
                                                    " tensors, the model has ",
@@ -588,11 +696,17 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint ", m.path, " has no tensor '", s.name, "'"));
     }
-    auto& [shape, pieces] = it->second;
+    const auto& [shape, held] = it->second;
     if (shape != s.master_shape) {
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint ", m.path, ": tensor '", s.name, "' ", ShapeString(shape),
                        " where the model has ", ShapeString(s.master_shape)));
+    }
+    pieces.clear();
+    for (const CheckpointPart::Entry* e : held) {
+      for (int64_t k = 0; k < e->count; ++k) {
+        pieces.push_back({e->lo + k * e->stride, e->hi + k * e->stride});
+      }
     }
     std::sort(pieces.begin(), pieces.end(),
               [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
@@ -609,19 +723,26 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
   // The rank's slices of each tensor, in master order (SliceRuns' order).
   std::vector<std::vector<SliceRun>> runs(params->specs().size());
   for (size_t i = 0; i < runs.size(); ++i) runs[i] = SliceRuns(params->specs()[i], params->shard());
-  // Calls `read(spec, run, from, to)` for each slice run of the set that
-  // elements [from, to) of entry `e` of a part fill.
+  // Calls `read(spec, run, from, to, at)` for each slice run of the set
+  // that master elements [from, to) of entry `e` of a part fill, the
+  // entry's elements [at, at + to - from) in payload order.
   auto for_each_overlap = [&](const CheckpointPart::Entry& e, auto&& read) -> absl::Status {
     auto it = index.find(e.name);
     if (it == index.end()) return absl::OkStatus();  // another stage's tensor
     const std::vector<SliceRun>& r = runs[it->second];
-    auto run = std::partition_point(
-        r.begin(), r.end(), [&](const SliceRun& x) { return x.master_offset + x.length <= e.lo; });
-    for (; run != r.end() && run->master_offset < e.hi; ++run) {
-      const int64_t from = std::max(e.lo, run->master_offset);
-      const int64_t to = std::min(e.hi, run->master_offset + run->length);
-      if (from >= to) continue;
-      if (absl::Status s = read(it->second, *run, from, to); !s.ok()) return s;
+    const int64_t length = e.hi - e.lo;
+    for (int64_t k = 0; k < e.count; ++k) {
+      const int64_t lo = e.lo + k * e.stride, hi = lo + length;
+      auto run = std::partition_point(
+          r.begin(), r.end(), [&](const SliceRun& x) { return x.master_offset + x.length <= lo; });
+      for (; run != r.end() && run->master_offset < hi; ++run) {
+        const int64_t from = std::max(lo, run->master_offset);
+        const int64_t to = std::min(hi, run->master_offset + run->length);
+        if (from >= to) continue;
+        if (absl::Status s = read(it->second, *run, from, to, k * length + (from - lo)); !s.ok()) {
+          return s;
+        }
+      }
     }
     return absl::OkStatus();
   };
@@ -632,7 +753,8 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
   for (size_t i = 0; i < m.parts.size(); ++i) {
     bool needed = false;
     for (const CheckpointPart::Entry& e : m.contents[i]) {
-      absl::Status s = for_each_overlap(e, [&](size_t, const SliceRun&, int64_t, int64_t) {
+      if (needed) break;
+      absl::Status s = for_each_overlap(e, [&](size_t, const SliceRun&, int64_t, int64_t, int64_t) {
         needed = true;
         return absl::OkStatus();
       });
@@ -661,19 +783,19 @@ absl::Status LoadModuleCheckpoint(const std::string& dir, const std::string& mod
       int64_t at = 0;  // the entry's first element in the part's arrays
       for (const CheckpointPart::Entry& e : f.entries) {
         absl::Status s = for_each_overlap(e, [&](size_t spec, const SliceRun& run, int64_t from,
-                                                 int64_t to) {
+                                                 int64_t to, int64_t in_entry) {
           // Master elements [from, to) are the set's [flat, flat + to - from).
           const int64_t flat =
               params->specs()[spec].offset + run.offset + (from - run.master_offset);
           const int64_t first = std::max(flat, lo), last = std::min(flat + (to - from), hi);
           if (first >= last) return absl::OkStatus();
-          const int64_t offset = (a * f.elements + at + (from - e.lo) + (first - flat)) *
+          const int64_t offset = (a * f.elements + at + in_entry + (first - flat)) *
                                  static_cast<int64_t>(sizeof(float));
           char* dst = reinterpret_cast<char*>(base + (first - lo));
           return cache.Read(f, offset, dst, (last - first) * static_cast<int64_t>(sizeof(float)));
         });
         if (!s.ok()) return s;
-        at += e.hi - e.lo;
+        at += e.elements();
       }
     }
   }

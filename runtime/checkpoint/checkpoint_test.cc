@@ -125,7 +125,7 @@ TEST(CheckpointTest, PartsSavedUnderOneLayoutLoadUnderAnother) {
 // without a gather (one part per rank, or two, as DP x TP ranks cut them),
 // and the checkpoint loads into unsharded sets and into other shards under
 // other TP degrees. The moments of TP slices added into the master, each DP
-// rank its chunk's, sum to the whole (the worker's gather under TP > 1).
+// rank its chunk's, sum to the whole.
 TEST(CheckpointTest, AShardedOptimizerWritesItsChunksAndLoadsUnderAnyLayout) {
   ParamSet a = Make();
   FillAdam(&a);
@@ -189,6 +189,124 @@ TEST(CheckpointTest, AShardedOptimizerWritesItsChunksAndLoadsUnderAnyLayout) {
     for (int64_t i = 0; i < a.size(); ++i) m[i] += master.adam_m()[i];
   }
   EXPECT_EQ(m, a.adam_m());
+}
+
+// TP slices written without a gather (issue 42 item 8): the rank at (d, t)
+// of DP x TP, its optimizer sharded or not, writes DP chunk d of its own TP
+// slice, as a worker does. The parts hold every element once (each its
+// rank's share, no more), a row-parallel weight's slice is one strided
+// entry (format version 3), and the checkpoint loads as the whole module,
+// into other TP degrees, other pipeline stages and other optimizer shards;
+// from the manifest's contents and from the parts' headers alike.
+TEST(CheckpointTest, TpSlicesAreWrittenWithoutAGatherAndLoadUnderAnyLayout) {
+  constexpr int64_t kRows = 16;
+  ParamSet a = Make({}, 0, kRows);
+  FillAdam(&a);
+  a.step() = 6;
+  for (int tp : {2, 4}) {
+    for (int dp : {1, 3}) {
+      for (bool sharded : {false, true}) {
+        const std::string label = absl::StrCat("tp ", tp, " dp ", dp, " sharded ", sharded);
+        const std::string dir = Dir(absl::StrCat("tp-", tp, "-", dp, "-", sharded));
+        std::vector<std::string> names;
+        std::vector<std::vector<CheckpointPart::Entry>> contents;
+        int64_t written = 0;
+        for (int d = 0; d < dp; ++d) {
+          for (int t = 0; t < tp; ++t) {
+            ParamSet s = Make({t, tp}, 0, kRows);
+            if (sharded) s.ShardOptimizer(d, dp);
+            s.SliceFromMaster(a);
+            const auto [begin, end] = PartRange(s.size(), d, dp);
+            const CheckpointPart part = CheckpointPart::Snapshot(s, begin, end);
+            EXPECT_LE(part.elements(), end - begin) << label;
+            EXPECT_EQ(part.owned_bytes(), 3 * part.elements() * 4) << label;
+            written += part.elements();
+            for (const CheckpointPart::Entry& e : part.entries()) {
+              // The whole slice of blocks.0.proj.weight ({4, 4}, columns
+              // split): one run per row.
+              if (dp == 1 && e.name == "blocks.0.proj.weight") {
+                EXPECT_EQ(e.count, 4) << label;
+                EXPECT_EQ(e.hi - e.lo, 4 / tp) << label;
+                EXPECT_EQ(e.stride, 4) << label;
+              }
+            }
+            names.push_back(ModulePartName("llm", d * tp + t));
+            ASSERT_TRUE(part.Write("llm", dir + "/" + names.back()).ok()) << label;
+            EXPECT_EQ(Slurp(dir + "/" + names.back())[8], 3) << label;  // the version
+            contents.push_back(part.entries());
+          }
+        }
+        EXPECT_EQ(written, a.size()) << label;
+        // Half the cases plan from the contents, half from the headers.
+        if (sharded) {
+          ASSERT_TRUE(WriteModuleManifest(dir, "llm", 6, names, contents).ok());
+          EXPECT_NE(Slurp(dir + "/llm.ckpt").find("\"version\": 3"), std::string::npos);
+        } else {
+          ASSERT_TRUE(WriteModuleManifest(dir, "llm", 6, names).ok());
+        }
+        for (int load_tp : {1, 2, 4}) {
+          for (auto [first, last] : {std::pair{0, 3}, std::pair{1, 3}}) {
+            for (int load_dp : {1, 2}) {
+              for (int r = 0; r < load_tp; ++r) {
+                for (int d = 0; d < load_dp; ++d) {
+                  ParamSet want = Make({r, load_tp}, 0, kRows, first, last);
+                  want.SliceFromMaster(a);
+                  ParamSet got = Make({r, load_tp}, 0, kRows, first, last);
+                  got.ShardOptimizer(d, load_dp);
+                  absl::Status st = LoadModuleCheckpoint(dir, "llm", &got, first == 0);
+                  ASSERT_TRUE(st.ok()) << st << " " << label << " into tp " << load_tp;
+                  EXPECT_EQ(got.data(), want.data()) << label << " into tp " << load_tp;
+                  const int64_t ob = got.optimizer_begin();
+                  for (size_t k = 0; k < got.adam_m().size(); ++k) {
+                    ASSERT_EQ(got.adam_m()[k], want.adam_m()[ob + k]) << label;
+                    ASSERT_EQ(got.adam_v()[k], want.adam_v()[ob + k]) << label;
+                  }
+                  EXPECT_EQ(got.step(), 6);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // A TP 1 part has no strided entry and keeps version 2, which builds
+  // before version 3 read.
+  const std::string dir = Dir("v2");
+  ASSERT_TRUE(SaveModuleCheckpoint(a, "llm", dir).ok());
+  EXPECT_EQ(Slurp(dir + "/" + ModulePartName("llm", 0))[8], 2);
+  EXPECT_NE(Slurp(dir + "/llm.ckpt").find("\"version\": 2"), std::string::npos);
+}
+
+// A strided entry whose runs overlap or leave the tensor is refused, naming
+// the tensor.
+TEST(CheckpointTest, RejectsStridedRunsThatOverlapOrLeaveTheTensor) {
+  ParamSet a = Make();
+  const std::string dir = Dir("strided");
+  std::vector<CheckpointPart::Entry> entries;
+  std::vector<std::string> names;
+  for (int t = 0; t < 2; ++t) {
+    ParamSet s = Make({t, 2});
+    s.SliceFromMaster(a);
+    const CheckpointPart part = CheckpointPart::View(s, 0, s.size());
+    names.push_back(ModulePartName("llm", t));
+    ASSERT_TRUE(part.Write("llm", dir + "/" + names.back()).ok());
+  }
+  ASSERT_TRUE(WriteModuleManifest(dir, "llm", 0, names).ok());
+  ASSERT_TRUE(DescribeModuleParts(dir, "llm").ok());
+  const std::string good = Slurp(dir + "/llm.ckpt");
+  const std::string run = "\"count\":4,\"hi\":2,\"lo\":0,\"shape\":[4,4],\"stride\":4";
+  ASSERT_NE(good.find(run), std::string::npos) << good;
+  for (const char* bad : {"\"count\":4,\"hi\":2,\"lo\":0,\"shape\":[4,4],\"stride\":1",
+                          "\"count\":5,\"hi\":2,\"lo\":0,\"shape\":[4,4],\"stride\":4"}) {
+    std::string text = good;
+    text.replace(text.find(run), run.size(), bad);
+    Spit(dir + "/llm.ckpt", text);
+    ParamSet b = Make();
+    absl::Status s = LoadModuleCheckpoint(dir, "llm", &b);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("blocks.0.proj.weight"), absl::string_view::npos) << s;
+  }
 }
 
 // A snapshot is written as it was taken, whatever the set does after.

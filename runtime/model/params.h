@@ -261,8 +261,9 @@ class ParamSet {
 
 // The master tensors of a module split over the TP group `tp` (null: one
 // rank): every rank calls it; each gets the whole module (data, AdamW state,
-// step) in `master`. One all-reduce of the master size per buffer: the
-// simple gather, for checkpoints; issue 12 shards them.
+// step) in `master`. One all-reduce of the master size per buffer: what
+// tests compare a TP run with the whole module by (checkpoints are written
+// from each rank's slices, with no gather: runtime/checkpoint).
 absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* master);
 // The step under it: `master` (zeros, holding `part`'s tensors whole, and
 // maybe more) gets `part` added at its place, then is summed over `group`

@@ -1,6 +1,6 @@
-// A training worker's part of a checkpoint (training_worker.h): its module
-// gathered into a copy in the training thread, then written and reported in
-// the background while training goes on.
+// A training worker's part of a checkpoint (training_worker.h): its share of
+// its module copied in the training thread, then written and reported in the
+// background while training goes on.
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,20 +15,20 @@
 namespace loom {
 
 absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
-  // Every rank holding a module writes a share of it: each pipeline stage's
-  // master tensors (this rank's set when TP is 1, else gathered over the
-  // stage's TP group) are cut into DP × TP parts, one per rank of the stage,
-  // and the first stage's rank (0, 0) writes the manifest naming every
-  // stage's parts (runtime/checkpoint: the layout-independent format, so a
-  // job resumes under other degrees); the scheduler adds what each part
-  // holds when the step completes. The scheduler emptied the step's
-  // partial folder when it marked the step and renames it into place once
-  // every rank has reported. A part is a snapshot, a copy of this rank's
-  // share alone (1 / (DP × TP) of its stage), written in the background while
-  // training goes on, one checkpoint at a time. Under a sharded optimizer
-  // (ZeRO-1) a rank's share lies within the chunk whose moments it holds;
-  // under TP > 1 the stage is gathered as before, its moments over the DP
-  // group too (issue 42 item 8 writes TP slices without a gather).
+  // Every rank holding a module writes a share of it, with no gather: the
+  // rank at (dp, tp) of a pipeline stage writes DP chunk dp of its own set
+  // (its TP slices of the split tensors, 1 / TP of the replicated ones; of a
+  // set held whole, part dp × TP + tp of DP × TP), so the stage's DP × TP
+  // parts cover its master tensors once, and the first
+  // stage's rank (0, 0) writes the manifest naming every stage's parts
+  // (runtime/checkpoint: the layout-independent format, so a job resumes
+  // under other degrees); the scheduler adds what each part holds when the
+  // step completes. The scheduler emptied the step's partial folder when it
+  // marked the step and renames it into place once every rank has
+  // reported. A part is a snapshot, a copy of this rank's share alone (about
+  // 1 / (DP × TP) of its stage), written in the background while training
+  // goes on, one checkpoint at a time. Under a sharded optimizer (ZeRO-1)
+  // the DP chunk is the one whose moments the rank holds.
   stall->Work("checkpoint");  // its own limit: a write may take far longer than a step
   if (absl::Status s = AwaitCheckpointWrite(); !s.ok()) return s;
   struct Share {
@@ -43,29 +43,15 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
     sets[i]->PullState();  // from the device, where the optimizer steps there
     const bool staged = modules[i] != Module::kProjector;  // the projector: last stage only
     const int stages = staged ? g.pp : 1, stage = staged ? pos.pp : 0;
-    ParamSet gathered;
-    const ParamSet* master = sets[i];
-    if (sets[i]->shard().size > 1) {
-      if (absl::Status s = GatherMaster(*sets[i], set_tp[i], &gathered); !s.ok()) return s;
-      // A sharded optimizer's moments: each DP rank added its chunk's.
-      if (sets[i]->optimizer_sharded() && !sets[i]->frozen()) {
-        for (std::vector<float>* b : {&gathered.adam_m(), &gathered.adam_v()}) {
-          if (absl::Status s = dp_comm->AllreduceSum(b->data(), static_cast<int64_t>(b->size()));
-              !s.ok()) {
-            return s;
-          }
-        }
-      }
-      master = &gathered;
-    }
-    // Whole tensors (TP 1): this rank's part lies within its optimizer
-    // chunk when sharded (per_stage = DP x TP parts nest in DP chunks), so
-    // it writes the moments it holds, with no gather.
-    const auto [begin, end] = PartRange(master->size(), index, per_stage);
+    // A set held whole on every TP rank (TP 1, or the projector) is cut into
+    // the stage's DP x TP parts, which nest in the DP chunks.
+    const bool sliced = sets[i]->shard().size > 1;
+    const auto [begin, end] = sliced ? PartRange(sets[i]->size(), pos.dp, g.dp)
+                                     : PartRange(sets[i]->size(), index, per_stage);
     Share share;
     share.module = kModuleNames[static_cast<int>(modules[i])];
     share.file = ModulePartName(share.module, stage * per_stage + index);
-    share.part = CheckpointPart::Snapshot(*master, begin, end);
+    share.part = CheckpointPart::Snapshot(*sets[i], begin, end);
     if (stage == 0 && index == 0) {
       for (int k = 0; k < stages * per_stage; ++k) {
         share.manifest.push_back(ModulePartName(share.module, k));

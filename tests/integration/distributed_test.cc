@@ -276,8 +276,9 @@ std::map<std::string, std::pair<int64_t, int64_t>> OptimizerStateBytes(const std
 
 // A distributed optimizer (job.optimizer.shard, ZeRO-1) against
 // loom-train-local step by step: DP 2 on the encoder side and LLM TP2 x DP2
-// for 20 steps with a checkpoint at 10 (the encoder's ranks write their own
-// chunks, the LLM's TP slices are gathered); that checkpoint resumed under
+// for 20 steps with a checkpoint at 10 (each rank writes its own chunk, the
+// LLM's ranks of their TP slices, with no gather: four LLM parts of about a
+// quarter of the module each); that checkpoint resumed under
 // DP 4 on the encoder side and LLM PP2 x DP2, sharded again; and resumed
 // unsharded. Each worker holds 1/DP of its set's AdamW moments (the chunks
 // of a group differ by at most one element).
@@ -295,6 +296,21 @@ TEST_F(DistributedTest, AShardedOptimizerMatchesTheSingleProcessRun) {
     ASSERT_GT(whole, 0) << log;
     // ChunkRange: a chunk of n / 2 elements, rounded either way (8 bytes each).
     EXPECT_LE(std::abs(2 * held - whole), 16) << log << ": holds " << held << " of " << whole;
+  }
+  {
+    const std::string step = StepDir(TempPath("zero") + "/checkpoints", 10);
+    std::vector<double> bytes;
+    for (int k = 0; k < 4; ++k) {
+      bytes.push_back(
+          static_cast<double>(std::filesystem::file_size(step + "/" + ModulePartName("llm", k))));
+    }
+    const double mean = (bytes[0] + bytes[1] + bytes[2] + bytes[3]) / 4;
+    for (int k = 0; k < 4; ++k) {
+      EXPECT_NEAR(bytes[k], mean, 0.02 * mean) << "llm part " << k << " of TP2 x DP2";
+    }
+    EXPECT_NE(ReadFile(ModuleManifestPath(step, "llm")).value_or("").find("\"stride\""),
+              std::string::npos)
+        << "the LLM's row-parallel slices as strided entries";
   }
   const std::vector<StepResult> dp4 =
       Steps(LoomUp("zero", JobWith("loom", 0, "encoder_dp: 4 llm_pp: 2 llm_dp: 2") + shard, kSteps,
