@@ -127,6 +127,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     a.qkv.resize(TW);
     ops_->linear_forward(a.qkv.data(), a.r1.data(), params_.weight(id.qkv),
                          id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
+    if (selective_ && !narrow) a.r1.Release();  // Backward computes it again
     ops_->rope_forward(a.qkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
     // Attention's backward recomputes the scores from the q and k it keeps:
     // under bf16 those are bf16, so the forward takes them so too (else
@@ -153,14 +154,16 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     a.s.resize(TF);
     ops_->linear_forward(a.gate.data(), a.r2.data(), params_.weight(id.gate), nullptr, T, C, F);
     ops_->linear_forward(a.up.data(), a.r2.data(), params_.weight(id.up), nullptr, T, C, F);
+    if (selective_ && !narrow) a.r2.Release();
     ops_->swiglu_forward(a.s.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
     if (absl::Status s = parallel::RowParallelForward(ops_, tp_, x.data(), a.s.data(),
                                                       params_.weight(id.down), nullptr, T, F, C);
         !s.ok()) {
       return s;
     }
+    if (selective_ && !narrow) a.s.Release();
     ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TC));
-    if (narrow) stash_[l].Pack(ops_, a.Narrow(), a.Kept());
+    if (narrow) stash_[l].Pack(ops_, a.Narrow(selective_), a.Kept());
   }
   xf_.swap(x);
   if (!last_stage()) return absl::OkStatus();
@@ -170,6 +173,30 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   logits_.resize(static_cast<size_t>(T) * V);
   ops_->linear_forward(logits_.data(), rf_.data(), params_.weight(lm_head_), nullptr, T, C, V);
   return absl::OkStatus();
+}
+
+SavedActivations::Lists Llm::ForwardState() {
+  SavedActivations::Lists l;
+  l.floats = {&xf_, &rf_, &rrf_, &logits_};
+  for (LayerActs& a : acts_) {
+    for (Buffer<float>* b : a.All()) l.floats.push_back(b);
+  }
+  l.ints = {&tokens_, &targets_, &positions_, &cu_, &image_rows_};
+  for (ActivationStash& st : stash_) l.stashes.push_back(&st);
+  return l;
+}
+
+SavedActivations Llm::Detach() {
+  SavedActivations saved;
+  saved.pointer = batch_;
+  saved.Take(ForwardState());
+  batch_ = nullptr;
+  return saved;
+}
+
+void Llm::Attach(SavedActivations* saved) {
+  saved->Restore(ForwardState());
+  batch_ = static_cast<const LlmBatch*>(saved->pointer);
 }
 
 absl::StatusOr<LossSum> Llm::Loss() const {
@@ -211,21 +238,38 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
   }
   Buffer<float> ds(ops_->backend()), dgate(ops_->backend()), dup(ops_->backend()),
       dqkv(ops_->backend()), datto(ops_->backend());
+  // Selective recompute: SwiGLU's output, then each norm's, computed again
+  // from the kept inputs (their statistics recomputed alongside, unused).
+  Buffer<float> again(ops_->backend()), again_rows(ops_->backend());
+  auto rmsnorm_again = [&](const float* x, int weight) {
+    again.resize(TC);
+    again_rows.resize(T);
+    ops_->rmsnorm_forward(again.data(), again_rows.data(), x, params_.param(weight), T, C,
+                          c.rms_norm_eps);
+    return again.data();
+  };
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
-    if (narrow) stash_[l].Unpack(ops_, work_.Narrow(), work_.Kept());
+    if (narrow) stash_[l].Unpack(ops_, work_.Narrow(selective_), work_.Kept());
     const LayerActs& a = narrow ? work_ : acts_[l];
+    const float* act = a.s.data();
+    if (selective_) {
+      again.resize(TF);
+      ops_->swiglu_forward(again.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
+      act = again.data();
+    }
     ds.Zeros(TF);
-    parallel::RowParallelBackward(ops_, ds.data(), params_.grad(id.down), nullptr, dx.data(),
-                                  a.s.data(), params_.weight(id.down), T, F, C);
+    parallel::RowParallelBackward(ops_, ds.data(), params_.grad(id.down), nullptr, dx.data(), act,
+                                  params_.weight(id.down), T, F, C);
     dgate.Zeros(TF);
     dup.Zeros(TF);
     ops_->swiglu_backward(dgate.data(), dup.data(), a.gate.data(), a.up.data(), ds.data(),
                           static_cast<int64_t>(TF));
     dtmp.Zeros(TC);
-    ops_->linear_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), a.r2.data(),
+    const float* r2 = selective_ ? rmsnorm_again(a.x1.data(), id.rms2) : a.r2.data();
+    ops_->linear_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), r2,
                           params_.weight(id.gate), T, C, F);
-    ops_->linear_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), a.r2.data(),
+    ops_->linear_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), r2,
                           params_.weight(id.up), T, C, F);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms2), dtmp.data(), a.x1.data(),
@@ -238,9 +282,10 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
                              cu_.data(), b.S(), T, NH, NKV, HD, /*causal=*/true, narrow);
     ops_->rope_backward(dqkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
     dtmp.Zeros(TC);
+    const float* r1 = selective_ ? rmsnorm_again(a.x.data(), id.rms1) : a.r1.data();
     ops_->linear_backward(dtmp.data(), params_.grad(id.qkv),
-                          id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(),
-                          a.r1.data(), params_.weight(id.qkv), T, C, W);
+                          id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(), r1,
+                          params_.weight(id.qkv), T, C, W);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
     ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
                            params_.param(id.rms1), a.rr1.data(), T, C);

@@ -104,6 +104,17 @@ class Llm {
                                             const float* doutput = nullptr,
                                             float* dinput = nullptr);
 
+  // Recompute::kSelective (precision.h): the layers keep no RMSNorm or
+  // SwiGLU outputs; Backward computes them again from the kept inputs. The
+  // others keep every activation (what a pipeline stage recomputes is the
+  // worker's choice). Set between iterations.
+  void set_recompute(Recompute r) { selective_ = r == Recompute::kSelective; }
+  // The last Forward's state for its Backward (activations, the batch,
+  // logits), moved out: another microbatch's Forward may run before
+  // Attach moves it back for its Backward.
+  SavedActivations Detach();
+  void Attach(SavedActivations* saved);
+
  private:
   struct LayerIds {
     int rms1, qkv, qkv_b = -1, proj, rms2, gate, up, down;  // qkv_b -1: no biases
@@ -111,16 +122,21 @@ class Llm {
   struct LayerActs {  // in ops_'s backend's memory
     Buffer<float> x, r1, rr1, qkv, lse, atto, x1, r2, rr2, gate, up, s;
     void Bind(Backend* b) {
-      for (Buffer<float>* p : Narrow()) p->set_backend(b);
-      for (Buffer<float>* p : Kept()) p->set_backend(b);
+      for (Buffer<float>* p : All()) p->set_backend(b);
     }
-    // Under bf16 (ActivationStash): stored as bf16, and the per-row
-    // statistics kept in fp32.
-    std::vector<Buffer<float>*> Narrow() {
+    std::vector<Buffer<float>*> All() {
+      return {&x, &r1, &qkv, &atto, &x1, &r2, &gate, &up, &s, &rr1, &lse, &rr2};
+    }
+    // Under bf16 (ActivationStash): stored as bf16 (selective: less the
+    // element-wise outputs r1, r2 and s), and the per-row statistics kept
+    // in fp32.
+    std::vector<Buffer<float>*> Narrow(bool selective) {
+      if (selective) return {&x, &qkv, &atto, &x1, &gate, &up};
       return {&x, &r1, &qkv, &atto, &x1, &r2, &gate, &up, &s};
     }
     std::vector<Buffer<float>*> Kept() { return {&rr1, &lse, &rr2}; }
   };
+  SavedActivations::Lists ForwardState();
 
   LlmConfig config_;
   Communicator* tp_;
@@ -141,6 +157,7 @@ class Llm {
   std::vector<LayerActs> acts_;
   LayerActs work_;
   std::vector<ActivationStash> stash_;
+  bool selective_ = false;
 };
 
 }  // namespace loom

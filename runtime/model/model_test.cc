@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/matmul/bf16.h"
 #include "kernels/testing/gradcheck.h"
@@ -422,6 +423,115 @@ TEST(ModelTest, GradientIsTheSameForAnySplitIntoMicrobatches) {
   for (size_t m = 0; m < a.size(); ++m) {
     EXPECT_TRUE(testing::AllClose(b[m]->grads().data(), a[m]->grads().data(), a[m]->size(),
                                   testing::kSplitInvarianceF32));
+  }
+}
+
+// Selective recompute (the norms' and SwiGLU's / GELU's outputs computed
+// again in backward, not kept) gives the gradients of keeping them: the
+// same bits in fp32; under bf16 (the norms then recomputed from the kept
+// bf16 input) within bf16's rounding of the fp32 run, as full is.
+TEST(ModelTest, SelectiveRecomputeGivesTheSameGradients) {
+  for (const ModelConfig& c : {Micro(false), Micro(true)}) {
+    for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+      Sample s1 = MakeSample(c, 1, 3, 4, 11), s2 = MakeSample(c, 2, 1, 2, 12);
+      const float scale = 1.0f / (LossTokens(s1) + LossTokens(s2));
+      MultimodalModel full(c), selective(c), fp32(c);
+      for (MultimodalModel* m : {&full, &selective, &fp32}) {
+        m->Initialize(5);
+        m->Place(m == &fp32 ? Precision::kFp32 : p);
+        m->ZeroGrad();
+      }
+      selective.vit().set_recompute(Recompute::kSelective);
+      selective.llm().set_recompute(Recompute::kSelective);
+      const double l_full = full.ForwardBackward({&s1, &s2}, scale).sum;
+      const double l_selective = selective.ForwardBackward({&s1, &s2}, scale).sum;
+      fp32.ForwardBackward({&s1, &s2}, scale);
+      EXPECT_EQ(l_selective, l_full) << c.name << " " << PrecisionName(p);  // the forward is one
+      auto a = full.param_sets(), b = selective.param_sets(), r = fp32.param_sets();
+      for (size_t m = 0; m < a.size(); ++m) {
+        if (p == Precision::kFp32) {
+          EXPECT_EQ(b[m]->grads(), a[m]->grads()) << c.name << " module " << m;
+          continue;
+        }
+        const testing::Tolerance t = testing::kBf16VsFp32Model;
+        EXPECT_LT(RelativeError(b[m]->grads(), r[m]->grads()), t.rtol)
+            << c.name << " module " << m << ": " << t.reason;
+      }
+    }
+  }
+}
+
+// A module's activations detached while another microbatch runs forward
+// and backward, then attached for their own backward, give the gradients
+// and loss of running the two one after the other in that order (a
+// pipeline stage keeping its in-flight microbatches: recompute none or
+// selective), the same bits, in either precision.
+TEST(ModelTest, DetachedActivationsBackwardAsIfNeverMoved) {
+  const ModelConfig c = Micro(true);
+  Sample a = MakeSample(c, 0, 6, 3, 13), b = MakeSample(c, 0, 4, 5, 14);
+  const LlmBatch ba = PackSamples({&a}), bb = PackSamples({&b});
+  const int N = 2, tile = 3 * c.vit.tile_size * c.vit.tile_size;
+  std::vector<float> tiles(2 * N * tile), dout(2 * N * c.tokens_per_tile() * c.llm.dim);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (float& v : tiles) v = normal(rng);
+  for (float& v : dout) v = normal(rng);
+  const size_t out = static_cast<size_t>(N) * c.vit.patches_per_tile() * c.vit.dim,
+               dproj = dout.size() / 2;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective}) {
+      const std::string label = absl::StrCat(PrecisionName(p), " ", RecomputeName(r));
+      MultimodalModel in_order(c), detached(c);
+      for (MultimodalModel* m : {&in_order, &detached}) {
+        m->Initialize(5);
+        m->Place(p);
+        m->ZeroGrad();
+        m->vit().set_recompute(r);
+        m->llm().set_recompute(r);
+      }
+      // The LLM: b, then a.
+      std::vector<double> losses;
+      for (const LlmBatch* batch : {&bb, &ba}) {
+        ASSERT_TRUE(in_order.llm().Forward(*batch, nullptr).ok());
+        losses.push_back(in_order.llm().Backward(0.1f, nullptr)->sum);
+      }
+      ASSERT_TRUE(detached.llm().Forward(ba, nullptr).ok());
+      SavedActivations saved = detached.llm().Detach();
+      EXPECT_GT(saved.bytes(), 0);
+      ASSERT_TRUE(detached.llm().Forward(bb, nullptr).ok());
+      EXPECT_EQ(detached.llm().Backward(0.1f, nullptr)->sum, losses[0]) << label;
+      detached.llm().Attach(&saved);
+      EXPECT_EQ(detached.llm().Backward(0.1f, nullptr)->sum, losses[1]) << label;
+      // The encoder and projector: tiles [N, 2N), then [0, N).
+      std::vector<float> emb(dproj), dvit(out);
+      for (int k : {1, 0}) {
+        std::vector<float> vit_out(out);
+        ASSERT_TRUE(in_order.vit().Forward(tiles.data() + k * N * tile, N, vit_out.data()).ok());
+        in_order.projector().Forward(vit_out.data(), N, emb.data());
+        std::fill(dvit.begin(), dvit.end(), 0.0f);
+        in_order.projector().Backward(dout.data() + k * dproj, dvit.data());
+        ASSERT_TRUE(in_order.vit().Backward(dvit.data()).ok());
+      }
+      std::vector<float> vit_out(out);
+      ASSERT_TRUE(detached.vit().Forward(tiles.data(), N, vit_out.data()).ok());
+      detached.projector().Forward(vit_out.data(), N, emb.data());
+      SavedActivations vit_saved = detached.vit().Detach();
+      SavedActivations projector_saved = detached.projector().Detach();
+      ASSERT_TRUE(detached.vit().Forward(tiles.data() + N * tile, 2, vit_out.data()).ok());
+      detached.projector().Forward(vit_out.data(), N, emb.data());
+      std::fill(dvit.begin(), dvit.end(), 0.0f);
+      detached.projector().Backward(dout.data() + dproj, dvit.data());
+      ASSERT_TRUE(detached.vit().Backward(dvit.data()).ok());
+      detached.vit().Attach(&vit_saved);
+      detached.projector().Attach(&projector_saved);
+      std::fill(dvit.begin(), dvit.end(), 0.0f);
+      detached.projector().Backward(dout.data(), dvit.data());
+      ASSERT_TRUE(detached.vit().Backward(dvit.data()).ok());
+      auto x = in_order.param_sets(), y = detached.param_sets();
+      for (size_t m = 0; m < x.size(); ++m) {
+        EXPECT_EQ(y[m]->grads(), x[m]->grads()) << label << " module " << m;
+      }
+    }
   }
 }
 

@@ -59,4 +59,17 @@ void Projector::Backward(const float* dout, float* din) {
   }
 }
 
+SavedActivations Projector::Detach() {
+  SavedActivations saved;
+  saved.scalar = N_;
+  saved.Take({{&x_, &h_, &g_}, {}, {}});
+  N_ = 0;
+  return saved;
+}
+
+void Projector::Attach(SavedActivations* saved) {
+  saved->Restore({{&x_, &h_, &g_}, {}, {}});
+  N_ = static_cast<int>(saved->scalar);
+}
+
 }  // namespace loom

@@ -11,6 +11,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/params.h"
+#include "runtime/model/precision.h"
 #include "runtime/tensor/buffer.h"
 
 namespace loom {
@@ -29,6 +30,10 @@ class Projector {
   // dout (N * tokens_per_tile, Dl) -> din (N * Np, Dv) += (null: not needed,
   // a frozen ViT); parameter gradients += (none when frozen).
   void Backward(const float* dout, float* din);
+  // The last Forward's state for its Backward, moved out and back (as
+  // Llm::Detach).
+  SavedActivations Detach();
+  void Attach(SavedActivations* saved);
 
  private:
   ModelConfig config_;

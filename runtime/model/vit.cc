@@ -118,6 +118,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.qkv.resize(3 * TA);
     ops_->linear_forward(a.qkv.data(), a.ln1.data(), params_.weight(id.qkv_w),
                          params_.param(id.qkv_b), T, D, 3 * A);
+    if (selective_ && !narrow) a.ln1.Release();  // Backward computes it again
     // Under bf16 attention takes the q and k its backward will recompute
     // from (the kept ones, bf16), as in the LLM.
     if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(3 * TA));
@@ -141,6 +142,7 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     a.h.resize(static_cast<size_t>(T) * H);
     ops_->linear_forward(a.h.data(), a.ln2.data(), params_.weight(id.fc1_w),
                          params_.param(id.fc1_b), T, D, H);
+    if (selective_ && !narrow) a.ln2.Release();
     a.g.resize(a.h.size());
     ops_->activation_forward(c.act, a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
     if (absl::Status s =
@@ -149,8 +151,9 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
         !s.ok()) {
       return s;
     }
+    if (selective_ && !narrow) a.g.Release();
     ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TD));
-    if (narrow) stash_[l].Pack(ops_, a.Narrow(), a.Kept());
+    if (narrow) stash_[l].Pack(ops_, a.Narrow(selective_), a.Kept());
   }
   xf_.swap(x);
   if (!last_stage()) {
@@ -172,6 +175,32 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
                static_cast<int64_t>(Np) * D);
   }
   return absl::OkStatus();
+}
+
+SavedActivations::Lists VitEncoder::ForwardState() {
+  SavedActivations::Lists l;
+  l.floats = {&patches_, &x0_, &mean0_, &rstd0_, &xf_, &meanf_, &rstdf_};
+  for (LayerActs& a : acts_) {
+    for (Buffer<float>* b : a.All()) l.floats.push_back(b);
+  }
+  l.ints = {&cu_dev_};
+  for (ActivationStash& st : stash_) l.stashes.push_back(&st);
+  return l;
+}
+
+SavedActivations VitEncoder::Detach() {
+  SavedActivations saved;
+  saved.scalar = N_;
+  saved.host_ints.swap(cu_);
+  saved.Take(ForwardState());
+  N_ = 0;
+  return saved;
+}
+
+void VitEncoder::Attach(SavedActivations* saved) {
+  saved->Restore(ForwardState());
+  N_ = static_cast<int>(saved->scalar);
+  cu_.swap(saved->host_ints);
 }
 
 absl::Status VitEncoder::Backward(const float* dout, float* din) {
@@ -206,19 +235,37 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
   }
   Buffer<float> dtmp(ops_->backend()), dg(ops_->backend()), dh(ops_->backend()),
       dqkv(ops_->backend()), datto(ops_->backend());
+  // Selective recompute: GELU's output, then each norm's, computed again
+  // from the kept inputs (the statistics recomputed alongside, unused).
+  Buffer<float> again(ops_->backend()), again_mean(ops_->backend()), again_rstd(ops_->backend());
+  auto layernorm_again = [&](const float* x, int w, int b) {
+    again.resize(TD);
+    again_mean.resize(T);
+    again_rstd.resize(T);
+    ops_->layernorm_forward(again.data(), again_mean.data(), again_rstd.data(), x, params_.param(w),
+                            params_.param(b), T, D, c.norm_eps);
+    return again.data();
+  };
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
     const LayerIds& id = ids_[l];
-    if (narrow) stash_[l].Unpack(ops_, work_.Narrow(), work_.Kept());
+    if (narrow) stash_[l].Unpack(ops_, work_.Narrow(selective_), work_.Kept());
     const LayerActs& a = narrow ? work_ : acts_[l];
+    const float* act = a.g.data();
+    if (selective_) {
+      again.resize(static_cast<size_t>(T) * H);
+      ops_->activation_forward(c.act, again.data(), a.h.data(), static_cast<int64_t>(T) * H);
+      act = again.data();
+    }
     // x2 = x1 + fc2(gelu(fc1(ln2(x1))))
     dg.Zeros(static_cast<size_t>(T) * H);
     parallel::RowParallelBackward(ops_, dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
-                                  dx.data(), a.g.data(), params_.weight(id.fc2_w), T, H, D);
+                                  dx.data(), act, params_.weight(id.fc2_w), T, H, D);
     dh.Zeros(dg.size());
     ops_->activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
     dtmp.Zeros(TD);
+    const float* ln2 = selective_ ? layernorm_again(a.x1.data(), id.ln2_w, id.ln2_b) : a.ln2.data();
     ops_->linear_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
-                          a.ln2.data(), params_.weight(id.fc1_w), T, D, H);
+                          ln2, params_.weight(id.fc1_w), T, D, H);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     // dx (now d x1) += LN2 backward
     ops_->layernorm_backward(dx.data(), params_.grad(id.ln2_w), params_.grad(id.ln2_b), dtmp.data(),
@@ -233,8 +280,9 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
     ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
                              cu_dev_.data(), N, T, NH, NH, HD, /*causal=*/false, narrow);
     dtmp.Zeros(TD);
+    const float* ln1 = selective_ ? layernorm_again(a.x.data(), id.ln1_w, id.ln1_b) : a.ln1.data();
     ops_->linear_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
-                          a.ln1.data(), params_.weight(id.qkv_w), T, D, 3 * A);
+                          ln1, params_.weight(id.qkv_w), T, D, 3 * A);
     if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
     ops_->layernorm_backward(dx.data(), params_.grad(id.ln1_w), params_.grad(id.ln1_b), dtmp.data(),
                              a.x.data(), params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), T,

@@ -64,6 +64,15 @@ class VitEncoder {
   // a stage after the first writes its input gradient to `din` (N * seq, D).
   absl::Status Backward(const float* dout, float* din = nullptr);
 
+  // Recompute::kSelective (precision.h): the layers keep no LayerNorm or
+  // GELU outputs; Backward computes them again from the kept inputs and
+  // statistics. Set between iterations.
+  void set_recompute(Recompute r) { selective_ = r == Recompute::kSelective; }
+  // The last Forward's state for its Backward, moved out and back (as
+  // Llm::Detach).
+  SavedActivations Detach();
+  void Attach(SavedActivations* saved);
+
  private:
   struct LayerIds {
     int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
@@ -71,14 +80,21 @@ class VitEncoder {
   struct LayerActs {  // in ops_'s backend's memory
     Buffer<float> x, ln1, mean1, rstd1, qkv, lse, atto, x1, ln2, mean2, rstd2, h, g;
     void Bind(Backend* b) {
-      for (Buffer<float>* p : Narrow()) p->set_backend(b);
-      for (Buffer<float>* p : Kept()) p->set_backend(b);
+      for (Buffer<float>* p : All()) p->set_backend(b);
     }
-    // Under bf16 (ActivationStash): stored as bf16, and the per-row
-    // statistics kept in fp32.
-    std::vector<Buffer<float>*> Narrow() { return {&x, &ln1, &qkv, &atto, &x1, &ln2, &h, &g}; }
+    std::vector<Buffer<float>*> All() {
+      return {&x, &ln1, &qkv, &atto, &x1, &ln2, &h, &g, &mean1, &rstd1, &lse, &mean2, &rstd2};
+    }
+    // Under bf16 (ActivationStash): stored as bf16 (selective: less the
+    // element-wise outputs ln1, ln2 and g), and the per-row statistics kept
+    // in fp32.
+    std::vector<Buffer<float>*> Narrow(bool selective) {
+      if (selective) return {&x, &qkv, &atto, &x1, &h};
+      return {&x, &ln1, &qkv, &atto, &x1, &ln2, &h, &g};
+    }
     std::vector<Buffer<float>*> Kept() { return {&mean1, &rstd1, &lse, &mean2, &rstd2}; }
   };
+  SavedActivations::Lists ForwardState();
 
   VitConfig config_;
   Communicator* tp_;
@@ -102,6 +118,7 @@ class VitEncoder {
   std::vector<LayerActs> acts_;
   LayerActs work_;
   std::vector<ActivationStash> stash_;
+  bool selective_ = false;
 };
 
 }  // namespace loom

@@ -85,12 +85,14 @@ class Buffer {
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
- private:
+  // Frees the memory: size and capacity 0.
   void Release() {
     if (data_ != nullptr) backend_->Free(data_);
     data_ = nullptr;
     size_ = capacity_ = 0;
   }
+
+ private:
   Backend* backend_ = nullptr;
   T* data_ = nullptr;
   size_t size_ = 0;
