@@ -56,10 +56,15 @@ void AddParameters(int64_t params, bool frozen, const StageMemoryOptions& o, Mem
 // A stack of `layers` layers keeping `narrow` + `kept` floats each: every
 // layer's fp32, or under bf16 one fp32 working layer and every layer's
 // stash (bf16 narrow, fp32 kept).
-int64_t LayerActivations(int64_t layers, int64_t narrow, int64_t kept, Precision p) {
+// `copies` such stacks kept at once (SavedActivations: a pipeline stage's
+// microbatches in flight), each layer keeping `narrow_kept` of its
+// `narrow` floats (selective recompute drops the rest), sharing the one
+// working layer.
+int64_t KeptLayers(int64_t layers, int64_t narrow, int64_t narrow_kept, int64_t kept,
+                   int64_t copies, Precision p) {
   if (layers == 0) return 0;
-  if (p == Precision::kFp32) return layers * (narrow + kept) * kF;
-  return (narrow + kept) * kF + layers * (narrow * kH + kept * kF);
+  if (p == Precision::kFp32) return copies * layers * (narrow_kept + kept) * kF;
+  return (narrow + kept) * kF + copies * layers * (narrow_kept * kH + kept * kF);
 }
 
 std::string Bytes(int64_t b) {
@@ -146,20 +151,32 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
                 I = first_stage ? image_tokens : 0, L = last - first;
   const int64_t P = LlmStageParameters(c, first, last, tp);
   AddParameters(P, o.frozen, o, &e);
+  const bool keep = o.recompute != Recompute::kFull,
+             selective = o.recompute == Recompute::kSelective;
+  const int64_t in_flight = keep ? std::max(1, o.in_flight) : 1;
   // Llm::LayerActs: x, r1, qkv, atto, x1, r2, gate, up, s (narrow under
-  // bf16); rr1, lse, rr2 (per row, kept fp32).
-  e.activations = LayerActivations(L, T * (4 * C + W + D + 3 * F), T * (NH + 2), o.precision);
-  // Kept between calls: the batch (tokens, targets, positions), the image
-  // rows, RoPE's frequencies, the output; the last stage's final norm and
-  // logits.
-  int64_t kept = 3 * T * kI + I * kI + HD / 2 * kF + T * C * kF;
+  // bf16; selective keeps none of r1, r2 and s); rr1, lse, rr2 (per row,
+  // kept fp32).
+  const int64_t narrow = T * (4 * C + W + D + 3 * F), rows = T * (NH + 2);
+  e.activations = KeptLayers(L, narrow, selective ? narrow - T * (2 * C + F) : narrow, rows,
+                             in_flight, o.precision);
+  // Kept between calls, for each microbatch whose activations are kept:
+  // the batch (tokens, targets, positions), the image rows, the output;
+  // the last stage's final norm and logits; and RoPE's frequencies.
+  int64_t kept = 3 * T * kI + I * kI + T * C * kF;
   if (last_stage) kept += (T * C + T + T * V) * kF;
-  // Forward: the residual stream beside the last output. Backward: dx and
-  // dtmp, then dlogits (the head), then the layers' ds, dgate, dup, datto,
-  // dqkv.
-  const int64_t forward = T * C * kF;
-  const int64_t backward = 2 * T * C * kF + std::max(last_stage ? T * V * kF : 0,
-                                                     L > 0 ? (3 * T * F + T * D + T * W) * kF : 0);
+  kept = in_flight * kept + HD / 2 * kF;
+  // Forward: the residual stream beside the last output (and under
+  // selective in fp32 one element-wise output until it is released).
+  // Backward: dx and dtmp, then dlogits (the head), then the layers' ds,
+  // dgate, dup, datto, dqkv (and under selective the output computed
+  // again, with its rows' statistics).
+  const int64_t again = selective && L > 0 ? (T * std::max(C, F) + T) * kF : 0;
+  const int64_t forward =
+      T * C * kF + (selective && o.precision == Precision::kFp32 ? T * std::max(C, F) * kF : 0);
+  const int64_t backward =
+      2 * T * C * kF +
+      std::max(last_stage ? T * V * kF : 0, L > 0 ? (3 * T * F + T * D + T * W) * kF + again : 0);
   e.buffers += e.activations + kept + std::max(forward, backward);
   e.workspace = kept + std::max({forward, backward, ReduceBuffer(P, o.frozen, o)});
   // The workers' copies: each in-flight microbatch's input (image
@@ -175,7 +192,8 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
     e.stage_inputs = input + transit;
     e.buffers += e.stage_inputs;
   } else {
-    e.stage_inputs = std::max(1, o.in_flight) * input + transit;
+    // Under none and selective an input is freed after its forward.
+    e.stage_inputs = (keep ? 1 : std::max(1, o.in_flight)) * input + transit;
   }
   if (!o.device && o.precision == Precision::kBf16) {
     std::vector<Gemm> g;
@@ -200,24 +218,39 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
   const int64_t P = VitStageParameters(c, first, last, tp);
   AddParameters(P, o.frozen, o, &e);
   int64_t reduce = ReduceBuffer(P, o.frozen, o);
-  // VitEncoder::LayerActs: x, ln1, qkv (3A), atto, x1, ln2, h, g (narrow);
-  // mean1, rstd1, lse, mean2, rstd2 (kept).
-  e.activations = LayerActivations(L, T * (4 * Dv + 4 * A + 2 * H), T * (4 + NH), o.precision);
+  // Under none and selective every bin's activations are kept (the ViT's
+  // where it trains, the projector's).
+  const bool keep = (vit_backward || projector_backward) && o.recompute != Recompute::kFull;
+  const bool selective = o.recompute == Recompute::kSelective;
+  const int64_t kept_bins = keep ? std::max(1, bins) : 1;
+  const int64_t vit_bins = keep && vit_backward ? kept_bins : 1;
+  // VitEncoder::LayerActs: x, ln1, qkv (3A), atto, x1, ln2, h, g (narrow;
+  // selective keeps none of ln1, ln2 and g); mean1, rstd1, lse, mean2,
+  // rstd2 (kept).
+  const int64_t narrow = T * (4 * Dv + 4 * A + 2 * H);
+  e.activations = KeptLayers(L, narrow, selective ? narrow - T * (2 * Dv + H) : narrow,
+                             T * (4 + NH), vit_bins, o.precision);
   int64_t kept = TD * kF + (N + 1) * kI;  // the output, the tiles' boundaries
   if (first_stage) {
     kept += out_rows * c.patch_dim() * kF;      // the patches
     if (c.pre_norm) kept += (TD + 2 * T) * kF;  // ln_pre's input, statistics
   }
   if (last_stage && c.final_norm) kept += 2 * T * kF;  // ln_f's statistics
-  int64_t forward =
-      TD * kF + std::max(first_stage ? out_rows * Dv * kF : 0,
-                         last_stage && c.final_norm ? TD * kF : 0);  // x; emb or ln_f's output
+  kept *= vit_bins;
+  // Under selective in fp32 one element-wise output until it is released
+  // (forward), and one computed again with its statistics (backward).
+  const int64_t elementwise = selective && L > 0 ? T * std::max(Dv, H) * kF : 0;
+  int64_t forward = TD * kF + std::max({first_stage ? out_rows * Dv * kF : 0,
+                                        last_stage && c.final_norm ? TD * kF : 0,
+                                        o.precision == Precision::kFp32 ? elementwise : 0});
   // Backward: dx; dy (the last stage's), then the layers' dtmp, dg, dh,
   // dqkv and datto, which stay while the first stage's tail runs (ln_pre's
   // dx0, then the patch embedding's gradient).
   int64_t backward = 0;
   if (vit_backward || !first_stage) {
-    const int64_t layers = L > 0 ? (TD + 2 * T * H + 4 * T * A) * kF : 0;
+    const int64_t layers =
+        L > 0 ? (TD + 2 * T * H + 4 * T * A) * kF + (elementwise > 0 ? elementwise + 2 * T * kF : 0)
+              : 0;
     const int64_t tail = first_stage ? std::max(c.pre_norm ? TD : 0, out_rows * Dv) * kF : 0;
     backward = TD * kF + std::max(last_stage ? TD * kF : 0, layers + tail);
   }
@@ -234,7 +267,7 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
   if (last_stage) {
     AddParameters(ProjectorParameters(m), o.projector_frozen, o, &e);
     reduce = std::max(reduce, ReduceBuffer(ProjectorParameters(m), o.projector_frozen, o));
-    kept += (out_rows * Dv + 2 * Tp * Hp) * kF;
+    kept += kept_bins * (out_rows * Dv + 2 * Tp * Hp) * kF;
     forward = std::max(forward, m.projector.pixel_shuffle ? out_rows * Dv * kF : 0);
     if (projector_backward) {
       backward = std::max(backward, (2 * Tp * Hp + out_rows * Dv) * kF);
@@ -267,7 +300,8 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
     e.stage_inputs = input + transit;  // one staging buffer per role
     e.buffers += e.stage_inputs;
   } else {
-    e.stage_inputs = std::max(1, bins) * input + transit;
+    // Under none and selective an input is freed after its forward.
+    e.stage_inputs = (keep ? 1 : std::max(1, bins)) * input + transit;
   }
   if (!o.device && o.precision == Precision::kBf16) {
     e.scratch = Bf16GemmScratch(g, vit_backward || projector_backward, true);

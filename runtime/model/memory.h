@@ -9,11 +9,14 @@
 //   grads         fp32 gradients (none when the module is frozen)
 //   moments       AdamW's m and v: 8 bytes a parameter of this rank's
 //                 optimizer shard (1/DP of the stage under ZeRO-1)
-//   activations   what the layers keep from forward to backward for the one
-//                 microbatch whose activations are live: every layer's in
-//                 fp32, or under bf16 one fp32 working layer and every
-//                 layer's bf16 stash (precision.h ActivationStash), with
-//                 attention's per-row log-sum-exp (O(L), not L x L)
+//   activations   what the layers keep from forward to backward: every
+//                 layer's in fp32, or under bf16 one fp32 working layer and
+//                 every layer's bf16 stash (precision.h ActivationStash),
+//                 with attention's per-row log-sum-exp (O(L), not L x L);
+//                 for the one microbatch whose activations are live under
+//                 recompute full, for every microbatch in flight (with its
+//                 batch and output) under none and selective, less the
+//                 element-wise outputs under selective
 //   workspace     the stage's kept outputs (final norm, logits) and the
 //                 largest set of forward or backward temporaries alive at
 //                 once (input gradients, dlogits, ...), or of the gradients'
@@ -21,13 +24,17 @@
 //                 chunk, 1/DP of the set)
 //   stage_inputs  the inputs the workers keep to recompute a microbatch's
 //                 forward before its backward: one per microbatch in flight
-//                 (1F1B), and what is in transit to and from the neighbours
+//                 (1F1B) under recompute full, the one being received
+//                 otherwise, and what is in transit to and from the
+//                 neighbours
 //   scratch       on the CPU under bf16: the GEMMs' widened operands, kept
 //                 per thread (kernels/matmul)
 //
-// The recompute policy is the runtime's: a stage keeps each in-flight
-// microbatch's input and one microbatch's activations, and recomputes the
-// forward of any other before its backward.
+// The recompute policy (StageMemoryOptions::recompute) is the runtime's:
+// under full a stage keeps each in-flight microbatch's input and one
+// microbatch's activations, and recomputes the forward of any other before
+// its backward; under none and selective it keeps every in-flight
+// microbatch's activations (services/worker, SavedActivations).
 //
 // Not counted: the process itself (code, gRPC, UCX, the CUDA context),
 // samples and batches (a few bytes a token), and the attention kernels'
@@ -77,7 +84,8 @@ struct StageMemoryOptions {
   // total() is buffers. False: the CPU backend (host memory).
   bool device = false;
   bool optimizer_on_device = false;
-  int in_flight = 1;  // microbatches whose stage input the stage keeps
+  int in_flight = 1;  // microbatches in flight at the stage (1F1B)
+  Recompute recompute = Recompute::kFull;
 };
 
 // Parameters this TP rank holds of an LLM stage / ViT stage / the projector.

@@ -195,6 +195,104 @@ TEST(MemoryModelTest, AnEncoderStagesBuffersPeakWhereTheModelSays) {
   }
 }
 
+// Recompute none and selective: a stage keeps its in-flight microbatches'
+// activations (SavedActivations), selective less the element-wise outputs.
+// Three microbatches of a stage forward (each detached), then backward
+// (each attached), peak where the model says for three in flight; and
+// selective keeps less than none.
+TEST(MemoryModelTest, KeptMicrobatchesPeakWhereTheModelSays) {
+  const ModelConfig c = Config(false);
+  Backend* cpu = CpuOps()->backend();
+  std::mt19937 rng(11);
+  constexpr int kInFlight = 3;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    int64_t kept[3] = {0, 0, 0};
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelective}) {
+      for (LayerRange r : {LayerRange{0, 2}, LayerRange{2, 4}}) {
+        SCOPED_TRACE(std::string(PrecisionName(p)) + " " + RecomputeName(rc) + " LLM layers [" +
+                     std::to_string(r.first) + ", " + std::to_string(r.last) + ")");
+        const int T = 200, image = r.first == 0 ? 30 : 0;
+        const size_t before = cpu->in_use_bytes();
+        cpu->ResetPeak();
+        {
+          Llm llm(c.llm, nullptr, r);
+          llm.set_recompute(rc);
+          llm.params().Initialize(1);
+          llm.params().Place(cpu, p);
+          std::vector<LlmBatch> batches;
+          std::vector<SavedActivations> saved(kInFlight);
+          for (int j = 0; j < kInFlight; ++j) batches.push_back(Batch(T, image, c.llm.vocab, &rng));
+          const std::vector<float> emb = Random(static_cast<size_t>(image) * c.llm.dim, &rng);
+          const std::vector<float> in = Random(static_cast<size_t>(T) * c.llm.dim, &rng);
+          std::vector<float> dout = Random(in.size(), &rng), din(in.size()), demb(emb.size());
+          for (int j = 0; j < kInFlight; ++j) {
+            ASSERT_TRUE(llm.Forward(batches[j], image > 0 ? emb.data() : nullptr,
+                                    r.first == 0 ? nullptr : in.data())
+                            .ok());
+            saved[j] = llm.Detach();
+          }
+          for (int j = 0; j < kInFlight; ++j) {
+            llm.Attach(&saved[j]);
+            ASSERT_TRUE(llm.Backward(1.0f / T, image > 0 ? demb.data() : nullptr,
+                                     r.last == c.llm.layers ? nullptr : dout.data(),
+                                     r.first == 0 ? nullptr : din.data())
+                            .ok());
+          }
+        }
+        const double measured = static_cast<double>(cpu->peak_bytes() - before);
+        StageMemoryOptions o;
+        o.precision = p;
+        o.recompute = rc;
+        o.in_flight = kInFlight;
+        const MemoryEstimate e = LlmStageMemory(c.llm, r.first, r.last, T, image, o);
+        EXPECT_NEAR(measured, e.buffers, 0.01 * e.buffers) << e.ToString();
+        if (r.first == 0) kept[static_cast<int>(rc)] = e.activations;
+      }
+      // The encoder's last stage, its ViT and projector kept for 3 bins.
+      SCOPED_TRACE(std::string(PrecisionName(p)) + " " + RecomputeName(rc) + " encoder");
+      const int N = 4;
+      const LayerRange r{1, c.vit.layers};
+      const size_t rows = static_cast<size_t>(c.vit.seq()) * c.vit.dim;
+      const size_t before = cpu->in_use_bytes();
+      cpu->ResetPeak();
+      {
+        VitEncoder vit(c.vit, nullptr, r);
+        Projector projector(c);
+        vit.set_recompute(rc);
+        for (ParamSet* set : {&vit.params(), &projector.params()}) {
+          set->Initialize(1);
+          set->Place(cpu, p);
+        }
+        const std::vector<float> in = Random(N * rows, &rng);
+        const size_t out_rows = static_cast<size_t>(N) * c.vit.patches_per_tile();
+        std::vector<float> out(out_rows * c.vit.dim), dvit(out.size()), din(in.size());
+        std::vector<float> emb(static_cast<size_t>(N) * c.tokens_per_tile() * c.llm.dim);
+        const std::vector<float> demb = Random(emb.size(), &rng);
+        std::vector<std::pair<SavedActivations, SavedActivations>> saved(kInFlight);
+        for (int j = 0; j < kInFlight; ++j) {
+          ASSERT_TRUE(vit.Forward(in.data(), N, out.data()).ok());
+          projector.Forward(out.data(), N, emb.data());
+          saved[j] = {vit.Detach(), projector.Detach()};
+        }
+        for (int j = 0; j < kInFlight; ++j) {
+          vit.Attach(&saved[j].first);
+          projector.Attach(&saved[j].second);
+          projector.Backward(demb.data(), dvit.data());
+          ASSERT_TRUE(vit.Backward(dvit.data(), din.data()).ok());
+        }
+      }
+      const double measured = static_cast<double>(cpu->peak_bytes() - before);
+      StageMemoryOptions o;
+      o.precision = p;
+      o.recompute = rc;
+      const MemoryEstimate e = EncoderStageMemory(c, r.first, r.last, N, kInFlight, o);
+      EXPECT_NEAR(measured, e.buffers, 0.01 * e.buffers) << e.ToString();
+    }
+    EXPECT_LT(kept[static_cast<int>(Recompute::kSelective)],
+              kept[static_cast<int>(Recompute::kNone)]);
+  }
+}
+
 // What each part scales with: sharding divides the moments, bf16 halves
 // the kept activations, a frozen module holds neither gradients nor
 // moments, the logits live on the last stage only.

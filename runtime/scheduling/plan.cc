@@ -99,7 +99,7 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
     return absl::InvalidArgumentError("the batch statistics have no tokens");
   }
   Workload w;
-  w.flops = AnalyticFlops(model, limits.recompute, limits.frozen);
+  w.flops = AnalyticFlops(model, limits.recompute == Recompute::kFull, limits.frozen);
   const ModelFlops useful = AnalyticFlops(model, false, limits.frozen);
   w.B = stats.global_batch;
   w.enc_flops = w.B * stats.mean_tiles * w.flops.encoder_per_tile;
@@ -125,13 +125,6 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
 // first), microbatches of `tokens` LLM tokens (`image_tokens` of them
 // image positions) or bins of `tiles` tiles, `bins` of them per encoder
 // replica.
-// Without recompute (limits.recompute false, the time model's too) a stage
-// keeps the activations of every microbatch in flight, not one: the
-// memory model's (the runtime's: one live) times `in_flight`.
-int64_t KeptActivations(const PlanLimits& limits, int in_flight, const MemoryEstimate& e) {
-  return limits.recompute ? 0 : std::max(0, in_flight - 1) * e.activations;
-}
-
 StageMemoryOptions GpuMemoryOptions(const PlanLimits& limits, int tp, int dp, bool frozen) {
   StageMemoryOptions o;
   o.precision = limits.precision;
@@ -139,6 +132,7 @@ StageMemoryOptions GpuMemoryOptions(const PlanLimits& limits, int tp, int dp, bo
   o.optimizer_shards = limits.shard_optimizer ? dp : 1;
   o.dp = dp;
   o.frozen = frozen;
+  o.recompute = limits.recompute;
   o.device = true;
   o.optimizer_on_device = true;
   return o;
@@ -154,7 +148,7 @@ double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, 
     const MemoryEstimate e =
         LlmStageMemory(model.llm, b[s], b[s + 1], static_cast<int64_t>(std::ceil(tokens)),
                        static_cast<int64_t>(std::ceil(image_tokens)), o);
-    peak = std::max(peak, static_cast<double>(e.total() + KeptActivations(limits, o.in_flight, e)));
+    peak = std::max(peak, static_cast<double>(e.total()));
   }
   return peak;
 }
@@ -168,7 +162,7 @@ double EncoderPeakBytes(const ModelConfig& model, const PlanLimits& limits, int 
   for (int s = 0; s < pp; ++s) {
     const MemoryEstimate e =
         EncoderStageMemory(model, b[s], b[s + 1], static_cast<int64_t>(std::ceil(tiles)), bins, o);
-    peak = std::max(peak, static_cast<double>(e.total() + KeptActivations(limits, bins, e)));
+    peak = std::max(peak, static_cast<double>(e.total()));
   }
   return peak;
 }

@@ -4,10 +4,12 @@
 // TP / PP / DP and the microbatch count, minimising the predicted iteration
 // time of the 1F1B pipeline under the memory limit. Memory is the runtime's
 // (runtime/model/memory.h: what the workers hold on a GPU, stage by stage,
-// at the largest microbatch, 1.3 times the mean): with `recompute` as the
-// workers run (each stage keeps its in-flight microbatches' inputs and one
-// microbatch's activations); without it, priced as keeping every in-flight
-// microbatch's activations, as the time model then assumes no recompute.
+// at the largest microbatch, 1.3 times the mean), under the job's
+// `recompute` as the workers run it (full: each stage keeps its in-flight
+// microbatches' inputs and one microbatch's activations, and the time model
+// adds a forward per backward; none and selective: every in-flight
+// microbatch's activations, selective's less its element-wise outputs,
+// whose recompute the time model counts as free: it has no GEMM).
 //
 // Predicted iteration = (m + pp_enc + pp_llm - 1) * max(encoder stage,
 // LLM stage, embedding transfer) + the slower module's gradient allreduce, where a
@@ -55,7 +57,11 @@ struct PlanLimits {
   int max_llm_pp = 16;
   int max_encoder_pp = 4;
   int max_microbatches = 64;
-  bool recompute = false;
+  // How the workers keep activations (the job's recompute, both modules):
+  // full prices a forward again per backward (AnalyticFlops) and one
+  // microbatch's activations; none and selective every in-flight
+  // microbatch's (the memory model's).
+  Recompute recompute = Recompute::kNone;
   double memory_fraction = 0.9;  // of a GPU's memory the plan may use
   // Modules that do not train: cheaper backward (AnalyticFlops), weights
   // alone in memory (no gradients or moments), no gradient allreduce.

@@ -47,7 +47,10 @@ ABSL_FLAG(double, gpu_memory_gib, 80, "plan: memory of one GPU.");
 ABSL_FLAG(double, link_gbps, 400, "plan: network bandwidth per GPU between nodes, Gb/s.");
 ABSL_FLAG(int, global_batch, 0, "plan: samples per iteration (default: the batch file's size).");
 ABSL_FLAG(int, max_microbatches, 64, "plan: most microbatches per LLM rank.");
-ABSL_FLAG(bool, recompute, false, "plan: full activation recompute.");
+ABSL_FLAG(std::string, recompute, "none",
+          "plan: how the workers keep activations, priced by the time and memory models and "
+          "written into the job for both modules: none, selective or full "
+          "(runtime/model/precision.h Recompute).");
 ABSL_FLAG(std::string, freeze, "",
           "plan: modules that do not train, comma-separated: vision, projector, llm.");
 ABSL_FLAG(std::string, job_output, "",
@@ -162,6 +165,12 @@ absl::StatusOr<job::v1::JobConfig> JobOfPlan(const scheduler::v1::Plan& plan,
   }
   job.set_precision(absl::GetFlag(FLAGS_precision));
   if (absl::GetFlag(FLAGS_shard_optimizer)) job.mutable_optimizer()->set_shard(true);
+  absl::StatusOr<Recompute> recompute = ParseRecompute(absl::GetFlag(FLAGS_recompute));
+  if (!recompute.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--recompute: ", recompute.status().message()));
+  }
+  job.mutable_recompute()->set_encoder(RecomputeName(*recompute));
+  job.mutable_recompute()->set_llm(RecomputeName(*recompute));
   return job;
 }
 
@@ -216,7 +225,12 @@ int Plan(const BatchFile& batch) {
                                : static_cast<int>(batch.samples.size());
   PlanLimits limits;
   limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
-  limits.recompute = absl::GetFlag(FLAGS_recompute);
+  absl::StatusOr<Recompute> recompute = ParseRecompute(absl::GetFlag(FLAGS_recompute));
+  if (!recompute.ok()) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--recompute: ", recompute.status().message())));
+  }
+  limits.recompute = *recompute;
   absl::StatusOr<Precision> precision = ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!precision.ok()) {
     return Fail(

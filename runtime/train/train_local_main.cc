@@ -50,6 +50,13 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, precision, "fp32",
           "fp32, or bf16: bf16 mixed precision (bf16 GEMM operands and stored activations, fp32 "
           "masters, AdamW state, norms and loss; runtime/model/precision.h).");
+ABSL_FLAG(std::string, encoder_recompute, "full",
+          "full, none or selective (runtime/model/precision.h Recompute): selective computes "
+          "the ViT's LayerNorm and GELU outputs again in backward (one process has no pipeline, "
+          "so full and none keep every activation alike).");
+ABSL_FLAG(std::string, llm_recompute, "full",
+          "full, none or selective: as --encoder_recompute, for the LLM's RMSNorm and SwiGLU "
+          "outputs.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the weights and the data.");
 ABSL_FLAG(bool, shuffle_images, false,
           "Pair each caption with another sample's image (the control run).");
@@ -147,7 +154,19 @@ int main(int argc, char** argv) {
   if (!ops.ok()) return Fail("--device " + device + ": " + std::string(ops.status().message()));
   absl::StatusOr<loom::Precision> precision = loom::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!precision.ok()) return Fail("--precision: " + std::string(precision.status().message()));
+  absl::StatusOr<loom::Recompute> encoder_recompute =
+      loom::ParseRecompute(absl::GetFlag(FLAGS_encoder_recompute));
+  if (!encoder_recompute.ok()) {
+    return Fail("--encoder_recompute: " + std::string(encoder_recompute.status().message()));
+  }
+  absl::StatusOr<loom::Recompute> llm_recompute =
+      loom::ParseRecompute(absl::GetFlag(FLAGS_llm_recompute));
+  if (!llm_recompute.ok()) {
+    return Fail("--llm_recompute: " + std::string(llm_recompute.status().message()));
+  }
   loom::MultimodalModel model(*config, *ops);
+  model.vit().set_recompute(*encoder_recompute);
+  model.llm().set_recompute(*llm_recompute);
   model.Initialize(seed);
   if (absl::Status s = loom::hf::LoadPretrainedWeights(*pretrained, &model); !s.ok()) {
     return Fail("--" + std::string(s.message()));

@@ -102,6 +102,8 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   Default<std::string>(dev->mutable_llm(), "cpu");
   Default<std::string>(dev->mutable_collectives(), "host");
   Default<std::string>(job->mutable_precision(), "fp32");
+  Default<std::string>(job->mutable_recompute()->mutable_encoder(), "full");
+  Default<std::string>(job->mutable_recompute()->mutable_llm(), "full");
 }
 
 absl::Status ValidateJob(const job::v1::JobConfig& job) {
@@ -279,6 +281,12 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (absl::StatusOr<Precision> p = ParsePrecision(job.precision()); !p.ok()) {
     return Bad("precision", std::string(p.status().message()));
   }
+  if (absl::StatusOr<Recompute> r = ParseRecompute(job.recompute().encoder()); !r.ok()) {
+    return Bad("recompute.encoder", std::string(r.status().message()));
+  }
+  if (absl::StatusOr<Recompute> r = ParseRecompute(job.recompute().llm()); !r.ok()) {
+    return Bad("recompute.llm", std::string(r.status().message()));
+  }
   return absl::OkStatus();
 }
 
@@ -341,6 +349,8 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
   o.tp = std::max(1, encoder ? p.encoder_tp() : p.llm_tp());
   o.optimizer_shards = job.optimizer().shard() ? std::max(1, dp) : 1;
   o.dp = std::max(1, dp);
+  o.recompute = ParseRecompute(encoder ? job.recompute().encoder() : job.recompute().llm())
+                    .value_or(Recompute::kFull);
   o.device = OnGpu(job, encoder);
   // As the workers place it (services/worker/training_worker.cc).
   o.optimizer_on_device = o.device && (job.device().collectives() == "nccl" || dp <= 1);

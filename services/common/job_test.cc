@@ -1,6 +1,9 @@
 #include "services/common/job.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/model/config.h"
+#include "runtime/model/precision.h"
 
 namespace loom {
 namespace {
@@ -31,6 +34,8 @@ TEST(JobConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(job->device().encoder(), "cpu");
   EXPECT_EQ(job->device().llm(), "cpu");
   EXPECT_EQ(job->device().collectives(), "host");
+  EXPECT_EQ(job->recompute().encoder(), "full");
+  EXPECT_EQ(job->recompute().llm(), "full");
 }
 
 TEST(JobConfig, DevicesAreChosenPerModule) {
@@ -226,6 +231,10 @@ TEST(JobConfig, InvalidValuesAreNamed) {
            Case{"device { collectives: 'nccl' }",
                 "device.collectives: nccl reduces device memory: no module is on cuda"},
            Case{"precision: 'fp16'", "precision: want fp32 or bf16, got \"fp16\""},
+           Case{"recompute { llm: 'some' }",
+                "recompute.llm: want full, none or selective, got \"some\""},
+           Case{"recompute { encoder: 'all' }",
+                "recompute.encoder: want full, none or selective, got \"all\""},
        }) {
     absl::Status s = ParseAndCheck(c.text);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;
@@ -266,6 +275,42 @@ TEST(JobConfig, AJobThatDoesNotFitItsDevicesIsRefused) {
   EXPECT_EQ(uncapped.code(), absl::StatusCode::kInvalidArgument) << uncapped;
   EXPECT_NE(uncapped.message().find("parallel.llm_max_tokens"), std::string::npos) << uncapped;
   EXPECT_EQ(ParseAndCheck("device { memory_gib: -1 }").code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The memory check prices the recompute choice: keeping the in-flight
+// microbatches' activations (none) takes more than full on the first LLM
+// stage of 1F1B, selective less than none; a device that holds the job
+// under full refuses it under none, naming the stage.
+TEST(JobConfig, TheMemoryCheckPricesTheRecomputeChoice) {
+  const std::string base =
+      "model: 'vit300m-llm7b' data { global_batch: 64 } "
+      "parallel { llm_max_tokens: 4096 encoder_max_tokens: 4608 llm_dp: 4 llm_tp: 4 llm_pp: 2 "
+      "microbatches: 8 encoder_dp: 2 } precision: 'bf16' optimizer { shard: true } ";
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("vit300m-llm7b");
+  ASSERT_TRUE(model.ok());
+  int64_t need[3];
+  for (Recompute r : {Recompute::kFull, Recompute::kNone, Recompute::kSelective}) {
+    absl::StatusOr<job::v1::JobConfig> job = ParseJobConfig(
+        base + absl::StrCat("device { llm: 'cuda' encoder: 'cuda' } recompute { llm: '",
+                            RecomputeName(r), "' }"),
+        "job.cfg");
+    ASSERT_TRUE(job.ok()) << job.status();
+    ApplyJobDefaults("/run", &*job);
+    need[static_cast<int>(r)] =
+        JobStageMemory(*job, *model, /*encoder=*/false, 0, 4096, 576, 8, 16).total();
+  }
+  const int64_t full = need[static_cast<int>(Recompute::kFull)],
+                none = need[static_cast<int>(Recompute::kNone)],
+                selective = need[static_cast<int>(Recompute::kSelective)];
+  EXPECT_LT(full, selective);
+  EXPECT_LT(selective, none);
+  const double gib = static_cast<double>(full + none) / 2 / (1ll << 30);
+  const std::string device =
+      absl::StrCat("device { llm: 'cuda' encoder: 'cuda' memory_gib: ", gib, " } ");
+  EXPECT_TRUE(ParseAndCheck(base + device).ok());
+  absl::Status s = ParseAndCheck(base + device + "recompute { llm: 'none' }");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("the LLM's pipeline stage 0 of 2"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -252,6 +252,10 @@ absl::Status TrainingWorker::Impl::Join() {
   frozen = JobFrozen(job);
   // Checked with the job (ValidateJob).
   const Precision precision = ParsePrecision(job.precision()).value_or(Precision::kFp32);
+  recompute = ParseRecompute(encoder ? job.recompute().encoder() : job.recompute().llm())
+                  .value_or(Recompute::kFull);
+  if (vit != nullptr) vit->set_recompute(recompute);
+  if (llm != nullptr) llm->set_recompute(recompute);
   for (size_t i = 0; i < sets.size(); ++i) {
     if (frozen.module(modules[i])) sets[i]->Freeze();
     // The weights as set (no-op on the CPU in fp32), with their bf16 copy

@@ -189,6 +189,10 @@ struct TrainingWorker::Impl {
   std::unique_ptr<VitEncoder> vit;
   std::unique_ptr<Projector> projector;  // on the encoder's last stage
   std::unique_ptr<Llm> llm;
+  // The module's job.recompute: full recomputes a microbatch's forward
+  // before its backward; none and selective keep each in-flight
+  // microbatch's activations (SavedActivations) instead.
+  Recompute recompute = Recompute::kFull;
   std::vector<ParamSet*> sets;
   std::vector<Module> modules;
   std::vector<Communicator*> set_tp;  // each set's TP group (null: held whole)

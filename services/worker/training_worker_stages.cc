@@ -144,8 +144,10 @@ absl::Status TrainingWorker::Impl::SumOverStages(std::vector<double>* seconds,
 
 // Each encoder stage runs every bin's forward in order, then every backward
 // in the same order (the encoder feeds several LLM replicas, whose pipelines
-// need its embeddings slot by slot); it keeps each bin's stage input, not
-// its activations, and recomputes a bin's forward before its backward.
+// need its embeddings slot by slot). Under recompute full it keeps each
+// bin's stage input, not its activations, and recomputes a bin's forward
+// before its backward; under none or selective it keeps every bin's
+// activations (SavedActivations) and recomputes no forward.
 absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, double* compute,
                                                     double* wait, double* bubble,
                                                     scheduler::v1::ReportTimingsRequest* timings) {
@@ -165,6 +167,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
   const bool vit_backward = !frozen.vision;
   const bool backward = vit_backward || (last_stage() && !frozen.projector);
   std::map<int, std::vector<float>> projector_in;  // bin -> the tower's output
+  const bool keep = backward && recompute != Recompute::kFull;
+  std::map<int, std::pair<SavedActivations, SavedActivations>> saved;  // bin -> (ViT, projector)
   for (size_t k = 0; k < d.bins.size(); ++k) {
     const int b = d.bins[k];
     int n = TileCount(d, bins[b]);
@@ -182,8 +186,15 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const double s0 = trace::NowMicros();
     auto out = std::make_shared<std::vector<float>>();
     if (absl::Status s = ForwardEncoder(in, n, &vit_out, out.get()); !s.ok()) return s;
-    if (backward && !vit_backward) projector_in[b] = vit_out;
-    inputs[b] = {vit_backward ? std::move(in) : std::vector<float>(), n};
+    if (keep) {
+      auto& [vit_saved, projector_saved] = saved[b];
+      if (vit_backward) vit_saved = vit->Detach();
+      if (last_stage()) projector_saved = projector->Detach();
+      std::vector<float>().swap(in);
+    } else if (backward && !vit_backward) {
+      projector_in[b] = vit_out;
+    }
+    inputs[b] = {vit_backward && !keep ? std::move(in) : std::vector<float>(), n};
     live = b;
     first_forward[k] = Since(t0);
     seconds[k] += first_forward[k];
@@ -226,7 +237,11 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
             : Receive(d.T(Transfer::kActivationGrads), d.iteration, b, n * stage_floats, &grad,
                       wait);
     if (!s.ok()) return s;
-    if (live != b) {  // recompute
+    if (keep) {
+      auto& [vit_saved, projector_saved] = saved.at(b);
+      if (vit_backward) vit->Attach(&vit_saved);
+      if (last_stage()) projector->Attach(&projector_saved);
+    } else if (live != b) {  // recompute
       const auto r0 = Clock::now();
       const double s0 = trace::NowMicros();
       if (vit_backward) {
@@ -245,7 +260,9 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const double s0 = trace::NowMicros();
     const float* dout = Stage(grad, kStageGrad);
     if (last_stage()) {
-      dvit.assign(vit_backward ? vit_out.size() : 0, 0.0f);
+      dvit.assign(
+          vit_backward ? static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim : 0,
+          0.0f);
       projector->Backward(dout, vit_backward ? Stage(&dvit, kStageDvit) : nullptr);
       dout = Staged(&dvit, kStageDvit);
     }
@@ -285,8 +302,11 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
 
 // Each LLM stage runs its replica's microbatches in the 1F1B order of the
 // combined pipeline (runtime/parallel/pipeline_schedule.h: encoder stages
-// first); it keeps each microbatch's stage input and recomputes the forward
-// before a backward unless that microbatch's activations are still live.
+// first). Under recompute full it keeps each microbatch's stage input and
+// recomputes the forward before a backward unless that microbatch's
+// activations are still live; under none or selective it keeps each
+// in-flight microbatch's activations (SavedActivations) instead of its
+// input, and recomputes no forward.
 absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* compute,
                                                 double* wait, double* bubble,
                                                 scheduler::v1::ReportTimingsRequest* timings,
@@ -334,6 +354,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   const auto p0 = Clock::now();
   StageTotals totals;
   std::vector<double> first_forward(d.bins.size(), 0.0);
+  const bool keep = recompute != Recompute::kFull;
+  std::vector<SavedActivations> saved(keep ? m : 0);
   auto forward = [&](int j) {
     const bool img = image_tokens[j] > 0;
     const float* in = first_stage() && !img ? nullptr : Stage(inputs[j], kStageIn);
@@ -365,6 +387,10 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
         auto out = std::make_shared<std::vector<float>>(llm->output().ToHost());
         if (s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out); !s.ok()) return s;
       }
+      if (keep) {
+        saved[j] = llm->Detach();
+        std::vector<float>().swap(inputs[j]);
+      }
       continue;
     }
     if (!last_stage()) {
@@ -372,7 +398,9 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
         return s;
       }
     }
-    if (live != j) {  // recompute
+    if (keep) {
+      llm->Attach(&saved[j]);
+    } else if (live != j) {  // recompute
       const auto r0 = Clock::now();
       const double s0 = trace::NowMicros();
       if (s = forward(j); !s.ok()) return s;

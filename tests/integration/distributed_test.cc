@@ -62,8 +62,10 @@ std::vector<StepResult> DistributedTest::local_deep_;
 
 // `loom up --trace`: a track per worker, and per iteration each worker ran
 // its forwards and backwards in exactly the order the simulator predicts for
-// its (module, replica, stage); a stage that is not the last recomputes.
-void ExpectTraceMatchesTheSimulator(const std::string& path, int encoder_workers, int llm_workers) {
+// its (module, replica, stage); a stage that is not the last recomputes
+// (with `recomputes`; without, none does: recompute none or selective).
+void ExpectTraceMatchesTheSimulator(const std::string& path, int encoder_workers, int llm_workers,
+                                    bool recomputes_expected = true) {
   absl::StatusOr<std::string> json = ReadFile(path);
   ASSERT_TRUE(json.ok()) << json.status();
   trace::v1::TraceFile file;
@@ -93,7 +95,7 @@ void ExpectTraceMatchesTheSimulator(const std::string& path, int encoder_workers
   int recomputes = 0;
   for (const trace::v1::TraceEvent& e : file.trace_events()) {
     if (e.ph() != "X") continue;
-    if (e.cat() == "recompute") ++recomputes;
+    if (e.cat() == "recompute" && e.pid() == trace::kMeasuredPid) ++recomputes;
     if (e.cat() != "forward" && e.cat() != "backward") continue;
     auto key = track_key.find({e.pid(), e.tid()});
     ASSERT_NE(key, track_key.end()) << "an unnamed track: " << e.name();
@@ -103,7 +105,11 @@ void ExpectTraceMatchesTheSimulator(const std::string& path, int encoder_workers
                                     : predicted)[{key->second, e.args().at("iteration")}] +=
         name + ", ";
   }
-  EXPECT_GT(recomputes, 0);
+  if (recomputes_expected) {
+    EXPECT_GT(recomputes, 0);
+  } else {
+    EXPECT_EQ(recomputes, 0);
+  }
   EXPECT_GE(measured.size(), static_cast<size_t>((encoder_workers + llm_workers) * kSteps));
   for (const auto& [key, order] : measured) {
     const std::string stage = key.first.substr(0, key.first.find(" tp "));
@@ -196,6 +202,33 @@ TEST_F(DistributedTest, DeeperAndMixedLayoutsMatchTheSingleProcessRun) {
             1, kSteps, "mixed"),
       local_, "encoder TP2 x DP1, LLM PP2 x DP2 vs loom-train-local");
   ExpectTraceMatchesTheSimulator(trace, /*encoder_workers=*/2, /*llm_workers=*/4);
+}
+
+// Recompute choices (job.recompute): both modules in two pipeline stages,
+// the encoder keeping every bin's activations (none) and the LLM its
+// in-flight microbatches' less the element-wise outputs (selective); then
+// the reverse with the LLM also TP 2. Each equals the single-process run at
+// every step (recompute changes no bit in fp32), and no stage runs a
+// forward again.
+TEST_F(DistributedTest, RecomputeChoicesMatchTheSingleProcessRun) {
+  const std::string trace = TempPath("recompute-trace.json");
+  ExpectSameSteps(
+      Steps(LoomUp("recompute",
+                   JobWith("loom", 0, "encoder_pp: 2 encoder_dp: 1 llm_pp: 2 llm_dp: 1") +
+                       "recompute { encoder: 'none' llm: 'selective' }\n",
+                   kSteps, {"--trace=" + trace}),
+            1, kSteps, "recompute"),
+      local_, "encoder PP2 recompute none + LLM PP2 selective vs loom-train-local");
+  ExpectTraceMatchesTheSimulator(trace, /*encoder_workers=*/2, /*llm_workers=*/2,
+                                 /*recomputes_expected=*/false);
+  ExpectSameSteps(Steps(LoomUp("recompute-tp",
+                               JobWith("loom", 0,
+                                       "encoder_pp: 2 encoder_dp: 1 llm_tp: 2 llm_pp: 2 llm_dp: 1 "
+                                       "microbatches: 4") +
+                                   "recompute { encoder: 'selective' llm: 'none' }\n",
+                               kSteps),
+                        1, kSteps, "recompute tp"),
+                  local_, "encoder PP2 selective + LLM TP2 x PP2 none vs loom-train-local");
 }
 
 // bf16 mixed precision (job.precision) against loom-train-local --precision

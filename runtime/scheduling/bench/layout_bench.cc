@@ -125,7 +125,7 @@ int Main() {
       // one live microbatch, its time's extra forward); Megatron's layout
       // as Megatron runs it (activations kept, its own memory).
       PlanLimits loom_limits;
-      loom_limits.recompute = true;
+      loom_limits.recompute = Recompute::kFull;
       const PlanLimits limits;
       absl::StatusOr<scheduler::v1::Plan> loom = SearchPlan(cluster, *model, stats, loom_limits);
       absl::StatusOr<scheduler::v1::Plan> even =
