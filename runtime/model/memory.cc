@@ -56,15 +56,16 @@ void AddParameters(int64_t params, bool frozen, const StageMemoryOptions& o, Mem
 // A stack of `layers` layers keeping `narrow` + `kept` floats each: every
 // layer's fp32, or under bf16 one fp32 working layer and every layer's
 // stash (bf16 narrow, fp32 kept).
-// `copies` such stacks kept at once (SavedActivations: a pipeline stage's
-// microbatches in flight), each layer keeping `narrow_kept` of its
-// `narrow` floats (selective recompute drops the rest), sharing the one
-// working layer.
-int64_t KeptLayers(int64_t layers, int64_t narrow, int64_t narrow_kept, int64_t kept,
-                   int64_t copies, Precision p) {
+// Such stacks for several microbatches at once (SavedActivations: a
+// pipeline stage's microbatches in flight), sharing the one working layer
+// (`narrow` + `kept` floats, the largest microbatch's), each layer keeping
+// `stash_narrow` + `stash_kept` floats over all of them (selective
+// recompute keeps fewer than `narrow`).
+int64_t KeptLayers(int64_t layers, int64_t narrow, int64_t kept, int64_t stash_narrow,
+                   int64_t stash_kept, Precision p) {
   if (layers == 0) return 0;
-  if (p == Precision::kFp32) return copies * layers * (narrow_kept + kept) * kF;
-  return (narrow + kept) * kF + copies * layers * (narrow_kept * kH + kept * kF);
+  if (p == Precision::kFp32) return layers * (stash_narrow + stash_kept) * kF;
+  return (narrow + kept) * kF + layers * (stash_narrow * kH + stash_kept * kF);
 }
 
 std::string Bytes(int64_t b) {
@@ -158,8 +159,9 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   // bf16; selective keeps none of r1, r2 and s); rr1, lse, rr2 (per row,
   // kept fp32).
   const int64_t narrow = T * (4 * C + W + D + 3 * F), rows = T * (NH + 2);
-  e.activations = KeptLayers(L, narrow, selective ? narrow - T * (2 * C + F) : narrow, rows,
-                             in_flight, o.precision);
+  e.activations =
+      KeptLayers(L, narrow, rows, in_flight * (selective ? narrow - T * (2 * C + F) : narrow),
+                 in_flight * rows, o.precision);
   // Kept between calls, for each microbatch whose activations are kept:
   // the batch (tokens, targets, positions), the image rows, the output;
   // the last stage's final norm and logits; and RoPE's frequencies.
@@ -205,7 +207,7 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
 }
 
 MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int64_t tiles,
-                                  int bins, const StageMemoryOptions& o) {
+                                  int bins, const StageMemoryOptions& o, int64_t kept_tiles) {
   MemoryEstimate e;
   const VitConfig& c = m.vit;
   const int tp = std::max(1, o.tp);
@@ -222,21 +224,26 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
   // where it trains, the projector's).
   const bool keep = (vit_backward || projector_backward) && o.recompute != Recompute::kFull;
   const bool selective = o.recompute == Recompute::kSelective;
-  const int64_t kept_bins = keep ? std::max(1, bins) : 1;
-  const int64_t vit_bins = keep && vit_backward ? kept_bins : 1;
+  // The tiles whose state the stage keeps at once: the bins' (each bin
+  // the largest, unless the caller knows their sum), or the live bin's.
+  const int64_t kept_n = !keep ? N : kept_tiles >= 0 ? kept_tiles : std::max(1, bins) * N;
+  const int64_t vit_n = keep && vit_backward ? kept_n : N;
   // VitEncoder::LayerActs: x, ln1, qkv (3A), atto, x1, ln2, h, g (narrow;
   // selective keeps none of ln1, ln2 and g); mean1, rstd1, lse, mean2,
-  // rstd2 (kept).
-  const int64_t narrow = T * (4 * Dv + 4 * A + 2 * H);
-  e.activations = KeptLayers(L, narrow, selective ? narrow - T * (2 * Dv + H) : narrow,
-                             T * (4 + NH), vit_bins, o.precision);
-  int64_t kept = TD * kF + (N + 1) * kI;  // the output, the tiles' boundaries
+  // rstd2 (kept), per row.
+  const int64_t narrow = S * (4 * Dv + 4 * A + 2 * H), narrow_kept = narrow - S * (2 * Dv + H),
+                rows = S * (4 + NH);
+  e.activations = KeptLayers(L, N * narrow, N * rows, vit_n * (selective ? narrow_kept : narrow),
+                             vit_n * rows, o.precision);
+  // Per tile kept: the output, the tiles' boundaries; the patches, ln_pre's
+  // input and statistics; ln_f's statistics.
+  int64_t per_tile = S * Dv * kF + kI;
   if (first_stage) {
-    kept += out_rows * c.patch_dim() * kF;      // the patches
-    if (c.pre_norm) kept += (TD + 2 * T) * kF;  // ln_pre's input, statistics
+    per_tile += Np * c.patch_dim() * kF;
+    if (c.pre_norm) per_tile += (S * Dv + 2 * S) * kF;
   }
-  if (last_stage && c.final_norm) kept += 2 * T * kF;  // ln_f's statistics
-  kept *= vit_bins;
+  if (last_stage && c.final_norm) per_tile += 2 * S * kF;
+  int64_t kept = vit_n * per_tile + kI;
   // Under selective in fp32 one element-wise output until it is released
   // (forward), and one computed again with its statistics (backward).
   const int64_t elementwise = selective && L > 0 ? T * std::max(Dv, H) * kF : 0;
@@ -267,7 +274,7 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
   if (last_stage) {
     AddParameters(ProjectorParameters(m), o.projector_frozen, o, &e);
     reduce = std::max(reduce, ReduceBuffer(ProjectorParameters(m), o.projector_frozen, o));
-    kept += kept_bins * (out_rows * Dv + 2 * Tp * Hp) * kF;
+    kept += (keep ? kept_n : N) * (Np * Dv + 2 * m.tokens_per_tile() * Hp) * kF;
     forward = std::max(forward, m.projector.pixel_shuffle ? out_rows * Dv * kF : 0);
     if (projector_backward) {
       backward = std::max(backward, (2 * Tp * Hp + out_rows * Dv) * kF);

@@ -102,8 +102,11 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
 // projector after them on the last stage), for bins of at most `tiles`
 // tiles. `bins` is how many bins' inputs the stage keeps at once (the
 // encoder runs every bin's forward before the backwards).
+// Under recompute none or selective the stage keeps every bin's state:
+// `kept_tiles`, the tiles of the bins it keeps at once (-1: `bins` bins of
+// `tiles` each, the bound a check at submission has).
 MemoryEstimate EncoderStageMemory(const ModelConfig& c, int first, int last, int64_t tiles,
-                                  int bins, const StageMemoryOptions& o);
+                                  int bins, const StageMemoryOptions& o, int64_t kept_tiles = -1);
 
 // The bytes of a process's resident set now and at its peak (VmRSS and
 // VmHWM of /proc/self/status); -1 where they cannot be read.

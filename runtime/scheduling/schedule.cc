@@ -80,6 +80,8 @@ SimulationOptions SimulationOptionsFor(const scheduler::v1::Plan& plan) {
   if (plan.costs().llm_recompute_ratio() > 0) {
     so.llm_recompute_ratio = plan.costs().llm_recompute_ratio();
   }
+  so.encoder_recompute = plan.encoder_recompute().empty() || plan.encoder_recompute() == "full";
+  so.llm_recompute = plan.llm_recompute().empty() || plan.llm_recompute() == "full";
   return so;
 }
 

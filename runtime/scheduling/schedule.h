@@ -36,7 +36,8 @@ absl::StatusOr<scheduler::v1::Plan> PlanFromFileOrDegrees(const std::string& pat
                                                           const Degrees& d);
 
 // The simulator's options for a plan: its degrees, allreduce times, stage
-// and forward shares and recompute ratios (recompute on, as the workers run).
+// and forward shares, recompute ratios and each module's recompute (full
+// where the plan names none, as the workers run by default).
 SimulationOptions SimulationOptionsFor(const scheduler::v1::Plan& plan);
 
 // INVALID_ARGUMENT: a plan without degrees, keys and loads of different

@@ -246,6 +246,8 @@ int Plan(const BatchFile& batch) {
   absl::StatusOr<scheduler::v1::Plan> plan =
       SearchPlan(ClusterFromFlags(), *model, StatsOf(Shapes(batch), global_batch), limits);
   if (!plan.ok()) return Fail(plan.status());
+  plan->set_encoder_recompute(RecomputeName(limits.recompute));
+  plan->set_llm_recompute(RecomputeName(limits.recompute));
   if (absl::Status s = WriteJson(*plan); !s.ok()) return Fail(s);
   absl::StatusOr<job::v1::JobConfig> job = JobOfPlan(*plan, source, *frozen);
   if (!job.ok()) return Fail(job.status());

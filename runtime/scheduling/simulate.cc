@@ -178,7 +178,7 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
         live = b;
       } else {
         t.kind = SimulatedTask::kBackward;
-        t.recomputed = o.recompute && live != b;
+        t.recomputed = (encoder ? o.encoder_recompute : o.llm_recompute) && live != b;
         recompute =
             t.recomputed
                 ? cost * fs * (encoder ? o.encoder_recompute_ratio : o.llm_recompute_ratio) +

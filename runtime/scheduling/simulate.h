@@ -53,7 +53,11 @@ struct SimulationOptions {
   // second time).
   double encoder_recompute_ratio = 1;
   double llm_recompute_ratio = 1;
-  bool recompute = true;  // as the workers do; false: activations kept
+  // Per module: a backward whose activations are not live runs the
+  // forward again first (the workers' recompute full); false: activations
+  // kept (none, selective).
+  bool encoder_recompute = true;
+  bool llm_recompute = true;
   // The monolithic layout above: needs encoder_pp 1, encoder_dp == llm_dp
   // and each bin's encoder_rank equal to its llm_rank.
   bool encoder_in_first_llm_stage = false;

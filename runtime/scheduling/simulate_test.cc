@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/tolerances.h"
+#include "runtime/scheduling/schedule.h"
 
 namespace loom::sched {
 namespace {
@@ -34,7 +35,7 @@ TEST(SimulateTest, OneBinIsTheSumOfItsParts) {
 // (m + p - 1)(F + B).
 TEST(SimulateTest, OneFOneBMakespanOfUniformMicrobatches) {
   SimulationOptions o;
-  o.recompute = false;
+  o.encoder_recompute = o.llm_recompute = false;
   o.llm_pp = 4;
   o.microbatches = 8;
   std::vector<BinAssignment> bins;
@@ -51,7 +52,7 @@ TEST(SimulateTest, OneFOneBMakespanOfUniformMicrobatches) {
 // and allreduces both modules' gradients.
 TEST(SimulateTest, EncoderInsideTheFirstLlmStage) {
   SimulationOptions o;
-  o.recompute = false;
+  o.encoder_recompute = o.llm_recompute = false;
   o.llm_pp = 2;
   o.microbatches = 2;
   o.encoder_in_first_llm_stage = true;
@@ -107,10 +108,25 @@ TEST(SimulateTest, SharedEncoderRankSerialises) {
   // backward 2) of rank 0's bin 4..7, of rank 1's 7..10.
   EXPECT_NEAR(r->iteration_seconds, 10, testing::ClosedFormF64(10));
   EXPECT_NEAR(r->recompute_seconds, 2, testing::ClosedFormF64(2));
-  o.recompute = false;  // activations kept: 4..6, 6..8
+  o.encoder_recompute = o.llm_recompute = false;  // activations kept: 4..6, 6..8
   r = SimulateIteration(bins, o);
   ASSERT_TRUE(r.ok());
   EXPECT_NEAR(r->iteration_seconds, 8, testing::ClosedFormF64(8));
+  EXPECT_EQ(r->recompute_seconds, 0);
+  // Each module as its job says: the LLM keeping (one stage: always live
+  // anyway) changes nothing; the encoder recomputing again costs its 2 s.
+  o.encoder_recompute = true;
+  r = SimulateIteration(bins, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->iteration_seconds, 10, testing::ClosedFormF64(10));
+  EXPECT_NEAR(r->recompute_seconds, 2, testing::ClosedFormF64(2));
+  // A plan carries the job's choice into the simulator's options.
+  scheduler::v1::Plan plan = PlanOfDegrees({2, 1, 1});
+  EXPECT_TRUE(SimulationOptionsFor(plan).encoder_recompute);
+  plan.set_encoder_recompute("selective");
+  plan.set_llm_recompute("none");
+  EXPECT_FALSE(SimulationOptionsFor(plan).encoder_recompute);
+  EXPECT_FALSE(SimulationOptionsFor(plan).llm_recompute);
 }
 
 // Two LLM stages, two microbatches (F 1, B 2 per stage). Stage 0 runs F0 F1
@@ -145,7 +161,7 @@ TEST(SimulateTest, StageSharesSetEachStagesTime) {
   SimulationOptions o;
   o.llm_pp = 2;
   o.microbatches = 2;
-  o.recompute = false;
+  o.encoder_recompute = o.llm_recompute = false;
   const std::vector<BinAssignment> bins = {Bin(0, 0, 0, 0, 12), Bin(0, 1, 0, 0, 12)};
   auto even = SimulateIteration(bins, o);
   o.llm_stage_share = {0.25, 0.75};

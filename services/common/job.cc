@@ -340,7 +340,7 @@ bool OnGpu(const job::v1::JobConfig& job, bool encoder) {
 
 MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& model, bool encoder,
                               int stage, int64_t tokens, int64_t image_tokens, int64_t tiles,
-                              int bins) {
+                              int bins, int64_t kept_tiles) {
   const job::v1::ParallelConfig& p = job.parallel();
   const Frozen frozen = JobFrozen(job);
   const int dp = encoder ? p.encoder_dp() : p.llm_dp();
@@ -358,7 +358,7 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
     o.frozen = frozen.vision;
     o.projector_frozen = frozen.projector;
     const LayerRange r = VitStageLayers(model, std::max(1, p.encoder_pp()), stage);
-    return EncoderStageMemory(model, r.first, r.last, tiles, bins, o);
+    return EncoderStageMemory(model, r.first, r.last, tiles, bins, o, kept_tiles);
   }
   o.frozen = frozen.llm;
   const int pp = std::max(1, p.llm_pp());

@@ -51,11 +51,12 @@ const std::string& JobDevice(const job::v1::JobConfig& job, bool encoder);
 // LLM holds under the job's precision, optimizer sharding, freezing, layout
 // and devices (runtime/model/memory.h): for LLM microbatches of `tokens`
 // tokens, `image_tokens` of them image positions, or encoder bins of
-// `tiles` tiles, `bins` of them kept at once. On a GPU (device.encoder or
+// `tiles` tiles, `bins` of them kept at once (`kept_tiles`: their tiles in
+// all where known, EncoderStageMemory). On a GPU (device.encoder or
 // device.llm) it counts what the device holds, on the CPU the host memory.
 MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& model, bool encoder,
                               int stage, int64_t tokens, int64_t image_tokens, int64_t tiles,
-                              int bins);
+                              int bins, int64_t kept_tiles = -1);
 // With device.memory_gib set: RESOURCE_EXHAUSTED naming the module, the
 // stage and the figures when some rank of some stage would hold more than
 // that at the token caps (called by ValidateJob).

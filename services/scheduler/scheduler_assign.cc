@@ -102,6 +102,8 @@ void SchedulerServiceImpl::LoadsOf(const data::v1::GetBatchResponse& batch, Comp
   *plan = options_.plan;  // with the costs as refitted now, and the job's token caps
   plan->set_encoder_max_tokens(options_.job.parallel().encoder_max_tokens());
   plan->set_llm_max_tokens(options_.job.parallel().llm_max_tokens());
+  plan->set_encoder_recompute(options_.job.recompute().encoder());
+  plan->set_llm_recompute(options_.job.recompute().llm());
   absl::MutexLock lock(&mu_);
   *loads = costs_->Loads(computed->shapes, costs_->coefficients().transfer_per_image_token());
   *plan->mutable_costs() = costs_->coefficients();

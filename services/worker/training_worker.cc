@@ -278,7 +278,7 @@ absl::Status TrainingWorker::Impl::Join() {
 
 MemoryEstimate TrainingWorker::Impl::PredictedMemory() const {
   return JobStageMemory(job, model, encoder, pos.pp, max_tokens, max_image_tokens, max_tiles,
-                        max_bins);
+                        max_bins, max_kept_tiles > 0 ? max_kept_tiles : -1);
 }
 
 int64_t TrainingWorker::Impl::MeasuredMemory() const {

@@ -279,6 +279,7 @@ struct TrainingWorker::Impl {
   int64_t rss_before_model = -1;
   int64_t max_tokens = 0, max_image_tokens = 0, max_tiles = 0;
   int max_bins = 0;
+  int64_t max_kept_tiles = 0;  // an encoder iteration's tiles over its bins
   bool memory_logged = false;
   // This rank's prediction at those sizes (runtime/model/memory.h), and
   // what it measured: on the CPU its peak resident set over the one before

@@ -224,6 +224,9 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     Span("send", s1, d.iteration, "send embeddings bin ", b, " to LLM rank ", bins[b].llm_rank());
   }
   max_bins = std::max(max_bins, static_cast<int>(inputs.size()));
+  int64_t iteration_tiles = 0;
+  for (const auto& [b, in] : inputs) iteration_tiles += in.second;
+  max_kept_tiles = std::max(max_kept_tiles, iteration_tiles);
   std::vector<float> grad, dvit;
   for (size_t k = 0; backward && k < d.bins.size(); ++k) {
     const int b = d.bins[k];

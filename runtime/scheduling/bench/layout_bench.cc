@@ -11,8 +11,9 @@
 // cost model (runtime/scheduling/plan.h: SearchPlan, SearchMonolithicPlan,
 // the latter with the LLM's own layer split and with its first stage
 // balanced for the encoder), each under its own runtime's memory: Loom's
-// memory model with the recompute its workers run (a stage's forward again
-// before its backward, one microbatch's activations live), Megatron's
+// memory model with the recompute its workers run (--loom_recompute: full,
+// a stage's forward again before its backward, one microbatch's activations
+// live; none or selective, every in-flight microbatch's kept), Megatron's
 // (activations kept, sequence parallelism); every sample's cost from the
 // layout's coefficients; the assignment; and the iteration simulated in the
 // order the workers run it (runtime/scheduling/simulate.h), recomputing as
@@ -38,6 +39,9 @@
 #include "runtime/scheduling/simulate.h"
 
 ABSL_FLAG(std::string, configs, "vit300m-llm7b,vit300m-llm70b", "Model configs.");
+ABSL_FLAG(std::string, loom_recompute, "full",
+          "The recompute Loom's workers run (job.recompute, both modules): full, none or "
+          "selective; its plan searched, priced and simulated so.");
 ABSL_FLAG(std::string, presets, "onevision,interleaved", "datagen presets.");
 ABSL_FLAG(int, gpus, 1172, "GPUs of the cluster (H100 SXM, 8 per node).");
 ABSL_FLAG(int, global_batch, 4096, "Samples per iteration.");
@@ -81,7 +85,7 @@ absl::Status Simulate(const MeasuredBatch& batch, Row* row) {
       AssignForPlan(plan, batch.keys, loads, row->algorithm, 10, &predicted);
   if (!a.ok()) return a.status();
   SimulationOptions o = SimulationOptionsFor(plan);
-  o.recompute = row->recompute;
+  o.encoder_recompute = o.llm_recompute = row->recompute;
   absl::StatusOr<SimulationResult> sim = SimulateIteration(predicted.bins, o);
   if (!sim.ok()) return sim.status();
   row->simulated = sim->iteration_seconds;
@@ -125,7 +129,14 @@ int Main() {
       // one live microbatch, its time's extra forward); Megatron's layout
       // as Megatron runs it (activations kept, its own memory).
       PlanLimits loom_limits;
-      loom_limits.recompute = Recompute::kFull;
+      absl::StatusOr<Recompute> recompute = ParseRecompute(absl::GetFlag(FLAGS_loom_recompute));
+      if (!recompute.ok()) {
+        std::fprintf(stderr, "layout_bench: --loom_recompute: %s\n",
+                     std::string(recompute.status().message()).c_str());
+        return 1;
+      }
+      loom_limits.recompute = *recompute;
+      const bool loom_recomputes = *recompute == Recompute::kFull;
       const PlanLimits limits;
       absl::StatusOr<scheduler::v1::Plan> loom = SearchPlan(cluster, *model, stats, loom_limits);
       absl::StatusOr<scheduler::v1::Plan> even =
@@ -142,8 +153,8 @@ int Main() {
       std::printf("\n%s, %s: mean %.2f tiles, %.0f tokens per sample (E[L^2] / E[L]^2 = %.2f)\n",
                   model->name.c_str(), preset.c_str(), stats.mean_tiles, stats.mean_length,
                   stats.mean_length_sq / (stats.mean_length * stats.mean_length));
-      std::vector<Row> rows = {{"loom (disaggregated)", "loom", &*loom, true},
-                               {"loom (disaggregated)", "sequential", &*loom, true},
+      std::vector<Row> rows = {{"loom (disaggregated)", "loom", &*loom, loom_recomputes},
+                               {"loom (disaggregated)", "sequential", &*loom, loom_recomputes},
                                {"monolithic, LLM split", "sequential", &*even},
                                {"monolithic, balanced", "sequential", &*balanced}};
       std::printf("  %-22s %-10s %-52s %9s %9s %6s %7s\n", "layout", "order", "grid", "plan_s",

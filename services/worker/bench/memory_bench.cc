@@ -63,6 +63,9 @@ constexpr Layout kLayouts[] = {
      "precision: 'bf16'", 2},
     {"PP 2 (both), 4 microbatches, fp32",
      "encoder_dp: 1 encoder_pp: 2 llm_dp: 1 llm_pp: 2 microbatches: 4", "precision: 'fp32'", 4},
+    {"PP 2 (both), 4 microbatches, recompute none (encoder) / selective (LLM), bf16",
+     "encoder_dp: 1 encoder_pp: 2 llm_dp: 1 llm_pp: 2 microbatches: 4",
+     "precision: 'bf16' recompute { encoder: 'none' llm: 'selective' }", 4},
 };
 
 struct Row {
