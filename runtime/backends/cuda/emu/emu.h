@@ -27,7 +27,8 @@
 // - Devices: LOOM_CUDA_EMU_DEVICES of them (default 1), cudaSetDevice per
 //   host thread.
 // - cuBLAS calls go to OpenBLAS (cublas.cc); NCCL's communicators connect
-//   ranks that are threads of one process (nccl.cc).
+//   ranks that are threads of one process or processes of one machine
+//   (nccl.cc, nccl_wire.h).
 // - Streams and events exist; work runs when it is issued, except NCCL's,
 //   which completes when every rank has issued its part (cudaStreamQuery
 //   answers cudaErrorNotReady until then).

@@ -2,8 +2,14 @@
 #include "emu.h"
 
 #include <cblas.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -270,15 +276,140 @@ TEST(CudaEmulationTest, NcclRanksInThreadsReduceAndExchange) {
     EXPECT_EQ(sums[r], std::vector<float>(100, 4.5f)) << r;
     EXPECT_EQ(got[r], std::vector<float>(100, 0.0f)) << r;  // rank 0's
   }
-  // An id from another process: this NCCL has no transport for it.
-  char forged[NCCL_UNIQUE_ID_BYTES];
-  std::memcpy(forged, id.internal, sizeof(forged));
-  forged[16] ^= 0x5a;  // the pid's low byte
-  std::memcpy(id.internal, forged, sizeof(forged));
+  // An id from a process that is not there: refused, by name.
+  const int64_t gone = 0x7ffffff0;  // above any pid_max
+  std::memcpy(id.internal + 16, &gone, sizeof(gone));
   ncclComm_t comm;
-  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 0), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("threads of one process"),
-            std::string::npos);
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 0), ncclSystemError);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("cannot reach the NCCL id's process"),
+            std::string::npos)
+      << ncclGetLastError(nullptr);
+}
+
+// Ranks in two processes: this test binary again, running NcclChildRank
+// with the id in LOOM_EMU_NCCL_ID (hex) and what to do in
+// LOOM_EMU_NCCL_CHILD: "work" (an all-reduce, a receive, a send, a clean
+// end) or "die" (the all-reduce, then the process ends without leaving).
+constexpr int kFloats = 3000;  // 12 KB: more than one socket read
+
+ncclComm_t JoinOrDie(const ncclUniqueId& id, int rank) {
+  ncclComm_t comm = nullptr;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t res = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
+  ncclResult_t state = ncclInProgress;
+  while (res == ncclInProgress || (res == ncclSuccess && state == ncclInProgress)) {
+    res = ncclCommGetAsyncError(comm, &state);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (res != ncclSuccess || state != ncclSuccess) {
+    std::fprintf(stderr, "rank %d: init %d/%d: %s\n", rank, res, state, ncclGetLastError(comm));
+    std::_Exit(10);
+  }
+  return comm;
+}
+
+// Waits for `s` while the group is whole; the communicator's state at the end.
+ncclResult_t Drain(ncclComm_t comm, cudaStream_t s) {
+  for (;;) {
+    if (cudaStreamQuery(s) == cudaSuccess) return ncclSuccess;
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    if (state != ncclSuccess && state != ncclInProgress) return state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST(CudaEmulationTest, NcclChildRank) {
+  const char* mode = std::getenv("LOOM_EMU_NCCL_CHILD");
+  if (mode == nullptr) GTEST_SKIP() << "NcclRanksInProcesses runs it";
+  const std::string hex = std::getenv("LOOM_EMU_NCCL_ID");
+  ncclUniqueId id;
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; ++i) {
+    id.internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  ncclComm_t comm = JoinOrDie(id, 1);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  Dev<float> x(std::vector<float>(kFloats, 2.0f)), buf(std::vector<float>(kFloats, 0.0f));
+  ncclAllReduce(x.get(), x.get(), kFloats, ncclFloat32, ncclSum, comm, s);
+  if (std::string(mode) == "die") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::_Exit(0);  // no ncclCommDestroy: the hub sees the connection end
+  }
+  ncclRecv(buf.get(), kFloats, ncclFloat32, 0, comm, s);
+  ASSERT_EQ(Drain(comm, s), ncclSuccess) << ncclGetLastError(comm);
+  std::vector<float> got = buf.Host();
+  for (float& v : got) v += 1.0f;
+  Dev<float> reply(got);
+  ncclSend(reply.get(), kFloats, ncclFloat32, 0, comm, s);
+  ASSERT_EQ(Drain(comm, s), ncclSuccess) << ncclGetLastError(comm);
+  EXPECT_EQ(x.Host(), std::vector<float>(kFloats, 3.5f));
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  cudaStreamDestroy(s);
+}
+
+pid_t SpawnChild(const ncclUniqueId& id, const char* mode) {
+  std::string hex;
+  char b[3];
+  for (char c : id.internal) {
+    std::snprintf(b, sizeof(b), "%02x", static_cast<unsigned char>(c));
+    hex += b;
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("LOOM_EMU_NCCL_ID", hex.c_str(), 1);
+    setenv("LOOM_EMU_NCCL_CHILD", mode, 1);
+    execl("/proc/self/exe", "emu_test", "--gtest_filter=CudaEmulationTest.NcclChildRank",
+          static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  return pid;
+}
+
+TEST(CudaEmulationTest, NcclRanksInProcessesReduceAndExchange) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const pid_t child = SpawnChild(id, "work");
+  ASSERT_GT(child, 0);
+  ncclComm_t comm = JoinOrDie(id, 0);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  std::vector<float> mine(kFloats);
+  for (int i = 0; i < kFloats; ++i) mine[i] = 0.25f * i;
+  Dev<float> x(std::vector<float>(kFloats, 1.5f)), out(mine), back(std::vector<float>(kFloats, 0));
+  ncclAllReduce(x.get(), x.get(), kFloats, ncclFloat32, ncclSum, comm, s);
+  ncclSend(out.get(), kFloats, ncclFloat32, 1, comm, s);
+  ncclRecv(back.get(), kFloats, ncclFloat32, 1, comm, s);
+  ASSERT_EQ(Drain(comm, s), ncclSuccess) << ncclGetLastError(comm);
+  EXPECT_EQ(x.Host(), std::vector<float>(kFloats, 3.5f));
+  std::vector<float> want = mine;
+  for (float& v : want) v += 1.0f;
+  EXPECT_EQ(back.Host(), want);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  cudaStreamDestroy(s);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+}
+
+TEST(CudaEmulationTest, NcclRankProcessThatEndsBreaksTheGroup) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const pid_t child = SpawnChild(id, "die");
+  ASSERT_GT(child, 0);
+  ncclComm_t comm = JoinOrDie(id, 0);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  Dev<float> x(std::vector<float>(kFloats, 1.5f)), in(std::vector<float>(kFloats, 0));
+  ncclAllReduce(x.get(), x.get(), kFloats, ncclFloat32, ncclSum, comm, s);
+  ncclRecv(in.get(), kFloats, ncclFloat32, 1, comm, s);  // never sent
+  EXPECT_EQ(Drain(comm, s), ncclRemoteError);
+  EXPECT_EQ(x.Host(), std::vector<float>(kFloats, 3.5f));  // the all-reduce before it ended
+  EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  cudaStreamDestroy(s);
 }
 
 }  // namespace

@@ -1,14 +1,24 @@
-// NCCL for the CUDA emulation (emu.h): communicators between ranks that are
-// threads of one process, found by their ncclUniqueId. A collective or a
-// send/receive is issued on the rank's stream and completes when every rank
-// it needs has issued its part; the last one does the work (ranks summed in
-// rank order, so every rank gets the same bits). An id from another process
-// is refused, by name: the emulation has no transport between processes.
+// NCCL for the CUDA emulation (emu.h): communicators between ranks found by
+// their ncclUniqueId. A collective or a send/receive is issued on the rank's
+// stream and completes when every rank it needs has issued its part; the
+// last one does the work (ranks summed in rank order, so every rank gets the
+// same bits).
+//
+// Ranks may be threads of one process or processes of one machine (and
+// network namespace): the process that drew the id holds the group
+// (its "hub"); a rank of another process joins over a socket (nccl_wire.h)
+// and the hub keeps a proxy for it, whose operations arrive as messages
+// with the bytes they send and complete by sending back the bytes they
+// receive. A rank process that ends without leaving (killed, or
+// ncclCommAbort) breaks the group, as does a hub that ends: every other
+// rank's ncclCommGetAsyncError then says ncclRemoteError.
 #include "nccl.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -18,11 +28,13 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "cuda_bf16.h"
 #include "emu.h"
+#include "nccl_wire.h"
 #include "stream.h"
 
 namespace {
@@ -37,8 +49,17 @@ struct IdBody {
 };
 static_assert(sizeof(IdBody) <= NCCL_UNIQUE_ID_BYTES);
 
+namespace wire = loom::cuda_emu::wire;
+
 // Which collective a rank's part belongs to.
 enum class Kind { kAllReduce, kReduce, kBroadcast };
+
+// A proxy's operation at the hub: its bytes, and where its completion goes.
+struct ProxyOp {
+  std::shared_ptr<wire::Conn> conn;
+  uint64_t id = 0;
+  std::string send, recv;
+};
 
 struct Op {
   Kind kind = Kind::kAllReduce;
@@ -49,18 +70,38 @@ struct Op {
   ncclDataType_t type = ncclFloat32;
   ncclRedOp_t op = ncclSum;
   cudaStream_t stream = nullptr;
+  std::shared_ptr<ProxyOp> proxy;  // a rank of another process: completes there
 };
 
 struct Group;
 
+// A remote rank's operation in flight: where its received bytes go.
+struct Pending {
+  void* recv = nullptr;
+  size_t bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
 }  // namespace
 
 struct ncclComm {
-  std::shared_ptr<Group> group;
+  std::shared_ptr<Group> group;  // null for a remote rank
   int rank = 0;
+  int nranks = 0;
   int device = 0;
   uint64_t next_collective = 0;
   std::string last_error;
+  // At the hub, a proxy for a rank of another process; in that process, the
+  // remote rank: its connection (the other's ends are unused).
+  std::shared_ptr<wire::Conn> conn;
+  // A remote rank's state, under mu; its reader thread applies the hub's
+  // messages.
+  bool remote = false;
+  bool joined = false, broken = false;
+  std::string join_error;
+  uint64_t next_op = 0;
+  std::map<uint64_t, Pending> pending;
+  std::thread reader;
 };
 
 namespace {
@@ -81,6 +122,18 @@ std::map<std::string, std::weak_ptr<Group>>& Registry() {
   return *r;
 }
 thread_local std::string last_error;
+
+void Break(Group& g) {
+  if (g.broken) return;
+  g.broken = true;
+  joined_cv.notify_all();
+  for (ncclComm* m : g.members) {
+    if (m == nullptr || m->conn == nullptr) continue;
+    wire::Message b;
+    b.h.type = static_cast<uint32_t>(wire::Type::kBroken);
+    m->conn->Post(std::move(b));
+  }
+}
 
 ncclResult_t Error(ncclComm* comm, ncclResult_t r, const std::string& why) {
   last_error = "CUDA emulation: " + why;
@@ -159,6 +212,17 @@ void Reduce(const std::map<int, Op>& parts, size_t count, ncclRedOp_t op) {
 
 ncclResult_t CheckComm(ncclComm* comm) {
   if (comm == nullptr) return Error(nullptr, ncclInvalidArgument, "a null communicator");
+  if (comm->remote) {
+    if (comm->broken) {
+      return Error(comm, ncclRemoteError,
+                   comm->join_error.empty() ? "a rank of the group aborted, or its hub ended"
+                                            : comm->join_error);
+    }
+    if (!comm->joined) {
+      return Error(comm, ncclInvalidUsage, "the communicator's initialisation is not complete");
+    }
+    return ncclSuccess;
+  }
   if (comm->group->broken) return Error(comm, ncclRemoteError, "a rank of the group aborted");
   if (comm->group->joined < comm->group->size) {
     return Error(comm, ncclInvalidUsage, "the communicator's initialisation is not complete");
@@ -180,7 +244,23 @@ ncclResult_t CheckBuffer(ncclComm* comm, const void* p, size_t bytes, const char
   return ncclSuccess;
 }
 
-void Complete(const Op& op) { loom::cuda_emu::StreamEnd(op.stream); }
+// A part done: its stream's count falls, or (a proxy's) its rank is sent
+// the bytes it receives.
+void Complete(const Op& op) {
+  if (op.proxy == nullptr) {
+    loom::cuda_emu::StreamEnd(op.stream);
+    return;
+  }
+  wire::Message m;
+  m.h.type = static_cast<uint32_t>(wire::Type::kDone);
+  m.h.id = op.proxy->id;
+  m.payload = std::move(op.proxy->recv);
+  op.proxy->conn->Post(std::move(m));
+}
+
+// Under mu: the group cannot go on (a rank aborted or misused it); its
+// remote ranks are told.
+void Break(Group& g);
 
 // Under mu: runs the collective `seq` if every rank has issued it.
 ncclResult_t MaybeRunCollective(ncclComm* comm, Group& g, uint64_t seq) {
@@ -192,7 +272,7 @@ ncclResult_t MaybeRunCollective(ncclComm* comm, Group& g, uint64_t seq) {
   for (const auto& [rank, part] : parts) {
     if (part.kind != o.kind || part.root != o.root || part.count != o.count ||
         part.type != o.type || part.op != o.op) {
-      g.broken = true;
+      Break(g);
       for (const auto& [r, p] : parts) Complete(p);
       return Error(comm, ncclInvalidUsage,
                    "ranks called the same collective with different kinds, roots, counts, types "
@@ -238,7 +318,7 @@ ncclResult_t MaybeRunCollective(ncclComm* comm, Group& g, uint64_t seq) {
 // Under mu: a send meets its receive; both complete.
 ncclResult_t Exchange(ncclComm* comm, const Op& send, const Op& recv) {
   if (send.count != recv.count) {
-    comm->group->broken = true;
+    Break(*comm->group);
     Complete(send);
     Complete(recv);
     return Error(comm, ncclInvalidUsage,
@@ -254,14 +334,52 @@ ncclResult_t Exchange(ncclComm* comm, const Op& send, const Op& recv) {
   return ncclSuccess;
 }
 
+// Under mu: a send or receive of `op.count` bytes between `comm` and
+// `peer` meets its match, or waits for it.
+ncclResult_t IssuePointToPoint(ncclComm* comm, bool sending, int peer, const Op& op) {
+  Group& g = *comm->group;
+  const std::pair<int, int> key =
+      sending ? std::make_pair(comm->rank, peer) : std::make_pair(peer, comm->rank);
+  auto& mine = sending ? g.sends[key] : g.recvs[key];
+  auto& theirs = sending ? g.recvs[key] : g.sends[key];
+  if (theirs.empty()) {
+    mine.push_back(op);
+    return ncclSuccess;
+  }
+  const Op other = theirs.front();
+  theirs.pop_front();
+  return sending ? Exchange(comm, op, other) : Exchange(comm, other, op);
+}
+
+// Under mu: a remote rank's operation, sent to its hub with the `send_bytes`
+// it sends; its completion brings `recv_bytes` into `recv`.
+ncclResult_t IssueRemote(ncclComm* comm, wire::OpCode what, int64_t root_or_peer, size_t count,
+                         ncclDataType_t type, ncclRedOp_t op, const void* send, size_t send_bytes,
+                         void* recv, size_t recv_bytes, cudaStream_t stream) {
+  wire::Message m;
+  m.h.type = static_cast<uint32_t>(wire::Type::kOp);
+  m.h.id = comm->next_op++;
+  m.h.a = static_cast<int64_t>(what);
+  m.h.b = root_or_peer;
+  m.h.c = static_cast<int64_t>(count);
+  m.h.d = static_cast<int64_t>(type) | (static_cast<int64_t>(op) << 8);
+  if (send_bytes > 0) {
+    loom::cuda_emu::DeviceAccess access(-1);
+    m.payload.assign(static_cast<const char*>(send), send_bytes);
+  }
+  loom::cuda_emu::StreamBegin(stream);
+  comm->pending[m.h.id] = Pending{recv, recv_bytes, stream};
+  comm->conn->Post(std::move(m));
+  return ncclSuccess;
+}
+
 ncclResult_t PointToPoint(bool sending, void* buf, size_t count, ncclDataType_t type, int peer,
                           ncclComm* comm, cudaStream_t stream) {
   std::lock_guard<std::mutex> l(mu);
   if (ncclResult_t r = CheckComm(comm); r != ncclSuccess) return r;
-  Group& g = *comm->group;
-  if (peer < 0 || peer >= g.size) {
+  if (peer < 0 || peer >= comm->nranks) {
     return Error(comm, ncclInvalidArgument,
-                 "peer " + std::to_string(peer) + " of a group of " + std::to_string(g.size));
+                 "peer " + std::to_string(peer) + " of a group of " + std::to_string(comm->nranks));
   }
   if (!loom::cuda_emu::ValidStream(stream)) {
     return Error(comm, ncclInvalidArgument, "an invalid stream");
@@ -275,23 +393,18 @@ ncclResult_t PointToPoint(bool sending, void* buf, size_t count, ncclDataType_t 
       r != ncclSuccess) {
     return r;
   }
+  if (comm->remote) {
+    return IssueRemote(comm, sending ? wire::OpCode::kSend : wire::OpCode::kRecv, peer, bytes,
+                       ncclUint8, ncclSum, sending ? buf : nullptr, sending ? bytes : 0,
+                       sending ? nullptr : buf, sending ? 0 : bytes, stream);
+  }
   Op op;
   op.send = sending ? buf : nullptr;
   op.recv = sending ? nullptr : buf;
   op.count = bytes;
   op.stream = stream;
   loom::cuda_emu::StreamBegin(stream);
-  const std::pair<int, int> key =
-      sending ? std::make_pair(comm->rank, peer) : std::make_pair(peer, comm->rank);
-  auto& mine = sending ? g.sends[key] : g.recvs[key];
-  auto& theirs = sending ? g.recvs[key] : g.sends[key];
-  if (theirs.empty()) {
-    mine.push_back(op);
-    return ncclSuccess;
-  }
-  const Op other = theirs.front();
-  theirs.pop_front();
-  return sending ? Exchange(comm, op, other) : Exchange(comm, other, op);
+  return IssuePointToPoint(comm, sending, peer, op);
 }
 
 // Under mu: forgets what `comm` issued and did not complete.
@@ -306,8 +419,25 @@ void Drop(ncclComm* comm) {
   if (g.members[comm->rank] == comm) g.members[comm->rank] = nullptr;
 }
 
+// Whether rank `rank` sends and receives in collective `kind` rooted at
+// `root`: a reduce's non-root ranks and a broadcast's root only send; the
+// others receive too.
+bool Sends(Kind kind, int rank, int root) { return kind != Kind::kBroadcast || rank == root; }
+bool Receives(Kind kind, int rank, int root) {
+  return kind == Kind::kAllReduce || rank == root || kind == Kind::kBroadcast;
+}
+
+// Under mu: `comm`'s part of its next collective; the last part issued runs
+// it.
+ncclResult_t IssueCollective(ncclComm* comm, const Op& part) {
+  Group& g = *comm->group;
+  const uint64_t seq = comm->next_collective++;
+  g.collectives[seq][comm->rank] = part;
+  return MaybeRunCollective(comm, g, seq);
+}
+
 // A rank's part of collective `kind` (an all-reduce, or a reduce or
-// broadcast to `root`); the last part issued runs it.
+// broadcast to `root`).
 ncclResult_t Collective(Kind kind, int root, const void* sendbuff, void* recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm* comm,
                         cudaStream_t stream) {
@@ -320,16 +450,13 @@ ncclResult_t Collective(Kind kind, int root, const void* sendbuff, void* recvbuf
       datatype == ncclUint64) {
     return Error(comm, ncclInvalidArgument, "a collective type the emulation does not have");
   }
-  if (kind != Kind::kAllReduce && (root < 0 || root >= comm->group->size)) {
-    return Error(
-        comm, ncclInvalidArgument,
-        "root " + std::to_string(root) + " of a group of " + std::to_string(comm->group->size));
+  if (kind != Kind::kAllReduce && (root < 0 || root >= comm->nranks)) {
+    return Error(comm, ncclInvalidArgument,
+                 "root " + std::to_string(root) + " of a group of " + std::to_string(comm->nranks));
   }
   const size_t bytes = count * TypeBytes(datatype);
-  // A reduce's non-root ranks and a broadcast's root only send; the others
-  // receive too.
-  const bool sends = kind != Kind::kBroadcast || comm->rank == root;
-  const bool receives = kind == Kind::kAllReduce || comm->rank == root || kind == Kind::kBroadcast;
+  const bool sends = Sends(kind, comm->rank, root);
+  const bool receives = Receives(kind, comm->rank, root);
   if (bytes > 0) {
     if (sends) {
       if (ncclResult_t r = CheckBuffer(comm, sendbuff, bytes, "the send buffer");
@@ -344,8 +471,13 @@ ncclResult_t Collective(Kind kind, int root, const void* sendbuff, void* recvbuf
       }
     }
   }
-  Group& g = *comm->group;
-  const uint64_t seq = comm->next_collective++;
+  if (comm->remote) {
+    const wire::OpCode what = kind == Kind::kAllReduce ? wire::OpCode::kAllReduce
+                              : kind == Kind::kReduce  ? wire::OpCode::kReduce
+                                                       : wire::OpCode::kBroadcast;
+    return IssueRemote(comm, what, root, count, datatype, op, sendbuff, sends ? bytes : 0, recvbuff,
+                       receives ? bytes : 0, stream);
+  }
   Op part;
   part.kind = kind;
   part.root = root;
@@ -356,8 +488,226 @@ ncclResult_t Collective(Kind kind, int root, const void* sendbuff, void* recvbuf
   part.op = op;
   part.stream = stream;
   loom::cuda_emu::StreamBegin(stream);
-  g.collectives[seq][comm->rank] = part;
-  return MaybeRunCollective(comm, g, seq);
+  return IssueCollective(comm, part);
+}
+
+// Under mu: `c` (rank `rank` of `nranks`) joins the group of id `key`,
+// which it makes if it is the first; false with `why` if it cannot. The
+// last rank to join tells the remote ranks.
+bool JoinGroup(const std::string& key, int nranks, int rank, ncclComm* c, std::string* why) {
+  std::shared_ptr<Group> g = Registry()[key].lock();
+  if (g == nullptr) {
+    g = std::make_shared<Group>();
+    g->size = nranks;
+    g->members.assign(nranks, nullptr);
+    Registry()[key] = g;
+  }
+  if (g->size != nranks) {
+    *why = "ranks of one id disagree on its size (" + std::to_string(g->size) + " and " +
+           std::to_string(nranks) + ")";
+    return false;
+  }
+  if (g->members[rank] != nullptr) {
+    *why = "rank " + std::to_string(rank) + " joined twice";
+    return false;
+  }
+  c->group = g;
+  c->rank = rank;
+  c->nranks = nranks;
+  g->members[rank] = c;
+  ++g->joined;
+  joined_cv.notify_all();
+  if (g->joined == g->size) {
+    for (ncclComm* m : g->members) {
+      if (m->conn == nullptr) continue;
+      wire::Message j;
+      j.h.type = static_cast<uint32_t>(wire::Type::kJoined);
+      m->conn->Post(std::move(j));
+    }
+  }
+  return true;
+}
+
+// Under mu: a proxy's operation, as its rank issued it in `m`.
+void IssueForProxy(ncclComm* proxy, const std::shared_ptr<wire::Conn>& conn, wire::Message m) {
+  auto p = std::make_shared<ProxyOp>();
+  p->conn = conn;
+  p->id = m.h.id;
+  p->send = std::move(m.payload);
+  const auto what = static_cast<wire::OpCode>(m.h.a);
+  const int root_or_peer = static_cast<int>(m.h.b);
+  Op op;
+  op.proxy = p;
+  op.count = static_cast<size_t>(m.h.c);
+  op.type = static_cast<ncclDataType_t>(m.h.d & 0xff);
+  op.op = static_cast<ncclRedOp_t>(m.h.d >> 8);
+  const bool rooted = what != wire::OpCode::kAllReduce;  // a root or a peer
+  if (CheckComm(proxy) != ncclSuccess ||
+      (rooted && (root_or_peer < 0 || root_or_peer >= proxy->nranks))) {
+    Break(*proxy->group);
+    Complete(op);
+    return;
+  }
+  if (what == wire::OpCode::kSend || what == wire::OpCode::kRecv) {
+    const bool sending = what == wire::OpCode::kSend;
+    if (!sending) p->recv.resize(op.count);
+    op.send = p->send.data();
+    op.recv = p->recv.data();
+    IssuePointToPoint(proxy, sending, root_or_peer, op);
+    return;
+  }
+  op.kind = what == wire::OpCode::kAllReduce ? Kind::kAllReduce
+            : what == wire::OpCode::kReduce  ? Kind::kReduce
+                                             : Kind::kBroadcast;
+  op.root = op.kind == Kind::kAllReduce ? -1 : root_or_peer;
+  if (Receives(op.kind, proxy->rank, op.root)) p->recv.resize(op.count * TypeBytes(op.type));
+  op.send = p->send.data();
+  op.recv = p->recv.data();
+  IssueCollective(proxy, op);
+}
+
+// The hub's side of one remote rank: its join, then its operations until it
+// leaves (or its process ends: the group breaks).
+void ServeRemote(int fd) {
+  auto conn = std::make_shared<wire::Conn>(fd);
+  wire::Message m;
+  if (!conn->Read(&m) || m.h.type != static_cast<uint32_t>(wire::Type::kJoin)) {
+    conn->Close(false);
+    return;
+  }
+  auto* proxy = new ncclComm;
+  proxy->conn = conn;
+  proxy->device = -1;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    std::string why;
+    const int nranks = static_cast<int>(m.h.a), rank = static_cast<int>(m.h.b);
+    if (nranks < 1 || rank < 0 || rank >= nranks) {
+      why = "rank " + std::to_string(rank) + " of " + std::to_string(nranks);
+    }
+    if (!why.empty() || !JoinGroup(m.payload, nranks, rank, proxy, &why)) {
+      wire::Message e;
+      e.h.type = static_cast<uint32_t>(wire::Type::kError);
+      e.payload = why;
+      conn->Post(std::move(e));
+      delete proxy;
+      conn->Close(true);
+      return;
+    }
+  }
+  bool left = false;
+  while (conn->Read(&m)) {
+    if (m.h.type == static_cast<uint32_t>(wire::Type::kLeave)) {
+      left = true;
+      break;
+    }
+    if (m.h.type != static_cast<uint32_t>(wire::Type::kOp)) break;
+    std::lock_guard<std::mutex> l(mu);
+    IssueForProxy(proxy, conn, std::move(m));
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    Drop(proxy);
+    if (!left) Break(*proxy->group);
+  }
+  conn->Close(left);
+  delete proxy;
+}
+
+// This process's listener for ranks of other processes (once, at its first
+// ncclGetUniqueId); its threads live as long as the process.
+void StartHub() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int fd = wire::Listen(static_cast<int64_t>(getpid()));
+    if (fd < 0) {
+      std::fprintf(stderr,
+                   "CUDA emulation: NCCL ranks of other processes cannot join this one's groups: "
+                   "listen: %s\n",
+                   std::strerror(errno));
+      return;
+    }
+    std::thread([fd] {
+      for (;;) {
+        const int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) {
+          if (errno == EINTR || errno == ECONNABORTED) continue;
+          return;
+        }
+        std::thread(ServeRemote, c).detach();
+      }
+    }).detach();
+  });
+}
+
+// A remote rank's reader: the hub's answers, until the connection ends.
+void ReadHub(ncclComm* comm) {
+  wire::Message m;
+  while (comm->conn->Read(&m)) {
+    std::lock_guard<std::mutex> l(mu);
+    switch (static_cast<wire::Type>(m.h.type)) {
+      case wire::Type::kJoined:
+        comm->joined = true;
+        break;
+      case wire::Type::kError:
+        comm->join_error = "the hub refused the join: " + m.payload;
+        comm->broken = true;
+        break;
+      case wire::Type::kBroken:
+        comm->broken = true;
+        break;
+      case wire::Type::kDone: {
+        auto it = comm->pending.find(m.h.id);
+        if (it == comm->pending.end()) break;
+        if (it->second.bytes > 0 && m.payload.size() == it->second.bytes) {
+          loom::cuda_emu::DeviceAccess access(-1);
+          std::memcpy(it->second.recv, m.payload.data(), m.payload.size());
+        }
+        loom::cuda_emu::StreamEnd(it->second.stream);
+        comm->pending.erase(it);
+        break;
+      }
+      default:
+        break;
+    }
+    joined_cv.notify_all();
+  }
+  std::lock_guard<std::mutex> l(mu);
+  comm->broken = true;  // after a leave, nothing asks
+  joined_cv.notify_all();
+}
+
+// Joins the group of id `b` held by another process, as `comm`.
+ncclResult_t JoinRemote(const IdBody& b, const std::string& key, int nranks, ncclComm* comm) {
+  const int fd = wire::Connect(b.pid);
+  if (fd < 0) {
+    return Error(
+        nullptr, ncclSystemError,
+        "cannot reach the NCCL id's process " + std::to_string(b.pid) +
+            " (it has ended, or is in another network namespace): " + std::strerror(errno));
+  }
+  comm->remote = true;
+  comm->nranks = nranks;
+  comm->conn = std::make_shared<wire::Conn>(fd);
+  wire::Message j;
+  j.h.type = static_cast<uint32_t>(wire::Type::kJoin);
+  j.h.a = nranks;
+  j.h.b = comm->rank;
+  j.payload = key;
+  comm->conn->Post(std::move(j));
+  comm->reader = std::thread(ReadHub, comm);
+  return ncclSuccess;
+}
+
+// A remote rank's end: a leave (`clean`) or not, then its reader.
+void EndRemote(ncclComm* comm, bool clean) {
+  if (clean) {
+    wire::Message m;
+    m.h.type = static_cast<uint32_t>(wire::Type::kLeave);
+    comm->conn->Post(std::move(m));
+  }
+  comm->conn->Close(clean);
+  if (comm->reader.joinable()) comm->reader.join();
 }
 
 }  // namespace
@@ -372,6 +722,7 @@ ncclResult_t ncclGetVersion(int* version) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   if (id == nullptr) return ncclInvalidArgument;
+  StartHub();
   static std::atomic<uint64_t> serial{0};
   IdBody b;
   std::memcpy(b.magic, kMagic, sizeof(b.magic));
@@ -400,39 +751,31 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   if (std::memcmp(b.magic, kMagic, sizeof(kMagic)) != 0) {
     return Error(nullptr, ncclInvalidArgument, "not an ncclUniqueId of this emulation");
   }
-  if (b.pid != static_cast<int64_t>(getpid())) {
-    Error(nullptr, ncclInvalidUsage,
-          "this NCCL connects ranks that are threads of one process; the id comes from process " +
-              std::to_string(b.pid));
-    std::fprintf(stderr, "%s\n", last_error.c_str());
-    return ncclInvalidUsage;
-  }
   const std::string key(id.internal, sizeof(b));
-  std::unique_lock<std::mutex> l(mu);
-  std::shared_ptr<Group> g = Registry()[key].lock();
-  if (g == nullptr) {
-    g = std::make_shared<Group>();
-    g->size = nranks;
-    g->members.assign(nranks, nullptr);
-    Registry()[key] = g;
-  }
-  if (g->size != nranks) {
-    return Error(nullptr, ncclInvalidUsage,
-                 "ranks of one id disagree on its size (" + std::to_string(g->size) + " and " +
-                     std::to_string(nranks) + ")");
-  }
-  if (g->members[rank] != nullptr) {
-    return Error(nullptr, ncclInvalidUsage, "rank " + std::to_string(rank) + " joined twice");
-  }
-  ncclComm* c = new ncclComm;
-  c->group = g;
-  c->rank = rank;
-  c->device = device;
-  g->members[rank] = c;
-  ++g->joined;
-  joined_cv.notify_all();
-  *comm = c;
   const bool blocking = config == nullptr || config->blocking != 0;
+  ncclComm* c = new ncclComm;
+  c->device = device;
+  if (b.pid != static_cast<int64_t>(getpid())) {
+    c->rank = rank;
+    if (ncclResult_t r = JoinRemote(b, key, nranks, c); r != ncclSuccess) {
+      delete c;
+      return r;
+    }
+    *comm = c;
+    std::unique_lock<std::mutex> l(mu);
+    if (!blocking) return c->broken ? ncclRemoteError : c->joined ? ncclSuccess : ncclInProgress;
+    joined_cv.wait(l, [&] { return c->joined || c->broken; });
+    if (c->broken) Error(c, ncclRemoteError, c->join_error);
+    return c->broken ? ncclRemoteError : ncclSuccess;
+  }
+  std::unique_lock<std::mutex> l(mu);
+  std::string why;
+  if (!JoinGroup(key, nranks, rank, c, &why)) {
+    delete c;
+    return Error(nullptr, ncclInvalidUsage, why);
+  }
+  Group* g = c->group.get();
+  *comm = c;
   if (!blocking) return g->joined == g->size ? ncclSuccess : ncclInProgress;
   joined_cv.wait(l, [&] { return g->joined == g->size || g->broken; });
   return g->broken ? ncclRemoteError : ncclSuccess;
@@ -445,6 +788,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (comm == nullptr || state == nullptr) return ncclInvalidArgument;
   std::lock_guard<std::mutex> l(mu);
+  if (comm->remote) {
+    *state = comm->broken ? ncclRemoteError : comm->joined ? ncclSuccess : ncclInProgress;
+    return ncclSuccess;
+  }
   const Group& g = *comm->group;
   *state = g.broken ? ncclRemoteError : g.joined < g.size ? ncclInProgress : ncclSuccess;
   return ncclSuccess;
@@ -456,6 +803,11 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
+  if (comm->remote) {
+    EndRemote(comm, /*clean=*/true);
+    delete comm;
+    return ncclSuccess;
+  }
   {
     std::lock_guard<std::mutex> l(mu);
     Drop(comm);
@@ -466,11 +818,15 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
+  if (comm->remote) {
+    EndRemote(comm, /*clean=*/false);
+    delete comm;
+    return ncclSuccess;
+  }
   {
     std::lock_guard<std::mutex> l(mu);
     Drop(comm);
-    comm->group->broken = true;
-    joined_cv.notify_all();
+    Break(*comm->group);
   }
   delete comm;
   return ncclSuccess;

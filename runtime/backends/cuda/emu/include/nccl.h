@@ -1,6 +1,6 @@
 // The CUDA emulation's nccl.h: NCCL's communicators and the collectives
-// Loom calls, between ranks that are threads of one process (emu/nccl.cc).
-// A rank in another process is refused at initialisation, by name.
+// Loom calls, between ranks that are threads of one process or processes of
+// one machine (emu/nccl.cc).
 #ifndef LOOM_CUDA_EMU_NCCL_H_
 #define LOOM_CUDA_EMU_NCCL_H_
 
