@@ -332,11 +332,9 @@ Frozen JobFrozen(const job::v1::JobConfig& job) {
   return f;
 }
 
-namespace {
-bool OnGpu(const job::v1::JobConfig& job, bool encoder) {
+bool JobModuleOnGpu(const job::v1::JobConfig& job, bool encoder) {
   return !absl::StartsWith(JobDevice(job, encoder), "cpu");
 }
-}  // namespace
 
 MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& model, bool encoder,
                               int stage, int64_t tokens, int64_t image_tokens, int64_t tiles,
@@ -351,7 +349,7 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
   o.dp = std::max(1, dp);
   o.recompute = ParseRecompute(encoder ? job.recompute().encoder() : job.recompute().llm())
                     .value_or(Recompute::kFull);
-  o.device = OnGpu(job, encoder);
+  o.device = JobModuleOnGpu(job, encoder);
   // As the workers place it (services/worker/training_worker.cc).
   o.optimizer_on_device = o.device && (job.device().collectives() == "nccl" || dp <= 1);
   if (encoder) {

@@ -46,6 +46,8 @@ Frozen JobFrozen(const job::v1::JobConfig& job);
 // The device (device.encoder or device.llm) of the encoder's or the LLM's
 // workers, a name for ParseDevice (runtime/model/ops.h).
 const std::string& JobDevice(const job::v1::JobConfig& job, bool encoder);
+// Whether the module's device is a GPU (not "cpu").
+bool JobModuleOnGpu(const job::v1::JobConfig& job, bool encoder);
 
 // What one rank of pipeline stage `stage` of the encoder (`encoder`) or the
 // LLM holds under the job's precision, optimizer sharding, freezing, layout

@@ -12,6 +12,10 @@
 
 namespace loom {
 
+using worker::Transfer;
+using worker::TransferKind;
+using worker::TransferName;
+
 absl::Status TrainingWorker::Impl::OpenDevice() {
   if (ops != nullptr) return absl::OkStatus();  // opened at the first Join
   const std::string& device = JobDevice(job, encoder);
@@ -47,8 +51,8 @@ absl::StatusOr<Communicator*> TrainingWorker::Impl::DeviceGroups(KeyValueStore* 
   // or through host memory; the gradients' DP all-reduce likewise.
   Communicator* layers_tp = tp_comm.get();
   if (!on_host() && job.device().collectives() == "nccl") {
-    auto connect_nccl = [&](const std::string& prefix, int rank,
-                            int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    auto nccl = [&](const std::string& prefix, int rank,
+                    int size) -> absl::StatusOr<std::unique_ptr<NcclCommunicator>> {
       NcclOptions o;
       o.prefix = prefix;
       o.rank = rank;
@@ -62,6 +66,12 @@ absl::StatusOr<Communicator*> TrainingWorker::Impl::DeviceGroups(KeyValueStore* 
         return absl::Status(c.status().code(),
                             absl::StrCat("device.collectives nccl: ", c.status().message()));
       }
+      return c;
+    };
+    auto connect_nccl = [&](const std::string& prefix, int rank,
+                            int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+      absl::StatusOr<std::unique_ptr<NcclCommunicator>> c = nccl(prefix, rank, size);
+      if (!c.ok()) return c.status();
       return Watched(*std::move(c));
     };
     if (shape.tp > 1) {
@@ -77,11 +87,93 @@ absl::StatusOr<Communicator*> TrainingWorker::Impl::DeviceGroups(KeyValueStore* 
       if (!n.ok()) return n.status();
       nccl_dp = *std::move(n);
     }
+    if (absl::Status s = ConnectDeviceTransfers(module_name, nccl); !s.ok()) return s;
   } else if (tp_comm != nullptr && !on_host()) {
     staged_tp = std::make_unique<HostStagedCommunicator>(tp_comm.get(), ops->backend());
     layers_tp = staged_tp.get();
   }
   return layers_tp;
+}
+
+absl::Status TrainingWorker::Impl::ConnectDeviceTransfers(
+    const std::string& module_name,
+    const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(const std::string&, int,
+                                                                          int)>& nccl) {
+  const parallel::GridShape& shape = grid();
+  const int act = static_cast<int>(Transfer::kActivations);
+  const int act_grad = static_cast<int>(Transfer::kActivationGrads);
+  // The pipeline's links in stage order, (s-1, s) before (s, s+1), on every
+  // rank alike: each initialisation waits only for ranks that have done
+  // theirs before it.
+  for (int link = pos.pp - 1; link <= pos.pp; ++link) {
+    if (link < 0 || link + 1 >= shape.pp) continue;
+    const bool earlier = link == pos.pp;  // this rank is the link's rank 0
+    const std::string where = absl::StrCat("-tp", pos.tp, "-dp", pos.dp, "-link", link);
+    absl::StatusOr<std::unique_ptr<NcclCommunicator>> a =
+        nccl(absl::StrCat(module_name, "-nccl-activations", where), earlier ? 0 : 1, 2);
+    if (!a.ok()) return a.status();
+    (earlier ? nccl_send[act] : nccl_recv[act]) = *std::move(a);
+    absl::StatusOr<std::unique_ptr<NcclCommunicator>> g =
+        nccl(absl::StrCat(module_name, "-nccl-activation-grads", where), earlier ? 0 : 1, 2);
+    if (!g.ok()) return g.status();
+    (earlier ? nccl_recv[act_grad] : nccl_send[act_grad]) = *std::move(g);
+  }
+  // The bridge, where both modules are on GPUs: the encoder's last stage
+  // and the LLM's first.
+  if ((encoder ? last_stage() : first_stage()) && encoder_grid.size() > 0 && llm_grid.size() > 0 &&
+      JobModuleOnGpu(job, !encoder)) {
+    if (absl::Status s = ConnectBridge(nccl); !s.ok()) return s;
+  }
+  std::string sends, receives;
+  for (int k = 0; k < 4; ++k) {
+    const char* name = TransferName(static_cast<Transfer>(k));
+    if (nccl_send[k] != nullptr) absl::StrAppend(&sends, sends.empty() ? "" : ", ", name);
+    if (nccl_recv[k] != nullptr) absl::StrAppend(&receives, receives.empty() ? "" : ", ", name);
+  }
+  if (!sends.empty() || !receives.empty()) {
+    LOOM_LOG(INFO).With("sends", sends).With("receives", receives)
+        << "tensors between GPUs over NCCL";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::ConnectBridge(
+    const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(const std::string&, int,
+                                                                          int)>& nccl) {
+  const int size = BridgeIndex(false, llm_grid.dp - 1, llm_grid.tp - 1) + 1;
+  const int me = BridgeIndex(encoder, pos.dp, pos.tp);
+  const std::string prefix = absl::StrCat("g", scheduler->generation(), "-nccl-");
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> e = nccl(prefix + "embeddings", me, size);
+  if (!e.ok()) return e.status();
+  (encoder ? nccl_send : nccl_recv)[static_cast<int>(Transfer::kEmbeddings)] = *std::move(e);
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> g = nccl(prefix + "embedding-grads", me, size);
+  if (!g.ok()) return g.status();
+  (encoder ? nccl_recv : nccl_send)[static_cast<int>(Transfer::kEmbeddingGrads)] = *std::move(g);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::SendOnDevice(Transfer what, int peer, const Buffer<float>& src,
+                                                size_t n, int64_t iteration, int bin) {
+  const double s0 = trace::NowMicros();
+  // A copy on the device's stream: `src` is a staging slot or a module's
+  // output, which the next microbatch overwrites before the peer receives.
+  Buffer<float>& bytes = nccl_sending.emplace_back(ops->backend());
+  bytes.resize(n);
+  ops->backend()->Copy(bytes.data(), src.data(), n * sizeof(float));
+  absl::Status s = nccl_send[static_cast<int>(TransferKind(what))]->SendAsync(
+      bytes.data(), n * sizeof(float), peer);
+  Span("send", s0, iteration, "send ", TransferName(what), " bin ", bin, " over NCCL to ", peer);
+  return s;
+}
+
+absl::Status TrainingWorker::Impl::FinishDeviceSends() {
+  for (std::unique_ptr<NcclCommunicator>& c : nccl_send) {
+    if (c == nullptr) continue;
+    StallWatch::Waiting waiting(stall.get());
+    if (absl::Status s = c->SendsDone(); !s.ok()) return s;  // the bytes go with the groups
+  }
+  nccl_sending.clear();
+  return absl::OkStatus();
 }
 
 void TrainingWorker::Impl::DropModels() {
@@ -94,6 +186,11 @@ void TrainingWorker::Impl::DropModels() {
   staged_tp.reset();
   nccl_tp.reset();
   nccl_dp.reset();
+  for (int k = 0; k < 4; ++k) {
+    nccl_send[k].reset();
+    nccl_recv[k].reset();
+  }
+  nccl_sending.clear();  // after the groups: nothing queued reads them now
 }
 
 void TrainingWorker::Impl::ReleaseDevice() {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "runtime/backends/cuda/nccl_communicator.h"
 #include "runtime/base/trace.h"
 #include "runtime/comm/collective.h"
 #include "runtime/comm/ucx.h"
@@ -87,6 +89,13 @@ inline uint64_t WireTag(const SchedulerClient& scheduler, Transfer t, int64_t it
   const SchedulerClient::Generation g = scheduler.generation_and_key();
   return g.key.Tag(TransferTag(t, g.generation, iteration, bin, stage));
 }
+
+// A tensor received for this rank: in host memory (UCX), or over NCCL in
+// the device's.
+struct Received {
+  std::vector<float> host;
+  Buffer<float> device;
+};
 
 // One iteration's inputs, fetched ahead of time.
 struct IterationData {
@@ -178,6 +187,49 @@ struct TrainingWorker::Impl {
   // one rank), else the layers' TP group through host memory (staged_tp).
   // The Gloo groups above keep the host-side sums (JobSum). Null on the CPU.
   std::unique_ptr<Communicator> staged_tp, nccl_tp, nccl_dp;
+  // Device-to-device tensors: with device.collectives "nccl", a module's
+  // pipeline tensors (on a GPU), and the embeddings and their gradients
+  // (both modules on GPUs), go over NCCL; else UCX through host memory.
+  // A communicator per direction, by Transfer kind: this rank only sends on
+  // nccl_send[k] and only receives on nccl_recv[k], so a queued send never
+  // waits behind one of its receives (NcclCommunicator::SendAsync). Each
+  // direction's messages are received in the order sent: a module's stages
+  // run their bins in the same order, and the encoder sends slot by slot,
+  // the order the LLM receives in. Pipeline links are two-rank groups
+  // (the earlier stage rank 0); the bridge groups hold the encoder's last
+  // stage (BridgeIndex) and the LLM's first.
+  std::unique_ptr<NcclCommunicator> nccl_send[4], nccl_recv[4];
+  // The bytes of sends still queued, released at the iteration's end
+  // (FinishDeviceSends).
+  std::vector<Buffer<float>> nccl_sending;
+  // A rank's place in the bridge groups: the encoder's last-stage ranks
+  // first, then the LLM's first-stage ranks.
+  int BridgeIndex(bool encoder_side, int dp, int tp) const {
+    return encoder_side ? dp * encoder_grid.tp + tp
+                        : encoder_grid.dp * encoder_grid.tp + dp * llm_grid.tp + tp;
+  }
+  // Connects the communicators above (DeviceGroups, every Join).
+  absl::Status ConnectDeviceTransfers(
+      const std::string& module_name,
+      const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(const std::string&, int,
+                                                                            int)>& nccl);
+  absl::Status ConnectBridge(const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(
+                                 const std::string&, int, int)>& nccl);
+  // Sends `n` floats at the start of device buffer `src` over
+  // nccl_send[what] to `peer` of that group (a copy, queued).
+  absl::Status SendOnDevice(worker::Transfer what, int peer, const Buffer<float>& src, size_t n,
+                            int64_t iteration, int bin);
+  // Waits for the queued sends and releases their bytes.
+  absl::Status FinishDeviceSends();
+  bool OverNccl(worker::Transfer what, bool sending) const {
+    const auto k = static_cast<int>(worker::TransferKind(what));
+    return (sending ? nccl_send[k] : nccl_recv[k]) != nullptr;
+  }
+  // A received tensor in ops' memory: its device buffer, or its host
+  // vector staged in `slot`.
+  const float* In(worker::Received& r, Slot slot) {
+    return r.device.empty() ? Stage(r.host, slot) : r.device.data();
+  }
   // Writes this rank's part of a checkpoint from its copy and reports it
   // (the training thread starts and joins it: AwaitCheckpointWrite).
   std::thread checkpoint_writer;
@@ -319,9 +371,12 @@ struct TrainingWorker::Impl {
   // next (`step` 1) or previous (-1) stage, tagged with that stage.
   absl::Status SendToStage(int step, worker::Transfer what, int64_t iteration, int bin,
                            std::shared_ptr<std::vector<float>> data);
-  // Receives `n` floats tagged for this stage into `out`.
-  absl::Status Receive(worker::Transfer what, int64_t iteration, int bin, size_t n,
-                       std::vector<float>* out, double* wait);
+  // Receives `n` floats tagged for this stage into `out`: over UCX into its
+  // host vector, or over NCCL into its device buffer (from the previous or
+  // next stage, or across the bridge from replica `from_dp`'s first TP rank
+  // of the other module).
+  absl::Status Receive(worker::Transfer what, int64_t iteration, int bin, size_t n, int from_dp,
+                       worker::Received* out, double* wait);
   // Σ over the pipeline group of per-bin seconds (each stage's part of a
   // bin's time), so the first stage reports whole replicas' times, and each
   // stage's total into the report's stage_seconds (when pp > 1), and the
@@ -351,9 +406,10 @@ struct TrainingWorker::Impl {
   std::vector<float> Tiles(const worker::IterationData& d, const scheduler::v1::Bin& bin,
                            int* n) const;
   int TileCount(const worker::IterationData& d, const scheduler::v1::Bin& bin) const;
-  // This stage's forward of encoder input `in` (n tiles): the ViT layers
-  // into `vit_out`, and on the last stage the projector into `emb`.
-  absl::Status ForwardEncoder(const std::vector<float>& in, int n, std::vector<float>* vit_out,
+  // This stage's forward of encoder input `in` (n tiles, in ops' memory):
+  // the ViT layers into `vit_out`, and on the last stage the projector into
+  // `emb` (both also left in their staging slots, kStageOut and kStageEmb).
+  absl::Status ForwardEncoder(const float* in, int n, std::vector<float>* vit_out,
                               std::vector<float>* emb);
 };
 

@@ -30,13 +30,13 @@ int TrainingWorker::Impl::TileCount(const IterationData& d, const scheduler::v1:
   return n;
 }
 
-absl::Status TrainingWorker::Impl::ForwardEncoder(const std::vector<float>& in, int n,
+absl::Status TrainingWorker::Impl::ForwardEncoder(const float* in, int n,
                                                   std::vector<float>* vit_out,
                                                   std::vector<float>* emb) {
   // A stage before the last hands on every row (the class token's too).
   const int rows = last_stage() ? model.vit.patches_per_tile() : model.vit.seq();
   vit_out->resize(static_cast<size_t>(n) * rows * model.vit.dim);
-  if (absl::Status s = vit->Forward(Stage(in, kStageIn), n, Room(vit_out, kStageOut)); !s.ok()) {
+  if (absl::Status s = vit->Forward(in, n, Room(vit_out, kStageOut)); !s.ok()) {
     return s;
   }
   Unstage(vit_out, kStageOut);
@@ -91,18 +91,35 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
 }
 
 absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
-                                           std::vector<float>* out, double* wait) {
+                                           int from_dp, Received* out, double* wait) {
   const Transfer kind = TransferKind(what);
-  const int stage = kind == Transfer::kEmbeddings || kind == Transfer::kEmbeddingGrads ? 0 : pos.pp;
+  const bool bridge = kind == Transfer::kEmbeddings || kind == Transfer::kEmbeddingGrads;
+  const int stage = bridge ? 0 : pos.pp;
   const auto w0 = Clock::now();
   const double s0 = trace::NowMicros();
+  if (OverNccl(what, /*sending=*/false)) {
+    // Activations come from the link's earlier stage (its rank 0), their
+    // gradients from the later one.
+    const int peer =
+        bridge ? BridgeIndex(!encoder, from_dp, 0) : (kind == Transfer::kActivations ? 0 : 1);
+    out->host.clear();
+    out->device = Buffer<float>(ops->backend());
+    out->device.resize(n);
+    StallWatch::Waiting waiting(stall.get());
+    absl::Status s =
+        nccl_recv[static_cast<int>(kind)]->Recv(out->device.data(), n * sizeof(float), peer);
+    *wait += Since(w0);
+    Span("receive", s0, iteration, "receive ", TransferName(what), " bin ", bin, " over NCCL");
+    return s;
+  }
   // Owned here, so that a receive cut off mid-transfer can be left to UCX.
   auto buffer = std::make_shared<std::vector<float>>(n);
   StallWatch::Waiting waiting(stall.get());
   absl::Status s = ucx->RecvAll({{WireTag(*scheduler, what, iteration, bin, stage), buffer->data(),
                                   n * sizeof(float), buffer}},
                                 stall->WaitLimit());
-  if (s.ok()) out->swap(*buffer);
+  if (s.ok()) out->host.swap(*buffer);
+  out->device = Buffer<float>();
   *wait += Since(w0);
   Span("receive", s0, iteration, "receive ", TransferName(what), " bin ", bin);
   return s;
@@ -156,8 +173,8 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
   std::vector<double> first_forward(d.bins.size(), 0.0);
   const auto& bins = d.assignment.bins();
   const size_t stage_floats = static_cast<size_t>(model.vit.seq()) * model.vit.dim;  // per tile
-  std::vector<double> seconds(d.bins.size(), 0.0);           // by position in d.bins
-  std::map<int, std::pair<std::vector<float>, int>> inputs;  // bin -> (stage input, tiles)
+  std::vector<double> seconds(d.bins.size(), 0.0);  // by position in d.bins
+  std::map<int, std::pair<Received, int>> inputs;   // bin -> (stage input, tiles)
   std::vector<float> vit_out, emb_scratch;
   int live = -1;  // the bin whose activations the modules hold
   // What runs backward (runtime/model/model.h Frozen): the ViT's layers
@@ -173,11 +190,11 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const int b = d.bins[k];
     int n = TileCount(d, bins[b]);
     if (n == 0) continue;  // text only: no stage sees this bin
-    std::vector<float> in;
+    Received in;
     if (first_stage()) {
-      in = Tiles(d, bins[b], &n);
+      in.host = Tiles(d, bins[b], &n);
     } else if (absl::Status s = Receive(d.T(Transfer::kActivations), d.iteration, b,
-                                        n * stage_floats, &in, wait);
+                                        n * stage_floats, -1, &in, wait);
                !s.ok()) {
       return s;
     }
@@ -185,27 +202,33 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     const auto t0 = Clock::now();
     const double s0 = trace::NowMicros();
     auto out = std::make_shared<std::vector<float>>();
-    if (absl::Status s = ForwardEncoder(in, n, &vit_out, out.get()); !s.ok()) return s;
+    if (absl::Status s = ForwardEncoder(In(in, kStageIn), n, &vit_out, out.get()); !s.ok()) {
+      return s;
+    }
     if (keep) {
       auto& [vit_saved, projector_saved] = saved[b];
       if (vit_backward) vit_saved = vit->Detach();
       if (last_stage()) projector_saved = projector->Detach();
-      std::vector<float>().swap(in);
+      in = Received();
     } else if (backward && !vit_backward) {
       projector_in[b] = vit_out;
     }
-    inputs[b] = {vit_backward && !keep ? std::move(in) : std::vector<float>(), n};
+    inputs[b] = {vit_backward && !keep ? std::move(in) : Received(), n};
     live = b;
     first_forward[k] = Since(t0);
     seconds[k] += first_forward[k];
     totals.forward += first_forward[k];
     Span("forward", s0, d.iteration, "F bin ", b);
     if (!last_stage()) {
-      *out = vit_out;
-      if (absl::Status s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out);
-          !s.ok()) {
-        return s;
+      absl::Status s;
+      if (OverNccl(Transfer::kActivations, /*sending=*/true)) {
+        s = SendOnDevice(d.T(Transfer::kActivations), 1, staged[kStageOut], vit_out.size(),
+                         d.iteration, b);
+      } else {
+        *out = vit_out;
+        s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out);
       }
+      if (!s.ok()) return s;
       continue;
     }
     // The TP group's ranks hold the same embeddings: its first sends them to
@@ -213,6 +236,17 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     if (pos.tp != 0) continue;
     InjectFault("transfer", d.iteration);
     const double s1 = trace::NowMicros();
+    if (OverNccl(Transfer::kEmbeddings, /*sending=*/true)) {
+      for (int t = 0; t < llm_grid.tp; ++t) {
+        if (absl::Status s =
+                SendOnDevice(d.T(Transfer::kEmbeddings), BridgeIndex(false, bins[b].llm_rank(), t),
+                             staged[kStageEmb], out->size(), d.iteration, b);
+            !s.ok()) {
+          return s;
+        }
+      }
+      continue;
+    }
     for (int peer : PeerGroup(bins[b].llm_rank())) {
       absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_LLM_WORKER, peer);
       if (!address.ok()) return address.status();
@@ -227,18 +261,19 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
   int64_t iteration_tiles = 0;
   for (const auto& [b, in] : inputs) iteration_tiles += in.second;
   max_kept_tiles = std::max(max_kept_tiles, iteration_tiles);
-  std::vector<float> grad, dvit;
+  Received grad;
+  std::vector<float> dvit;
   for (size_t k = 0; backward && k < d.bins.size(); ++k) {
     const int b = d.bins[k];
     auto in = inputs.find(b);
     if (in == inputs.end()) continue;  // no tiles: nothing was sent
-    const auto& [input, n] = in->second;
-    absl::Status s =
-        last_stage()
-            ? Receive(d.T(Transfer::kEmbeddingGrads), d.iteration, b,
-                      static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim, &grad, wait)
-            : Receive(d.T(Transfer::kActivationGrads), d.iteration, b, n * stage_floats, &grad,
-                      wait);
+    auto& [input, n] = in->second;
+    absl::Status s = last_stage()
+                         ? Receive(d.T(Transfer::kEmbeddingGrads), d.iteration, b,
+                                   static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim,
+                                   bins[b].llm_rank(), &grad, wait)
+                         : Receive(d.T(Transfer::kActivationGrads), d.iteration, b,
+                                   n * stage_floats, -1, &grad, wait);
     if (!s.ok()) return s;
     if (keep) {
       auto& [vit_saved, projector_saved] = saved.at(b);
@@ -248,7 +283,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
       const auto r0 = Clock::now();
       const double s0 = trace::NowMicros();
       if (vit_backward) {
-        if (s = ForwardEncoder(input, n, &vit_out, &emb_scratch); !s.ok()) return s;
+        if (s = ForwardEncoder(In(input, kStageIn), n, &vit_out, &emb_scratch); !s.ok()) return s;
       } else {  // the projector alone, from the tower's output it kept
         vit_out.swap(projector_in.at(b));
         emb_scratch.resize(static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim);
@@ -261,7 +296,7 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     live = -1;
     const auto t0 = Clock::now();
     const double s0 = trace::NowMicros();
-    const float* dout = Stage(grad, kStageGrad);
+    const float* dout = In(grad, kStageGrad);
     if (last_stage()) {
       dvit.assign(
           vit_backward ? static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim : 0,
@@ -278,14 +313,18 @@ absl::Status TrainingWorker::Impl::EncoderIteration(const IterationData& d, doub
     if (s = vit->Backward(dout, first_stage() ? nullptr : Stage(din.get(), kStageDin)); !s.ok()) {
       return s;
     }
-    if (!first_stage()) Unstage(din.get(), kStageDin);
+    const bool nccl_grads = OverNccl(Transfer::kActivationGrads, /*sending=*/true);
+    if (!first_stage() && !nccl_grads) Unstage(din.get(), kStageDin);
     seconds[k] += Since(t0);
     Span("backward", s0, d.iteration, "B bin ", b);
     if (!first_stage()) {
-      if (s = SendToStage(-1, d.T(Transfer::kActivationGrads), d.iteration, b, din); !s.ok())
-        return s;
+      s = nccl_grads ? SendOnDevice(d.T(Transfer::kActivationGrads), 0, staged[kStageDin],
+                                    din->size(), d.iteration, b)
+                     : SendToStage(-1, d.T(Transfer::kActivationGrads), d.iteration, b, din);
+      if (!s.ok()) return s;
     }
   }
+  if (absl::Status s = FinishDeviceSends(); !s.ok()) return s;
   double busy = totals.recompute;
   for (double sec : seconds) busy += sec;
   *compute += busy;
@@ -350,9 +389,9 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   }
   if (m == 0) return absl::OkStatus();
   const size_t C = model.llm.dim;
-  std::vector<std::vector<float>> inputs(m);  // embeddings (first stage) or activations
+  std::vector<Received> inputs(m);  // embeddings (first stage) or activations
   std::vector<double> seconds(m, 0.0);
-  std::vector<float> dout;
+  Received dout;
   int live = -1;
   const auto p0 = Clock::now();
   StageTotals totals;
@@ -361,7 +400,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
   std::vector<SavedActivations> saved(keep ? m : 0);
   auto forward = [&](int j) {
     const bool img = image_tokens[j] > 0;
-    const float* in = first_stage() && !img ? nullptr : Stage(inputs[j], kStageIn);
+    const float* in = first_stage() && !img ? nullptr : In(inputs[j], kStageIn);
     return llm->Forward(batches[j], first_stage() ? in : nullptr, first_stage() ? nullptr : in);
   };
   const int stages = encoder_grid.pp + llm_grid.pp;
@@ -372,10 +411,10 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     absl::Status s;
     if (op.kind == parallel::PipelineOp::kForward) {
       if (!first_stage()) {
-        s = Receive(d.T(Transfer::kActivations), d.iteration, b, TC, &inputs[j], wait);
+        s = Receive(d.T(Transfer::kActivations), d.iteration, b, TC, -1, &inputs[j], wait);
       } else if (image_tokens[j] > 0) {
-        s = Receive(d.T(Transfer::kEmbeddings), d.iteration, b, image_tokens[j] * C, &inputs[j],
-                    wait);
+        s = Receive(d.T(Transfer::kEmbeddings), d.iteration, b, image_tokens[j] * C,
+                    bins[b].encoder_rank(), &inputs[j], wait);
       }
       if (!s.ok()) return s;
       const auto t0 = Clock::now();
@@ -387,17 +426,23 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       totals.forward += first_forward[j];
       Span("forward", s0, d.iteration, "F mb ", j, " bin ", b);
       if (!last_stage()) {
-        auto out = std::make_shared<std::vector<float>>(llm->output().ToHost());
-        if (s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out); !s.ok()) return s;
+        if (OverNccl(Transfer::kActivations, /*sending=*/true)) {
+          s = SendOnDevice(d.T(Transfer::kActivations), 1, llm->output(), TC, d.iteration, b);
+        } else {
+          auto out = std::make_shared<std::vector<float>>(llm->output().ToHost());
+          s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out);
+        }
+        if (!s.ok()) return s;
       }
       if (keep) {
         saved[j] = llm->Detach();
-        std::vector<float>().swap(inputs[j]);
+        inputs[j] = Received();
       }
       continue;
     }
     if (!last_stage()) {
-      if (s = Receive(d.T(Transfer::kActivationGrads), d.iteration, b, TC, &dout, wait); !s.ok()) {
+      if (s = Receive(d.T(Transfer::kActivationGrads), d.iteration, b, TC, -1, &dout, wait);
+          !s.ok()) {
         return s;
       }
     }
@@ -420,30 +465,45 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     auto din = std::make_shared<std::vector<float>>(first_stage() ? 0 : TC);
     absl::StatusOr<kernels::LossSum> loss =
         llm->Backward(scale, send_image ? Stage(grad.get(), kStageGrad) : nullptr,
-                      last_stage() ? nullptr : Stage(dout, kStageOut),
+                      last_stage() ? nullptr : In(dout, kStageOut),
                       first_stage() ? nullptr : Stage(din.get(), kStageDin));
     if (!loss.ok()) return loss.status();
-    if (send_image) Unstage(grad.get(), kStageGrad);
-    if (!first_stage()) Unstage(din.get(), kStageDin);
+    const bool nccl_image = OverNccl(Transfer::kEmbeddingGrads, /*sending=*/true);
+    const bool nccl_grads = OverNccl(Transfer::kActivationGrads, /*sending=*/true);
+    if (send_image && !nccl_image) Unstage(grad.get(), kStageGrad);
+    if (!first_stage() && !nccl_grads) Unstage(din.get(), kStageDin);
     seconds[j] += Since(t0);
     Span("backward", s0, d.iteration, "B mb ", j, " bin ", b);
     // Its input is no longer needed: a stage keeps only the microbatches
     // 1F1B has in flight.
-    std::vector<float>().swap(inputs[j]);
+    inputs[j] = Received();
     if (last_stage()) {
       *loss_sum += loss->sum;
       *tokens += batches[j].T();
       *samples += sample_count[j];
     }
     if (!first_stage()) {
-      if (s = SendToStage(-1, d.T(Transfer::kActivationGrads), d.iteration, b, din); !s.ok())
-        return s;
+      s = nccl_grads ? SendOnDevice(d.T(Transfer::kActivationGrads), 0, staged[kStageDin], TC,
+                                    d.iteration, b)
+                     : SendToStage(-1, d.T(Transfer::kActivationGrads), d.iteration, b, din);
+      if (!s.ok()) return s;
     }
     // Every TP rank holds the whole embedding gradient: the first sends it
     // to every rank of the encoder replica's last-stage TP group.
     if (!send_image || pos.tp != 0) continue;
     InjectFault("transfer", d.iteration);
     const double s1 = trace::NowMicros();
+    if (nccl_image) {
+      for (int t = 0; t < encoder_grid.tp; ++t) {
+        if (s = SendOnDevice(d.T(Transfer::kEmbeddingGrads),
+                             BridgeIndex(true, bins[b].encoder_rank(), t), staged[kStageGrad],
+                             grad->size(), d.iteration, b);
+            !s.ok()) {
+          return s;
+        }
+      }
+      continue;
+    }
     for (int peer : PeerGroup(bins[b].encoder_rank())) {
       absl::StatusOr<std::string> address = peers->Get(common::v1::ROLE_ENCODER_WORKER, peer);
       if (!address.ok()) return address.status();
@@ -455,6 +515,7 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     Span("send", s1, d.iteration, "send embedding grads bin ", b, " to encoder rank ",
          bins[b].encoder_rank());
   }
+  if (absl::Status s = FinishDeviceSends(); !s.ok()) return s;
   double busy = totals.recompute;
   for (double sec : seconds) busy += sec;
   *compute += busy;

@@ -120,6 +120,17 @@ class Nccl final : public NcclCommunicator {
     return Run(absl::StrCat("send of ", bytes, " bytes to rank ", peer),
                [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); });
   }
+  absl::Status SendAsync(const void* data, size_t bytes, int peer) override {
+    if (absl::Status s = Ready(peer, "send"); !s.ok()) return s;
+    const absl::Time until = absl::Now() + Limit();
+    return Enqueue(absl::StrCat("send of ", bytes, " bytes to rank ", peer), until,
+                   [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); });
+  }
+  absl::Status SendsDone() override {
+    if (absl::Status s = Usable("sends"); !s.ok()) return s;
+    const absl::Duration limit = Limit();
+    return Drain("queued sends", absl::Now() + limit, limit);
+  }
   absl::Status Recv(void* data, size_t bytes, int peer) override {
     if (absl::Status s = Ready(peer, "receive"); !s.ok()) return s;
     return Run(absl::StrCat("receive of ", bytes, " bytes from rank ", peer),
@@ -200,11 +211,23 @@ class Nccl final : public NcclCommunicator {
     return absl::OkStatus();
   }
 
+  absl::Duration Limit() const {
+    return options_.wait_limit ? options_.wait_limit() : options_.timeout;
+  }
+
   // Queues one operation on the stream after the device's earlier work and
   // polls until it is done, all within one wait limit.
   absl::Status Run(const std::string& what, const std::function<ncclResult_t()>& enqueue) {
-    const absl::Duration limit = options_.wait_limit ? options_.wait_limit() : options_.timeout;
+    const absl::Duration limit = Limit();
     const absl::Time until = absl::Now() + limit;
+    if (absl::Status s = Enqueue(what, until, enqueue); !s.ok()) return s;
+    return Drain(what, until, limit);
+  }
+
+  // Queues one operation on the stream after the device's earlier work
+  // (the enqueue itself bounded by `until`).
+  absl::Status Enqueue(const std::string& what, absl::Time until,
+                       const std::function<ncclResult_t()>& enqueue) {
     if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
       return CudaError(Describe(what), e);
     }
@@ -218,7 +241,12 @@ class Nccl final : public NcclCommunicator {
     }
     ncclResult_t r = enqueue();
     if (r != ncclSuccess && r != ncclInProgress) return Abort(NcclError(Describe(what), r, comm_));
-    if (absl::Status s = Wait(what, until); !s.ok()) return s;  // the enqueue itself
+    return Wait(what, until);  // the enqueue itself
+  }
+
+  // Polls until the stream holds nothing (every operation queued is done)
+  // or `until` (`limit` from the start, for the message).
+  absl::Status Drain(const std::string& what, absl::Time until, absl::Duration limit) {
     Cancellation::Scope scope(options_.cancel, [] {});
     for (;;) {
       cudaError_t e = cudaStreamQuery(stream_);

@@ -66,6 +66,18 @@ class NcclCommunicator : public Communicator {
   // call. Same failure rules as the collectives.
   virtual absl::Status Send(const void* data, size_t bytes, int peer) = 0;
   virtual absl::Status Recv(void* data, size_t bytes, int peer) = 0;
+  // A send that does not wait: queued on the communicator's stream after
+  // the device's earlier work, it is done once `peer` has received it.
+  // `data` must keep its bytes until SendsDone() returns. A pipeline's
+  // stages send this way, so that a send never waits for its receiver while
+  // the receiver waits for this rank. Every operation of a communicator
+  // runs on its one stream, in order: a receive on it waits behind the
+  // sends queued before, so a rank that sends and receives at once uses a
+  // communicator for each direction.
+  virtual absl::Status SendAsync(const void* data, size_t bytes, int peer) = 0;
+  // Waits until every send queued is done (the collectives' wait limit and
+  // failure rules).
+  virtual absl::Status SendsDone() = 0;
   // In place over bf16 values (uint16_t bit patterns), summed by NCCL in
   // bf16 (mixed-precision gradients reduce in fp32 through AllreduceSum).
   virtual absl::Status AllreduceSumBf16(uint16_t* data, int64_t n) = 0;

@@ -189,6 +189,61 @@ TEST(NcclCommunicatorTest, RanksOnTwoDevicesReduceAndExchange) {
   }
 }
 
+// Two pipeline stages sending to each other at once (activations one way,
+// gradients the other, a communicator each way), each before it receives:
+// sends that waited for their receivers would wait for each other; queued
+// ones do not. Each rank's messages arrive in the order sent.
+TEST(NcclCommunicatorTest, QueuedSendsCrossWithoutWaitingForTheirReceivers) {
+  absl::StatusOr<std::unique_ptr<Backend>> first = MakeCudaBackend(0);
+  LOOM_REQUIRE_GPU_OR_SKIP(first.ok(), first.status());
+  if (cuda::DeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cuda::DeviceCount() << ")";
+  constexpr int kMessages = 3, kFloats = 2048;
+  InMemoryStore store;
+  std::vector<absl::Status> results(2);
+  std::vector<std::vector<std::vector<float>>> received(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend(r);
+      if (!b.ok()) return void(results[r] = b.status());
+      // Rank 0 sends on the first communicator, rank 1 on the second.
+      std::unique_ptr<NcclCommunicator> c[2];
+      for (int k = 0; k < 2; ++k) {
+        NcclOptions o = Options(r, 2, absl::Seconds(20));
+        o.prefix = k == 0 ? "g0-llm-act-pp0" : "g0-llm-grad-pp0";
+        absl::StatusOr<std::unique_ptr<NcclCommunicator>> made = ConnectNccl(&store, o);
+        if (!made.ok()) return void(results[r] = made.status());
+        c[k] = *std::move(made);
+      }
+      NcclCommunicator* sends = c[r].get();
+      NcclCommunicator* receives = c[1 - r].get();
+      std::vector<std::unique_ptr<DeviceFloats>> out, in;
+      absl::Status s;
+      for (int m = 0; s.ok() && m < kMessages; ++m) {
+        out.push_back(std::make_unique<DeviceFloats>(
+            b->get(), std::vector<float>(kFloats, static_cast<float>(100 * r + m))));
+        s = sends->SendAsync(out.back()->p, kFloats * sizeof(float), 1 - r);
+      }
+      for (int m = 0; s.ok() && m < kMessages; ++m) {
+        in.push_back(std::make_unique<DeviceFloats>(b->get(), std::vector<float>(kFloats, -1)));
+        s = receives->Recv(in.back()->p, kFloats * sizeof(float), 1 - r);
+      }
+      if (s.ok()) s = sends->SendsDone();
+      results[r] = s;
+      for (const auto& d : in) received[r].push_back(d->Host());
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+    ASSERT_EQ(received[r].size(), static_cast<size_t>(kMessages));
+    for (int m = 0; m < kMessages; ++m) {
+      EXPECT_EQ(received[r][m], std::vector<float>(kFloats, static_cast<float>(100 * (1 - r) + m)))
+          << "rank " << r << " message " << m;
+    }
+  }
+}
+
 // A distributed optimizer's halves over three ranks and an odd length (the
 // chunks differ by one element): each rank's chunk after the reduce-scatter
 // is the sum; the all-gather gives every rank every rank's chunk.
