@@ -240,6 +240,16 @@ void FillCommon(const ClusterSpec& c, const ModelConfig& model, const BatchStats
 
 absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const ModelConfig& model,
                                                const BatchStats& stats, const PlanLimits& limits) {
+  absl::StatusOr<std::vector<scheduler::v1::Plan>> plans = SearchPlans(c, model, stats, limits, 1);
+  if (!plans.ok()) return plans.status();
+  return std::move(plans->front());
+}
+
+absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& c,
+                                                             const ModelConfig& model,
+                                                             const BatchStats& stats,
+                                                             const PlanLimits& limits, int count) {
+  if (count < 1) return absl::InvalidArgumentError(absl::StrCat("want ", count, " plans"));
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<Workload> work = WorkloadOf(c, model, stats, limits);
   if (!work.ok()) return work.status();
@@ -253,7 +263,10 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
     double time = INFINITY;
     int tp_e = 0, pp_e = 0, dp_e = 0, tp_l = 0, pp_l = 0, dp_l = 0, m = 0;
     double enc_stage = 0, llm_stage = 0, mem_e = 0, mem_l = 0, ar_e = 0, ar_l = 0;
-  } best;
+  };
+  std::vector<Best> best;  // the `count` fastest that fit, fastest first
+  // What a configuration must beat to be kept.
+  auto bar = [&] { return static_cast<int>(best.size()) < count ? INFINITY : best.back().time; };
   int64_t candidates = 0;
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
   for (int tp_l : Divisors(model.llm.kv(), max_tp)) {  // whole key/value groups
@@ -294,7 +307,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
                                       c.inter_node_bytes_per_second;
               const double stage = std::max({llm_stage, enc_stage, transfer});
               const double time = (m + pp_e + pp_l - 1) * stage + std::max(ar_l, ar_e);
-              if (time >= best.time) continue;
+              if (time >= bar()) continue;
               const double mem_l =
                   LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m, mb_tokens * kMicrobatchHeadroom,
                                B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom);
@@ -302,27 +315,45 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
                   EncoderPeakBytes(model, limits, tp_e, pp_e, dp_e,
                                    slot_tiles * kMicrobatchHeadroom, (dp_l * m + dp_e - 1) / dp_e);
               if (mem_l > budget || mem_e > budget) continue;
-              best = {time, tp_e,      pp_e,      dp_e,  tp_l,  pp_l, dp_l,
-                      m,    enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l};
+              const Best b{time, tp_e,      pp_e,      dp_e,  tp_l,  pp_l, dp_l,
+                           m,    enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l};
+              // One candidate per layout (its degrees), at its best
+              // microbatch count.
+              auto same = std::find_if(best.begin(), best.end(), [&](const Best& x) {
+                return x.tp_e == tp_e && x.pp_e == pp_e && x.dp_e == dp_e && x.tp_l == tp_l &&
+                       x.pp_l == pp_l && x.dp_l == dp_l;
+              });
+              if (same != best.end()) {
+                if (same->time <= time) continue;
+                best.erase(same);
+              }
+              best.insert(
+                  std::upper_bound(best.begin(), best.end(), b,
+                                   [](const Best& x, const Best& y) { return x.time < y.time; }),
+                  b);
+              if (static_cast<int>(best.size()) > count) best.pop_back();
             }
           }
         }
       }
     }
   }
-  if (!std::isfinite(best.time)) {
+  if (best.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("no plan for ", model.name, " on ", c.gpus,
                                                      " GPUs fits in ", budget / (1 << 30),
                                                      " GiB per GPU"));
   }
-  scheduler::v1::Plan plan;
-  FillModule(plan.mutable_encoder(), best.tp_e, best.pp_e, best.dp_e,
-             best.tp_e * best.pp_e * best.dp_e, best.mem_e, best.enc_stage, best.ar_e);
-  FillModule(plan.mutable_llm(), best.tp_l, best.pp_l, best.dp_l, best.tp_l * best.pp_l * best.dp_l,
-             best.mem_l, best.llm_stage, best.ar_l);
-  plan.set_microbatches(best.m);
-  FillCommon(c, model, stats, w, best.time, candidates, t0, &plan);
-  return plan;
+  std::vector<scheduler::v1::Plan> plans;
+  for (const Best& b : best) {
+    scheduler::v1::Plan& plan = plans.emplace_back();
+    FillModule(plan.mutable_encoder(), b.tp_e, b.pp_e, b.dp_e, b.tp_e * b.pp_e * b.dp_e, b.mem_e,
+               b.enc_stage, b.ar_e);
+    FillModule(plan.mutable_llm(), b.tp_l, b.pp_l, b.dp_l, b.tp_l * b.pp_l * b.dp_l, b.mem_l,
+               b.llm_stage, b.ar_l);
+    plan.set_microbatches(b.m);
+    FillCommon(c, model, stats, w, b.time, candidates, t0, &plan);
+  }
+  return plans;
 }
 
 absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,

@@ -82,6 +82,13 @@ scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
 // batch, ...); RESOURCE_EXHAUSTED when no configuration fits in memory.
 absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& cluster, const ModelConfig& model,
                                                const BatchStats& stats, const PlanLimits& limits);
+// The `count` best layouts that fit (distinct degrees, each at its best
+// microbatch count), best first (fewer when fewer fit): the candidates a
+// macro-batch simulation chooses among (macro.h). Errors as SearchPlan's.
+absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& cluster,
+                                                             const ModelConfig& model,
+                                                             const BatchStats& stats,
+                                                             const PlanLimits& limits, int count);
 
 // The monolithic layout Megatron-LM runs multimodal models in, for
 // comparison (DistTrain's baseline): one TP x PP x DP grid for both modules,

@@ -2,9 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/macro.h"
+#include "runtime/scheduling/schedule.h"
 
 namespace loom::sched {
 namespace {
@@ -264,6 +270,144 @@ TEST(PlanTest, RejectsWhatCannotBePlanned) {
   c.memory_bytes = 1 << 30;  // 1 GiB: not even the ViT's optimizer state
   EXPECT_EQ(SearchPlan(c, m, OneVisionLike(3, 64), {}).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// The search's candidates: distinct layouts, best predicted first, the
+// first SearchPlan's own.
+TEST(PlanTest, SearchPlansGivesTheBestDistinctLayoutsInOrder) {
+  ClusterSpec c;
+  c.gpus = 64;
+  const ModelConfig m = Config("vit300m-llm7b");
+  absl::StatusOr<std::vector<scheduler::v1::Plan>> plans =
+      SearchPlans(c, m, OneVisionLike(3, 512), {}, 6);
+  absl::StatusOr<scheduler::v1::Plan> one = SearchPlan(c, m, OneVisionLike(3, 512), {});
+  ASSERT_TRUE(plans.ok() && one.ok()) << plans.status() << one.status();
+  ASSERT_EQ(plans->size(), 6u);
+  EXPECT_EQ(LayoutText(plans->front()), LayoutText(*one));
+  EXPECT_EQ(plans->front().predicted_iteration_seconds(), one->predicted_iteration_seconds());
+  std::set<std::string> degrees;
+  for (size_t i = 0; i < plans->size(); ++i) {
+    const scheduler::v1::Plan& p = (*plans)[i];
+    ExpectConsistent(p, c, m);
+    if (i > 0) {
+      EXPECT_LE((*plans)[i - 1].predicted_iteration_seconds(), p.predicted_iteration_seconds());
+    }
+    const std::string layout = LayoutText(p);
+    degrees.insert(layout.substr(0, layout.find(" microbatches")));
+  }
+  EXPECT_EQ(degrees.size(), plans->size());  // one candidate per layout
+  EXPECT_EQ(SearchPlans(c, m, OneVisionLike(3, 512), {}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Samples of the shapes a OneVision-like scan has: most short, a few long
+// with many tiles (the tail a mean hides).
+std::vector<SampleShape> SkewedShapes(int n) {
+  std::vector<SampleShape> shapes;
+  for (int i = 0; i < n; ++i) {
+    SampleShape s;
+    s.tiles = i % 10 == 0 ? 10 : 1 + i % 3;
+    s.image_tokens = s.tiles * 144;
+    s.text_tokens = i % 7 == 0 ? 1800 : 120 + 13 * (i % 11);
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+TEST(MacroBatchTest, DrawsAreSeededAndInRange) {
+  const auto a = DrawGlobalBatches(50, 64, 4, 7), b = DrawGlobalBatches(50, 64, 4, 7);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, DrawGlobalBatches(50, 64, 4, 8));
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_NE(a[0], a[1]);  // each batch its own draw
+  for (const auto& batch : a) {
+    ASSERT_EQ(batch.size(), 64u);  // more than the scan holds: with replacement
+    for (int i : batch) EXPECT_TRUE(i >= 0 && i < 50) << i;
+  }
+}
+
+// Identical samples: every drawn batch is the same, so is every iteration;
+// the distribution is one value, the simulation of one batch.
+TEST(MacroBatchTest, IdenticalSamplesGiveOneIterationTime) {
+  ClusterSpec c;
+  c.gpus = 16;
+  const ModelConfig m = Config("vit300m-llm1b");
+  absl::StatusOr<scheduler::v1::Plan> plan = SearchPlan(c, m, OneVisionLike(2, 64), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  SampleShape s;
+  s.tiles = 2;
+  s.image_tokens = 288;
+  s.text_tokens = 150;
+  MacroBatchOptions o;
+  o.batches = 5;
+  absl::StatusOr<scheduler::v1::IterationDistribution> d =
+      SimulateMacroBatches(*plan, std::vector<SampleShape>(7, s), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->batches(), 5);
+  EXPECT_EQ(d->algorithm(), "loom");
+  EXPECT_GT(d->p50(), 0);
+  EXPECT_EQ(d->p50(), d->max());
+  EXPECT_DOUBLE_EQ(d->mean(), d->max());
+  // The same as assigning and simulating one such batch directly.
+  const std::vector<SampleLoad> loads =
+      CostModel(plan->costs())
+          .Loads(std::vector<SampleShape>(64, s), plan->costs().transfer_per_image_token());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 64; ++i) keys.push_back(absl::StrCat("k", i));
+  absl::StatusOr<scheduler::v1::Assignment> a = AssignForPlan(*plan, keys, loads, "loom", 10);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_DOUBLE_EQ(d->max(), a->summary().simulated_iteration_seconds());
+}
+
+// A skewed scan: batches differ, so do iterations (p50 <= p90 <= max, not
+// all equal); the chosen plan is the candidate of least mean, its
+// distribution recorded; bad input is named.
+TEST(MacroBatchTest, TheChosenPlanHasTheLeastMeanOverTheSameBatches) {
+  ClusterSpec c;
+  c.gpus = 64;
+  const ModelConfig m = Config("vit300m-llm7b");
+  const std::vector<SampleShape> shapes = SkewedShapes(300);
+  absl::StatusOr<std::vector<scheduler::v1::Plan>> candidates =
+      SearchPlans(c, m, StatsOf(shapes, 512), {}, 5);
+  ASSERT_TRUE(candidates.ok()) << candidates.status();
+  MacroBatchOptions o;
+  o.batches = 12;
+  std::vector<scheduler::v1::IterationDistribution> each;
+  absl::StatusOr<scheduler::v1::Plan> chosen =
+      ChooseOverMacroBatches(*candidates, shapes, o, &each);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ASSERT_EQ(each.size(), candidates->size());
+  double least = INFINITY;
+  for (const auto& d : each) {
+    EXPECT_LE(d.p50(), d.p90());
+    EXPECT_LE(d.p90(), d.max());
+    EXPECT_LT(d.p50(), d.max());  // the batches differ
+    least = std::min(least, d.mean());
+  }
+  EXPECT_EQ(chosen->simulated().mean(), least);
+  EXPECT_EQ(chosen->simulated().batches(), 12);
+  // The chosen layout is the candidate whose distribution that was.
+  int matches = 0;
+  for (size_t i = 0; i < each.size(); ++i) {
+    if (LayoutText((*candidates)[i]) == LayoutText(*chosen)) {
+      ++matches;
+      EXPECT_EQ(each[i].mean(), least);
+    }
+  }
+  EXPECT_EQ(matches, 1);
+  // Seeded: the same batches give the same distribution.
+  absl::StatusOr<scheduler::v1::IterationDistribution> again =
+      SimulateMacroBatches(*chosen, shapes, o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->mean(), least);
+
+  EXPECT_EQ(ChooseOverMacroBatches({}, shapes, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SimulateMacroBatches(*chosen, {}, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.batches = 0;
+  EXPECT_EQ(SimulateMacroBatches(*chosen, shapes, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,6 +3,14 @@
 //   loom-schedule plan --batch SCAN.jsonl --gpus 1296 --global_batch 4096
 //       [--config vit300m-llm7b | --llava CONFIG | --llm_from CONFIG --vision_from CONFIG]
 //       [--output plan.json] [--job_output job.txtpb|job.json] [--values_output values.json]
+//       [--macro_batches 32 --plan_candidates 8 --algorithm loom]
+//
+// The plan search's best --plan_candidates configurations (by the cost
+// model on the scan's mean batch) are each simulated over --macro_batches
+// global batches drawn from the scan, assigned by --algorithm
+// (runtime/scheduling/macro.h); the one with the least mean simulated
+// iteration is the plan, its p50/p90/max in the plan's `simulated`, and
+// every candidate's on stderr. --macro_batches 0 plans on the mean alone.
 //
 // A CONFIG is a Hugging Face model directory or its config.json itself
 // (runtime/hf/pretrained.h ModelConfigOfConfigs): the plan needs the
@@ -33,6 +41,7 @@
 #include "runtime/model/precision.h"
 #include "runtime/scheduling/batch_file.h"
 #include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/macro.h"
 #include "runtime/scheduling/plan.h"
 #include "runtime/scheduling/schedule.h"
 
@@ -59,6 +68,12 @@ ABSL_FLAG(std::string, job_output, "",
 ABSL_FLAG(std::string, values_output, "",
           "plan: also write the plan as Helm values ({\"job\": ...}) for `helm install -f`.");
 ABSL_FLAG(std::string, shards, "", "plan: the job's data.shards (the shards the scan read).");
+ABSL_FLAG(int, macro_batches, 32,
+          "plan: global batches drawn from the scan to simulate each candidate plan on "
+          "(runtime/scheduling/macro.h); 0: choose on the mean batch alone.");
+ABSL_FLAG(int, plan_candidates, 8,
+          "plan: how many of the search's best configurations the macro-batches judge.");
+ABSL_FLAG(uint64_t, macro_seed, 1, "plan: the seed the macro-batches are drawn with.");
 ABSL_FLAG(std::string, device, "cuda", "plan: the job's device for both modules.");
 ABSL_FLAG(std::string, precision, "bf16",
           "plan: the job's precision, which the memory model prices (fp32 or bf16).");
@@ -71,7 +86,7 @@ ABSL_FLAG(int, llm_dp, 0, "assign: LLM DP ranks (instead of --plan).");
 ABSL_FLAG(int, microbatches, 0, "assign: microbatches per LLM rank (instead of --plan).");
 ABSL_FLAG(int, encoder_dp, 0, "assign: encoder DP ranks (instead of --plan).");
 ABSL_FLAG(std::string, algorithm, "loom",
-          "assign: sequential, lpt, disttrain, entrain, ilp, loom.");
+          "assign, and plan's macro-batches: sequential, lpt, disttrain, entrain, ilp, loom.");
 ABSL_FLAG(double, ilp_seconds, 10, "assign: time limit of the ilp algorithm.");
 
 namespace loom::sched {
@@ -243,11 +258,43 @@ int Plan(const BatchFile& batch) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--freeze: ", frozen.status().message())));
   }
   limits.frozen = *frozen;
-  absl::StatusOr<scheduler::v1::Plan> plan =
-      SearchPlan(ClusterFromFlags(), *model, StatsOf(Shapes(batch), global_batch), limits);
-  if (!plan.ok()) return Fail(plan.status());
-  plan->set_encoder_recompute(RecomputeName(limits.recompute));
-  plan->set_llm_recompute(RecomputeName(limits.recompute));
+  const int macro_batches = absl::GetFlag(FLAGS_macro_batches);
+  const int plan_candidates = absl::GetFlag(FLAGS_plan_candidates);
+  if (macro_batches < 0 || plan_candidates < 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--macro_batches (", macro_batches,
+                                                        ") must be >= 0 and --plan_candidates (",
+                                                        plan_candidates, ") >= 1")));
+  }
+  const std::vector<SampleShape> shapes = Shapes(batch);
+  absl::StatusOr<std::vector<scheduler::v1::Plan>> candidates =
+      SearchPlans(ClusterFromFlags(), *model, StatsOf(shapes, global_batch), limits,
+                  macro_batches > 0 ? plan_candidates : 1);
+  if (!candidates.ok()) return Fail(candidates.status());
+  for (scheduler::v1::Plan& c : *candidates) {
+    c.set_encoder_recompute(RecomputeName(limits.recompute));
+    c.set_llm_recompute(RecomputeName(limits.recompute));
+  }
+  absl::StatusOr<scheduler::v1::Plan> plan = candidates->front();
+  if (macro_batches > 0) {
+    MacroBatchOptions m;
+    m.batches = macro_batches;
+    m.seed = absl::GetFlag(FLAGS_macro_seed);
+    m.algorithm = absl::GetFlag(FLAGS_algorithm);
+    m.ilp_time_limit_seconds = absl::GetFlag(FLAGS_ilp_seconds);
+    std::vector<scheduler::v1::IterationDistribution> each;
+    plan = ChooseOverMacroBatches(*candidates, shapes, m, &each);
+    if (!plan.ok()) return Fail(plan.status());
+    for (size_t i = 0; i < each.size(); ++i) {
+      const scheduler::v1::IterationDistribution& d = each[i];
+      std::fprintf(stderr,
+                   "loom-schedule: candidate %zu: %s: predicted %.6g s (mean batch); simulated "
+                   "over %d batches (%s): mean %.6g p50 %.6g p90 %.6g max %.6g s%s\n",
+                   i + 1, LayoutText((*candidates)[i]).c_str(),
+                   (*candidates)[i].predicted_iteration_seconds(), d.batches(),
+                   d.algorithm().c_str(), d.mean(), d.p50(), d.p90(), d.max(),
+                   LayoutText((*candidates)[i]) == LayoutText(*plan) ? "  <- the plan" : "");
+    }
+  }
   if (absl::Status s = WriteJson(*plan); !s.ok()) return Fail(s);
   absl::StatusOr<job::v1::JobConfig> job = JobOfPlan(*plan, source, *frozen);
   if (!job.ok()) return Fail(job.status());

@@ -14,9 +14,10 @@ kept=$(wc -l < "$dir/scan.jsonl")
 fail() { echo "FAIL: $*"; exit 1; }
 py=/usr/bin/python3
 
-"$sched" plan --batch "$dir/scan.jsonl" --gpus 64 --global_batch 512 --output "$dir/plan.json"
-$py - "$dir/plan.json" <<'PY' || fail "plan"
-import json, sys
+"$sched" plan --batch "$dir/scan.jsonl" --gpus 64 --global_batch 512 --output "$dir/plan.json" \
+  --macro_batches 16 --plan_candidates 4 2> "$dir/plan.err"
+$py - "$dir/plan.json" "$dir/plan.err" <<'PY' || { cat "$dir/plan.err"; fail "plan"; }
+import json, re, sys
 p = json.load(open(sys.argv[1]))
 e, l = p["encoder"], p["llm"]
 assert e["gpus"] + l["gpus"] <= 64, p
@@ -24,6 +25,18 @@ for m in (e, l):
     assert m["gpus"] == m["tp"] * m["pp"] * m["dp"], m
 assert p["microbatches"] >= l["pp"] and l["dp"] * p["microbatches"] <= 512, p
 assert 0 < p["predicted_mfu"] < 1 and p["predicted_iteration_seconds"] > 0, p
+# Macro-batches: four candidates, each simulated over 16 drawn batches; the
+# plan is the one of least mean, its distribution in the plan.
+d = p["simulated"]
+assert d["batches"] == 16 and d["algorithm"] == "loom", d
+assert 0 < d["p50"] <= d["p90"] <= d["max"], d
+lines = [x for x in open(sys.argv[2]) if x.startswith("loom-schedule: candidate")]
+assert len(lines) == 4, lines
+means = [float(re.search(r"mean ([0-9.e+-]+)", x).group(1)) for x in lines]
+chosen = [x for x in lines if x.rstrip().endswith("<- the plan")]
+assert len(chosen) == 1, lines
+assert abs(float(re.search(r"mean ([0-9.e+-]+)", chosen[0]).group(1)) - min(means)) <= 1e-5 * min(means), lines
+assert "microbatches: %d:" % p["microbatches"] in chosen[0], (chosen, p["microbatches"])
 PY
 
 # Real models from their Hugging Face configs alone (config.json files, no
@@ -132,4 +145,6 @@ expect_error "--vision_from: missing" plan --batch "$dir/scan.jsonl" --gpus 8 \
 expect_error "--precision: want fp32 or bf16" plan --batch "$dir/scan.jsonl" --gpus 8 \
   --config tiny --job_output "$dir/x.txtpb" --precision fp16
 expect_error "--config: " plan --batch "$dir/scan.jsonl" --gpus 8 --config huge
+expect_error "--macro_batches (-1) must be >= 0" plan --batch "$dir/scan.jsonl" --gpus 8 \
+  --macro_batches -1
 echo "loom-schedule: $kept samples, plan and six algorithms checked"
