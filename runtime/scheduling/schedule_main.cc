@@ -19,6 +19,11 @@
 // values (`helm install -f`).
 //   loom-schedule assign --batch SCAN.jsonl (--plan plan.json |
 //       --llm_dp N --microbatches M --encoder_dp E) --algorithm loom --output out.json
+//   loom-schedule simulate --batch SCAN.jsonl (--plan plan.json | --llm_dp N ...)
+//       [--macro_batches 32 --global_batch B --algorithm loom] [--output dist.json]
+//
+// simulate: one plan's simulated iteration over --macro_batches global
+// batches drawn from the scan (macro.h): mean, p50, p90, max.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -310,6 +315,16 @@ absl::StatusOr<scheduler::v1::Plan> PlanForAssign() {
   return plan;
 }
 
+// A plan from degrees has no cost coefficients: one GPU's at the model's
+// analytic FLOPs.
+absl::Status FillCosts(scheduler::v1::Plan* plan) {
+  if (plan->has_costs()) return absl::OkStatus();
+  absl::StatusOr<ModelConfig> model = ModelConfigByName(plan->model());
+  if (!model.ok()) return model.status();
+  *plan->mutable_costs() = CoefficientsOnOneGpu(*model, ClusterSpec());
+  return absl::OkStatus();
+}
+
 int AssignCommand(const BatchFile& batch) {
   absl::StatusOr<scheduler::v1::Plan> plan = PlanForAssign();
   if (!plan.ok()) return Fail(plan.status());
@@ -319,13 +334,8 @@ int AssignCommand(const BatchFile& batch) {
   if (batch.has_costs) {
     for (const auto& s : batch.samples) loads.push_back({s.encoder_cost(), s.llm_cost(), 0});
   } else {
-    scheduler::v1::CostCoefficients costs = plan->costs();
-    if (!plan->has_costs()) {
-      absl::StatusOr<ModelConfig> model =
-          ModelConfigByName(plan->model().empty() ? absl::GetFlag(FLAGS_config) : plan->model());
-      if (!model.ok()) return Fail(model.status());
-      costs = CoefficientsOnOneGpu(*model, ClusterSpec());
-    }
+    if (absl::Status s = FillCosts(&*plan); !s.ok()) return Fail(s);
+    const scheduler::v1::CostCoefficients& costs = plan->costs();
     loads = CostModel(costs).Loads(Shapes(batch), costs.transfer_per_image_token());
   }
   absl::StatusOr<scheduler::v1::Assignment> a = AssignForPlan(
@@ -342,6 +352,32 @@ int AssignCommand(const BatchFile& batch) {
   return 0;
 }
 
+// The simulated iteration of one plan over macro-batches drawn from the
+// scan: its distribution as JSON.
+int SimulateCommand(const BatchFile& batch) {
+  absl::StatusOr<scheduler::v1::Plan> plan = PlanForAssign();
+  if (!plan.ok()) return Fail(plan.status());
+  if (absl::Status s = FillCosts(&*plan); !s.ok()) return Fail(s);
+  if (plan->global_batch() <= 0) plan->set_global_batch(static_cast<int>(batch.samples.size()));
+  if (absl::GetFlag(FLAGS_global_batch) > 0)
+    plan->set_global_batch(absl::GetFlag(FLAGS_global_batch));
+  MacroBatchOptions m;
+  m.batches = absl::GetFlag(FLAGS_macro_batches);
+  m.seed = absl::GetFlag(FLAGS_macro_seed);
+  m.algorithm = absl::GetFlag(FLAGS_algorithm);
+  m.ilp_time_limit_seconds = absl::GetFlag(FLAGS_ilp_seconds);
+  absl::StatusOr<scheduler::v1::IterationDistribution> d =
+      SimulateMacroBatches(*plan, Shapes(batch), m);
+  if (!d.ok()) return Fail(d.status());
+  if (absl::Status s = WriteJson(*d); !s.ok()) return Fail(s);
+  std::fprintf(stderr,
+               "loom-schedule: %s: simulated over %d batches of %d (%s): mean %.6g p50 %.6g p90 "
+               "%.6g max %.6g s\n",
+               LayoutText(*plan).c_str(), d->batches(), plan->global_batch(),
+               d->algorithm().c_str(), d->mean(), d->p50(), d->p90(), d->max());
+  return 0;
+}
+
 }  // namespace
 }  // namespace loom::sched
 
@@ -350,10 +386,13 @@ int main(int argc, char** argv) {
       "loom-schedule plan --batch FILE --gpus N [--global_batch B --config NAME | --llava CONFIG "
       "| --llm_from CONFIG --vision_from CONFIG] [--job_output FILE --values_output FILE ...]\n"
       "loom-schedule assign --batch FILE (--plan FILE | --llm_dp N --microbatches M "
-      "--encoder_dp E) --algorithm NAME --output FILE");
+      "--encoder_dp E) --algorithm NAME --output FILE\n"
+      "loom-schedule simulate --batch FILE (--plan FILE | --llm_dp N ...) [--macro_batches N "
+      "--global_batch B --algorithm NAME --output FILE]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2 || (std::string(args[1]) != "plan" && std::string(args[1]) != "assign")) {
-    std::fprintf(stderr, "loom-schedule: give one command, plan or assign\n%s\n",
+  const std::string command = args.size() == 2 ? args[1] : "";
+  if (command != "plan" && command != "assign" && command != "simulate") {
+    std::fprintf(stderr, "loom-schedule: give one command, plan, assign or simulate\n%s\n",
                  absl::ProgramUsageMessage().data());
     return 2;
   }
@@ -361,6 +400,6 @@ int main(int argc, char** argv) {
   if (path.empty()) return loom::sched::Fail(absl::InvalidArgumentError("--batch is required"));
   absl::StatusOr<loom::sched::BatchFile> batch = loom::sched::ReadBatchFile(path);
   if (!batch.ok()) return loom::sched::Fail(batch.status());
-  return std::string(args[1]) == "plan" ? loom::sched::Plan(*batch)
-                                        : loom::sched::AssignCommand(*batch);
+  if (command == "simulate") return loom::sched::SimulateCommand(*batch);
+  return command == "plan" ? loom::sched::Plan(*batch) : loom::sched::AssignCommand(*batch);
 }

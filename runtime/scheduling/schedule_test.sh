@@ -38,6 +38,16 @@ assert len(chosen) == 1, lines
 assert abs(float(re.search(r"mean ([0-9.e+-]+)", chosen[0]).group(1)) - min(means)) <= 1e-5 * min(means), lines
 assert "microbatches: %d:" % p["microbatches"] in chosen[0], (chosen, p["microbatches"])
 PY
+# The simulator alone on that plan, over the same seeded batches: the same
+# distribution the plan records.
+"$sched" simulate --batch "$dir/scan.jsonl" --plan "$dir/plan.json" --macro_batches 16 \
+  --output "$dir/sim.json" 2> "$dir/sim.err" || { cat "$dir/sim.err"; fail "simulate"; }
+$py - "$dir/plan.json" "$dir/sim.json" <<'PY' || fail "simulate: not the plan's distribution"
+import json, sys
+want, got = json.load(open(sys.argv[1]))["simulated"], json.load(open(sys.argv[2]))
+assert got == want, (got, want)
+PY
+grep -q "simulated over 16 batches of 512 (loom): mean" "$dir/sim.err" || { cat "$dir/sim.err"; fail "simulate's summary"; }
 
 # Real models from their Hugging Face configs alone (config.json files, no
 # weights): Llama-3-8B's and CLIP ViT-L/14-336's, as transformers writes
