@@ -367,14 +367,29 @@ pid_t SpawnChild(const ncclUniqueId& id, const char* mode) {
   return pid;
 }
 
-TEST(CudaEmulationTest, NcclRanksInProcessesReduceAndExchange) {
+// Rank 0 here, rank 1 a child process doing `mode`.
+struct RankZero {
+  pid_t child = -1;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+RankZero StartRanks(const char* mode) {
   ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  const pid_t child = SpawnChild(id, "work");
-  ASSERT_GT(child, 0);
-  ncclComm_t comm = JoinOrDie(id, 0);
-  cudaStream_t s;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  RankZero r;
+  r.child = SpawnChild(id, mode);
+  if (r.child <= 0) return r;
+  r.comm = JoinOrDie(id, 0);
+  cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking);
+  return r;
+}
+
+TEST(CudaEmulationTest, NcclRanksInProcessesReduceAndExchange) {
+  const RankZero r = StartRanks("work");
+  ASSERT_GT(r.child, 0);
+  const pid_t child = r.child;
+  ncclComm_t comm = r.comm;
+  cudaStream_t s = r.stream;
   std::vector<float> mine(kFloats);
   for (int i = 0; i < kFloats; ++i) mine[i] = 0.25f * i;
   Dev<float> x(std::vector<float>(kFloats, 1.5f)), out(mine), back(std::vector<float>(kFloats, 0));
@@ -394,13 +409,11 @@ TEST(CudaEmulationTest, NcclRanksInProcessesReduceAndExchange) {
 }
 
 TEST(CudaEmulationTest, NcclRankProcessThatEndsBreaksTheGroup) {
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  const pid_t child = SpawnChild(id, "die");
-  ASSERT_GT(child, 0);
-  ncclComm_t comm = JoinOrDie(id, 0);
-  cudaStream_t s;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  const RankZero r = StartRanks("die");
+  ASSERT_GT(r.child, 0);
+  const pid_t child = r.child;
+  ncclComm_t comm = r.comm;
+  cudaStream_t s = r.stream;
   Dev<float> x(std::vector<float>(kFloats, 1.5f)), in(std::vector<float>(kFloats, 0));
   ncclAllReduce(x.get(), x.get(), kFloats, ncclFloat32, ncclSum, comm, s);
   ncclRecv(in.get(), kFloats, ncclFloat32, 1, comm, s);  // never sent
