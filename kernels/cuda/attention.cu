@@ -717,10 +717,12 @@ __device__ void AddTiles(float* dqkv, int64_t ld, int col, int t0, int T, int HD
   }
 }
 
-template <int HDM>
-union DqShared {
+// A backward kernel's shared memory: its tiles, then (AddTiles) the staging
+// of its `Rows` x HDM output block.
+template <int HDM, int Rows>
+union BackwardShared {
   BackwardTiles<HDM> tiles;
-  float stage[kTq][HDM];
+  float stage[Rows][HDM];
 };
 
 template <int HDM>
@@ -728,7 +730,7 @@ __global__ void __launch_bounds__(kTensorThreads)
     FlashBackwardQBf16(float* dqkv, const float* dsum, const float* dout, const float* qkv,
                        const float* lse, const int32_t* cu, int S, int T, int NH, int NKV, int HD,
                        bool causal, float scale) {
-  __shared__ DqShared<HDM> u;
+  __shared__ BackwardShared<HDM, kTq> u;
   BackwardTiles<HDM>& sh = u.tiles;
   const int h = blockIdx.y, t0 = blockIdx.x * kTq, warp = threadIdx.x / 32;
   const Heads y(NH, NKV, HD, h);
@@ -771,17 +773,11 @@ __global__ void __launch_bounds__(kTensorThreads)
 }
 
 template <int HDM>
-union DkvShared {
-  BackwardTiles<HDM> tiles;
-  float stage[kTk][HDM];
-};
-
-template <int HDM>
 __global__ void __launch_bounds__(kTensorThreads)
     FlashBackwardKVBf16(float* dqkv, const float* dsum, const float* dout, const float* qkv,
                         const float* lse, const int32_t* cu, int S, int T, int NH, int NKV, int HD,
                         bool causal, float scale) {
-  __shared__ DkvShared<HDM> u;
+  __shared__ BackwardShared<HDM, kTk> u;
   BackwardTiles<HDM>& sh = u.tiles;
   const int kvh = blockIdx.y, group = NH / NKV, t0 = blockIdx.x * kTk, warp = threadIdx.x / 32;
   const Heads yk(NH, NKV, HD, kvh * group);
