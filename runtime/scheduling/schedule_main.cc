@@ -24,8 +24,14 @@
 //
 // simulate: one plan's simulated iteration over --macro_batches global
 // batches drawn from the scan (macro.h): mean, p50, p90, max.
+//   loom-schedule profile --config tiny [--device cpu|cuda:N] [--output profile.json]
+//
+// profile: the model's modules timed on the device and the cost model's
+// coefficients fitted to them (profile.h); assign and simulate take it
+// (--profile FILE) in place of the analytic coefficients.
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,11 +39,14 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "loom/job/v1/job.pb.h"
+#include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
 #include "runtime/hf/model_flags.h"
 #include "runtime/hf/pretrained.h"
@@ -48,6 +57,7 @@
 #include "runtime/scheduling/cost_model.h"
 #include "runtime/scheduling/macro.h"
 #include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/profile.h"
 #include "runtime/scheduling/schedule.h"
 
 ABSL_FLAG(std::string, batch, "", "Samples, one scan line each (loom-preprocess scan --output).");
@@ -93,6 +103,16 @@ ABSL_FLAG(int, encoder_dp, 0, "assign: encoder DP ranks (instead of --plan).");
 ABSL_FLAG(std::string, algorithm, "loom",
           "assign, and plan's macro-batches: sequential, lpt, disttrain, entrain, ilp, loom.");
 ABSL_FLAG(double, ilp_seconds, 10, "assign: time limit of the ilp algorithm.");
+ABSL_FLAG(std::string, profile, "",
+          "assign, simulate: a profile from `loom-schedule profile`: its fitted coefficients "
+          "price the samples in place of the plan's.");
+// profile
+ABSL_FLAG(std::string, profile_device, "cpu", "profile: where the modules run: cpu, cuda:N.");
+ABSL_FLAG(int, profile_repeats, 3, "profile: timed runs per point (the median), after a warm-up.");
+ABSL_FLAG(std::string, profile_tiles, "1,2,4,8",
+          "profile: encoder tiles per bin, comma-separated.");
+ABSL_FLAG(std::string, profile_tokens, "128,256,512,1024",
+          "profile: LLM tokens per bin (multiples of 4), comma-separated.");
 
 namespace loom::sched {
 namespace {
@@ -315,14 +335,69 @@ absl::StatusOr<scheduler::v1::Plan> PlanForAssign() {
   return plan;
 }
 
-// A plan from degrees has no cost coefficients: one GPU's at the model's
-// analytic FLOPs.
+// The plan's cost coefficients: --profile's when given; a plan from
+// degrees has none: one GPU's at the model's analytic FLOPs.
 absl::Status FillCosts(scheduler::v1::Plan* plan) {
+  if (const std::string path = absl::GetFlag(FLAGS_profile); !path.empty()) {
+    absl::StatusOr<std::string> text = ReadFile(path);
+    if (!text.ok()) return text.status();
+    scheduler::v1::Profile profile;
+    if (auto s = google::protobuf::util::JsonStringToMessage(*text, &profile); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--profile ", path, ": not a profile: ", std::string(s.message())));
+    }
+    if (!plan->has_costs()) *plan->mutable_costs() = scheduler::v1::CostCoefficients();
+    if (absl::Status s = ApplyProfile(profile, plan); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--profile ", path, ": ", s.message()));
+    }
+    return absl::OkStatus();
+  }
   if (plan->has_costs()) return absl::OkStatus();
   absl::StatusOr<ModelConfig> model = ModelConfigByName(plan->model());
   if (!model.ok()) return model.status();
   *plan->mutable_costs() = CoefficientsOnOneGpu(*model, ClusterSpec());
   return absl::OkStatus();
+}
+
+std::vector<int> IntList(const std::string& flag, const std::string& text, absl::Status* error) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v)) {
+      *error =
+          absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", part, "\" is not a number"));
+      return {};
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+int ProfileCommand() {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
+  if (!model.ok()) return Fail(model.status());
+  std::unique_ptr<Ops> owned;
+  absl::StatusOr<Ops*> ops = OpsForDevice(absl::GetFlag(FLAGS_profile_device), &owned);
+  if (!ops.ok()) {
+    return Fail(absl::Status(ops.status().code(),
+                             absl::StrCat("--profile_device: ", ops.status().message())));
+  }
+  ProfileOptions o;
+  o.repeats = absl::GetFlag(FLAGS_profile_repeats);
+  absl::Status error;
+  o.tiles = IntList("profile_tiles", absl::GetFlag(FLAGS_profile_tiles), &error);
+  if (error.ok()) o.tokens = IntList("profile_tokens", absl::GetFlag(FLAGS_profile_tokens), &error);
+  if (!error.ok()) return Fail(error);
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, *ops, o);
+  if (!p.ok()) return Fail(p.status());
+  if (absl::Status s = WriteJson(*p); !s.ok()) return Fail(s);
+  std::fprintf(stderr,
+               "loom-schedule: profile of %s on %s: %.4g s a tile (largest misfit %.1f%%), %.4g s "
+               "a token + %.4g s a squared token (largest misfit %.1f%%)\n",
+               p->model().c_str(), p->device().c_str(), p->encoder_per_tile(),
+               100 * p->encoder_max_residual(), p->llm_per_token(), p->llm_per_token_sq(),
+               100 * p->llm_max_residual());
+  return 0;
 }
 
 int AssignCommand(const BatchFile& batch) {
@@ -331,7 +406,7 @@ int AssignCommand(const BatchFile& batch) {
   std::vector<std::string> keys;
   std::vector<SampleLoad> loads;
   for (const auto& s : batch.samples) keys.push_back(s.key());
-  if (batch.has_costs) {
+  if (batch.has_costs && absl::GetFlag(FLAGS_profile).empty()) {
     for (const auto& s : batch.samples) loads.push_back({s.encoder_cost(), s.llm_cost(), 0});
   } else {
     if (absl::Status s = FillCosts(&*plan); !s.ok()) return Fail(s);
@@ -388,14 +463,16 @@ int main(int argc, char** argv) {
       "loom-schedule assign --batch FILE (--plan FILE | --llm_dp N --microbatches M "
       "--encoder_dp E) --algorithm NAME --output FILE\n"
       "loom-schedule simulate --batch FILE (--plan FILE | --llm_dp N ...) [--macro_batches N "
-      "--global_batch B --algorithm NAME --output FILE]");
+      "--global_batch B --algorithm NAME --profile FILE --output FILE]\n"
+      "loom-schedule profile --config NAME [--profile_device cpu|cuda:N --output FILE]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const std::string command = args.size() == 2 ? args[1] : "";
-  if (command != "plan" && command != "assign" && command != "simulate") {
-    std::fprintf(stderr, "loom-schedule: give one command, plan, assign or simulate\n%s\n",
+  if (command != "plan" && command != "assign" && command != "simulate" && command != "profile") {
+    std::fprintf(stderr, "loom-schedule: give one command, plan, assign, simulate or profile\n%s\n",
                  absl::ProgramUsageMessage().data());
     return 2;
   }
+  if (command == "profile") return loom::sched::ProfileCommand();
   const std::string path = absl::GetFlag(FLAGS_batch);
   if (path.empty()) return loom::sched::Fail(absl::InvalidArgumentError("--batch is required"));
   absl::StatusOr<loom::sched::BatchFile> batch = loom::sched::ReadBatchFile(path);

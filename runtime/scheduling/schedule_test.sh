@@ -49,6 +49,40 @@ assert got == want, (got, want)
 PY
 grep -q "simulated over 16 batches of 512 (loom): mean" "$dir/sim.err" || { cat "$dir/sim.err"; fail "simulate's summary"; }
 
+# A profile of the tiny model's real layers on this CPU; simulate and
+# assign price the samples with its coefficients instead of the plan's.
+"$sched" profile --config tiny --profile_tiles 1,2 --profile_tokens 64,128 --profile_repeats 1 \
+  --output "$dir/profile.json" 2> "$dir/profile.err" || { cat "$dir/profile.err"; fail "profile"; }
+grep -q "loom-schedule: profile of tiny on cpu: " "$dir/profile.err" || fail "profile's summary"
+"$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
+  --profile "$dir/profile.json" --output "$dir/profiled.json" 2>/dev/null || fail "assign --profile"
+$py - "$dir/profile.json" "$dir/profiled.json" "$dir/scan.jsonl" <<'PY' || fail "assign --profile: the profile's prices"
+import json, sys
+p = json.load(open(sys.argv[1]))
+a = json.load(open(sys.argv[2]))
+assert p["tp"] == 1 and len(p["points"]) == 2 + 2 * 2, p
+for pt in p["points"]:
+    assert pt["seconds"] > 0 and int(pt["peak_bytes"]) > 0, pt
+# Every bin's LLM cost is the profile's price of its samples.
+shapes = {}
+for line in open(sys.argv[3]):
+    s = json.loads(line)
+    shapes[s["key"]] = s
+for b in a["bins"]:
+    want = 0.0
+    for k in b["samples"]:
+        s = shapes[k]
+        L = s.get("image_tokens", 0) + s.get("text_tokens", 0)
+        want += p.get("llm_per_sample", 0) + p["llm_per_token"] * L + p["llm_per_token_sq"] * L * L
+    assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (b, want)
+PY
+$py - "$dir/plan.json" "$dir/tp2-plan.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["encoder"]["tp"], p["llm"]["tp"] = 1, 2
+json.dump(p, open(sys.argv[2], "w"))
+PY
+
 # Real models from their Hugging Face configs alone (config.json files, no
 # weights): Llama-3-8B's and CLIP ViT-L/14-336's, as transformers writes
 # them; the plan respects their heads, and its job config and Helm values
@@ -155,6 +189,9 @@ expect_error "--vision_from: missing" plan --batch "$dir/scan.jsonl" --gpus 8 \
 expect_error "--precision: want fp32 or bf16" plan --batch "$dir/scan.jsonl" --gpus 8 \
   --config tiny --job_output "$dir/x.txtpb" --precision fp16
 expect_error "--config: " plan --batch "$dir/scan.jsonl" --gpus 8 --config huge
+expect_error "llm_tp is 2 (profiles of TP > 1 are not made yet)" simulate \
+  --batch "$dir/scan.jsonl" --plan "$dir/tp2-plan.json" --profile "$dir/profile.json"
+expect_error "--profile_tokens: \"x\" is not a number" profile --config tiny --profile_tokens 64,x
 expect_error "--macro_batches (-1) must be >= 0" plan --batch "$dir/scan.jsonl" --gpus 8 \
   --macro_batches -1
 echo "loom-schedule: $kept samples, plan and six algorithms checked"

@@ -1,0 +1,248 @@
+#include "runtime/scheduling/profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/rng.h"
+#include "runtime/model/llm.h"
+#include "runtime/model/precision.h"
+#include "runtime/model/projector.h"
+#include "runtime/model/vit.h"
+#include "runtime/tensor/buffer.h"
+
+namespace loom::sched {
+namespace {
+
+// Solves the normal equations of rows (x, y) over the columns `use` (the
+// others' coefficients 0), by Gaussian elimination with partial pivoting.
+std::vector<double> LeastSquares(const std::vector<std::vector<double>>& x,
+                                 const std::vector<double>& y, const std::vector<bool>& use) {
+  const size_t n = use.size();
+  std::vector<size_t> cols;
+  for (size_t j = 0; j < n; ++j) {
+    if (use[j]) cols.push_back(j);
+  }
+  const size_t k = cols.size();
+  std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
+  for (size_t r = 0; r < x.size(); ++r) {
+    for (size_t i = 0; i < k; ++i) {
+      for (size_t j = 0; j < k; ++j) a[i][j] += x[r][cols[i]] * x[r][cols[j]];
+      a[i][k] += x[r][cols[i]] * y[r];
+    }
+  }
+  for (size_t i = 0; i < k; ++i) {
+    size_t p = i;
+    for (size_t r = i + 1; r < k; ++r) {
+      if (std::abs(a[r][i]) > std::abs(a[p][i])) p = r;
+    }
+    std::swap(a[i], a[p]);
+    if (a[i][i] == 0) continue;  // a column of zeros: its coefficient stays 0
+    for (size_t r = 0; r < k; ++r) {
+      if (r == i) continue;
+      const double f = a[r][i] / a[i][i];
+      for (size_t j = i; j <= k; ++j) a[r][j] -= f * a[i][j];
+    }
+  }
+  std::vector<double> c(n, 0.0);
+  for (size_t i = 0; i < k; ++i) c[cols[i]] = a[i][i] == 0 ? 0 : a[i][k] / a[i][i];
+  return c;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The median seconds of `repeats` runs of `run` after one warm-up, and the
+// backend's peak above what it held before the first.
+absl::StatusOr<std::pair<double, int64_t>> Time(Backend* backend, int repeats,
+                                                const std::function<absl::Status()>& run) {
+  backend->Synchronize();
+  const size_t before = backend->in_use_bytes();
+  backend->ResetPeak();
+  if (absl::Status s = run(); !s.ok()) return s;
+  backend->Synchronize();
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (absl::Status s = run(); !s.ok()) return s;
+    backend->Synchronize();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const size_t peak = backend->peak_bytes();
+  return std::make_pair(Median(seconds), static_cast<int64_t>(peak > before ? peak - before : 0));
+}
+
+// Random host values, uploaded.
+Buffer<float> Random(Backend* backend, size_t n, Rng* rng) {
+  std::vector<float> host(n);
+  for (float& v : host) v = static_cast<float>(rng->Normal() * 0.5);
+  Buffer<float> b(backend);
+  b.CopyFromHost(host.data(), n);
+  return b;
+}
+
+// `sequences` text samples of `tokens` / `sequences` tokens each, packed.
+LlmBatch TextBatch(int tokens, int sequences, int vocab, Rng* rng) {
+  LlmBatch b;
+  const int each = tokens / sequences;
+  b.cu_seqlens.push_back(0);
+  for (int s = 0; s < sequences; ++s) {
+    for (int i = 0; i < each; ++i) {
+      b.tokens.push_back(static_cast<int32_t>(rng->UniformInt(0, vocab - 1)));
+      b.positions.push_back(i);
+      b.targets.push_back(i + 1 < each ? static_cast<int32_t>(rng->UniformInt(0, vocab - 1)) : -1);
+    }
+    b.cu_seqlens.push_back(b.cu_seqlens.back() + each);
+  }
+  return b;
+}
+
+double MaxResidual(const scheduler::v1::Profile& p, const std::string& module) {
+  double worst = 0;
+  for (const auto& pt : p.points()) {
+    if (pt.module() != module || pt.seconds() <= 0) continue;
+    worst = std::max(worst, std::abs(pt.fitted_seconds() - pt.seconds()) / pt.seconds());
+  }
+  return worst;
+}
+
+}  // namespace
+
+std::vector<double> FitNonNegative(const std::vector<std::vector<double>>& x,
+                                   const std::vector<double>& y) {
+  if (x.empty()) return {};
+  std::vector<bool> use(x[0].size(), true);
+  for (;;) {
+    std::vector<double> c = LeastSquares(x, y, use);
+    bool dropped = false;
+    for (size_t j = 0; j < c.size(); ++j) {
+      if (use[j] && c[j] < 0) {
+        use[j] = false;
+        dropped = true;
+      }
+    }
+    if (!dropped) return c;
+  }
+}
+
+absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, Ops* ops,
+                                                      const ProfileOptions& options) {
+  if (options.tiles.empty() || options.tokens.empty() || options.repeats < 1) {
+    return absl::InvalidArgumentError("profile: an empty grid or fewer than one repeat");
+  }
+  for (int t : options.tokens) {
+    if (t < 4 || t % 4 != 0 || t > model.llm.max_seq) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: ", t, " tokens per bin: want a multiple of 4 up to the context, ",
+                       model.llm.max_seq));
+    }
+  }
+  for (int n : options.tiles) {
+    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("profile: ", n, " tiles per bin"));
+  }
+  Backend* backend = ops->backend();
+  Rng rng(options.seed);
+  scheduler::v1::Profile profile;
+  profile.set_model(model.name);
+  profile.set_device(backend->name());
+  profile.set_tp(1);
+  profile.set_repeats(options.repeats);
+  profile.set_precision("fp32");
+
+  VitEncoder vit(model.vit, nullptr, {}, ops);
+  Projector projector(model, ops);
+  Llm llm(model.llm, nullptr, {}, ops);
+  for (ParamSet* p : {&vit.params(), &projector.params(), &llm.params()}) {
+    p->Initialize(options.seed);
+    p->Place(backend, Precision::kFp32, /*optimizer_on_device=*/true);
+  }
+
+  // The encoder: a bin's tiles through the ViT and the projector, and back.
+  std::vector<std::vector<double>> ex, lx;
+  std::vector<double> ey, ly;
+  for (int n : options.tiles) {
+    const size_t pixels = static_cast<size_t>(n) * 3 * model.vit.tile_size * model.vit.tile_size;
+    const size_t vit_out = static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim;
+    const size_t emb = static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim;
+    Buffer<float> in = Random(backend, pixels, &rng), demb = Random(backend, emb, &rng);
+    Buffer<float> out(backend), embs(backend), dvit(backend);
+    out.resize(vit_out);
+    embs.resize(emb);
+    dvit.resize(vit_out);
+    absl::StatusOr<std::pair<double, int64_t>> t = Time(backend, options.repeats, [&] {
+      if (absl::Status s = vit.Forward(in.data(), n, out.data()); !s.ok()) return s;
+      projector.Forward(out.data(), n, embs.data());
+      projector.Backward(demb.data(), dvit.data());
+      return vit.Backward(dvit.data());
+    });
+    if (!t.ok()) return t.status();
+    scheduler::v1::ProfilePoint* pt = profile.add_points();
+    pt->set_module("encoder");
+    pt->set_tiles(n);
+    pt->set_seconds(t->first);
+    pt->set_peak_bytes(t->second);
+    ex.push_back({static_cast<double>(n), 1.0});
+    ey.push_back(t->first);
+  }
+  // The LLM: each token count as one sample and as four.
+  for (int tokens : options.tokens) {
+    for (int sequences : {1, 4}) {
+      const LlmBatch batch = TextBatch(tokens, sequences, model.llm.vocab, &rng);
+      const double each = static_cast<double>(tokens / sequences);
+      const double token_sq = sequences * each * each;
+      absl::StatusOr<std::pair<double, int64_t>> t = Time(backend, options.repeats, [&] {
+        if (absl::Status s = llm.Forward(batch, nullptr); !s.ok()) return s;
+        return llm.Backward(1.0f / static_cast<float>(tokens), nullptr).status();
+      });
+      if (!t.ok()) return t.status();
+      scheduler::v1::ProfilePoint* pt = profile.add_points();
+      pt->set_module("llm");
+      pt->set_tokens(tokens);
+      pt->set_sequences(sequences);
+      pt->set_token_sq(token_sq);
+      pt->set_seconds(t->first);
+      pt->set_peak_bytes(t->second);
+      lx.push_back({static_cast<double>(tokens), token_sq, static_cast<double>(sequences)});
+      ly.push_back(t->first);
+    }
+  }
+  const std::vector<double> ec = FitNonNegative(ex, ey), lc = FitNonNegative(lx, ly);
+  profile.set_encoder_per_tile(ec[0]);
+  profile.set_encoder_per_sample(ec[1]);
+  profile.set_llm_per_token(lc[0]);
+  profile.set_llm_per_token_sq(lc[1]);
+  profile.set_llm_per_sample(lc[2]);
+  for (auto& pt : *profile.mutable_points()) {
+    pt.set_fitted_seconds(pt.module() == "encoder"
+                              ? ec[1] + ec[0] * pt.tiles()
+                              : lc[2] * pt.sequences() + lc[0] * static_cast<double>(pt.tokens()) +
+                                    lc[1] * pt.token_sq());
+  }
+  profile.set_encoder_max_residual(MaxResidual(profile, "encoder"));
+  profile.set_llm_max_residual(MaxResidual(profile, "llm"));
+  return profile;
+}
+
+absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan) {
+  for (const auto& [name, tp] : {std::pair<const char*, int>{"encoder", plan->encoder().tp()},
+                                 std::pair<const char*, int>{"llm", plan->llm().tp()}}) {
+    if (std::max(tp, 1) != profile.tp()) {
+      return absl::FailedPreconditionError(absl::StrCat("the profile measured TP ", profile.tp(),
+                                                        "; the plan's ", name, "_tp is ", tp,
+                                                        " (profiles of TP > 1 are not made yet)"));
+    }
+  }
+  scheduler::v1::CostCoefficients* c = plan->mutable_costs();
+  c->set_encoder_per_sample(profile.encoder_per_sample());
+  c->set_encoder_per_tile(profile.encoder_per_tile());
+  c->set_llm_per_sample(profile.llm_per_sample());
+  c->set_llm_per_token(profile.llm_per_token());
+  c->set_llm_per_token_sq(profile.llm_per_token_sq());
+  return absl::OkStatus();
+}
+
+}  // namespace loom::sched

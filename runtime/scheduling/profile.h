@@ -1,0 +1,54 @@
+// The profiler (issue 43 item 1, its first part): each module's real layers
+// (runtime/model: the ViT and projector, the LLM; whole modules on one
+// rank, TP 1) run on the target device over a grid of bin shapes, each
+// point's forward + backward timed (the median of repeats, after a warm-up)
+// and its peak memory read from the backend; the cost model's coefficients
+// (cost_model.h CostCoefficients) are fitted to the points by least squares
+// with their residuals (per sample, per tile; per sample, per token, per
+// squared token). loom-schedule assign and simulate take such a
+// profile in place of the analytic coefficients (--profile).
+//
+// The LLM's points separate its linear and quadratic terms: each token
+// count as one sample and as four equal ones (the same tokens, a quarter of
+// the attention). Not yet: TP > 1, recompute and frozen modules as their
+// own points, communication, and the plan search reading the profile.
+#ifndef LOOM_RUNTIME_SCHEDULING_PROFILE_H_
+#define LOOM_RUNTIME_SCHEDULING_PROFILE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "loom/scheduler/v1/scheduler.pb.h"
+#include "runtime/model/config.h"
+#include "runtime/model/ops.h"
+
+namespace loom::sched {
+
+struct ProfileOptions {
+  std::vector<int> tiles = {1, 2, 4, 8};            // per encoder bin
+  std::vector<int> tokens = {128, 256, 512, 1024};  // per LLM bin (multiples of 4)
+  int repeats = 3;
+  uint64_t seed = 1;
+};
+
+// Times `model`'s modules on `ops` (fp32). INVALID_ARGUMENT for an empty
+// grid, a token count not a multiple of 4 or longer than the model's
+// context, repeats < 1.
+absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, Ops* ops,
+                                                      const ProfileOptions& options);
+
+// Least squares of y = Σ_j c_j x_j over rows (x, y), every c_j >= 0 (a
+// coefficient the unconstrained fit makes negative is dropped and the rest
+// refitted). x rows all of one length; empty when there are no rows.
+std::vector<double> FitNonNegative(const std::vector<std::vector<double>>& x,
+                                   const std::vector<double>& y);
+
+// `plan`'s cost coefficients from `profile`: per tile and per token on one
+// rank. FAILED_PRECONDITION when a module of the plan runs at a TP the
+// profile did not measure.
+absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan);
+
+}  // namespace loom::sched
+
+#endif  // LOOM_RUNTIME_SCHEDULING_PROFILE_H_

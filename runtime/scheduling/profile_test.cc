@@ -1,0 +1,108 @@
+#include "runtime/scheduling/profile.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "runtime/model/config.h"
+#include "runtime/model/ops.h"
+
+namespace loom::sched {
+namespace {
+
+// The fitter recovers exact coefficients, and drops a negative one (the
+// rest refitted without it).
+TEST(ProfileTest, TheFitRecoversCoefficientsAndKeepsThemNonNegative) {
+  std::vector<std::vector<double>> x;
+  std::vector<double> y;
+  for (double t : {128.0, 256.0, 512.0, 1024.0}) {
+    for (double sq : {t * t, t * t / 4}) {
+      x.push_back({t, sq});
+      y.push_back(2e-6 * t + 3e-9 * sq);
+    }
+  }
+  std::vector<double> c = FitNonNegative(x, y);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_NEAR(c[0], 2e-6, 1e-12);
+  EXPECT_NEAR(c[1], 3e-9, 1e-15);
+  // y falls with the second column: its coefficient would be negative.
+  for (size_t i = 0; i < x.size(); ++i) y[i] = 1e-6 * x[i][0] - 1e-10 * x[i][1];
+  c = FitNonNegative(x, y);
+  EXPECT_EQ(c[1], 0.0);
+  EXPECT_GT(c[0], 0.0);
+  EXPECT_TRUE(FitNonNegative({}, {}).empty());
+}
+
+// The tiny model's real layers on the CPU: one point per encoder bin and
+// two per LLM token count, positive coefficients, each point's fitted time
+// the coefficients' and the residuals the largest misfit.
+TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
+  ASSERT_TRUE(model.ok());
+  ProfileOptions o;
+  o.tiles = {1, 2, 4};
+  o.tokens = {32, 64, 128};
+  o.repeats = 2;
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, CpuOps(), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->model(), "tiny");
+  EXPECT_EQ(p->tp(), 1);
+  ASSERT_EQ(p->points_size(), 3 + 2 * 3);
+  EXPECT_GT(p->encoder_per_tile(), 0);
+  EXPECT_GT(p->llm_per_token(), 0);
+  EXPECT_GE(p->llm_per_token_sq(), 0);
+  double worst_e = 0, worst_l = 0;
+  for (const auto& pt : p->points()) {
+    EXPECT_GT(pt.seconds(), 0) << pt.DebugString();
+    EXPECT_GT(pt.peak_bytes(), 0) << pt.DebugString();  // activations through the backend
+    const double want = pt.module() == "encoder"
+                            ? p->encoder_per_sample() + p->encoder_per_tile() * pt.tiles()
+                            : p->llm_per_sample() * pt.sequences() +
+                                  p->llm_per_token() * pt.tokens() +
+                                  p->llm_per_token_sq() * pt.token_sq();
+    EXPECT_DOUBLE_EQ(pt.fitted_seconds(), want);
+    const double r = std::abs(pt.fitted_seconds() - pt.seconds()) / pt.seconds();
+    (pt.module() == "encoder" ? worst_e : worst_l) =
+        std::max(pt.module() == "encoder" ? worst_e : worst_l, r);
+    if (pt.module() == "llm") {
+      EXPECT_DOUBLE_EQ(pt.token_sq(),
+                       static_cast<double>(pt.tokens()) * pt.tokens() / pt.sequences());
+    }
+  }
+  EXPECT_DOUBLE_EQ(p->encoder_max_residual(), worst_e);
+  EXPECT_DOUBLE_EQ(p->llm_max_residual(), worst_l);
+  // Bigger bins take longer.
+  EXPECT_LT(p->points(0).seconds(), p->points(2).seconds());
+
+  scheduler::v1::Plan plan;
+  plan.mutable_encoder()->set_tp(1);
+  plan.mutable_llm()->set_tp(1);
+  ASSERT_TRUE(ApplyProfile(*p, &plan).ok());
+  EXPECT_EQ(plan.costs().llm_per_token(), p->llm_per_token());
+  EXPECT_EQ(plan.costs().llm_per_sample(), p->llm_per_sample());
+  EXPECT_EQ(plan.costs().encoder_per_tile(), p->encoder_per_tile());
+  plan.mutable_llm()->set_tp(2);
+  absl::Status s = ApplyProfile(*p, &plan);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("llm_tp is 2"), std::string::npos) << s;
+}
+
+TEST(ProfileTest, BadGridsAreNamed) {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
+  ASSERT_TRUE(model.ok());
+  ProfileOptions o;
+  o.tokens = {30};
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, CpuOps(), o);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("30 tokens per bin"), std::string::npos) << p.status();
+  o = ProfileOptions();
+  o.tokens = {model->llm.max_seq + 4};
+  EXPECT_EQ(ProfileModules(*model, CpuOps(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o = ProfileOptions();
+  o.repeats = 0;
+  EXPECT_EQ(ProfileModules(*model, CpuOps(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loom::sched
