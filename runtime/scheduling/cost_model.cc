@@ -1,6 +1,7 @@
 #include "runtime/scheduling/cost_model.h"
 
 #include <cmath>
+#include <utility>
 
 namespace loom::sched {
 namespace {
@@ -14,31 +15,6 @@ double Blend(double old, double unseen, double fresh) {
   return kStageDecay * (old > 0 ? old : unseen) + (1 - kStageDecay) * fresh;
 }
 constexpr double kPriorPull = 1e-8;  // ridge toward the prior, relative to the data
-
-// Solves the n x n system a x = b (n <= 3) with partial pivoting; false if singular.
-bool Solve(std::array<std::array<double, 3>, 3> a, std::array<double, 3> b, int n,
-           std::array<double, 3>* x) {
-  for (int c = 0; c < n; ++c) {
-    int p = c;
-    for (int r = c + 1; r < n; ++r) {
-      if (std::abs(a[r][c]) > std::abs(a[p][c])) p = r;
-    }
-    if (std::abs(a[p][c]) < 1e-300) return false;
-    std::swap(a[c], a[p]);
-    std::swap(b[c], b[p]);
-    for (int r = c + 1; r < n; ++r) {
-      const double f = a[r][c] / a[c][c];
-      for (int k = c; k < n; ++k) a[r][k] -= f * a[c][k];
-      b[r] -= f * b[c];
-    }
-  }
-  for (int r = n - 1; r >= 0; --r) {
-    double s = b[r];
-    for (int k = r + 1; k < n; ++k) s -= a[r][k] * (*x)[k];
-    (*x)[r] = s / a[r][r];
-  }
-  return true;
-}
 
 // Ridge fit toward `prior`, coefficients kept non-negative (a coefficient
 // that comes out negative is pinned to 0 and the rest refitted).
@@ -62,7 +38,15 @@ std::array<double, 3> FitNonNegative(const std::array<std::array<double, 3>, 3>&
       a[r][r] += ridge;
       b[r] = aty[i] + ridge * prior[i];
     }
-    if (!Solve(a, b, k, &x)) return prior;
+    std::vector<std::vector<double>> av(k, std::vector<double>(k));
+    for (int r = 0; r < k; ++r) {
+      for (int c = 0; c < k; ++c) av[r][c] = a[r][c];
+    }
+    std::vector<double> xv;
+    if (!SolveLinear(std::move(av), std::vector<double>(b.begin(), b.begin() + k), &xv)) {
+      return prior;
+    }
+    for (int r = 0; r < k; ++r) x[r] = xv[r];
     bool negative = false;
     for (int j = 0; j < n; ++j) theta[j] = 0;
     for (int r = 0; r < k; ++r) {
@@ -267,6 +251,32 @@ void CostModel::Refit() {
     coefficients_.set_llm_per_token_sq(t[1]);
     coefficients_.set_llm_per_sample(t[2]);
   }
+}
+
+bool SolveLinear(std::vector<std::vector<double>> a, std::vector<double> b,
+                 std::vector<double>* x) {
+  const size_t n = b.size();
+  for (size_t c = 0; c < n; ++c) {
+    size_t p = c;
+    for (size_t r = c + 1; r < n; ++r) {
+      if (std::abs(a[r][c]) > std::abs(a[p][c])) p = r;
+    }
+    if (std::abs(a[p][c]) < 1e-300) return false;
+    std::swap(a[c], a[p]);
+    std::swap(b[c], b[p]);
+    for (size_t r = c + 1; r < n; ++r) {
+      const double f = a[r][c] / a[c][c];
+      for (size_t k = c; k < n; ++k) a[r][k] -= f * a[c][k];
+      b[r] -= f * b[c];
+    }
+  }
+  x->assign(n, 0.0);
+  for (size_t r = n; r-- > 0;) {
+    double s = b[r];
+    for (size_t k = r + 1; k < n; ++k) s -= a[r][k] * (*x)[k];
+    (*x)[r] = s / a[r][r];
+  }
+  return true;
 }
 
 }  // namespace loom::sched

@@ -111,6 +111,10 @@ class CostModel {
   int observations_ = 0;
 };
 
+// Solves the square system a x = b by Gaussian elimination with partial
+// pivoting; false if it is singular.
+bool SolveLinear(std::vector<std::vector<double>> a, std::vector<double> b, std::vector<double>* x);
+
 }  // namespace loom::sched
 
 #endif  // LOOM_RUNTIME_SCHEDULING_COST_MODEL_H_

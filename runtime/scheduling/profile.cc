@@ -11,43 +11,35 @@
 #include "runtime/model/precision.h"
 #include "runtime/model/projector.h"
 #include "runtime/model/vit.h"
+#include "runtime/scheduling/cost_model.h"
 #include "runtime/tensor/buffer.h"
 
 namespace loom::sched {
 namespace {
 
-// Solves the normal equations of rows (x, y) over the columns `use` (the
-// others' coefficients 0), by Gaussian elimination with partial pivoting.
+// The least-squares coefficients of rows (x, y) over the columns `use` (the
+// others' coefficients 0), from the normal equations. A column that is zero in
+// every row keeps coefficient 0; a singular system gives all zeros.
 std::vector<double> LeastSquares(const std::vector<std::vector<double>>& x,
                                  const std::vector<double>& y, const std::vector<bool>& use) {
-  const size_t n = use.size();
   std::vector<size_t> cols;
-  for (size_t j = 0; j < n; ++j) {
-    if (use[j]) cols.push_back(j);
+  for (size_t j = 0; j < use.size(); ++j) {
+    bool nonzero = false;
+    for (const auto& row : x) nonzero = nonzero || row[j] != 0;
+    if (use[j] && nonzero) cols.push_back(j);
   }
   const size_t k = cols.size();
-  std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
+  std::vector<std::vector<double>> a(k, std::vector<double>(k, 0.0));
+  std::vector<double> b(k, 0.0), solved;
   for (size_t r = 0; r < x.size(); ++r) {
     for (size_t i = 0; i < k; ++i) {
       for (size_t j = 0; j < k; ++j) a[i][j] += x[r][cols[i]] * x[r][cols[j]];
-      a[i][k] += x[r][cols[i]] * y[r];
+      b[i] += x[r][cols[i]] * y[r];
     }
   }
-  for (size_t i = 0; i < k; ++i) {
-    size_t p = i;
-    for (size_t r = i + 1; r < k; ++r) {
-      if (std::abs(a[r][i]) > std::abs(a[p][i])) p = r;
-    }
-    std::swap(a[i], a[p]);
-    if (a[i][i] == 0) continue;  // a column of zeros: its coefficient stays 0
-    for (size_t r = 0; r < k; ++r) {
-      if (r == i) continue;
-      const double f = a[r][i] / a[i][i];
-      for (size_t j = i; j <= k; ++j) a[r][j] -= f * a[i][j];
-    }
-  }
-  std::vector<double> c(n, 0.0);
-  for (size_t i = 0; i < k; ++i) c[cols[i]] = a[i][i] == 0 ? 0 : a[i][k] / a[i][i];
+  std::vector<double> c(use.size(), 0.0);
+  if (!SolveLinear(std::move(a), std::move(b), &solved)) return c;
+  for (size_t i = 0; i < k; ++i) c[cols[i]] = solved[i];
   return c;
 }
 

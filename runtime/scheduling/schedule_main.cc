@@ -433,9 +433,11 @@ int SimulateCommand(const BatchFile& batch) {
   absl::StatusOr<scheduler::v1::Plan> plan = PlanForAssign();
   if (!plan.ok()) return Fail(plan.status());
   if (absl::Status s = FillCosts(&*plan); !s.ok()) return Fail(s);
-  if (plan->global_batch() <= 0) plan->set_global_batch(static_cast<int>(batch.samples.size()));
-  if (absl::GetFlag(FLAGS_global_batch) > 0)
-    plan->set_global_batch(absl::GetFlag(FLAGS_global_batch));
+  // --global_batch, else the plan's, else the batch file's size.
+  const int flag_batch = absl::GetFlag(FLAGS_global_batch);
+  plan->set_global_batch(flag_batch > 0                ? flag_batch
+                         : plan->global_batch() > 0 ? plan->global_batch()
+                                                    : static_cast<int>(batch.samples.size()));
   MacroBatchOptions m;
   m.batches = absl::GetFlag(FLAGS_macro_batches);
   m.seed = absl::GetFlag(FLAGS_macro_seed);

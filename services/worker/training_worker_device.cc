@@ -95,10 +95,8 @@ absl::StatusOr<Communicator*> TrainingWorker::Impl::DeviceGroups(KeyValueStore* 
   return layers_tp;
 }
 
-absl::Status TrainingWorker::Impl::ConnectDeviceTransfers(
-    const std::string& module_name,
-    const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(const std::string&, int,
-                                                                          int)>& nccl) {
+absl::Status TrainingWorker::Impl::ConnectDeviceTransfers(const std::string& module_name,
+                                                          const NcclConnect& nccl) {
   const parallel::GridShape& shape = grid();
   const int act = static_cast<int>(Transfer::kActivations);
   const int act_grad = static_cast<int>(Transfer::kActivationGrads);
@@ -137,9 +135,7 @@ absl::Status TrainingWorker::Impl::ConnectDeviceTransfers(
   return absl::OkStatus();
 }
 
-absl::Status TrainingWorker::Impl::ConnectBridge(
-    const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(const std::string&, int,
-                                                                          int)>& nccl) {
+absl::Status TrainingWorker::Impl::ConnectBridge(const NcclConnect& nccl) {
   const int size = BridgeIndex(false, llm_grid.dp - 1, llm_grid.tp - 1) + 1;
   const int me = BridgeIndex(encoder, pos.dp, pos.tp);
   const std::string prefix = absl::StrCat("g", scheduler->generation(), "-nccl-");

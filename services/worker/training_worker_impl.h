@@ -209,12 +209,11 @@ struct TrainingWorker::Impl {
                         : encoder_grid.dp * encoder_grid.tp + dp * llm_grid.tp + tp;
   }
   // Connects the communicators above (DeviceGroups, every Join).
-  absl::Status ConnectDeviceTransfers(
-      const std::string& module_name,
-      const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(const std::string&, int,
-                                                                            int)>& nccl);
-  absl::Status ConnectBridge(const std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(
-                                 const std::string&, int, int)>& nccl);
+  // Makes the communicator of a group: its name, this rank's place, its size.
+  using NcclConnect = std::function<absl::StatusOr<std::unique_ptr<NcclCommunicator>>(
+      const std::string&, int, int)>;
+  absl::Status ConnectDeviceTransfers(const std::string& module_name, const NcclConnect& nccl);
+  absl::Status ConnectBridge(const NcclConnect& nccl);
   // Sends `n` floats at the start of device buffer `src` over
   // nccl_send[what] to `peer` of that group (a copy, queued).
   absl::Status SendOnDevice(worker::Transfer what, int peer, const Buffer<float>& src, size_t n,
