@@ -177,6 +177,7 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
                                     "--preprocess=" + target(common::v1::ROLE_PREPROCESS),
                                     absl::StrFormat("--peak_flops=%.6g", options_.peak_flops)};
       if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
+      if (!options_.profile.empty()) a.push_back("--profile=" + options_.profile);
       if (s.take_back) a.push_back("--take_back");
       return a;
     }

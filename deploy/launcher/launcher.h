@@ -63,6 +63,7 @@ struct LauncherOptions {
   int64_t resume_step = 0;            // > 0: continue after this complete checkpoint
   double peak_flops = 0;              // of the machine, for the scheduler's MFU (CpuPeakFlops)
   std::string trace_dir;  // non-empty: the scheduler and workers write their timelines there
+  std::string profile;    // non-empty: loom-scheduler --profile (fixed, measured costs)
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);
   // How the services talk: mutual TLS with the job's certificates, a folder

@@ -81,6 +81,9 @@ ABSL_FLAG(std::string, trace, "",
           "Write a Chrome/Perfetto trace of the run to FILE: one track per worker (forward, "
           "backward, recompute, sends, receives, allreduces) beside the simulator's predicted "
           "timeline of the same iterations (open in ui.perfetto.dev).");
+ABSL_FLAG(std::string, profile, "",
+          "A profile (JSON from `loom-schedule profile`) whose measured coefficients price the "
+          "job's work in loom-scheduler, fixed (see loom-scheduler --profile).");
 ABSL_FLAG(std::string, bind_host, "127.0.0.1", "Address every service binds.");
 ABSL_FLAG(std::string, hosts, "",
           "Runs some services on other simulated hosts, Linux network namespaces (root): "
@@ -564,6 +567,13 @@ int main(int argc, char** argv) {
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   o.shards = *shards;
   o.peak_flops = loom::CpuPeakFlops();
+  o.profile = absl::GetFlag(FLAGS_profile);
+  if (!o.profile.empty()) {
+    if (absl::StatusOr<std::string> p = loom::ReadFile(o.profile); !p.ok()) {
+      return Fail("--profile: " + std::string(p.status().message()));
+    }
+    o.profile = std::filesystem::absolute(o.profile).string();
+  }
   // Mutual TLS unless --insecure: the certificates given (--certificates),
   // else a throwaway CA and certificates made once for this run in
   // <run_dir>/tls, with an admin and a read-only control token beside them.

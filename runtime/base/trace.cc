@@ -120,4 +120,48 @@ absl::Status MergeTrace(const std::string& dir, const std::string& out) {
   return WriteFileAtomically(out, json);
 }
 
+std::vector<IterationFigures> TraceIterations(const v1::TraceFile& merged) {
+  struct Track {
+    double start = 1e300, end = 0, busy = 0;
+  };
+  // (iteration, pid) -> tid -> its compute spans; each iteration's measured start.
+  std::map<std::pair<int64_t, int>, std::map<int, Track>> tracks;
+  std::map<int64_t, double> start;
+  for (const v1::TraceEvent& e : merged.trace_events()) {
+    int64_t i = 0;
+    auto it = e.args().find("iteration");
+    if (e.ph() != "X" || it == e.args().end() || !absl::SimpleAtoi(it->second, &i)) continue;
+    if (e.pid() == kMeasuredPid) {
+      auto [s, fresh] = start.emplace(i, e.ts());
+      if (!fresh) s->second = std::min(s->second, e.ts());
+    }
+    if (e.cat() != "forward" && e.cat() != "backward" && e.cat() != "recompute") continue;
+    Track& t = tracks[{i, e.pid()}][e.tid()];
+    t.start = std::min(t.start, e.ts());
+    t.end = std::max(t.end, e.ts() + e.dur());
+    t.busy += e.dur();
+  }
+  std::vector<IterationFigures> out;
+  for (const auto& [i, t0] : start) {
+    auto m = tracks.find({i, kMeasuredPid});
+    auto p = tracks.find({i, kPredictedPid});
+    if (m == tracks.end() || p == tracks.end()) continue;
+    IterationFigures f;
+    f.iteration = i;
+    for (bool measured : {true, false}) {
+      double end = 0, idle = 0, span = 0;
+      for (const auto& [tid, t] : (measured ? m : p)->second) {
+        end = std::max(end, t.end);
+        span += t.end - t.start;
+        idle += t.end - t.start - t.busy;
+        (measured ? f.measured_busy : f.predicted_busy)[tid] = t.busy / 1e6;
+      }
+      (measured ? f.measured_seconds : f.predicted_seconds) = (end - t0) / 1e6;
+      (measured ? f.measured_bubble : f.predicted_bubble) = span > 0 ? idle / span : 0;
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 }  // namespace loom::trace

@@ -12,7 +12,10 @@
 #ifndef LOOM_RUNTIME_BASE_TRACE_H_
 #define LOOM_RUNTIME_BASE_TRACE_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "loom/trace/v1/trace.pb.h"
@@ -46,6 +49,22 @@ absl::Status AppendLine(const std::string& path, const v1::TraceFile& file);
 // Joins every *.jsonl under `dir` into the trace file `out` (see above).
 // DATA_LOSS naming the file and line for a line that is not a TraceFile.
 absl::Status MergeTrace(const std::string& dir, const std::string& out);
+
+// One iteration of a merged trace, measured (pid 1) beside predicted (pid
+// 2), over the compute spans (forward, backward, recompute): seconds from
+// the iteration's measured start (its earliest measured event) to the last
+// span's end, the idle share of the tracks' spans (each track from its first
+// span's start to its last's end), and each track's busy seconds.
+struct IterationFigures {
+  int64_t iteration = 0;
+  double measured_seconds = 0, predicted_seconds = 0;
+  double measured_bubble = 0, predicted_bubble = 0;
+  std::map<int, double> measured_busy, predicted_busy;  // tid -> seconds
+};
+
+// The iterations that have both measured and predicted compute spans, in
+// order.
+std::vector<IterationFigures> TraceIterations(const v1::TraceFile& merged);
 
 }  // namespace loom::trace
 

@@ -7,12 +7,12 @@
 #include "absl/strings/str_cat.h"
 
 namespace loom::sched {
+double TpEfficiency(int tp) { return 1.0 / (1.0 + 0.04 * std::log2(static_cast<double>(tp))); }
+
 namespace {
 
 constexpr double kGradBytes = 2;             // bf16 gradients on the wire
 constexpr double kMicrobatchHeadroom = 1.3;  // largest microbatch over the mean
-
-double TpEfficiency(int tp) { return 1.0 / (1.0 + 0.04 * std::log2(static_cast<double>(tp))); }
 
 double Efficiency(const ClusterSpec& c, double tokens_per_gpu) {
   return c.max_efficiency * tokens_per_gpu / (tokens_per_gpu + c.saturation_tokens);

@@ -74,6 +74,10 @@ struct PlanLimits {
 
 // Cost coefficients of one GPU of `cluster` running a whole module at the
 // cluster's max_efficiency (for assignments without a searched plan).
+// The planner's model of tensor parallelism: TP ranks run a layer at
+// tp x TpEfficiency(tp) the speed of one (its all-reduces, smaller GEMMs).
+double TpEfficiency(int tp);
+
 scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
                                                      const ClusterSpec& cluster,
                                                      const Frozen& frozen = {});

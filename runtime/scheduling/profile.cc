@@ -1,17 +1,21 @@
 #include "runtime/scheduling/profile.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/base/file.h"
 #include "runtime/base/rng.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/precision.h"
 #include "runtime/model/projector.h"
 #include "runtime/model/vit.h"
 #include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/plan.h"
 #include "runtime/tensor/buffer.h"
 
 namespace loom::sched {
@@ -102,6 +106,17 @@ double MaxResidual(const scheduler::v1::Profile& p, const std::string& module) {
   return worst;
 }
 
+// The median over `module`'s points of forward / (forward + backward).
+double ForwardShare(const scheduler::v1::Profile& p, const std::string& module) {
+  std::vector<double> shares;
+  for (const auto& pt : p.points()) {
+    if (pt.module() == module && pt.seconds() > 0) {
+      shares.push_back(std::min(1.0, pt.forward_seconds() / pt.seconds()));
+    }
+  }
+  return shares.empty() ? 0 : Median(shares);
+}
+
 }  // namespace
 
 std::vector<double> FitNonNegative(const std::vector<std::vector<double>>& x,
@@ -172,10 +187,17 @@ absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, 
       return vit.Backward(dvit.data());
     });
     if (!t.ok()) return t.status();
+    absl::StatusOr<std::pair<double, int64_t>> f = Time(backend, options.repeats, [&] {
+      if (absl::Status s = vit.Forward(in.data(), n, out.data()); !s.ok()) return s;
+      projector.Forward(out.data(), n, embs.data());
+      return absl::OkStatus();
+    });
+    if (!f.ok()) return f.status();
     scheduler::v1::ProfilePoint* pt = profile.add_points();
     pt->set_module("encoder");
     pt->set_tiles(n);
     pt->set_seconds(t->first);
+    pt->set_forward_seconds(f->first);
     pt->set_peak_bytes(t->second);
     ex.push_back({static_cast<double>(n), 1.0});
     ey.push_back(t->first);
@@ -191,12 +213,17 @@ absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, 
         return llm.Backward(1.0f / static_cast<float>(tokens), nullptr).status();
       });
       if (!t.ok()) return t.status();
+      // The forward alone (its activations dropped unused).
+      absl::StatusOr<std::pair<double, int64_t>> f =
+          Time(backend, options.repeats, [&] { return llm.Forward(batch, nullptr); });
+      if (!f.ok()) return f.status();
       scheduler::v1::ProfilePoint* pt = profile.add_points();
       pt->set_module("llm");
       pt->set_tokens(tokens);
       pt->set_sequences(sequences);
       pt->set_token_sq(token_sq);
       pt->set_seconds(t->first);
+      pt->set_forward_seconds(f->first);
       pt->set_peak_bytes(t->second);
       lx.push_back({static_cast<double>(tokens), token_sq, static_cast<double>(sequences)});
       ly.push_back(t->first);
@@ -214,26 +241,53 @@ absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, 
                               : lc[2] * pt.sequences() + lc[0] * static_cast<double>(pt.tokens()) +
                                     lc[1] * pt.token_sq());
   }
+  profile.set_encoder_forward_share(ForwardShare(profile, "encoder"));
+  profile.set_llm_forward_share(ForwardShare(profile, "llm"));
   profile.set_encoder_max_residual(MaxResidual(profile, "encoder"));
   profile.set_llm_max_residual(MaxResidual(profile, "llm"));
   return profile;
 }
 
-absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan) {
+absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  scheduler::v1::Profile profile;
+  if (auto s = google::protobuf::util::JsonStringToMessage(*text, &profile); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a profile: ", std::string(s.message())));
+  }
+  return profile;
+}
+
+absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan,
+                          std::string* scaled_tp) {
+  const int measured = std::max(profile.tp(), 1);
+  std::array<double, 2> divide{1, 1};  // encoder, LLM
+  if (scaled_tp != nullptr) scaled_tp->clear();
+  int i = 0;
   for (const auto& [name, tp] : {std::pair<const char*, int>{"encoder", plan->encoder().tp()},
                                  std::pair<const char*, int>{"llm", plan->llm().tp()}}) {
-    if (std::max(tp, 1) != profile.tp()) {
-      return absl::FailedPreconditionError(absl::StrCat("the profile measured TP ", profile.tp(),
-                                                        "; the plan's ", name, "_tp is ", tp,
-                                                        " (profiles of TP > 1 are not made yet)"));
+    const int want = std::max(tp, 1);
+    if (want != measured) {
+      if (scaled_tp == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the profile measured TP ", measured, "; the plan's ", name, "_tp is ", tp,
+                         " (profiles of TP > 1 are not made yet)"));
+      }
+      divide[i] = want * TpEfficiency(want) / (measured * TpEfficiency(measured));
+      absl::StrAppend(scaled_tp, scaled_tp->empty() ? "" : ", ", name, " TP ", want,
+                      " scaled from the profile's TP ", measured);
     }
+    ++i;
   }
   scheduler::v1::CostCoefficients* c = plan->mutable_costs();
-  c->set_encoder_per_sample(profile.encoder_per_sample());
-  c->set_encoder_per_tile(profile.encoder_per_tile());
-  c->set_llm_per_sample(profile.llm_per_sample());
-  c->set_llm_per_token(profile.llm_per_token());
-  c->set_llm_per_token_sq(profile.llm_per_token_sq());
+  c->set_encoder_per_sample(profile.encoder_per_sample() / divide[0]);
+  c->set_encoder_per_tile(profile.encoder_per_tile() / divide[0]);
+  c->set_llm_per_sample(profile.llm_per_sample() / divide[1]);
+  c->set_llm_per_token(profile.llm_per_token() / divide[1]);
+  c->set_llm_per_token_sq(profile.llm_per_token_sq() / divide[1]);
+  c->set_encoder_forward_share(profile.encoder_forward_share());
+  c->set_llm_forward_share(profile.llm_forward_share());
   return absl::OkStatus();
 }
 

@@ -46,8 +46,16 @@ std::vector<double> FitNonNegative(const std::vector<std::vector<double>>& x,
 
 // `plan`'s cost coefficients from `profile`: per tile and per token on one
 // rank. FAILED_PRECONDITION when a module of the plan runs at a TP the
-// profile did not measure.
-absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan);
+// profile did not measure, unless `scaled_tp` is given: then such a module's
+// coefficients are the profile's divided by the planner's TP speed-up
+// (tp x TpEfficiency(tp), plan.h), and `scaled_tp` names what was scaled
+// ("" when nothing was).
+// The profile in JSON file `path` (loom-schedule profile's output);
+// INVALID_ARGUMENT naming the file when it is not one.
+absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path);
+
+absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan,
+                          std::string* scaled_tp = nullptr);
 
 }  // namespace loom::sched
 

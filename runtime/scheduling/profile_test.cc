@@ -5,6 +5,7 @@
 #include "gtest/gtest.h"
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
+#include "runtime/scheduling/plan.h"
 
 namespace loom::sched {
 namespace {
@@ -54,6 +55,9 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   for (const auto& pt : p->points()) {
     EXPECT_GT(pt.seconds(), 0) << pt.DebugString();
     EXPECT_GT(pt.peak_bytes(), 0) << pt.DebugString();  // activations through the backend
+    // The forward alone is a part of forward + backward.
+    EXPECT_GT(pt.forward_seconds(), 0) << pt.DebugString();
+    EXPECT_LT(pt.forward_seconds(), pt.seconds()) << pt.DebugString();
     const double want = pt.module() == "encoder"
                             ? p->encoder_per_sample() + p->encoder_per_tile() * pt.tiles()
                             : p->llm_per_sample() * pt.sequences() +
@@ -68,6 +72,10 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
                        static_cast<double>(pt.tokens()) * pt.tokens() / pt.sequences());
     }
   }
+  for (double share : {p->encoder_forward_share(), p->llm_forward_share()}) {
+    EXPECT_GT(share, 0);
+    EXPECT_LT(share, 1);
+  }
   EXPECT_DOUBLE_EQ(p->encoder_max_residual(), worst_e);
   EXPECT_DOUBLE_EQ(p->llm_max_residual(), worst_l);
   // Bigger bins take longer.
@@ -80,10 +88,19 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_EQ(plan.costs().llm_per_token(), p->llm_per_token());
   EXPECT_EQ(plan.costs().llm_per_sample(), p->llm_per_sample());
   EXPECT_EQ(plan.costs().encoder_per_tile(), p->encoder_per_tile());
+  EXPECT_EQ(plan.costs().llm_forward_share(), p->llm_forward_share());
   plan.mutable_llm()->set_tp(2);
   absl::Status s = ApplyProfile(*p, &plan);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("llm_tp is 2"), std::string::npos) << s;
+  // Asked to, it scales the LLM's coefficients by the planner's TP model and
+  // says so; the encoder (TP 1, measured) keeps the profile's.
+  std::string scaled;
+  ASSERT_TRUE(ApplyProfile(*p, &plan, &scaled).ok());
+  EXPECT_EQ(scaled, "llm TP 2 scaled from the profile's TP 1");
+  EXPECT_DOUBLE_EQ(plan.costs().llm_per_token(), p->llm_per_token() / (2 * TpEfficiency(2)));
+  EXPECT_EQ(plan.costs().encoder_per_tile(), p->encoder_per_tile());
+  EXPECT_LT(plan.costs().llm_per_token(), p->llm_per_token());
 }
 
 TEST(ProfileTest, BadGridsAreNamed) {

@@ -59,6 +59,7 @@
 #include "runtime/scheduling/plan.h"
 #include "runtime/scheduling/profile.h"
 #include "runtime/scheduling/schedule.h"
+#include "runtime/scheduling/schedule_commands.h"
 
 ABSL_FLAG(std::string, batch, "", "Samples, one scan line each (loom-preprocess scan --output).");
 ABSL_FLAG(std::string, output, "-", "Where the JSON goes; - for stdout.");
@@ -116,11 +117,6 @@ ABSL_FLAG(std::string, profile_tokens, "128,256,512,1024",
 
 namespace loom::sched {
 namespace {
-
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "loom-schedule: %s\n", std::string(s.message()).c_str());
-  return 2;
-}
 
 absl::Status WriteJson(const google::protobuf::Message& m) {
   google::protobuf::util::JsonPrintOptions o;
@@ -339,15 +335,13 @@ absl::StatusOr<scheduler::v1::Plan> PlanForAssign() {
 // degrees has none: one GPU's at the model's analytic FLOPs.
 absl::Status FillCosts(scheduler::v1::Plan* plan) {
   if (const std::string path = absl::GetFlag(FLAGS_profile); !path.empty()) {
-    absl::StatusOr<std::string> text = ReadFile(path);
-    if (!text.ok()) return text.status();
-    scheduler::v1::Profile profile;
-    if (auto s = google::protobuf::util::JsonStringToMessage(*text, &profile); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--profile ", path, ": not a profile: ", std::string(s.message())));
+    absl::StatusOr<scheduler::v1::Profile> profile = ReadProfile(path);
+    if (!profile.ok()) {
+      return absl::Status(profile.status().code(),
+                          absl::StrCat("--profile ", profile.status().message()));
     }
     if (!plan->has_costs()) *plan->mutable_costs() = scheduler::v1::CostCoefficients();
-    if (absl::Status s = ApplyProfile(profile, plan); !s.ok()) {
+    if (absl::Status s = ApplyProfile(*profile, plan); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("--profile ", path, ": ", s.message()));
     }
     return absl::OkStatus();
@@ -376,27 +370,9 @@ std::vector<int> IntList(const std::string& flag, const std::string& text, absl:
 int ProfileCommand() {
   absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
   if (!model.ok()) return Fail(model.status());
-  std::unique_ptr<Ops> owned;
-  absl::StatusOr<Ops*> ops = OpsForDevice(absl::GetFlag(FLAGS_profile_device), &owned);
-  if (!ops.ok()) {
-    return Fail(absl::Status(ops.status().code(),
-                             absl::StrCat("--profile_device: ", ops.status().message())));
-  }
-  ProfileOptions o;
-  o.repeats = absl::GetFlag(FLAGS_profile_repeats);
-  absl::Status error;
-  o.tiles = IntList("profile_tiles", absl::GetFlag(FLAGS_profile_tiles), &error);
-  if (error.ok()) o.tokens = IntList("profile_tokens", absl::GetFlag(FLAGS_profile_tokens), &error);
-  if (!error.ok()) return Fail(error);
-  absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, *ops, o);
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileFromFlags(*model);
   if (!p.ok()) return Fail(p.status());
   if (absl::Status s = WriteJson(*p); !s.ok()) return Fail(s);
-  std::fprintf(stderr,
-               "loom-schedule: profile of %s on %s: %.4g s a tile (largest misfit %.1f%%), %.4g s "
-               "a token + %.4g s a squared token (largest misfit %.1f%%)\n",
-               p->model().c_str(), p->device().c_str(), p->encoder_per_tile(),
-               100 * p->encoder_max_residual(), p->llm_per_token(), p->llm_per_token_sq(),
-               100 * p->llm_max_residual());
   return 0;
 }
 
@@ -435,7 +411,7 @@ int SimulateCommand(const BatchFile& batch) {
   if (absl::Status s = FillCosts(&*plan); !s.ok()) return Fail(s);
   // --global_batch, else the plan's, else the batch file's size.
   const int flag_batch = absl::GetFlag(FLAGS_global_batch);
-  plan->set_global_batch(flag_batch > 0                ? flag_batch
+  plan->set_global_batch(flag_batch > 0             ? flag_batch
                          : plan->global_batch() > 0 ? plan->global_batch()
                                                     : static_cast<int>(batch.samples.size()));
   MacroBatchOptions m;
@@ -456,6 +432,36 @@ int SimulateCommand(const BatchFile& batch) {
 }
 
 }  // namespace
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom-schedule: %s\n", std::string(s.message()).c_str());
+  return 2;
+}
+
+absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model) {
+  std::unique_ptr<Ops> owned;
+  absl::StatusOr<Ops*> ops = OpsForDevice(absl::GetFlag(FLAGS_profile_device), &owned);
+  if (!ops.ok()) {
+    return absl::Status(ops.status().code(),
+                        absl::StrCat("--profile_device: ", ops.status().message()));
+  }
+  ProfileOptions o;
+  o.repeats = absl::GetFlag(FLAGS_profile_repeats);
+  absl::Status error;
+  o.tiles = IntList("profile_tiles", absl::GetFlag(FLAGS_profile_tiles), &error);
+  if (error.ok()) o.tokens = IntList("profile_tokens", absl::GetFlag(FLAGS_profile_tokens), &error);
+  if (!error.ok()) return error;
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(model, *ops, o);
+  if (!p.ok()) return p.status();
+  std::fprintf(stderr,
+               "loom-schedule: profile of %s on %s: %.4g s a tile (largest misfit %.1f%%), %.4g s "
+               "a token + %.4g s a squared token (largest misfit %.1f%%)\n",
+               p->model().c_str(), p->device().c_str(), p->encoder_per_tile(),
+               100 * p->encoder_max_residual(), p->llm_per_token(), p->llm_per_token_sq(),
+               100 * p->llm_max_residual());
+  return p;
+}
+
 }  // namespace loom::sched
 
 int main(int argc, char** argv) {
@@ -466,15 +472,21 @@ int main(int argc, char** argv) {
       "--encoder_dp E) --algorithm NAME --output FILE\n"
       "loom-schedule simulate --batch FILE (--plan FILE | --llm_dp N ...) [--macro_batches N "
       "--global_batch B --algorithm NAME --profile FILE --output FILE]\n"
-      "loom-schedule profile --config NAME [--profile_device cpu|cuda:N --output FILE]");
+      "loom-schedule profile --config NAME [--profile_device cpu|cuda:N --output FILE]\n"
+      "loom-schedule validate --config JOB --layouts 'L1;L2;...' [--profile FILE --steps K "
+      "--warmup W --dir DIR --output FILE] (--config: a job config file here)");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const std::string command = args.size() == 2 ? args[1] : "";
-  if (command != "plan" && command != "assign" && command != "simulate" && command != "profile") {
-    std::fprintf(stderr, "loom-schedule: give one command, plan, assign, simulate or profile\n%s\n",
+  if (command != "plan" && command != "assign" && command != "simulate" && command != "profile" &&
+      command != "validate") {
+    std::fprintf(stderr,
+                 "loom-schedule: give one command, plan, assign, simulate, profile or validate\n"
+                 "%s\n",
                  absl::ProgramUsageMessage().data());
     return 2;
   }
   if (command == "profile") return loom::sched::ProfileCommand();
+  if (command == "validate") return loom::sched::ValidateCommand();
   const std::string path = absl::GetFlag(FLAGS_batch);
   if (path.empty()) return loom::sched::Fail(absl::InvalidArgumentError("--batch is required"));
   absl::StatusOr<loom::sched::BatchFile> batch = loom::sched::ReadBatchFile(path);

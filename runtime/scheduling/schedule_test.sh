@@ -163,6 +163,38 @@ a = json.load(open(sys.argv[1]))
 assert sorted(b["llm_cost"] for b in a["bins"]) == [6, 6], a
 PY
 
+# Validation: the job run by loom up under two layouts, each priced by one
+# profile (made first), each with predicted and measured figures, then the
+# rankings.
+cat > "$dir/job.txtpb" <<EOF
+model: "tiny"
+data { shards: "$dir/*.tar" global_batch: 8 }
+parallel { encoder_dp: 1 llm_dp: 1 microbatches: 2 }
+EOF
+"$sched" validate --config "$dir/job.txtpb" --layouts 'llm_pp: 1; llm_pp: 2 microbatches: 4' \
+  --steps 3 --warmup 1 --dir "$dir/validate" --profile_tiles 1,2 --profile_tokens 32,64 \
+  --profile_repeats 1 --output "$dir/validate.jsonl" 2> "$dir/validate.err" ||
+  { cat "$dir/validate.err"; fail "validate"; }
+$py - "$dir/validate.jsonl" <<'PY' || { cat "$dir/validate.err"; fail "validate's lines"; }
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert len(lines) == 3, lines
+for l, layout, ranks in zip(lines, ["llm_pp: 1", "llm_pp: 2 microbatches: 4"], [2, 3]):
+    assert l["layout"] == layout and "error" not in l, l
+    assert l["iterations"] == 2 and l["ranks"] == ranks, l
+    assert l["predicted_s"] > 0 and l["measured_s"] > 0 and l["step_s"] > 0, l
+    assert [(s["module"], s["stage"]) for s in l["stages"]] == \
+        [("encoder", 0)] + [("llm", i) for i in range(ranks - 1)], l
+    assert all(s["predicted_s"] > 0 and s["measured_s"] > 0 for s in l["stages"]), l
+    for m in ("encoder", "llm"):
+        assert l["peak_bytes"][m]["measured"] > 0 and l["peak_bytes"][m]["predicted"] > 0, l
+r = lines[2]
+assert sorted(r["ranking_predicted"]) == sorted(r["ranking_measured"]) == \
+    ["llm_pp: 1", "llm_pp: 2 microbatches: 4"], r
+assert r["measured"] == 2 and r["largest_error"] >= 0, r
+PY
+[ -s "$dir/validate/profile.json" ] || fail "validate: the profile it made"
+
 # Bad input: a clear error naming what is wrong, exit 2.
 expect_error() {
   local want="$1"; shift
@@ -192,6 +224,13 @@ expect_error "--config: " plan --batch "$dir/scan.jsonl" --gpus 8 --config huge
 expect_error "llm_tp is 2 (profiles of TP > 1 are not made yet)" simulate \
   --batch "$dir/scan.jsonl" --plan "$dir/tp2-plan.json" --profile "$dir/profile.json"
 expect_error "--profile_tokens: \"x\" is not a number" profile --config tiny --profile_tokens 64,x
+expect_error 'layout "llm_pp 2": not a parallel { } body' validate --config "$dir/job.txtpb" \
+  --layouts 'llm_pp: 1;llm_pp 2' --dir "$dir/validate-bad"
+expect_error 'layout "llm_pp: 9": job.' validate --config "$dir/job.txtpb" \
+  --layouts 'llm_pp: 9' --dir "$dir/validate-bad"
+expect_error "--layouts: none given" validate --config "$dir/job.txtpb" --layouts ' ; '
+expect_error "want 0 <= warmup < steps" validate --config "$dir/job.txtpb" --layouts 'llm_pp: 1' \
+  --steps 2 --warmup 2
 expect_error "--macro_batches (-1) must be >= 0" plan --batch "$dir/scan.jsonl" --gpus 8 \
   --macro_batches -1
 echo "loom-schedule: $kept samples, plan and six algorithms checked"

@@ -4,9 +4,11 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/log.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/profile.h"
 #include "runtime/scheduling/schedule.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
@@ -66,6 +68,15 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
     if (!model.ok()) return model.status();
     *plan->mutable_costs() =
         sched::CoefficientsOnOneGpu(model->config, sched::ClusterSpec(), JobFrozen(o.job));
+  }
+  if (!deployment.profile_file.empty()) {
+    absl::StatusOr<scheduler::v1::Profile> profile = sched::ReadProfile(deployment.profile_file);
+    if (!profile.ok()) return profile.status();
+    std::string scaled;
+    if (absl::Status s = sched::ApplyProfile(*profile, &*plan, &scaled); !s.ok()) return s;
+    LOOM_LOG(INFO).With("profile", deployment.profile_file).With("tp_scaled", scaled)
+        << "costs from the profile, fixed";
+    o.fixed_costs = true;
   }
   o.plan = std::move(*plan);
   const std::string& ckpt = o.job.checkpoint().dir();

@@ -22,6 +22,9 @@ struct SchedulerDeployment {
   double ilp_seconds = 10;
   double peak_flops = 0;
   std::string trace_dir;  // SchedulerServiceOptions::trace_dir
+  // Non-empty: a profile (loom-schedule profile) whose coefficients price
+  // every job's work instead of the analytic ones, and stay (fixed_costs).
+  std::string profile_file;
 };
 
 // The scheduler options of `spec`: defaults applied, validated (errors name

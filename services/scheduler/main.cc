@@ -58,6 +58,10 @@ ABSL_FLAG(bool, take_back, false,
           "(scheduler_job.binpb): after its newest complete checkpoint, at the next "
           "generation, so the workers still running regroup with this one. Without a kept job, "
           "or with a --job of another config, this flag does nothing.");
+ABSL_FLAG(std::string, profile, "",
+          "A profile (JSON from `loom-schedule profile`): its measured coefficients price the "
+          "job's work, fixed (no refit from timings); a module at a TP it did not measure is "
+          "scaled by the planner's TP model.");
 ABSL_FLAG(std::string, trace_dir, "",
           "Append each iteration's simulated timeline to DIR/predicted.jsonl (loom up --trace).");
 ABSL_FLAG(double, peak_flops, 0,
@@ -101,7 +105,7 @@ int main(int argc, char** argv) {
                     "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
                     "--config --retained_iterations --assign_ahead --ilp_seconds --job --run_dir "
                     "--resume --resume_step "
-                    "--peak_flops --trace_dir --take_back");
+                    "--peak_flops --trace_dir --profile --take_back");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
   auto fail = [](const absl::Status& s) {
@@ -120,6 +124,7 @@ int main(int argc, char** argv) {
   deployment.ilp_seconds = absl::GetFlag(FLAGS_ilp_seconds);
   deployment.peak_flops = absl::GetFlag(FLAGS_peak_flops);
   deployment.trace_dir = absl::GetFlag(FLAGS_trace_dir);
+  deployment.profile_file = absl::GetFlag(FLAGS_profile);
   // The job is kept there (for --take_back) from the first state change on.
   if (absl::Status s = loom::MakeDirectories(deployment.run_dir); !s.ok()) {
     return fail(absl::Status(s.code(), absl::StrCat("--run_dir: ", s.message())));

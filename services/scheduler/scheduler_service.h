@@ -79,6 +79,10 @@ struct SchedulerServiceOptions {
   control::v1::JobSpec spec;
   std::string state_file;
   int64_t generation = 0;  // the generation to start at
+  // The plan's costs stand as they are (a measured profile's): timing
+  // reports do not refit them, so each predicted timeline (trace_dir) is
+  // the profile's prediction, and validation compares it with the run.
+  bool fixed_costs = false;
 };
 
 // The longest one GetAssignment call waits for an iteration not computed yet

@@ -451,6 +451,7 @@ class ServedScheduleTest : public ::testing::Test {
       so.job.mutable_train()->set_steps(steps_);
     }
     so.job.mutable_checkpoint()->set_every(every_);
+    so.fixed_costs = fixed_costs_;
     so.job.mutable_checkpoint()->set_dir(testing::TempPath("ckpt"));
     chassis_ = std::make_unique<Chassis>(
         testing::LocalOptions("loom-scheduler", common::v1::ROLE_SCHEDULER));
@@ -523,6 +524,7 @@ class ServedScheduleTest : public ::testing::Test {
   int64_t steps_ = 8;
   double epochs_ = 0;  // > 0: the job is given in epochs instead of steps_
   int every_ = 2;
+  bool fixed_costs_ = false;
   std::map<std::pair<int, int>, std::string> holders_;
   std::unique_ptr<Chassis> data_chassis_, chassis_;
   std::unique_ptr<PreprocessServiceImpl> data_;
@@ -1072,6 +1074,41 @@ TEST_F(ServedScheduleTest, AssignmentCoversTheBatchOnce) {
   EXPECT_EQ(Assignment(0, &a).error_code(), grpc::StatusCode::OUT_OF_RANGE);  // window of 3
 }
 
+// With a profile's costs (loom-scheduler --profile) the same report refits
+// nothing: the plan's coefficients stand.
+class FixedCostsTest : public ServedScheduleTest {
+ protected:
+  void SetUp() override {
+    fixed_costs_ = true;
+    ServedScheduleTest::SetUp();
+  }
+};
+
+TEST_F(FixedCostsTest, TimingReportsLeaveAProfilesCostsAsTheyAre) {
+  RegisterAll();
+  scheduler::v1::Assignment a;
+  ASSERT_TRUE(Assignment(0, &a).ok());
+  scheduler::v1::ReportTimingsRequest r;
+  r.set_role(common::v1::ROLE_LLM_WORKER);
+  r.set_rank(1);
+  r.set_iteration(0);
+  double total = 0;
+  for (int j = 0; j < 2; ++j) {
+    auto* t = r.add_timings();
+    t->set_microbatch(j);
+    t->set_seconds(10 * a.bins(2 + j).llm_cost());
+    total += t->seconds();
+  }
+  r.set_forward_seconds(0.9 * total);  // a forward share far from the prior's
+  scheduler::v1::ReportTimingsResponse response;
+  ASSERT_TRUE(Report(r, &response).ok());
+  const scheduler::v1::CostCoefficients want =
+      sched::CoefficientsOnOneGpu(*ModelConfigByName("tiny"), sched::ClusterSpec());
+  EXPECT_EQ(response.costs().llm_per_token(), want.llm_per_token());
+  EXPECT_EQ(response.costs().llm_per_sample(), want.llm_per_sample());
+  EXPECT_EQ(response.costs().llm_forward_share(), want.llm_forward_share());
+}
+
 TEST_F(ServedScheduleTest, TimingReportsRefitTheCostModel) {
   RegisterAll();
   scheduler::v1::Assignment a;
@@ -1414,6 +1451,36 @@ TEST(OptionsForJobTest, OnlyNoCheckpointYetLetsATakeBackStartAfresh) {
   ASSERT_FALSE(bad.ok());
   EXPECT_FALSE(IsNoCheckpointYet(bad.status())) << bad.status();
   EXPECT_NE(bad.status().message().find("RUN"), std::string::npos) << bad.status();
+}
+
+// loom-scheduler --profile: the job's plan is priced by the profile (a
+// module at a TP it did not measure scaled by the planner's TP model) and
+// its costs fixed; a file that is not a profile is named.
+TEST(OptionsForJobTest, AProfilePricesTheJobAndFixesItsCosts) {
+  SchedulerDeployment deployment;
+  deployment.run_dir = testing::TempPath("profile-run");
+  deployment.profile_file = testing::TempPath("profile.json");
+  ASSERT_TRUE(WriteFileAtomically(deployment.profile_file,
+                                  "{\"model\":\"tiny\",\"tp\":1,\"encoder_per_tile\":0.002,"
+                                  "\"llm_per_token\":0.0001,\"llm_forward_share\":0.3}")
+                  .ok());
+  control::v1::JobSpec spec;
+  spec.mutable_config()->set_name("t");
+  spec.mutable_config()->set_model("tiny");
+  spec.mutable_config()->mutable_parallel()->set_llm_tp(2);
+  spec.mutable_config()->mutable_checkpoint()->set_dir(testing::TempPath("profile-ckpt"));
+  absl::StatusOr<SchedulerServiceOptions> o = OptionsForJob(spec, deployment);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->fixed_costs);
+  EXPECT_EQ(o->plan.costs().encoder_per_tile(), 0.002);
+  EXPECT_DOUBLE_EQ(o->plan.costs().llm_per_token(), 0.0001 / (2 * sched::TpEfficiency(2)));
+  EXPECT_EQ(o->plan.costs().llm_forward_share(), 0.3);
+
+  ASSERT_TRUE(WriteFileAtomically(deployment.profile_file, "{\"tiles\":1}").ok());
+  absl::StatusOr<SchedulerServiceOptions> bad = OptionsForJob(spec, deployment);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("profile.json: not a profile"), std::string::npos)
+      << bad.status();
 }
 
 // SubmitJob's check: a job that does not fit its devices is refused as

@@ -112,6 +112,11 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
         "recompute_seconds, recomputed_forward_seconds: must be finite and non-negative"));
   }
   absl::MutexLock lock(&mu_);
+  if (options_.fixed_costs) {
+    reports_->Increment(static_cast<double>(observed.size()));
+    *response->mutable_costs() = costs_->coefficients();
+    return grpc::Status::OK;
+  }
   if (request->recomputed_forward_seconds() > 0) {
     costs_->ObserveRecompute(encoder, request->recompute_seconds(),
                              request->recomputed_forward_seconds());

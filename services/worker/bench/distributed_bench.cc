@@ -326,44 +326,12 @@ TraceFigures FromTrace(const std::string& path, int warmup) {
     std::fprintf(stderr, "distributed_bench: cannot read the trace %s\n", path.c_str());
     return f;
   }
-  struct Span {
-    double start = 1e300, end = 0, busy = 0;
-  };
-  // (iteration, pid) -> spans per track, and the iteration's measured start.
-  std::map<std::pair<int64_t, int>, std::map<int, Span>> tracks;
-  std::map<int64_t, double> start;
-  for (const loom::trace::v1::TraceEvent& e : file.trace_events()) {
-    int64_t i = 0;
-    auto it = e.args().find("iteration");
-    if (e.ph() != "X" || it == e.args().end() || !absl::SimpleAtoi(it->second, &i)) continue;
-    if (e.pid() == loom::trace::kMeasuredPid) {
-      auto [s, fresh] = start.emplace(i, e.ts());
-      if (!fresh) s->second = std::min(s->second, e.ts());
-    }
-    if (e.cat() != "forward" && e.cat() != "backward" && e.cat() != "recompute") continue;
-    Span& s = tracks[{i, e.pid()}][e.tid()];
-    s.start = std::min(s.start, e.ts());
-    s.end = std::max(s.end, e.ts() + e.dur());
-    s.busy += e.dur();
-  }
-  for (const auto& [i, t0] : start) {
-    auto m = tracks.find({i, loom::trace::kMeasuredPid});
-    auto p = tracks.find({i, loom::trace::kPredictedPid});
-    if (i < warmup || m == tracks.end() || p == tracks.end()) continue;
-    double ends[2] = {0, 0}, idle[2] = {0, 0}, span[2] = {0, 0};
-    int k = 0;
-    for (const auto* spans : {&m->second, &p->second}) {
-      for (const auto& [tid, s] : *spans) {
-        ends[k] = std::max(ends[k], s.end);
-        span[k] += s.end - s.start;
-        idle[k] += s.end - s.start - s.busy;
-      }
-      ++k;
-    }
-    f.measured += (ends[0] - t0) / 1e6;
-    f.predicted += (ends[1] - t0) / 1e6;
-    f.bubble_measured += span[0] > 0 ? idle[0] / span[0] : 0;
-    f.bubble_predicted += span[1] > 0 ? idle[1] / span[1] : 0;
+  for (const loom::trace::IterationFigures& i : loom::trace::TraceIterations(file)) {
+    if (i.iteration < warmup) continue;
+    f.measured += i.measured_seconds;
+    f.predicted += i.predicted_seconds;
+    f.bubble_measured += i.measured_bubble;
+    f.bubble_predicted += i.predicted_bubble;
     ++f.iterations;
   }
   if (f.iterations > 0) {
