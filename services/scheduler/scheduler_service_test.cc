@@ -521,6 +521,21 @@ class ServedScheduleTest : public ::testing::Test {
     return stub_->ReportTimings(ctx.get(), r, response);
   }
 
+  // LLM rank 1's report of iteration 0 (assignment `a`): its two
+  // microbatches ran 10x as long as the cost model priced them.
+  static scheduler::v1::ReportTimingsRequest SlowLlmReport(const scheduler::v1::Assignment& a) {
+    scheduler::v1::ReportTimingsRequest r;
+    r.set_role(common::v1::ROLE_LLM_WORKER);
+    r.set_rank(1);
+    r.set_iteration(0);
+    for (int j = 0; j < 2; ++j) {
+      auto* t = r.add_timings();
+      t->set_microbatch(j);
+      t->set_seconds(10 * a.bins(2 + j).llm_cost());
+    }
+    return r;
+  }
+
   int64_t steps_ = 8;
   double epochs_ = 0;  // > 0: the job is given in epochs instead of steps_
   int every_ = 2;
@@ -1088,18 +1103,9 @@ TEST_F(FixedCostsTest, TimingReportsLeaveAProfilesCostsAsTheyAre) {
   RegisterAll();
   scheduler::v1::Assignment a;
   ASSERT_TRUE(Assignment(0, &a).ok());
-  scheduler::v1::ReportTimingsRequest r;
-  r.set_role(common::v1::ROLE_LLM_WORKER);
-  r.set_rank(1);
-  r.set_iteration(0);
-  double total = 0;
-  for (int j = 0; j < 2; ++j) {
-    auto* t = r.add_timings();
-    t->set_microbatch(j);
-    t->set_seconds(10 * a.bins(2 + j).llm_cost());
-    total += t->seconds();
-  }
-  r.set_forward_seconds(0.9 * total);  // a forward share far from the prior's
+  scheduler::v1::ReportTimingsRequest r = SlowLlmReport(a);
+  // A forward share far from the prior's.
+  r.set_forward_seconds(0.9 * (r.timings(0).seconds() + r.timings(1).seconds()));
   scheduler::v1::ReportTimingsResponse response;
   ASSERT_TRUE(Report(r, &response).ok());
   const scheduler::v1::CostCoefficients want =
@@ -1114,15 +1120,7 @@ TEST_F(ServedScheduleTest, TimingReportsRefitTheCostModel) {
   scheduler::v1::Assignment a;
   ASSERT_TRUE(Assignment(0, &a).ok());
   // The LLM really runs 10x slower than the FLOPs prior says.
-  scheduler::v1::ReportTimingsRequest r;
-  r.set_role(common::v1::ROLE_LLM_WORKER);
-  r.set_rank(1);
-  r.set_iteration(0);
-  for (int j = 0; j < 2; ++j) {
-    auto* t = r.add_timings();
-    t->set_microbatch(j);
-    t->set_seconds(10 * a.bins(2 + j).llm_cost());
-  }
+  scheduler::v1::ReportTimingsRequest r = SlowLlmReport(a);
   scheduler::v1::ReportTimingsResponse response;
   ASSERT_TRUE(Report(r, &response).ok());
   // The refitted coefficients reproduce the measured times of those bins.
