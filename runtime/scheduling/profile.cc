@@ -23,7 +23,9 @@ namespace {
 
 // The least-squares coefficients of rows (x, y) over the columns `use` (the
 // others' coefficients 0), from the normal equations. A column that is zero in
-// every row keeps coefficient 0; a singular system gives all zeros.
+// every row keeps coefficient 0; while the system is singular (columns that
+// the rows cannot tell apart, e.g. a grid of one tile count), its last
+// column is left out too.
 std::vector<double> LeastSquares(const std::vector<std::vector<double>>& x,
                                  const std::vector<double>& y, const std::vector<bool>& use) {
   std::vector<size_t> cols;
@@ -32,18 +34,21 @@ std::vector<double> LeastSquares(const std::vector<std::vector<double>>& x,
     for (const auto& row : x) nonzero = nonzero || row[j] != 0;
     if (use[j] && nonzero) cols.push_back(j);
   }
-  const size_t k = cols.size();
-  std::vector<std::vector<double>> a(k, std::vector<double>(k, 0.0));
-  std::vector<double> b(k, 0.0), solved;
-  for (size_t r = 0; r < x.size(); ++r) {
-    for (size_t i = 0; i < k; ++i) {
-      for (size_t j = 0; j < k; ++j) a[i][j] += x[r][cols[i]] * x[r][cols[j]];
-      b[i] += x[r][cols[i]] * y[r];
-    }
-  }
   std::vector<double> c(use.size(), 0.0);
-  if (!SolveLinear(std::move(a), std::move(b), &solved)) return c;
-  for (size_t i = 0; i < k; ++i) c[cols[i]] = solved[i];
+  for (; !cols.empty(); cols.pop_back()) {
+    const size_t k = cols.size();
+    std::vector<std::vector<double>> a(k, std::vector<double>(k, 0.0));
+    std::vector<double> b(k, 0.0), solved;
+    for (size_t r = 0; r < x.size(); ++r) {
+      for (size_t i = 0; i < k; ++i) {
+        for (size_t j = 0; j < k; ++j) a[i][j] += x[r][cols[i]] * x[r][cols[j]];
+        b[i] += x[r][cols[i]] * y[r];
+      }
+    }
+    if (!SolveLinear(std::move(a), std::move(b), &solved)) continue;
+    for (size_t i = 0; i < k; ++i) c[cols[i]] = solved[i];
+    break;
+  }
   return c;
 }
 

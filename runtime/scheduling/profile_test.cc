@@ -31,6 +31,12 @@ TEST(ProfileTest, TheFitRecoversCoefficientsAndKeepsThemNonNegative) {
   EXPECT_EQ(c[1], 0.0);
   EXPECT_GT(c[0], 0.0);
   EXPECT_TRUE(FitNonNegative({}, {}).empty());
+  // Columns the rows cannot tell apart (one tile count: tiles and the
+  // constant): the last is left out and the rest still fit.
+  c = FitNonNegative({{4, 1}, {4, 1}}, {2, 2});
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_DOUBLE_EQ(c[0], 0.5);
+  EXPECT_EQ(c[1], 0.0);
 }
 
 // The tiny model's real layers on the CPU: one point per encoder bin and

@@ -81,6 +81,7 @@ std::string LastLine(const std::string& text) {
 }  // namespace
 
 int ValidateCommand() {
+  ExportRunfilesDir();  // before any thread starts: it changes the environment
   const std::vector<std::string> layouts = SplitLayouts(absl::GetFlag(FLAGS_layouts));
   const int steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
   if (layouts.empty()) return Fail(absl::InvalidArgumentError("--layouts: none given"));
@@ -128,7 +129,6 @@ int ValidateCommand() {
     profile_path = std::filesystem::absolute(profile_path).string();
   }
   std::string loom_up = absl::GetFlag(FLAGS_loom_up), bin_dir, tried;
-  ExportRunfilesDir();
   if (loom_up.empty() && !FindLoomUp(&loom_up, &bin_dir, &tried)) {
     return Fail(absl::NotFoundError("no loom-up among the runfiles (give --loom_up): " + tried));
   }

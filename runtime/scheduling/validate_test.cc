@@ -135,12 +135,12 @@ TEST(ValidateTest, RankingsLeaveOutFailedRuns) {
   rs[2].predicted_s = 1.5;
   rs[2].measured_s = 1.2;
   rs[3].layout = "d \"quoted\"";
-  rs[3].error = "loom up ended with exit 1";
+  rs[3].error = "loom up ended with exit 1\t";
   EXPECT_EQ(RankingJson(rs),
             "{\"ranking_predicted\":[\"b\",\"c\",\"a\"],\"ranking_measured\":[\"c\",\"b\",\"a\"],"
             "\"same_fastest\":false,\"largest_error\":0.3333,\"layouts\":4,\"measured\":3}");
   EXPECT_EQ(LayoutJson(rs[3]),
-            "{\"layout\":\"d \\\"quoted\\\"\",\"error\":\"loom up ended with exit 1\"}");
+            "{\"layout\":\"d \\\"quoted\\\"\",\"error\":\"loom up ended with exit 1\\u0009\"}");
 }
 
 }  // namespace
