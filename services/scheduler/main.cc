@@ -20,6 +20,7 @@
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/profile.h"
 #include "runtime/scheduling/schedule.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
@@ -125,6 +126,14 @@ int main(int argc, char** argv) {
   deployment.peak_flops = absl::GetFlag(FLAGS_peak_flops);
   deployment.trace_dir = absl::GetFlag(FLAGS_trace_dir);
   deployment.profile_file = absl::GetFlag(FLAGS_profile);
+  if (!deployment.profile_file.empty()) {  // a bad file fails here, not each job's submission
+    absl::StatusOr<loom::scheduler::v1::Profile> p =
+        loom::sched::ReadProfile(deployment.profile_file);
+    if (!p.ok()) {
+      return fail(
+          absl::Status(p.status().code(), absl::StrCat("--profile ", p.status().message())));
+    }
+  }
   // The job is kept there (for --take_back) from the first state change on.
   if (absl::Status s = loom::MakeDirectories(deployment.run_dir); !s.ok()) {
     return fail(absl::Status(s.code(), absl::StrCat("--run_dir: ", s.message())));
