@@ -130,6 +130,20 @@ double CpuPeakFlops() {
   return cores * hz * per_cycle;
 }
 
+int CpuSharedDevices() {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int threads = cores;
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(name);
+    int n = 0;
+    if (v != nullptr && absl::SimpleAtoi(v, &n) && n > 0) {
+      threads = std::min(n, cores);
+      break;
+    }
+  }
+  return std::max(1, cores / threads);
+}
+
 std::string PrometheusTargets(const std::vector<LaunchedService>& services) {
   std::vector<std::string> groups;
   for (const LaunchedService& s : services) {
@@ -178,6 +192,9 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
                                     absl::StrFormat("--peak_flops=%.6g", options_.peak_flops)};
       if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
       if (!options_.profile.empty()) a.push_back("--profile=" + options_.profile);
+      if (options_.shared_devices > 0) {
+        a.push_back(absl::StrCat("--shared_devices=", options_.shared_devices));
+      }
       if (s.take_back) a.push_back("--take_back");
       return a;
     }

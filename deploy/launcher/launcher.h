@@ -62,8 +62,9 @@ struct LauncherOptions {
   std::string shards;                 // glob the preprocess service reads
   int64_t resume_step = 0;            // > 0: continue after this complete checkpoint
   double peak_flops = 0;              // of the machine, for the scheduler's MFU (CpuPeakFlops)
-  std::string trace_dir;  // non-empty: the scheduler and workers write their timelines there
-  std::string profile;    // non-empty: loom-scheduler --profile (fixed, measured costs)
+  std::string trace_dir;   // non-empty: the scheduler and workers write their timelines there
+  std::string profile;     // non-empty: loom-scheduler --profile (fixed, measured costs)
+  int shared_devices = 0;  // loom-scheduler --shared_devices (CpuSharedDevices for CPU jobs)
   absl::Duration startup_timeout = absl::Seconds(60);
   absl::Duration stop_timeout = absl::Seconds(15);
   // How the services talk: mutual TLS with the job's certificates, a folder
@@ -143,6 +144,11 @@ class Launcher {
 // This machine's peak fp32 FLOP/s (cores x clock x FMA lanes): the MFU
 // denominator when the workers run on its CPU cores.
 double CpuPeakFlops();
+
+// How many workers of a CPU job compute at full speed at once on this host:
+// its cores over the threads each worker's BLAS runs (OPENBLAS_NUM_THREADS,
+// else OMP_NUM_THREADS, else every core), at least 1.
+int CpuSharedDevices();
 
 // Prometheus file_sd targets (JSON): every service's /metrics address.
 std::string PrometheusTargets(const std::vector<LaunchedService>& services);

@@ -567,6 +567,10 @@ int main(int argc, char** argv) {
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   o.shards = *shards;
   o.peak_flops = loom::CpuPeakFlops();
+  // CPU workers share this host's cores: the scheduler's simulator knows.
+  if (job.device().encoder() == "cpu" && job.device().llm() == "cpu") {
+    o.shared_devices = loom::CpuSharedDevices();
+  }
   o.profile = absl::GetFlag(FLAGS_profile);
   if (!o.profile.empty()) {
     if (absl::StatusOr<std::string> p = loom::ReadFile(o.profile); !p.ok()) {

@@ -82,6 +82,9 @@ SimulationOptions SimulationOptionsFor(const scheduler::v1::Plan& plan) {
   }
   so.encoder_recompute = plan.encoder_recompute().empty() || plan.encoder_recompute() == "full";
   so.llm_recompute = plan.llm_recompute().empty() || plan.llm_recompute() == "full";
+  so.shared_devices = plan.shared_devices();
+  so.encoder_tp = std::max(1, plan.encoder().tp());
+  so.llm_tp = std::max(1, plan.llm().tp());
   return so;
 }
 

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
+#include <functional>
+#include <queue>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@ struct Node {
   SimulatedTask task;
   double duration = 0;
   double recompute = 0;  // of the duration, a forward run again
+  double demand = 0;     // devices it takes while it runs when they are shared
   double ready = 0;      // earliest start from inputs and the stage's previous task
   int pending = 0;
   std::vector<std::pair<int, double>> next;  // (node, delay)
@@ -22,30 +24,64 @@ struct Node {
 
 class Graph {
  public:
-  int Add(double duration, const SimulatedTask& task, double recompute = 0) {
-    nodes_.push_back({task, duration, recompute});
+  int Add(double duration, const SimulatedTask& task, double recompute = 0, double demand = 0) {
+    nodes_.push_back({task, duration, recompute, demand});
     return static_cast<int>(nodes_.size()) - 1;
   }
   void Edge(int from, int to, double delay) {
     nodes_[from].next.push_back({to, delay});
     ++nodes_[to].pending;
   }
-  // Kahn's order; false on a cycle (a schedule that deadlocks).
-  bool Run() {
-    std::deque<int> ready;
+  // Start and end times; false on a cycle (a schedule that deadlocks).
+  // devices 0: Kahn's order, each task its duration from its ready time;
+  // else an event loop in which the running tasks with a demand share
+  // `devices` (processor sharing).
+  bool Run(double devices) {
+    // Tasks whose inputs are all in, by ready time.
+    std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
+        arrived;
     for (size_t t = 0; t < nodes_.size(); ++t) {
-      if (nodes_[t].pending == 0) ready.push_back(static_cast<int>(t));
+      if (nodes_[t].pending == 0) arrived.push({nodes_[t].ready, static_cast<int>(t)});
     }
+    std::vector<std::pair<int, double>> running;  // (node, work left in seconds at full speed)
     size_t done = 0;
-    while (!ready.empty()) {
-      Node& n = nodes_[ready.front()];
-      ready.pop_front();
+    double now = 0;
+    auto finish = [&](int id, double end) {
+      Node& n = nodes_[id];
+      n.task.end = end;
       ++done;
-      n.task.start = n.ready;
-      n.task.end = n.ready + n.duration;
       for (auto [to, delay] : n.next) {
-        nodes_[to].ready = std::max(nodes_[to].ready, n.task.end + delay);
-        if (--nodes_[to].pending == 0) ready.push_back(to);
+        nodes_[to].ready = std::max(nodes_[to].ready, end + delay);
+        if (--nodes_[to].pending == 0) arrived.push({nodes_[to].ready, to});
+      }
+    };
+    while (!arrived.empty() || !running.empty()) {
+      double demand = 0;
+      for (auto [id, left] : running) demand += nodes_[id].demand;
+      const double rate = demand > devices ? devices / demand : 1.0;
+      double next = arrived.empty() ? 1e300 : std::max(now, arrived.top().first);
+      for (auto [id, left] : running) next = std::min(next, now + left / rate);
+      for (auto& [id, left] : running) left -= (next - now) * rate;
+      now = next;
+      for (size_t i = 0; i < running.size();) {
+        if (running[i].second <= 1e-12 * std::max(1.0, nodes_[running[i].first].duration)) {
+          finish(running[i].first, now);
+          running[i] = running.back();
+          running.pop_back();
+        } else {
+          ++i;
+        }
+      }
+      while (!arrived.empty() && arrived.top().first <= now) {
+        const int id = arrived.top().second;
+        arrived.pop();
+        Node& n = nodes_[id];
+        n.task.start = n.ready;
+        if (devices > 0 && n.demand > 0 && n.duration > 0) {
+          running.push_back({id, n.duration});
+        } else {
+          finish(id, n.ready + n.duration);
+        }
       }
     }
     return done == nodes_.size();
@@ -78,8 +114,13 @@ absl::Status CheckShares(const std::vector<double>& share, int pp, const char* w
 
 absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignment>& bins,
                                                    const SimulationOptions& o) {
-  if (o.encoder_dp < 1 || o.encoder_pp < 1 || o.llm_dp < 1 || o.llm_pp < 1 || o.microbatches < 1) {
+  if (o.encoder_dp < 1 || o.encoder_pp < 1 || o.llm_dp < 1 || o.llm_pp < 1 || o.microbatches < 1 ||
+      o.encoder_tp < 1 || o.llm_tp < 1) {
     return absl::InvalidArgumentError("simulation: every degree must be at least 1");
+  }
+  if (o.shared_devices < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulation: shared_devices ", o.shared_devices, " is negative"));
   }
   for (double r : {o.encoder_recompute_ratio, o.llm_recompute_ratio}) {
     if (!(r >= 0) || !std::isfinite(r)) {
@@ -187,7 +228,7 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
         duration = cost * (1 - fs) + enc_cost * (1 - efs) + recompute;
         live = -1;
       }
-      const int id = g.Add(duration, t, recompute);
+      const int id = g.Add(duration, t, recompute, encoder ? o.encoder_tp : o.llm_tp);
       (forward ? fwd : bwd)[static_cast<size_t>(b) * pp + s] = id;
       if (!run.nodes.empty()) g.Edge(run.nodes.back(), id, 0);
       run.nodes.push_back(id);
@@ -255,7 +296,9 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     g.Edge(barrier, id, 0);
     allreduce.push_back(id);
   }
-  if (!g.Run()) return absl::InternalError("simulation: the stage orders deadlock");
+  if (!g.Run(o.shared_devices)) {
+    return absl::InternalError("simulation: the stage orders deadlock");
+  }
 
   SimulationResult result;
   for (int id : allreduce)

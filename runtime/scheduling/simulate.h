@@ -25,7 +25,8 @@
 // one rank of the module, all stages together; a stage takes its share of it
 // (stage shares: runtime/model/config.h's LlmStages / VitStages), and the
 // forward is `forward_share` of that. A task starts when its stage is free
-// and its inputs have arrived.
+// and its inputs have arrived (and with `shared_devices` runs slower while
+// other tasks share the devices).
 #ifndef LOOM_RUNTIME_SCHEDULING_SIMULATE_H_
 #define LOOM_RUNTIME_SCHEDULING_SIMULATE_H_
 
@@ -62,6 +63,14 @@ struct SimulationOptions {
   // and each bin's encoder_rank equal to its llm_rank.
   bool encoder_in_first_llm_stage = false;
   bool timeline = false;  // fill SimulationResult::timeline
+  // Ranks that share devices (a CPU job on one host): the forward and
+  // backward tasks running at once share `shared_devices` devices, a task
+  // of a module taking its TP of them, each progressing at
+  // min(1, shared_devices / the running tasks' demand) of its own speed.
+  // 0: a device per rank (the GPU model).
+  int shared_devices = 0;
+  int encoder_tp = 1;
+  int llm_tp = 1;
 };
 
 // One task of the simulated timeline (seconds from the iteration's start).

@@ -47,6 +47,71 @@ TEST(SimulateTest, OneFOneBMakespanOfUniformMicrobatches) {
               testing::ClosedFormF64(8 * 12.0 / (33.0 * 4)));
 }
 
+// Ranks sharing devices (a CPU job on one host): 1F1B over 4 stages has up
+// to 4 tasks at once. On one shared device the iteration is at least all
+// the work one after another, and longer than with a device per stage; on
+// four it is as with a device each. Two tasks at once on one device each
+// run at half speed: the encoder's second forward overlaps the LLM's first.
+TEST(SimulateTest, TasksSharingDevicesRunSlower) {
+  SimulationOptions o;
+  o.encoder_recompute = o.llm_recompute = false;
+  o.llm_pp = 4;
+  o.microbatches = 8;
+  std::vector<BinAssignment> bins;
+  for (int j = 0; j < 8; ++j) bins.push_back(Bin(0, j, 0, 0, 12));
+  auto own = SimulateIteration(bins, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+  o.shared_devices = 4;
+  auto four = SimulateIteration(bins, o);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_NEAR(four->iteration_seconds, own->iteration_seconds,
+              testing::ClosedFormF64(own->iteration_seconds));
+  o.shared_devices = 1;
+  auto one = SimulateIteration(bins, o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_GE(one->iteration_seconds, 8 * 12.0 - testing::ClosedFormF64(96.0));
+  EXPECT_GT(one->iteration_seconds, own->iteration_seconds);
+  // Encoder forwards 2 s each (cost 6), LLM forward 1 s, backward 2 s (cost
+  // 3), transfers free. Own devices: enc F0 [0,2], enc F1 [2,4] beside LLM
+  // F0 [2,3] and B0 [3,5]. Sharing one: enc F1 and LLM F0 both start at 2
+  // at half speed, so LLM F0 ends at 4.
+  SimulationOptions s;
+  s.encoder_recompute = s.llm_recompute = false;
+  s.microbatches = 2;
+  s.encoder_forward_share = 1.0 / 3;
+  s.llm_forward_share = 1.0 / 3;
+  bins = {Bin(0, 0, 0, 6, 3), Bin(0, 1, 0, 6, 3)};
+  s.timeline = true;
+  auto apart = SimulateIteration(bins, s);
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  s.shared_devices = 1;
+  auto shared = SimulateIteration(bins, s);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  // One device does all the work (2 x 6 + 2 x 3 = 18 s) without a gap: the
+  // encoder always has a forward or backward to run.
+  EXPECT_NEAR(shared->iteration_seconds, 18.0, testing::ClosedFormF64(18.0));
+  EXPECT_LT(apart->iteration_seconds, 18.0);
+  for (const SimulatedTask& t : shared->timeline) {
+    if (!t.encoder && t.kind == SimulatedTask::kForward && t.bin == 0) {
+      EXPECT_NEAR(t.start, 2.0, testing::ClosedFormF64(2.0));
+      EXPECT_NEAR(t.end, 4.0, testing::ClosedFormF64(4.0));  // 1 s of work at half speed
+    }
+  }
+  // Two devices hold the encoder and a TP 1 LLM at once; a TP 2 LLM takes
+  // both, so beside the encoder each runs at two thirds of its speed.
+  s.shared_devices = 2;
+  auto two = SimulateIteration(bins, s);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_NEAR(two->iteration_seconds, apart->iteration_seconds,
+              testing::ClosedFormF64(apart->iteration_seconds));
+  s.llm_tp = 2;
+  auto tp = SimulateIteration(bins, s);
+  ASSERT_TRUE(tp.ok()) << tp.status();
+  EXPECT_GT(tp->iteration_seconds, apart->iteration_seconds);
+  s.shared_devices = -1;
+  EXPECT_EQ(SimulateIteration(bins, s).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // The monolithic layout: the first LLM stage runs each bin's encoder forward
 // before its own and the encoder backward after its own, with no transfer,
 // and allreduces both modules' gradients.

@@ -51,8 +51,8 @@ struct LayoutResult {
   int64_t encoder_measured_bytes = -1, encoder_predicted_bytes = -1;
   int64_t llm_measured_bytes = -1, llm_predicted_bytes = -1;
   // Worker ranks of the layout, and the cores of the host they ran on
-  // (0: not known): where ranks outnumber cores they share them, which the
-  // simulator (a device per rank) does not model.
+  // (0: not known): where ranks outnumber cores they share them (loom up
+  // tells the scheduler's simulator so: Plan.shared_devices).
   int ranks = 0;
   int host_cores = 0;
   std::string tp_scaled;  // which modules' TP the profile did not measure

@@ -182,16 +182,14 @@ int ValidateCommand() {
     std::fprintf(out, "%s\n", LayoutJson(r).c_str());
     std::fflush(out);
     if (r.error.empty()) {
-      std::fprintf(stderr,
-                   "loom-schedule: validate: \"%s\": predicted %.4g s, measured %.4g s (x%.3f) "
-                   "over %d iterations%s\n",
-                   r.layout.c_str(), r.predicted_s, r.measured_s, r.predicted_s / r.measured_s,
-                   r.iterations,
-                   r.host_cores > 0 && r.ranks > r.host_cores
-                       ? absl::StrCat(" (", r.ranks, " ranks share ", r.host_cores,
-                                      " cores: the simulator gives each its own device)")
-                             .c_str()
-                       : "");
+      std::fprintf(
+          stderr,
+          "loom-schedule: validate: \"%s\": predicted %.4g s, measured %.4g s (x%.3f) "
+          "over %d iterations%s\n",
+          r.layout.c_str(), r.predicted_s, r.measured_s, r.predicted_s / r.measured_s, r.iterations,
+          r.host_cores > 0 && r.ranks > r.host_cores
+              ? absl::StrCat(" (", r.ranks, " ranks share ", r.host_cores, " cores)").c_str()
+              : "");
     } else {
       std::fprintf(stderr, "loom-schedule: validate: \"%s\": %s\n", r.layout.c_str(),
                    r.error.c_str());

@@ -123,6 +123,7 @@ void ApplyDeployment(const SchedulerDeployment& deployment, SchedulerServiceOpti
   o->peak_flops = deployment.peak_flops;
   o->trace_dir = deployment.trace_dir;
   o->metrics_dir = deployment.run_dir;
+  o->plan.set_shared_devices(deployment.shared_devices);
 }
 
 grpc::Status ControlServiceImpl::SubmitJob(grpc::ServerContext*,

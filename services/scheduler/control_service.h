@@ -25,6 +25,9 @@ struct SchedulerDeployment {
   // Non-empty: a profile (loom-schedule profile) whose coefficients price
   // every job's work instead of the analytic ones, and stay (fixed_costs).
   std::string profile_file;
+  // The plan's shared_devices (the simulator's): > 0 when the workers share
+  // one host's cores (loom up on the CPU).
+  int shared_devices = 0;
 };
 
 // The scheduler options of `spec`: defaults applied, validated (errors name

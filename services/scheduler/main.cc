@@ -63,6 +63,10 @@ ABSL_FLAG(std::string, profile, "",
           "A profile (JSON from `loom-schedule profile`): its measured coefficients price the "
           "job's work, fixed (no refit from timings); a module at a TP it did not measure is "
           "scaled by the planner's TP model.");
+ABSL_FLAG(int, shared_devices, 0,
+          "The workers share this many devices' worth of compute (CPU workers on one host: its "
+          "cores over each worker's threads); the simulator shares them among the tasks that "
+          "run at once. 0: a device per rank.");
 ABSL_FLAG(std::string, trace_dir, "",
           "Append each iteration's simulated timeline to DIR/predicted.jsonl (loom up --trace).");
 ABSL_FLAG(double, peak_flops, 0,
@@ -106,7 +110,7 @@ int main(int argc, char** argv) {
                     "Flags: --host --grpc_port --metrics_port --shutdown_deadline --log_level "
                     "--config --retained_iterations --assign_ahead --ilp_seconds --job --run_dir "
                     "--resume --resume_step "
-                    "--peak_flops --trace_dir --profile --take_back");
+                    "--peak_flops --trace_dir --profile --shared_devices --take_back");
   loom::Chassis chassis(
       loom::ChassisOptionsFromFlags("loom-scheduler", loom::common::v1::ROLE_SCHEDULER, 0));
   auto fail = [](const absl::Status& s) {
@@ -126,6 +130,10 @@ int main(int argc, char** argv) {
   deployment.peak_flops = absl::GetFlag(FLAGS_peak_flops);
   deployment.trace_dir = absl::GetFlag(FLAGS_trace_dir);
   deployment.profile_file = absl::GetFlag(FLAGS_profile);
+  deployment.shared_devices = absl::GetFlag(FLAGS_shared_devices);
+  if (deployment.shared_devices < 0) {
+    return fail(absl::InvalidArgumentError("--shared_devices: must be >= 0"));
+  }
   if (!deployment.profile_file.empty()) {  // a bad file fails here, not each job's submission
     absl::StatusOr<loom::scheduler::v1::Profile> p =
         loom::sched::ReadProfile(deployment.profile_file);
