@@ -208,6 +208,24 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
   }
 }
 
+void AssignLocalRanks(bool colocate, std::vector<LaunchedService>* services) {
+  auto role = [](const LaunchedService& s) { return s.binary->role; };
+  std::map<std::string, int> on_host;
+  std::map<int, const LaunchedService*> llm_ranks;
+  for (LaunchedService& s : *services) {
+    if (!s.binary->worker || (colocate && role(s) == common::v1::ROLE_ENCODER_WORKER)) continue;
+    s.local_rank = on_host[s.netns + "/" + s.host]++;
+    if (role(s) == common::v1::ROLE_LLM_WORKER) llm_ranks[s.rank] = &s;
+  }
+  for (LaunchedService& s : *services) {
+    if (!colocate || role(s) != common::v1::ROLE_ENCODER_WORKER) continue;
+    auto llm = llm_ranks.find(s.rank);
+    const bool beside =
+        llm != llm_ranks.end() && llm->second->host == s.host && llm->second->netns == s.netns;
+    s.local_rank = beside ? llm->second->local_rank : on_host[s.netns + "/" + s.host]++;
+  }
+}
+
 absl::Status Launcher::Start() {
   if (absl::Status s = MakeDirectories(options_.run_dir + "/logs"); !s.ok()) return s;
   TransportSecurity admin;  // plaintext when insecure
@@ -248,13 +266,7 @@ absl::Status Launcher::Start() {
       services_.push_back(std::move(s));
     }
   }
-  // Each worker's rank among the workers on its host (every module's,
-  // in launch order): device "cuda" opens that rank's GPU, so the workers on
-  // a machine spread over its GPUs.
-  std::map<std::string, int> on_host;
-  for (LaunchedService& s : services_) {
-    if (s.binary->worker) s.local_rank = on_host[s.netns + "/" + s.host]++;
-  }
+  AssignLocalRanks(options_.job.parallel().colocate(), &services_);
   // Each stage needs the previous one's port: preprocess, scheduler, then
   // all workers together.
   for (size_t i = 0; i < services_.size();) {

@@ -92,6 +92,12 @@ struct LaunchedService {
   bool awaiting_replacement = false;
 };
 
+// Each worker's rank among the workers on its host (every module's, in
+// launch order): device "cuda" opens that rank's GPU, so the workers on a
+// machine spread over its GPUs. Colocated (parallel.colocate), encoder rank
+// k takes LLM rank k's instead (the same GPU) when they share a host.
+void AssignLocalRanks(bool colocate, std::vector<LaunchedService>* services);
+
 class Launcher {
  public:
   explicit Launcher(LauncherOptions options) : options_(std::move(options)) {}

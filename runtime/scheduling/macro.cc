@@ -98,7 +98,8 @@ std::string LayoutText(const scheduler::v1::Plan& plan) {
   return absl::StrCat("encoder_tp: ", plan.encoder().tp(), " encoder_pp: ", plan.encoder().pp(),
                       " encoder_dp: ", plan.encoder().dp(), " llm_tp: ", plan.llm().tp(),
                       " llm_pp: ", plan.llm().pp(), " llm_dp: ", plan.llm().dp(),
-                      " microbatches: ", plan.microbatches());
+                      " microbatches: ", plan.microbatches(),
+                      plan.colocated() ? " colocate: true" : "");
 }
 
 }  // namespace loom::sched

@@ -77,6 +77,10 @@ scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
 
 namespace {
 
+Recompute EncoderRecompute(const PlanLimits& limits) {
+  return limits.encoder_recompute.value_or(limits.recompute);
+}
+
 // What a search needs of the batch and the model.
 struct Workload {
   ModelFlops flops;                                       // with the limits' recompute
@@ -100,6 +104,9 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
   }
   Workload w;
   w.flops = AnalyticFlops(model, limits.recompute == Recompute::kFull, limits.frozen);
+  w.flops.encoder_per_tile =
+      AnalyticFlops(model, EncoderRecompute(limits) == Recompute::kFull, limits.frozen)
+          .encoder_per_tile;
   const ModelFlops useful = AnalyticFlops(model, false, limits.frozen);
   w.B = stats.global_batch;
   w.enc_flops = w.B * stats.mean_tiles * w.flops.encoder_per_tile;
@@ -125,25 +132,27 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
 // first), microbatches of `tokens` LLM tokens (`image_tokens` of them
 // image positions) or bins of `tiles` tiles, `bins` of them per encoder
 // replica.
-StageMemoryOptions GpuMemoryOptions(const PlanLimits& limits, int tp, int dp, bool frozen) {
+StageMemoryOptions GpuMemoryOptions(const PlanLimits& limits, Recompute recompute, int tp, int dp,
+                                    bool frozen) {
   StageMemoryOptions o;
   o.precision = limits.precision;
   o.tp = tp;
   o.optimizer_shards = limits.shard_optimizer ? dp : 1;
   o.dp = dp;
   o.frozen = frozen;
-  o.recompute = limits.recompute;
+  o.recompute = recompute;
   o.device = true;
   o.optimizer_on_device = true;
   return o;
 }
 
+// `last_stage` 0: the first stage alone.
 double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp, int dp,
-                    int m, double tokens, double image_tokens) {
+                    int m, double tokens, double image_tokens, int last_stage = -1) {
   const std::vector<int> b = LlmStages(model, pp).bounds;
-  StageMemoryOptions o = GpuMemoryOptions(limits, tp, dp, limits.frozen.llm);
+  StageMemoryOptions o = GpuMemoryOptions(limits, limits.recompute, tp, dp, limits.frozen.llm);
   double peak = 0;
-  for (int s = 0; s < pp; ++s) {
+  for (int s = 0; s < (last_stage < 0 ? pp : last_stage + 1); ++s) {
     o.in_flight = std::min(m, pp - s);  // at LLM stage s, whatever the encoder's stages
     const MemoryEstimate e =
         LlmStageMemory(model.llm, b[s], b[s + 1], static_cast<int64_t>(std::ceil(tokens)),
@@ -156,7 +165,8 @@ double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, 
 double EncoderPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp, int dp,
                         double tiles, int bins) {
   const std::vector<int> b = VitStages(model, pp).bounds;
-  StageMemoryOptions o = GpuMemoryOptions(limits, tp, dp, limits.frozen.vision);
+  StageMemoryOptions o =
+      GpuMemoryOptions(limits, EncoderRecompute(limits), tp, dp, limits.frozen.vision);
   o.projector_frozen = limits.frozen.projector;
   double peak = 0;
   for (int s = 0; s < pp; ++s) {
@@ -207,7 +217,7 @@ void FillModule(scheduler::v1::ModulePlan* p, int tp, int pp, int dp, int gpus, 
 // The fields both searches fill the same way: per-sample time coefficients
 // at the chosen degrees' efficiencies, the prediction and the search's cost.
 void FillCommon(const ClusterSpec& c, const ModelConfig& model, const BatchStats& stats,
-                const Workload& w, double time, int64_t candidates,
+                const PlanLimits& limits, const Workload& w, double time, int64_t candidates,
                 std::chrono::steady_clock::time_point t0, scheduler::v1::Plan* plan) {
   const auto& e = plan->encoder();
   const auto& l = plan->llm();
@@ -226,6 +236,8 @@ void FillCommon(const ClusterSpec& c, const ModelConfig& model, const BatchStats
                                       : w.flops.embedding_bytes_per_image_token /
                                             c.inter_node_bytes_per_second);
   SetStageShares(model, e.pp(), l.pp(), k);
+  plan->set_encoder_recompute(RecomputeName(EncoderRecompute(limits)));
+  plan->set_llm_recompute(RecomputeName(limits.recompute));
   plan->set_predicted_iteration_seconds(time);
   plan->set_predicted_mfu(w.useful_flops / (time * c.gpus * c.peak_flops));
   plan->set_candidates(candidates);
@@ -245,12 +257,20 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
   return std::move(plans->front());
 }
 
-absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& c,
-                                                             const ModelConfig& model,
-                                                             const BatchStats& stats,
-                                                             const PlanLimits& limits, int count) {
-  if (count < 1) return absl::InvalidArgumentError(absl::StrCat("want ", count, " plans"));
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+bool SameDegrees(const scheduler::v1::Plan& x, const scheduler::v1::Plan& y) {
+  auto same = [](const scheduler::v1::ModulePlan& a, const scheduler::v1::ModulePlan& b) {
+    return a.tp() == b.tp() && a.pp() == b.pp() && a.dp() == b.dp();
+  };
+  return same(x.encoder(), y.encoder()) && same(x.llm(), y.llm()) && x.colocated() == y.colocated();
+}
+
+// SearchPlans at the limits' recompute; `candidates` counts up.
+absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
+    const ClusterSpec& c, const ModelConfig& model, const BatchStats& stats,
+    const PlanLimits& limits, int count, std::chrono::steady_clock::time_point t0,
+    int64_t& candidates) {
   absl::StatusOr<Workload> work = WorkloadOf(c, model, stats, limits);
   if (!work.ok()) return work.status();
   const Workload& w = *work;
@@ -263,11 +283,11 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& 
     double time = INFINITY;
     int tp_e = 0, pp_e = 0, dp_e = 0, tp_l = 0, pp_l = 0, dp_l = 0, m = 0;
     double enc_stage = 0, llm_stage = 0, mem_e = 0, mem_l = 0, ar_e = 0, ar_l = 0;
+    bool colocated = false;
   };
   std::vector<Best> best;  // the `count` fastest that fit, fastest first
   // What a configuration must beat to be kept.
   auto bar = [&] { return static_cast<int>(best.size()) < count ? INFINITY : best.back().time; };
-  int64_t candidates = 0;
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
   for (int tp_l : Divisors(model.llm.kv(), max_tp)) {  // whole key/value groups
     for (int pp_l : Divisors(model.llm.layers, limits.max_llm_pp)) {
@@ -279,59 +299,81 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& 
           const double static_l = LlmPeakBytes(model, limits, tp_l, pp_l, c.gpus, 1, 0, 0);
           const double static_e = EncoderPeakBytes(model, limits, tp_e, pp_e, c.gpus, 0, 0);
           if (static_l > budget || static_e > budget) continue;
-          for (int dp_l = 1; group_l * dp_l + group_e <= c.gpus; ++dp_l) {
-            const int dp_e = (c.gpus - group_l * dp_l) / group_e;
-            const double ar_l =
-                RingAllreduceSeconds(kGradBytes * w.llm_trained / group_l, dp_l, group_l * dp_l, c);
-            const double ar_e =
-                RingAllreduceSeconds(kGradBytes * w.enc_trained / group_e, dp_e, group_e * dp_e, c);
-            const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
-            for (int m = pp_l; m <= max_m; ++m) {
-              ++candidates;
-              // LLM stage: one microbatch through one stage.
-              const double mb_tokens = B * stats.mean_length / (dp_l * m);
-              const double eff_l = Efficiency(c, mb_tokens / tp_l) * TpEfficiency(tp_l);
-              double llm_stage = llm_flops / (dp_l * m) / (pp_l * tp_l * c.peak_flops * eff_l);
-              if (pp_l > 1) {
-                const double bw = group_l > c.gpus_per_node ? c.inter_node_bytes_per_second
-                                                            : c.intra_node_bytes_per_second;
-                llm_stage += 2 * mb_tokens * model.llm.dim * 2 / tp_l / bw;
+          // Disaggregated, the encoder on the GPUs the LLM leaves; colocated,
+          // on the LLM's first-stage GPUs (tp_l x dp_l of them), beside it.
+          for (bool colocated : {false, true}) {
+            if (colocated && (!limits.colocate || tp_e % tp_l != 0)) continue;
+            for (int dp_l = 1; group_l * dp_l + (colocated ? 0 : group_e) <= c.gpus; ++dp_l) {
+              const int first = tp_l * dp_l;
+              if (colocated && first % group_e != 0) continue;
+              const int dp_e = colocated ? first / group_e : (c.gpus - group_l * dp_l) / group_e;
+              const double ar_l = RingAllreduceSeconds(kGradBytes * w.llm_trained / group_l, dp_l,
+                                                       group_l * dp_l, c);
+              const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_trained / group_e, dp_e,
+                                                       group_e * dp_e, c);
+              const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
+              for (int m = pp_l; m <= max_m; ++m) {
+                ++candidates;
+                // LLM stage: one microbatch through one stage.
+                const double mb_tokens = B * stats.mean_length / (dp_l * m);
+                const double eff_l = Efficiency(c, mb_tokens / tp_l) * TpEfficiency(tp_l);
+                double llm_stage = llm_flops / (dp_l * m) / (pp_l * tp_l * c.peak_flops * eff_l);
+                if (pp_l > 1) {
+                  const double bw = group_l > c.gpus_per_node ? c.inter_node_bytes_per_second
+                                                              : c.intra_node_bytes_per_second;
+                  llm_stage += 2 * mb_tokens * model.llm.dim * 2 / tp_l / bw;
+                }
+                // Encoder stage: its share of one microbatch slot's tiles
+                // (colocated: what each first-stage GPU spends on them).
+                const double slot_tiles = B * stats.mean_tiles / (dp_e * m);
+                const double eff_e =
+                    Efficiency(c, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
+                const double enc_stage =
+                    enc_flops > 0 ? enc_flops / (dp_e * m) / (pp_e * tp_e * c.peak_flops * eff_e)
+                                  : 0;
+                const double transfer = B * stats.mean_image_tokens *
+                                        flops.embedding_bytes_per_image_token / (dp_l * m) /
+                                        c.inter_node_bytes_per_second;
+                // Colocated, the first stage's GPUs run both modules' work
+                // (as the monolithic layout's, plus the encoder's pipeline
+                // fill) and both allreduces.
+                const double time =
+                    colocated ? (m + pp_l - 1) * std::max(llm_stage + enc_stage, transfer) +
+                                    (pp_e - 1) * enc_stage + ar_l + ar_e
+                              : (m + pp_e + pp_l - 1) * std::max({llm_stage, enc_stage, transfer}) +
+                                    std::max(ar_l, ar_e);
+                if (time >= bar()) continue;
+                const double tokens = mb_tokens * kMicrobatchHeadroom;
+                const double image_tokens =
+                    B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom;
+                const double mem_l =
+                    LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m, tokens, image_tokens);
+                double mem_e = EncoderPeakBytes(model, limits, tp_e, pp_e, dp_e,
+                                                slot_tiles * kMicrobatchHeadroom,
+                                                (dp_l * m + dp_e - 1) / dp_e);
+                if (colocated) {  // a GPU holds an encoder rank and a first-stage LLM rank
+                  mem_e +=
+                      LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m, tokens, image_tokens, 0);
+                }
+                if (mem_l > budget || mem_e > budget) continue;
+                const Best b{time,      tp_e,      pp_e,  dp_e,  tp_l, pp_l, dp_l,     m,
+                             enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l, colocated};
+                // One candidate per layout (its degrees), at its best
+                // microbatch count.
+                auto same = std::find_if(best.begin(), best.end(), [&](const Best& x) {
+                  return x.tp_e == tp_e && x.pp_e == pp_e && x.dp_e == dp_e && x.tp_l == tp_l &&
+                         x.pp_l == pp_l && x.dp_l == dp_l && x.colocated == colocated;
+                });
+                if (same != best.end()) {
+                  if (same->time <= time) continue;
+                  best.erase(same);
+                }
+                best.insert(
+                    std::upper_bound(best.begin(), best.end(), b,
+                                     [](const Best& x, const Best& y) { return x.time < y.time; }),
+                    b);
+                if (static_cast<int>(best.size()) > count) best.pop_back();
               }
-              // Encoder stage: its share of one microbatch slot's tiles.
-              const double slot_tiles = B * stats.mean_tiles / (dp_e * m);
-              const double eff_e = Efficiency(c, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
-              const double enc_stage =
-                  enc_flops > 0 ? enc_flops / (dp_e * m) / (pp_e * tp_e * c.peak_flops * eff_e) : 0;
-              const double transfer = B * stats.mean_image_tokens *
-                                      flops.embedding_bytes_per_image_token / (dp_l * m) /
-                                      c.inter_node_bytes_per_second;
-              const double stage = std::max({llm_stage, enc_stage, transfer});
-              const double time = (m + pp_e + pp_l - 1) * stage + std::max(ar_l, ar_e);
-              if (time >= bar()) continue;
-              const double mem_l =
-                  LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m, mb_tokens * kMicrobatchHeadroom,
-                               B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom);
-              const double mem_e =
-                  EncoderPeakBytes(model, limits, tp_e, pp_e, dp_e,
-                                   slot_tiles * kMicrobatchHeadroom, (dp_l * m + dp_e - 1) / dp_e);
-              if (mem_l > budget || mem_e > budget) continue;
-              const Best b{time, tp_e,      pp_e,      dp_e,  tp_l,  pp_l, dp_l,
-                           m,    enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l};
-              // One candidate per layout (its degrees), at its best
-              // microbatch count.
-              auto same = std::find_if(best.begin(), best.end(), [&](const Best& x) {
-                return x.tp_e == tp_e && x.pp_e == pp_e && x.dp_e == dp_e && x.tp_l == tp_l &&
-                       x.pp_l == pp_l && x.dp_l == dp_l;
-              });
-              if (same != best.end()) {
-                if (same->time <= time) continue;
-                best.erase(same);
-              }
-              best.insert(
-                  std::upper_bound(best.begin(), best.end(), b,
-                                   [](const Best& x, const Best& y) { return x.time < y.time; }),
-                  b);
-              if (static_cast<int>(best.size()) > count) best.pop_back();
             }
           }
         }
@@ -351,9 +393,63 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& 
     FillModule(plan.mutable_llm(), b.tp_l, b.pp_l, b.dp_l, b.tp_l * b.pp_l * b.dp_l, b.mem_l,
                b.llm_stage, b.ar_l);
     plan.set_microbatches(b.m);
-    FillCommon(c, model, stats, w, b.time, candidates, t0, &plan);
+    plan.set_colocated(b.colocated);
+    FillCommon(c, model, stats, limits, w, b.time, candidates, t0, &plan);
   }
   return plans;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& c,
+                                                             const ModelConfig& model,
+                                                             const BatchStats& stats,
+                                                             const PlanLimits& limits, int count) {
+  if (count < 1) return absl::InvalidArgumentError(absl::StrCat("want ", count, " plans"));
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t candidates = 0;
+  if (!limits.search_recompute)
+    return SearchPlansAt(c, model, stats, limits, count, t0, candidates);
+  // Every pair of the modules' recompute, merged: the `count` fastest
+  // layouts, each at its fastest pair (the earlier pair at equal time).
+  std::vector<scheduler::v1::Plan> merged;
+  absl::Status last;
+  for (Recompute llm : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    for (Recompute encoder : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      PlanLimits at = limits;
+      at.search_recompute = false;
+      at.recompute = llm;
+      at.encoder_recompute = encoder;
+      absl::StatusOr<std::vector<scheduler::v1::Plan>> plans =
+          SearchPlansAt(c, model, stats, at, count, t0, candidates);
+      if (!plans.ok()) {
+        if (!absl::IsResourceExhausted(plans.status())) return plans.status();
+        last = plans.status();
+        continue;
+      }
+      for (scheduler::v1::Plan& p : *plans) {
+        auto same = std::find_if(merged.begin(), merged.end(),
+                                 [&](const scheduler::v1::Plan& x) { return SameDegrees(x, p); });
+        if (same != merged.end()) {
+          if (same->predicted_iteration_seconds() <= p.predicted_iteration_seconds()) continue;
+          merged.erase(same);
+        }
+        merged.push_back(std::move(p));
+      }
+    }
+  }
+  if (merged.empty()) return last;
+  std::stable_sort(merged.begin(), merged.end(), [](const auto& x, const auto& y) {
+    return x.predicted_iteration_seconds() < y.predicted_iteration_seconds();
+  });
+  if (static_cast<int>(merged.size()) > count) merged.resize(count);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (scheduler::v1::Plan& p : merged) {
+    p.set_candidates(candidates);
+    p.set_search_seconds(seconds);
+  }
+  return merged;
 }
 
 absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
@@ -466,7 +562,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
       k->add_llm_stage_share(units / llm_units);
     }
   }  // else FillCommon's: the LLM's own split
-  FillCommon(c, model, stats, w, best.time, candidates, t0, &plan);
+  FillCommon(c, model, stats, limits, w, best.time, candidates, t0, &plan);
   return plan;
 }
 

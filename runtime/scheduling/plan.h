@@ -20,6 +20,7 @@
 #ifndef LOOM_RUNTIME_SCHEDULING_PLAN_H_
 #define LOOM_RUNTIME_SCHEDULING_PLAN_H_
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,6 +63,18 @@ struct PlanLimits {
   // microbatch's activations; none and selective every in-flight
   // microbatch's (the memory model's).
   Recompute recompute = Recompute::kNone;
+  // The encoder's, when it differs from the LLM's (`recompute`).
+  std::optional<Recompute> encoder_recompute;
+  // Choose each module's recompute as well (none, selective, full: the
+  // fastest layout that fits, none before selective before full at equal
+  // time); `recompute` and `encoder_recompute` are then ignored. Every
+  // plan records its modules' recompute (Plan.encoder_recompute,
+  // llm_recompute).
+  bool search_recompute = false;
+  // Consider colocated layouts too (Plan.colocated: the encoder's ranks on
+  // the LLM's first-stage GPUs, an encoder TP group over whole LLM TP
+  // groups so that they slow together).
+  bool colocate = true;
   double memory_fraction = 0.9;  // of a GPU's memory the plan may use
   // Modules that do not train: cheaper backward (AnalyticFlops), weights
   // alone in memory (no gradients or moments), no gradient allreduce.

@@ -116,7 +116,11 @@ BatchStats OneVisionLike(double mean_tiles, int global_batch) {
 }
 
 void ExpectConsistent(const scheduler::v1::Plan& p, const ClusterSpec& c, const ModelConfig& m) {
-  EXPECT_LE(p.encoder().gpus() + p.llm().gpus(), c.gpus);
+  // Colocated encoder ranks run on the LLM's first-stage GPUs.
+  EXPECT_LE((p.colocated() ? 0 : p.encoder().gpus()) + p.llm().gpus(), c.gpus);
+  if (p.colocated()) {
+    EXPECT_EQ(p.encoder().gpus(), p.llm().tp() * p.llm().dp());
+  }
   for (const auto* mod : {&p.encoder(), &p.llm()}) {
     EXPECT_EQ(mod->gpus(), mod->tp() * mod->pp() * mod->dp());
     EXPECT_LE(mod->tp(), c.gpus_per_node);
@@ -150,9 +154,10 @@ TEST(PlanTest, FrozenModulesNeedLessMemoryAndTime) {
   ClusterSpec c;
   c.gpus = 1296;
   const ModelConfig m = Config("vit300m-llm7b");
-  PlanLimits frozen;
+  PlanLimits frozen, apart;  // the LLM's memory alone on its GPUs
+  apart.colocate = frozen.colocate = false;
   frozen.frozen = *ParseFrozen("vision,llm");
-  absl::StatusOr<scheduler::v1::Plan> full = SearchPlan(c, m, OneVisionLike(5, 4096), {});
+  absl::StatusOr<scheduler::v1::Plan> full = SearchPlan(c, m, OneVisionLike(5, 4096), apart);
   absl::StatusOr<scheduler::v1::Plan> stage1 = SearchPlan(c, m, OneVisionLike(5, 4096), frozen);
   ASSERT_TRUE(full.ok() && stage1.ok()) << full.status() << stage1.status();
   ExpectConsistent(*stage1, c, m);
@@ -209,12 +214,74 @@ TEST(PlanTest, HeavierImagesGetMoreEncoderGpus) {
   ClusterSpec c;
   c.gpus = 64;
   const ModelConfig m = Config("vit300m-llm1b");
-  auto light = SearchPlan(c, m, OneVisionLike(1, 512), {});
-  auto heavy = SearchPlan(c, m, OneVisionLike(12, 512), {});
+  PlanLimits apart;  // the encoder on GPUs of its own
+  apart.colocate = false;
+  auto light = SearchPlan(c, m, OneVisionLike(1, 512), apart);
+  auto heavy = SearchPlan(c, m, OneVisionLike(12, 512), apart);
   ASSERT_TRUE(light.ok() && heavy.ok());
   ExpectConsistent(*light, c, m);
   ExpectConsistent(*heavy, c, m);
   EXPECT_GT(heavy->encoder().gpus(), light->encoder().gpus());
+}
+
+// Colocated layouts (the encoder's ranks on the LLM's first-stage GPUs)
+// are searched beside disaggregated ones. A 7B LLM runs at TP 8 without a
+// pipeline: its first stage is every GPU it has, and an encoder of GPUs of
+// its own would leave them idle between its bins; colocated, the encoder
+// takes none of the cluster, and the search prefers it.
+TEST(PlanTest, ColocatedPlansRunTheEncoderOnTheFirstStagesGpus) {
+  ClusterSpec c;
+  c.gpus = 1172;
+  const ModelConfig m = Config("vit300m-llm7b");
+  PlanLimits limits;
+  limits.recompute = Recompute::kSelective;
+  auto plans = SearchPlans(c, m, OneVisionLike(9, 4096), limits, 20);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  for (const scheduler::v1::Plan& p : *plans) {
+    ExpectConsistent(p, c, m);
+    EXPECT_TRUE(!p.colocated() || p.encoder().tp() % p.llm().tp() == 0);
+  }
+  limits.colocate = false;
+  auto apart = SearchPlan(c, m, OneVisionLike(9, 4096), limits);
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  EXPECT_FALSE(apart->colocated());
+  const scheduler::v1::Plan& best = plans->front();
+  EXPECT_TRUE(best.colocated());
+  EXPECT_EQ(best.llm().pp(), 1);
+  EXPECT_LT(best.predicted_iteration_seconds(), apart->predicted_iteration_seconds());
+  // The simulator runs it (encoder rank k beside LLM rank k).
+  EXPECT_NE(LayoutText(best).find("colocate: true"), std::string::npos);
+}
+
+// The search may choose each module's recompute: never slower than any one
+// recompute for both, and the plan says which it chose.
+TEST(PlanTest, SearchedRecomputeIsNoSlowerThanAFixedOne) {
+  ClusterSpec c;
+  c.gpus = 512;
+  const ModelConfig m = Config("vit300m-llm7b");
+  PlanLimits limits;
+  limits.search_recompute = true;
+  const BatchStats stats = OneVisionLike(9, 2048);
+  auto chosen = SearchPlan(c, m, stats, limits);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ExpectConsistent(*chosen, c, m);
+  std::set<std::string> names;
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    names.insert(RecomputeName(r));
+    PlanLimits fixed;
+    fixed.recompute = r;
+    auto plan = SearchPlan(c, m, stats, fixed);
+    if (!plan.ok()) {
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+      continue;
+    }
+    EXPECT_EQ(plan->llm_recompute(), RecomputeName(r));
+    EXPECT_EQ(plan->encoder_recompute(), RecomputeName(r));
+    EXPECT_LE(chosen->predicted_iteration_seconds(), plan->predicted_iteration_seconds())
+        << RecomputeName(r);
+  }
+  EXPECT_EQ(names.count(chosen->llm_recompute()), 1u);
+  EXPECT_EQ(names.count(chosen->encoder_recompute()), 1u);
 }
 
 // The monolithic layout: one grid for both modules, the encoder's state on

@@ -23,7 +23,8 @@ scheduler::v1::Plan PlanOfDegrees(const Degrees& d) {
     module->set_gpus(tp * pp * dp);
   }
   plan.set_microbatches(d.microbatches);
-  plan.set_cluster_gpus(plan.llm().gpus() + plan.encoder().gpus());
+  plan.set_colocated(d.colocate);
+  plan.set_cluster_gpus(plan.llm().gpus() + (d.colocate ? 0 : plan.encoder().gpus()));
   return plan;
 }
 
@@ -83,6 +84,7 @@ SimulationOptions SimulationOptionsFor(const scheduler::v1::Plan& plan) {
   so.encoder_recompute = plan.encoder_recompute().empty() || plan.encoder_recompute() == "full";
   so.llm_recompute = plan.llm_recompute().empty() || plan.llm_recompute() == "full";
   so.shared_devices = plan.shared_devices();
+  so.colocated = plan.colocated();
   so.encoder_tp = std::max(1, plan.encoder().tp());
   so.llm_tp = std::max(1, plan.llm().tp());
   return so;

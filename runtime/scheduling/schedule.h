@@ -24,6 +24,7 @@ struct Degrees {
   int encoder_tp = 1;
   int llm_pp = 1;
   int encoder_pp = 1;
+  bool colocate = false;  // Plan.colocated
 };
 
 // A plan of the given degrees with no cost prediction (`--llm_dp ...`).

@@ -75,14 +75,18 @@ ABSL_FLAG(int, max_microbatches, 64, "plan: most microbatches per LLM rank.");
 ABSL_FLAG(std::string, recompute, "none",
           "plan: how the workers keep activations, priced by the time and memory models and "
           "written into the job for both modules: none, selective or full "
-          "(runtime/model/precision.h Recompute).");
+          "(runtime/model/precision.h Recompute); auto: the search chooses each module's.");
 ABSL_FLAG(std::string, freeze, "",
           "plan: modules that do not train, comma-separated: vision, projector, llm.");
 ABSL_FLAG(std::string, job_output, "",
           "plan: also write the plan as a job config (.json: JSON, else text format) for "
           "`loom up --config` and loom-scheduler --job.");
 ABSL_FLAG(std::string, values_output, "",
-          "plan: also write the plan as Helm values ({\"job\": ...}) for `helm install -f`.");
+          "plan: also write the plan as Helm values ({\"job\": ...}) for `helm install -f`; "
+          "the chart runs disaggregated layouts, so the search then leaves colocated ones out.");
+ABSL_FLAG(bool, colocate, true,
+          "plan: consider colocated layouts too (the encoder's ranks on the LLM's first-stage "
+          "GPUs: the job's parallel.colocate).");
 ABSL_FLAG(std::string, shards, "", "plan: the job's data.shards (the shards the scan read).");
 ABSL_FLAG(int, macro_batches, 32,
           "plan: global batches drawn from the scan to simulate each candidate plan on "
@@ -185,6 +189,7 @@ absl::StatusOr<job::v1::JobConfig> JobOfPlan(const scheduler::v1::Plan& plan,
   p->set_llm_pp(plan.llm().pp());
   p->set_llm_dp(plan.llm().dp());
   p->set_microbatches(plan.microbatches());
+  p->set_colocate(plan.colocated());
   if (frozen.vision || frozen.projector || frozen.llm) {
     job.mutable_freeze()->set_vision(frozen.vision);
     job.mutable_freeze()->set_projector(frozen.projector);
@@ -201,12 +206,8 @@ absl::StatusOr<job::v1::JobConfig> JobOfPlan(const scheduler::v1::Plan& plan,
   }
   job.set_precision(absl::GetFlag(FLAGS_precision));
   if (absl::GetFlag(FLAGS_shard_optimizer)) job.mutable_optimizer()->set_shard(true);
-  absl::StatusOr<Recompute> recompute = ParseRecompute(absl::GetFlag(FLAGS_recompute));
-  if (!recompute.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--recompute: ", recompute.status().message()));
-  }
-  job.mutable_recompute()->set_encoder(RecomputeName(*recompute));
-  job.mutable_recompute()->set_llm(RecomputeName(*recompute));
+  job.mutable_recompute()->set_encoder(plan.encoder_recompute());
+  job.mutable_recompute()->set_llm(plan.llm_recompute());
   return job;
 }
 
@@ -261,12 +262,16 @@ int Plan(const BatchFile& batch) {
                                : static_cast<int>(batch.samples.size());
   PlanLimits limits;
   limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
-  absl::StatusOr<Recompute> recompute = ParseRecompute(absl::GetFlag(FLAGS_recompute));
-  if (!recompute.ok()) {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat("--recompute: ", recompute.status().message())));
+  if (absl::GetFlag(FLAGS_recompute) == "auto") {
+    limits.search_recompute = true;
+  } else {
+    absl::StatusOr<Recompute> recompute = ParseRecompute(absl::GetFlag(FLAGS_recompute));
+    if (!recompute.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--recompute: ", recompute.status().message(), " (or auto)")));
+    }
+    limits.recompute = *recompute;
   }
-  limits.recompute = *recompute;
   absl::StatusOr<Precision> precision = ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!precision.ok()) {
     return Fail(
@@ -274,6 +279,7 @@ int Plan(const BatchFile& batch) {
   }
   limits.precision = *precision;
   limits.shard_optimizer = absl::GetFlag(FLAGS_shard_optimizer);
+  limits.colocate = absl::GetFlag(FLAGS_colocate) && absl::GetFlag(FLAGS_values_output).empty();
   absl::StatusOr<Frozen> frozen = ParseFrozen(absl::GetFlag(FLAGS_freeze));
   if (!frozen.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--freeze: ", frozen.status().message())));
@@ -291,10 +297,6 @@ int Plan(const BatchFile& batch) {
       SearchPlans(ClusterFromFlags(), *model, StatsOf(shapes, global_batch), limits,
                   macro_batches > 0 ? plan_candidates : 1);
   if (!candidates.ok()) return Fail(candidates.status());
-  for (scheduler::v1::Plan& c : *candidates) {
-    c.set_encoder_recompute(RecomputeName(limits.recompute));
-    c.set_llm_recompute(RecomputeName(limits.recompute));
-  }
   absl::StatusOr<scheduler::v1::Plan> plan = candidates->front();
   if (macro_batches > 0) {
     MacroBatchOptions m;

@@ -20,7 +20,10 @@ $py - "$dir/plan.json" "$dir/plan.err" <<'PY' || { cat "$dir/plan.err"; fail "pl
 import json, re, sys
 p = json.load(open(sys.argv[1]))
 e, l = p["encoder"], p["llm"]
-assert e["gpus"] + l["gpus"] <= 64, p
+# Colocated, the encoder's ranks run on the LLM's first-stage GPUs.
+assert (0 if p.get("colocated") else e["gpus"]) + l["gpus"] <= 64, p
+if p.get("colocated"):
+    assert e["gpus"] == l["tp"] * l["dp"] and e["tp"] % l["tp"] == 0, p
 for m in (e, l):
     assert m["gpus"] == m["tp"] * m["pp"] * m["dp"], m
 assert p["microbatches"] >= l["pp"] and l["dp"] * p["microbatches"] <= 512, p
@@ -36,7 +39,8 @@ means = [float(re.search(r"mean ([0-9.e+-]+)", x).group(1)) for x in lines]
 chosen = [x for x in lines if x.rstrip().endswith("<- the plan")]
 assert len(chosen) == 1, lines
 assert abs(float(re.search(r"mean ([0-9.e+-]+)", chosen[0]).group(1)) - min(means)) <= 1e-5 * min(means), lines
-assert "microbatches: %d:" % p["microbatches"] in chosen[0], (chosen, p["microbatches"])
+assert re.search(r"microbatches: %d( colocate: true)?:" % p["microbatches"], chosen[0]), (chosen, p)
+assert ("colocate: true" in chosen[0]) == bool(p.get("colocated")), (chosen, p)
 PY
 # The simulator alone on that plan, over the same seeded batches: the same
 # distribution the plan records.
@@ -107,6 +111,7 @@ import json, sys
 p, job, values, schema = (json.load(open(f)) for f in sys.argv[1:5])
 e, l = p["encoder"], p["llm"]
 assert "llama3-8b.json" in p["model"] and e["gpus"] + l["gpus"] <= 256, p
+assert not p.get("colocated"), p  # the chart's values: disaggregated layouts alone
 assert 32 % l["tp"] == 0 and 8 % l["tp"] == 0 and 16 % e["tp"] == 0, p
 assert l["pp"] <= 32 and e["pp"] <= 23, p  # CLIP runs up to LLaVA's feature layer (-2)
 assert l["memory_bytes"] > 0, p

@@ -16,27 +16,36 @@ struct Node {
   SimulatedTask task;
   double duration = 0;
   double recompute = 0;  // of the duration, a forward run again
-  double demand = 0;     // devices it takes while it runs when they are shared
-  double ready = 0;      // earliest start from inputs and the stage's previous task
+  // The device pools it takes while it runs, with how much of each (only
+  // when devices are shared: Graph::Pool).
+  std::vector<std::pair<int, double>> uses;
+  double ready = 0;  // earliest start from inputs and the stage's previous task
   int pending = 0;
   std::vector<std::pair<int, double>> next;  // (node, delay)
 };
 
 class Graph {
  public:
-  int Add(double duration, const SimulatedTask& task, double recompute = 0, double demand = 0) {
-    nodes_.push_back({task, duration, recompute, demand});
+  int Add(double duration, const SimulatedTask& task, double recompute = 0) {
+    nodes_.push_back({task, duration, recompute});
     return static_cast<int>(nodes_.size()) - 1;
   }
   void Edge(int from, int to, double delay) {
     nodes_[from].next.push_back({to, delay});
     ++nodes_[to].pending;
   }
+  // A pool of `capacity` devices that the tasks using it share.
+  int Pool(double capacity) {
+    capacity_.push_back(capacity);
+    return static_cast<int>(capacity_.size()) - 1;
+  }
+  void Use(int node, int pool, double demand) { nodes_[node].uses.push_back({pool, demand}); }
   // Start and end times; false on a cycle (a schedule that deadlocks).
-  // devices 0: Kahn's order, each task its duration from its ready time;
-  // else an event loop in which the running tasks with a demand share
-  // `devices` (processor sharing).
-  bool Run(double devices) {
+  // Without pools: Kahn's order, each task its duration from its ready
+  // time. With them, an event loop in which the running tasks share each
+  // pool (processor sharing): a task runs at the slowest of its pools'
+  // min(1, capacity / demand of the tasks running on it).
+  bool Run() {
     // Tasks whose inputs are all in, by ready time.
     std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
         arrived;
@@ -44,6 +53,7 @@ class Graph {
       if (nodes_[t].pending == 0) arrived.push({nodes_[t].ready, static_cast<int>(t)});
     }
     std::vector<std::pair<int, double>> running;  // (node, work left in seconds at full speed)
+    std::vector<double> load(capacity_.size()), rate;
     size_t done = 0;
     double now = 0;
     auto finish = [&](int id, double end) {
@@ -56,12 +66,21 @@ class Graph {
       }
     };
     while (!arrived.empty() || !running.empty()) {
-      double demand = 0;
-      for (auto [id, left] : running) demand += nodes_[id].demand;
-      const double rate = demand > devices ? devices / demand : 1.0;
+      std::fill(load.begin(), load.end(), 0.0);
+      for (auto [id, left] : running) {
+        for (auto [pool, demand] : nodes_[id].uses) load[pool] += demand;
+      }
+      rate.assign(running.size(), 1.0);
       double next = arrived.empty() ? 1e300 : std::max(now, arrived.top().first);
-      for (auto [id, left] : running) next = std::min(next, now + left / rate);
-      for (auto& [id, left] : running) left -= (next - now) * rate;
+      for (size_t i = 0; i < running.size(); ++i) {
+        for (auto [pool, demand] : nodes_[running[i].first].uses) {
+          if (load[pool] > capacity_[pool]) {
+            rate[i] = std::min(rate[i], capacity_[pool] / load[pool]);
+          }
+        }
+        next = std::min(next, now + running[i].second / rate[i]);
+      }
+      for (size_t i = 0; i < running.size(); ++i) running[i].second -= (next - now) * rate[i];
       now = next;
       for (size_t i = 0; i < running.size();) {
         if (running[i].second <= 1e-12 * std::max(1.0, nodes_[running[i].first].duration)) {
@@ -77,7 +96,7 @@ class Graph {
         arrived.pop();
         Node& n = nodes_[id];
         n.task.start = n.ready;
-        if (devices > 0 && n.demand > 0 && n.duration > 0) {
+        if (!n.uses.empty() && n.duration > 0) {
           running.push_back({id, n.duration});
         } else {
           finish(id, n.ready + n.duration);
@@ -91,6 +110,7 @@ class Graph {
 
  private:
   std::vector<Node> nodes_;
+  std::vector<double> capacity_;
 };
 
 absl::Status CheckShares(const std::vector<double>& share, int pp, const char* what) {
@@ -148,7 +168,14 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
         "llm_dp, not encoder_pp ",
         o.encoder_pp, ", encoder_dp ", o.encoder_dp, ", llm_dp ", o.llm_dp));
   }
+  if (o.colocated && (mono || o.encoder_tp * o.encoder_pp * o.encoder_dp != o.llm_tp * o.llm_dp)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "simulation: colocated needs the encoder's ranks (",
+        o.encoder_tp * o.encoder_pp * o.encoder_dp, ") to equal the LLM's first stage's (",
+        o.llm_tp * o.llm_dp, "), and not the encoder inside the first LLM stage"));
+  }
   const int m = o.microbatches, pe = o.encoder_pp, pl = o.llm_pp;
+  auto dp_of = [&](bool encoder) { return encoder ? o.encoder_dp : o.llm_dp; };
   // bin_at[r * m + j]: the bin LLM rank r runs j-th.
   std::vector<int> bin_at(static_cast<size_t>(o.llm_dp) * m, -1);
   for (size_t b = 0; b < bins.size(); ++b) {
@@ -184,6 +211,24 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   // Each stage's order of (forward?, bin), then its tasks with their
   // durations (a backward that is not live recomputes), chained.
   Graph g;
+  // Shared devices: one pool that every rank's tasks draw their TP from.
+  // Colocated: a pool per GPU of the LLM's first stage, which LLM rank k
+  // (grid order: runtime/parallel/grid.h) and encoder rank k share.
+  const int shared = o.shared_devices > 0 ? g.Pool(o.shared_devices) : -1;
+  int first_gpu = -1;
+  if (shared < 0 && o.colocated) {
+    first_gpu = g.Pool(1);
+    for (int k = 1; k < o.llm_tp * o.llm_dp; ++k) g.Pool(1);
+  }
+  auto devices = [&](bool encoder, int dp, int stage, int id) {
+    const int tp = encoder ? o.encoder_tp : o.llm_tp;
+    if (shared >= 0) {
+      g.Use(id, shared, tp);
+    } else if (first_gpu >= 0 && (encoder || stage == 0)) {
+      const int rank = stage * (dp_of(encoder) * tp) + dp * tp;
+      for (int t = 0; t < tp; ++t) g.Use(id, first_gpu + rank + t, 1);
+    }
+  };
   const size_t nb = bins.size();
   std::vector<int> ef(nb * pe, -1), eb(nb * pe, -1), lf(nb * pl, -1), lb(nb * pl, -1);
   struct StageRun {
@@ -228,7 +273,8 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
         duration = cost * (1 - fs) + enc_cost * (1 - efs) + recompute;
         live = -1;
       }
-      const int id = g.Add(duration, t, recompute, encoder ? o.encoder_tp : o.llm_tp);
+      const int id = g.Add(duration, t, recompute);
+      devices(encoder, dp, s, id);
       (forward ? fwd : bwd)[static_cast<size_t>(b) * pp + s] = id;
       if (!run.nodes.empty()) g.Edge(run.nodes.back(), id, 0);
       run.nodes.push_back(id);
@@ -293,10 +339,11 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
             ? o.encoder_allreduce_seconds
             : o.llm_allreduce_seconds + (mono && run.stage == 0 ? o.encoder_allreduce_seconds : 0);
     const int id = g.Add(seconds, t);
+    if (shared < 0) devices(run.encoder, run.dp, run.stage, id);  // colocated: the links too
     g.Edge(barrier, id, 0);
     allreduce.push_back(id);
   }
-  if (!g.Run(o.shared_devices)) {
+  if (!g.Run()) {
     return absl::InternalError("simulation: the stage orders deadlock");
   }
 

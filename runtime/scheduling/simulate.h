@@ -19,7 +19,9 @@
 // for multimodal models) there are no encoder stages: the first LLM stage of
 // each replica runs a bin's encoder forward before its own forward and the
 // encoder backward after its own backward, on the same GPUs (no transfer),
-// and its allreduce covers the encoder's gradients too.
+// and its allreduce covers the encoder's gradients too. Colocated
+// (`colocated`), the encoder keeps its own stages and ranks, run on the
+// first LLM stage's GPUs beside that stage's tasks.
 //
 // A bin's cost (BinAssignment::encoder, ::llm) is its forward + backward on
 // one rank of the module, all stages together; a stage takes its share of it
@@ -71,6 +73,12 @@ struct SimulationOptions {
   int shared_devices = 0;
   int encoder_tp = 1;
   int llm_tp = 1;
+  // Colocated (Plan.colocated): encoder rank k runs on LLM rank k's GPU,
+  // one of the LLM's first stage (runtime/parallel/grid.h's rank order;
+  // needs encoder_tp x encoder_pp x encoder_dp = llm_tp x llm_dp). Each such
+  // GPU is shared (processor sharing) by the tasks running on it at once;
+  // a TP task runs at its busiest GPU's pace. Ignored with shared_devices.
+  bool colocated = false;
 };
 
 // One task of the simulated timeline (seconds from the iteration's start).

@@ -112,6 +112,71 @@ TEST(SimulateTest, TasksSharingDevicesRunSlower) {
   EXPECT_EQ(SimulateIteration(bins, s).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Colocated: encoder rank k shares LLM rank k's GPU, one of the first
+// stage's. With one LLM stage that GPU does all the work, as one shared
+// device would (18 s, the example above); with two, the second stage's GPU
+// is its own: its tasks run at full speed, and the iteration falls between
+// a GPU per rank and one device for all.
+TEST(SimulateTest, ColocatedEncoderSharesTheFirstLlmStagesGpus) {
+  SimulationOptions s;
+  s.encoder_recompute = s.llm_recompute = false;
+  s.microbatches = 2;
+  s.colocated = true;
+  s.timeline = true;
+  const std::vector<BinAssignment> bins = {Bin(0, 0, 0, 6, 3), Bin(0, 1, 0, 6, 3)};
+  auto one_stage = SimulateIteration(bins, s);
+  ASSERT_TRUE(one_stage.ok()) << one_stage.status();
+  EXPECT_NEAR(one_stage->iteration_seconds, 18.0, testing::ClosedFormF64(18.0));
+  s.llm_pp = 2;
+  auto two = SimulateIteration(bins, s);
+  ASSERT_TRUE(two.ok()) << two.status();
+  s.colocated = false;
+  auto apart = SimulateIteration(bins, s);
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  s.shared_devices = 1;
+  auto all_on_one = SimulateIteration(bins, s);
+  ASSERT_TRUE(all_on_one.ok()) << all_on_one.status();
+  EXPECT_GT(two->iteration_seconds, apart->iteration_seconds);
+  EXPECT_LT(two->iteration_seconds, all_on_one->iteration_seconds);
+  int second_stage = 0, slowed = 0;
+  for (const SimulatedTask& t : two->timeline) {
+    if (t.encoder || t.kind == SimulatedTask::kAllreduce) continue;
+    const double alone = t.kind == SimulatedTask::kForward ? 0.5 : 1.0;  // 3 s over 2 stages
+    if (t.stage == 1) {
+      ++second_stage;
+      EXPECT_NEAR(t.end - t.start, alone, testing::ClosedFormF64(alone));
+    } else if (t.end - t.start > alone * (1 + 1e-9)) {
+      ++slowed;  // beside an encoder task on the same GPU
+    }
+  }
+  EXPECT_EQ(second_stage, 4);
+  EXPECT_GT(slowed, 0);
+}
+
+// Colocated layouts must give the encoder exactly the first stage's GPUs:
+// an encoder TP 2 rank spans both GPUs of a first stage of 2 DP ranks, and
+// 2 encoder ranks cannot fill a first stage of 4.
+TEST(SimulateTest, ColocatedEncoderRanksMustBeTheFirstStagesGpus) {
+  SimulationOptions s;
+  s.colocated = true;
+  s.llm_dp = 2;
+  s.encoder_tp = 2;
+  const std::vector<BinAssignment> bins = {Bin(0, 0, 0, 6, 3), Bin(1, 0, 0, 6, 3)};
+  auto spans = SimulateIteration(bins, s);
+  ASSERT_TRUE(spans.ok()) << spans.status();
+  s.colocated = false;
+  auto apart = SimulateIteration(bins, s);
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  // Each LLM rank shares its GPU with the one encoder rank's two bins.
+  EXPECT_GT(spans->iteration_seconds, apart->iteration_seconds);
+  s.colocated = true;
+  s.llm_dp = 4;
+  s.microbatches = 1;
+  const std::vector<BinAssignment> four = {Bin(0, 0, 0, 6, 3), Bin(1, 0, 0, 6, 3),
+                                           Bin(2, 0, 0, 6, 3), Bin(3, 0, 0, 6, 3)};
+  EXPECT_EQ(SimulateIteration(four, s).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // The monolithic layout: the first LLM stage runs each bin's encoder forward
 // before its own and the encoder backward after its own, with no transfer,
 // and allreduces both modules' gradients.

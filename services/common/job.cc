@@ -169,6 +169,17 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
       !tp.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.", tp.message()));
   }
+  if (p.colocate()) {
+    const int encoder_ranks = p.encoder_tp() * p.encoder_pp() * p.encoder_dp();
+    const int first_stage = p.llm_tp() * p.llm_dp();
+    if (encoder_ranks != first_stage) {
+      return Bad(
+          "parallel.colocate",
+          absl::StrCat("the encoder's ", encoder_ranks,
+                       " ranks (encoder_tp × encoder_pp × encoder_dp) must equal the ", first_stage,
+                       " GPUs of the LLM's first stage (llm_tp × llm_dp) they run on"));
+    }
+  }
   const int64_t bins = static_cast<int64_t>(p.llm_dp()) * p.microbatches();
   if (d.global_batch() < bins) {
     return Bad("data.global_batch", absl::StrCat(d.global_batch(),
@@ -388,19 +399,24 @@ absl::Status CheckJobMemory(const job::v1::JobConfig& job, const ModelConfig& mo
   // The assignment spreads the LLM replicas' bins over the encoder replicas.
   const int64_t all_bins = int64_t{p.llm_dp()} * p.microbatches();
   const int bins = static_cast<int>((all_bins + p.encoder_dp() - 1) / p.encoder_dp());
+  // Colocated, every encoder rank shares a GPU with a first-stage LLM rank.
+  const int64_t shared =
+      p.colocate() ? JobStageMemory(job, model, false, 0, tokens, image_tokens, tiles, bins).total()
+                   : 0;
   for (bool encoder : {true, false}) {
     const int pp = std::max(1, encoder ? p.encoder_pp() : p.llm_pp());
     for (int stage = 0; stage < pp; ++stage) {
       const MemoryEstimate e =
           JobStageMemory(job, model, encoder, stage, tokens, image_tokens, tiles, bins);
-      const int64_t need = e.total();
+      const int64_t need = e.total() + (encoder ? shared : 0);
       if (need <= limit) continue;
       const LayerRange r =
           encoder ? VitStageLayers(model, pp, stage) : LlmStageLayers(model, pp, stage);
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "device.memory_gib: the %s's pipeline stage %d of %d (layers [%d, %d)) needs %.2f GiB "
-          "per rank at %s, more than the %.2f GiB of a device (%s)",
+          "device.memory_gib: the %s's pipeline stage %d of %d (layers [%d, %d))%s needs %.2f "
+          "GiB per device at %s, more than the %.2f GiB of a device (%s)",
           encoder ? "encoder" : "LLM", stage, pp, r.first, r.last,
+          encoder && shared > 0 ? " with the LLM's first stage beside it (parallel.colocate)" : "",
           static_cast<double>(need) / (1ll << 30),
           encoder ? absl::StrCat(tiles, " tiles a bin (parallel.encoder_max_tokens)")
                   : absl::StrCat(tokens, " tokens a microbatch (parallel.llm_max_tokens)"),

@@ -313,5 +313,52 @@ TEST(JobConfig, TheMemoryCheckPricesTheRecomputeChoice) {
   EXPECT_NE(s.message().find("the LLM's pipeline stage 0 of 2"), std::string::npos) << s;
 }
 
+// Colocated (parallel.colocate): the encoder's ranks must be the LLM's
+// first-stage GPUs, and each such GPU holds an encoder rank beside an LLM
+// rank: a device that holds either alone refuses the two together.
+TEST(JobConfig, AColocatedJobFitsBothModulesOnTheFirstStagesDevices) {
+  const std::string base =
+      "model: 'vit300m-llm7b' data { global_batch: 64 } precision: 'bf16' "
+      "optimizer { shard: true } parallel { llm_max_tokens: 4096 encoder_max_tokens: 4608 "
+      "llm_dp: 4 llm_tp: 4 llm_pp: 2 microbatches: 8 encoder_tp: 4 encoder_dp: 4 ";
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("vit300m-llm7b");
+  ASSERT_TRUE(model.ok());
+  absl::StatusOr<job::v1::JobConfig> job =
+      ParseJobConfig(base + "} device { llm: 'cuda' encoder: 'cuda' }", "job.cfg");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ApplyJobDefaults("/run", &*job);
+  // As CheckJobMemory sizes a microbatch and a bin at the caps.
+  const int64_t tiles = 4608 / model->vit.patches_per_tile();
+  const int64_t image_tokens = std::min<int64_t>(4096, tiles * model->tokens_per_tile());
+  const int64_t encoder =
+      JobStageMemory(*job, *model, true, 0, 4096, image_tokens, tiles, 8).total();
+  int64_t alone = encoder;
+  for (int stage : {0, 1}) {
+    alone = std::max(
+        alone, JobStageMemory(*job, *model, false, stage, 4096, image_tokens, tiles, 8).total());
+  }
+  const int64_t first =
+      JobStageMemory(*job, *model, false, 0, 4096, image_tokens, tiles, 8).total();
+  ASSERT_GT(encoder + first, alone);
+  const std::string device =
+      absl::StrCat("device { llm: 'cuda' encoder: 'cuda' memory_gib: ",
+                   static_cast<double>(alone + encoder + first) / 2 / (1ll << 30), " } ");
+  EXPECT_TRUE(ParseAndCheck(base + "} " + device).ok());
+  absl::Status s = ParseAndCheck(base + "colocate: true } " + device);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("with the LLM's first stage beside it (parallel.colocate)"),
+            std::string::npos)
+      << s;
+  // 16 encoder ranks for a first stage of 4 x 4: right; 8 are not.
+  absl::Status wrong =
+      ParseAndCheck("model: 'tiny' parallel { llm_dp: 2 llm_tp: 2 encoder_dp: 2 colocate: true }");
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
+  EXPECT_NE(wrong.message().find("parallel.colocate: the encoder's 2 ranks"), std::string::npos)
+      << wrong;
+  EXPECT_TRUE(
+      ParseAndCheck("model: 'tiny' parallel { llm_dp: 2 llm_tp: 2 encoder_dp: 4 colocate: true }")
+          .ok());
+}
+
 }  // namespace
 }  // namespace loom

@@ -59,6 +59,7 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   degrees.encoder_tp = p.encoder_tp();
   degrees.llm_pp = p.llm_pp();
   degrees.encoder_pp = p.encoder_pp();
+  degrees.colocate = p.colocate();
   absl::StatusOr<scheduler::v1::Plan> plan =
       sched::PlanFromFileOrDegrees(deployment.plan_file, degrees);
   if (!plan.ok()) return plan.status();

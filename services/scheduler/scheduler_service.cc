@@ -240,8 +240,11 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   if (model.ok()) {
     flops_ = sched::AnalyticFlops(*model, /*recompute=*/false, JobFrozen(options.job));
   }
-  peak_flops_ = options.peak_flops > 0 ? options.peak_flops
-                                       : p.gpu_peak_flops() * (p.encoder().gpus() + p.llm().gpus());
+  // Colocated encoder ranks run on the LLM's GPUs.
+  peak_flops_ =
+      options.peak_flops > 0
+          ? options.peak_flops
+          : p.gpu_peak_flops() * ((p.colocated() ? 0 : p.encoder().gpus()) + p.llm().gpus());
   options_ = accepted;
   if (!options.preprocess.empty()) {
     preprocess_ = data::v1::PreprocessService::NewStub(ServiceChannel(options.preprocess));

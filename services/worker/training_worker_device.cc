@@ -116,10 +116,11 @@ absl::Status TrainingWorker::Impl::ConnectDeviceTransfers(const std::string& mod
     if (!g.ok()) return g.status();
     (earlier ? nccl_recv[act_grad] : nccl_send[act_grad]) = *std::move(g);
   }
-  // The bridge, where both modules are on GPUs: the encoder's last stage
-  // and the LLM's first.
+  // The bridge, where both modules are on GPUs of their own: the encoder's
+  // last stage and the LLM's first. Colocated, encoder rank k shares LLM
+  // rank k's GPU, and a NCCL group takes one rank per GPU: host memory then.
   if ((encoder ? last_stage() : first_stage()) && encoder_grid.size() > 0 && llm_grid.size() > 0 &&
-      JobModuleOnGpu(job, !encoder)) {
+      JobModuleOnGpu(job, !encoder) && !job.parallel().colocate()) {
     if (absl::Status s = ConnectBridge(nccl); !s.ok()) return s;
   }
   std::string sends, receives;

@@ -202,6 +202,15 @@ TEST_F(DistributedTest, DeeperAndMixedLayoutsMatchTheSingleProcessRun) {
             1, kSteps, "mixed"),
       local_, "encoder TP2 x DP1, LLM PP2 x DP2 vs loom-train-local");
   ExpectTraceMatchesTheSimulator(trace, /*encoder_workers=*/2, /*llm_workers=*/4);
+  // Colocated (parallel.colocate): encoder rank k on LLM rank k's device,
+  // the first of two LLM stages; the embeddings through host memory.
+  ExpectSameSteps(
+      Steps(LoomUp("colocated",
+                   JobWith("loom", 0,
+                           "encoder_dp: 2 llm_pp: 2 llm_dp: 2 microbatches: 4 colocate: true"),
+                   kSteps),
+            1, kSteps, "colocated"),
+      local_, "encoder DP2 colocated with LLM PP2 x DP2 vs loom-train-local");
 }
 
 // Recompute choices (job.recompute): both modules in two pipeline stages,
@@ -630,6 +639,16 @@ TEST_F(DistributedTest, BadJobConfigIsNamedAndNothingStarts) {
                  "bad2.log", &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("parallel.microbatches: must be >= 1, got -1"), std::string::npos) << out;
+
+  ASSERT_TRUE(WriteFileAtomically(
+                  config, R"({"parallel": {"encoder_dp": 1, "llm_dp": 2, "colocate": true}})")
+                  .ok());
+  out = RunToEnd({Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""),
+                  "--run_dir=" + TempPath("bad"), "--config=" + config},
+                 "bad3.log", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("parallel.colocate: the encoder's 1 ranks"), std::string::npos) << out;
+  EXPECT_EQ(out.find("starting"), std::string::npos) << out;
 }
 
 // A module's device that this machine lacks (no CUDA in the build, or no

@@ -39,9 +39,10 @@
 #include "runtime/scheduling/simulate.h"
 
 ABSL_FLAG(std::string, configs, "vit300m-llm7b,vit300m-llm70b", "Model configs.");
-ABSL_FLAG(std::string, loom_recompute, "full",
+ABSL_FLAG(std::string, loom_recompute, "auto",
           "The recompute Loom's workers run (job.recompute, both modules): full, none or "
-          "selective; its plan searched, priced and simulated so.");
+          "selective; its plan searched, priced and simulated so. auto: the plan search chooses "
+          "each module's.");
 ABSL_FLAG(std::string, presets, "onevision,interleaved", "datagen presets.");
 ABSL_FLAG(int, gpus, 1172, "GPUs of the cluster (H100 SXM, 8 per node).");
 ABSL_FLAG(int, global_batch, 4096, "Samples per iteration.");
@@ -53,7 +54,6 @@ namespace {
 struct Row {
   std::string layout, algorithm;
   const scheduler::v1::Plan* plan;
-  bool recompute = false;  // as the layout's runtime runs it
   double simulated = 0, bubble = 0;
 };
 
@@ -68,8 +68,11 @@ std::string Grid(const scheduler::v1::Plan& p) {
     return absl::StrCat("TP", l.tp(), " PP", l.pp(), " DP", l.dp(), " m", p.microbatches(),
                         " (LLM % per stage ", shares, ")");
   }
-  return absl::StrCat("enc TP", e.tp(), " PP", e.pp(), " DP", e.dp(), " + LLM TP", l.tp(), " PP",
-                      l.pp(), " DP", l.dp(), " m", p.microbatches());
+  // With each module's recompute (f: full, s: selective, n: none).
+  return absl::StrCat("enc TP", e.tp(), " PP", e.pp(), " DP", e.dp(), " ",
+                      p.encoder_recompute().substr(0, 1),
+                      p.colocated() ? " in LLM TP" : " + LLM TP", l.tp(), " PP", l.pp(), " DP",
+                      l.dp(), " ", p.llm_recompute().substr(0, 1), " m", p.microbatches());
 }
 
 // Simulated iteration of `plan` under `algorithm`, recomputing as the
@@ -84,9 +87,9 @@ absl::Status Simulate(const MeasuredBatch& batch, Row* row) {
   absl::StatusOr<scheduler::v1::Assignment> a =
       AssignForPlan(plan, batch.keys, loads, row->algorithm, 10, &predicted);
   if (!a.ok()) return a.status();
-  SimulationOptions o = SimulationOptionsFor(plan);
-  o.encoder_recompute = o.llm_recompute = row->recompute;
-  absl::StatusOr<SimulationResult> sim = SimulateIteration(predicted.bins, o);
+  // Each module recomputing as the plan says its runtime runs it.
+  absl::StatusOr<SimulationResult> sim =
+      SimulateIteration(predicted.bins, SimulationOptionsFor(plan));
   if (!sim.ok()) return sim.status();
   row->simulated = sim->iteration_seconds;
   row->bubble = sim->llm_bubble_fraction;
@@ -129,14 +132,17 @@ int Main() {
       // one live microbatch, its time's extra forward); Megatron's layout
       // as Megatron runs it (activations kept, its own memory).
       PlanLimits loom_limits;
-      absl::StatusOr<Recompute> recompute = ParseRecompute(absl::GetFlag(FLAGS_loom_recompute));
-      if (!recompute.ok()) {
-        std::fprintf(stderr, "layout_bench: --loom_recompute: %s\n",
+      const std::string loom_recompute = absl::GetFlag(FLAGS_loom_recompute);
+      absl::StatusOr<Recompute> recompute = ParseRecompute(loom_recompute);
+      if (loom_recompute == "auto") {
+        loom_limits.search_recompute = true;
+      } else if (!recompute.ok()) {
+        std::fprintf(stderr, "layout_bench: --loom_recompute: %s (or auto)\n",
                      std::string(recompute.status().message()).c_str());
         return 1;
+      } else {
+        loom_limits.recompute = *recompute;
       }
-      loom_limits.recompute = *recompute;
-      const bool loom_recomputes = *recompute == Recompute::kFull;
       const PlanLimits limits;
       absl::StatusOr<scheduler::v1::Plan> loom = SearchPlan(cluster, *model, stats, loom_limits);
       absl::StatusOr<scheduler::v1::Plan> even =
@@ -153,8 +159,8 @@ int Main() {
       std::printf("\n%s, %s: mean %.2f tiles, %.0f tokens per sample (E[L^2] / E[L]^2 = %.2f)\n",
                   model->name.c_str(), preset.c_str(), stats.mean_tiles, stats.mean_length,
                   stats.mean_length_sq / (stats.mean_length * stats.mean_length));
-      std::vector<Row> rows = {{"loom (disaggregated)", "loom", &*loom, loom_recomputes},
-                               {"loom (disaggregated)", "sequential", &*loom, loom_recomputes},
+      std::vector<Row> rows = {{"loom", "loom", &*loom},
+                               {"loom", "sequential", &*loom},
                                {"monolithic, LLM split", "sequential", &*even},
                                {"monolithic, balanced", "sequential", &*balanced}};
       std::printf("  %-22s %-10s %-52s %9s %9s %6s %7s\n", "layout", "order", "grid", "plan_s",
