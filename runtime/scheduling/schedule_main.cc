@@ -110,7 +110,9 @@ ABSL_FLAG(std::string, algorithm, "loom",
 ABSL_FLAG(double, ilp_seconds, 10, "assign: time limit of the ilp algorithm.");
 ABSL_FLAG(std::string, profile, "",
           "assign, simulate: a profile from `loom-schedule profile`: its fitted coefficients "
-          "price the samples in place of the plan's.");
+          "price the samples in place of the plan's. plan: the search's candidates are priced "
+          "by it (a TP it did not measure scaled by the planner's TP model) and the macro-batches "
+          "choose among them.");
 // profile
 ABSL_FLAG(std::string, profile_device, "cpu", "profile: where the modules run: cpu, cuda:N.");
 ABSL_FLAG(int, profile_repeats, 3, "profile: timed runs per point (the median), after a warm-up.");
@@ -297,6 +299,25 @@ int Plan(const BatchFile& batch) {
       SearchPlans(ClusterFromFlags(), *model, StatsOf(shapes, global_batch), limits,
                   macro_batches > 0 ? plan_candidates : 1);
   if (!candidates.ok()) return Fail(candidates.status());
+  if (const std::string path = absl::GetFlag(FLAGS_profile); !path.empty()) {
+    if (macro_batches == 0) {
+      return Fail(absl::InvalidArgumentError(
+          "--profile: the macro-batches choose among the profiled candidates: set "
+          "--macro_batches > 0"));
+    }
+    absl::StatusOr<scheduler::v1::Profile> profile = ReadProfile(path);
+    if (!profile.ok()) return Fail(profile.status());
+    for (scheduler::v1::Plan& c : *candidates) {
+      std::string scaled;
+      if (absl::Status s = ApplyProfile(*profile, &c, &scaled); !s.ok()) {
+        return Fail(absl::Status(s.code(), absl::StrCat("--profile ", path, ": ", s.message())));
+      }
+      if (!scaled.empty()) {
+        std::fprintf(stderr, "loom-schedule: %s: %s scaled from the profile's TP %d\n",
+                     LayoutText(c).c_str(), scaled.c_str(), profile->tp());
+      }
+    }
+  }
   absl::StatusOr<scheduler::v1::Plan> plan = candidates->front();
   if (macro_batches > 0) {
     MacroBatchOptions m;

@@ -80,6 +80,24 @@ for b in a["bins"]:
         want += p.get("llm_per_sample", 0) + p["llm_per_token"] * L + p["llm_per_token_sq"] * L * L
     assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (b, want)
 PY
+# The plan search's candidates priced by the profile, the macro-batches
+# choosing among them.
+"$sched" plan --batch "$dir/scan.jsonl" --config tiny --gpus 4 --global_batch 16 \
+  --profile "$dir/profile.json" --macro_batches 4 --plan_candidates 3 \
+  --output "$dir/profiled-plan.json" 2> "$dir/profiled-plan.err" ||
+  { cat "$dir/profiled-plan.err"; fail "plan --profile"; }
+$py - "$dir/profile.json" "$dir/profiled-plan.json" <<'PY' || fail "plan --profile: the profile's prices"
+import json, sys
+p, plan = (json.load(open(f)) for f in sys.argv[1:3])
+c = plan["costs"]
+for module, key in (("encoder", "encoder_per_tile"), ("llm", "llm_per_token")):
+    want = p[key]
+    if plan[module]["tp"] > 1:  # scaled by the planner's TP model: faster, not tp times
+        assert want / plan[module]["tp"] < c[key] < want, (module, c, p)
+    else:
+        assert abs(c[key] - want) <= 1e-12 + 1e-9 * want, (module, c, p)
+assert plan["simulated"]["batches"] == 4, plan
+PY
 $py - "$dir/plan.json" "$dir/tp2-plan.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
@@ -221,6 +239,8 @@ expect_error "unknown algorithm" assign --batch "$dir/scan.jsonl" --llm_dp 1 --m
 expect_error "fewer than the" assign --batch "$dir/costs.jsonl" --llm_dp 4 --microbatches 2 --encoder_dp 1
 expect_error "--plan FILE" assign --batch "$dir/scan.jsonl"
 expect_error "at least 2 GPUs" plan --batch "$dir/scan.jsonl" --gpus 1
+expect_error "set --macro_batches > 0" plan --batch "$dir/scan.jsonl" --gpus 4 --config tiny \
+  --profile "$dir/profile.json" --macro_batches 0
 expect_error "--vision_from: missing" plan --batch "$dir/scan.jsonl" --gpus 8 \
   --llm_from "$dir/llama3-8b.json"
 expect_error "--precision: want fp32 or bf16" plan --batch "$dir/scan.jsonl" --gpus 8 \
