@@ -7,13 +7,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/base/stats.h"
+
 namespace loom::bench {
 
-// The middle value (the upper one of an even count); 0 for none.
-inline double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using ::loom::Median;  // runtime/base/stats.h
 
 // Median seconds of `step` over `steps` runs after `warmup` unmeasured ones,
 // `sync()` before and after each (a device's synchronise). A `step` that

@@ -5,11 +5,14 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/file.h"
 #include "runtime/base/rng.h"
+#include "runtime/base/stats.h"
+#include "runtime/comm/collective.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/precision.h"
 #include "runtime/model/projector.h"
@@ -50,11 +53,6 @@ std::vector<double> LeastSquares(const std::vector<std::vector<double>>& x,
     break;
   }
   return c;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // The median seconds of `repeats` runs of `run` after one warm-up, and the
@@ -141,33 +139,24 @@ std::vector<double> FitNonNegative(const std::vector<std::vector<double>>& x,
   }
 }
 
-absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, Ops* ops,
-                                                      const ProfileOptions& options) {
-  if (options.tiles.empty() || options.tokens.empty() || options.repeats < 1) {
-    return absl::InvalidArgumentError("profile: an empty grid or fewer than one repeat");
-  }
-  for (int t : options.tokens) {
-    if (t < 4 || t % 4 != 0 || t > model.llm.max_seq) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("profile: ", t, " tokens per bin: want a multiple of 4 up to the context, ",
-                       model.llm.max_seq));
-    }
-  }
-  for (int n : options.tiles) {
-    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("profile: ", n, " tiles per bin"));
-  }
+namespace {
+
+// The grid on one rank of a TP group (`tp` null: TP 1).
+absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops* ops,
+                                                   const ProfileOptions& options,
+                                                   Communicator* tp) {
   Backend* backend = ops->backend();
   Rng rng(options.seed);
   scheduler::v1::Profile profile;
   profile.set_model(model.name);
   profile.set_device(backend->name());
-  profile.set_tp(1);
+  profile.set_tp(tp == nullptr ? 1 : tp->size());
   profile.set_repeats(options.repeats);
   profile.set_precision("fp32");
 
-  VitEncoder vit(model.vit, nullptr, {}, ops);
+  VitEncoder vit(model.vit, tp, {}, ops);
   Projector projector(model, ops);
-  Llm llm(model.llm, nullptr, {}, ops);
+  Llm llm(model.llm, tp, {}, ops);
   for (ParamSet* p : {&vit.params(), &projector.params(), &llm.params()}) {
     p->Initialize(options.seed);
     p->Place(backend, Precision::kFp32, /*optimizer_on_device=*/true);
@@ -253,6 +242,75 @@ absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, 
   return profile;
 }
 
+// The grid at TP `tp`: its ranks as threads with Gloo over an in-memory
+// rendezvous, rank 0's profile.
+absl::StatusOr<scheduler::v1::Profile> ProfileAtTp(const ModelConfig& model, Ops* ops,
+                                                   const ProfileOptions& options, int tp) {
+  if (tp == 1) return ProfileRank(model, ops, options, nullptr);
+  InMemoryStore store;
+  std::vector<absl::StatusOr<scheduler::v1::Profile>> out(tp, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.prefix = absl::StrCat("profile-tp", tp);
+      o.rank = r;
+      o.size = tp;
+      o.host = "127.0.0.1";
+      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(&store, o);
+      out[r] = comm.ok() ? ProfileRank(model, ops, options, comm->get())
+                         : absl::StatusOr<scheduler::v1::Profile>(comm.status());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& p : out) {
+    if (!p.ok()) return p.status();
+  }
+  return std::move(out[0]);
+}
+
+}  // namespace
+
+absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, Ops* ops,
+                                                      const ProfileOptions& options) {
+  if (options.tiles.empty() || options.tokens.empty() || options.repeats < 1 ||
+      options.tps.empty()) {
+    return absl::InvalidArgumentError("profile: an empty grid or fewer than one repeat");
+  }
+  for (int t : options.tokens) {
+    if (t < 4 || t % 4 != 0 || t > model.llm.max_seq) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: ", t, " tokens per bin: want a multiple of 4 up to the context, ",
+                       model.llm.max_seq));
+    }
+  }
+  for (int n : options.tiles) {
+    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("profile: ", n, " tiles per bin"));
+  }
+  for (size_t i = 0; i < options.tps.size(); ++i) {
+    const int tp = options.tps[i];
+    if (absl::Status s = ValidateModelParallel(model, tp, 1, tp, 1); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("profile: TP ", tp, ": ", s.message()));
+    }
+    if (tp > 1 && std::string(ops->backend()->name()) != "cpu") {
+      return absl::UnimplementedError(absl::StrCat(
+          "profile: TP ", tp, " on ", ops->backend()->name(),
+          ": TP profiles run on the CPU alone (a GPU's TP group needs its GPUs and NCCL)"));
+    }
+    if (std::find(options.tps.begin(), options.tps.begin() + i, tp) != options.tps.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat("profile: TP ", tp, " twice"));
+    }
+  }
+  absl::StatusOr<scheduler::v1::Profile> profile = ProfileAtTp(model, ops, options, options.tps[0]);
+  if (!profile.ok()) return profile;
+  for (size_t i = 1; i < options.tps.size(); ++i) {
+    absl::StatusOr<scheduler::v1::Profile> at = ProfileAtTp(model, ops, options, options.tps[i]);
+    if (!at.ok()) return at.status();
+    *profile->add_at_tp() = *std::move(at);
+  }
+  return profile;
+}
+
 absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
@@ -268,16 +326,22 @@ absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::
                           std::string* scaled_tp) {
   const int measured = std::max(profile.tp(), 1);
   std::array<double, 2> divide{1, 1};  // encoder, LLM
+  std::array<const scheduler::v1::Profile*, 2> at{&profile, &profile};
   if (scaled_tp != nullptr) scaled_tp->clear();
+  std::string tps = absl::StrCat(measured);
+  for (const scheduler::v1::Profile& p : profile.at_tp()) absl::StrAppend(&tps, ", ", p.tp());
   int i = 0;
   for (const auto& [name, tp] : {std::pair<const char*, int>{"encoder", plan->encoder().tp()},
                                  std::pair<const char*, int>{"llm", plan->llm().tp()}}) {
     const int want = std::max(tp, 1);
-    if (want != measured) {
+    for (const scheduler::v1::Profile& p : profile.at_tp()) {
+      if (p.tp() == want) at[i] = &p;
+    }
+    if (want != measured && at[i] == &profile) {
       if (scaled_tp == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the profile measured TP ", measured, "; the plan's ", name, "_tp is ", tp,
-                         " (profiles of TP > 1 are not made yet)"));
+        return absl::FailedPreconditionError(absl::StrCat("the profile measured TP ", tps,
+                                                          "; the plan's ", name, "_tp is ", tp,
+                                                          " (loom-schedule profile --profile_tp)"));
       }
       divide[i] = want * TpEfficiency(want) / (measured * TpEfficiency(measured));
       absl::StrAppend(scaled_tp, scaled_tp->empty() ? "" : ", ", name, " TP ", want,
@@ -286,13 +350,13 @@ absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::
     ++i;
   }
   scheduler::v1::CostCoefficients* c = plan->mutable_costs();
-  c->set_encoder_per_sample(profile.encoder_per_sample() / divide[0]);
-  c->set_encoder_per_tile(profile.encoder_per_tile() / divide[0]);
-  c->set_llm_per_sample(profile.llm_per_sample() / divide[1]);
-  c->set_llm_per_token(profile.llm_per_token() / divide[1]);
-  c->set_llm_per_token_sq(profile.llm_per_token_sq() / divide[1]);
-  c->set_encoder_forward_share(profile.encoder_forward_share());
-  c->set_llm_forward_share(profile.llm_forward_share());
+  c->set_encoder_per_sample(at[0]->encoder_per_sample() / divide[0]);
+  c->set_encoder_per_tile(at[0]->encoder_per_tile() / divide[0]);
+  c->set_llm_per_sample(at[1]->llm_per_sample() / divide[1]);
+  c->set_llm_per_token(at[1]->llm_per_token() / divide[1]);
+  c->set_llm_per_token_sq(at[1]->llm_per_token_sq() / divide[1]);
+  c->set_encoder_forward_share(at[0]->encoder_forward_share());
+  c->set_llm_forward_share(at[1]->llm_forward_share());
   return absl::OkStatus();
 }
 

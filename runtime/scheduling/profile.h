@@ -10,8 +10,11 @@
 //
 // The LLM's points separate its linear and quadratic terms: each token
 // count as one sample and as four equal ones (the same tokens, a quarter of
-// the attention). Not yet: TP > 1, recompute and frozen modules as their
-// own points, communication, and the plan search reading the profile.
+// the attention). TP > 1 (on the CPU): the ranks of a TP group as threads,
+// each its shard of every layer, their all-reduces through Gloo as the
+// workers' are; a point's time is rank 0's (the ranks move in lockstep).
+// Not yet: TP > 1 on a GPU, recompute and frozen modules as their own
+// points, communication.
 #ifndef LOOM_RUNTIME_SCHEDULING_PROFILE_H_
 #define LOOM_RUNTIME_SCHEDULING_PROFILE_H_
 
@@ -30,6 +33,9 @@ struct ProfileOptions {
   std::vector<int> tokens = {128, 256, 512, 1024};  // per LLM bin (multiples of 4)
   int repeats = 3;
   uint64_t seed = 1;
+  // TP degrees to measure: the first is the profile's own, the others its
+  // at_tp. Each must divide both modules' heads; > 1 only on the CPU.
+  std::vector<int> tps = {1};
 };
 
 // Times `model`'s modules on `ops` (fp32). INVALID_ARGUMENT for an empty
@@ -45,11 +51,13 @@ std::vector<double> FitNonNegative(const std::vector<std::vector<double>>& x,
                                    const std::vector<double>& y);
 
 // `plan`'s cost coefficients from `profile`: per tile and per token on one
-// rank. FAILED_PRECONDITION when a module of the plan runs at a TP the
-// profile did not measure, unless `scaled_tp` is given: then such a module's
-// coefficients are the profile's divided by the planner's TP speed-up
-// (tp x TpEfficiency(tp), plan.h), and `scaled_tp` names what was scaled
-// ("" when nothing was).
+// rank of each module's TP group, from the profile measured at that TP
+// (the profile's own or one of its at_tp). FAILED_PRECONDITION when a
+// module of the plan runs at a TP the profile did not measure, unless
+// `scaled_tp` is given: then such a module's coefficients are the
+// profile's own divided by the planner's TP speed-up (tp x
+// TpEfficiency(tp), plan.h), and `scaled_tp` names what was scaled ("" when
+// nothing was).
 // The profile in JSON file `path` (loom-schedule profile's output);
 // INVALID_ARGUMENT naming the file when it is not one.
 absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path);

@@ -109,6 +109,50 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_LT(plan.costs().llm_per_token(), p->llm_per_token());
 }
 
+// TP 2 measured (the group's ranks as threads over Gloo): its own points
+// and fit in at_tp, which prices a module at TP 2 exactly, unscaled.
+TEST(ProfileTest, ATpGroupIsMeasuredAsItsRanks) {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
+  ASSERT_TRUE(model.ok());
+  ProfileOptions o;
+  o.tiles = {1, 2};
+  o.tokens = {32, 64};
+  o.repeats = 1;
+  o.tps = {1, 2};
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, CpuOps(), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->tp(), 1);
+  ASSERT_EQ(p->at_tp_size(), 1);
+  const scheduler::v1::Profile& two = p->at_tp(0);
+  EXPECT_EQ(two.tp(), 2);
+  EXPECT_EQ(two.at_tp_size(), 0);
+  ASSERT_EQ(two.points_size(), p->points_size());
+  for (const auto& pt : two.points()) EXPECT_GT(pt.seconds(), 0) << pt.DebugString();
+  // (Which term carries a bin this small is the fit's call.)
+  EXPECT_GT(two.encoder_per_tile() + two.encoder_per_sample(), 0);
+  EXPECT_GT(two.llm_per_token() + two.llm_per_sample(), 0);
+  scheduler::v1::Plan plan;
+  plan.mutable_encoder()->set_tp(1);
+  plan.mutable_llm()->set_tp(2);
+  std::string scaled = "?";
+  ASSERT_TRUE(ApplyProfile(*p, &plan, &scaled).ok());
+  EXPECT_EQ(scaled, "");
+  EXPECT_EQ(plan.costs().llm_per_token(), two.llm_per_token());
+  EXPECT_EQ(plan.costs().llm_forward_share(), two.llm_forward_share());
+  EXPECT_EQ(plan.costs().encoder_per_tile(), p->encoder_per_tile());
+  plan.mutable_llm()->set_tp(4);  // not measured: named with what was
+  absl::Status s = ApplyProfile(*p, &plan);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("measured TP 1, 2; the plan's llm_tp is 4"), std::string::npos) << s;
+  // A TP the model's heads cannot split, or one twice, is refused up front.
+  o.tps = {1, 3};
+  EXPECT_EQ(ProfileModules(*model, CpuOps(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.tps = {2, 2};
+  EXPECT_EQ(ProfileModules(*model, CpuOps(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ProfileTest, BadGridsAreNamed) {
   absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
   ASSERT_TRUE(model.ok());

@@ -3,6 +3,8 @@
 #ifndef LOOM_RUNTIME_SCHEDULING_SCHEDULE_COMMANDS_H_
 #define LOOM_RUNTIME_SCHEDULING_SCHEDULE_COMMANDS_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "loom/scheduler/v1/scheduler.pb.h"
@@ -13,8 +15,10 @@ namespace loom::sched {
 // Prints "loom-schedule: <message>" and returns the exit code 2.
 int Fail(const absl::Status& s);
 
-// `model` profiled as the --profile_* flags say (and a line on stderr).
-absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model);
+// `model` profiled as the --profile_* flags say, at `more_tps` too (and a
+// line on stderr per TP).
+absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model,
+                                                        const std::vector<int>& more_tps);
 
 // loom-schedule validate (validate_run.cc).
 int ValidateCommand();

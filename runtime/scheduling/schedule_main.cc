@@ -120,6 +120,10 @@ ABSL_FLAG(std::string, profile_tiles, "1,2,4,8",
           "profile: encoder tiles per bin, comma-separated.");
 ABSL_FLAG(std::string, profile_tokens, "128,256,512,1024",
           "profile: LLM tokens per bin (multiples of 4), comma-separated.");
+ABSL_FLAG(std::string, profile_tp, "1",
+          "profile: TP degrees, comma-separated: the first the profile's own, the others its "
+          "at_tp (TP > 1 on the CPU alone: the group's ranks as threads over Gloo). validate adds "
+          "the layouts' TPs.");
 
 namespace loom::sched {
 namespace {
@@ -393,7 +397,7 @@ std::vector<int> IntList(const std::string& flag, const std::string& text, absl:
 int ProfileCommand() {
   absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
   if (!model.ok()) return Fail(model.status());
-  absl::StatusOr<scheduler::v1::Profile> p = ProfileFromFlags(*model);
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileFromFlags(*model, {});
   if (!p.ok()) return Fail(p.status());
   if (absl::Status s = WriteJson(*p); !s.ok()) return Fail(s);
   return 0;
@@ -461,7 +465,8 @@ int Fail(const absl::Status& s) {
   return 2;
 }
 
-absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model) {
+absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model,
+                                                        const std::vector<int>& more_tps) {
   std::unique_ptr<Ops> owned;
   absl::StatusOr<Ops*> ops = OpsForDevice(absl::GetFlag(FLAGS_profile_device), &owned);
   if (!ops.ok()) {
@@ -473,15 +478,23 @@ absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model
   absl::Status error;
   o.tiles = IntList("profile_tiles", absl::GetFlag(FLAGS_profile_tiles), &error);
   if (error.ok()) o.tokens = IntList("profile_tokens", absl::GetFlag(FLAGS_profile_tokens), &error);
+  if (error.ok()) o.tps = IntList("profile_tp", absl::GetFlag(FLAGS_profile_tp), &error);
   if (!error.ok()) return error;
+  for (int tp : more_tps) {
+    if (std::find(o.tps.begin(), o.tps.end(), tp) == o.tps.end()) o.tps.push_back(tp);
+  }
   absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(model, *ops, o);
   if (!p.ok()) return p.status();
-  std::fprintf(stderr,
-               "loom-schedule: profile of %s on %s: %.4g s a tile (largest misfit %.1f%%), %.4g s "
-               "a token + %.4g s a squared token (largest misfit %.1f%%)\n",
-               p->model().c_str(), p->device().c_str(), p->encoder_per_tile(),
-               100 * p->encoder_max_residual(), p->llm_per_token(), p->llm_per_token_sq(),
-               100 * p->llm_max_residual());
+  std::vector<const scheduler::v1::Profile*> each = {&*p};
+  for (const scheduler::v1::Profile& at : p->at_tp()) each.push_back(&at);
+  for (const scheduler::v1::Profile* x : each) {
+    std::fprintf(stderr,
+                 "loom-schedule: profile of %s on %s at TP %d: %.4g s a tile (largest misfit "
+                 "%.1f%%), %.4g s a token + %.4g s a squared token (largest misfit %.1f%%)\n",
+                 x->model().c_str(), x->device().c_str(), x->tp(), x->encoder_per_tile(),
+                 100 * x->encoder_max_residual(), x->llm_per_token(), x->llm_per_token_sq(),
+                 100 * x->llm_max_residual());
+  }
   return p;
 }
 

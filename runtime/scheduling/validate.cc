@@ -14,6 +14,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "runtime/base/json_line.h"
+#include "runtime/base/stats.h"
 #include "runtime/base/trace.h"
 #include "runtime/parallel/grid.h"
 
@@ -27,13 +28,6 @@ class Errors : public google::protobuf::io::ErrorCollector {
   }
   std::string text;
 };
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // Worker tracks are trace::WorkerTrack(encoder, rank); predicted ones
 // trace::StageTrack(encoder, dp, stage).

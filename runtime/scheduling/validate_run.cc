@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -78,6 +79,49 @@ std::string LastLine(const std::string& text) {
   return text.substr(start == std::string::npos ? 0 : start + 1, end - start);
 }
 
+// How each layout's `loom up` runs.
+struct RunWith {
+  std::string loom_up, bin_dir, profile_path;
+  int steps = 0, warmup = 0;
+};
+
+// Runs `job` by loom up in `run_dir` (emptied first) and reads its figures;
+// a run that fails or runs past --run_timeout is the result's error, a
+// folder or process that cannot be made the status.
+absl::StatusOr<LayoutResult> RunLayout(const job::v1::JobConfig& job, const std::string& run_dir,
+                                       const RunWith& with) {
+  std::error_code ec;
+  std::filesystem::remove_all(run_dir, ec);  // a previous validation's run
+  LayoutResult r;
+  std::string job_text;
+  google::protobuf::TextFormat::PrintToString(job, &job_text);
+  if (absl::Status s = MakeDirectories(run_dir); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(run_dir + "/job.txtpb", job_text); !s.ok()) return s;
+  std::vector<std::string> argv = {with.loom_up,
+                                   "--config=" + run_dir + "/job.txtpb",
+                                   "--run_dir=" + run_dir,
+                                   absl::StrCat("--steps=", with.steps),
+                                   "--json",
+                                   "--trace=" + run_dir + "/trace.json",
+                                   "--profile=" + with.profile_path};
+  if (!with.bin_dir.empty()) argv.push_back("--bin_dir=" + with.bin_dir);
+  absl::StatusOr<std::unique_ptr<Subprocess>> up = Subprocess::Start(argv, run_dir + "/up.log");
+  if (!up.ok()) return up.status();
+  absl::StatusOr<int> status = (*up)->Wait(absl::GetFlag(FLAGS_run_timeout));
+  if (!status.ok()) {
+    (*up)->Signal(SIGTERM);
+    status = (*up)->Wait(absl::Minutes(1));
+    r.error = absl::StrCat("loom up ran past --run_timeout ",
+                           absl::FormatDuration(absl::GetFlag(FLAGS_run_timeout)));
+  } else if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+    r.error = absl::StrCat("loom up ended with ", DescribeWaitStatus(*status), ": ",
+                           LastLine((*up)->ReadLog()), " (", run_dir, "/up.log)");
+  } else {
+    r = ReadRun(job, run_dir, (*up)->ReadLog(), with.warmup);
+  }
+  return r;
+}
+
 }  // namespace
 
 int ValidateCommand() {
@@ -115,7 +159,13 @@ int ValidateCommand() {
   if (profile_path.empty()) {
     absl::StatusOr<hf::PretrainedModel> model = JobModel(*base);
     if (!model.ok()) return Fail(model.status());
-    profile = ProfileFromFlags(model->config);
+    std::vector<int> tps;  // every TP a layout runs a module at
+    for (const job::v1::JobConfig& j : jobs) {
+      for (int tp : {j.parallel().encoder_tp(), j.parallel().llm_tp()}) {
+        if (std::find(tps.begin(), tps.end(), tp) == tps.end()) tps.push_back(tp);
+      }
+    }
+    profile = ProfileFromFlags(model->config, tps);
     if (!profile.ok()) return Fail(profile.status());
     google::protobuf::util::JsonPrintOptions o;
     o.preserve_proto_field_names = true;
@@ -137,42 +187,15 @@ int ValidateCommand() {
   if (output != "-" && (out = std::fopen(output.c_str(), "w")) == nullptr) {
     return Fail(absl::InvalidArgumentError("--output: cannot write " + output));
   }
+  const RunWith run_with{loom_up, bin_dir, profile_path, steps, warmup};
   std::vector<LayoutResult> results;
   for (size_t i = 0; i < layouts.size(); ++i) {
     const std::string run_dir = absl::StrCat(dir, "/layout-", i);
-    std::error_code ec;
-    std::filesystem::remove_all(run_dir, ec);  // a previous validation's run
-    LayoutResult r;
-    std::string job_text;
-    google::protobuf::TextFormat::PrintToString(jobs[i], &job_text);
-    if (absl::Status s = MakeDirectories(run_dir); !s.ok()) return Fail(s);
-    if (absl::Status s = WriteFileAtomically(run_dir + "/job.txtpb", job_text); !s.ok()) {
-      return Fail(s);
-    }
-    std::vector<std::string> argv = {loom_up,
-                                     "--config=" + run_dir + "/job.txtpb",
-                                     "--run_dir=" + run_dir,
-                                     absl::StrCat("--steps=", steps),
-                                     "--json",
-                                     "--trace=" + run_dir + "/trace.json",
-                                     "--profile=" + profile_path};
-    if (!bin_dir.empty()) argv.push_back("--bin_dir=" + bin_dir);
     std::fprintf(stderr, "loom-schedule: validate: layout %zu/%zu \"%s\" (%s)\n", i + 1,
                  layouts.size(), layouts[i].c_str(), run_dir.c_str());
-    absl::StatusOr<std::unique_ptr<Subprocess>> up = Subprocess::Start(argv, run_dir + "/up.log");
-    if (!up.ok()) return Fail(up.status());
-    absl::StatusOr<int> status = (*up)->Wait(absl::GetFlag(FLAGS_run_timeout));
-    if (!status.ok()) {
-      (*up)->Signal(SIGTERM);
-      status = (*up)->Wait(absl::Minutes(1));
-      r.error = absl::StrCat("loom up ran past --run_timeout ",
-                             absl::FormatDuration(absl::GetFlag(FLAGS_run_timeout)));
-    } else if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      r.error = absl::StrCat("loom up ended with ", DescribeWaitStatus(*status), ": ",
-                             LastLine((*up)->ReadLog()), " (", run_dir, "/up.log)");
-    } else {
-      r = ReadRun(jobs[i], run_dir, (*up)->ReadLog(), warmup);
-    }
+    absl::StatusOr<LayoutResult> run = RunLayout(jobs[i], run_dir, run_with);
+    if (!run.ok()) return Fail(run.status());
+    LayoutResult& r = *run;
     r.layout = layouts[i];
     r.host_cores = static_cast<int>(std::thread::hardware_concurrency());
     scheduler::v1::Plan plan;

@@ -35,6 +35,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/file.h"
+#include "runtime/base/stats.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/model/config.h"
 #include "runtime/model/llm.h"
@@ -51,6 +52,7 @@ ABSL_FLAG(std::string, dir, "/var/tmp/loom-checkpoint-bench",
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using loom::Median;
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -139,12 +141,6 @@ bool WriteSource(const std::string& path) {
   return loom::WriteFileAtomically(
              path, std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)))
       .ok();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Peak bytes above `base` since the last ResetPeak (RSS may also shrink).

@@ -40,6 +40,7 @@
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "runtime/base/runfiles.h"
+#include "runtime/base/stats.h"
 #include "runtime/base/trace.h"
 #include "runtime/comm/ucx.h"
 #include "services/common/subprocess.h"
@@ -66,12 +67,8 @@ ABSL_FLAG(std::string, peer, "", "(internal) the sender's address file.");
 
 namespace {
 
+using loom::Median;
 using loom::Subprocess;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 int Messages(int64_t size) {
   return static_cast<int>(
