@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -30,6 +31,13 @@ double RingAllreduceSeconds(double bytes, int dp, int gpus_in_group, const Clust
 double LaterStageUnits(int layers, int stages, double head) {
   if (stages < 1) return 0;
   return std::max<double>((layers + stages - 1) / stages, layers / stages + head);
+}
+
+// The LLM DP degree after `dp` (PlanLimits::dp_step), `most` included.
+int NextDp(int dp, int most, double step) {
+  int next = dp + 1;
+  if (step > 0 && dp > 64) next = std::max(next, static_cast<int>(dp * (1 + step)));
+  return dp < most ? std::min(next, most) : next;
 }
 
 std::vector<int> Divisors(int n, int max) {
@@ -216,9 +224,10 @@ void FillModule(scheduler::v1::ModulePlan* p, int tp, int pp, int dp, int gpus, 
 
 // The fields both searches fill the same way: per-sample time coefficients
 // at the chosen degrees' efficiencies, the prediction and the search's cost.
-void FillCommon(const ClusterSpec& c, const ModelConfig& model, const BatchStats& stats,
-                const PlanLimits& limits, const Workload& w, double time, int64_t candidates,
-                std::chrono::steady_clock::time_point t0, scheduler::v1::Plan* plan) {
+void FillCommon(const ClusterSpec& c, const ClusterSpec& ce, const ModelConfig& model,
+                const BatchStats& stats, const PlanLimits& limits, const Workload& w, double time,
+                int64_t candidates, std::chrono::steady_clock::time_point t0,
+                scheduler::v1::Plan* plan) {
   const auto& e = plan->encoder();
   const auto& l = plan->llm();
   const int m = plan->microbatches();
@@ -226,20 +235,25 @@ void FillCommon(const ClusterSpec& c, const ModelConfig& model, const BatchStats
   plan->set_cluster_gpus(c.gpus);
   plan->set_global_batch(stats.global_batch);
   scheduler::v1::CostCoefficients* k = plan->mutable_costs();
-  const double rate_e = EncoderRate(c, stats, w, e.tp(), e.dp(), m);
+  const double rate_e = EncoderRate(ce, stats, w, e.tp(), e.dp(), m);
   const double rate_l = LlmRate(c, stats, w, l.tp(), l.dp(), m);
   k->set_encoder_per_tile(w.flops.encoder_per_tile / rate_e);
   k->set_llm_per_token(w.flops.llm_per_token / rate_l);
   k->set_llm_per_token_sq(w.flops.llm_per_token_sq / rate_l);
-  k->set_transfer_per_image_token(plan->encoder_in_first_llm_stage()
-                                      ? 0
-                                      : w.flops.embedding_bytes_per_image_token /
-                                            c.inter_node_bytes_per_second);
+  k->set_transfer_per_image_token(
+      plan->encoder_in_first_llm_stage()
+          ? 0
+          : w.flops.embedding_bytes_per_image_token /
+                std::min(c.inter_node_bytes_per_second, ce.inter_node_bytes_per_second));
   SetStageShares(model, e.pp(), l.pp(), k);
   plan->set_encoder_recompute(RecomputeName(EncoderRecompute(limits)));
   plan->set_llm_recompute(RecomputeName(limits.recompute));
   plan->set_predicted_iteration_seconds(time);
-  plan->set_predicted_mfu(w.useful_flops / (time * c.gpus * c.peak_flops));
+  // Of the GPUs the plan runs on (the cluster's, when one pool).
+  const bool separate = &c != &ce;
+  const double peak =
+      separate ? l.gpus() * c.peak_flops + e.gpus() * ce.peak_flops : c.gpus * c.peak_flops;
+  plan->set_predicted_mfu(w.useful_flops / (time * peak));
   plan->set_candidates(candidates);
   plan->set_gpu_peak_flops(c.peak_flops);
   plan->set_gpu_memory_bytes(c.memory_bytes);
@@ -267,10 +281,12 @@ bool SameDegrees(const scheduler::v1::Plan& x, const scheduler::v1::Plan& y) {
 }
 
 // SearchPlans at the limits' recompute; `candidates` counts up.
+// `encoder_pool`: the encoder on GPUs of that pool, all of them (no
+// colocation); null: the encoder takes what the LLM leaves of `c`.
 absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
     const ClusterSpec& c, const ModelConfig& model, const BatchStats& stats,
     const PlanLimits& limits, int count, std::chrono::steady_clock::time_point t0,
-    int64_t& candidates) {
+    int64_t& candidates, const ClusterSpec* encoder_pool = nullptr) {
   absl::StatusOr<Workload> work = WorkloadOf(c, model, stats, limits);
   if (!work.ok()) return work.status();
   const Workload& w = *work;
@@ -278,6 +294,10 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
   const double B = w.B, enc_flops = w.enc_flops, llm_flops = w.llm_flops;
   const double budget = w.budget;
   const int patches = w.patches;
+  const bool separate = encoder_pool != nullptr;
+  const ClusterSpec& ce = separate ? *encoder_pool : c;
+  const double budget_e = ce.memory_bytes * limits.memory_fraction;
+  const double link = std::min(c.inter_node_bytes_per_second, ce.inter_node_bytes_per_second);
 
   struct Best {
     double time = INFINITY;
@@ -289,30 +309,60 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
   // What a configuration must beat to be kept.
   auto bar = [&] { return static_cast<int>(best.size()) < count ? INFINITY : best.back().time; };
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
+  const int max_tp_e = std::min(limits.max_tp, ce.gpus_per_node);
   for (int tp_l : Divisors(model.llm.kv(), max_tp)) {  // whole key/value groups
     for (int pp_l : Divisors(model.llm.layers, limits.max_llm_pp)) {
-      for (int tp_e : Divisors(model.vit.heads, max_tp)) {
+      std::map<int, int> least_m;  // LLM DP -> the least microbatch count that fits
+      for (int tp_e : Divisors(model.vit.heads, max_tp_e)) {
         for (int pp_e : Divisors(model.vit.layers, limits.max_encoder_pp)) {
           const int group_l = tp_l * pp_l, group_e = tp_e * pp_e;
           // The parameters alone, at the most DP ranks (the fewest
           // moments): what no layout of these degrees holds less than.
           const double static_l = LlmPeakBytes(model, limits, tp_l, pp_l, c.gpus, 1, 0, 0);
-          const double static_e = EncoderPeakBytes(model, limits, tp_e, pp_e, c.gpus, 0, 0);
-          if (static_l > budget || static_e > budget) continue;
+          const double static_e = EncoderPeakBytes(model, limits, tp_e, pp_e, ce.gpus, 0, 0);
+          if (static_l > budget || static_e > budget_e) continue;
+          if (separate && ce.gpus < group_e) continue;
           // Disaggregated, the encoder on the GPUs the LLM leaves; colocated,
           // on the LLM's first-stage GPUs (tp_l x dp_l of them), beside it.
           for (bool colocated : {false, true}) {
-            if (colocated && (!limits.colocate || tp_e % tp_l != 0)) continue;
-            for (int dp_l = 1; group_l * dp_l + (colocated ? 0 : group_e) <= c.gpus; ++dp_l) {
+            if (colocated && (separate || !limits.colocate || tp_e % tp_l != 0)) continue;
+            const int shared = colocated || separate ? 0 : group_e;  // of c's GPUs
+            const int most_l = (c.gpus - shared) / group_l;
+            // Separate pools: the LLM on all of its GPUs (SearchHeterogeneousPlan
+            // tries fewer as pools of their own).
+            for (int dp_l = separate ? std::max(1, most_l) : 1; dp_l <= most_l;
+                 dp_l = NextDp(dp_l, most_l, limits.dp_step)) {
               const int first = tp_l * dp_l;
               if (colocated && first % group_e != 0) continue;
-              const int dp_e = colocated ? first / group_e : (c.gpus - group_l * dp_l) / group_e;
+              const int dp_e = colocated  ? first / group_e
+                               : separate ? ce.gpus / group_e
+                                          : (c.gpus - group_l * dp_l) / group_e;
               const double ar_l = RingAllreduceSeconds(kGradBytes * w.llm_trained / group_l, dp_l,
                                                        group_l * dp_l, c);
               const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_trained / group_e, dp_e,
-                                                       group_e * dp_e, c);
+                                                       group_e * dp_e, ce);
               const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
-              for (int m = pp_l; m <= max_m; ++m) {
+              // The LLM's memory at m microbatches (>= pp_l: its in-flight
+              // count is fixed, its microbatches shrink as m grows, so the
+              // memory does not grow with m): the least m that fits, by
+              // bisection, is where the loop starts.
+              auto llm_bytes = [&](int m, int last_stage = -1) {
+                return LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m,
+                                    B * stats.mean_length / (dp_l * m) * kMicrobatchHeadroom,
+                                    B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom,
+                                    last_stage);
+              };
+              auto [memo, fresh] = least_m.try_emplace(dp_l, max_m + 1);
+              for (int lo = pp_l, hi = max_m; fresh && lo <= hi;) {
+                const int mid = lo + (hi - lo) / 2;
+                if (llm_bytes(mid) <= budget) {
+                  memo->second = mid;
+                  hi = mid - 1;
+                } else {
+                  lo = mid + 1;
+                }
+              }
+              for (int m = memo->second; m <= max_m; ++m) {
                 ++candidates;
                 // LLM stage: one microbatch through one stage.
                 const double mb_tokens = B * stats.mean_length / (dp_l * m);
@@ -327,13 +377,12 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
                 // (colocated: what each first-stage GPU spends on them).
                 const double slot_tiles = B * stats.mean_tiles / (dp_e * m);
                 const double eff_e =
-                    Efficiency(c, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
+                    Efficiency(ce, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
                 const double enc_stage =
-                    enc_flops > 0 ? enc_flops / (dp_e * m) / (pp_e * tp_e * c.peak_flops * eff_e)
+                    enc_flops > 0 ? enc_flops / (dp_e * m) / (pp_e * tp_e * ce.peak_flops * eff_e)
                                   : 0;
                 const double transfer = B * stats.mean_image_tokens *
-                                        flops.embedding_bytes_per_image_token / (dp_l * m) /
-                                        c.inter_node_bytes_per_second;
+                                        flops.embedding_bytes_per_image_token / (dp_l * m) / link;
                 // Colocated, the first stage's GPUs run both modules' work
                 // (as the monolithic layout's, plus the encoder's pipeline
                 // fill) and both allreduces.
@@ -343,19 +392,14 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
                               : (m + pp_e + pp_l - 1) * std::max({llm_stage, enc_stage, transfer}) +
                                     std::max(ar_l, ar_e);
                 if (time >= bar()) continue;
-                const double tokens = mb_tokens * kMicrobatchHeadroom;
-                const double image_tokens =
-                    B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom;
-                const double mem_l =
-                    LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m, tokens, image_tokens);
+                const double mem_l = llm_bytes(m);
                 double mem_e = EncoderPeakBytes(model, limits, tp_e, pp_e, dp_e,
                                                 slot_tiles * kMicrobatchHeadroom,
                                                 (dp_l * m + dp_e - 1) / dp_e);
                 if (colocated) {  // a GPU holds an encoder rank and a first-stage LLM rank
-                  mem_e +=
-                      LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m, tokens, image_tokens, 0);
+                  mem_e += llm_bytes(m, 0);
                 }
-                if (mem_l > budget || mem_e > budget) continue;
+                if (mem_l > budget || mem_e > (colocated ? budget : budget_e)) continue;
                 const Best b{time,      tp_e,      pp_e,  dp_e,  tp_l, pp_l, dp_l,     m,
                              enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l, colocated};
                 // One candidate per layout (its degrees), at its best
@@ -394,7 +438,7 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
                b.llm_stage, b.ar_l);
     plan.set_microbatches(b.m);
     plan.set_colocated(b.colocated);
-    FillCommon(c, model, stats, limits, w, b.time, candidates, t0, &plan);
+    FillCommon(c, ce, model, stats, limits, w, b.time, candidates, t0, &plan);
   }
   return plans;
 }
@@ -450,6 +494,100 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& 
     p.set_search_seconds(seconds);
   }
   return merged;
+}
+
+absl::StatusOr<scheduler::v1::Plan> SearchHeterogeneousPlan(const std::vector<GpuKind>& kinds,
+                                                            const ModelConfig& model,
+                                                            const BatchStats& stats,
+                                                            const PlanLimits& limits,
+                                                            const HeterogeneousOptions& options) {
+  absl::StatusOr<std::vector<scheduler::v1::Plan>> plans =
+      SearchHeterogeneousPlans(kinds, model, stats, limits, options, 1);
+  if (!plans.ok()) return plans.status();
+  return std::move(plans->front());
+}
+
+absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchHeterogeneousPlans(
+    const std::vector<GpuKind>& kinds, const ModelConfig& model, const BatchStats& stats,
+    const PlanLimits& limits, const HeterogeneousOptions& options, int count) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (count < 1) return absl::InvalidArgumentError(absl::StrCat("want ", count, " plans"));
+  if (kinds.empty()) return absl::InvalidArgumentError("no GPU kinds");
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    if (kinds[i].count < 1 || !(kinds[i].price_per_hour >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPU kind \"", kinds[i].name, "\": ", kinds[i].count, " GPUs at a price of ",
+                       kinds[i].price_per_hour, " an hour (want >= 1 and >= 0)"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (kinds[j].name == kinds[i].name) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GPU kind \"", kinds[i].name, "\" named twice"));
+      }
+    }
+  }
+  PlanLimits at = limits;
+  at.search_recompute = false;
+  if (at.dp_step <= 0) at.dp_step = 0.01;
+  // Each kind's counts to try: all of it, and halves of it down to an
+  // eighth for the LLM's kind when minimising the cost (fewer GPUs, slower
+  // but maybe cheaper per sample), to a 16th for an encoder on a kind of
+  // its own (more encoder ranks than it needs only lengthen its
+  // allreduce).
+  auto counts = [&](int n, size_t levels) {
+    std::vector<int> out = {n};
+    while (out.size() < levels && out.back() / 2 >= 1) out.push_back(out.back() / 2);
+    return out;
+  };
+  int64_t candidates = 0;
+  std::vector<std::pair<double, scheduler::v1::Plan>> best;  // (key, plan), best first
+  absl::Status last = absl::ResourceExhaustedError("no plan fits");
+  for (const GpuKind& kl : kinds) {
+    for (const GpuKind& ke : kinds) {
+      const bool one = &kl == &ke;
+      for (int nl : counts(kl.count, options.minimise_cost ? 4 : 1)) {
+        for (int ne : one ? std::vector<int>{0} : counts(ke.count, 5)) {
+          ClusterSpec cl = kl.gpu, ce = ke.gpu;
+          cl.gpus = nl;
+          ce.gpus = ne;
+          absl::StatusOr<std::vector<scheduler::v1::Plan>> plans =
+              SearchPlansAt(cl, model, stats, at, 1, t0, candidates, one ? nullptr : &ce);
+          if (!plans.ok()) {
+            last = plans.status();
+            continue;
+          }
+          scheduler::v1::Plan& p = plans->front();
+          p.mutable_llm()->set_gpu_kind(kl.name);
+          p.mutable_encoder()->set_gpu_kind(ke.name);
+          p.set_cost_per_hour(p.llm().gpus() * kl.price_per_hour +
+                              (p.colocated() ? 0 : p.encoder().gpus() * ke.price_per_hour));
+          p.set_cluster_gpus(p.llm().gpus() + (p.colocated() ? 0 : p.encoder().gpus()));
+          const double time = p.predicted_iteration_seconds();
+          if (options.max_iteration_seconds > 0 && time > options.max_iteration_seconds) {
+            last = absl::ResourceExhaustedError(absl::StrCat(
+                "no plan is predicted within ", options.max_iteration_seconds, " s an iteration"));
+            continue;
+          }
+          const double key =
+              options.minimise_cost ? p.cost_per_hour() * time / stats.global_batch : time;
+          auto at = std::upper_bound(best.begin(), best.end(), key,
+                                     [](double k, const auto& x) { return k < x.first; });
+          best.insert(at, {key, std::move(p)});
+          if (static_cast<int>(best.size()) > count) best.pop_back();
+        }
+      }
+    }
+  }
+  if (best.empty()) return last;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<scheduler::v1::Plan> out;
+  for (auto& [key, p] : best) {
+    p.set_candidates(candidates);
+    p.set_search_seconds(seconds);
+    out.push_back(std::move(p));
+  }
+  return out;
 }
 
 absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
@@ -562,7 +700,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
       k->add_llm_stage_share(units / llm_units);
     }
   }  // else FillCommon's: the LLM's own split
-  FillCommon(c, model, stats, limits, w, best.time, candidates, t0, &plan);
+  FillCommon(c, c, model, stats, limits, w, best.time, candidates, t0, &plan);
   return plan;
 }
 

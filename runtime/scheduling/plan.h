@@ -21,6 +21,7 @@
 #define LOOM_RUNTIME_SCHEDULING_PLAN_H_
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -75,6 +76,10 @@ struct PlanLimits {
   // the LLM's first-stage GPUs, an encoder TP group over whole LLM TP
   // groups so that they slow together).
   bool colocate = true;
+  // 0: every LLM DP degree is tried. x > 0: every one up to 64, then each
+  // at least (1 + x) times the last (a large cluster's search in a
+  // fraction of the time, a DP within x of any).
+  double dp_step = 0;
   double memory_fraction = 0.9;  // of a GPU's memory the plan may use
   // Modules that do not train: cheaper backward (AnalyticFlops), weights
   // alone in memory (no gradients or moments), no gradient allreduce.
@@ -106,6 +111,48 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& 
                                                              const ModelConfig& model,
                                                              const BatchStats& stats,
                                                              const PlanLimits& limits, int count);
+
+// A kind of GPU in a heterogeneous cluster (issue 43 item 5): how many
+// there are, one's figures (its ClusterSpec: peak, memory, GPUs per node,
+// links within and between nodes, efficiency; `gpus` ignored) and its
+// price.
+struct GpuKind {
+  std::string name;
+  int count = 0;
+  ClusterSpec gpu;
+  double price_per_hour = 0;  // of one GPU
+};
+
+struct HeterogeneousOptions {
+  // false: the shortest predicted iteration. true: the least cost per
+  // sample (the GPUs used times their prices, over the samples an hour)
+  // among plans predicted no slower than max_iteration_seconds (0: any),
+  // the LLM's kind's count also tried at a half, a quarter and an eighth.
+  bool minimise_cost = false;
+  double max_iteration_seconds = 0;
+};
+
+// The plan search over a cluster of several GPU kinds: each module on one
+// kind, every pair tried. Both on one kind: SearchPlans' search on it
+// (disaggregated or colocated). On two: the LLM on all of its kind's GPUs
+// it has whole replicas for, the encoder on all of its kind's or a half, a
+// quarter, ... down to a 128th of them (each at its kind's rates and
+// memory; the embeddings over the slower of the two kinds' links). With no
+// dp_step in the limits, 0.01. The
+// plan's modules name their kind (ModulePlan.gpu_kind) and it carries
+// cost_per_hour. The limits' recompute as given (not searched).
+// INVALID_ARGUMENT for no kinds, a kind without GPUs, a name twice;
+// RESOURCE_EXHAUSTED when nothing fits (or meets the time bound).
+absl::StatusOr<scheduler::v1::Plan> SearchHeterogeneousPlan(const std::vector<GpuKind>& kinds,
+                                                            const ModelConfig& model,
+                                                            const BatchStats& stats,
+                                                            const PlanLimits& limits,
+                                                            const HeterogeneousOptions& options);
+// The `count` best of the search's candidates (the best of each pair of
+// kinds and counts tried), best first: what a simulation chooses among.
+absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchHeterogeneousPlans(
+    const std::vector<GpuKind>& kinds, const ModelConfig& model, const BatchStats& stats,
+    const PlanLimits& limits, const HeterogeneousOptions& options, int count);
 
 // The monolithic layout Megatron-LM runs multimodal models in, for
 // comparison (DistTrain's baseline): one TP x PP x DP grid for both modules,

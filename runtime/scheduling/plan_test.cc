@@ -284,6 +284,70 @@ TEST(PlanTest, SearchedRecomputeIsNoSlowerThanAFixedOne) {
   EXPECT_EQ(names.count(chosen->encoder_recompute()), 1u);
 }
 
+// Heterogeneous clusters: each module on one of the kinds. The plan's
+// modules name their kinds,
+// use no more GPUs than those kinds have, fit their memory, and the price
+// is theirs. Cheapest per sample under a time bound respects the bound and
+// costs no more per sample than the fastest plan.
+TEST(PlanTest, HeterogeneousPlansPlaceEachModuleOnAKind) {
+  std::vector<GpuKind> kinds(3);
+  kinds[0].name = "big";
+  kinds[0].count = 16;
+  kinds[0].price_per_hour = 3;
+  kinds[1].name = "slow";
+  kinds[1].count = 32;
+  kinds[1].gpu.peak_flops = 312e12;
+  kinds[1].price_per_hour = 1;
+  kinds[2].name = "small";
+  kinds[2].count = 64;
+  kinds[2].gpu.memory_bytes = 24.0 * (1 << 30);
+  kinds[2].price_per_hour = 0.25;
+  const ModelConfig m = Config("vit300m-llm1b");
+  const BatchStats stats = OneVisionLike(9, 256);
+  PlanLimits limits;
+  limits.recompute = Recompute::kSelective;
+  auto fastest = SearchHeterogeneousPlans(kinds, m, stats, limits, {}, 4);
+  ASSERT_TRUE(fastest.ok()) << fastest.status();
+  for (const scheduler::v1::Plan& p : *fastest) {
+    const GpuKind* l = nullptr;
+    const GpuKind* e = nullptr;
+    for (const GpuKind& k : kinds) {
+      if (k.name == p.llm().gpu_kind()) l = &k;
+      if (k.name == p.encoder().gpu_kind()) e = &k;
+    }
+    ASSERT_TRUE(l != nullptr && e != nullptr) << p.DebugString();
+    const bool one = l == e;
+    EXPECT_LE(p.llm().gpus() + (one && !p.colocated() ? p.encoder().gpus() : 0), l->count);
+    if (!one) {
+      EXPECT_LE(p.encoder().gpus(), e->count);
+      EXPECT_FALSE(p.colocated());
+    }
+    EXPECT_LE(p.llm().memory_bytes(), 0.9 * l->gpu.memory_bytes);
+    EXPECT_LE(p.encoder().memory_bytes(), 0.9 * e->gpu.memory_bytes);
+    EXPECT_DOUBLE_EQ(p.cost_per_hour(),
+                     p.llm().gpus() * l->price_per_hour +
+                         (p.colocated() ? 0 : p.encoder().gpus() * e->price_per_hour));
+  }
+  HeterogeneousOptions cost;
+  cost.minimise_cost = true;
+  cost.max_iteration_seconds = 1.5 * fastest->front().predicted_iteration_seconds();
+  auto cheapest = SearchHeterogeneousPlan(kinds, m, stats, limits, cost);
+  ASSERT_TRUE(cheapest.ok()) << cheapest.status();
+  EXPECT_LE(cheapest->predicted_iteration_seconds(), cost.max_iteration_seconds);
+  auto per_sample = [](const scheduler::v1::Plan& p) {
+    return p.cost_per_hour() * p.predicted_iteration_seconds();
+  };
+  EXPECT_LE(per_sample(*cheapest), per_sample(fastest->front()) * (1 + 1e-12));
+  cost.max_iteration_seconds = 1e-9;  // nothing is that fast
+  EXPECT_EQ(SearchHeterogeneousPlan(kinds, m, stats, limits, cost).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  kinds[2].name = "big";
+  EXPECT_EQ(SearchHeterogeneousPlan(kinds, m, stats, limits, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SearchHeterogeneousPlan({}, m, stats, limits, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // The monolithic layout: one grid for both modules, the encoder's state on
 // the first stage; balancing that stage moves LLM layers off it and is no
 // slower than the LLM's own split.

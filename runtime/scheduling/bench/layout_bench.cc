@@ -75,21 +75,11 @@ std::string Grid(const scheduler::v1::Plan& p) {
                       l.dp(), " ", p.llm_recompute().substr(0, 1), " m", p.microbatches());
 }
 
-// Simulated iteration of `plan` under `algorithm`, recomputing as the
-// layout's runtime does (Loom's workers: each stage's forward again before
-// its backward, but for the live microbatch; Megatron's: activations kept).
+// Simulated iteration of `plan` under `algorithm`, each module recomputing
+// as the plan says its runtime runs it (Loom's plan: the search's choice;
+// Megatron's: activations kept).
 absl::Status Simulate(const MeasuredBatch& batch, Row* row) {
-  const scheduler::v1::Plan& plan = *row->plan;
-  const CostModel costs(plan.costs());
-  const std::vector<SampleLoad> loads =
-      costs.Loads(batch.shapes, plan.costs().transfer_per_image_token());
-  PredictedIteration predicted;
-  absl::StatusOr<scheduler::v1::Assignment> a =
-      AssignForPlan(plan, batch.keys, loads, row->algorithm, 10, &predicted);
-  if (!a.ok()) return a.status();
-  // Each module recomputing as the plan says its runtime runs it.
-  absl::StatusOr<SimulationResult> sim =
-      SimulateIteration(predicted.bins, SimulationOptionsFor(plan));
+  absl::StatusOr<SimulationResult> sim = SimulatePlan(batch, *row->plan, row->algorithm);
   if (!sim.ok()) return sim.status();
   row->simulated = sim->iteration_seconds;
   row->bubble = sim->llm_bubble_fraction;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_split.h"
 #include "runtime/data/datagen.h"
 #include "runtime/data/preprocess.h"
+#include "runtime/scheduling/schedule.h"
 
 namespace loom::sched {
 namespace {
@@ -48,6 +49,19 @@ absl::StatusOr<MeasuredBatch> MeasureOutlines(const std::string& preset, uint64_
     out.shapes.push_back(s);
   }
   return out;
+}
+
+absl::StatusOr<SimulationResult> SimulatePlan(const MeasuredBatch& batch,
+                                              const scheduler::v1::Plan& plan,
+                                              const std::string& algorithm) {
+  const CostModel costs(plan.costs());
+  const std::vector<SampleLoad> loads =
+      costs.Loads(batch.shapes, plan.costs().transfer_per_image_token());
+  PredictedIteration predicted;
+  absl::StatusOr<scheduler::v1::Assignment> a =
+      AssignForPlan(plan, batch.keys, loads, algorithm, 10, &predicted);
+  if (!a.ok()) return a.status();
+  return SimulateIteration(predicted.bins, SimulationOptionsFor(plan));
 }
 
 }  // namespace loom::sched

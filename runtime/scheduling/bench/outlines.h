@@ -13,6 +13,7 @@
 #include "runtime/data/tokenizer.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/simulate.h"
 
 namespace loom::sched {
 
@@ -26,6 +27,13 @@ struct MeasuredBatch {
 absl::StatusOr<MeasuredBatch> MeasureOutlines(const std::string& preset, uint64_t seed, int samples,
                                               const ModelConfig& model,
                                               const data::Tokenizer& tokenizer);
+
+// One iteration of `batch` under `plan`, simulated as its workers run it:
+// every sample priced by the plan's coefficients, assigned by `algorithm`
+// (ILP's limit 10 s), each module recomputing as the plan says.
+absl::StatusOr<SimulationResult> SimulatePlan(const MeasuredBatch& batch,
+                                              const scheduler::v1::Plan& plan,
+                                              const std::string& algorithm);
 
 }  // namespace loom::sched
 
