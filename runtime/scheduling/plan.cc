@@ -273,6 +273,17 @@ absl::StatusOr<scheduler::v1::Plan> SearchPlan(const ClusterSpec& c, const Model
 
 namespace {
 
+// A whole search's cost on each of its plans: configurations and seconds.
+void StampSearch(int64_t candidates, std::chrono::steady_clock::time_point t0,
+                 std::vector<scheduler::v1::Plan>* plans) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (scheduler::v1::Plan& p : *plans) {
+    p.set_candidates(candidates);
+    p.set_search_seconds(seconds);
+  }
+}
+
 bool SameDegrees(const scheduler::v1::Plan& x, const scheduler::v1::Plan& y) {
   auto same = [](const scheduler::v1::ModulePlan& a, const scheduler::v1::ModulePlan& b) {
     return a.tp() == b.tp() && a.pp() == b.pp() && a.dp() == b.dp();
@@ -487,12 +498,7 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlans(const ClusterSpec& 
     return x.predicted_iteration_seconds() < y.predicted_iteration_seconds();
   });
   if (static_cast<int>(merged.size()) > count) merged.resize(count);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (scheduler::v1::Plan& p : merged) {
-    p.set_candidates(candidates);
-    p.set_search_seconds(seconds);
-  }
+  StampSearch(candidates, t0, &merged);
   return merged;
 }
 
@@ -579,14 +585,9 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchHeterogeneousPlans(
     }
   }
   if (best.empty()) return last;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<scheduler::v1::Plan> out;
-  for (auto& [key, p] : best) {
-    p.set_candidates(candidates);
-    p.set_search_seconds(seconds);
-    out.push_back(std::move(p));
-  }
+  for (auto& [key, p] : best) out.push_back(std::move(p));
+  StampSearch(candidates, t0, &out);
   return out;
 }
 

@@ -175,7 +175,6 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
         o.llm_tp * o.llm_dp, "), and not the encoder inside the first LLM stage"));
   }
   const int m = o.microbatches, pe = o.encoder_pp, pl = o.llm_pp;
-  auto dp_of = [&](bool encoder) { return encoder ? o.encoder_dp : o.llm_dp; };
   // bin_at[r * m + j]: the bin LLM rank r runs j-th.
   std::vector<int> bin_at(static_cast<size_t>(o.llm_dp) * m, -1);
   for (size_t b = 0; b < bins.size(); ++b) {
@@ -225,7 +224,7 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     if (shared >= 0) {
       g.Use(id, shared, tp);
     } else if (first_gpu >= 0 && (encoder || stage == 0)) {
-      const int rank = stage * (dp_of(encoder) * tp) + dp * tp;
+      const int rank = stage * ((encoder ? o.encoder_dp : o.llm_dp) * tp) + dp * tp;
       for (int t = 0; t < tp; ++t) g.Use(id, first_gpu + rank + t, 1);
     }
   };

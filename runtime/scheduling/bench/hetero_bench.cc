@@ -173,16 +173,13 @@ int Main() {
     HeterogeneousOptions fastest, cheapest;
     absl::StatusOr<std::vector<scheduler::v1::Plan>> fast =
         SearchHeterogeneousPlans(kinds, *model, stats, limits, fastest, kCandidates);
-    if (!fast.ok()) {
-      std::fprintf(stderr, "hetero_bench: %s: %s\n", model->name.c_str(),
-                   std::string(fast.status().message()).c_str());
-      return 1;
+    absl::StatusOr<std::vector<scheduler::v1::Plan>> cheap = fast;  // its error, if any
+    if (fast.ok()) {
+      cheapest.minimise_cost = true;
+      cheapest.max_iteration_seconds =
+          absl::GetFlag(FLAGS_slowdown) * fast->front().predicted_iteration_seconds();
+      cheap = SearchHeterogeneousPlans(kinds, *model, stats, limits, cheapest, kCandidates);
     }
-    cheapest.minimise_cost = true;
-    cheapest.max_iteration_seconds =
-        absl::GetFlag(FLAGS_slowdown) * fast->front().predicted_iteration_seconds();
-    absl::StatusOr<std::vector<scheduler::v1::Plan>> cheap =
-        SearchHeterogeneousPlans(kinds, *model, stats, limits, cheapest, kCandidates);
     if (!cheap.ok()) {
       std::fprintf(stderr, "hetero_bench: %s: %s\n", model->name.c_str(),
                    std::string(cheap.status().message()).c_str());
