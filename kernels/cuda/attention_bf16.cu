@@ -1,7 +1,6 @@
 // The memory-efficient attention's bf16 path (attention.cu has fp32 and
 // the dispatch).
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include "kernels/cuda/attention_common.h"
 #include "kernels/cuda/common.h"
@@ -10,67 +9,157 @@
 namespace loom::kernels::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
-
-// The bf16 path (kernels/attention's bf16): the products on tensor cores
-// through the warp matrix functions (WMMA, 16 x 16 x 16, bf16 in, fp32
-// sums). A block of kWarps warps takes kTq query rows (forward, dQ) or kTk
-// key rows (dK, dV) and walks the other side in tiles through shared
-// memory, in bf16 rows padded by 8 (16 bytes: a row starts in another
-// bank). The scores of a tile go to shared memory in fp32; four threads a
-// row apply the mask and the softmax there, and write P (or dS) in bf16 over
-// the scores they read (each row's bf16 values fit in its fp32 row's bytes;
-// a barrier separates the reads from the writes). The forward keeps O in
-// shared memory (each tile rescales its rows); dQ, dK and dV sum in
-// fragments and each output row is written by one block: no atomics, the
-// same bits on every run.
-constexpr int kTq = 32, kTk = 32, kWarps = 4, kTensorThreads = 32 * kWarps;
-constexpr int kSld = kTk + 4;   // fp32 score rows
-constexpr int kPld = 2 * kSld;  // the bf16 rows over them
+// The bf16 path (kernels/attention's bf16), FlashAttention-2's way: the
+// products on tensor cores through mma.sync m16n8k16 (bf16 in, fp32 sums),
+// each warp owning 16 rows whose scores, softmax statistics and output
+// sums stay in its registers. Shared memory holds only the operand tiles,
+// in bf16 rows padded by 8 (the fragment loads below then touch 32
+// distinct banks). The score fragments become the next product's operand
+// in registers (the accumulator's layout is the A operand's), so a tile
+// takes two block barriers: one before its operands are staged, one after.
+//
+// Fragments (the PTX ISA's layouts; lane = 4 g + q): A, 16 x 16 row-major,
+// a[0] = row g, columns 2q and 2q + 1; a[1] = row g + 8, the same columns;
+// a[2], a[3] = those rows at columns 8 + 2q, 9 + 2q. B, 16 x 8: b[0] =
+// rows 2q, 2q + 1 of column g; b[1] = rows 8 + 2q, 9 + 2q. C, 16 x 8:
+// c[0], c[1] = row g, columns 2q, 2q + 1; c[2], c[3] = row g + 8. Each
+// 32-bit register holds two bf16, the lower index in the low half.
+//
+// Forward: a block of 4 warps takes 64 query rows and walks their keys in
+// tiles of 64. Backward, with no atomics (each output element is summed by
+// one lane, so two runs give the same bits): dQ by blocks of 64 query rows
+// over key tiles of 32; dK and dV by blocks of 64 key rows over query tiles
+// of 16, for every query head of the key's group.
+constexpr int kWarps = 4, kTensorThreads = 32 * kWarps;
+constexpr int kFwdRows = 64, kFwdKeys = 64;   // forward block, key tile
+constexpr int kDqRows = 64, kDqKeys = 32;     // dQ block, key tile
+constexpr int kKvRows = 64, kKvQueries = 16;  // dK/dV block, query tile
 
 template <int HDM>
-constexpr int Hld() {  // bf16 operand rows
+constexpr int Ld() {  // a bf16 row of shared memory
   return HDM + 8;
 }
-// Output tiles (2 x HDM/16 of 16 x 16) per warp.
-template <int HDM>
-constexpr int TilesPerWarp() {
-  return (2 * (HDM / 16) + kWarps - 1) / kWarps;
+
+#ifdef LOOM_CUDA_EMU
+struct alignas(16) Vec4 {
+  float x, y, z, w;
+};
+inline uint16_t Bf16Bits(float x) { return __float2bfloat16_rn(x).x; }
+inline float Bf16Value(uint32_t bits) {
+  return __bfloat162float(__nv_bfloat16{static_cast<uint16_t>(bits)});
+}
+#else
+using Vec4 = float4;
+__device__ inline uint16_t Bf16Bits(float x) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+#endif
+
+// Two values as one register of bf16 (lo in the low half).
+__device__ inline uint32_t Pack(float lo, float hi) {
+  return static_cast<uint32_t>(Bf16Bits(lo)) | static_cast<uint32_t>(Bf16Bits(hi)) << 16;
+}
+__device__ inline uint32_t Load32(const uint16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+// p[0] and p[ld] (two rows of one column) as one register.
+__device__ inline uint32_t LoadColumnPair(const uint16_t* p, int ld) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[ld]) << 16;
 }
 
-using BfFragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using BfFragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-using BfFragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using BfFragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// dst (32 x kSld fp32, the 16 x 16 tile of warp `warp`) = A · Bᵀ over HDM
-// columns: A and B are 32 rows of bf16 with leading dimension ld.
-template <int HDM>
-__device__ void TileScores(float* dst, const __nv_bfloat16* A, const __nv_bfloat16* B, int warp) {
-  constexpr int ld = Hld<HDM>();
-  const int tr = warp >> 1, tc = warp & 1;
-  AccFrag acc;
-  wmma::fill_fragment(acc, 0.0f);
-  LOOM_UNROLL
-  for (int kk = 0; kk < HDM / 16; ++kk) {
-    BfFragA a;
-    BfFragBT b;
-    wmma::load_matrix_sync(a, A + 16 * tr * ld + 16 * kk, ld);
-    wmma::load_matrix_sync(b, B + 16 * tc * ld + 16 * kk, ld);
-    wmma::mma_sync(acc, a, b, acc);
+// c += a · b, one m16n8k16 product of the warp. The emulation gathers each
+// lane's rows of A and columns of B from the lanes holding them (warp
+// shuffles) and sums k in order.
+__device__ inline void Mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef LOOM_CUDA_EMU
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  float a0[16], a1[16], b0[16], b1[16];  // rows g, g + 8 of A; columns 2q, 2q + 1 of B
+  auto split = [](uint32_t x, float* at) {
+    at[0] = Bf16Value(x & 0xffffu);
+    at[1] = Bf16Value(x >> 16);
+  };
+  auto pair = [](uint32_t lo, uint32_t hi) { return static_cast<uint64_t>(hi) << 32 | lo; };
+  const uint64_t a02 = pair(a[0], a[2]), a13 = pair(a[1], a[3]), b01 = pair(b[0], b[1]);
+  for (int s = 0; s < 4; ++s) {  // a shuffle moves 8 bytes: two registers at once
+    const uint64_t x = __shfl_sync(0xffffffffu, a02, 4 * g + s);
+    const uint64_t y = __shfl_sync(0xffffffffu, a13, 4 * g + s);
+    const uint64_t u = __shfl_sync(0xffffffffu, b01, 8 * q + s);
+    const uint64_t v = __shfl_sync(0xffffffffu, b01, 8 * q + 4 + s);
+    split(static_cast<uint32_t>(x), a0 + 2 * s);
+    split(static_cast<uint32_t>(x >> 32), a0 + 8 + 2 * s);
+    split(static_cast<uint32_t>(y), a1 + 2 * s);
+    split(static_cast<uint32_t>(y >> 32), a1 + 8 + 2 * s);
+    split(static_cast<uint32_t>(u), b0 + 2 * s);
+    split(static_cast<uint32_t>(u >> 32), b0 + 8 + 2 * s);
+    split(static_cast<uint32_t>(v), b1 + 2 * s);
+    split(static_cast<uint32_t>(v >> 32), b1 + 8 + 2 * s);
   }
-  wmma::store_matrix_sync(dst + 16 * tr * kSld + 16 * tc, acc, kSld, wmma::mem_row_major);
+  for (int k = 0; k < 16; ++k) {
+    c[0] += a0[k] * b0[k];
+    c[1] += a0[k] * b1[k];
+    c[2] += a1[k] * b0[k];
+    c[3] += a1[k] * b1[k];
+  }
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
-// rows [t0, t0 + n) of one head's HD columns of `src` (row stride ld,
-// column offset col, times `mul`) as bf16 into dst (n x Hld), 0 past T or HD.
+// The A fragment of rows [r0, r0 + 16) and columns [c0, c0 + 16) of a
+// row-major bf16 tile with rows of `ld`.
+__device__ inline void LoadA(uint32_t (&a)[4], const uint16_t* tile, int ld, int r0, int c0) {
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+  const uint16_t* p = tile + (r0 + g) * ld + c0 + 2 * q;
+  a[0] = Load32(p);
+  a[1] = Load32(p + 8 * ld);
+  a[2] = Load32(p + 8);
+  a[3] = Load32(p + 8 * ld + 8);
+}
+
+// The B fragment of Xᵀ, X row-major (rows [n0, n0 + 8) of X are B's
+// columns, X's columns [k0, k0 + 16) its rows): B = X[n0.., k0..]ᵀ.
+__device__ inline void LoadBTransposed(uint32_t (&b)[2], const uint16_t* tile, int ld, int n0,
+                                       int k0) {
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+  const uint16_t* p = tile + (n0 + g) * ld + k0 + 2 * q;
+  b[0] = Load32(p);
+  b[1] = Load32(p + 8);
+}
+
+// The B fragment of X itself: rows [k0, k0 + 16), columns [n0, n0 + 8).
+__device__ inline void LoadB(uint32_t (&b)[2], const uint16_t* tile, int ld, int k0, int n0) {
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+  const uint16_t* p = tile + (k0 + 2 * q) * ld + n0 + g;
+  b[0] = LoadColumnPair(p, ld);
+  b[1] = LoadColumnPair(p + 8 * ld, ld);
+}
+
+// Rows [t0, t0 + n) of one head's HD columns of `src` (row stride ld,
+// column offset col) as bf16 into dst (n rows of Ld), 0 past `end` or HD.
+// 16-byte loads where the rows allow them.
 template <int HDM>
-__device__ void LoadRowsBf16(__nv_bfloat16* dst, const float* src, int64_t ld, int col, int t0,
-                             int n, int T, int HD) {
+__device__ void StageRows(uint16_t* dst, const float* src, int64_t ld, int col, int t0, int n,
+                          int end, int HD) {
+  constexpr int L = Ld<HDM>();
+  if (HD == HDM && ld % 4 == 0 && col % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(src) % sizeof(Vec4) == 0) {
+    for (int e = threadIdx.x; e < n * (HDM / 4); e += blockDim.x) {
+      const int r = e / (HDM / 4), d = 4 * (e % (HDM / 4)), t = t0 + r;
+      Vec4 x{0.0f, 0.0f, 0.0f, 0.0f};
+      if (t < end) x = *reinterpret_cast<const Vec4*>(src + t * ld + col + d);
+      uint32_t* out = reinterpret_cast<uint32_t*>(dst + r * L + d);
+      out[0] = Pack(x.x, x.y);
+      out[1] = Pack(x.z, x.w);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < n * HDM; e += blockDim.x) {
     const int r = e / HDM, d = e % HDM, t = t0 + r;
-    dst[r * Hld<HDM>() + d] = __float2bfloat16_rn(t < T && d < HD ? src[t * ld + col + d] : 0.0f);
+    dst[r * L + d] = Bf16Bits(t < end && d < HD ? src[t * ld + col + d] : 0.0f);
   }
 }
 
@@ -83,303 +172,335 @@ __device__ void KeysOf(const int32_t* cu, int S, int T, int t, bool causal, int*
   *hi = causal ? t + 1 : cu[s + 1];
 }
 
+// out (rows t0.. of `rows`, 16 of them per warp) += mul · acc, where acc
+// holds the warp's 16 x HDM block as C fragments of 8 columns; only rows
+// below T and columns below HD.
+template <int HDM>
+__device__ void AddRows(float* out, int64_t ld, int col, int row, int T, int HD, float mul,
+                        const float (&acc)[HDM / 8][4]) {
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+  LOOM_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int t = row + g + 8 * i;
+    if (t >= T) continue;
+    LOOM_UNROLL
+    for (int n = 0; n < HDM / 8; ++n) {
+      const int d = 8 * n + 2 * q;
+      if (d < HD) out[t * ld + col + d] += mul * acc[n][2 * i];
+      if (d + 1 < HD) out[t * ld + col + d + 1] += mul * acc[n][2 * i + 1];
+    }
+  }
+}
+
 template <int HDM>
 struct ForwardShared {
-  alignas(32) __nv_bfloat16 q[kTq][Hld<HDM>()];
-  alignas(32) __nv_bfloat16 k[kTk][Hld<HDM>()];
-  alignas(32) __nv_bfloat16 v[kTk][Hld<HDM>()];
-  union alignas(32) ScoresOrP {
-    float s[kTq][kSld];
-    __nv_bfloat16 p[kTq][kPld];
-  } sp;
-  alignas(32) float o[kTq][HDM];
-  float m[kTq], l[kTq], corr[kTq];
+  alignas(16) uint16_t k[kFwdKeys][Ld<HDM>()];  // Q first (kFwdRows == kFwdKeys)
+  alignas(16) uint16_t v[kFwdKeys][Ld<HDM>()];
 };
+static_assert(kFwdRows == kFwdKeys, "the forward stages Q where K goes");
 
 template <int HDM>
 __global__ void __launch_bounds__(kTensorThreads)
     FlashForwardBf16(float* out, float* lse, const float* qkv, const int32_t* cu, int S, int T,
                      int NH, int NKV, int HD, bool causal, float scale) {
   __shared__ ForwardShared<HDM> sh;
-  constexpr int ld = Hld<HDM>();
-  const int h = blockIdx.y, t0 = blockIdx.x * kTq, warp = threadIdx.x / 32;
+  constexpr int L = Ld<HDM>(), NC = HDM / 16, ND = HDM / 8, NS = kFwdKeys / 8;
+  const int h = blockIdx.y, t0 = blockIdx.x * kFwdRows, warp = threadIdx.x / 32;
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3, r0 = 16 * warp;
   const Heads y(NH, NKV, HD, h);
-  const int r = threadIdx.x >> 2, c0 = (threadIdx.x & 3) * (kTk / 4);  // this thread's 8 scores
-  int lo, hi;
-  KeysOf(cu, S, T, t0 + r, causal, &lo, &hi);
+  int lo[2], hi[2];  // the keys of this lane's rows, t0 + r0 + g and 8 below
+  for (int i = 0; i < 2; ++i) KeysOf(cu, S, T, t0 + r0 + g + 8 * i, causal, &lo[i], &hi[i]);
   int block_lo, block_hi;
-  RowRange(cu, S, T, t0, kTq, causal, &block_lo, &block_hi);
-  LoadRowsBf16<HDM>(&sh.q[0][0], qkv, y.ld, y.q, t0, kTq, T, HD);
-  for (int e = threadIdx.x; e < kTq * HDM; e += blockDim.x) sh.o[e / HDM][e % HDM] = 0.0f;
-  if (threadIdx.x < kTq) {
-    sh.m[threadIdx.x] = -INFINITY;
-    sh.l[threadIdx.x] = 0.0f;
-  }
-  for (int j0 = block_lo; j0 < block_hi; j0 += kTk) {
+  RowRange(cu, S, T, t0, kFwdRows, causal, &block_lo, &block_hi);
+  StageRows<HDM>(&sh.k[0][0], qkv, y.ld, y.q, t0, kFwdRows, T, HD);
+  __syncthreads();
+  uint32_t qa[NC][4];
+  LOOM_UNROLL
+  for (int c = 0; c < NC; ++c) LoadA(qa[c], &sh.k[0][0], L, r0, 16 * c);
+  float o[ND][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int j0 = block_lo; j0 < block_hi; j0 += kFwdKeys) {
+    __syncthreads();  // Q's fragments read, the last tile's K and V used
+    StageRows<HDM>(&sh.k[0][0], qkv, y.ld, y.k, j0, kFwdKeys, block_hi, HD);
+    StageRows<HDM>(&sh.v[0][0], qkv, y.ld, y.v, j0, kFwdKeys, block_hi, HD);
     __syncthreads();
-    LoadRowsBf16<HDM>(&sh.k[0][0], qkv, y.ld, y.k, j0, kTk, block_hi, HD);
-    LoadRowsBf16<HDM>(&sh.v[0][0], qkv, y.ld, y.v, j0, kTk, block_hi, HD);
-    __syncthreads();
-    TileScores<HDM>(&sh.sp.s[0][0], &sh.q[0][0], &sh.k[0][0], warp);
-    __syncthreads();
-    float x[kTk / 4];
-    float mx = -INFINITY;
+    float s[NS][4] = {};
     LOOM_UNROLL
-    for (int i = 0; i < kTk / 4; ++i) {
-      const int j = j0 + c0 + i;
-      x[i] = j >= lo && j < hi ? sh.sp.s[r][c0 + i] * scale : -INFINITY;
-      mx = fmaxf(mx, x[i]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_old = sh.m[r], m_new = fmaxf(m_old, mx);
-    float sum = 0.0f;
-    LOOM_UNROLL
-    for (int i = 0; i < kTk / 4; ++i) {
-      x[i] = m_new == -INFINITY ? 0.0f : expf(x[i] - m_new);  // 0 where masked
-      sum += x[i];
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    __syncthreads();  // every score read before P overwrites them
-    LOOM_UNROLL
-    for (int i = 0; i < kTk / 4; ++i) sh.sp.p[r][c0 + i] = __float2bfloat16_rn(x[i]);
-    if ((threadIdx.x & 3) == 0) {
-      const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-      sh.l[r] = sh.l[r] * corr + sum;
-      sh.m[r] = m_new;
-      sh.corr[r] = corr;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < kTq * HDM; e += blockDim.x)
-      sh.o[e / HDM][e % HDM] *= sh.corr[e / HDM];
-    __syncthreads();
-    for (int t = warp; t < 2 * (HDM / 16); t += kWarps) {  // O += P · V
-      const int tr = t / (HDM / 16), tc = t % (HDM / 16);
-      AccFrag acc;
-      wmma::load_matrix_sync(acc, &sh.o[16 * tr][16 * tc], HDM, wmma::mem_row_major);
+    for (int n = 0; n < NS; ++n) {
       LOOM_UNROLL
-      for (int kk = 0; kk < kTk / 16; ++kk) {
-        BfFragA a;
-        BfFragB b;
-        wmma::load_matrix_sync(a, &sh.sp.p[16 * tr][16 * kk], kPld);
-        wmma::load_matrix_sync(b, &sh.v[16 * kk][16 * tc], ld);
-        wmma::mma_sync(acc, a, b, acc);
+      for (int c = 0; c < NC; ++c) {
+        uint32_t b[2];
+        LoadBTransposed(b, &sh.k[0][0], L, 8 * n, 16 * c);
+        Mma(s[n], qa[c], b);
       }
-      wmma::store_matrix_sync(&sh.o[16 * tr][16 * tc], acc, HDM, wmma::mem_row_major);
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+    LOOM_UNROLL
+    for (int n = 0; n < NS; ++n) {
+      LOOM_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = e >> 1, j = j0 + 8 * n + 2 * q + (e & 1);
+        s[n][e] = j >= lo[i] && j < hi[i] ? s[n][e] * scale : -INFINITY;
+        mx[i] = fmaxf(mx[i], s[n][e]);
+      }
+    }
+    float corr[2];
+    LOOM_UNROLL
+    for (int i = 0; i < 2; ++i) {  // the four lanes of a row share its statistics
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      corr[i] = m_new == -INFINITY ? 1.0f : expf(m[i] - m_new);
+      m[i] = m_new;
+    }
+    uint32_t p[NS][2];  // P in bf16: row g, then row g + 8
+    float sum[2] = {0.0f, 0.0f};
+    LOOM_UNROLL
+    for (int n = 0; n < NS; ++n) {
+      LOOM_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const float x0 = m[i] == -INFINITY ? 0.0f : expf(s[n][2 * i] - m[i]);  // 0 where masked
+        const float x1 = m[i] == -INFINITY ? 0.0f : expf(s[n][2 * i + 1] - m[i]);
+        sum[i] += x0 + x1;
+        p[n][i] = Pack(x0, x1);
+      }
+    }
+    LOOM_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+      l[i] = l[i] * corr[i] + sum[i];
+    }
+    LOOM_UNROLL
+    for (int n = 0; n < ND; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+    LOOM_UNROLL
+    for (int kc = 0; kc < kFwdKeys / 16; ++kc) {  // O += P · V
+      const uint32_t a[4] = {p[2 * kc][0], p[2 * kc][1], p[2 * kc + 1][0], p[2 * kc + 1][1]};
+      LOOM_UNROLL
+      for (int n = 0; n < ND; ++n) {
+        uint32_t b[2];
+        LoadB(b, &sh.v[0][0], L, 16 * kc, 8 * n);
+        Mma(o[n], a, b);
+      }
     }
   }
-  __syncthreads();
-  for (int e = threadIdx.x; e < kTq * HDM; e += blockDim.x) {
-    const int rr = e / HDM, d = e % HDM, t = t0 + rr;
-    if (t < T && d < HD)
-      out[static_cast<int64_t>(t) * NH * HD + h * HD + d] = sh.o[rr][d] / sh.l[rr];
-  }
-  if (threadIdx.x < kTq && t0 + static_cast<int>(threadIdx.x) < T) {
-    lse[static_cast<int64_t>(t0 + threadIdx.x) * NH + h] =
-        sh.m[threadIdx.x] + logf(sh.l[threadIdx.x]);
+  LOOM_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int t = t0 + r0 + g + 8 * i;
+    if (t >= T) continue;
+    const float inv = 1.0f / l[i];
+    LOOM_UNROLL
+    for (int n = 0; n < ND; ++n) {
+      const int d = 8 * n + 2 * q;
+      float* row = out + static_cast<int64_t>(t) * NH * HD + h * HD;
+      if (d < HD) row[d] = o[n][2 * i] * inv;
+      if (d + 1 < HD) row[d + 1] = o[n][2 * i + 1] * inv;
+    }
+    if (q == 0) lse[static_cast<int64_t>(t) * NH + h] = m[i] + logf(l[i]);
   }
 }
 
-// The backward's per-tile step, shared by dQ and dK/dV: S = Q · Kᵀ and
-// dP = dO · Vᵀ of the warp's tile into s and dp, then each thread's 8
-// entries (row r, columns c0..): P = exp(scale · S − lse) where `valid`,
-// else 0, and dS = P ⊙ (dP − D); P and dS overwrite s and dp in bf16.
 template <int HDM>
-struct BackwardTiles {
-  alignas(32) __nv_bfloat16 q[kTq][Hld<HDM>()];
-  alignas(32) __nv_bfloat16 g[kTq][Hld<HDM>()];  // dO
-  alignas(32) __nv_bfloat16 k[kTk][Hld<HDM>()];
-  alignas(32) __nv_bfloat16 v[kTk][Hld<HDM>()];
-  union alignas(32) ScoresOrP {
-    float s[kTq][kSld];
-    __nv_bfloat16 p[kTq][kPld];
-  } sp;
-  union alignas(32) DpOrDs {
-    float dp[kTq][kSld];
-    __nv_bfloat16 ds[kTq][kPld];
-  } dd;
-  float lse[kTq], dsum[kTq];
+union DqShared {
+  struct {
+    alignas(16) uint16_t q[kDqRows][Ld<HDM>()];
+    alignas(16) uint16_t g[kDqRows][Ld<HDM>()];  // dO
+  } rows;
+  struct {
+    alignas(16) uint16_t k[kDqKeys][Ld<HDM>()];
+    alignas(16) uint16_t v[kDqKeys][Ld<HDM>()];
+  } keys;
 };
 
-template <int HDM>
-__device__ void BackwardTile(BackwardTiles<HDM>& sh, int warp, int r, int c0,
-                             const bool (&valid)[kTk / 4], float scale) {
-  TileScores<HDM>(&sh.sp.s[0][0], &sh.q[0][0], &sh.k[0][0], warp);
-  TileScores<HDM>(&sh.dd.dp[0][0], &sh.g[0][0], &sh.v[0][0], warp);
-  __syncthreads();
-  float p[kTk / 4], ds[kTk / 4];
-  LOOM_UNROLL
-  for (int i = 0; i < kTk / 4; ++i) {
-    p[i] = valid[i] ? expf(sh.sp.s[r][c0 + i] * scale - sh.lse[r]) : 0.0f;
-    ds[i] = p[i] * (sh.dd.dp[r][c0 + i] - sh.dsum[r]);
-  }
-  __syncthreads();  // every score read before P and dS overwrite them
-  LOOM_UNROLL
-  for (int i = 0; i < kTk / 4; ++i) {
-    sh.sp.p[r][c0 + i] = __float2bfloat16_rn(p[i]);
-    sh.dd.ds[r][c0 + i] = __float2bfloat16_rn(ds[i]);
-  }
-  __syncthreads();
-}
-
-// lse and D of query rows [i0, i0 + kTq) of head h (0 past T).
-template <int HDM>
-__device__ void LoadRowStats(BackwardTiles<HDM>& sh, const float* lse, const float* dsum, int i0,
-                             int T, int NH, int h) {
-  if (threadIdx.x < kTq) {
-    const int i = i0 + threadIdx.x;
-    sh.lse[threadIdx.x] = i < T ? lse[static_cast<int64_t>(i) * NH + h] : 0.0f;
-    sh.dsum[threadIdx.x] = i < T ? dsum[static_cast<int64_t>(i) * NH + h] : 0.0f;
-  }
-}
-
-// rows [t0, t0 + n) of dqkv's columns [col, col + HD) += mul · the tiles of
-// `acc` (the warp's output tiles of an n x HDM block), through `stage`
-// (n x HDM floats of shared memory nothing else uses now).
-template <int HDM>
-__device__ void AddTiles(float* dqkv, int64_t ld, int col, int t0, int T, int HD, float mul,
-                         const AccFrag (&acc)[TilesPerWarp<HDM>()], float* stage, int warp) {
-  __syncthreads();
-  LOOM_UNROLL
-  for (int i = 0; i < TilesPerWarp<HDM>(); ++i) {
-    const int t = warp + i * kWarps;
-    if (t >= 2 * (HDM / 16)) break;
-    const int tr = t / (HDM / 16), tc = t % (HDM / 16);
-    wmma::store_matrix_sync(stage + 16 * tr * HDM + 16 * tc, acc[i], HDM, wmma::mem_row_major);
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < 32 * HDM; e += blockDim.x) {
-    const int r = e / HDM, d = e % HDM, t = t0 + r;
-    if (t < T && d < HD) dqkv[t * ld + col + d] += mul * stage[e];
-  }
-}
-
-// A backward kernel's shared memory: its tiles, then (AddTiles) the staging
-// of its `Rows` x HDM output block.
-template <int HDM, int Rows>
-union BackwardShared {
-  BackwardTiles<HDM> tiles;
-  float stage[Rows][HDM];
-};
-
+// dQ: per key tile S = Q · Kᵀ and dP = dO · Vᵀ, P = exp(scale · S − lse)
+// where the key is seen (else 0), dS = P ⊙ (dP − D), dQ += dS · K; at the
+// end dqkv's Q columns += scale · dQ.
 template <int HDM>
 __global__ void __launch_bounds__(kTensorThreads)
     FlashBackwardQBf16(float* dqkv, const float* dsum, const float* dout, const float* qkv,
                        const float* lse, const int32_t* cu, int S, int T, int NH, int NKV, int HD,
                        bool causal, float scale) {
-  __shared__ BackwardShared<HDM, kTq> u;
-  BackwardTiles<HDM>& sh = u.tiles;
-  const int h = blockIdx.y, t0 = blockIdx.x * kTq, warp = threadIdx.x / 32;
+  __shared__ DqShared<HDM> sh;
+  constexpr int L = Ld<HDM>(), NC = HDM / 16, ND = HDM / 8, NS = kDqKeys / 8;
+  const int h = blockIdx.y, t0 = blockIdx.x * kDqRows, warp = threadIdx.x / 32;
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3, r0 = 16 * warp;
   const Heads y(NH, NKV, HD, h);
-  const int r = threadIdx.x >> 2, c0 = (threadIdx.x & 3) * (kTk / 4);
-  int lo, hi;
-  KeysOf(cu, S, T, t0 + r, causal, &lo, &hi);
+  int lo[2], hi[2];
+  float row_lse[2], row_d[2];
+  for (int i = 0; i < 2; ++i) {
+    const int t = t0 + r0 + g + 8 * i;
+    KeysOf(cu, S, T, t, causal, &lo[i], &hi[i]);
+    row_lse[i] = t < T ? lse[static_cast<int64_t>(t) * NH + h] : 0.0f;
+    row_d[i] = t < T ? dsum[static_cast<int64_t>(t) * NH + h] : 0.0f;
+  }
   int block_lo, block_hi;
-  RowRange(cu, S, T, t0, kTq, causal, &block_lo, &block_hi);
-  LoadRowsBf16<HDM>(&sh.q[0][0], qkv, y.ld, y.q, t0, kTq, T, HD);
-  LoadRowsBf16<HDM>(&sh.g[0][0], dout, static_cast<int64_t>(NH) * HD, h * HD, t0, kTq, T, HD);
-  LoadRowStats(sh, lse, dsum, t0, T, NH, h);
-  AccFrag dq[TilesPerWarp<HDM>()];
+  RowRange(cu, S, T, t0, kDqRows, causal, &block_lo, &block_hi);
+  StageRows<HDM>(&sh.rows.q[0][0], qkv, y.ld, y.q, t0, kDqRows, T, HD);
+  StageRows<HDM>(&sh.rows.g[0][0], dout, static_cast<int64_t>(NH) * HD, h * HD, t0, kDqRows, T, HD);
+  __syncthreads();
+  uint32_t qa[NC][4], ga[NC][4];
   LOOM_UNROLL
-  for (int i = 0; i < TilesPerWarp<HDM>(); ++i) wmma::fill_fragment(dq[i], 0.0f);
-  for (int j0 = block_lo; j0 < block_hi; j0 += kTk) {
+  for (int c = 0; c < NC; ++c) {
+    LoadA(qa[c], &sh.rows.q[0][0], L, r0, 16 * c);
+    LoadA(ga[c], &sh.rows.g[0][0], L, r0, 16 * c);
+  }
+  float dq[ND][4] = {};
+  for (int j0 = block_lo; j0 < block_hi; j0 += kDqKeys) {
     __syncthreads();
-    LoadRowsBf16<HDM>(&sh.k[0][0], qkv, y.ld, y.k, j0, kTk, block_hi, HD);
-    LoadRowsBf16<HDM>(&sh.v[0][0], qkv, y.ld, y.v, j0, kTk, block_hi, HD);
+    StageRows<HDM>(&sh.keys.k[0][0], qkv, y.ld, y.k, j0, kDqKeys, block_hi, HD);
+    StageRows<HDM>(&sh.keys.v[0][0], qkv, y.ld, y.v, j0, kDqKeys, block_hi, HD);
     __syncthreads();
-    bool valid[kTk / 4];
+    float s[NS][4] = {}, dp[NS][4] = {};
     LOOM_UNROLL
-    for (int i = 0; i < kTk / 4; ++i) valid[i] = j0 + c0 + i >= lo && j0 + c0 + i < hi;
-    BackwardTile(sh, warp, r, c0, valid, scale);
-    LOOM_UNROLL
-    for (int i = 0; i < TilesPerWarp<HDM>(); ++i) {  // dQ += dS · K
-      const int t = warp + i * kWarps;
-      if (t >= 2 * (HDM / 16)) break;
-      const int tr = t / (HDM / 16), tc = t % (HDM / 16);
+    for (int n = 0; n < NS; ++n) {
       LOOM_UNROLL
-      for (int kk = 0; kk < kTk / 16; ++kk) {
-        BfFragA a;
-        BfFragB b;
-        wmma::load_matrix_sync(a, &sh.dd.ds[16 * tr][16 * kk], kPld);
-        wmma::load_matrix_sync(b, &sh.k[16 * kk][16 * tc], Hld<HDM>());
-        wmma::mma_sync(dq[i], a, b, dq[i]);
+      for (int c = 0; c < NC; ++c) {
+        uint32_t b[2];
+        LoadBTransposed(b, &sh.keys.k[0][0], L, 8 * n, 16 * c);
+        Mma(s[n], qa[c], b);
+        LoadBTransposed(b, &sh.keys.v[0][0], L, 8 * n, 16 * c);
+        Mma(dp[n], ga[c], b);
+      }
+    }
+    uint32_t ds[NS][2];
+    LOOM_UNROLL
+    for (int n = 0; n < NS; ++n) {
+      LOOM_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        float x[2];
+        LOOM_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int j = j0 + 8 * n + 2 * q + e;
+          const float pe =
+              j >= lo[i] && j < hi[i] ? expf(s[n][2 * i + e] * scale - row_lse[i]) : 0.0f;
+          x[e] = pe * (dp[n][2 * i + e] - row_d[i]);
+        }
+        ds[n][i] = Pack(x[0], x[1]);
+      }
+    }
+    LOOM_UNROLL
+    for (int kc = 0; kc < kDqKeys / 16; ++kc) {  // dQ += dS · K
+      const uint32_t a[4] = {ds[2 * kc][0], ds[2 * kc][1], ds[2 * kc + 1][0], ds[2 * kc + 1][1]};
+      LOOM_UNROLL
+      for (int n = 0; n < ND; ++n) {
+        uint32_t b[2];
+        LoadB(b, &sh.keys.k[0][0], L, 16 * kc, 8 * n);
+        Mma(dq[n], a, b);
       }
     }
   }
-  AddTiles<HDM>(dqkv, y.ld, y.q, t0, T, HD, scale, dq, &u.stage[0][0], warp);
+  AddRows<HDM>(dqkv, y.ld, y.q, t0 + r0, T, HD, scale, dq);
 }
 
+template <int HDM>
+struct KvShared {
+  alignas(16) uint16_t k[kKvRows][Ld<HDM>()];
+  alignas(16) uint16_t v[kKvRows][Ld<HDM>()];
+  alignas(16) uint16_t q[kKvQueries][Ld<HDM>()];
+  alignas(16) uint16_t g[kKvQueries][Ld<HDM>()];  // dO
+};
+
+// dK and dV of a block of keys, transposed: per query tile Sᵀ = K · Qᵀ and
+// dPᵀ = V · dOᵀ, Pᵀ and dSᵀ as in dQ, dV += Pᵀ · dO and dK += dSᵀ · Q,
+// over every query head of the keys' group; at the end dqkv's K columns +=
+// scale · dK and its V columns += dV.
 template <int HDM>
 __global__ void __launch_bounds__(kTensorThreads)
     FlashBackwardKVBf16(float* dqkv, const float* dsum, const float* dout, const float* qkv,
                         const float* lse, const int32_t* cu, int S, int T, int NH, int NKV, int HD,
                         bool causal, float scale) {
-  __shared__ BackwardShared<HDM, kTk> u;
-  BackwardTiles<HDM>& sh = u.tiles;
-  const int kvh = blockIdx.y, group = NH / NKV, t0 = blockIdx.x * kTk, warp = threadIdx.x / 32;
+  __shared__ KvShared<HDM> sh;
+  constexpr int L = Ld<HDM>(), NC = HDM / 16, ND = HDM / 8, NQ = kKvQueries / 8;
+  const int kvh = blockIdx.y, group = NH / NKV, t0 = blockIdx.x * kKvRows, warp = threadIdx.x / 32;
+  const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3, r0 = 16 * warp;
   const Heads yk(NH, NKV, HD, kvh * group);
-  const int r = threadIdx.x >> 2, c0 = (threadIdx.x & 3) * (kTk / 4);
   // The queries any key of the block is seen by.
-  const int last = std::min(T, t0 + kTk) - 1;
+  const int last = std::min(T, t0 + kKvRows) - 1;
   const int block_lo = causal ? t0 : cu[SequenceOf(cu, S, t0)];
   const int block_hi = cu[SequenceOf(cu, S, last) + 1];
-  LoadRowsBf16<HDM>(&sh.k[0][0], qkv, yk.ld, yk.k, t0, kTk, T, HD);
-  LoadRowsBf16<HDM>(&sh.v[0][0], qkv, yk.ld, yk.v, t0, kTk, T, HD);
-  AccFrag dk[TilesPerWarp<HDM>()], dv[TilesPerWarp<HDM>()];
-  LOOM_UNROLL
-  for (int i = 0; i < TilesPerWarp<HDM>(); ++i) {
-    wmma::fill_fragment(dk[i], 0.0f);
-    wmma::fill_fragment(dv[i], 0.0f);
-  }
-  for (int g = 0; g < group; ++g) {
-    const int h = kvh * group + g;
+  StageRows<HDM>(&sh.k[0][0], qkv, yk.ld, yk.k, t0, kKvRows, T, HD);
+  StageRows<HDM>(&sh.v[0][0], qkv, yk.ld, yk.v, t0, kKvRows, T, HD);
+  float dk[ND][4] = {}, dv[ND][4] = {};
+  for (int hg = 0; hg < group; ++hg) {
+    const int h = kvh * group + hg;
     const Heads y(NH, NKV, HD, h);
-    for (int i0 = block_lo; i0 < block_hi; i0 += kTq) {
+    for (int i0 = block_lo; i0 < block_hi; i0 += kKvQueries) {
+      __syncthreads();  // K and V staged; the last tile's Q and dO used
+      StageRows<HDM>(&sh.q[0][0], qkv, y.ld, y.q, i0, kKvQueries, block_hi, HD);
+      StageRows<HDM>(&sh.g[0][0], dout, static_cast<int64_t>(NH) * HD, h * HD, i0, kKvQueries,
+                     block_hi, HD);
       __syncthreads();
-      LoadRowsBf16<HDM>(&sh.q[0][0], qkv, y.ld, y.q, i0, kTq, block_hi, HD);
-      LoadRowsBf16<HDM>(&sh.g[0][0], dout, static_cast<int64_t>(NH) * HD, h * HD, i0, kTq, block_hi,
-                        HD);
-      LoadRowStats(sh, lse, dsum, i0, block_hi, NH, h);
-      __syncthreads();
-      int lo, hi;  // the keys query row i0 + r sees
-      KeysOf(cu, S, block_hi, i0 + r, causal, &lo, &hi);
-      bool valid[kTk / 4];
+      float st[NQ][4] = {}, dpt[NQ][4] = {};
       LOOM_UNROLL
-      for (int i = 0; i < kTk / 4; ++i) {
-        const int j = t0 + c0 + i;
-        valid[i] = j < T && j >= lo && j < hi;
-      }
-      BackwardTile(sh, warp, r, c0, valid, scale);
-      LOOM_UNROLL
-      for (int i = 0; i < TilesPerWarp<HDM>(); ++i) {  // dV += Pᵀ · dO ; dK += dSᵀ · Q
-        const int t = warp + i * kWarps;
-        if (t >= 2 * (HDM / 16)) break;
-        const int tr = t / (HDM / 16), tc = t % (HDM / 16);
+      for (int c = 0; c < NC; ++c) {
+        uint32_t ka[4], va[4];
+        LoadA(ka, &sh.k[0][0], L, r0, 16 * c);
+        LoadA(va, &sh.v[0][0], L, r0, 16 * c);
         LOOM_UNROLL
-        for (int kk = 0; kk < kTq / 16; ++kk) {
-          BfFragAT a;
-          BfFragB b;
-          wmma::load_matrix_sync(a, &sh.sp.p[16 * kk][16 * tr], kPld);
-          wmma::load_matrix_sync(b, &sh.g[16 * kk][16 * tc], Hld<HDM>());
-          wmma::mma_sync(dv[i], a, b, dv[i]);
-          wmma::load_matrix_sync(a, &sh.dd.ds[16 * kk][16 * tr], kPld);
-          wmma::load_matrix_sync(b, &sh.q[16 * kk][16 * tc], Hld<HDM>());
-          wmma::mma_sync(dk[i], a, b, dk[i]);
+        for (int n = 0; n < NQ; ++n) {
+          uint32_t b[2];
+          LoadBTransposed(b, &sh.q[0][0], L, 8 * n, 16 * c);
+          Mma(st[n], ka, b);
+          LoadBTransposed(b, &sh.g[0][0], L, 8 * n, 16 * c);
+          Mma(dpt[n], va, b);
+        }
+      }
+      uint32_t pt[NQ][2], dst[NQ][2];  // keys g and g + 8 of the warp, two queries each
+      LOOM_UNROLL
+      for (int n = 0; n < NQ; ++n) {
+        float p[2][2], d[2][2];
+        LOOM_UNROLL
+        for (int e = 0; e < 2; ++e) {  // query i0 + 8n + 2q + e
+          const int i = i0 + 8 * n + 2 * q + e;
+          int lo, hi;
+          KeysOf(cu, S, block_hi, i, causal, &lo, &hi);
+          const float row_lse = i < block_hi ? lse[static_cast<int64_t>(i) * NH + h] : 0.0f;
+          const float row_d = i < block_hi ? dsum[static_cast<int64_t>(i) * NH + h] : 0.0f;
+          LOOM_UNROLL
+          for (int r = 0; r < 2; ++r) {  // key t0 + r0 + g + 8r
+            const int j = t0 + r0 + g + 8 * r;
+            const float x = st[n][2 * r + e], dx = dpt[n][2 * r + e];
+            p[r][e] = j < T && j >= lo && j < hi ? expf(x * scale - row_lse) : 0.0f;
+            d[r][e] = p[r][e] * (dx - row_d);
+          }
+        }
+        LOOM_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          pt[n][r] = Pack(p[r][0], p[r][1]);
+          dst[n][r] = Pack(d[r][0], d[r][1]);
+        }
+      }
+      LOOM_UNROLL
+      for (int kc = 0; kc < kKvQueries / 16; ++kc) {  // dV += Pᵀ · dO ; dK += dSᵀ · Q
+        const uint32_t ap[4] = {pt[2 * kc][0], pt[2 * kc][1], pt[2 * kc + 1][0], pt[2 * kc + 1][1]};
+        const uint32_t as[4] = {dst[2 * kc][0], dst[2 * kc][1], dst[2 * kc + 1][0],
+                                dst[2 * kc + 1][1]};
+        LOOM_UNROLL
+        for (int n = 0; n < ND; ++n) {
+          uint32_t b[2];
+          LoadB(b, &sh.g[0][0], L, 16 * kc, 8 * n);
+          Mma(dv[n], ap, b);
+          LoadB(b, &sh.q[0][0], L, 16 * kc, 8 * n);
+          Mma(dk[n], as, b);
         }
       }
     }
   }
-  AddTiles<HDM>(dqkv, yk.ld, yk.k, t0, T, HD, scale, dk, &u.stage[0][0], warp);
-  AddTiles<HDM>(dqkv, yk.ld, yk.v, t0, T, HD, 1.0f, dv, &u.stage[0][0], warp);
+  AddRows<HDM>(dqkv, yk.ld, yk.k, t0 + r0, T, HD, scale, dk);
+  AddRows<HDM>(dqkv, yk.ld, yk.v, t0 + r0, T, HD, 1.0f, dv);
 }
 
 template <int HDM>
 struct ForwardLaunchBf16 {
   static void Run(float* out, float* lse, const float* qkv, const int32_t* cu, int S, int T, int NH,
                   int NKV, int HD, bool causal, float scale) {
-    LOOM_LAUNCH(FlashForwardBf16<HDM>, dim3((T + kTq - 1) / kTq, NH), kTensorThreads, out, lse, qkv,
-                cu, S, T, NH, NKV, HD, causal, scale);
+    LOOM_LAUNCH(FlashForwardBf16<HDM>, dim3((T + kFwdRows - 1) / kFwdRows, NH), kTensorThreads, out,
+                lse, qkv, cu, S, T, NH, NKV, HD, causal, scale);
     LOOM_CUDA_CHECK(cudaGetLastError());
   }
 };
@@ -389,11 +510,11 @@ struct BackwardLaunchBf16 {
   static void Run(float* dqkv, const float* dsum, const float* dout, const float* qkv,
                   const float* lse, const int32_t* cu, int S, int T, int NH, int NKV, int HD,
                   bool causal, float scale) {
-    LOOM_LAUNCH(FlashBackwardQBf16<HDM>, dim3((T + kTq - 1) / kTq, NH), kTensorThreads, dqkv, dsum,
-                dout, qkv, lse, cu, S, T, NH, NKV, HD, causal, scale);
+    LOOM_LAUNCH(FlashBackwardQBf16<HDM>, dim3((T + kDqRows - 1) / kDqRows, NH), kTensorThreads,
+                dqkv, dsum, dout, qkv, lse, cu, S, T, NH, NKV, HD, causal, scale);
     LOOM_CUDA_CHECK(cudaGetLastError());
-    LOOM_LAUNCH(FlashBackwardKVBf16<HDM>, dim3((T + kTk - 1) / kTk, NKV), kTensorThreads, dqkv,
-                dsum, dout, qkv, lse, cu, S, T, NH, NKV, HD, causal, scale);
+    LOOM_LAUNCH(FlashBackwardKVBf16<HDM>, dim3((T + kKvRows - 1) / kKvRows, NKV), kTensorThreads,
+                dqkv, dsum, dout, qkv, lse, cu, S, T, NH, NKV, HD, causal, scale);
     LOOM_CUDA_CHECK(cudaGetLastError());
   }
 };

@@ -152,14 +152,14 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
   profile.set_device(backend->name());
   profile.set_tp(tp == nullptr ? 1 : tp->size());
   profile.set_repeats(options.repeats);
-  profile.set_precision("fp32");
+  profile.set_precision(PrecisionName(options.precision));
 
   VitEncoder vit(model.vit, tp, {}, ops);
   Projector projector(model, ops);
   Llm llm(model.llm, tp, {}, ops);
   for (ParamSet* p : {&vit.params(), &projector.params(), &llm.params()}) {
     p->Initialize(options.seed);
-    p->Place(backend, Precision::kFp32, /*optimizer_on_device=*/true);
+    p->Place(backend, options.precision, /*optimizer_on_device=*/true);
   }
 
   // The encoder: a bin's tiles through the ViT and the projector, and back.

@@ -25,6 +25,7 @@
 #include "loom/scheduler/v1/scheduler.pb.h"
 #include "runtime/model/config.h"
 #include "runtime/model/ops.h"
+#include "runtime/model/precision.h"
 
 namespace loom::sched {
 
@@ -36,9 +37,12 @@ struct ProfileOptions {
   // TP degrees to measure: the first is the profile's own, the others its
   // at_tp. Each must divide both modules' heads; > 1 only on the CPU.
   std::vector<int> tps = {1};
+  // The layers' precision (runtime/model/precision.h): fp32, or bf16 mixed
+  // precision (bf16 products on the device's bf16 path).
+  Precision precision = Precision::kFp32;
 };
 
-// Times `model`'s modules on `ops` (fp32). INVALID_ARGUMENT for an empty
+// Times `model`'s modules on `ops` in `options.precision`. INVALID_ARGUMENT for an empty
 // grid, a token count not a multiple of 4 or longer than the model's
 // context, repeats < 1.
 absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, Ops* ops,

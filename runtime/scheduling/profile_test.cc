@@ -109,6 +109,28 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_LT(plan.costs().llm_per_token(), p->llm_per_token());
 }
 
+// bf16 mixed precision: the layers' bf16 path is what is timed, and the
+// profile says so. Its products round to bf16, so a bin's time is not the
+// fp32 one's; only that the grid ran and fitted is asserted.
+TEST(ProfileTest, Bf16IsProfiledAsSuch) {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
+  ASSERT_TRUE(model.ok());
+  ProfileOptions o;
+  o.tiles = {1, 2};
+  o.tokens = {32, 64};
+  o.repeats = 1;
+  o.precision = Precision::kBf16;
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, CpuOps(), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->precision(), "bf16");
+  ASSERT_EQ(p->points_size(), 2 + 2 * 2);
+  for (const auto& pt : p->points()) EXPECT_GT(pt.seconds(), 0) << pt.DebugString();
+  o.precision = Precision::kFp32;
+  absl::StatusOr<scheduler::v1::Profile> f = ProfileModules(*model, CpuOps(), o);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->precision(), "fp32");
+}
+
 // TP 2 measured (the group's ranks as threads over Gloo): its own points
 // and fit in at_tp, which prices a module at TP 2 exactly, unscaled.
 TEST(ProfileTest, ATpGroupIsMeasuredAsItsRanks) {

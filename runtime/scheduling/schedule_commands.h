@@ -16,9 +16,10 @@ namespace loom::sched {
 int Fail(const absl::Status& s);
 
 // `model` profiled as the --profile_* flags say, at `more_tps` too (and a
-// line on stderr per TP).
+// line on stderr per TP), in `precision` ("": --profile_precision's).
 absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model,
-                                                        const std::vector<int>& more_tps);
+                                                        const std::vector<int>& more_tps,
+                                                        const std::string& precision);
 
 // loom-schedule validate (validate_run.cc).
 int ValidateCommand();

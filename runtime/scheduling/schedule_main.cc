@@ -120,6 +120,8 @@ ABSL_FLAG(std::string, profile_tiles, "1,2,4,8",
           "profile: encoder tiles per bin, comma-separated.");
 ABSL_FLAG(std::string, profile_tokens, "128,256,512,1024",
           "profile: LLM tokens per bin (multiples of 4), comma-separated.");
+ABSL_FLAG(std::string, profile_precision, "fp32",
+          "profile: fp32, or bf16 mixed precision (validate: the job's precision instead).");
 ABSL_FLAG(std::string, profile_tp, "1",
           "profile: TP degrees, comma-separated: the first the profile's own, the others its "
           "at_tp (TP > 1 on the CPU alone: the group's ranks as threads over Gloo). validate adds "
@@ -397,7 +399,7 @@ std::vector<int> IntList(const std::string& flag, const std::string& text, absl:
 int ProfileCommand() {
   absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
   if (!model.ok()) return Fail(model.status());
-  absl::StatusOr<scheduler::v1::Profile> p = ProfileFromFlags(*model, {});
+  absl::StatusOr<scheduler::v1::Profile> p = ProfileFromFlags(*model, {}, "");
   if (!p.ok()) return Fail(p.status());
   if (absl::Status s = WriteJson(*p); !s.ok()) return Fail(s);
   return 0;
@@ -466,7 +468,8 @@ int Fail(const absl::Status& s) {
 }
 
 absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model,
-                                                        const std::vector<int>& more_tps) {
+                                                        const std::vector<int>& more_tps,
+                                                        const std::string& precision) {
   std::unique_ptr<Ops> owned;
   absl::StatusOr<Ops*> ops = OpsForDevice(absl::GetFlag(FLAGS_profile_device), &owned);
   if (!ops.ok()) {
@@ -475,6 +478,14 @@ absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model
   }
   ProfileOptions o;
   o.repeats = absl::GetFlag(FLAGS_profile_repeats);
+  const std::string pr = precision.empty() ? absl::GetFlag(FLAGS_profile_precision) : precision;
+  absl::StatusOr<Precision> parsed = ParsePrecision(pr);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(precision.empty() ? "--profile_precision: " : "job.precision: ",
+                     parsed.status().message()));
+  }
+  o.precision = *parsed;
   absl::Status error;
   o.tiles = IntList("profile_tiles", absl::GetFlag(FLAGS_profile_tiles), &error);
   if (error.ok()) o.tokens = IntList("profile_tokens", absl::GetFlag(FLAGS_profile_tokens), &error);
@@ -489,11 +500,11 @@ absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model
   for (const scheduler::v1::Profile& at : p->at_tp()) each.push_back(&at);
   for (const scheduler::v1::Profile* x : each) {
     std::fprintf(stderr,
-                 "loom-schedule: profile of %s on %s at TP %d: %.4g s a tile (largest misfit "
+                 "loom-schedule: profile of %s on %s in %s at TP %d: %.4g s a tile (largest misfit "
                  "%.1f%%), %.4g s a token + %.4g s a squared token (largest misfit %.1f%%)\n",
-                 x->model().c_str(), x->device().c_str(), x->tp(), x->encoder_per_tile(),
-                 100 * x->encoder_max_residual(), x->llm_per_token(), x->llm_per_token_sq(),
-                 100 * x->llm_max_residual());
+                 x->model().c_str(), x->device().c_str(), p->precision().c_str(), x->tp(),
+                 x->encoder_per_tile(), 100 * x->encoder_max_residual(), x->llm_per_token(),
+                 x->llm_per_token_sq(), 100 * x->llm_max_residual());
   }
   return p;
 }

@@ -57,7 +57,7 @@ grep -q "simulated over 16 batches of 512 (loom): mean" "$dir/sim.err" || { cat 
 # assign price the samples with its coefficients instead of the plan's.
 "$sched" profile --config tiny --profile_tiles 1,2 --profile_tokens 64,128 --profile_repeats 1 \
   --output "$dir/profile.json" 2> "$dir/profile.err" || { cat "$dir/profile.err"; fail "profile"; }
-grep -q "loom-schedule: profile of tiny on cpu at TP 1: " "$dir/profile.err" || fail "profile's summary"
+grep -q "loom-schedule: profile of tiny on cpu in fp32 at TP 1: " "$dir/profile.err" || fail "profile's summary"
 "$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
   --profile "$dir/profile.json" --output "$dir/profiled.json" 2>/dev/null || fail "assign --profile"
 $py - "$dir/profile.json" "$dir/profiled.json" "$dir/scan.jsonl" <<'PY' || fail "assign --profile: the profile's prices"
@@ -249,6 +249,8 @@ expect_error "--config: " plan --batch "$dir/scan.jsonl" --gpus 8 --config huge
 expect_error "llm_tp is 2 (loom-schedule profile --profile_tp)" simulate \
   --batch "$dir/scan.jsonl" --plan "$dir/tp2-plan.json" --profile "$dir/profile.json"
 expect_error "--profile_tokens: \"x\" is not a number" profile --config tiny --profile_tokens 64,x
+expect_error "--profile_precision: want fp32 or bf16, got \"fp16\"" profile --config tiny \
+  --profile_precision fp16
 expect_error 'layout "llm_pp 2": not a parallel { } body' validate --config "$dir/job.txtpb" \
   --layouts 'llm_pp: 1;llm_pp 2' --dir "$dir/validate-bad"
 expect_error 'layout "llm_pp: 9": job.' validate --config "$dir/job.txtpb" \

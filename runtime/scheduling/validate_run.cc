@@ -165,7 +165,8 @@ int ValidateCommand() {
         if (std::find(tps.begin(), tps.end(), tp) == tps.end()) tps.push_back(tp);
       }
     }
-    profile = ProfileFromFlags(model->config, tps);
+    profile = ProfileFromFlags(model->config, tps,
+                               base->precision().empty() ? "fp32" : base->precision());
     if (!profile.ok()) return Fail(profile.status());
     google::protobuf::util::JsonPrintOptions o;
     o.preserve_proto_field_names = true;

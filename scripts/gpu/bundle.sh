@@ -23,6 +23,7 @@ TARGETS=(
   //runtime/train:train_local_device_test
   //tests/integration:gpu_training_test
   //tests/integration:loom_up_gpus_test
+  //runtime/scheduling:loom-schedule
   //runtime/train/bench:mfu_bench
   //services/worker/bench:memory_bench
   //kernels/attention/bench:attention_bench

@@ -12,7 +12,9 @@
 #                         (= mfu and attention); bf16 (mfu_bench and PyTorch in
 #                         bf16, tiny-deep 200 steps bf16 vs fp32 on the GPU);
 #                         memory (memory_bench on cuda: the memory model
-#                         against each worker's CUDA backend peak)]
+#                         against each worker's CUDA backend peak); profile
+#                         (loom-schedule profile of vit300m-llm1b on the GPU,
+#                         fp32 and bf16)]
 #
 # Environment: DEADLINE=S bounds the whole run (below); ATTENTION_PRECISIONS
 # and ATTENTION_SHAPES choose the attention benchmarks; SKIP_CPU=1 skips the
@@ -137,6 +139,16 @@ if want bench || want attention; then
       run "torch_attention_${prec}_${len}x$batch" 120 python3 scripts/gpu/torch_reference.py \
         --attention "$shape" --precision "$prec" --steps 3 --warmup 1
     done
+  done
+fi
+# The profile of vit300m-llm1b's real layers on the GPU (issue 43 item 1), in
+# fp32 and in bf16.
+if want profile; then
+  for prec in fp32 bf16; do
+    run "profile_$prec" 150 "$R/runtime/scheduling/loom-schedule" profile --config vit300m-llm1b \
+      --profile_device cuda:0 --profile_precision "$prec" --profile_tiles 1,4,16 \
+      --profile_tokens 512,2048,4096 --profile_repeats 3 --output "$LOGS/profile-$prec.json"
+    grep "profile of" "$LOGS/profile_$prec.log"
   done
 fi
 if want memory; then
