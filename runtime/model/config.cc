@@ -1,6 +1,8 @@
 #include "runtime/model/config.h"
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <tuple>
 
 #include "absl/strings/ascii.h"
@@ -263,8 +265,18 @@ std::vector<float> RopeInvFreq(const LlmConfig& c) {
 namespace {
 
 // Layer boundaries and each stage's share, a layer costing `layer` and the
-// first and last stages `first` and `last` more.
+// first and last stages `first` and `last` more. Remembered per argument
+// set: the plan search prices a layout's memory millions of times over a
+// few splits, and SplitLayers' dynamic programme is O(pp × layers²).
 StageSplit Split(int layers, int pp, double layer, double first, double last) {
+  using Key = std::tuple<int, int, double, double, double>;
+  static std::mutex mu;
+  static std::map<Key, StageSplit>* const known = new std::map<Key, StageSplit>();
+  const Key key{layers, pp, layer, first, last};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known->find(key); it != known->end()) return it->second;
+  }
   StageSplit split;
   split.bounds = parallel::SplitLayers(layers, pp, first / layer, last / layer);
   const double total = layers * layer + first + last;
@@ -273,7 +285,8 @@ StageSplit Split(int layers, int pp, double layer, double first, double last) {
                         (s == pp - 1 ? last : 0);
     split.share.push_back(cost / total);
   }
-  return split;
+  std::lock_guard<std::mutex> lock(mu);
+  return known->emplace(key, std::move(split)).first->second;
 }
 
 }  // namespace
