@@ -20,6 +20,7 @@
 #ifndef LOOM_RUNTIME_SCHEDULING_PLAN_H_
 #define LOOM_RUNTIME_SCHEDULING_PLAN_H_
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -121,6 +122,9 @@ struct GpuKind {
   int count = 0;
   ClusterSpec gpu;
   double price_per_hour = 0;  // of one GPU
+  // The Kubernetes node labels of this kind's nodes (gpu_kinds.h), for the
+  // chart's per-module placement; the search does not read them.
+  std::map<std::string, std::string> node_selector;
 };
 
 struct HeterogeneousOptions {

@@ -17,6 +17,14 @@
 // configs alone. --job_output writes the plan as the job config `loom up
 // --config` and loom-scheduler take; --values_output as the Helm chart's
 // values (`helm install -f`).
+//
+// --gpu_kinds FILE plans on a cluster of several GPU kinds instead of
+// --gpus (runtime/scheduling/gpu_kinds.h): each module on one kind, the
+// least predicted iteration, or with --minimise_cost the least cost per
+// sample among plans predicted within --max_iteration_seconds (plan.h
+// SearchHeterogeneousPlans). The plan names each module's kind and the
+// cluster's cost an hour; --values_output also places each module on its
+// kind's nodes (the kind's node_selector as workers.<module>.nodeSelector).
 //   loom-schedule assign --batch SCAN.jsonl (--plan plan.json |
 //       --llm_dp N --microbatches M --encoder_dp E) --algorithm loom --output out.json
 //   loom-schedule simulate --batch SCAN.jsonl (--plan plan.json | --llm_dp N ...)
@@ -46,6 +54,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "loom/job/v1/job.pb.h"
+#include "nlohmann/json.hpp"
 #include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
 #include "runtime/hf/model_flags.h"
@@ -55,6 +64,7 @@
 #include "runtime/model/precision.h"
 #include "runtime/scheduling/batch_file.h"
 #include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/gpu_kinds.h"
 #include "runtime/scheduling/macro.h"
 #include "runtime/scheduling/plan.h"
 #include "runtime/scheduling/profile.h"
@@ -66,6 +76,13 @@ ABSL_FLAG(std::string, output, "-", "Where the JSON goes; - for stdout.");
 ABSL_FLAG(std::string, config, "vit300m-llm1b", "Model config (plan, and the cost model).");
 // plan
 ABSL_FLAG(int, gpus, 0, "plan: GPUs in the cluster.");
+ABSL_FLAG(std::string, gpu_kinds, "",
+          "plan: a JSON file of the cluster's GPU kinds (runtime/scheduling/gpu_kinds.h), "
+          "instead of --gpus and the --gpu_* flags: each module is placed on one kind.");
+ABSL_FLAG(bool, minimise_cost, false,
+          "plan --gpu_kinds: the least cost per sample instead of the least iteration time.");
+ABSL_FLAG(double, max_iteration_seconds, 0,
+          "plan --gpu_kinds --minimise_cost: the longest predicted iteration allowed (0: any).");
 ABSL_FLAG(int, gpus_per_node, 8, "plan: GPUs per node (TP stays inside one).");
 ABSL_FLAG(double, gpu_tflops, 989, "plan: peak dense bf16 TFLOP/s of one GPU.");
 ABSL_FLAG(double, gpu_memory_gib, 80, "plan: memory of one GPU.");
@@ -230,7 +247,22 @@ absl::StatusOr<std::string> JobJson(const job::v1::JobConfig& job) {
   return json;
 }
 
-absl::Status WriteJob(const job::v1::JobConfig& job) {
+// `kinds`' node selectors of the plan's modules as the chart's values
+// ("" when neither has one).
+std::string PlacementValues(const scheduler::v1::Plan& plan, const std::vector<GpuKind>& kinds) {
+  nlohmann::json workers = nlohmann::json::object();
+  for (const auto& [module, kind] :
+       {std::pair<const char*, std::string>{"encoder", plan.encoder().gpu_kind()},
+        {"llm", plan.llm().gpu_kind()}}) {
+    for (const GpuKind& k : kinds) {
+      if (k.name != kind || k.node_selector.empty()) continue;
+      workers[module]["nodeSelector"] = k.node_selector;
+    }
+  }
+  return workers.empty() ? "" : workers.dump(2);
+}
+
+absl::Status WriteJob(const job::v1::JobConfig& job, const std::string& placement) {
   if (const std::string path = absl::GetFlag(FLAGS_job_output); !path.empty()) {
     std::string text;
     if (absl::EndsWith(path, ".json")) {
@@ -250,7 +282,9 @@ absl::Status WriteJob(const job::v1::JobConfig& job) {
     }
     absl::StatusOr<std::string> json = JobJson(job);
     if (!json.ok()) return json.status();
-    if (absl::Status s = WriteFileAtomically(path, "{\"job\": " + *json + "}\n"); !s.ok()) {
+    const std::string workers = placement.empty() ? "" : ",\n\"workers\": " + placement;
+    if (absl::Status s = WriteFileAtomically(path, "{\"job\": " + *json + workers + "}\n");
+        !s.ok()) {
       return s;
     }
   }
@@ -301,9 +335,38 @@ int Plan(const BatchFile& batch) {
                                                         plan_candidates, ") >= 1")));
   }
   const std::vector<SampleShape> shapes = Shapes(batch);
-  absl::StatusOr<std::vector<scheduler::v1::Plan>> candidates =
-      SearchPlans(ClusterFromFlags(), *model, StatsOf(shapes, global_batch), limits,
-                  macro_batches > 0 ? plan_candidates : 1);
+  const int count = macro_batches > 0 ? plan_candidates : 1;
+  std::vector<GpuKind> kinds;
+  absl::StatusOr<std::vector<scheduler::v1::Plan>> candidates;
+  if (const std::string path = absl::GetFlag(FLAGS_gpu_kinds); !path.empty()) {
+    if (absl::GetFlag(FLAGS_gpus) > 0) {
+      return Fail(absl::InvalidArgumentError(
+          "--gpu_kinds: the kinds' counts are the cluster; leave --gpus out"));
+    }
+    if (limits.search_recompute) {
+      return Fail(absl::InvalidArgumentError(
+          "--gpu_kinds: --recompute auto is not searched across kinds; name none, selective "
+          "or full"));
+    }
+    absl::StatusOr<std::vector<GpuKind>> read = ReadGpuKinds(path);
+    if (!read.ok()) return Fail(read.status());
+    kinds = *std::move(read);
+    HeterogeneousOptions options;
+    options.minimise_cost = absl::GetFlag(FLAGS_minimise_cost);
+    options.max_iteration_seconds = absl::GetFlag(FLAGS_max_iteration_seconds);
+    if (options.max_iteration_seconds < 0) {
+      return Fail(absl::InvalidArgumentError("--max_iteration_seconds: must be >= 0"));
+    }
+    candidates = SearchHeterogeneousPlans(kinds, *model, StatsOf(shapes, global_batch), limits,
+                                          options, count);
+  } else {
+    if (absl::GetFlag(FLAGS_minimise_cost) || absl::GetFlag(FLAGS_max_iteration_seconds) > 0) {
+      return Fail(absl::InvalidArgumentError(
+          "--minimise_cost and --max_iteration_seconds: they need --gpu_kinds (priced kinds)"));
+    }
+    candidates =
+        SearchPlans(ClusterFromFlags(), *model, StatsOf(shapes, global_batch), limits, count);
+  }
   if (!candidates.ok()) return Fail(candidates.status());
   if (const std::string path = absl::GetFlag(FLAGS_profile); !path.empty()) {
     if (macro_batches == 0) {
@@ -348,7 +411,12 @@ int Plan(const BatchFile& batch) {
   if (absl::Status s = WriteJson(*plan); !s.ok()) return Fail(s);
   absl::StatusOr<job::v1::JobConfig> job = JobOfPlan(*plan, source, *frozen);
   if (!job.ok()) return Fail(job.status());
-  if (absl::Status s = WriteJob(*job); !s.ok()) return Fail(s);
+  if (absl::Status s = WriteJob(*job, PlacementValues(*plan, kinds)); !s.ok()) return Fail(s);
+  if (!kinds.empty()) {
+    std::fprintf(stderr, "loom-schedule: plan: encoder on %s, LLM on %s, %d GPUs, %.6g an hour\n",
+                 plan->encoder().gpu_kind().c_str(), plan->llm().gpu_kind().c_str(),
+                 plan->cluster_gpus(), plan->cost_per_hour());
+  }
   return 0;
 }
 
@@ -513,7 +581,8 @@ absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loom-schedule plan --batch FILE --gpus N [--global_batch B --config NAME | --llava CONFIG "
+      "loom-schedule plan --batch FILE (--gpus N | --gpu_kinds FILE [--minimise_cost]) "
+      "[--global_batch B --config NAME | --llava CONFIG "
       "| --llm_from CONFIG --vision_from CONFIG] [--job_output FILE --values_output FILE ...]\n"
       "loom-schedule assign --batch FILE (--plan FILE | --llm_dp N --microbatches M "
       "--encoder_dp E) --algorithm NAME --output FILE\n"

@@ -148,6 +148,45 @@ for k, v in job.items():
         assert set(v) <= set(known[k]["properties"]), (k, v)
 PY
 
+# A cluster of two GPU kinds: each module on one kind, the plan's kinds and
+# cost an hour, and the Helm values placing each module on its kind's nodes
+# (their nodeSelector, valid under the chart's schema).
+cat > "$dir/kinds.json" <<'EOF'
+{"kinds": [
+  {"name": "H100", "count": 64, "tflops": 989, "memory_gib": 80, "price_per_hour": 3,
+   "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+  {"name": "L40S", "count": 128, "tflops": 362, "memory_gib": 48, "price_per_hour": 1,
+   "intra_node_gb_per_s": 32, "inter_node_gbps": 200,
+   "node_selector": {"nvidia.com/gpu.product": "NVIDIA-L40S"}}]}
+EOF
+for goal in "" --minimise_cost; do
+  "$sched" plan --batch "$dir/scan.jsonl" --gpu_kinds "$dir/kinds.json" $goal --global_batch 512 \
+    --recompute selective --output "$dir/kinds-plan.json" --values_output "$dir/kinds-values.json" \
+    2> "$dir/kinds.err" || { cat "$dir/kinds.err"; fail "plan --gpu_kinds $goal"; }
+  grep -q "loom-schedule: plan: encoder on " "$dir/kinds.err" || fail "plan --gpu_kinds: its summary"
+  $py - "$dir/kinds-plan.json" "$dir/kinds-values.json" helm/loom/values.schema.json "$goal" <<'PY' || fail "plan --gpu_kinds $goal"
+import json, sys
+p, values, schema = (json.load(open(f)) for f in sys.argv[1:4])
+e, l = p["encoder"], p["llm"]
+price = {"H100": 3, "L40S": 1}
+count = {"H100": 64, "L40S": 128}
+assert e["gpu_kind"] in price and l["gpu_kind"] in price, p
+if e["gpu_kind"] == l["gpu_kind"]:
+    assert e["gpus"] + l["gpus"] <= count[l["gpu_kind"]], p
+else:
+    assert e["gpus"] <= count[e["gpu_kind"]] and l["gpus"] <= count[l["gpu_kind"]], p
+want = e["gpus"] * price[e["gpu_kind"]] + l["gpus"] * price[l["gpu_kind"]]
+assert abs(p["cost_per_hour"] - want) < 1e-6 and p["cluster_gpus"] == e["gpus"] + l["gpus"], p
+assert not p.get("colocated"), p  # the chart's values: disaggregated layouts alone
+selector = {"H100": "NVIDIA-H100-80GB-HBM3", "L40S": "NVIDIA-L40S"}
+for module, m in (("encoder", e), ("llm", l)):
+    got = values["workers"][module]["nodeSelector"]
+    assert got == {"nvidia.com/gpu.product": selector[m["gpu_kind"]]}, (module, got)
+w = schema["properties"]["workers"]["properties"]
+assert set(values) == {"job", "workers"} and all(set(values["workers"][m]) <= set(w[m]["properties"]) for m in values["workers"]), values
+PY
+done
+
 # A named model's plan, written as a job config, runs under `loom up` as it is.
 "$sched" plan --batch "$dir/scan.jsonl" --gpus 3 --global_batch 16 --config tiny \
   --output "$dir/tiny-plan.json" --job_output "$dir/tiny-job.txtpb" --shards "$dir/*.tar" \
@@ -249,6 +288,13 @@ expect_error "--config: " plan --batch "$dir/scan.jsonl" --gpus 8 --config huge
 expect_error "llm_tp is 2 (loom-schedule profile --profile_tp)" simulate \
   --batch "$dir/scan.jsonl" --plan "$dir/tp2-plan.json" --profile "$dir/profile.json"
 expect_error "--profile_tokens: \"x\" is not a number" profile --config tiny --profile_tokens 64,x
+expect_error "leave --gpus out" plan --batch "$dir/scan.jsonl" --gpu_kinds "$dir/kinds.json" --gpus 8
+expect_error "need --gpu_kinds" plan --batch "$dir/scan.jsonl" --gpus 8 --minimise_cost
+expect_error "--recompute auto is not searched across kinds" plan --batch "$dir/scan.jsonl" \
+  --gpu_kinds "$dir/kinds.json" --recompute auto
+echo '{"kinds": [{"name": "H100", "count": 0}]}' > "$dir/bad-kinds.json"
+expect_error "bad-kinds.json: GPU kind \"H100\": no \"tflops\"" plan --batch "$dir/scan.jsonl" \
+  --gpu_kinds "$dir/bad-kinds.json"
 expect_error "--profile_precision: want fp32 or bf16, got \"fp16\"" profile --config tiny \
   --profile_precision fp16
 expect_error 'layout "llm_pp 2": not a parallel { } body' validate --config "$dir/job.txtpb" \

@@ -535,6 +535,39 @@ job:
               "nvidia.com/gpu" not in containers(by(objs, "StatefulSet", "train-loom-llm"))[0]["resources"]["limits"],
               "gpu.enabled false: every pod runs image, no GPU requested (%s)" % images)
 
+    # Placement per module over the shared one: the encoder on L40S nodes,
+    # the LLM on H100 nodes (a heterogeneous plan), both in one pool.
+    placed = os.path.join(TMP, "placed.yaml")
+    open(placed, "w").write("""
+workers:
+  nodeSelector: {pool: training, gpu: any}
+  tolerations: [{key: training, operator: Exists, effect: NoSchedule}]
+  affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 1, podAffinityTerm: {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {app: x}}}}]}}
+  encoder:
+    nodeSelector: {gpu: l40s}
+    tolerations: [{key: l40s, operator: Exists, effect: NoSchedule}]
+  llm:
+    nodeSelector: {gpu: h100}
+    affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: nvlink, operator: In, values: ["true"]}]}]}}}
+""")
+    objs = check_render("per-module placement", ["-f", placed], base)
+    check_schemas("per-module placement", objs)
+    if objs:
+        spec = {m: by(objs, "StatefulSet", "train-loom-" + m)["spec"]["template"]["spec"] for m in ("encoder", "llm")}
+        check(spec["encoder"]["nodeSelector"] == {"pool": "training", "gpu": "l40s"} and
+              spec["llm"]["nodeSelector"] == {"pool": "training", "gpu": "h100"},
+              "per-module placement: each module's nodeSelector keys over the shared ones (%s)" %
+              {m: s.get("nodeSelector") for m, s in spec.items()})
+        check([t["key"] for t in spec["encoder"]["tolerations"]] == ["training", "l40s"] and
+              [t["key"] for t in spec["llm"]["tolerations"]] == ["training"],
+              "per-module placement: a module's tolerations add to the shared ones")
+        check(list(spec["encoder"]["affinity"]) == ["podAntiAffinity"] and
+              list(spec["llm"]["affinity"]) == ["nodeAffinity"],
+              "per-module placement: a module's affinity replaces the shared one, else the shared one")
+        for d in ("scheduler", "preprocess"):
+            check("nodeSelector" not in by(objs, "Deployment", "train-loom-" + d)["spec"]["template"]["spec"],
+                  "per-module placement: %s keeps its own (empty) placement" % d)
+
     # One pod per node: 8 ranks per pod, each its own process on its own GPU
     # (--local_ranks), TP groups inside a pod, a port and a scrape per rank.
     per_node = os.path.join(TMP, "per-node.yaml")
