@@ -109,16 +109,22 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_LT(plan.costs().llm_per_token(), p->llm_per_token());
 }
 
+// Two bins a module, one timed run each: the grid the tests below need.
+ProfileOptions SmallGrid() {
+  ProfileOptions o;
+  o.tiles = {1, 2};
+  o.tokens = {32, 64};
+  o.repeats = 1;
+  return o;
+}
+
 // bf16 mixed precision: the layers' bf16 path is what is timed, and the
 // profile says so. Its products round to bf16, so a bin's time is not the
 // fp32 one's; only that the grid ran and fitted is asserted.
 TEST(ProfileTest, Bf16IsProfiledAsSuch) {
   absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
   ASSERT_TRUE(model.ok());
-  ProfileOptions o;
-  o.tiles = {1, 2};
-  o.tokens = {32, 64};
-  o.repeats = 1;
+  ProfileOptions o = SmallGrid();
   o.precision = Precision::kBf16;
   absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, CpuOps(), o);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -136,10 +142,7 @@ TEST(ProfileTest, Bf16IsProfiledAsSuch) {
 TEST(ProfileTest, ATpGroupIsMeasuredAsItsRanks) {
   absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
   ASSERT_TRUE(model.ok());
-  ProfileOptions o;
-  o.tiles = {1, 2};
-  o.tokens = {32, 64};
-  o.repeats = 1;
+  ProfileOptions o = SmallGrid();
   o.tps = {1, 2};
   absl::StatusOr<scheduler::v1::Profile> p = ProfileModules(*model, CpuOps(), o);
   ASSERT_TRUE(p.ok()) << p.status();
