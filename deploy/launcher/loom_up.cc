@@ -29,14 +29,19 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "deploy/launcher/launcher.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/backends/cuda/cuda_ops.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "runtime/base/runfiles.h"
 #include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/data/loader.h"
+#include "runtime/model/precision.h"
+#include "runtime/scheduling/profile.h"
 #include "services/common/chassis.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
@@ -83,7 +88,9 @@ ABSL_FLAG(std::string, trace, "",
           "timeline of the same iterations (open in ui.perfetto.dev).");
 ABSL_FLAG(std::string, profile, "",
           "A profile (JSON from `loom-schedule profile`) whose measured coefficients price the "
-          "job's work in loom-scheduler, fixed (see loom-scheduler --profile).");
+          "job's work in loom-scheduler, fixed (see loom-scheduler --profile); auto: profile "
+          "the job's modules on its device first (its model, precision and TPs; "
+          "<run_dir>/profile.json).");
 ABSL_FLAG(std::string, bind_host, "127.0.0.1", "Address every service binds.");
 ABSL_FLAG(std::string, hosts, "",
           "Runs some services on other simulated hosts, Linux network namespaces (root): "
@@ -151,6 +158,57 @@ absl::StatusOr<std::string> EnsureData(const loom::job::v1::JobConfig& job,
     return absl::InternalError("loom-datagen failed:\n" + (*gen)->ReadLog());
   }
   return glob;
+}
+
+// --profile auto: the job's modules timed on its LLM's device before the
+// job starts, at its TPs and in its precision, over loom-schedule
+// profile's default grid (token counts up to the model's context), written
+// to <run_dir>/profile.json.
+absl::StatusOr<std::string> ProfileJob(const loom::job::v1::JobConfig& job,
+                                       const std::string& run_dir) {
+  absl::StatusOr<loom::hf::PretrainedModel> model = loom::JobModel(job);
+  if (!model.ok()) return model.status();
+  const std::string device = job.device().llm().empty() ? "cpu" : job.device().llm();
+  std::unique_ptr<loom::Ops> owned;
+  absl::StatusOr<loom::Ops*> ops = loom::OpsForDevice(device, &owned);
+  if (!ops.ok()) return ops.status();
+  absl::StatusOr<loom::Precision> precision =
+      loom::ParsePrecision(job.precision().empty() ? "fp32" : job.precision());
+  if (!precision.ok()) return precision.status();
+  loom::sched::ProfileOptions o;
+  o.precision = *precision;
+  o.tps = {std::max(1, job.parallel().llm_tp())};
+  if (const int tp = std::max(1, job.parallel().encoder_tp()); tp != o.tps[0]) o.tps.push_back(tp);
+  const int context = model->config.llm.max_seq;
+  std::vector<int> tokens;
+  for (int t : o.tokens) {
+    if (t <= context) tokens.push_back(t);
+  }
+  if (tokens.empty()) tokens = {std::max(4, context / 4 * 4)};
+  o.tokens = tokens;
+  std::fprintf(info, "loom up: profiling %s on %s in %s at TP %s (--profile auto)\n",
+               model->config.name.c_str(), device.c_str(), loom::PrecisionName(o.precision),
+               absl::StrJoin(o.tps, ", ").c_str());
+  std::fflush(info);
+  absl::StatusOr<loom::scheduler::v1::Profile> profile =
+      loom::sched::ProfileModules(model->config, *ops, o);
+  if (!profile.ok()) return profile.status();
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  std::string json;
+  if (auto s = google::protobuf::util::MessageToJsonString(*profile, &json, print); !s.ok()) {
+    return absl::InternalError(std::string(s.message()));
+  }
+  if (absl::Status s = loom::MakeDirectories(run_dir); !s.ok()) return s;
+  const std::string path = std::filesystem::absolute(run_dir + "/profile.json").string();
+  if (absl::Status s = loom::WriteFileAtomically(path, json + "\n"); !s.ok()) return s;
+  std::fprintf(info,
+               "loom up: profile written to %s: %.4g s a tile (largest misfit %.1f%%), %.4g s a "
+               "token + %.4g s a squared token (%.1f%%); loom-scheduler prices the job by it\n",
+               path.c_str(), profile->encoder_per_tile(), 100 * profile->encoder_max_residual(),
+               profile->llm_per_token(), profile->llm_per_token_sq(),
+               100 * profile->llm_max_residual());
+  return path;
 }
 
 std::string ProgressLine(const loom::scheduler::v1::StepReport& r,
@@ -572,7 +630,11 @@ int main(int argc, char** argv) {
     o.shared_devices = loom::CpuSharedDevices();
   }
   o.profile = absl::GetFlag(FLAGS_profile);
-  if (!o.profile.empty()) {
+  if (o.profile == "auto") {
+    absl::StatusOr<std::string> made = ProfileJob(job, run_dir);
+    if (!made.ok()) return Fail("--profile auto: " + std::string(made.status().message()));
+    o.profile = *made;
+  } else if (!o.profile.empty()) {
     if (absl::StatusOr<std::string> p = loom::ReadFile(o.profile); !p.ok()) {
       return Fail("--profile: " + std::string(p.status().message()));
     }

@@ -122,6 +122,32 @@ TEST(LoomUpTest, RefusesAJobThatDoesNotFitItsDevices) {
   EXPECT_EQ(CountOf(out, "SERVING"), 0) << out;
 }
 
+// --profile auto: the job's modules are timed on its device before it
+// starts, the profile is written into the run folder, and loom-scheduler
+// prices the job by it (fixed costs).
+TEST(LoomUpTest, ProfilesTheJobFirstWhenAsked) {
+  const std::string run = TempPath("profiled");
+  auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + run,
+                               "--config=" + SmallJob(), "--steps=2", "--profile=auto"},
+                              TempPath("profiled.log"));
+  ASSERT_TRUE(up.ok()) << up.status();
+  absl::StatusOr<int> st = (*up)->Wait(absl::Seconds(240));
+  ASSERT_TRUE(st.ok()) << st.status();
+  const std::string out = (*up)->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << out;
+  EXPECT_NE(out.find("loom up: profiling tiny on cpu in fp32 at TP 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("loom up: profile written to "), std::string::npos) << out;
+  EXPECT_NE(out.find("job loom SUCCEEDED"), std::string::npos) << out;
+  std::ifstream in(run + "/profile.json");
+  const std::string profile((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(profile.find("\"points\""), std::string::npos) << profile;
+  EXPECT_NE(profile.find("\"llm_per_token\""), std::string::npos) << profile;
+  std::ifstream s(run + "/logs/loom-scheduler.log");
+  const std::string slog((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+  EXPECT_NE(slog.find("costs from the profile, fixed"), std::string::npos) << slog;
+  EXPECT_NE(slog.find("profile.json"), std::string::npos) << slog;
+}
+
 TEST(LoomUpTest, StopsEverythingOnSigterm) {
   auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + TempPath("run2"),
                                "--config=" + SmallJob(), "--encoder_dp=1", "--llm_dp=1"},
