@@ -275,11 +275,6 @@ absl::Status WriteJob(const job::v1::JobConfig& job, const std::string& placemen
     if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) return s;
   }
   if (const std::string path = absl::GetFlag(FLAGS_values_output); !path.empty()) {
-    if (job.has_freeze()) {
-      return absl::InvalidArgumentError(
-          "--values_output: the chart's job cannot set freeze yet (issue 45); use --job_output "
-          "with loomctl submit");
-    }
     absl::StatusOr<std::string> json = JobJson(job);
     if (!json.ok()) return json.status();
     const std::string workers = placement.empty() ? "" : ",\n\"workers\": " + placement;

@@ -522,6 +522,76 @@ job:
                   vols.get("models", {}).get("persistentVolumeClaim", {}).get("claimName") == "models",
                   "hf: %s mounts the models volume read-only" % name)
 
+    # LLaVA's two stages from values alone: stage 1 (vision and LLM frozen,
+    # the projector trains) and stage 2 (vision frozen, the weights from
+    # stage 1's checkpoint on the shared claim), each job accepted by
+    # `loomctl validate`; init off every mounted volume, and all three
+    # modules frozen, are refused by name.
+    llava = os.path.join(TMP, "llava.yaml")
+    open(llava, "w").write("""
+storage: {models: {existingClaim: models}, checkpoints: {existingClaim: ckpt}}
+job:
+  name: llava-stage
+  model: null
+  hf: {llava: /models/llava-1.5-7b-hf}
+  data:
+    shards: null
+    sources: [{shards: /data/blip-558k/*.tar, weight: 1}]
+    global_batch: 256
+    chat_template: vicuna_v1
+    image_aspect_ratio: pad
+  precision: bf16
+  parallel: {encoder_dp: 2, llm_dp: 4, microbatches: 4}
+""")
+    stage2 = os.path.join(TMP, "llava-stage2.yaml")
+    open(stage2, "w").write("""
+job:
+  freeze: {vision: true}
+  init: {checkpoint: /var/lib/loom/llava-stage1/checkpoints/step-2180}
+  checkpoint: {dir: /var/lib/loom/llava-stage2/checkpoints, every: 500}
+""")
+    for stage, args, freeze in (
+            ("LLaVA stage 1", ["-f", llava, "--set", "job.freeze.vision=true", "--set", "job.freeze.llm=true"],
+             {"vision": True, "llm": True}),
+            ("LLaVA stage 2", ["-f", llava, "-f", stage2], {"vision": True})):
+        objs = check_render(stage, args, base)
+        check_args(stage, objs)
+        check_references(stage, objs)
+        check_schemas(stage, objs)
+        if objs:
+            job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+            check(job.get("freeze") == freeze and "model" not in job and
+                  job["hf"] == {"llava": "/models/llava-1.5-7b-hf"},
+                  "%s: the job freezes %s and reads the LLaVA directory (%s)" %
+                  (stage, sorted(freeze), job.get("freeze")))
+            if stage.endswith("2"):
+                check(job.get("init") == {"checkpoint": "/var/lib/loom/llava-stage1/checkpoints/step-2180"},
+                      "LLaVA stage 2: the job starts from stage 1's weights (%s)" % job.get("init"))
+            # loomctl validate reads the files a job names: here the named
+            # 7B model stands for the LLaVA directory (and its image
+            # processor's padding), and stage 1's step folder is one with
+            # its three module files.
+            offline = json.loads(json.dumps(job))
+            offline.pop("hf")
+            offline["data"].pop("image_aspect_ratio")
+            offline["model"] = "vit300m-llm7b"
+            if "init" in offline:
+                step = os.path.join(TMP, "stage1", "step-2180")
+                os.makedirs(step, exist_ok=True)
+                for module in ("encoder", "projector", "llm"):
+                    open(os.path.join(step, module + ".ckpt"), "w").close()
+                offline["init"]["checkpoint"] = step
+            check_valid_job(stage, offline)
+    for what, args, named in [
+        ("init off every volume", ["-f", llava, "-f", stage2, "--set", "job.init.checkpoint=/tmp/step-1"],
+         "job.init.checkpoint /tmp/step-1 is on no volume every worker mounts"),
+        ("every module frozen", ["-f", llava, "--set", "job.freeze.vision=true", "--set", "job.freeze.llm=true",
+                                 "--set", "job.freeze.projector=true"], "freeze"),
+    ]:
+        rc, out, err = render(*args)
+        check(rc != 0 and named in err, "LLaVA values: refuses %s, naming it (%s)" %
+              (what, err.strip().splitlines()[-1] if err.strip() else ""))
+
     check_checkpoint_volume(base)
 
     bad_peer = os.path.join(TMP, "bad-peer.yaml")
