@@ -638,6 +638,62 @@ workers:
             check("nodeSelector" not in by(objs, "Deployment", "train-loom-" + d)["spec"]["template"]["spec"],
                   "per-module placement: %s keeps its own (empty) placement" % d)
 
+    # More per module: env, envFrom, extra volumes and mounts, pod labels
+    # and annotations; the workers' scheduler and priority class.
+    extra = os.path.join(TMP, "extra.yaml")
+    open(extra, "w").write("""
+workers:
+  schedulerName: volcano
+  priorityClassName: training-high
+  llm:
+    env: [{name: HF_HOME, value: /scratch/hf}, {name: WANDB_API_KEY, valueFrom: {secretKeyRef: {name: wandb, key: key}}}]
+    envFrom: [{configMapRef: {name: site-env}}]
+    extraVolumes: [{name: scratch, emptyDir: {sizeLimit: 100Gi}}]
+    extraVolumeMounts: [{name: scratch, mountPath: /scratch}]
+    podLabels: {kueue.x-k8s.io/queue-name: gpu-queue}
+    podAnnotations: {k8s.v1.cni.cncf.io/networks: rdma-net}
+""")
+    objs = check_render("per-module extras", ["-f", extra], base)
+    check_references("per-module extras", objs)
+    check_schemas("per-module extras", objs)
+    check_locked_down("per-module extras", objs)
+    if objs:
+        llm = by(objs, "StatefulSet", "train-loom-llm")
+        enc = by(objs, "StatefulSet", "train-loom-encoder")
+        c = containers(llm)[0]
+        pod = llm["spec"]["template"]
+        env = [e["name"] for e in c["env"]]
+        check(env[0] == "POD_IP" and env[-2:] == ["HF_HOME", "WANDB_API_KEY"] and "NCCL_DEBUG" in env and
+              c.get("envFrom") == [{"configMapRef": {"name": "site-env"}}],
+              "per-module extras: the LLM's env after Loom's own, and its envFrom (%s)" % env)
+        check({"name": "scratch", "mountPath": "/scratch"} in c["volumeMounts"] and
+              {"name": "scratch", "emptyDir": {"sizeLimit": "100Gi"}} in pod["spec"]["volumes"],
+              "per-module extras: the LLM's extra volume, mounted")
+        check(pod["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "gpu-queue" and
+              pod["metadata"]["labels"].get("app.kubernetes.io/component") == "llm-worker" and
+              pod["metadata"].get("annotations") == {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+              "per-module extras: the LLM pods' labels (beside the selector's) and annotations")
+        for s in (llm, enc):
+            spec = s["spec"]["template"]["spec"]
+            check(spec.get("schedulerName") == "volcano" and spec.get("priorityClassName") == "training-high",
+                  "per-module extras: %s under the workers' scheduler and priority class" % s["metadata"]["name"])
+        check("envFrom" not in containers(enc)[0] and "kueue.x-k8s.io/queue-name" not in
+              enc["spec"]["template"]["metadata"]["labels"],
+              "per-module extras: the encoder keeps none of the LLM's")
+    relabel = os.path.join(TMP, "relabel.yaml")
+    open(relabel, "w").write("workers: {llm: {podLabels: {app.kubernetes.io/component: x}}}\n")
+    rc, out, err = render("-f", relabel)
+    check(rc != 0 and "podLabels" in err and "Invalid type" not in err,
+          "per-module extras: a pod label may not replace the selector's (%s)" %
+          (err.strip().splitlines()[-1] if err.strip() else "rendered"))
+
+    # NOTES.txt counts each module's ranks as its TP x PP x DP grid.
+    rc, out, err = render("--notes", "--set", "job.parallel.llm_tp=2", "--set", "job.parallel.llm_pp=2",
+                          "--set", "job.parallel.encoder_tp=2")
+    check(rc == 0 and "4 encoder worker ranks (TP 2 x PP 1 x DP 2) and 8 LLM worker ranks "
+          "(TP 2 x PP 2 x DP 2)." in out, "NOTES.txt: each module's ranks are its grid (%s)" %
+          (out.splitlines()[0] if rc == 0 and out else err.strip()))
+
     # One pod per node: 8 ranks per pod, each its own process on its own GPU
     # (--local_ranks), TP groups inside a pod, a port and a scrape per rank.
     per_node = os.path.join(TMP, "per-node.yaml")

@@ -132,6 +132,7 @@ func main() {
 	namespace := flag.String("namespace", "default", "release namespace")
 	flag.Var(&valueFiles, "f", "values file (repeatable)")
 	flag.Var(&sets, "set", "key=value (repeatable)")
+	notes := flag.Bool("notes", false, "print templates/NOTES.txt rendered (as helm install shows it) instead of the objects")
 	flag.Parse()
 	if flag.NArg() != 1 {
 		die("usage: helm-render [--name R] [--namespace N] [-f values.yaml]... [--set k=v]... CHART_DIR")
@@ -262,6 +263,15 @@ func main() {
 		"Files": all,
 	}
 	out := bufio()
+	if *notes {
+		data["Template"] = map[string]interface{}{"Name": chartName + "/templates/NOTES.txt", "BasePath": chartName + "/templates"}
+		var buf bytes.Buffer
+		if err := root.ExecuteTemplate(&buf, chartName+"/templates/NOTES.txt", data); err != nil {
+			die("%v", err)
+		}
+		os.Stdout.Write(buf.Bytes())
+		return
+	}
 	for _, name := range templates {
 		base := filepath.Base(name)
 		if strings.HasPrefix(base, "_") || base == "NOTES.txt" {
