@@ -26,7 +26,8 @@ from ops_testing import check, finish
 RENDER, CHART, BIN, DASHBOARD, TMP = sys.argv[1:6]
 SCHEMAS = os.path.join(BIN, "third_party/kubernetes-schemas")
 K8S_SCHEMAS = json.load(open(os.path.join(SCHEMAS, "kubernetes-1.33-strict.json")))
-CRD_SCHEMAS = [json.load(open(os.path.join(SCHEMAS, "servicemonitor-strict.json")))]
+CRD_SCHEMAS = [json.load(open(os.path.join(SCHEMAS, f)))
+               for f in ("servicemonitor-strict.json", "certificate-strict.json")]
 BINARIES = {
     "loom-scheduler": "services/scheduler/loom-scheduler",
     "loom-preprocess": "services/preprocess/loom-preprocess",
@@ -637,6 +638,42 @@ workers:
         for d in ("scheduler", "preprocess"):
             check("nodeSelector" not in by(objs, "Deployment", "train-loom-" + d)["spec"]["template"]["spec"],
                   "per-module placement: %s keeps its own (empty) placement" % d)
+
+    # cert-manager makes the TLS Secrets: a Certificate per identity into
+    # the Secret its pods mount, and an operator's (client use only), each
+    # valid under cert-manager's own schema; without an issuer it fails.
+    objs = check_render("cert-manager", ["--set", "tls.certManager.enabled=true",
+                                         "--set", "tls.certManager.issuerRef.name=loom-ca",
+                                         "--set", "tls.certManager.issuerRef.kind=ClusterIssuer"],
+                        base + ["Certificate/train-loom-" + i for i in ("scheduler", "preprocess", "worker", "admin")])
+    check_schemas("cert-manager", objs)
+    if objs:
+        certs = {o["metadata"]["name"].rsplit("-", 1)[1]: o["spec"] for o in objs if o["kind"] == "Certificate"}
+        mounted = {}
+        for kind, name, ident in (("Deployment", "train-loom-scheduler", "scheduler"),
+                                  ("Deployment", "train-loom-preprocess", "preprocess"),
+                                  ("StatefulSet", "train-loom-encoder", "worker"),
+                                  ("StatefulSet", "train-loom-llm", "worker")):
+            vols = {v["name"]: v for v in by(objs, kind, name)["spec"]["template"]["spec"]["volumes"]}
+            mounted.setdefault(ident, set()).add(vols["tls"]["secret"]["secretName"])
+        check(all(mounted[i] == {certs[i]["secretName"]} for i in mounted),
+              "cert-manager: each identity's Certificate writes the Secret its pods mount (%s)" % mounted)
+        check(all(certs[i]["commonName"] == "loom-" + i for i in certs) and
+              certs["worker"]["dnsNames"] == ["loom"] and "server auth" in certs["worker"]["usages"] and
+              "server auth" not in certs["admin"]["usages"] and "client auth" in certs["admin"]["usages"] and
+              certs["admin"]["secretName"] == "train-loom-tls-admin" and
+              all(c["issuerRef"] == {"name": "loom-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+                  for c in certs.values()),
+              "cert-manager: common names loom-<identity>, serverName as the DNS name, the admin's for clients only")
+        broken = json.loads(json.dumps(by(objs, "Certificate", "train-loom-worker")))
+        broken["spec"]["usages"].append("server-auth")
+        broken["spec"]["commonname"] = broken["spec"].pop("commonName")
+        errors = schema_errors(broken)
+        check(any("commonname" in e for e in errors) and any("usages" in e for e in errors),
+              "cert-manager: its schema refuses a misspelled field and an unknown usage (%s)" % errors)
+    rc, out, err = render("--set", "tls.certManager.enabled=true")
+    check(rc != 0 and "issuerRef" in err, "cert-manager: refuses no issuer, naming it (%s)" %
+          (err.strip().splitlines()[-1] if err.strip() else "rendered"))
 
     # More per module: env, envFrom, extra volumes and mounts, pod labels
     # and annotations; the workers' scheduler and priority class.

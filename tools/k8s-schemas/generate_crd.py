@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Writes a strict JSON schema (draft 7) of the Prometheus Operator's
-ServiceMonitor (monitoring.coreos.com/v1) from the models of
-@kubernetes-models/prometheus-operator (generated from the operator's Go API
-types, pkg/apis/monitoring/v1, the source of its CRD's openAPIV3Schema).
+"""Writes a strict JSON schema (draft 7) of a custom resource from the
+models of a @kubernetes-models package (generated from the project's Go API
+types, the source of its CRD's openAPIV3Schema): the Prometheus Operator's
+ServiceMonitor (monitoring.coreos.com/v1) and cert-manager's Certificate
+(cert-manager.io/v1), which the chart renders.
 
 Each model's fields and which are required (no `?`) come from its class in
 the .d.ts (inherited fields included); type aliases of string literals become
 enums. The Kubernetes types it uses (ObjectMeta, LabelSelector,
 SecretKeySelector, ...) are taken from the strict Kubernetes schema
-(generate.py), so both files speak of one Kubernetes version. Every object
+(generate.py), so every file speaks of one Kubernetes version. Every object
 schema sets additionalProperties to false, as the API server's strict field
 validation does for a structural CRD schema: a misspelled field fails.
 
@@ -18,9 +19,15 @@ both; an unknown field only here (that validator lets them through).
 
   npm pack @kubernetes-models/prometheus-operator@6.0.0
   tar xzf kubernetes-models-prometheus-operator-6.0.0.tgz
-  python3 tools/k8s-schemas/generate_servicemonitor.py package \\
+  python3 tools/k8s-schemas/generate_crd.py package \\
       third_party/kubernetes-schemas/kubernetes-1.33-strict.json \\
+      monitoring.coreos.com/v1/ServiceMonitor "Prometheus Operator ServiceMonitor" \\
       > third_party/kubernetes-schemas/servicemonitor-strict.json
+  npm pack @kubernetes-models/cert-manager@6.0.0   (the same, into package/)
+  python3 tools/k8s-schemas/generate_crd.py package \\
+      third_party/kubernetes-schemas/kubernetes-1.33-strict.json \\
+      cert-manager.io/v1/Certificate "cert-manager Certificate" \\
+      > third_party/kubernetes-schemas/certificate-strict.json
 """
 import json
 import os
@@ -96,7 +103,8 @@ class Generator:
         """The schema reference for the model in `path` (no extension)."""
         name = os.path.basename(path)
         version = os.path.basename(os.path.dirname(path))
-        key = "monitoring.coreos.com.%s.%s" % (version, name)
+        group = os.path.basename(os.path.dirname(os.path.dirname(path)))
+        key = "%s.%s.%s" % (group, version, name)
         if key in self.definitions:
             return {"$ref": "#/definitions/" + key}
         text = strip_comments(open(path + ".d.ts").read())
@@ -161,19 +169,20 @@ class Generator:
 
 
 def main():
-    package, k8s_path = sys.argv[1], sys.argv[2]
+    package, k8s_path, model_path, title = sys.argv[1:5]
     k8s = json.load(open(k8s_path))
     g = Generator(os.path.abspath(package), k8s)
-    root = g.model(os.path.join(os.path.abspath(package), "monitoring.coreos.com/v1/ServiceMonitor"))
+    root = g.model(os.path.join(os.path.abspath(package), model_path))
     name = root["$ref"].split("/")[-1]
     d = g.definitions[name]  # an object always has these, whatever its model says
     d["required"] = sorted(set(d.get("required", [])) | {"apiVersion", "kind", "metadata"})
     meta = json.load(open(os.path.join(package, "package.json")))
     json.dump({"$schema": "http://json-schema.org/draft-07/schema#",
-               "title": "Prometheus Operator ServiceMonitor, strict (from %s %s's models; "
-                        "Kubernetes types from Kubernetes %s)" % (meta["name"], meta["version"],
+               "title": "%s, strict (from %s %s's models; "
+                        "Kubernetes types from Kubernetes %s)" % (title, meta["name"], meta["version"],
                                                                   k8s["kubernetes"]),
-               "kinds": {"monitoring.coreos.com/v1 ServiceMonitor": "#/definitions/" + name},
+               "kinds": {"%s %s" % (os.path.dirname(model_path), os.path.basename(model_path)):
+                         "#/definitions/" + name},
                "definitions": dict(sorted(g.definitions.items()))},
               sys.stdout, indent=1)
     sys.stdout.write("\n")
