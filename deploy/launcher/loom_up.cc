@@ -91,6 +91,9 @@ ABSL_FLAG(std::string, profile, "",
           "job's work in loom-scheduler, fixed (see loom-scheduler --profile); auto: profile "
           "the job's modules on its device first (its model, precision and TPs; "
           "<run_dir>/profile.json).");
+ABSL_FLAG(std::string, profile_only, "",
+          "Internal (--profile auto runs a child loom-up so): profile the job's modules, write "
+          "the profile to this file and exit.");
 ABSL_FLAG(std::string, bind_host, "127.0.0.1", "Address every service binds.");
 ABSL_FLAG(std::string, hosts, "",
           "Runs some services on other simulated hosts, Linux network namespaces (root): "
@@ -160,12 +163,14 @@ absl::StatusOr<std::string> EnsureData(const loom::job::v1::JobConfig& job,
   return glob;
 }
 
-// --profile auto: the job's modules timed on its LLM's device before the
-// job starts, at its TPs and in its precision, over loom-schedule
-// profile's default grid (token counts up to the model's context), written
-// to <run_dir>/profile.json.
-absl::StatusOr<std::string> ProfileJob(const loom::job::v1::JobConfig& job,
-                                       const std::string& run_dir) {
+// --profile auto, in a child loom-up (--profile_only: its CUDA context ends
+// with it, so no GPU keeps the launcher's): the job's modules timed on its
+// LLM's device, in its precision, over loom-schedule profile's default grid
+// (at least two token counts up to the model's context). On the CPU at each
+// TP the job runs a module at that the profile can measure (it divides
+// both modules' heads); on a GPU at TP 1, which loom-scheduler scales to
+// the job's TPs (and says so).
+absl::Status ProfileJobTo(const loom::job::v1::JobConfig& job, const std::string& path) {
   absl::StatusOr<loom::hf::PretrainedModel> model = loom::JobModel(job);
   if (!model.ok()) return model.status();
   const std::string device = job.device().llm().empty() ? "cpu" : job.device().llm();
@@ -177,19 +182,27 @@ absl::StatusOr<std::string> ProfileJob(const loom::job::v1::JobConfig& job,
   if (!precision.ok()) return precision.status();
   loom::sched::ProfileOptions o;
   o.precision = *precision;
-  o.tps = {std::max(1, job.parallel().llm_tp())};
-  if (const int tp = std::max(1, job.parallel().encoder_tp()); tp != o.tps[0]) o.tps.push_back(tp);
+  o.tps = {1};
+  if (device == "cpu") {
+    o.tps.clear();
+    for (int tp : {job.parallel().llm_tp(), job.parallel().encoder_tp()}) {
+      tp = std::max(1, tp);
+      if (std::find(o.tps.begin(), o.tps.end(), tp) == o.tps.end() &&
+          loom::ValidateModelParallel(model->config, tp, 1, tp, 1).ok()) {
+        o.tps.push_back(tp);
+      }
+    }
+    if (o.tps.empty()) o.tps = {1};
+  }
   const int context = model->config.llm.max_seq;
   std::vector<int> tokens;
   for (int t : o.tokens) {
     if (t <= context) tokens.push_back(t);
   }
-  if (tokens.empty()) tokens = {std::max(4, context / 4 * 4)};
+  if (tokens.size() < 2) tokens = {std::max(4, context / 8 * 4), std::max(8, context / 4 * 4)};
   o.tokens = tokens;
-  std::fprintf(info, "loom up: profiling %s on %s in %s at TP %s (--profile auto)\n",
-               model->config.name.c_str(), device.c_str(), loom::PrecisionName(o.precision),
-               absl::StrJoin(o.tps, ", ").c_str());
-  std::fflush(info);
+  std::printf("loom up: profiling %s on %s in %s at TP %s\n", model->config.name.c_str(),
+              device.c_str(), loom::PrecisionName(o.precision), absl::StrJoin(o.tps, ", ").c_str());
   absl::StatusOr<loom::scheduler::v1::Profile> profile =
       loom::sched::ProfileModules(model->config, *ops, o);
   if (!profile.ok()) return profile.status();
@@ -199,15 +212,44 @@ absl::StatusOr<std::string> ProfileJob(const loom::job::v1::JobConfig& job,
   if (auto s = google::protobuf::util::MessageToJsonString(*profile, &json, print); !s.ok()) {
     return absl::InternalError(std::string(s.message()));
   }
-  if (absl::Status s = loom::MakeDirectories(run_dir); !s.ok()) return s;
+  return loom::WriteFileAtomically(path, json + "\n");
+}
+
+// --profile auto: ProfileJobTo in a child loom-up; <run_dir>/profile.json.
+absl::StatusOr<std::string> ProfileJob(const loom::job::v1::JobConfig& job,
+                                       const std::string& run_dir) {
+  if (absl::Status s = loom::MakeDirectories(run_dir + "/logs"); !s.ok()) return s;
+  const std::string config = std::filesystem::absolute(run_dir + "/profile-job.json").string();
   const std::string path = std::filesystem::absolute(run_dir + "/profile.json").string();
-  if (absl::Status s = loom::WriteFileAtomically(path, json + "\n"); !s.ok()) return s;
+  const std::string log = run_dir + "/logs/loom-up-profile.log";
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  std::string text;
+  if (auto s = google::protobuf::util::MessageToJsonString(job, &text, print); !s.ok()) {
+    return absl::InternalError(std::string(s.message()));
+  }
+  if (absl::Status s = loom::WriteFileAtomically(config, text + "\n"); !s.ok()) return s;
+  std::fprintf(info, "loom up: profiling the job's modules first (--profile auto; %s)\n",
+               log.c_str());
+  std::fflush(info);
+  absl::StatusOr<std::unique_ptr<loom::Subprocess>> child = loom::Subprocess::Start(
+      {"/proc/self/exe", "--config=" + config, "--run_dir=" + run_dir, "--profile_only=" + path},
+      log);
+  if (!child.ok()) return child.status();
+  absl::StatusOr<int> st = (*child)->Wait(absl::Minutes(30));
+  if (!st.ok() || loom::DescribeWaitStatus(*st) != "exit 0") {
+    return absl::InternalError("the profile failed:\n" + (*child)->ReadLog());
+  }
+  absl::StatusOr<loom::scheduler::v1::Profile> profile = loom::sched::ReadProfile(path);
+  if (!profile.ok()) return profile.status();
   std::fprintf(info,
-               "loom up: profile written to %s: %.4g s a tile (largest misfit %.1f%%), %.4g s a "
-               "token + %.4g s a squared token (%.1f%%); loom-scheduler prices the job by it\n",
-               path.c_str(), profile->encoder_per_tile(), 100 * profile->encoder_max_residual(),
-               profile->llm_per_token(), profile->llm_per_token_sq(),
-               100 * profile->llm_max_residual());
+               "loom up: profile of %s on %s in %s at TP %d written to %s: %.4g s a tile "
+               "(largest misfit %.1f%%), %.4g s a token + %.4g s a squared token (%.1f%%); "
+               "loom-scheduler prices the job by it\n",
+               profile->model().c_str(), profile->device().c_str(), profile->precision().c_str(),
+               profile->tp(), path.c_str(), profile->encoder_per_tile(),
+               100 * profile->encoder_max_residual(), profile->llm_per_token(),
+               profile->llm_per_token_sq(), 100 * profile->llm_max_residual());
   return path;
 }
 
@@ -600,6 +642,12 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_llm_pp) != 0)
     job.mutable_parallel()->set_llm_pp(absl::GetFlag(FLAGS_llm_pp));
   if (absl::Status s = loom::ValidateJob(job); !s.ok()) return Fail(std::string(s.message()));
+  if (const std::string out = absl::GetFlag(FLAGS_profile_only); !out.empty()) {
+    if (absl::Status s = ProfileJobTo(job, out); !s.ok()) {
+      return Fail("--profile_only: " + std::string(s.message()));
+    }
+    return 0;
+  }
 
   loom::LauncherOptions o;
   o.bin_dir = bin_dir;

@@ -1,5 +1,6 @@
 #include "runtime/scheduling/gpu_kinds.h"
 
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -86,11 +87,11 @@ absl::StatusOr<std::vector<GpuKind>> ParseGpuKinds(const std::string& json_text)
          {&count, &tflops, &memory, &price, &per_node, &intra, &inter}) {
       if (!x->ok()) return x->status();
     }
-    if (*count < 1 || *count != static_cast<int>(*count) || *per_node < 1 ||
-        *per_node != static_cast<int>(*per_node)) {
+    const auto whole = [](double x) { return x >= 1 && x <= 1 << 30 && x == std::floor(x); };
+    if (!whole(*count) || !whole(*per_node)) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": count ", *count,
                                                      " and gpus_per_node ", *per_node,
-                                                     " must be whole numbers >= 1"));
+                                                     " must be whole numbers from 1 to 2^30"));
     }
     if (!(*tflops > 0) || !(*memory > 0) || !(*intra > 0) || !(*inter > 0) || !(*price >= 0)) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -28,11 +28,12 @@ namespace loom::sched {
 
 // The kinds of `json_text`. INVALID_ARGUMENT naming the kind and the field
 // for text that is not JSON, a missing or mistyped field, a field not
-// listed above, a count below 1, a peak or memory not above 0, a negative
-// price, or a name given twice.
+// listed above, a count or gpus_per_node not a whole number from 1 to
+// 2^30, a peak, memory or link not above 0, a negative price, or a name
+// given twice.
 absl::StatusOr<std::vector<GpuKind>> ParseGpuKinds(const std::string& json_text);
 
-// ParseGpuKinds of the file at `path` (NOT_FOUND when it cannot be read).
+// ParseGpuKinds of the file at `path` (NOT_FOUND when there is none).
 absl::StatusOr<std::vector<GpuKind>> ReadGpuKinds(const std::string& path);
 
 }  // namespace loom::sched

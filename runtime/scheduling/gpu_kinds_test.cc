@@ -53,10 +53,13 @@ TEST(GpuKindsTest, BadFilesAreNamed) {
             "\"count\" is not a number"},
            {"{\"kinds\": [{\"name\": \"A\", \"count\": 0, \"tflops\": 1, \"memory_gib\": 1, "
             "\"price_per_hour\": 1}]}",
-            "whole numbers >= 1"},
+            "whole numbers from 1 to 2^30"},
            {"{\"kinds\": [{\"name\": \"A\", \"count\": 2.5, \"tflops\": 1, \"memory_gib\": 1, "
             "\"price_per_hour\": 1}]}",
-            "whole numbers >= 1"},
+            "whole numbers from 1 to 2^30"},
+           {"{\"kinds\": [{\"name\": \"A\", \"count\": 1e10, \"tflops\": 1, \"memory_gib\": 1, "
+            "\"price_per_hour\": 1}]}",
+            "whole numbers from 1 to 2^30"},
            {"{\"kinds\": [{\"name\": \"A\", \"count\": 8, \"tflops\": 1, \"memory_gib\": 1, "
             "\"price_per_hour\": -1}]}",
             "price_per_hour >= 0"},
@@ -75,7 +78,7 @@ TEST(GpuKindsTest, BadFilesAreNamed) {
         << c.text << ": " << kinds.status();
   }
   absl::StatusOr<std::vector<GpuKind>> missing = ReadGpuKinds("/nonexistent/kinds.json");
-  EXPECT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
 }
 
 }  // namespace

@@ -118,9 +118,10 @@ ProfileOptions SmallGrid() {
   return o;
 }
 
-// bf16 mixed precision: the layers' bf16 path is what is timed, and the
-// profile says so. Its products round to bf16, so a bin's time is not the
-// fp32 one's; only that the grid ran and fitted is asserted.
+// bf16 mixed precision: the option reaches the profile (its label) and the
+// grid runs on the layers' bf16 path. That the path rounds as bf16 is the
+// precision tests' (precision_training_test); a bin's time is no evidence
+// (timings are not asserted).
 TEST(ProfileTest, Bf16IsProfiledAsSuch) {
   absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
   ASSERT_TRUE(model.ok());

@@ -364,6 +364,11 @@ int Plan(const BatchFile& batch) {
   }
   if (!candidates.ok()) return Fail(candidates.status());
   if (const std::string path = absl::GetFlag(FLAGS_profile); !path.empty()) {
+    if (!kinds.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--profile: a profile measures one device, and --gpu_kinds plans on several; plan "
+          "without it (the kinds' spec figures price them)"));
+    }
     if (macro_batches == 0) {
       return Fail(absl::InvalidArgumentError(
           "--profile: the macro-batches choose among the profiled candidates: set "
@@ -392,6 +397,26 @@ int Plan(const BatchFile& batch) {
     std::vector<scheduler::v1::IterationDistribution> each;
     plan = ChooseOverMacroBatches(*candidates, shapes, m, &each);
     if (!plan.ok()) return Fail(plan.status());
+    if (absl::GetFlag(FLAGS_minimise_cost)) {
+      // The least cost per sample over the macro-batches (the cost an hour
+      // times the mean simulated iteration), within the iteration bound.
+      const double bound = absl::GetFlag(FLAGS_max_iteration_seconds);
+      int cheapest = -1;
+      for (size_t i = 0; i < each.size(); ++i) {
+        if (bound > 0 && each[i].mean() > bound) continue;
+        const auto cost = [&](size_t j) {
+          return (*candidates)[j].cost_per_hour() * each[j].mean();
+        };
+        if (cheapest < 0 || cost(i) < cost(cheapest)) cheapest = static_cast<int>(i);
+      }
+      if (cheapest < 0) {
+        return Fail(absl::ResourceExhaustedError(absl::StrCat(
+            "--max_iteration_seconds ", bound, ": no candidate's mean simulated iteration over ",
+            macro_batches, " macro-batches is within it")));
+      }
+      plan = (*candidates)[cheapest];
+      *plan->mutable_simulated() = each[cheapest];
+    }
     for (size_t i = 0; i < each.size(); ++i) {
       const scheduler::v1::IterationDistribution& d = each[i];
       std::fprintf(stderr,

@@ -159,10 +159,20 @@ cat > "$dir/kinds.json" <<'EOF'
    "intra_node_gb_per_s": 32, "inter_node_gbps": 200,
    "node_selector": {"nvidia.com/gpu.product": "NVIDIA-L40S"}}]}
 EOF
-for goal in "" --minimise_cost; do
-  "$sched" plan --batch "$dir/scan.jsonl" --gpu_kinds "$dir/kinds.json" $goal --global_batch 512 \
+# The fastest plan first; then the cheapest per sample within 1.25x its
+# simulated iteration, which costs no more per sample and keeps the bound
+# (over the same macro-batches).
+for goal in fastest cheapest; do
+  args=()
+  if [ "$goal" = cheapest ]; then
+    bound=$($py -c 'import json, sys; print(1.25 * json.load(open(sys.argv[1]))["simulated"]["mean"])' \
+      "$dir/fastest-plan.json")
+    args=(--minimise_cost --max_iteration_seconds "$bound")
+  fi
+  "$sched" plan --batch "$dir/scan.jsonl" --gpu_kinds "$dir/kinds.json" "${args[@]}" --global_batch 512 \
     --recompute selective --output "$dir/kinds-plan.json" --values_output "$dir/kinds-values.json" \
     2> "$dir/kinds.err" || { cat "$dir/kinds.err"; fail "plan --gpu_kinds $goal"; }
+  cp "$dir/kinds-plan.json" "$dir/$goal-plan.json"
   grep -q "loom-schedule: plan: encoder on " "$dir/kinds.err" || fail "plan --gpu_kinds: its summary"
   $py - "$dir/kinds-plan.json" "$dir/kinds-values.json" helm/loom/values.schema.json "$goal" <<'PY' || fail "plan --gpu_kinds $goal"
 import json, sys
@@ -186,6 +196,13 @@ w = schema["properties"]["workers"]["properties"]
 assert set(values) == {"job", "workers"} and all(set(values["workers"][m]) <= set(w[m]["properties"]) for m in values["workers"]), values
 PY
 done
+$py - "$dir/fastest-plan.json" "$dir/cheapest-plan.json" <<'PY' || fail "plan --gpu_kinds --minimise_cost: cost and bound"
+import json, sys
+fast, cheap = (json.load(open(f)) for f in sys.argv[1:3])
+per_sample = lambda p: p["cost_per_hour"] * p["simulated"]["mean"]
+assert per_sample(cheap) <= per_sample(fast) * (1 + 1e-9), (per_sample(cheap), per_sample(fast))
+assert cheap["simulated"]["mean"] <= 1.25 * fast["simulated"]["mean"] * (1 + 1e-9), (cheap["simulated"], fast["simulated"])
+PY
 
 # A named model's plan, written as a job config, runs under `loom up` as it is.
 "$sched" plan --batch "$dir/scan.jsonl" --gpus 3 --global_batch 16 --config tiny \
@@ -292,6 +309,11 @@ expect_error "leave --gpus out" plan --batch "$dir/scan.jsonl" --gpu_kinds "$dir
 expect_error "need --gpu_kinds" plan --batch "$dir/scan.jsonl" --gpus 8 --minimise_cost
 expect_error "--recompute auto is not searched across kinds" plan --batch "$dir/scan.jsonl" \
   --gpu_kinds "$dir/kinds.json" --recompute auto
+expect_error "no plan is predicted within 1e-06 s an iteration" plan \
+  --batch "$dir/scan.jsonl" --gpu_kinds "$dir/kinds.json" --recompute selective --minimise_cost \
+  --macro_batches 4 --max_iteration_seconds 1e-6 --global_batch 512
+expect_error "--profile: a profile measures one device" plan --batch "$dir/scan.jsonl" \
+  --gpu_kinds "$dir/kinds.json" --recompute selective --profile "$dir/profile.json"
 echo '{"kinds": [{"name": "H100", "count": 0}]}' > "$dir/bad-kinds.json"
 expect_error "bad-kinds.json: GPU kind \"H100\": no \"tflops\"" plan --batch "$dir/scan.jsonl" \
   --gpu_kinds "$dir/bad-kinds.json"

@@ -123,8 +123,9 @@ TEST(LoomUpTest, RefusesAJobThatDoesNotFitItsDevices) {
 }
 
 // --profile auto: the job's modules are timed on its device before it
-// starts, the profile is written into the run folder, and loom-scheduler
-// prices the job by it (fixed costs).
+// starts (in a child loom-up, whose log says what it measured), the profile
+// is written into the run folder, and loom-scheduler prices the job by it
+// (fixed costs).
 TEST(LoomUpTest, ProfilesTheJobFirstWhenAsked) {
   const std::string run = TempPath("profiled");
   auto up = Subprocess::Start({LoomUp(), "--bin_dir=" + BinDir(), "--run_dir=" + run,
@@ -135,8 +136,9 @@ TEST(LoomUpTest, ProfilesTheJobFirstWhenAsked) {
   ASSERT_TRUE(st.ok()) << st.status();
   const std::string out = (*up)->ReadLog();
   EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << out;
-  EXPECT_NE(out.find("loom up: profiling tiny on cpu in fp32 at TP 1"), std::string::npos) << out;
-  EXPECT_NE(out.find("loom up: profile written to "), std::string::npos) << out;
+  EXPECT_NE(out.find("loom up: profile of tiny on cpu in fp32 at TP 1 written to "),
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("job loom SUCCEEDED"), std::string::npos) << out;
   std::ifstream in(run + "/profile.json");
   const std::string profile((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -146,6 +148,9 @@ TEST(LoomUpTest, ProfilesTheJobFirstWhenAsked) {
   const std::string slog((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
   EXPECT_NE(slog.find("costs from the profile, fixed"), std::string::npos) << slog;
   EXPECT_NE(slog.find("profile.json"), std::string::npos) << slog;
+  std::ifstream c(run + "/logs/loom-up-profile.log");
+  const std::string clog((std::istreambuf_iterator<char>(c)), std::istreambuf_iterator<char>());
+  EXPECT_NE(clog.find("loom up: profiling tiny on cpu in fp32 at TP 1"), std::string::npos) << clog;
 }
 
 TEST(LoomUpTest, StopsEverythingOnSigterm) {

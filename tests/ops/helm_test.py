@@ -587,11 +587,33 @@ job:
         ("init off every volume", ["-f", llava, "-f", stage2, "--set", "job.init.checkpoint=/tmp/step-1"],
          "job.init.checkpoint /tmp/step-1 is on no volume every worker mounts"),
         ("every module frozen", ["-f", llava, "--set", "job.freeze.vision=true", "--set", "job.freeze.llm=true",
-                                 "--set", "job.freeze.projector=true"], "freeze"),
+                                 "--set", "job.freeze.projector=true"], "job.freeze: Must not validate"),
+        ("init through ..", ["-f", llava, "-f", stage2, "--set",
+                             "job.init.checkpoint=/var/lib/loom/../etc/step-1"], "no .. in the path"),
     ]:
         rc, out, err = render(*args)
         check(rc != 0 and named in err, "LLaVA values: refuses %s, naming it (%s)" %
               (what, err.strip().splitlines()[-1] if err.strip() else ""))
+
+    # An extra volume both modules mount at one path holds it too.
+    shared = os.path.join(TMP, "shared-volume.yaml")
+    open(shared, "w").write("""
+storage: {checkpoints: {existingClaim: ""}}
+job: {init: {checkpoint: /shared/llava-stage1/step-2180}, checkpoint: {every: 0}}
+workers:
+  encoder: {extraVolumes: [{name: shared, persistentVolumeClaim: {claimName: team}}],
+            extraVolumeMounts: [{name: shared, mountPath: /shared}]}
+  llm: {extraVolumes: [{name: shared, persistentVolumeClaim: {claimName: team}}],
+        extraVolumeMounts: [{name: shared, mountPath: /shared}]}
+""")
+    objs = check_render("init on a shared extra volume", ["-f", llava, "-f", stage2, "-f", shared], base)
+    check_schemas("init on a shared extra volume", objs)
+    other = os.path.join(TMP, "other-mount.yaml")
+    open(other, "w").write("workers: {llm: {extraVolumeMounts: [{name: shared, mountPath: /other}]}}\n")
+    rc, out, err = render("-f", llava, "-f", stage2, "-f", shared, "-f", other)
+    check(rc != 0 and "is on no volume every worker mounts" in err,
+          "LLaVA values: refuses init on a volume only one module mounts (%s)" %
+          (err.strip().splitlines()[-1] if err.strip() else "rendered"))
 
     check_checkpoint_volume(base)
 
