@@ -29,19 +29,15 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "deploy/launcher/launcher.h"
-#include "google/protobuf/util/json_util.h"
-#include "runtime/backends/cuda/cuda_ops.h"
+#include "deploy/launcher/profile_job.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "runtime/base/runfiles.h"
 #include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/data/loader.h"
-#include "runtime/model/precision.h"
-#include "runtime/scheduling/profile.h"
 #include "services/common/chassis.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
@@ -161,96 +157,6 @@ absl::StatusOr<std::string> EnsureData(const loom::job::v1::JobConfig& job,
     return absl::InternalError("loom-datagen failed:\n" + (*gen)->ReadLog());
   }
   return glob;
-}
-
-// --profile auto, in a child loom-up (--profile_only: its CUDA context ends
-// with it, so no GPU keeps the launcher's): the job's modules timed on its
-// LLM's device, in its precision, over loom-schedule profile's default grid
-// (at least two token counts up to the model's context). On the CPU at each
-// TP the job runs a module at that the profile can measure (it divides
-// both modules' heads); on a GPU at TP 1, which loom-scheduler scales to
-// the job's TPs (and says so).
-absl::Status ProfileJobTo(const loom::job::v1::JobConfig& job, const std::string& path) {
-  absl::StatusOr<loom::hf::PretrainedModel> model = loom::JobModel(job);
-  if (!model.ok()) return model.status();
-  const std::string device = job.device().llm().empty() ? "cpu" : job.device().llm();
-  std::unique_ptr<loom::Ops> owned;
-  absl::StatusOr<loom::Ops*> ops = loom::OpsForDevice(device, &owned);
-  if (!ops.ok()) return ops.status();
-  absl::StatusOr<loom::Precision> precision =
-      loom::ParsePrecision(job.precision().empty() ? "fp32" : job.precision());
-  if (!precision.ok()) return precision.status();
-  loom::sched::ProfileOptions o;
-  o.precision = *precision;
-  o.tps = {1};
-  if (device == "cpu") {
-    o.tps.clear();
-    for (int tp : {job.parallel().llm_tp(), job.parallel().encoder_tp()}) {
-      tp = std::max(1, tp);
-      if (std::find(o.tps.begin(), o.tps.end(), tp) == o.tps.end() &&
-          loom::ValidateModelParallel(model->config, tp, 1, tp, 1).ok()) {
-        o.tps.push_back(tp);
-      }
-    }
-    if (o.tps.empty()) o.tps = {1};
-  }
-  const int context = model->config.llm.max_seq;
-  std::vector<int> tokens;
-  for (int t : o.tokens) {
-    if (t <= context) tokens.push_back(t);
-  }
-  if (tokens.size() < 2) tokens = {std::max(4, context / 8 * 4), std::max(8, context / 4 * 4)};
-  o.tokens = tokens;
-  std::printf("loom up: profiling %s on %s in %s at TP %s\n", model->config.name.c_str(),
-              device.c_str(), loom::PrecisionName(o.precision), absl::StrJoin(o.tps, ", ").c_str());
-  absl::StatusOr<loom::scheduler::v1::Profile> profile =
-      loom::sched::ProfileModules(model->config, *ops, o);
-  if (!profile.ok()) return profile.status();
-  google::protobuf::util::JsonPrintOptions print;
-  print.preserve_proto_field_names = true;
-  std::string json;
-  if (auto s = google::protobuf::util::MessageToJsonString(*profile, &json, print); !s.ok()) {
-    return absl::InternalError(std::string(s.message()));
-  }
-  return loom::WriteFileAtomically(path, json + "\n");
-}
-
-// --profile auto: ProfileJobTo in a child loom-up; <run_dir>/profile.json.
-absl::StatusOr<std::string> ProfileJob(const loom::job::v1::JobConfig& job,
-                                       const std::string& run_dir) {
-  if (absl::Status s = loom::MakeDirectories(run_dir + "/logs"); !s.ok()) return s;
-  const std::string config = std::filesystem::absolute(run_dir + "/profile-job.json").string();
-  const std::string path = std::filesystem::absolute(run_dir + "/profile.json").string();
-  const std::string log = run_dir + "/logs/loom-up-profile.log";
-  google::protobuf::util::JsonPrintOptions print;
-  print.preserve_proto_field_names = true;
-  std::string text;
-  if (auto s = google::protobuf::util::MessageToJsonString(job, &text, print); !s.ok()) {
-    return absl::InternalError(std::string(s.message()));
-  }
-  if (absl::Status s = loom::WriteFileAtomically(config, text + "\n"); !s.ok()) return s;
-  std::fprintf(info, "loom up: profiling the job's modules first (--profile auto; %s)\n",
-               log.c_str());
-  std::fflush(info);
-  absl::StatusOr<std::unique_ptr<loom::Subprocess>> child = loom::Subprocess::Start(
-      {"/proc/self/exe", "--config=" + config, "--run_dir=" + run_dir, "--profile_only=" + path},
-      log);
-  if (!child.ok()) return child.status();
-  absl::StatusOr<int> st = (*child)->Wait(absl::Minutes(30));
-  if (!st.ok() || loom::DescribeWaitStatus(*st) != "exit 0") {
-    return absl::InternalError("the profile failed:\n" + (*child)->ReadLog());
-  }
-  absl::StatusOr<loom::scheduler::v1::Profile> profile = loom::sched::ReadProfile(path);
-  if (!profile.ok()) return profile.status();
-  std::fprintf(info,
-               "loom up: profile of %s on %s in %s at TP %d written to %s: %.4g s a tile "
-               "(largest misfit %.1f%%), %.4g s a token + %.4g s a squared token (%.1f%%); "
-               "loom-scheduler prices the job by it\n",
-               profile->model().c_str(), profile->device().c_str(), profile->precision().c_str(),
-               profile->tp(), path.c_str(), profile->encoder_per_tile(),
-               100 * profile->encoder_max_residual(), profile->llm_per_token(),
-               profile->llm_per_token_sq(), 100 * profile->llm_max_residual());
-  return path;
 }
 
 std::string ProgressLine(const loom::scheduler::v1::StepReport& r,
@@ -643,7 +549,7 @@ int main(int argc, char** argv) {
     job.mutable_parallel()->set_llm_pp(absl::GetFlag(FLAGS_llm_pp));
   if (absl::Status s = loom::ValidateJob(job); !s.ok()) return Fail(std::string(s.message()));
   if (const std::string out = absl::GetFlag(FLAGS_profile_only); !out.empty()) {
-    if (absl::Status s = ProfileJobTo(job, out); !s.ok()) {
+    if (absl::Status s = loom::ProfileJobTo(job, out); !s.ok()) {
       return Fail("--profile_only: " + std::string(s.message()));
     }
     return 0;
@@ -679,7 +585,7 @@ int main(int argc, char** argv) {
   }
   o.profile = absl::GetFlag(FLAGS_profile);
   if (o.profile == "auto") {
-    absl::StatusOr<std::string> made = ProfileJob(job, run_dir);
+    absl::StatusOr<std::string> made = loom::ProfileJob(job, run_dir, info);
     if (!made.ok()) return Fail("--profile auto: " + std::string(made.status().message()));
     o.profile = *made;
   } else if (!o.profile.empty()) {

@@ -311,6 +311,16 @@ absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, 
   return profile;
 }
 
+absl::Status WriteProfile(const scheduler::v1::Profile& profile, const std::string& path) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  std::string json;
+  if (auto s = google::protobuf::util::MessageToJsonString(profile, &json, print); !s.ok()) {
+    return absl::InternalError(std::string(s.message()));
+  }
+  return WriteFileAtomically(path, json + "\n");
+}
+
 absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();

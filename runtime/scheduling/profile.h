@@ -66,6 +66,9 @@ std::vector<double> FitNonNegative(const std::vector<std::vector<double>>& x,
 // INVALID_ARGUMENT naming the file when it is not one.
 absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path);
 
+// `profile` as JSON into `path` (atomically; what ReadProfile reads).
+absl::Status WriteProfile(const scheduler::v1::Profile& profile, const std::string& path);
+
 absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan,
                           std::string* scaled_tp = nullptr);
 

@@ -168,12 +168,8 @@ int ValidateCommand() {
     profile = ProfileFromFlags(model->config, tps,
                                base->precision().empty() ? "fp32" : base->precision());
     if (!profile.ok()) return Fail(profile.status());
-    google::protobuf::util::JsonPrintOptions o;
-    o.preserve_proto_field_names = true;
-    std::string json;
-    (void)google::protobuf::util::MessageToJsonString(*profile, &json, o);
     profile_path = dir + "/profile.json";
-    if (absl::Status s = WriteFileAtomically(profile_path, json + "\n"); !s.ok()) return Fail(s);
+    if (absl::Status s = WriteProfile(*profile, profile_path); !s.ok()) return Fail(s);
   } else {
     profile = ReadProfile(profile_path);
     if (!profile.ok()) return Fail(profile.status());

@@ -27,6 +27,12 @@ std::string SmallJob() {
   return path;
 }
 
+// The text of the file at `path` ("" when there is none).
+std::string FileText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 int CountOf(const std::string& text, const std::string& word) {
   int n = 0;
   for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) ++n;
@@ -81,15 +87,12 @@ TEST(LoomUpTest, TokenCapsSkipSamplesAndRefuseABatchThatCannotFit) {
     EXPECT_EQ(out.find("replacing"), std::string::npos) << "a worker was replaced\n" << out;
     if (c.succeeds) {
       EXPECT_NE(out.find("job loom SUCCEEDED"), std::string::npos) << out;
-      std::ifstream in(run + "/logs/loom-preprocess.log");
-      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string log = FileText(run + "/logs/loom-preprocess.log");
       EXPECT_GT(CountOf(log, "\"reason\":\"over_token_cap\""), 0) << "no sample was over the cap";
       EXPECT_NE(log.find("LLM tokens, above parallel.llm_max_tokens 320"), std::string::npos);
       // Each worker logs the memory model's prediction and its measurement.
       for (const char* worker : {"loom-llm-worker-0", "loom-encoder-worker-1"}) {
-        std::ifstream w(run + "/logs/" + worker + ".log");
-        const std::string wlog((std::istreambuf_iterator<char>(w)),
-                               std::istreambuf_iterator<char>());
+        const std::string wlog = FileText(run + "/logs/" + worker + ".log");
         EXPECT_GE(CountOf(wlog, "\"msg\":\"memory\",\"src\""), 1) << worker;
         EXPECT_EQ(wlog.find("\"measured_bytes\":-1"), std::string::npos) << worker;
         EXPECT_EQ(wlog.find("\"predicted_bytes\":0,"), std::string::npos) << worker;
@@ -140,16 +143,13 @@ TEST(LoomUpTest, ProfilesTheJobFirstWhenAsked) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("job loom SUCCEEDED"), std::string::npos) << out;
-  std::ifstream in(run + "/profile.json");
-  const std::string profile((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string profile = FileText(run + "/profile.json");
   EXPECT_NE(profile.find("\"points\""), std::string::npos) << profile;
   EXPECT_NE(profile.find("\"llm_per_token\""), std::string::npos) << profile;
-  std::ifstream s(run + "/logs/loom-scheduler.log");
-  const std::string slog((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+  const std::string slog = FileText(run + "/logs/loom-scheduler.log");
   EXPECT_NE(slog.find("costs from the profile, fixed"), std::string::npos) << slog;
   EXPECT_NE(slog.find("profile.json"), std::string::npos) << slog;
-  std::ifstream c(run + "/logs/loom-up-profile.log");
-  const std::string clog((std::istreambuf_iterator<char>(c)), std::istreambuf_iterator<char>());
+  const std::string clog = FileText(run + "/logs/loom-up-profile.log");
   EXPECT_NE(clog.find("loom up: profiling tiny on cpu in fp32 at TP 1"), std::string::npos) << clog;
 }
 
