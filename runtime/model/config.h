@@ -31,13 +31,17 @@ struct VitConfig {
   bool final_norm = true;    // LayerNorm after the last layer (LLaVA's features have none)
   kernels::Activation act = kernels::Activation::kGeluTanh;  // the MLP's
   float norm_eps = 1e-5f;                                    // kernels::kLayerNormEps
+  // Rows per tile that the caller hands in before the patches (after the
+  // class token), not in the output: the generator's timestep and
+  // condition tokens (generator.h). 0 for the encoders.
+  int prefix = 0;
 
   int grid() const { return tile_size / patch; }
   int patches_per_tile() const { return grid() * grid(); }
   int patch_dim() const { return 3 * patch * patch; }
   // Rows per tile inside the encoder (and between its pipeline stages): the
-  // patches and the class token.
-  int seq() const { return patches_per_tile() + (class_token ? 1 : 0); }
+  // class token, the prefix and the patches.
+  int seq() const { return patches_per_tile() + (class_token ? 1 : 0) + prefix; }
 };
 
 struct ProjectorConfig {

@@ -64,7 +64,7 @@ VitEncoder::VitEncoder(const VitConfig& c, Communicator* tp, LayerRange layers, 
   cu_dev_.set_backend(ops_->backend());
 }
 
-absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
+absl::Status VitEncoder::Forward(const float* in, int N, float* out, const float* prefix) {
   const VitConfig& c = config_;
   const bool narrow = params_.precision() == Precision::kBf16;  // ActivationStash
   // Per rank: NH heads (A = NH * HD of attention width), H hidden units; the
@@ -88,9 +88,17 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out) {
     emb.resize(static_cast<size_t>(N) * Np * D);
     ops_->linear_forward(emb.data(), patches_.data(), params_.weight(patch_w_), Param(patch_b_),
                          N * Np, c.patch_dim(), D);
+    LOOM_CHECK(c.prefix == 0 || prefix != nullptr)
+        << "the ViT takes " << c.prefix << " prefix rows per tile, none given";
+    const int cls = c.class_token ? 1 : 0;
     for (int n = 0; n < N; ++n) {
       float* tile = x.data() + static_cast<size_t>(n) * L * D;
       if (c.class_token) ops_->copy(tile, params_.param(cls_), D);
+      if (c.prefix > 0) {
+        ops_->copy(tile + static_cast<size_t>(cls) * D,
+                   prefix + static_cast<size_t>(n) * c.prefix * D,
+                   static_cast<int64_t>(c.prefix) * D);
+      }
       ops_->copy(tile + (L - Np) * D, emb.data() + static_cast<size_t>(n) * Np * D,
                  static_cast<int64_t>(Np) * D);
     }
@@ -203,7 +211,7 @@ void VitEncoder::Attach(SavedActivations* saved) {
   cu_.swap(saved->host_ints);
 }
 
-absl::Status VitEncoder::Backward(const float* dout, float* din) {
+absl::Status VitEncoder::Backward(const float* dout, float* din, float* dprefix) {
   const VitConfig& c = config_;
   const bool narrow = params_.precision() == Precision::kBf16;  // ActivationStash
   const int Np = c.patches_per_tile(), L = c.seq(), D = c.dim, HD = c.dim / c.heads, NH = heads_,
@@ -212,8 +220,9 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
   const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
 
   // A frozen first stage has no weight gradients and no input to hand a
-  // gradient to: nothing to compute (the workers do not even call it).
-  if (params_.frozen() && first_stage()) return absl::OkStatus();
+  // gradient to (unless its prefix's is asked for): nothing to compute (the
+  // workers do not even call it).
+  if (params_.frozen() && first_stage() && dprefix == nullptr) return absl::OkStatus();
   Buffer<float> dx(ops_->backend());  // gradient w.r.t. the residual stream
   dx.Zeros(TD);
   if (last_stage()) {
@@ -300,6 +309,15 @@ absl::Status VitEncoder::Backward(const float* dout, float* din) {
                              x0_.data(), params_.param(lnp_w_), mean0_.data(), rstd0_.data(), T, D);
     dx.swap(dx0);
   }
+  const int cls = c.class_token ? 1 : 0;
+  if (dprefix != nullptr && c.prefix > 0) {
+    for (int n = 0; n < N; ++n) {
+      ops_->copy(dprefix + static_cast<size_t>(n) * c.prefix * D,
+                 dx.data() + (static_cast<size_t>(n) * L + cls) * D,
+                 static_cast<int64_t>(c.prefix) * D);
+    }
+  }
+  if (params_.frozen()) return absl::OkStatus();
   ops_->add_position_backward(params_.grad(pos_), dx.data(), N, L, D);
   Buffer<float> demb(ops_->backend());
   demb.resize(static_cast<size_t>(N) * Np * D);

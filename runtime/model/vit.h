@@ -58,11 +58,15 @@ class VitEncoder {
   // previous stage's output (N * seq, D) on the others -> out (N * seq, D)
   // on a stage before the last, (N * Np, D) on the last (seq = Np + the class
   // token: VitConfig::seq()).
+  // `prefix` (first stage, config().prefix > 0): (N, prefix, D) rows placed
+  // in each tile before its patches (positions added to them too).
   // Errors only from the TP group's collectives.
-  absl::Status Forward(const float* in, int N, float* out);
+  absl::Status Forward(const float* in, int N, float* out, const float* prefix = nullptr);
   // dout, shaped as the last Forward's out; accumulates parameter gradients;
-  // a stage after the first writes its input gradient to `din` (N * seq, D).
-  absl::Status Backward(const float* dout, float* din = nullptr);
+  // a stage after the first writes its input gradient to `din` (N * seq, D),
+  // the first its prefix rows' gradient to `dprefix` (N, prefix, D) when
+  // given (also when its parameters are frozen).
+  absl::Status Backward(const float* dout, float* din = nullptr, float* dprefix = nullptr);
 
   // Recompute::kSelective (precision.h): the layers keep no LayerNorm or
   // GELU outputs; Backward computes them again from the kept inputs and

@@ -1,0 +1,119 @@
+// The modality generator: a DiT-style denoiser over an output image's
+// pixel-space patches, conditioned on the LLM's hidden states at the query
+// positions it appends for the image (in-context, as a prefix: DiT's
+// "in-context conditioning", MetaQuery's queries), trained by rectified
+// flow.
+//
+//   x_t = (1 - t) x0 + t ε                        (x0 the image, ε ~ N(0, 1))
+//   c_t = W2 act(W1 sinusoid(1000 t) + b1) + b2   (one timestep token)
+//   c_q = Wc h_q + bc                             (Q tokens from the LLM's h_q)
+//   v̂   = head(ViT([c_t, c_q..., patches(x_t)]))  (the patches' rows only)
+//   loss = Σ_images mean over pixels (v̂ - (ε - x0))²
+//
+// The ViT is the encoder's (vit.h: pre-LN blocks, full attention within an
+// image, learned positions over every row, final LayerNorm) with
+// VitConfig::prefix = 1 + Q. t and ε come from the caller (DrawGeneration
+// gives them from the seed, the step and the sample), so a step is exactly
+// repeatable on any layout. Sampling integrates dx/dt = v̂ from t = 1 (noise)
+// to t = 0 by Euler steps.
+//
+// Tensor parallelism: the ViT's (its own); the timestep MLP, the condition
+// projection and the head are replicated. Precision: the parameters'
+// (ParamSet::Place), as in the other modules.
+#ifndef LOOM_RUNTIME_MODEL_GENERATOR_H_
+#define LOOM_RUNTIME_MODEL_GENERATOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/comm/collective.h"
+#include "runtime/model/config.h"
+#include "runtime/model/ops.h"
+#include "runtime/model/params.h"
+#include "runtime/model/vit.h"
+#include "runtime/tensor/buffer.h"
+
+namespace loom {
+
+struct GeneratorConfig {
+  // The denoiser: tile_size is the output image's side, patch its patches;
+  // prefix is set to 1 + queries by the generator.
+  VitConfig denoiser;
+  int queries = 4;             // Q: LLM query positions per output image
+  int cond_dim = 64;           // the LLM's hidden size
+  int time_freqs = 32;         // sinusoidal features of the timestep (even)
+  float time_scale = 1000.0f;  // t in [0, 1] scaled as DiT's integer steps
+
+  int pixels() const { return 3 * denoiser.tile_size * denoiser.tile_size; }
+};
+
+// The generator half of a small config for this CPU: 16 × 16 images of 4 × 4
+// patches, conditioned on `cond_dim` hidden states.
+GeneratorConfig TinyGeneratorConfig(int cond_dim);
+
+// One microbatch's output images, on the host.
+struct GeneratorBatch {
+  int N = 0;                  // images
+  std::vector<float> images;  // (N, 3, S, S) normalised pixels: x0
+  std::vector<float> noise;   // (N, 3, S, S): ε
+  std::vector<float> t;       // (N) in [0, 1]
+};
+
+// The timestep (uniform in (0, 1)) and noise (standard normal, `pixels`
+// values) of one output image, from the job's seed, the step and the
+// sample's id and image index: the same on every layout and rank.
+struct GenerationDraw {
+  float t = 0;
+  std::vector<float> noise;
+};
+GenerationDraw DrawGeneration(uint64_t seed, int64_t step, uint64_t sample, int image, int pixels);
+
+class Generator {
+ public:
+  // `tp` (not owned; null for one rank), `ops` (not owned) as the ViT's.
+  explicit Generator(const GeneratorConfig& config, Communicator* tp = nullptr,
+                     Ops* ops = CpuOps());
+
+  const GeneratorConfig& config() const { return config_; }
+  // Its own tensors (timestep MLP, condition projection, head) and the
+  // denoiser's.
+  ParamSet& params() { return params_; }
+  ParamSet& denoiser_params() { return vit_.params(); }
+
+  // `cond`: (N · Q, cond_dim) hidden states in ops' backend's memory. Keeps
+  // what Backward needs. INVALID_ARGUMENT when the batch's sizes do not
+  // match the config.
+  absl::Status Forward(const GeneratorBatch& batch, const float* cond);
+  // The last Forward's Σ over images of the mean squared error over pixels.
+  double LossSum() const { return loss_sum_; }
+  // Accumulates parameter gradients of loss_sum · grad_scale, and adds the
+  // condition's gradient to `dcond` (N · Q, cond_dim) when given.
+  absl::Status Backward(float grad_scale, float* dcond);
+
+  // The velocity v̂ (N, 3, S, S) for images x_t at times t, on the host:
+  // one Euler step's evaluation (no state kept for a backward).
+  absl::StatusOr<std::vector<float>> Velocity(const std::vector<float>& x_t,
+                                              const std::vector<float>& t, const float* cond,
+                                              int N);
+
+ private:
+  absl::Status Run(const std::vector<float>& x_t, const std::vector<float>& t, const float* cond,
+                   int N);
+
+  GeneratorConfig config_;
+  Ops* ops_;
+  VitEncoder vit_;
+  ParamSet params_;
+  int t1_w_, t1_b_, t2_w_, t2_b_, c_w_, c_b_, head_w_, head_b_;
+  int N_ = 0;
+  double loss_sum_ = 0;
+  // On ops_'s backend: the timestep features, the MLP's hidden and its
+  // activation, the condition, the ViT's output, the prediction's error.
+  Buffer<float> freqs_, th_, tg_, cond_, y_, err_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_MODEL_GENERATOR_H_
