@@ -238,7 +238,8 @@ int64_t LlmLayerWeights(const LlmConfig& c) {
 int64_t LlmParameterCount(const LlmConfig& c) {
   const int64_t D = c.dim, table = static_cast<int64_t>(c.vocab) * D;
   const int64_t block = 2 * D + LlmLayerWeights(c) + (c.qkv_bias ? c.qkv_rows() : 0);
-  return table + c.layers * block + D + (c.tie_embeddings ? 0 : table);
+  return table + c.layers * block + D + (c.tie_embeddings ? 0 : table) +
+         static_cast<int64_t>(c.gen_queries) * D;
 }
 
 std::vector<float> RopeInvFreq(const LlmConfig& c) {

@@ -79,6 +79,11 @@ struct LlmConfig {
   bool qkv_bias = false;        // biases on q, k and v (Qwen2)
   bool tie_embeddings = false;  // lm_head is the embedding table (written once)
   RopeScaling rope_scaling;
+  // Learned query embeddings for a generator after the LLM (generator.h):
+  // Q rows ("gen_queries") fill each output image's Q query positions
+  // (token kQueryToken), whose final hidden states condition the generator.
+  // 0: no generator.
+  int gen_queries = 0;
 
   int kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int hd() const { return head_dim > 0 ? head_dim : dim / heads; }

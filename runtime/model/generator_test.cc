@@ -12,6 +12,7 @@
 #include "kernels/testing/gradcheck.h"
 #include "kernels/testing/tolerances.h"
 #include "runtime/comm/comm_testing.h"
+#include "runtime/model/llm.h"
 
 namespace loom {
 namespace {
@@ -181,6 +182,59 @@ TEST(GeneratorTest, DescentOnABatchLowersItsLoss) {
   }
   EXPECT_LT(losses.back(), 0.5 * losses.front())
       << "first " << losses.front() << ", last " << losses.back();
+}
+
+// The LLM's query positions: two output images of Q = 2 queries each among
+// text; f = the LM loss + Σ w ⊙ query_states. The learned queries' and a
+// layer's gradients, with dquery = w, match finite differences of f, and
+// the query rows carry no loss.
+TEST(GeneratorTest, TheLlmsQueryPositionsAreTrainedThroughTheirStates) {
+  LlmConfig c;
+  c.vocab = 16;
+  c.dim = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.ffn_hidden = 12;
+  c.gen_queries = 2;
+  Llm llm(c);
+  llm.params().Initialize(kSeed);
+  // Queries of O(1), not the initial 0.02: a step of h = 1e-2 on so short a
+  // row would swing its RMSNorm far outside the linear range.
+  {
+    const int q = llm.params().Find("gen_queries");
+    const std::vector<float> v = testing::RandomVector(llm.params().spec(q).numel, 8);
+    std::copy(v.begin(), v.end(), llm.params().param(q));
+  }
+  LlmBatch b;
+  b.tokens = {3, 4, kQueryToken, kQueryToken, 5, 6, 7, kQueryToken, kQueryToken};
+  b.targets = {4, -1, -1, -1, 6, 7, -1, -1, -1};
+  b.positions = {0, 1, 2, 3, 0, 1, 2, 3, 4};
+  b.cu_seqlens = {0, 4, 9};
+  EXPECT_EQ(b.query_positions(), 4);
+  EXPECT_EQ(b.image_positions(), 0);
+  const std::vector<float> w = testing::RandomVector(4 * c.dim, 3);
+  auto f = [&] {
+    EXPECT_TRUE(llm.Forward(b, nullptr).ok());
+    const absl::StatusOr<kernels::LossSum> l = llm.Loss();
+    EXPECT_TRUE(l.ok());
+    return l->sum + testing::WeightedSum(llm.query_states().ToHost(), w);
+  };
+  f();
+  EXPECT_EQ(llm.query_states().size(), static_cast<size_t>(4 * c.dim));
+  llm.params().ZeroGrad();
+  ASSERT_TRUE(llm.Backward(1.0f, nullptr, nullptr, nullptr, w.data()).ok());
+  for (const char* name : {"gen_queries", "layers.0.attn.qkv.weight", "norm.weight"}) {
+    const int i = llm.params().Find(name);
+    ASSERT_GE(i, 0) << name;
+    const std::vector<float> analytic(llm.params().grad(i),
+                                      llm.params().grad(i) + llm.params().spec(i).numel);
+    double norm = 0;
+    for (float g : analytic) norm += std::abs(g);
+    EXPECT_GT(norm, 0) << name;
+    EXPECT_TRUE(testing::CheckGradient(f, llm.params().param(i), analytic.data(), analytic.size(),
+                                       32, 1e-2f, testing::kFiniteDifferenceModelF32))
+        << name;
+  }
 }
 
 }  // namespace

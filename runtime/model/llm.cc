@@ -12,7 +12,13 @@ using parallel::AllReduceTp;
 
 int LlmBatch::image_positions() const {
   int n = 0;
-  for (int32_t t : tokens) n += t < 0;
+  for (int32_t t : tokens) n += t == kImageToken;
+  return n;
+}
+
+int LlmBatch::query_positions() const {
+  int n = 0;
+  for (int32_t t : tokens) n += t == kQueryToken;
   return n;
 }
 
@@ -41,6 +47,9 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
                 QKV = c.qkv_rows();
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * std::max(1, c.layers));
   if (first_stage()) wte_ = params_.Add("wte", {V, D}, Init::kNormal, std, Split::kRows);
+  if (first_stage() && c.gen_queries > 0) {
+    queries_ = params_.Add("gen_queries", {c.gen_queries, D}, Init::kNormal, std);
+  }
   for (int l = first_; l < last_; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerIds id;
@@ -68,8 +77,10 @@ Llm::Llm(const LlmConfig& c, Communicator* tp, LayerRange layers, Ops* ops)
   work_.Bind(ops_->backend());
   stash_.resize(ids_.size());
   for (ActivationStash& st : stash_) st.Bind(ops_->backend());
-  for (Buffer<float>* b : {&xf_, &rf_, &rrf_, &logits_}) b->set_backend(ops_->backend());
-  for (Buffer<int32_t>* b : {&tokens_, &targets_, &positions_, &cu_, &image_rows_}) {
+  for (Buffer<float>* b : {&xf_, &rf_, &rrf_, &logits_, &query_states_}) {
+    b->set_backend(ops_->backend());
+  }
+  for (Buffer<int32_t>* b : {&tokens_, &targets_, &positions_, &cu_, &image_rows_, &query_rows_}) {
     b->set_backend(ops_->backend());
   }
 }
@@ -94,6 +105,15 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   cu_.CopyFromHost(b.cu_seqlens.data(), b.cu_seqlens.size());
   const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
                TW = static_cast<size_t>(T) * W;
+  // The query positions: Q per output image, in order.
+  std::vector<int32_t> qrows;
+  for (int t = 0; t < T; ++t) {
+    if (b.tokens[t] == kQueryToken) qrows.push_back(t);
+  }
+  const int Q = c.gen_queries, nq = static_cast<int>(qrows.size());
+  LOOM_CHECK(nq == 0 || (Q > 0 && nq % Q == 0))
+      << nq << " query positions; the LLM has " << Q << " per output image";
+  query_rows_.CopyFromHost(qrows.data(), qrows.size());
   Buffer<float> x(ops_->backend());
   x.Zeros(TC);
   if (!first_stage()) {
@@ -108,13 +128,23 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     // The image embeddings into their rows, in one launch.
     std::vector<int32_t> rows;
     for (int t = 0; t < T; ++t) {
-      if (b.tokens[t] < 0) rows.push_back(t);
+      if (b.tokens[t] == kImageToken) rows.push_back(t);
     }
     image_rows_.resize(0);
     if (!rows.empty()) {
       LOOM_CHECK(image_emb != nullptr) << "image positions but no image embeddings";
       image_rows_.CopyFromHost(rows.data(), rows.size());
       ops_->scatter_rows(x.data(), image_emb, image_rows_.data(), static_cast<int>(rows.size()), C);
+    }
+    // Each output image's query rows take the learned queries.
+    if (nq > 0) {
+      Buffer<float> q(ops_->backend());
+      q.resize(static_cast<size_t>(nq) * C);
+      for (int k = 0; k < nq / Q; ++k) {
+        ops_->copy(q.data() + static_cast<size_t>(k) * Q * C, params_.param(queries_),
+                   static_cast<int64_t>(Q) * C);
+      }
+      ops_->scatter_rows(x.data(), q.data(), query_rows_.data(), nq, C);
     }
   }
   for (size_t l = 0; l < ids_.size(); ++l) {
@@ -170,6 +200,8 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   rf_.resize(TC);
   rrf_.resize(T);
   ops_->rmsnorm_forward(rf_.data(), rrf_.data(), xf_.data(), params_.param(rmsf_), T, C, eps);
+  query_states_.Zeros(static_cast<size_t>(nq) * C);
+  if (nq > 0) ops_->gather_add_rows(query_states_.data(), rf_.data(), query_rows_.data(), nq, C);
   logits_.resize(static_cast<size_t>(T) * V);
   ops_->linear_forward(logits_.data(), rf_.data(), params_.weight(lm_head_), nullptr, T, C, V);
   return absl::OkStatus();
@@ -177,11 +209,11 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
 
 SavedActivations::Lists Llm::ForwardState() {
   SavedActivations::Lists l;
-  l.floats = {&xf_, &rf_, &rrf_, &logits_};
+  l.floats = {&xf_, &rf_, &rrf_, &logits_, &query_states_};
   for (LayerActs& a : acts_) {
     for (Buffer<float>* b : a.All()) l.floats.push_back(b);
   }
-  l.ints = {&tokens_, &targets_, &positions_, &cu_, &image_rows_};
+  l.ints = {&tokens_, &targets_, &positions_, &cu_, &image_rows_, &query_rows_};
   for (ActivationStash& st : stash_) l.stashes.push_back(&st);
   return l;
 }
@@ -206,7 +238,7 @@ absl::StatusOr<LossSum> Llm::Loss() const {
 }
 
 absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const float* doutput,
-                                      float* dinput) {
+                                      float* dinput, const float* dquery) {
   const LlmConfig& c = config_;
   const bool narrow = params_.precision() == Precision::kBf16;  // ActivationStash
   const LlmBatch& b = *batch_;
@@ -230,6 +262,14 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     ops_->linear_backward(dtmp.data(), params_.grad(lm_head_), nullptr, dlogits.data(), rf_.data(),
                           params_.weight(lm_head_), T, C, V);
     if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
+    // The generator's gradient at the query rows (whole on every TP rank).
+    const int nq = static_cast<int>(query_rows_.size());
+    if (dquery != nullptr && nq > 0) {
+      Buffer<float> rows(ops_->backend());
+      rows.Zeros(TC);
+      ops_->scatter_rows(rows.data(), dquery, query_rows_.data(), nq, C);
+      ops_->add(dtmp.data(), rows.data(), static_cast<int64_t>(TC));
+    }
     ops_->rmsnorm_backward(dx.data(), params_.grad(rmsf_), dtmp.data(), xf_.data(),
                            params_.param(rmsf_), rrf_.data(), T, C);
   } else {
@@ -298,6 +338,16 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
   if (!params_.frozen()) {
     parallel::VocabParallelEmbeddingBackward(ops_, params_.grad(wte_), dx.data(), tokens_.data(), T,
                                              C, vocab_start_, V);
+    const int nq = static_cast<int>(query_rows_.size()), Q = c.gen_queries;
+    if (nq > 0) {  // every output image's queries are the same rows
+      Buffer<float> dq(ops_->backend());
+      dq.Zeros(static_cast<size_t>(nq) * C);
+      ops_->gather_add_rows(dq.data(), dx.data(), query_rows_.data(), nq, C);
+      for (int k = 0; k < nq / Q; ++k) {
+        ops_->add(params_.grad(queries_), dq.data() + static_cast<size_t>(k) * Q * C,
+                  static_cast<int64_t>(Q) * C);
+      }
+    }
   }
   if (dimage_emb != nullptr && !image_rows_.empty()) {
     ops_->gather_add_rows(dimage_emb, dx.data(), image_rows_.data(),

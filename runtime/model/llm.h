@@ -53,15 +53,21 @@
 
 namespace loom {
 
+// The token values that are not text: an image-token slot (the projector's
+// rows fill it) and a generator query position (LlmConfig::gen_queries).
+inline constexpr int32_t kImageToken = -1;
+inline constexpr int32_t kQueryToken = -2;
+
 // One packed microbatch for the LLM.
 struct LlmBatch {
-  std::vector<int32_t> tokens;      // (T) token ids; -1 at image positions
+  std::vector<int32_t> tokens;      // (T) token ids; -1 at image positions, -2 at query positions
   std::vector<int32_t> targets;     // (T) the next token, or -1: no loss here
   std::vector<int32_t> positions;   // (T) RoPE positions, restarting per sample
   std::vector<int32_t> cu_seqlens;  // (S + 1) sample boundaries
   int T() const { return static_cast<int>(tokens.size()); }
   int S() const { return static_cast<int>(cu_seqlens.size()) - 1; }
   int image_positions() const;  // how many tokens are -1
+  int query_positions() const;  // how many tokens are -2
 };
 
 class Llm {
@@ -93,16 +99,21 @@ class Llm {
   // memory of ops' backend.
   const Buffer<float>& output() const { return xf_; }
 
+  // (query_positions, C): the final norm's output at the query positions,
+  // in order (last stage; empty without them), in the memory of ops'
+  // backend: the generator's condition.
+  const Buffer<float>& query_states() const { return query_states_; }
   // Loss of the last Forward, no gradient (last stage).
   absl::StatusOr<kernels::LossSum> Loss() const;
   // Backward through this stage's layers: parameter gradients +=. The last
   // stage starts from the loss (returned); the others from `doutput` (T, C),
   // the next stage's input gradient (their loss is zero). The first stage
   // ends with dimage_emb (image_positions, C) += (may be null), the others
-  // write `dinput` (T, C).
+  // write `dinput` (T, C). `dquery` (last stage; may be null): the
+  // gradient of query_states() from the generator, already scaled.
   absl::StatusOr<kernels::LossSum> Backward(float grad_scale, float* dimage_emb,
-                                            const float* doutput = nullptr,
-                                            float* dinput = nullptr);
+                                            const float* doutput = nullptr, float* dinput = nullptr,
+                                            const float* dquery = nullptr);
 
   // Recompute::kSelective (precision.h): the layers keep no RMSNorm or
   // SwiGLU outputs; Backward computes them again from the kept inputs. The
@@ -146,12 +157,14 @@ class Llm {
   Buffer<float> inv_freq_;                            // RoPE, hd / 2
   int first_, last_;                                  // this stage's layers
   int wte_ = -1, rmsf_ = -1, lm_head_ = -1;           // -1: not on this stage
+  int queries_ = -1;                                  // gen_queries (first stage, gen_queries > 0)
   std::vector<LayerIds> ids_;
 
   const LlmBatch* batch_ = nullptr;
   Buffer<int32_t> tokens_, targets_, positions_, cu_;  // batch_'s, where the kernels read them
   Buffer<int32_t> image_rows_;  // the batch's image-token rows, in order (first stage)
-  Buffer<float> xf_, rf_, rrf_, logits_;
+  Buffer<int32_t> query_rows_;  // its query rows, in order (first and last stage)
+  Buffer<float> xf_, rf_, rrf_, logits_, query_states_;
   // Every layer's activations (fp32), or under bf16 one layer's (work_)
   // and every layer's packed (stash_).
   std::vector<LayerActs> acts_;

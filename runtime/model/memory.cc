@@ -119,7 +119,7 @@ int64_t LlmStageParameters(const LlmConfig& c, int first, int last, int tp) {
                 F = c.ffn_hidden / tp, V = c.vocab / tp;
   const int64_t layer = 2 * C + QKV * C + (c.qkv_bias ? QKV : 0) + C * A + 3 * F * C;
   int64_t n = (last - first) * layer;
-  if (first == 0) n += V * C;
+  if (first == 0) n += V * C + int64_t{c.gen_queries} * C;
   if (last == c.layers) n += C + (c.tie_embeddings ? 0 : V * C);
   return n;
 }
