@@ -250,6 +250,9 @@ absl::Status LoadPretrainedWeights(const PretrainedModel& m, Module module, Para
     case Module::kLlm:
       status = LoadLlmWeights(**st, m.config.llm, keys.llm, params);
       break;
+    case Module::kGenerator:  // no Hugging Face family has Loom's generator
+      status = absl::InvalidArgumentError("a Hugging Face model has no Loom generator to load");
+      break;
   }
   return status.ok() ? status : Named(field, status);
 }

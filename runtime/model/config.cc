@@ -21,6 +21,16 @@ ModelConfig Tiny() {
   return c;  // the defaults in config.h
 }
 
+// tiny with a generator after the LLM (4 query positions per output image,
+// 16 × 16 output images): text → image beside image → text.
+ModelConfig TinyGen() {
+  ModelConfig c;
+  c.name = "tiny-gen";
+  c.llm.gen_queries = 4;
+  c.generator = TinyGeneratorConfig(c.llm.dim);
+  return c;
+}
+
 // tiny with more layers, for pipeline stages (LLM PP up to 6, ViT PP up to 4).
 ModelConfig TinyDeep() {
   ModelConfig c;
@@ -98,32 +108,54 @@ ModelConfig Vit300MLlm70B() {
 }  // namespace
 
 std::vector<std::string> ModelConfigNames() {
-  return {"tiny", "tiny-deep", "vit10m-llm45m", "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm70b"};
+  return {"tiny",          "tiny-deep",     "tiny-gen",      "vit10m-llm45m",
+          "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm70b"};
 }
 
-absl::StatusOr<Frozen> ParseFrozen(const std::string& list) {
+absl::StatusOr<Frozen> ParseFrozen(const std::string& list, bool has_generator) {
   Frozen f;
   for (absl::string_view m : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
     m = absl::StripAsciiWhitespace(m);
-    bool* flag = m == "vision"      ? &f.vision
-                 : m == "projector" ? &f.projector
-                 : m == "llm"       ? &f.llm
-                                    : nullptr;
+    bool* flag = m == "vision"                       ? &f.vision
+                 : m == "projector"                  ? &f.projector
+                 : m == "llm"                        ? &f.llm
+                 : m == "generator" && has_generator ? &f.generator
+                                                     : nullptr;
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown module \"", m, "\" (modules: vision, projector, llm)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown module \"", m,
+                                                     "\" (modules: vision, projector, llm",
+                                                     has_generator ? ", generator" : "", ")"));
     }
     *flag = true;
   }
-  if (f.all()) {
-    return absl::InvalidArgumentError("vision, projector and llm all frozen: nothing would train");
+  if (f.all() && (!has_generator || f.generator)) {
+    return absl::InvalidArgumentError(has_generator
+                                          ? "vision, projector, llm and generator all frozen: "
+                                            "nothing would train"
+                                          : "vision, projector and llm all frozen: nothing would "
+                                            "train");
   }
   return f;
+}
+
+GeneratorConfig TinyGeneratorConfig(int cond_dim) {
+  GeneratorConfig g;
+  g.denoiser.tile_size = 16;
+  g.denoiser.patch = 4;
+  g.denoiser.dim = 64;
+  g.denoiser.layers = 2;
+  g.denoiser.heads = 4;
+  g.denoiser.mlp_hidden = 256;
+  g.queries = 4;
+  g.cond_dim = cond_dim;
+  g.time_freqs = 32;
+  return g;
 }
 
 absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
   if (name == "tiny") return Tiny();
   if (name == "tiny-deep") return TinyDeep();
+  if (name == "tiny-gen") return TinyGen();
   if (name == "vit10m-llm45m") return Vit10MLlm45M();
   if (name == "vit300m-llm1b") return Vit300MLlm1B();
   if (name == "vit300m-llm7b") return Vit300MLlm7B();
@@ -169,6 +201,30 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (c.llm.vocab <= 1) return bad("llm.vocab", "must be > 1");
   if (c.llm.layers < 0 || c.llm.ffn_hidden <= 0) return bad("llm.layers", "must be >= 0");
+  if (c.llm.gen_queries < 0) return bad("llm.gen_queries", "must be >= 0");
+  if (c.has_generator()) {
+    const GeneratorConfig& g = c.generator;
+    const VitConfig& d = g.denoiser;
+    if (g.queries != c.llm.gen_queries) {
+      return bad("generator.queries",
+                 absl::StrCat(g.queries, " but llm.gen_queries is ", c.llm.gen_queries));
+    }
+    if (g.cond_dim != c.llm.dim) {
+      return bad("generator.cond_dim", absl::StrCat(g.cond_dim, " but llm.dim is ", c.llm.dim));
+    }
+    if (d.patch <= 0 || d.tile_size <= 0 || d.tile_size % d.patch != 0) {
+      return bad("generator.denoiser.tile_size", "must be a positive multiple of its patch");
+    }
+    if (d.heads <= 0 || d.dim % d.heads != 0) {
+      return bad("generator.denoiser.dim", "must be divisible by its heads");
+    }
+    if (d.layers < 0 || d.mlp_hidden <= 0) {
+      return bad("generator.denoiser.layers", "must be >= 0");
+    }
+    if (g.time_freqs < 2 || g.time_freqs % 2 != 0) {
+      return bad("generator.time_freqs", "must be even and >= 2");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -50,6 +50,19 @@ struct ProjectorConfig {
   kernels::Activation act = kernels::Activation::kGeluTanh;  // LLaVA's: kGeluErf
 };
 
+// The modality generator after the LLM (runtime/model/generator.h).
+struct GeneratorConfig {
+  // The denoiser: tile_size is the output image's side, patch its patches;
+  // prefix is set to 1 + queries by the generator.
+  VitConfig denoiser;
+  int queries = 4;             // Q: LLM query positions per output image
+  int cond_dim = 64;           // the LLM's hidden size
+  int time_freqs = 32;         // sinusoidal features of the timestep (even)
+  float time_scale = 1000.0f;  // t in [0, 1] scaled as DiT's integer steps
+
+  int pixels() const { return 3 * denoiser.tile_size * denoiser.tile_size; }
+};
+
 // RoPE frequency scaling (config.json `rope_scaling` / `rope_parameters`).
 // kLlama3 (Llama 3.1+): wavelengths above original_max_position_embeddings /
 // low_freq_factor are divided by `factor`, those below .../high_freq_factor
@@ -104,6 +117,11 @@ struct ModelConfig {
   VitConfig vit;
   ProjectorConfig projector;
   LlmConfig llm;
+  // Used when llm.gen_queries > 0 (its queries equal to them, its cond_dim
+  // to llm.dim).
+  GeneratorConfig generator;
+
+  bool has_generator() const { return llm.gen_queries > 0; }
 
   // Image tokens one tile becomes after the projector.
   int tokens_per_tile() const {
@@ -112,8 +130,11 @@ struct ModelConfig {
 };
 
 // The model's three modules, in checkpoint and seed order.
-enum class Module : int { kEncoder = 0, kProjector = 1, kLlm = 2 };
-inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm"};
+// The generator comes last, and only in models that have one: the loops
+// over kModuleNames that concern every model stop at kModelModules.
+enum class Module : int { kEncoder = 0, kProjector = 1, kLlm = 2, kGenerator = 3 };
+inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm", "generator"};
+inline constexpr int kModelModules = 3;
 
 // The modules that do not train. LLaVA's stage 1 trains the projector alone
 // (vision and llm frozen), its stage 2 everything but the vision tower. A
@@ -125,19 +146,27 @@ struct Frozen {
   bool vision = false;
   bool projector = false;
   bool llm = false;
+  bool generator = false;
 
   bool module(Module m) const {
-    return m == Module::kEncoder ? vision : m == Module::kProjector ? projector : llm;
+    return m == Module::kEncoder     ? vision
+           : m == Module::kProjector ? projector
+           : m == Module::kLlm       ? llm
+                                     : generator;
   }
   bool encoder_side() const { return vision && projector; }
   bool all() const { return vision && projector && llm; }
   bool any() const { return vision || projector || llm; }
 };
 
-// "vision,llm" (any of vision, projector, llm; "" none) -> Frozen;
-// INVALID_ARGUMENT naming an unknown module, or when all three are frozen
-// (nothing would train).
-absl::StatusOr<Frozen> ParseFrozen(const std::string& list);
+// "vision,llm" (any of vision, projector, llm, and generator where the model
+// has one; "" none) -> Frozen; INVALID_ARGUMENT naming an unknown module,
+// or when every module is frozen (nothing would train).
+absl::StatusOr<Frozen> ParseFrozen(const std::string& list, bool has_generator = false);
+
+// The generator of a small config for this CPU: 16 × 16 images of 4 × 4
+// patches, conditioned on `cond_dim` hidden states at 4 queries.
+GeneratorConfig TinyGeneratorConfig(int cond_dim);
 
 // The named config, or NOT_FOUND listing the names.
 absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name);

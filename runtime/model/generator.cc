@@ -48,20 +48,6 @@ void Unpatchify(const float* rows, int N, int S, int P, float* img) {
 
 }  // namespace
 
-GeneratorConfig TinyGeneratorConfig(int cond_dim) {
-  GeneratorConfig g;
-  g.denoiser.tile_size = 16;
-  g.denoiser.patch = 4;
-  g.denoiser.dim = 64;
-  g.denoiser.layers = 2;
-  g.denoiser.heads = 4;
-  g.denoiser.mlp_hidden = 256;
-  g.queries = 4;
-  g.cond_dim = cond_dim;
-  g.time_freqs = 32;
-  return g;
-}
-
 GenerationDraw DrawGeneration(uint64_t seed, int64_t step, uint64_t sample, int image, int pixels) {
   uint64_t z = Mix(seed ^ 0x67656e6572617465ull);  // "generate"
   z = Mix(z ^ static_cast<uint64_t>(step));

@@ -37,22 +37,6 @@
 
 namespace loom {
 
-struct GeneratorConfig {
-  // The denoiser: tile_size is the output image's side, patch its patches;
-  // prefix is set to 1 + queries by the generator.
-  VitConfig denoiser;
-  int queries = 4;             // Q: LLM query positions per output image
-  int cond_dim = 64;           // the LLM's hidden size
-  int time_freqs = 32;         // sinusoidal features of the timestep (even)
-  float time_scale = 1000.0f;  // t in [0, 1] scaled as DiT's integer steps
-
-  int pixels() const { return 3 * denoiser.tile_size * denoiser.tile_size; }
-};
-
-// The generator half of a small config for this CPU: 16 × 16 images of 4 × 4
-// patches, conditioned on `cond_dim` hidden states.
-GeneratorConfig TinyGeneratorConfig(int cond_dim);
-
 // One microbatch's output images, on the host.
 struct GeneratorBatch {
   int N = 0;                  // images

@@ -41,10 +41,13 @@ absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_on
     return bad(
         absl::StrCat(sample.loss_mask.size(), " loss marks for ", sample.tokens.size(), " tokens"));
   }
-  int64_t slots = 0;
+  int64_t slots = 0, queries = 0;
   for (int32_t t : sample.tokens) {
-    if (t == -1) {
+    if (t == kImageToken) {
       ++slots;
+    } else if (t == kQueryToken) {
+      if (!config.has_generator()) return bad("query positions (-2); the model has no generator");
+      ++queries;
     } else if (t < 0 || t >= config.llm.vocab) {
       return bad(absl::StrCat("token id ", t, " outside the vocabulary of ", config.llm.vocab));
     }
@@ -53,6 +56,24 @@ absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_on
   if (slots != want_slots) {
     return bad(absl::StrCat(slots, " image-token slots for ", sample.num_tiles,
                             " tiles; the model has ", config.tokens_per_tile(), " per tile"));
+  }
+  if (sample.num_gen_images < 0) return bad(absl::StrCat(sample.num_gen_images, " output images"));
+  if (!config.has_generator() && (sample.num_gen_images > 0 || !sample.gen_images.empty())) {
+    return bad(absl::StrCat(sample.num_gen_images, " output images; the model has no generator"));
+  }
+  if (config.has_generator()) {
+    const int64_t want = static_cast<int64_t>(sample.num_gen_images) * config.llm.gen_queries;
+    if (queries != want) {
+      return bad(absl::StrCat(queries, " query positions for ", sample.num_gen_images,
+                              " output images; the model has ", config.llm.gen_queries,
+                              " per image"));
+    }
+    const size_t floats =
+        tokens_only ? 0 : static_cast<size_t>(sample.num_gen_images) * config.generator.pixels();
+    if (sample.gen_images.size() != floats) {
+      return bad(absl::StrCat(sample.gen_images.size(), " output image values for ",
+                              sample.num_gen_images, " images; want ", floats));
+    }
   }
   if (static_cast<int64_t>(sample.tokens.size()) > config.llm.max_seq) {
     return bad(absl::StrCat(sample.tokens.size(), " tokens; the model's longest sequence is ",
@@ -120,7 +141,30 @@ MultimodalModel::MultimodalModel(const ModelConfig& config, Ops* ops)
       ops_(ops),
       tiles_(ops->backend()),
       vit_out_(ops->backend()),
-      image_emb_(ops->backend()) {}
+      image_emb_(ops->backend()) {
+  if (config.has_generator()) gen_ = std::make_unique<Generator>(config.generator, nullptr, ops);
+}
+
+std::vector<ParamSet*> MultimodalModel::param_sets() {
+  std::vector<ParamSet*> sets = {&vit_.params(), &projector_.params(), &llm_.params()};
+  if (gen_ != nullptr) {
+    sets.push_back(&gen_->params());
+    sets.push_back(&gen_->denoiser_params());
+  }
+  return sets;
+}
+
+std::vector<Module> MultimodalModel::param_set_modules() const {
+  std::vector<Module> m = {Module::kEncoder, Module::kProjector, Module::kLlm};
+  if (gen_ != nullptr) m.insert(m.end(), {Module::kGenerator, Module::kGenerator});
+  return m;
+}
+
+std::vector<std::string> MultimodalModel::param_set_names() const {
+  std::vector<std::string> n = {"encoder", "projector", "llm"};
+  if (gen_ != nullptr) n.insert(n.end(), {"generator", "generator_denoiser"});
+  return n;
+}
 
 void MultimodalModel::Place(Precision precision) {
   for (ParamSet* p : param_sets())
@@ -143,12 +187,18 @@ void MultimodalModel::Initialize(uint64_t seed) {
   vit_.params().Initialize(ModuleSeed(seed, Module::kEncoder));
   projector_.params().Initialize(ModuleSeed(seed, Module::kProjector));
   llm_.params().Initialize(ModuleSeed(seed, Module::kLlm));
+  if (gen_ != nullptr) {  // one stream: the two sets' names differ
+    gen_->params().Initialize(ModuleSeed(seed, Module::kGenerator));
+    gen_->denoiser_params().Initialize(ModuleSeed(seed, Module::kGenerator));
+  }
 }
 
 void MultimodalModel::Freeze(const Frozen& frozen) {
   frozen_ = frozen;
-  for (Module m : {Module::kEncoder, Module::kProjector, Module::kLlm}) {
-    if (frozen.module(m)) param_sets()[static_cast<int>(m)]->Freeze();
+  const std::vector<ParamSet*> sets = param_sets();
+  const std::vector<Module> modules = param_set_modules();
+  for (size_t i = 0; i < sets.size(); ++i) {
+    if (frozen.module(modules[i])) sets[i]->Freeze();
   }
 }
 
@@ -180,16 +230,50 @@ void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
     projector_.Forward(vit_out_.data(), num_tiles_, image_emb_.data());
   }
   NoGroup(llm_.Forward(batch_, image_emb_.data()));
+  // The output images after the LLM, their draws from each sample's id.
+  gen_batch_ = GeneratorBatch{};
+  gen_loss_sum_ = 0;
+  for (const Sample* s : mb) {
+    if (s->num_gen_images == 0) continue;
+    LOOM_CHECK(gen_ != nullptr) << "output images but the model has no generator";
+    const int pixels = config_.generator.pixels();
+    LOOM_CHECK(static_cast<int64_t>(s->gen_images.size()) ==
+               static_cast<int64_t>(s->num_gen_images) * pixels)
+        << "sample output images do not match num_gen_images";
+    gen_batch_.images.insert(gen_batch_.images.end(), s->gen_images.begin(), s->gen_images.end());
+    for (int j = 0; j < s->num_gen_images; ++j) {
+      GenerationDraw d = DrawGeneration(draw_seed_, draw_step_, s->id, j, pixels);
+      gen_batch_.t.push_back(d.t);
+      gen_batch_.noise.insert(gen_batch_.noise.end(), d.noise.begin(), d.noise.end());
+    }
+    gen_batch_.N += s->num_gen_images;
+  }
+  LOOM_CHECK(batch_.query_positions() == gen_batch_.N * config_.llm.gen_queries)
+      << "query positions (" << batch_.query_positions() << ") != output images x queries ("
+      << gen_batch_.N << " x " << config_.llm.gen_queries << ")";
+  if (gen_batch_.N > 0) {
+    NoGroup(gen_->Forward(gen_batch_, llm_.query_states().data()));
+    gen_loss_sum_ = gen_->LossSum();
+  }
 }
 
 kernels::LossSum MultimodalModel::ForwardBackward(const std::vector<const Sample*>& mb,
-                                                  float grad_scale) {
+                                                  float grad_scale, float generation_scale) {
   Forward(mb);
   const bool encoder_backward = num_tiles_ > 0 && !frozen_.encoder_side();
+  // The generator first: its conditions' gradient joins the LLM's at the
+  // query rows (wanted where anything before the generator trains).
+  Buffer<float> dquery(ops_->backend());
+  const bool upstream = !frozen_.llm || !frozen_.encoder_side();
+  if (gen_batch_.N > 0 && (upstream || !frozen_.generator)) {
+    dquery.Zeros(upstream ? llm_.query_states().size() : 0);
+    NoGroup(gen_->Backward(generation_scale, upstream ? dquery.data() : nullptr));
+  }
   Buffer<float> dimage(ops_->backend());
   dimage.Zeros(encoder_backward ? image_emb_.size() : 0);
   kernels::LossSum loss =
-      NoGroup(llm_.Backward(grad_scale, encoder_backward ? dimage.data() : nullptr));
+      NoGroup(llm_.Backward(grad_scale, encoder_backward ? dimage.data() : nullptr, nullptr,
+                            nullptr, dquery.empty() ? nullptr : dquery.data()));
   if (encoder_backward) {
     Buffer<float> dvit(ops_->backend());
     dvit.Zeros(frozen_.vision ? 0 : vit_out_.size());

@@ -5,12 +5,14 @@
 #define LOOM_RUNTIME_MODEL_MODEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/loss/crossentropy.h"
 #include "runtime/model/config.h"
+#include "runtime/model/generator.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/projector.h"
 #include "runtime/model/vit.h"
@@ -27,6 +29,16 @@ struct Sample {
   // else one flag per token, 1 where predicting that token carries loss (a
   // conversation's assistant turns, runtime/data/chat_template.h).
   std::vector<uint8_t> loss_mask;
+  // Output images, a generator's targets (text → image): num_gen_images of
+  // (3, Sg, Sg) normalised pixels (Sg: the generator's image side). Each has
+  // the model's generator.queries query positions (kQueryToken) in tokens,
+  // in image order.
+  int num_gen_images = 0;
+  std::vector<float> gen_images;
+  // The sample's stable identity (its index in the data set): with the
+  // job's seed and the step it draws each output image's timestep and noise
+  // (DrawGeneration), the same on any layout.
+  uint64_t id = 0;
 };
 
 // What a worker checks of every sample it receives from loom-preprocess
@@ -74,9 +86,14 @@ class MultimodalModel {
   VitEncoder& vit() { return vit_; }
   Projector& projector() { return projector_; }
   Llm& llm() { return llm_; }
-  std::vector<ParamSet*> param_sets() {
-    return {&vit_.params(), &projector_.params(), &llm_.params()};
-  }
+  // The generator (null without one).
+  Generator* generator() { return gen_.get(); }
+  // Every parameter set: the encoder's, the projector's, the LLM's, then
+  // with a generator its own and its denoiser's; the module of each, and
+  // the name it is checkpointed under.
+  std::vector<ParamSet*> param_sets();
+  std::vector<Module> param_set_modules() const;
+  std::vector<std::string> param_set_names() const;
 
   // Every module's parameters from `seed` (each module its own stream).
   void Initialize(uint64_t seed);
@@ -98,10 +115,23 @@ class MultimodalModel {
   const Frozen& frozen() const { return frozen_; }
 
   // Forward and backward of one microbatch; gradients accumulate scaled by
-  // `grad_scale` (1 / loss tokens of the global batch). Returns the loss sum.
-  kernels::LossSum ForwardBackward(const std::vector<const Sample*>& microbatch, float grad_scale);
+  // `grad_scale` (1 / loss tokens of the global batch), the generation
+  // loss's by `generation_scale` (λ / output images of the global batch).
+  // Returns the LM loss sum.
+  kernels::LossSum ForwardBackward(const std::vector<const Sample*>& microbatch, float grad_scale,
+                                   float generation_scale = 0.0f);
   // Forward only.
   kernels::LossSum Evaluate(const std::vector<const Sample*>& microbatch);
+  // The seed and step the output images' timesteps and noise are drawn
+  // from (DrawGeneration with each sample's id), until set again.
+  void set_generation_draws(uint64_t seed, int64_t step) {
+    draw_seed_ = seed;
+    draw_step_ = step;
+  }
+  // The last microbatch's generation loss: Σ over its output images of
+  // each image's mean squared error; and how many it had.
+  double generation_loss_sum() const { return gen_loss_sum_; }
+  int generation_images() const { return gen_batch_.N; }
 
  private:
   void Forward(const std::vector<const Sample*>& microbatch);
@@ -112,7 +142,12 @@ class MultimodalModel {
   Projector projector_;
   Llm llm_;
   Ops* ops_;
+  std::unique_ptr<Generator> gen_;
   LlmBatch batch_;
+  GeneratorBatch gen_batch_;
+  uint64_t draw_seed_ = 0;
+  int64_t draw_step_ = 0;
+  double gen_loss_sum_ = 0;
   std::vector<float> host_tiles_;
   Buffer<float> tiles_, vit_out_, image_emb_;  // on ops_'s backend
   int num_tiles_ = 0;

@@ -51,8 +51,8 @@ SyntheticCaptions::Attributes SyntheticCaptions::Draw(int64_t index) const {
   return a;
 }
 
-std::vector<float> SyntheticCaptions::Render(const Attributes& a, int64_t index) const {
-  const int S = config_.vit.tile_size;
+std::vector<float> SyntheticCaptions::Render(const Attributes& a, int64_t index, int size) const {
+  const int S = size;
   std::vector<float> rgb(3 * S * S);
   std::mt19937_64 rng(MixSeed(seed_, index, 2));
   auto unit = [&] { return static_cast<float>(rng() % 10000) / 10000.0f; };
@@ -102,6 +102,31 @@ std::vector<float> SyntheticCaptions::Render(const Attributes& a, int64_t index)
   return rgb;
 }
 
+std::vector<float> SyntheticCaptions::RenderOutput(const Attributes& a, int size) const {
+  const int S = size;
+  std::vector<float> rgb(3 * S * S, 20.0f);
+  int x0 = 0, y0 = 0, x1 = S, y1 = S;
+  if (a.region == 0) x1 = S / 2;
+  if (a.region == 1) x0 = S / 2;
+  if (a.region == 2) y1 = S / 2;
+  if (a.region == 3) y0 = S / 2;
+  const int cx = (x0 + x1) / 2, cy = (y0 + y1) / 2, r = std::max(2, S / 4);
+  for (int y = y0; y < y1; ++y) {
+    for (int x = x0; x < x1; ++x) {
+      const int dx = x - cx, dy = y - cy;
+      const bool in = a.shape == 0   ? std::abs(dx) <= r && std::abs(dy) <= r
+                      : a.shape == 1 ? dx * dx + dy * dy <= r * r
+                                     : (std::abs(dx) <= r / 3 && std::abs(dy) <= r) ||
+                                           (std::abs(dy) <= r / 3 && std::abs(dx) <= r);
+      for (int c = 0; c < 3; ++c) {
+        rgb[(c * S + y) * S + x] = in ? kRgb[a.color][c] : 0.35f * kRgb[a.color][c];
+      }
+    }
+  }
+  for (float& p : rgb) p = (p / 255.0f - 0.5f) / 0.5f;
+  return rgb;
+}
+
 std::string SyntheticCaptions::Caption(int64_t index) const {
   const Attributes a = Draw(index);
   return std::string("image of ") + kCounts[a.count] + " " + kColors[a.color] + " " +
@@ -114,8 +139,21 @@ Sample SyntheticCaptions::Get(int64_t index) const {
   const int64_t image_index =
       shuffle_ ? static_cast<int64_t>(MixSeed(seed_, index, 3) >> 1) : index;
   Sample s;
+  s.id = static_cast<uint64_t>(index);
+  if (config_.has_generator() && index % 2 == 1) {  // text → image
+    s.tokens.push_back(WordId("<bos>"));
+    for (const char* w : {"image", "of", kCounts[a.count], kColors[a.color], kShapes[a.shape],
+                          kRegions[a.region]}) {
+      s.tokens.push_back(WordId(w));
+    }
+    for (int q = 0; q < config_.llm.gen_queries; ++q) s.tokens.push_back(kQueryToken);
+    s.tokens.push_back(WordId("<eos>"));
+    s.num_gen_images = 1;
+    s.gen_images = RenderOutput(a, config_.generator.denoiser.tile_size);
+    return s;
+  }
   s.num_tiles = 1;
-  s.tiles = Render(Draw(image_index), image_index);
+  s.tiles = Render(Draw(image_index), image_index, config_.vit.tile_size);
   s.tokens.push_back(WordId("<bos>"));
   for (int i = 0; i < config_.tokens_per_tile(); ++i) s.tokens.push_back(-1);
   for (const char* w : {"image", "of", kCounts[a.count], kColors[a.color], kShapes[a.shape],

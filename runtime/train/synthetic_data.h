@@ -8,6 +8,13 @@
 // "image of <count> <colour> <shape> <region>" and <eos>; the loss falls on
 // the caption and <eos>. A model that uses the image can predict all four
 // attributes; one that cannot (the shuffled control) only their frequencies.
+//
+// A model with a generator also gets text → image samples (every odd
+// index): <bos>, the caption, the generator's query positions (-2), <eos>,
+// and as the output image the caption's picture at the generator's size:
+// its region tinted with its colour, one large shape of that colour in the
+// region's middle (the count is not drawn). The caption fixes every pixel,
+// so a trained generator can draw the colour, shape and region it is told.
 #ifndef LOOM_RUNTIME_TRAIN_SYNTHETIC_DATA_H_
 #define LOOM_RUNTIME_TRAIN_SYNTHETIC_DATA_H_
 
@@ -40,7 +47,8 @@ class SyntheticCaptions {
     int count, color, shape, region;
   };
   Attributes Draw(int64_t index) const;
-  std::vector<float> Render(const Attributes& a, int64_t index) const;
+  std::vector<float> Render(const Attributes& a, int64_t index, int size) const;
+  std::vector<float> RenderOutput(const Attributes& a, int size) const;
 
   ModelConfig config_;
   uint64_t seed_;

@@ -5,12 +5,6 @@
 #include "runtime/checkpoint/checkpoint.h"
 
 namespace loom {
-namespace {
-
-const char* const* kModules = kModuleNames;
-
-}  // namespace
-
 absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir,
                                     const CheckpointRun& run,
                                     const std::vector<std::pair<std::string, std::string>>& extra) {
@@ -21,8 +15,9 @@ absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
   }
   model.PullState();  // the optimizer's state from where it steps
   auto sets = model.param_sets();
+  const std::vector<std::string> names = model.param_set_names();
   for (size_t i = 0; i < sets.size(); ++i) {
-    absl::Status s = SaveModuleCheckpoint(*sets[i], kModules[i], sd);
+    absl::Status s = SaveModuleCheckpoint(*sets[i], names[i], sd);
     if (!s.ok()) return s;
   }
   return CommitCheckpointStep(dir, step, run);
@@ -31,8 +26,9 @@ absl::Status SaveTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
 absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const std::string& dir) {
   const std::string sd = StepDir(dir, step);
   auto sets = model.param_sets();
+  const std::vector<std::string> names = model.param_set_names();
   for (size_t i = 0; i < sets.size(); ++i) {
-    absl::Status s = LoadModuleCheckpoint(sd, kModules[i], sets[i]);
+    absl::Status s = LoadModuleCheckpoint(sd, names[i], sets[i]);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -40,8 +36,9 @@ absl::Status LoadTrainingCheckpoint(MultimodalModel& model, int64_t step, const 
 
 absl::Status LoadTrainingWeights(MultimodalModel& model, const std::string& step_dir) {
   auto sets = model.param_sets();
+  const std::vector<std::string> names = model.param_set_names();
   for (size_t i = 0; i < sets.size(); ++i) {
-    absl::Status s = LoadModuleWeights(step_dir, kModules[i], sets[i]);
+    absl::Status s = LoadModuleWeights(step_dir, names[i], sets[i]);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -3,6 +3,7 @@
 //   {"step":1,"loss":3.21,"samples":16,"tokens":384,"step_seconds":0.05}
 //
 //   loom-train-local --config tiny --steps 200 --seed 1
+//   loom-train-local --config tiny-gen --steps 200   # with a generator: text → image too
 //   loom-train-local --config tiny --steps 200 --seed 1 --shuffle_images   # control
 //   loom-train-local --config tiny --steps 200 --shards 'data/onevision/*.tar'
 //   loom-train-local --config tiny --steps 200 --freeze vision,llm     # the projector alone
@@ -39,7 +40,8 @@
 #include "runtime/train/weight_decay.h"
 
 ABSL_FLAG(std::string, config, "tiny",
-          "Model config: tiny, tiny-deep, vit300m-llm1b, vit300m-llm7b, vit300m-llm70b.");
+          "Model config: tiny, tiny-deep, tiny-gen (with a generator), vit10m-llm45m, "
+          "vit300m-llm1b, vit300m-llm7b, vit300m-llm70b.");
 ABSL_FLAG(int, steps, 100, "Train until this many optimizer steps have been taken.");
 ABSL_FLAG(double, epochs, 0,
           "With --shards, in place of --steps: train floor(epochs x samples / --batch_size) "
@@ -110,8 +112,11 @@ ABSL_FLAG(std::string, init_checkpoint, "",
           "Start from the weights of this checkpoint step folder (DIR/step-N) instead of the "
           "seed's, with fresh optimizer state (LLaVA's stage 2 from stage 1).");
 ABSL_FLAG(std::string, freeze, "",
-          "Modules that do not train, comma-separated: vision, projector, llm (LLaVA's stage 1: "
-          "vision,llm).");
+          "Modules that do not train, comma-separated: vision, projector, llm, and generator in a "
+          "model with one (LLaVA's stage 1: vision,llm; MetaQuery's: vision,projector,llm).");
+ABSL_FLAG(double, generation_weight, 1.0,
+          "A model with a generator: λ in loss = LM loss + λ · generation loss.");
+ABSL_FLAG(double, generator_lr, 0, "The generator's peak learning rate (0: --lr's).");
 
 namespace {
 int Fail(const std::string& what) {
@@ -146,7 +151,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<loom::Frozen> frozen = loom::ParseFrozen(absl::GetFlag(FLAGS_freeze));
+  absl::StatusOr<loom::Frozen> frozen =
+      loom::ParseFrozen(absl::GetFlag(FLAGS_freeze), config->has_generator());
   if (!frozen.ok()) return Fail("--freeze: " + std::string(frozen.status().message()));
   std::unique_ptr<loom::Ops> gpu;
   const std::string device = absl::GetFlag(FLAGS_device);
@@ -269,6 +275,10 @@ int main(int argc, char** argv) {
   options.encoder_lr = absl::GetFlag(FLAGS_encoder_lr);
   options.projector_lr = absl::GetFlag(FLAGS_projector_lr);
   options.llm_lr = absl::GetFlag(FLAGS_llm_lr);
+  options.generator_lr = absl::GetFlag(FLAGS_generator_lr);
+  options.generation_weight = absl::GetFlag(FLAGS_generation_weight);
+  options.seed = seed;
+  if (!(options.generation_weight >= 0)) return Fail("--generation_weight: must be >= 0");
   if (absl::Status l = loom::ValidateLrSchedule(options.Schedule()); !l.ok()) {
     return Fail("--lr_schedule: " + std::string(l.message()));
   }
@@ -359,10 +369,15 @@ int main(int argc, char** argv) {
       held_out = absl::StrCat(",\"validation_loss\":", loom::JsonNumber(sum / tokens, 6),
                               ",\"validation_loss_tokens\":", tokens);
     }
+    const std::string generation =
+        config->has_generator()
+            ? absl::StrCat(",\"generation_loss\":", loom::JsonNumber(st.generation_loss, 6),
+                           ",\"output_images\":", st.generation_images)
+            : "";
     std::printf(
-        "{\"step\":%lld,\"loss\":%s,\"samples\":%lld,\"tokens\":%lld,\"step_seconds\":%.4f,"
+        "{\"step\":%lld,\"loss\":%s%s,\"samples\":%lld,\"tokens\":%lld,\"step_seconds\":%.4f,"
         "\"grad_norm\":%s,\"lr\":%.6g%s%s}\n",
-        static_cast<long long>(st.step), loom::JsonNumber(st.loss, 6).c_str(),
+        static_cast<long long>(st.step), loom::JsonNumber(st.loss, 6).c_str(), generation.c_str(),
         static_cast<long long>(st.samples), static_cast<long long>(st.tokens), st.seconds,
         loom::JsonNumber(st.grad_norm, 4).c_str(), st.lr, st.skipped ? ",\"skipped\":true" : "",
         held_out.c_str());

@@ -40,7 +40,8 @@ LrScheduleOptions TrainOptions::Schedule() const {
 double TrainOptions::PeakLr(Module m) const {
   const double own = m == Module::kEncoder     ? encoder_lr
                      : m == Module::kProjector ? projector_lr
-                                               : llm_lr;
+                     : m == Module::kLlm       ? llm_lr
+                                               : generator_lr;
   return own > 0 ? own : adam.lr;
 }
 
@@ -83,9 +84,13 @@ LocalTrainer::LocalTrainer(MultimodalModel* model, TrainOptions options)
 
 LocalTrainer::Evaluation LocalTrainer::Evaluate(const std::vector<Sample>& batch) {
   Evaluation e;
-  for (const Sample& s : batch) e.loss_tokens += LossTokens(s);
+  for (const Sample& s : batch) {
+    e.loss_tokens += LossTokens(s);
+    e.generation_images += s.num_gen_images;
+  }
   LOOM_CHECK(e.loss_tokens > 0) << "validation batch has no loss tokens";
   const float scale = 1.0f / static_cast<float>(e.loss_tokens);
+  model_->set_generation_draws(options_.seed, 0);  // the same draws at every evaluation
   model_->ZeroGrad();
   const int M = std::min<int>(options_.microbatches, static_cast<int>(batch.size()));
   for (int m = 0; m < M; ++m) {
@@ -93,6 +98,7 @@ LocalTrainer::Evaluation LocalTrainer::Evaluate(const std::vector<Sample>& batch
     std::vector<const Sample*> mb;
     for (size_t i = begin; i < end; ++i) mb.push_back(&batch[i]);
     e.loss_sum += model_->ForwardBackward(mb, scale).sum;
+    e.generation_loss_sum += model_->generation_loss_sum();
   }
   return e;
 }
@@ -105,29 +111,39 @@ StepStats LocalTrainer::Step(const std::vector<Sample>& batch) {
   for (const Sample& s : batch) {
     st.loss_tokens += LossTokens(s);
     st.tokens += static_cast<int64_t>(s.tokens.size());
+    st.generation_images += s.num_gen_images;
   }
   LOOM_CHECK(st.loss_tokens > 0) << "global batch has no loss tokens";
   const float scale = 1.0f / static_cast<float>(st.loss_tokens);
+  const float gen_scale = st.generation_images > 0
+                              ? static_cast<float>(options_.generation_weight /
+                                                   static_cast<double>(st.generation_images))
+                              : 0.0f;
+  model_->set_generation_draws(options_.seed, step_);
 
   model_->ZeroGrad();
   const int M = std::min<int>(options_.microbatches, static_cast<int>(batch.size()));
-  double loss_sum = 0;
+  double loss_sum = 0, gen_sum = 0;
   for (int m = 0; m < M; ++m) {
     const size_t begin = batch.size() * m / M, end = batch.size() * (m + 1) / M;
     std::vector<const Sample*> mb;
     for (size_t i = begin; i < end; ++i) mb.push_back(&batch[i]);
-    loss_sum += model_->ForwardBackward(mb, scale).sum;
+    loss_sum += model_->ForwardBackward(mb, scale, gen_scale).sum;
+    gen_sum += model_->generation_loss_sum();
   }
   st.loss = loss_sum / static_cast<double>(st.loss_tokens);
+  if (st.generation_images > 0) {
+    st.generation_loss = gen_sum / static_cast<double>(st.generation_images);
+  }
 
   // The optimizer runs where the parameters live (ParamSet::Place: on a
   // GPU, the norm, clipping and AdamW run there, with no host round trip).
   const std::vector<ParamSet*> sets = model_->param_sets();
   st.grad_norm = std::sqrt(GradSumOfSquares(sets, model_->ops()));
-  st.skipped = !StepIsFinite(st.loss, st.grad_norm);
+  st.skipped = !StepIsFinite(st.loss + st.generation_loss, st.grad_norm);
   if (!st.skipped) {
-    st.lr = OptimizerStep(sets, {Module::kEncoder, Module::kProjector, Module::kLlm}, options_,
-                          step_, st.grad_norm, model_->ops());
+    st.lr = OptimizerStep(sets, model_->param_set_modules(), options_, step_, st.grad_norm,
+                          model_->ops());
     for (ParamSet* p : sets) {
       if (!p->frozen()) p->WeightsStepped(model_->ops());
     }

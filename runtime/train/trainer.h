@@ -35,7 +35,13 @@ struct TrainOptions {
   int64_t total_steps = 0;
   double min_lr = 0;
   // Each module's peak learning rate; <= 0: adam.lr's.
-  double encoder_lr = 0, projector_lr = 0, llm_lr = 0;
+  double encoder_lr = 0, projector_lr = 0, llm_lr = 0, generator_lr = 0;
+  // A model with a generator: the generation loss's weight λ (total loss =
+  // LM loss + λ · generation loss, each a mean over the global batch's loss
+  // tokens and output images), and the seed its timesteps and noise are
+  // drawn from (with the step and each sample's id).
+  double generation_weight = 1.0;
+  uint64_t seed = 1;
   // The schedule's options (warm-up, decay, floor as a share of adam.lr).
   LrScheduleOptions Schedule() const;
   // Module `m`'s peak.
@@ -56,6 +62,11 @@ struct StepStats {
   int64_t samples = 0;
   int64_t tokens = 0;  // packed LLM tokens (text + image)
   int64_t loss_tokens = 0;
+  // A model with a generator: the mean over the global batch's output
+  // images of each image's mean squared error (0 without any), and their
+  // count.
+  double generation_loss = 0;
+  int64_t generation_images = 0;
   double grad_norm = 0;  // before clipping
   double lr = 0;         // 0 when skipped
   bool skipped = false;  // !StepIsFinite(loss, grad_norm): no optimizer step
@@ -96,6 +107,8 @@ class LocalTrainer {
   struct Evaluation {
     double loss_sum = 0;
     int64_t loss_tokens = 0;
+    double generation_loss_sum = 0;  // over output images (drawn at step 0)
+    int64_t generation_images = 0;
   };
   Evaluation Evaluate(const std::vector<Sample>& batch);
 

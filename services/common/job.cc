@@ -244,9 +244,15 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (absl::Status l = ValidateLrSchedule(schedule); !l.ok()) {
     return Bad("train.lr_schedule", std::string(l.message()));
   }
+  if (model->config.has_generator()) {
+    return Bad("model", absl::StrCat("\"", model->config.name,
+                                     "\" has a generator, which the workers do not run yet: "
+                                     "train it with loom-train-local"));
+  }
   if (absl::Status m = CheckJobMemory(job, model->config); !m.ok()) return m;
   if (const std::string& init = job.init().checkpoint(); !init.empty()) {
-    for (const char* module : kModuleNames) {
+    for (int i = 0; i < kModelModules; ++i) {
+      const char* module = kModuleNames[i];
       const std::string path = absl::StrCat(init, "/", module, ".ckpt");
       std::error_code error;
       if (!std::filesystem::is_regular_file(path, error)) {

@@ -150,6 +150,8 @@ TEST(JobConfig, InvalidValuesAreNamed) {
   };
   for (const Case& c : {
            Case{"model: 'huge'", "model"},
+           Case{"model: 'tiny-gen'",
+                "model: \"tiny-gen\" has a generator, which the workers do not run yet"},
            Case{"algorithm: 'magic'", "algorithm"},
            Case{"model: 'tiny' hf { llava: '/models/llava' }", "model: \"tiny\" and hf both set"},
            Case{"hf { llava: '/nonexistent/llava' }", "hf.llava: /nonexistent/llava/config.json"},
