@@ -54,6 +54,17 @@
 // Loom training checkpoint of a model that started from --hf (a
 // llm_from + vision_from run: export it first).
 //
+//   loom-model generate --config tiny-gen [--checkpoint RUN/step-N]
+//                       --prompt "image of one red square left" --out IMAGE.png
+//                       [--euler_steps 20] [--seed 1]
+//
+// draws an image with the generator of one of Loom's own configs (at the
+// seed's initial weights, or a loom-train-local / loom up checkpoint's):
+// the prompt's words (the synthetic captions' vocabulary) or --tokens ids
+// after <bos>, the generator's query positions, the LLM's states there
+// conditioning --euler_steps Euler steps from the seed's noise; writes the
+// PNG and prints {"prompt": [...], "image": FILE, "euler_steps": K}.
+//
 //   loom-model pixels --hf DIR --image A.png[,B.jpg] --out pixel_values.safetensors
 //
 // writes what the directory's image processor (preprocessor_config.json)
@@ -76,6 +87,7 @@
 //
 // A bad directory, config, token list, image or output exits 2 with the reason.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -90,12 +102,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
 #include "runtime/data/chat_template.h"
+#include "runtime/data/image.h"
 #include "runtime/data/preprocess.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/hf/hf_image.h"
@@ -104,6 +118,7 @@
 #include "runtime/hf/model_flags.h"
 #include "runtime/hf/pretrained.h"
 #include "runtime/hf/safetensors.h"
+#include "runtime/train/synthetic_data.h"
 #include "runtime/train/train_checkpoint.h"
 
 ABSL_FLAG(std::string, hf, "", "Hugging Face model directory (config.json + safetensors)");
@@ -118,7 +133,13 @@ ABSL_FLAG(std::string, image, "",
 ABSL_FLAG(std::string, image_aspect_ratio, "",
           "--image: crop (the image processor's own) or pad (LLaVA-1.5's: a square filled "
           "with the mean colour first), as the job's data.image_aspect_ratio");
-ABSL_FLAG(std::string, out, "", "export: the directory to write; pixels: the file");
+ABSL_FLAG(std::string, out, "",
+          "export: the directory to write; pixels: the file; generate --config: the PNG");
+ABSL_FLAG(std::string, config, "",
+          "generate: one of Loom's own model configs with a generator (tiny-gen), in place of "
+          "--hf: draws an image");
+ABSL_FLAG(int, euler_steps, 20, "generate --config: Euler steps from noise to the image");
+ABSL_FLAG(uint64_t, seed, 1, "generate --config: the initial weights' and the noise's seed");
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
 ABSL_FLAG(std::string, checkpoint, "",
           "export: a Loom checkpoint step folder (RUN/checkpoints/step-N) of a model made of "
@@ -254,7 +275,80 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const std::string& dir, const std
   return ids;
 }
 
+// generate --config: an image from a Loom model's generator.
+int GenerateImage() {
+  const std::string name = absl::GetFlag(FLAGS_config);
+  absl::StatusOr<loom::ModelConfig> config = loom::ModelConfigByName(name);
+  if (!config.ok()) return Fail("--config: " + std::string(config.status().message()));
+  if (!config->has_generator()) {
+    return Fail("--config " + name + ": has no generator to draw with (tiny-gen has one)");
+  }
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return Fail("--out IMAGE.png is required");
+  const int steps = absl::GetFlag(FLAGS_euler_steps);
+  if (steps < 1) return Fail("--euler_steps: must be >= 1");
+  const std::string words = absl::GetFlag(FLAGS_prompt), ids = absl::GetFlag(FLAGS_tokens);
+  if (words.empty() == ids.empty()) return Fail("--prompt (words) or --tokens (ids): one of them");
+  loom::Sample prompt;
+  const std::vector<std::string>& vocab = loom::SyntheticCaptions::Vocabulary();
+  prompt.tokens.push_back(1);  // <bos>
+  if (!words.empty()) {
+    for (absl::string_view w : absl::StrSplit(words, ' ', absl::SkipWhitespace())) {
+      const auto at = std::find(vocab.begin(), vocab.end(), w);
+      if (at == vocab.end()) {
+        return Fail(absl::StrCat("--prompt: \"", w, "\" is not a word the model knows (",
+                                 absl::StrJoin(vocab, " "), ")"));
+      }
+      prompt.tokens.push_back(static_cast<int32_t>(at - vocab.begin()));
+    }
+  } else {
+    for (absl::string_view t : absl::StrSplit(ids, ',')) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(t, &id))
+        return Fail(absl::StrCat("--tokens: \"", t, "\" is not an id"));
+      prompt.tokens.push_back(id);
+    }
+  }
+  for (int q = 0; q < config->llm.gen_queries; ++q) prompt.tokens.push_back(loom::kQueryToken);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  loom::MultimodalModel model(*config);
+  model.Initialize(seed);
+  if (const std::string ckpt = absl::GetFlag(FLAGS_checkpoint); !ckpt.empty()) {
+    if (absl::Status s = loom::LoadTrainingWeights(model, ckpt); !s.ok()) {
+      return Fail("--checkpoint: " + std::string(s.message()));
+    }
+  }
+  absl::StatusOr<std::vector<float>> px = model.GenerateImages(prompt, steps, seed);
+  if (!px.ok()) return Fail(std::string(px.status().message()));
+  const int S = config->generator.denoiser.tile_size;
+  loom::data::Image image;
+  image.width = image.height = S;
+  image.rgb.resize(static_cast<size_t>(3) * S * S);
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < S * S; ++i) {  // [-1, 1] -> 0..255, interleaved
+      const float v =
+          std::clamp(((*px)[static_cast<size_t>(c) * S * S + i] * 0.5f + 0.5f), 0.f, 1.f);
+      image.rgb[static_cast<size_t>(i) * 3 + c] = static_cast<uint8_t>(std::lround(v * 255.0f));
+    }
+  }
+  absl::StatusOr<std::string> png = loom::data::EncodePng(image);
+  if (!png.ok()) return Fail(std::string(png.status().message()));
+  if (absl::Status s = loom::WriteFileAtomically(out, *png); !s.ok()) {
+    return Fail("--out: " + std::string(s.message()));
+  }
+  nlohmann::json j;
+  j["prompt"] = prompt.tokens;
+  j["image"] = out;
+  j["euler_steps"] = steps;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
 int Generate() {
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    if (!absl::GetFlag(FLAGS_hf).empty()) return Fail("--config or --hf: one of them");
+    return GenerateImage();
+  }
   const std::string dir = absl::GetFlag(FLAGS_hf);
   if (dir.empty()) return Fail("--hf DIR is required");
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);

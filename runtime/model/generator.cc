@@ -223,4 +223,26 @@ absl::StatusOr<std::vector<float>> Generator::Velocity(const std::vector<float>&
   return v;
 }
 
+absl::StatusOr<std::vector<float>> Generator::Sample(const float* cond, int N, int euler_steps,
+                                                     uint64_t seed) {
+  if (N < 1 || euler_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling ", N, " images in ", euler_steps,
+                                                   " Euler steps: want >= 1 of each"));
+  }
+  const int pixels = config_.pixels();
+  std::vector<float> x;
+  for (int n = 0; n < N; ++n) {
+    const GenerationDraw d = DrawGeneration(seed, -1, static_cast<uint64_t>(n), 0, pixels);
+    x.insert(x.end(), d.noise.begin(), d.noise.end());
+  }
+  const float dt = 1.0f / static_cast<float>(euler_steps);
+  for (int k = 0; k < euler_steps; ++k) {
+    const std::vector<float> t(N, 1.0f - static_cast<float>(k) * dt);
+    absl::StatusOr<std::vector<float>> v = Velocity(x, t, cond, N);
+    if (!v.ok()) return v.status();
+    for (size_t i = 0; i < x.size(); ++i) x[i] -= dt * (*v)[i];
+  }
+  return x;
+}
+
 }  // namespace loom

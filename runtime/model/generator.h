@@ -81,6 +81,11 @@ class Generator {
   absl::StatusOr<std::vector<float>> Velocity(const std::vector<float>& x_t,
                                               const std::vector<float>& t, const float* cond,
                                               int N);
+  // N images (N, 3, S, S) sampled by `euler_steps` Euler steps of
+  // dx/dt = v̂ from noise at t = 1 to t = 0, x ← x - v̂ / euler_steps; the
+  // noise of image n is DrawGeneration(seed, -1, n, 0)'s.
+  absl::StatusOr<std::vector<float>> Sample(const float* cond, int N, int euler_steps,
+                                            uint64_t seed);
 
  private:
   absl::Status Run(const std::vector<float>& x_t, const std::vector<float>& t, const float* cond,

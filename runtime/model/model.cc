@@ -206,7 +206,7 @@ void MultimodalModel::ZeroGrad() {
   for (ParamSet* p : param_sets()) p->ZeroGrad();
 }
 
-void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
+void MultimodalModel::ForwardUnderstanding(const std::vector<const Sample*>& mb) {
   const int S = config_.vit.tile_size, tile_floats = 3 * S * S, Dl = config_.llm.dim;
   host_tiles_.clear();
   num_tiles_ = 0;
@@ -230,6 +230,10 @@ void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
     projector_.Forward(vit_out_.data(), num_tiles_, image_emb_.data());
   }
   NoGroup(llm_.Forward(batch_, image_emb_.data()));
+}
+
+void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
+  ForwardUnderstanding(mb);
   // The output images after the LLM, their draws from each sample's id.
   gen_batch_ = GeneratorBatch{};
   gen_loss_sum_ = 0;
@@ -281,6 +285,32 @@ kernels::LossSum MultimodalModel::ForwardBackward(const std::vector<const Sample
     if (!frozen_.vision) NoGroup(vit_.Backward(dvit.data()));
   }
   return loss;
+}
+
+absl::StatusOr<std::vector<float>> MultimodalModel::GenerateImages(const Sample& prompt,
+                                                                   int euler_steps, uint64_t seed) {
+  if (gen_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", config_.name, " has no generator to draw images with"));
+  }
+  const int Q = config_.llm.gen_queries;
+  int queries = 0;
+  for (int32_t t : prompt.tokens) queries += t == kQueryToken;
+  if (queries == 0 || queries % Q != 0 || prompt.num_gen_images != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a prompt to draw from has ", Q, " query positions (", kQueryToken,
+                     ") per image and no output images; this one has ", queries, " and ",
+                     prompt.num_gen_images));
+  }
+  Sample as_trained = prompt;  // checked as a sample with those images to draw
+  as_trained.num_gen_images = queries / Q;
+  as_trained.gen_images.assign(static_cast<size_t>(queries / Q) * config_.generator.pixels(), 0.0f);
+  if (absl::Status s = CheckSampleFits(as_trained, config_.vit.tile_size, false, config_, "prompt");
+      !s.ok()) {
+    return s;
+  }
+  ForwardUnderstanding({&prompt});
+  return gen_->Sample(llm_.query_states().data(), queries / Q, euler_steps, seed);
 }
 
 kernels::LossSum MultimodalModel::Evaluate(const std::vector<const Sample*>& mb) {

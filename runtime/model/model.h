@@ -122,6 +122,13 @@ class MultimodalModel {
                                    float generation_scale = 0.0f);
   // Forward only.
   kernels::LossSum Evaluate(const std::vector<const Sample*>& microbatch);
+  // Output images for a prompt (text, maybe with images, and Q query
+  // positions per image to draw: no output images of its own), sampled by
+  // `euler_steps` Euler steps from the seed's noise (Generator::Sample):
+  // (images, 3, S, S) normalised pixels. INVALID_ARGUMENT without a
+  // generator or query positions.
+  absl::StatusOr<std::vector<float>> GenerateImages(const Sample& prompt, int euler_steps,
+                                                    uint64_t seed);
   // The seed and step the output images' timesteps and noise are drawn
   // from (DrawGeneration with each sample's id), until set again.
   void set_generation_draws(uint64_t seed, int64_t step) {
@@ -135,6 +142,8 @@ class MultimodalModel {
 
  private:
   void Forward(const std::vector<const Sample*>& microbatch);
+  // The encoder, projector and LLM parts of Forward.
+  void ForwardUnderstanding(const std::vector<const Sample*>& microbatch);
 
   ModelConfig config_;
   Frozen frozen_;

@@ -238,6 +238,33 @@ TEST(GenerationTrainingTest, TheGeneratorLearnsToDrawTheCaption) {
               untrained, matched, swapped);
   EXPECT_LT(matched, 0.7 * untrained) << "untrained " << untrained << ", trained " << matched;
   EXPECT_LT(matched, 0.9 * swapped) << "matched " << matched << ", swapped " << swapped;
+
+  // Drawn from noise (GenerateImages, 20 Euler steps) for held-out
+  // captions, the pictures are nearer their captions' own pictures than
+  // the other captions' pictures, on average (weakly after 300 steps: the
+  // colour is drawn, the region hardly).
+  SyntheticCaptions data(c, 1, false);
+  std::vector<Sample> told;
+  for (int64_t i = 200001; told.size() < 8; i += 2) told.push_back(data.Get(i));
+  double own = 0, others = 0;
+  for (size_t k = 0; k < told.size(); ++k) {
+    Sample prompt = told[k];
+    prompt.num_gen_images = 0;
+    prompt.gen_images.clear();
+    prompt.tokens.pop_back();  // <eos>: the prompt ends at the queries
+    absl::StatusOr<std::vector<float>> drawn = m.GenerateImages(prompt, 20, 7);
+    ASSERT_TRUE(drawn.ok()) << drawn.status();
+    for (size_t j = 0; j < told.size(); ++j) {
+      double d = 0;
+      for (size_t i = 0; i < drawn->size(); ++i) {
+        d += ((*drawn)[i] - told[j].gen_images[i]) * ((*drawn)[i] - told[j].gen_images[i]);
+      }
+      (j == k ? own : others) += d / drawn->size() / (j == k ? 1.0 : told.size() - 1.0);
+    }
+  }
+  std::printf("drawn pictures' mean squared distance: own caption's %.4f, others' %.4f\n",
+              own / told.size(), others / told.size());
+  EXPECT_LT(own, 0.95 * others);  // 0.579 against 0.636 when written
 }
 
 }  // namespace
