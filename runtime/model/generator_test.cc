@@ -89,13 +89,11 @@ struct Result {
   std::vector<float> dcond, grads, denoiser_grads;
 };
 
-// The master of a set's gradients, gathered over `tp`.
+// The master of a module's gradients, gathered over `tp`.
 std::vector<float> GatheredGrads(ParamSet& local, Communicator* tp) {
-  ParamSet g = local;
-  g.data() = local.grads();
-  ParamSet master;
-  EXPECT_TRUE(GatherMaster(g, tp, &master).ok());
-  return master.data();
+  absl::StatusOr<std::vector<float>> g = GatherGradients(local, tp);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *g : std::vector<float>();
 }
 
 Result RunGenerator(const GeneratorConfig& c, Communicator* tp, bool frozen) {

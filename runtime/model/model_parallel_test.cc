@@ -61,14 +61,11 @@ LlmBatch Batch(const ModelConfig& c, int* image_tokens) {
   return PackSamples({&samples[0], &samples[1], &samples[2]});
 }
 
-// The master of a module's gradients: a copy of the set with its gradients
-// as data, gathered.
+// The master of a module's gradients, gathered over `tp`.
 std::vector<float> GatheredGrads(ParamSet& local, Communicator* tp) {
-  ParamSet g = local;
-  g.data() = local.grads();
-  ParamSet master;
-  EXPECT_TRUE(GatherMaster(g, tp, &master).ok());
-  return master.data();
+  absl::StatusOr<std::vector<float>> g = GatherGradients(local, tp);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *g : std::vector<float>();
 }
 
 // The tolerance of a TP layout against one rank in `p`.

@@ -342,6 +342,14 @@ absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* mas
   return GatherInto(local, tp, master);
 }
 
+absl::StatusOr<std::vector<float>> GatherGradients(const ParamSet& local, Communicator* tp) {
+  ParamSet g = local;
+  g.data() = g.grads();
+  ParamSet master;
+  if (absl::Status s = GatherMaster(g, tp, &master); !s.ok()) return s;
+  return master.data();
+}
+
 absl::Status GatherInto(const ParamSet& part, Communicator* group, ParamSet* master) {
   part.AddToMaster(master);
   master->step() = part.step();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/comm/collective.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/precision.h"
@@ -265,6 +266,9 @@ class ParamSet {
 // tests compare a TP run with the whole module by (checkpoints are written
 // from each rank's slices, with no gather: runtime/checkpoint).
 absl::Status GatherMaster(const ParamSet& local, Communicator* tp, ParamSet* master);
+// The same of the gradients (host copies, PullGrads first where placed):
+// the whole module's gradient, in the master layout.
+absl::StatusOr<std::vector<float>> GatherGradients(const ParamSet& local, Communicator* tp);
 // The step under it: `master` (zeros, holding `part`'s tensors whole, and
 // maybe more) gets `part` added at its place, then is summed over `group`
 // (null: alone), so every member's part is gathered; its step is `part`'s.
