@@ -9,7 +9,8 @@
 //     a matrix), the LLM's untied lm_head;
 //   - never: 1-D tensors (norm weights, every bias, CLIP's cls_token) and the
 //     embedding tables named in kNoDecayEmbeddings (the LLM's token table
-//     "wte", and with it a head tied to it; the ViT's "pos_embed").
+//     "wte", and with it a head tied to it; the ViT's "pos_embed"; the
+//     LLM's learned generator queries "gen_queries").
 // Norms and biases are what the Hugging Face Trainer (and so LLaVA's
 // recipes) and Megatron-LM exclude; the embeddings are excluded as minGPT
 // (nn.Embedding) and timm (pos_embed, cls_token) do. kAll is the old
@@ -38,7 +39,8 @@ absl::StatusOr<WeightDecayScope> ParseWeightDecayScope(const std::string& name);
 // Embedding tables that never decay under kMatrices, by parameter name (a
 // module's own names: runtime/model/{vit,llm}.cc, which Hugging Face imports
 // map onto).
-inline constexpr const char* kNoDecayEmbeddings[] = {"wte", "pos_embed", "cls_token"};
+inline constexpr const char* kNoDecayEmbeddings[] = {"wte", "pos_embed", "cls_token",
+                                                     "gen_queries"};
 
 // Whether `spec` decays under `scope`: the rule above. Uses the master shape
 // and the name only, never the slice.

@@ -90,6 +90,35 @@ TEST(WeightDecayTest, EachModulesTensors) {
   ExpectTable(model.llm().params(), kLlm, "llm");
 }
 
+// With a generator: the LLM's learned queries are an embedding table; the
+// generator's matrices decay, its norms, biases and positions do not.
+TEST(WeightDecayTest, AGeneratorAndItsQueries) {
+  MultimodalModel model(*ModelConfigByName("tiny-gen"));
+  Table llm = kLlm;
+  llm["gen_queries"] = false;
+  llm.erase("layers.0.attn.qkv.bias");  // tiny-gen's LLM has none
+  for (const auto& [name, decays] : kLlm) {
+    if (name.rfind("layers.0.", 0) == 0) llm["layers.1." + name.substr(9)] = decays;
+  }
+  llm.erase("layers.1.attn.qkv.bias");
+  ExpectTable(model.llm().params(), llm, "llm");
+  ExpectTable(model.generator()->params(),
+              {{"time.fc1.weight", true},
+               {"time.fc1.bias", false},
+               {"time.fc2.weight", true},
+               {"time.fc2.bias", false},
+               {"cond.weight", true},
+               {"cond.bias", false},
+               {"head.weight", true},
+               {"head.bias", false}},
+              "generator");
+  for (const ParamSpec& s : model.generator()->denoiser_params().specs()) {
+    EXPECT_EQ(Decays(s, WeightDecayScope::kMatrices),
+              s.master_shape.size() >= 2 && s.name != "pos_embed")
+        << s.name;
+  }
+}
+
 TEST(WeightDecayTest, TiedHeadIsTheTokenTable) {
   ModelConfig c = EveryTensor();
   c.llm.tie_embeddings = true;

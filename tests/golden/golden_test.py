@@ -1,6 +1,12 @@
 #!/usr/bin/python3
 """Golden test: Loom's tiny multimodal model rebuilt in PyTorch.
 
+A dump of tiny-gen (golden_dump --config tiny-gen) adds the generator: the
+LLM's learned queries at the query positions (-2), its final-norm states
+there conditioning the generator (generator_golden_test.forward), the
+rectified-flow loss on the dumped draws, λ times it in the total loss, and
+the generator's gradients and generation losses.
+
 Reads a dump written by golden_dump (dump_format.md), builds the same ViT,
 projector and LLM in PyTorch from Loom's exported weights, and checks, on the
 same inputs: the logits, the loss, every parameter gradient, then the losses
@@ -17,6 +23,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+generator_golden = None  # generator_golden_test, imported for a dump with a generator
 
 torch.set_default_dtype(torch.float32)
 
@@ -68,6 +76,7 @@ MUTATIONS = {
     "gelu-erf": "exact (erf) GELU instead of the tanh approximation",
     "rope-theta": "RoPE theta doubled",
     "decay-all": "weight decay on every tensor (norms, biases, embeddings too)",
+    "states-before-norm": "the generator conditioned on the LLM's states before its final norm",
 }
 MUTATION = sys.argv[2] if len(sys.argv) > 2 else ""
 
@@ -75,7 +84,7 @@ MUTATION = sys.argv[2] if len(sys.argv) > 2 else ""
 # Loom's default weight-decay rule (runtime/train/weight_decay.h), written
 # again here as torch param groups: the weight matrices decay; 1-D tensors
 # (norm weights, biases) and the embedding tables do not.
-NO_DECAY_EMBEDDINGS = {"wte", "pos_embed", "cls_token"}
+NO_DECAY_EMBEDDINGS = {"wte", "pos_embed", "cls_token", "gen_queries"}
 
 
 def decays(name, t):
@@ -156,13 +165,20 @@ def rope(x, pos, theta):
     return out
 
 
-def llm_forward(cfg, p, tokens, positions, seq_ids, image_emb):
+def llm_forward(cfg, p, tokens, positions, seq_ids, image_emb, states=None):
+    """The logits; with `states` (a list), the final norm's rows at the query
+    positions are appended to it."""
     T = tokens.shape[0]
     x = F.embedding(tokens.clamp(min=0).long(), p["wte"])
-    img = (tokens < 0)
+    img = (tokens == -1)
     if image_emb is not None and img.any():
         x = x.clone()
         x[img] = image_emb
+    query = (tokens == -2)
+    if query.any():
+        Q = p["gen_queries"].shape[0]
+        x = x.clone()
+        x[query] = p["gen_queries"].repeat(int(query.sum()) // Q, 1)
     hd = cfg.D // cfg.H
     same = seq_ids[:, None] == seq_ids[None, :]
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
@@ -181,14 +197,17 @@ def llm_forward(cfg, p, tokens, positions, seq_ids, image_emb):
         h = rms_norm(x, p[b + "mlp_norm.weight"])
         m = F.silu(F.linear(h, p[b + "mlp.gate.weight"])) * F.linear(h, p[b + "mlp.up.weight"])
         x = x + F.linear(m, p[b + "mlp.down.weight"])
-    return F.linear(rms_norm(x, p["norm.weight"]), p["lm_head.weight"])
+    h = rms_norm(x, p["norm.weight"])
+    if states is not None:
+        states.append((x if MUTATION == "states-before-norm" else h)[query])
+    return F.linear(h, p["lm_head.weight"])
 
 
 def pack(samples):
     """samples: list of (tiles, tokens). Returns tiles, tokens, targets, positions, seq_ids."""
-    tiles = [t for t, _ in samples if t.shape[0] > 0]
+    tiles = [s[0] for s in samples if s[0].shape[0] > 0]
     toks, tgts, pos, sid = [], [], [], []
-    for i, (_, tk) in enumerate(samples):
+    for i, (_, tk, _) in enumerate(samples):
         L = tk.shape[0]
         nxt = torch.cat([tk[1:], torch.tensor([-1], dtype=torch.int32)])
         toks.append(tk)
@@ -200,26 +219,58 @@ def pack(samples):
 
 
 def step_samples(d, s):
+    """(tiles, tokens, output images) per sample; the output images are
+    (images, t, noise), the draws of the step, or None."""
     counts = d[f"step{s}/tile_counts"].tolist()
     lengths = d[f"step{s}/lengths"].tolist()
     tiles, tokens = d[f"step{s}/tiles"], d[f"step{s}/tokens"]
-    out, ti, to = [], 0, 0
-    for c, L in zip(counts, lengths):
-        out.append((tiles[ti:ti + c], tokens[to:to + L]))
+    gen_counts = d[f"step{s}/gen_counts"].tolist() if f"step{s}/gen_counts" in d else [0] * len(counts)
+    out, ti, to, gi = [], 0, 0, 0
+    for c, L, g in zip(counts, lengths, gen_counts):
+        gen = None
+        if g > 0:
+            gen = (d[f"step{s}/gen_images"][gi:gi + g], d[f"step{s}/gen_t"][gi:gi + g],
+                   d[f"step{s}/gen_noise"][gi:gi + g])
+        out.append((tiles[ti:ti + c], tokens[to:to + L], gen))
         ti += c
         to += L
+        gi += g
     return out
 
 
-def microbatch_loss_sum(cfg, P, samples):
+def generation_loss_sum(d, P, states, samples):
+    """Σ over the microbatch's output images of each one's mean squared
+    error, conditioned on the LLM's query states (in sample order)."""
+    gens = [s[2] for s in samples if s[2] is not None]
+    if not gens:
+        return None, 0
+    x0 = torch.cat([g[0] for g in gens])
+    t = torch.cat([g[1] for g in gens])
+    noise = torch.cat([g[2] for g in gens])
+    tt = t[:, None, None, None]
+    x_t = (1 - tt) * x0 + tt * noise
+    gcfg = d["gen/config"].tolist()
+    gcfg[-1] = x0.shape[0]
+    v = generator_golden.forward(gcfg, P["generator"], P["generator_denoiser"], x_t, t,
+                                 torch.cat(states))
+    return ((v - (noise - x0)) ** 2).mean(dim=(1, 2, 3)).sum(), x0.shape[0]
+
+
+def microbatch_loss_sum(cfg, P, samples, d=None):
+    """The logits, the LM loss sum and its token count; with the dump `d` of
+    a model with a generator also the generation loss sum and image count."""
     tiles, tokens, targets, positions, seq_ids = pack(samples)
     image_emb = None
     if tiles is not None:
         image_emb = projector_forward(cfg, P["projector"], vit_forward(cfg, P["vit"], tiles),
                                       tiles.shape[0])
-    logits = llm_forward(cfg, P["llm"], tokens, positions, seq_ids, image_emb)
+    states = []
+    logits = llm_forward(cfg, P["llm"], tokens, positions, seq_ids, image_emb, states)
     loss = F.cross_entropy(logits, targets.long(), ignore_index=-1, reduction="sum")
-    return logits, loss, int((targets >= 0).sum())
+    if d is None or "gen/config" not in d:
+        return logits, loss, int((targets >= 0).sum())
+    gen, images = generation_loss_sum(d, P, states, samples)
+    return logits, loss, int((targets >= 0).sum()), gen, images
 
 
 def check(name, got, want, tol, failures):
@@ -232,64 +283,97 @@ def check(name, got, want, tol, failures):
     return float((got - want).abs().max()) if got.numel() else 0.0
 
 
+def modules(d):
+    return ("vit", "projector", "llm") + (("generator", "generator_denoiser")
+                                          if "gen/config" in d else ())
+
+
+def step_counts(samples):
+    """The global batch's loss tokens and output images."""
+    n = sum(int(((torch.cat([s[1][1:], torch.tensor([-1], dtype=torch.int32)])) >= 0).sum())
+            for s in samples)
+    return n, sum(s[2][0].shape[0] for s in samples if s[2] is not None)
+
+
+def backward_step(cfg, P, d, samples, lam):
+    """Loom's microbatched step: each microbatch's LM loss over the global
+    loss tokens plus λ times its generation loss over the global output
+    images, backward; returns the LM and generation loss sums."""
+    n, images = step_counts(samples)
+    M = cfg.micro
+    lm = gen = 0.0
+    for m in range(M):
+        mb = samples[len(samples) * m // M: len(samples) * (m + 1) // M]
+        out = microbatch_loss_sum(cfg, P, mb, d)
+        total = out[1] / n
+        if len(out) > 3 and out[3] is not None:
+            total = total + lam * out[3] / images
+            gen += out[3].item()
+        total.backward()
+        lm += out[1].item()
+    return lm / n, (gen / images if images else 0.0)
+
+
 def main():
     if MUTATION and MUTATION not in MUTATIONS:
         sys.exit(f"unknown mutation {MUTATION!r}; known: {', '.join(MUTATIONS)}")
     d = read_dump(sys.argv[1])
     cfg = Cfg(d["config"], d["hparams"])
     tol = {k: d[f"tolerance/{k}"].tolist() for k in ("logits", "grads", "losses")}
-    P = {m: params_of(d, f"param/{m}/") for m in ("vit", "projector", "llm")}
+    lam = 0.0
+    if "gen/config" in d:
+        global generator_golden
+        import generator_golden_test as generator_golden  # the generator's reference
+        generator_golden.time_scale, generator_golden.eps, lam = d["gen/hparams"].tolist()
+    P = {m: params_of(d, f"param/{m}/") for m in modules(d)}
     failures = []
 
     # 1. Logits and loss at the initial weights, step 0's batch as one microbatch.
     samples = step_samples(d, 0)
-    logits, loss_sum, n = microbatch_loss_sum(cfg, P, samples)
+    logits, loss_sum, n = microbatch_loss_sum(cfg, P, samples)[:3]
     err_logits = check("logits", logits.detach(), d["logits"], tol["logits"], failures)
     loss0 = loss_sum.item() / n
     check("loss", torch.tensor([loss0]), d["loss"], tol["logits"], failures)
 
-    # 2. Gradients: microbatched as Loom does, each scaled by 1 / global loss tokens.
-    M = cfg.micro
-    total = loss_sum.new_zeros(())
-    for m in range(M):
-        mb = samples[len(samples) * m // M: len(samples) * (m + 1) // M]
-        _, ls, _ = microbatch_loss_sum(cfg, P, mb)
-        total = total + ls / n
-    total.backward()
+    # 2. Gradients: microbatched as Loom does, each scaled by 1 / global loss
+    # tokens (and λ / global output images).
+    backward_step(cfg, P, d, samples, lam)
     worst = 0.0
     for mod in P:
         for name, t in P[mod].items():
+            if t.grad is None or not t.grad.abs().max() > 0:
+                failures.append(f"grad/{mod}/{name}: none in torch")
+                continue
             worst = max(worst, check(f"grad/{mod}/{name}", t.grad, d[f"grad/{mod}/{name}"],
                                      tol["grads"], failures))
 
     # 3. Training steps from the same initial weights.
-    P = {m: params_of(d, f"param/{m}/") for m in ("vit", "projector", "llm")}
+    P = {m: params_of(d, f"param/{m}/") for m in modules(d)}
     all_params = [t for mod in P.values() for t in mod.values()]
     opt = adamw(cfg, P, decay_all=MUTATION == "decay-all")
-    losses = []
+    losses, gen_losses = [], []
     for s in range(cfg.steps):
         opt.zero_grad()
-        samples = step_samples(d, s)
-        n = sum(int(((torch.cat([tk[1:], torch.tensor([-1], dtype=torch.int32)])) >= 0).sum())
-                for _, tk in samples)
-        total = 0.0
-        for m in range(M):
-            mb = samples[len(samples) * m // M: len(samples) * (m + 1) // M]
-            _, ls, _ = microbatch_loss_sum(cfg, P, mb)
-            (ls / n).backward()
-            total += ls.item()
-        losses.append(total / n)
+        lm, gen = backward_step(cfg, P, d, step_samples(d, s), lam)
+        losses.append(lm)
+        gen_losses.append(gen)
         torch.nn.utils.clip_grad_norm_(all_params, cfg.clip)
         warm = min(1.0, (s + 1) / cfg.warmup) if cfg.warmup > 0 else 1.0
         for g in opt.param_groups:
             g["lr"] = cfg.lr * warm
         opt.step()
     check("losses", torch.tensor(losses), d["losses"], tol["losses"], failures)
+    if "gen/losses" in d:
+        check("gen/losses", torch.tensor(gen_losses), d["gen/losses"], tol["losses"], failures)
 
     print(f"golden: logits max|diff| {err_logits:.3g}, loss torch {loss0:.6f} loom "
           f"{d['loss'].item():.6f}, worst grad |diff| {worst:.3g}")
     print("golden: losses torch " + " ".join(f"{x:.5f}" for x in losses))
     print("golden: losses loom  " + " ".join(f"{x:.5f}" for x in d["losses"].tolist()))
+    if "gen/losses" in d:
+        print("golden: generation losses torch " + " ".join(f"{x:.5f}" for x in gen_losses))
+        print("golden: generation losses loom  " +
+              " ".join(f"{x:.5f}" for x in d["gen/losses"].tolist()))
     if failures:
         print("golden: FAILED\n  " + "\n  ".join(failures))
         sys.exit(1)
