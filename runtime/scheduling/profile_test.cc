@@ -54,9 +54,16 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_EQ(p->model(), "tiny");
   EXPECT_EQ(p->tp(), 1);
   ASSERT_EQ(p->points_size(), 3 + 2 * 3);
-  EXPECT_GT(p->encoder_per_tile(), 0);
-  EXPECT_GT(p->llm_per_token(), 0);
-  EXPECT_GE(p->llm_per_token_sq(), 0);
+  // Non-negative, and not all zero for a module (its times are positive, so
+  // a zero fit is never the least-squares one). Which terms carry the time
+  // depends on the machine's load (CI once fitted the encoder per sample
+  // alone), so no single coefficient is asserted positive.
+  for (double c : {p->encoder_per_sample(), p->encoder_per_tile(), p->llm_per_sample(),
+                   p->llm_per_token(), p->llm_per_token_sq()}) {
+    EXPECT_GE(c, 0);
+  }
+  EXPECT_GT(p->encoder_per_sample() + p->encoder_per_tile(), 0);
+  EXPECT_GT(p->llm_per_sample() + p->llm_per_token() + p->llm_per_token_sq(), 0);
   double worst_e = 0, worst_l = 0;
   for (const auto& pt : p->points()) {
     EXPECT_GT(pt.seconds(), 0) << pt.DebugString();
@@ -108,7 +115,7 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_EQ(scaled, "llm TP 2 scaled from the profile's TP 1");
   EXPECT_DOUBLE_EQ(plan.costs().llm_per_token(), p->llm_per_token() / (2 * TpEfficiency(2)));
   EXPECT_EQ(plan.costs().encoder_per_tile(), p->encoder_per_tile());
-  EXPECT_LT(plan.costs().llm_per_token(), p->llm_per_token());
+  EXPECT_LE(plan.costs().llm_per_token(), p->llm_per_token());  // 0 stays 0
 }
 
 // Two bins a module, one timed run each: the grid the tests below need.
