@@ -145,24 +145,36 @@ MultimodalModel::MultimodalModel(const ModelConfig& config, Ops* ops)
   if (config.has_generator()) gen_ = std::make_unique<Generator>(config.generator, nullptr, ops);
 }
 
+namespace {
+
+// Every parameter set a model can have, in param_sets()'s order: its
+// module and checkpoint name. The last two only with a generator.
+constexpr struct {
+  Module module;
+  const char* name;
+} kParamSets[] = {{Module::kEncoder, "encoder"},
+                  {Module::kProjector, "projector"},
+                  {Module::kLlm, "llm"},
+                  {Module::kGenerator, "generator"},
+                  {Module::kGenerator, "generator_denoiser"}};
+
+}  // namespace
+
 std::vector<ParamSet*> MultimodalModel::param_sets() {
   std::vector<ParamSet*> sets = {&vit_.params(), &projector_.params(), &llm_.params()};
-  if (gen_ != nullptr) {
-    sets.push_back(&gen_->params());
-    sets.push_back(&gen_->denoiser_params());
-  }
+  if (gen_ != nullptr) sets.insert(sets.end(), {&gen_->params(), &gen_->denoiser_params()});
   return sets;
 }
 
 std::vector<Module> MultimodalModel::param_set_modules() const {
-  std::vector<Module> m = {Module::kEncoder, Module::kProjector, Module::kLlm};
-  if (gen_ != nullptr) m.insert(m.end(), {Module::kGenerator, Module::kGenerator});
+  std::vector<Module> m;
+  for (size_t i = 0; i < (gen_ != nullptr ? 5 : 3); ++i) m.push_back(kParamSets[i].module);
   return m;
 }
 
 std::vector<std::string> MultimodalModel::param_set_names() const {
-  std::vector<std::string> n = {"encoder", "projector", "llm"};
-  if (gen_ != nullptr) n.insert(n.end(), {"generator", "generator_denoiser"});
+  std::vector<std::string> n;
+  for (size_t i = 0; i < (gen_ != nullptr ? 5 : 3); ++i) n.push_back(kParamSets[i].name);
   return n;
 }
 

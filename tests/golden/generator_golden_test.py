@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from golden_test import check, read_dump  # noqa: E402
+from golden_test import check, read_dump, report  # noqa: E402
 
 MUTATIONS = {
     "time-sin-first": "the timestep features as [sin, cos] instead of [cos, sin]",
@@ -105,10 +105,7 @@ def main():
     worst = max(worst, check("grad/cond", cond.grad, dump["grad/cond"], tol["grads"], failures))
     print(f"generator golden: loss torch {loss.item():.6f} loom {dump['loss'].item():.6f}, "
           f"velocity max|diff| {err_v:.3g}, worst grad |diff| {worst:.3g}")
-    if failures:
-        print("golden: FAILED\n  " + "\n  ".join(failures))
-        sys.exit(1)
-    print("golden: all match")
+    report(failures)
 
 
 if __name__ == "__main__":

@@ -273,6 +273,14 @@ def microbatch_loss_sum(cfg, P, samples, d=None):
     return logits, loss, int((targets >= 0).sum()), gen, images
 
 
+def report(failures):
+    """Exits 1 naming every failure ("golden: FAILED"), or says all match."""
+    if failures:
+        print("golden: FAILED\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print("golden: all match")
+
+
 def check(name, got, want, tol, failures):
     atol, rtol = tol
     bad = (got - want).abs() > atol + rtol * want.abs()
@@ -374,10 +382,7 @@ def main():
         print("golden: generation losses torch " + " ".join(f"{x:.5f}" for x in gen_losses))
         print("golden: generation losses loom  " +
               " ".join(f"{x:.5f}" for x in d["gen/losses"].tolist()))
-    if failures:
-        print("golden: FAILED\n  " + "\n  ".join(failures))
-        sys.exit(1)
-    print("golden: all match")
+    report(failures)
 
 
 if __name__ == "__main__":
