@@ -53,6 +53,7 @@ struct Record {
   std::string id;
   std::vector<std::pair<std::string, std::string>> messages;  // role, content
   std::vector<std::string> images;                            // paths, in order
+  std::vector<std::string> output_images;                     // paths, in order
   std::optional<std::vector<std::string>> frames;             // a video's
 };
 
@@ -75,6 +76,27 @@ std::optional<Skip> Parse(const ordered_json& r, const std::string& images_dir, 
     if (r.contains(key) && !r[key].is_null() && !strings(r[key], &out->images)) {
       return Skip{"bad_record",
                   absl::StrCat("\"", key, "\" is neither a path nor a list of paths")};
+    }
+  }
+  for (const char* key : {"output_image", "output_images"}) {
+    if (r.contains(key) && !r[key].is_null() && !strings(r[key], &out->output_images)) {
+      return Skip{"bad_record",
+                  absl::StrCat("\"", key, "\" is neither a path nor a list of paths")};
+    }
+  }
+  if (!r.contains("conversations") && !r.contains("messages")) {
+    for (const char* key : {"prompt", "caption"}) {
+      if (!r.contains(key)) continue;
+      // A text → image pair: the prompt, and the picture to draw from it.
+      if (!r[key].is_string() || out->images.size() != 1 || !out->output_images.empty()) {
+        return Skip{"bad_record", absl::StrCat("a text → image pair is a \"", key,
+                                               "\" string and one \"image\"")};
+      }
+      out->output_images = std::move(out->images);
+      out->images.clear();
+      out->messages = {{"user", r[key].get<std::string>()},
+                       {"assistant", std::string(kOutputImageMarker)}};
+      return std::nullopt;
     }
   }
   if (r.contains("video") && !r["video"].is_null()) {
@@ -155,7 +177,9 @@ std::optional<Skip> Parse(const ordered_json& r, const std::string& images_dir, 
     }
     return std::nullopt;
   }
-  return Skip{"bad_record", "neither \"conversations\" (LLaVA) nor \"messages\""};
+  return Skip{"bad_record",
+              "neither \"conversations\" (LLaVA), \"messages\" nor a \"prompt\" or \"caption\" "
+              "with its \"image\""};
 }
 
 // The record's messages with one marker per image, and its image files.
@@ -201,6 +225,12 @@ std::optional<Skip> Complete(Record* rec) {
   if (markers != rec->images.size()) {
     return Skip{"image_count_mismatch",
                 absl::StrCat(markers, " <image> markers, ", rec->images.size(), " images")};
+  }
+  size_t outputs = 0;
+  for (const auto& [role, content] : rec->messages) outputs += Count(content, kOutputImageMarker);
+  if (outputs != rec->output_images.size()) {
+    return Skip{"image_count_mismatch", absl::StrCat(outputs, " <output_image> markers, ",
+                                                     rec->output_images.size(), " output images")};
   }
   return std::nullopt;
 }
@@ -301,16 +331,21 @@ absl::StatusOr<ConvertSummary> Convert(const ConvertOptions& o) {
     for (const auto& [role, content] : rec.messages) {
       record["messages"].push_back({{"role", role}, {"content", content}});
     }
-    record["images"] = ordered_json::array();
-    for (size_t i = 0; i < rec.images.size(); ++i) {
-      TarMember m;
-      if (std::optional<Skip> s = ReadImage(o.images, rec.images[i], o.max_image_bytes, &m)) {
-        return skip(*s, index, rec.id), absl::OkStatus();
+    for (const bool output : {false, true}) {
+      const std::vector<std::string>& paths = output ? rec.output_images : rec.images;
+      if (output && paths.empty()) continue;
+      const char* field = output ? "output_images" : "images";
+      record[field] = ordered_json::array();
+      for (size_t i = 0; i < paths.size(); ++i) {
+        TarMember m;
+        if (std::optional<Skip> s = ReadImage(o.images, paths[i], o.max_image_bytes, &m)) {
+          return skip(*s, index, rec.id), absl::OkStatus();
+        }
+        const std::string ext = absl::StrCat(output ? "out" : "", i, ".", m.name);
+        record[field].push_back(ext);
+        m.name = key + "." + ext;
+        files.push_back(std::move(m));
       }
-      const std::string ext = absl::StrCat(i, ".", m.name);
-      record["images"].push_back(ext);
-      m.name = key + "." + ext;
-      files.push_back(std::move(m));
     }
     if (!rec.id.empty()) record["id"] = rec.id;
     shard.push_back(

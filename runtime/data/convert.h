@@ -11,6 +11,12 @@
 //   - messages: {"messages": [{"role", "content"}], "images": [...]}, with
 //     content a string or a list of {"type": "text", "text"} and
 //     {"type": "image"} parts.
+//   - text → image pairs: {"prompt" | "caption", "image"}: a user message
+//     of the prompt and an assistant message that is the "<output_image>"
+//     it draws (the generator's target, SampleRecord.output_images;
+//     MetaQuery's and BLIP3-o's pairs). A conversation or messages record
+//     may also carry "output_image" | "output_images", one
+//     "<output_image>" marker each in its messages.
 // Video: "video" names a folder of frames (sorted by name) or lists frame
 // files; the "<video>" marker (else the start of the first user message)
 // becomes one "<image>" per frame. A record whose messages hold no

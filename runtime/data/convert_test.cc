@@ -29,8 +29,9 @@ std::string Seed(const std::string& name) {
 }
 
 // Every sample of the shards, preprocessed with the vicuna_v1 template.
-std::vector<Outcome> Preprocessed(const std::vector<std::string>& shards) {
-  PreprocessOptions o = PreprocessOptionsFor(*ModelConfigByName("tiny"));
+std::vector<Outcome> Preprocessed(const std::vector<std::string>& shards,
+                                  const std::string& config = "tiny") {
+  PreprocessOptions o = PreprocessOptionsFor(*ModelConfigByName(config));
   o.chat = *ChatTemplate::Resolve("vicuna_v1", &testing::TestTokenizer());
   Preprocessor p(o, &testing::TestTokenizer());
   std::vector<Outcome> out;
@@ -183,6 +184,59 @@ TEST_F(ConvertTest, MessagesJsonLines) {
 
   o.input = root_ + "/none.json";
   EXPECT_EQ(Convert(o).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Text → image pairs (MetaQuery's, BLIP3-o's) become a prompt and the
+// output image the answer draws; a conversation can name output images too.
+TEST_F(ConvertTest, TextToImagePairs) {
+  Put(root_ + "/t2i.jsonl",
+      R"({"prompt": "two red circles.", "image": "a.png"})"
+      "\n"
+      R"({"caption": "a square.", "image": "b.jpg", "id": 7})"
+      "\n"
+      R"({"messages": [{"role": "user", "content": "<image>\nthe same, bigger."}, {"role": "assistant", "content": "<output_image>"}], "images": ["a.png"], "output_images": ["b.jpg"]})"
+      "\n"
+      R"({"prompt": "no picture."})"
+      "\n"
+      R"({"prompt": "two pictures.", "image": ["a.png", "b.jpg"]})"
+      "\n"
+      R"({"caption": "gone.", "image": "nope.png"})"
+      "\n"
+      R"({"messages": [{"role": "user", "content": "draw."}, {"role": "assistant", "content": "<output_image><output_image>"}], "output_image": "a.png"})"
+      "\n");
+  ConvertOptions o;
+  o.input = root_ + "/t2i.jsonl";
+  o.images = root_ + "/images";
+  o.out = root_ + "/t2i";
+  absl::StatusOr<ConvertSummary> s = Convert(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->read, 7);
+  EXPECT_EQ(s->written, 3);
+  EXPECT_EQ(s->skipped.at("bad_record"), 2);
+  EXPECT_EQ(s->skipped.at("missing_image"), 1);
+  EXPECT_EQ(s->skipped.at("image_count_mismatch"), 1);
+  // The first record as written: the prompt, the marker, the output image.
+  absl::StatusOr<ShardIndex> index = IndexShard(s->shards[0], ShardLimits{});
+  ASSERT_TRUE(index.ok());
+  absl::StatusOr<SampleFiles> first = ReadSample(s->shards[0], index->samples[0], ShardLimits{});
+  ASSERT_TRUE(first.ok());
+  const nlohmann::json j = nlohmann::json::parse(first->files.at("json"));
+  EXPECT_EQ(j["messages"][0]["content"], "two red circles.");
+  EXPECT_EQ(j["messages"][1]["content"], "<output_image>");
+  EXPECT_EQ(j["output_images"], nlohmann::json::array({"out0.png"}));
+  EXPECT_FALSE(j.contains("images") && !j["images"].empty());
+  EXPECT_EQ(first->files.count("out0.png"), 1u);
+  // They train a model with a generator: one output image each, the third
+  // an input image too.
+  const std::vector<Outcome> out = Preprocessed(s->shards, "tiny-gen");
+  ASSERT_EQ(out.size(), 3u);
+  for (const Outcome& x : out) {
+    ASSERT_TRUE(x.ok) << x.skip.reason << ": " << x.skip.detail;
+    EXPECT_EQ(x.sample.sample.num_gen_images, 1);
+  }
+  EXPECT_EQ(out[2].sample.images.size(), 1u);
+  // A model without one skips them, by name.
+  for (const Outcome& x : Preprocessed(s->shards)) EXPECT_EQ(x.skip.reason, "no_generator");
 }
 
 }  // namespace

@@ -71,8 +71,9 @@ std::string Describe(const Scene& s) {
 }
 
 // Renders `s` at width x height; `shift` in [0, 1] moves the shapes along
-// `direction` (video frames), -1 for a still.
-Image Render(const Scene& s, int width, int height, double shift, int direction) {
+// `direction` (video frames), -1 for a still. A shape's side is `size` of
+// the shorter side.
+Image Render(const Scene& s, int width, int height, double shift, int direction, double size) {
   Image img;
   img.width = width;
   img.height = height;
@@ -104,7 +105,7 @@ Image Render(const Scene& s, int width, int height, double shift, int direction)
         break;
     }
   }
-  const int side = std::max(3, static_cast<int>(std::min(width, height) * 0.12));
+  const int side = std::max(3, static_cast<int>(std::min(width, height) * size));
   for (int k = 0; k < s.count; ++k) {
     const double off = (k - (s.count - 1) / 2.0) * 1.3 * side;
     const int x0 = static_cast<int>(cx * width + off) - side / 2;
@@ -169,8 +170,10 @@ struct Draft {
     ImageSpec spec;
     double shift = -1;
     int direction = 0;
+    double size = 0.12;  // a shape's side, of the shorter side
   };
   std::vector<Picture> pictures;
+  std::vector<Picture> outputs;  // output images (the generation preset)
 };
 
 std::string Caption(Rng& rng, const Scene& s) {
@@ -300,6 +303,35 @@ Draft DraftChat(Rng& rng) {
   return d;
 }
 
+// Text → image mixed with understanding (MetaQuery- and BLIP3-o-like):
+// 50% a caption, then the picture it describes as an output image; 15% an
+// image and its caption, then the same shapes drawn in another region as an
+// output image (generation that needs the input image); 35% a caption
+// sample as `caption` draws it. Output images are small (long side
+// lognormal, median 256, 64-1024, aspect ratio within 1.5, half PNG), their
+// shapes larger (a quarter of the shorter side), so a small generator's
+// picture shows them.
+Draft DraftGeneration(Rng& rng) {
+  const double kind = rng.Uniform();
+  if (kind < 0.35) return DraftCaption(rng);
+  Draft d;
+  Draft::Picture out{DrawScene(rng), SizeFor(rng, 256, 0.4, 64, 1024, 1.5, 0.5)};
+  out.size = 0.25;
+  if (kind < 0.85) {
+    d.kind = "text_to_image";
+    d.text = absl::StrCat(Caption(rng, out.scene), " <output_image>");
+  } else {
+    d.kind = "image_edit";
+    Draft::Picture in{out.scene, SizeFor(rng, 384, 0.35, 96, 1024, 2.0, 0.1)};
+    in.scene.region = static_cast<int>((out.scene.region + rng.UniformInt(1, 4)) % 5);
+    d.text = absl::StrCat("<image>\n", Caption(rng, in.scene), " the same in the ",
+                          kRegions[out.scene.region], ": <output_image>");
+    d.pictures.push_back(in);
+  }
+  d.outputs.push_back(out);
+  return d;
+}
+
 absl::Status CheckPreset(const std::string& preset) {
   const std::vector<std::string>& known = DatagenPresets();
   if (std::find(known.begin(), known.end(), preset) != known.end()) return absl::OkStatus();
@@ -316,6 +348,7 @@ absl::StatusOr<Draft> DraftSample(const std::string& preset, Rng& rng) {
   if (preset == "interleaved") return DraftInterleaved(rng);
   if (preset == "onevision") return DraftOneVision(rng);
   if (preset == "chat") return DraftChat(rng);
+  if (preset == "generation") return DraftGeneration(rng);
   return CheckPreset(preset);
 }
 
@@ -323,7 +356,7 @@ absl::StatusOr<Draft> DraftSample(const std::string& preset, Rng& rng) {
 
 const std::vector<std::string>& DatagenPresets() {
   static const auto* v =
-      new std::vector<std::string>{"caption", "interleaved", "onevision", "chat"};
+      new std::vector<std::string>{"caption", "interleaved", "onevision", "chat", "generation"};
   return *v;
 }
 
@@ -348,14 +381,21 @@ absl::StatusOr<GeneratedSample> GenerateSample(const std::string& preset, uint64
   record.mutable_meta()->set_preset(preset);
   record.mutable_meta()->set_kind(draft->kind);
   std::vector<TarMember> images;
-  for (size_t i = 0; i < draft->pictures.size(); ++i) {
-    const Draft::Picture& p = draft->pictures[i];
-    Image img = Render(p.scene, p.spec.width, p.spec.height, p.shift, p.direction);
-    absl::StatusOr<std::string> bytes = p.spec.png ? EncodePng(img) : EncodeJpeg(img, 90);
-    if (!bytes.ok()) return bytes.status();
-    std::string ext = absl::StrCat(i, p.spec.png ? ".png" : ".jpg");
-    record.add_images(ext);
-    images.push_back({absl::StrCat(out.key, ".", ext), std::move(*bytes)});
+  for (const bool output : {false, true}) {
+    const std::vector<Draft::Picture>& pictures = output ? draft->outputs : draft->pictures;
+    for (size_t i = 0; i < pictures.size(); ++i) {
+      const Draft::Picture& p = pictures[i];
+      Image img = Render(p.scene, p.spec.width, p.spec.height, p.shift, p.direction, p.size);
+      absl::StatusOr<std::string> bytes = p.spec.png ? EncodePng(img) : EncodeJpeg(img, 90);
+      if (!bytes.ok()) return bytes.status();
+      std::string ext = absl::StrCat(output ? "out" : "", i, p.spec.png ? ".png" : ".jpg");
+      if (output) {
+        record.add_output_images(ext);
+      } else {
+        record.add_images(ext);
+      }
+      images.push_back({absl::StrCat(out.key, ".", ext), std::move(*bytes)});
+    }
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -379,12 +419,17 @@ absl::StatusOr<SampleOutline> OutlineSample(const std::string& preset, uint64_t 
   for (const Draft::Picture& p : draft->pictures) {
     out.image_sizes.emplace_back(p.spec.width, p.spec.height);
   }
+  for (const Draft::Picture& p : draft->outputs) {
+    out.output_image_sizes.emplace_back(p.spec.width, p.spec.height);
+  }
   return out;
 }
 
 std::vector<std::string> GenerateTexts(uint64_t seed, int count) {
   std::vector<std::string> out;
-  const std::vector<std::string>& presets = DatagenPresets();
+  // The first four presets: generation's words are theirs, and the built
+  // tokenizer (and so every tokenized test) stays what it was.
+  const std::vector<std::string> presets(DatagenPresets().begin(), DatagenPresets().begin() + 4);
   for (int i = 0; i < count; ++i) {
     Rng rng(MixSeed(seed, i, 0xda7a));
     absl::StatusOr<Draft> d = DraftSample(presets[i % presets.size()], rng);

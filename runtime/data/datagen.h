@@ -30,6 +30,13 @@
 //                draws it with 1-4 questions its picture answers (what,
 //                how many, what color, where, what shape); 15% text-only
 //                turns of filler. LLaVA-665K-like.
+//   generation   text → image mixed with understanding (a generator's
+//                targets as `output_images`, "<output_image>" in the text):
+//                50% a caption then its picture; 15% an image and its
+//                caption, then the same shapes in another region; 35% as
+//                caption. Output images: long side lognormal (median 256,
+//                sigma 0.4, 64-1024), aspect ratio within 1.5, half PNG,
+//                shapes a quarter of the shorter side. MetaQuery/BLIP3-o-like.
 #ifndef LOOM_RUNTIME_DATA_DATAGEN_H_
 #define LOOM_RUNTIME_DATA_DATAGEN_H_
 
@@ -43,7 +50,7 @@
 
 namespace loom::data {
 
-// The preset names: caption, interleaved, onevision, chat.
+// The preset names: caption, interleaved, onevision, chat, generation.
 const std::vector<std::string>& DatagenPresets();
 
 struct GeneratedSample {
@@ -63,13 +70,14 @@ absl::StatusOr<GeneratedSample> GenerateSample(const std::string& preset, uint64
 struct SampleOutline {
   std::string key;
   std::string text;
-  std::vector<std::pair<int, int>> image_sizes;  // width, height
+  std::vector<std::pair<int, int>> image_sizes;         // width, height
+  std::vector<std::pair<int, int>> output_image_sizes;  // the generation preset's
 };
 absl::StatusOr<SampleOutline> OutlineSample(const std::string& preset, uint64_t seed,
                                             int64_t index);
 
-// Texts only (no images drawn): `count` texts from every preset in turn,
-// for training the tokenizer.
+// Texts only (no images drawn): `count` texts from the presets caption,
+// interleaved, onevision and chat in turn, for training the tokenizer.
 std::vector<std::string> GenerateTexts(uint64_t seed, int count);
 
 struct DatagenOptions {

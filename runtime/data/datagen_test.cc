@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/data/data_testing.h"
 #include "runtime/data/preprocess.h"
@@ -29,7 +30,10 @@ TEST(DatagenTest, SameSeedSameBytesAndUnknownPresetNamed) {
 // Every generated sample passes preprocessing, and each preset has the
 // heterogeneity its documentation promises.
 TEST(DatagenTest, PresetsAreHeterogeneousAndValid) {
-  Preprocessor pre(PreprocessOptionsFor(*ModelConfigByName("tiny")), &testing::TestTokenizer());
+  Preprocessor tiny(PreprocessOptionsFor(*ModelConfigByName("tiny")), &testing::TestTokenizer());
+  // The generation preset's output images need a model with a generator.
+  Preprocessor tiny_gen(PreprocessOptionsFor(*ModelConfigByName("tiny-gen")),
+                        &testing::TestTokenizer());
   std::map<std::string, std::map<std::string, int>> kinds;
   std::map<std::string, std::pair<int, int>> image_range;  // min, max images
   std::map<std::string, int> kept;
@@ -46,8 +50,10 @@ TEST(DatagenTest, PresetsAreHeterogeneousAndValid) {
         EXPECT_EQ(key, g.key);
         files.files[ext] = m.bytes;
       }
+      const Preprocessor& pre = preset == "generation" ? tiny_gen : tiny;
       Outcome o = pre.Process(files, /*decode_pixels=*/true);
       if (o.ok) ++kept[preset];
+      const int outputs = static_cast<int>(o.sample.output_images.size());
       if (!o.ok) {
         EXPECT_TRUE(o.skip.reason == "sequence_too_long" || o.skip.reason == "text_too_long")
             << preset << " " << g.key << ": " << o.skip.reason << " " << o.skip.detail;
@@ -59,8 +65,22 @@ TEST(DatagenTest, PresetsAreHeterogeneousAndValid) {
       int tiles = 0;
       for (const ImageInfo& info : o.sample.images) tiles = std::max(tiles, info.tiles);
       kinds[preset][tiles > 1 ? "tiled" : "untiled"]++;
+      kinds[preset][absl::StrCat(images, " in ", outputs, " out")]++;
+      EXPECT_EQ(o.sample.sample.num_gen_images, outputs);
+      for (float v : o.sample.sample.gen_images) ASSERT_TRUE(v >= -1 && v <= 1) << v;
+      if (preset == "generation" && outputs > 0) {
+        // A text → image sample is not understood by a model without a generator.
+        EXPECT_EQ(tiny.Process(files, /*decode_pixels=*/false).skip.reason, "no_generator");
+      }
     }
   }
+  EXPECT_EQ(kinds["caption"]["1 in 0 out"], kept["caption"]);
+  EXPECT_GT(kinds["generation"]["0 in 1 out"], n / 3);  // text → image
+  EXPECT_GT(kinds["generation"]["1 in 1 out"], 2);      // the same shapes elsewhere
+  EXPECT_GT(kinds["generation"]["1 in 0 out"], n / 6);  // understanding
+  EXPECT_EQ(kinds["generation"]["0 in 1 out"] + kinds["generation"]["1 in 1 out"] +
+                kinds["generation"]["1 in 0 out"],
+            kept["generation"]);
   EXPECT_EQ(image_range["caption"], std::make_pair(1, 1));
   EXPECT_EQ(image_range["interleaved"].first, 0);
   EXPECT_GE(image_range["interleaved"].second, 6);
@@ -86,12 +106,16 @@ TEST(DatagenTest, OutlineMatchesTheGeneratedSample) {
       ASSERT_TRUE(full.ok() && outline.ok());
       EXPECT_EQ(outline->key, full->key);
       EXPECT_EQ(outline->text, full->text);
-      ASSERT_EQ(outline->image_sizes.size() + 1, full->members.size());
-      for (size_t i = 0; i < outline->image_sizes.size(); ++i) {
+      // Members: KEY.json, the images, the output images.
+      std::vector<std::pair<int, int>> sizes = outline->image_sizes;
+      sizes.insert(sizes.end(), outline->output_image_sizes.begin(),
+                   outline->output_image_sizes.end());
+      ASSERT_EQ(sizes.size() + 1, full->members.size());
+      for (size_t i = 0; i < sizes.size(); ++i) {
         absl::StatusOr<ImageSize> size = PeekImageSize(full->members[i + 1].bytes);
         ASSERT_TRUE(size.ok());
-        EXPECT_EQ(outline->image_sizes[i].first, size->width);
-        EXPECT_EQ(outline->image_sizes[i].second, size->height);
+        EXPECT_EQ(sizes[i].first, size->width);
+        EXPECT_EQ(sizes[i].second, size->height);
       }
     }
   }

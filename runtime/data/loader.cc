@@ -198,6 +198,9 @@ void DataLoader::Worker() {
         ReadSample(options_.shards[ref.shard], ref.sample, options_.preprocess.shard);
     if (files.ok()) {
       outcome = preprocessor_.Process(*files, options_.decode_pixels);
+      // The draw is the sample's identity for the generator's draws
+      // (DrawGeneration): the same on every layout, another in each epoch.
+      outcome.sample.sample.id = static_cast<uint64_t>(global);
     } else {
       outcome.skip = {ref.sample.key, "truncated_tar", std::string(files.status().message())};
     }

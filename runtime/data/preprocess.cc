@@ -1,5 +1,6 @@
 #include "runtime/data/preprocess.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -15,6 +16,11 @@ PreprocessOptions PreprocessOptionsFor(const ModelConfig& config) {
   o.tokens_per_tile = config.tokens_per_tile();
   o.max_seq = config.llm.max_seq;
   o.vit_tokens_per_tile = config.vit.patches_per_tile();
+  if (config.has_generator()) {
+    o.gen_image_size = config.generator.denoiser.tile_size;
+    o.gen_queries = config.llm.gen_queries;
+    o.gen_patches_per_image = config.generator.denoiser.patches_per_tile();
+  }
   return o;
 }
 
@@ -137,6 +143,43 @@ void AppendTiles(const Image& image, const TileGrid& grid, const PreprocessOptio
   if (grid.cols * grid.rows > 1 && o.thumbnail) emit(Resize(image, S, S), 0, 0);
 }
 
+// The size `bytes`' header claims, within `limits`; the status's code gives
+// the skip reason (ImageErrorReason).
+absl::StatusOr<ImageInfo> PeekChecked(const std::string& bytes, const DecodeLimits& limits) {
+  absl::StatusOr<ImageSize> size = PeekImageSize(bytes);
+  if (!size.ok()) return size.status();
+  if (absl::Status lim = CheckDecodeLimits(size->width, size->height, limits); !lim.ok()) {
+    return lim;
+  }
+  ImageInfo info;
+  info.width = size->width;
+  info.height = size->height;
+  info.tiles = 1;
+  return info;
+}
+
+// Appends an output image: its largest centred square resized to S x S,
+// (3, S, S) floats scaled to [-1, 1] (the generator's pixel space).
+void AppendGenImage(const Image& image, int S, std::vector<float>* out) {
+  const int side = std::min(image.width, image.height);
+  Image square;
+  square.width = square.height = side;
+  square.rgb.resize(static_cast<size_t>(side) * side * 3);
+  const int x0 = (image.width - side) / 2, y0 = (image.height - side) / 2;
+  for (int y = 0; y < side; ++y) {
+    const uint8_t* from = &image.rgb[(static_cast<size_t>(y0 + y) * image.width + x0) * 3];
+    std::copy(from, from + static_cast<size_t>(side) * 3,
+              &square.rgb[static_cast<size_t>(y) * side * 3]);
+  }
+  const Image resized = Resize(square, S, S);
+  const size_t base = out->size();
+  out->resize(base + 3 * static_cast<size_t>(S) * S);
+  float* dst = out->data() + base;
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < S * S; ++i) dst[c * S * S + i] = resized.rgb[i * 3 + c] / 127.5f - 1.0f;
+  }
+}
+
 }  // namespace
 
 Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) const {
@@ -182,13 +225,22 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
   }
   const std::string_view text = chat ? std::string_view(rendered.text) : record.text();
   std::vector<std::string_view> pieces;
-  std::vector<size_t> piece_at;  // each piece's offset in `text`
+  std::vector<size_t> piece_at;     // each piece's offset in `text`
+  std::vector<bool> output_marker;  // each marker: an output image's, else an input image's
+  std::vector<int> marker_image;    // each marker's image in its own list
+  int inputs = 0, outputs = 0;
   {
     std::string_view rest = text;
-    for (size_t at; (at = rest.find(kImageMarker)) != std::string_view::npos;) {
+    for (;;) {
+      const size_t in = rest.find(kImageMarker), gen = rest.find(kOutputImageMarker);
+      if (in == std::string_view::npos && gen == std::string_view::npos) break;
+      const bool output = gen < in;
+      const size_t at = output ? gen : in;
       piece_at.push_back(static_cast<size_t>(rest.data() - text.data()));
       pieces.push_back(rest.substr(0, at));
-      rest.remove_prefix(at + kImageMarker.size());
+      output_marker.push_back(output);
+      marker_image.push_back(output ? outputs++ : inputs++);
+      rest.remove_prefix(at + (output ? kOutputImageMarker : kImageMarker).size());
     }
     piece_at.push_back(static_cast<size_t>(rest.data() - text.data()));
     pieces.push_back(rest);
@@ -199,16 +251,28 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
     has_text = has_text || p.find_first_not_of(" \t\r\n") != std::string_view::npos;
   }
   if (!has_text) return skip("empty_text", "no text besides image markers");
-  if (markers != record.images_size()) {
-    return skip("image_count_mismatch", absl::StrCat(markers, " <image> markers, ",
-                                                     record.images_size(), " images listed"));
+  if (inputs != record.images_size()) {
+    return skip("image_count_mismatch",
+                absl::StrCat(inputs, " <image> markers, ", record.images_size(), " images listed"));
   }
-  std::vector<const std::string*> image_bytes;
-  for (const std::string& ext : record.images()) {
-    auto it = files.files.find(ext);
-    if (it == files.files.end()) return skip("missing_image", files.key + "." + ext + " not found");
-    if (it->second.empty()) return skip("empty_image", files.key + "." + ext + " has 0 bytes");
-    image_bytes.push_back(&it->second);
+  if (outputs != record.output_images_size()) {
+    return skip("image_count_mismatch",
+                absl::StrCat(outputs, " <output_image> markers, ", record.output_images_size(),
+                             " output images listed"));
+  }
+  if (outputs > 0 && options_.gen_image_size <= 0) {
+    return skip("no_generator",
+                absl::StrCat(outputs, " output images, and the model has no generator"));
+  }
+  std::vector<const std::string*> image_bytes, output_bytes;
+  for (const bool output : {false, true}) {
+    for (const std::string& ext : output ? record.output_images() : record.images()) {
+      auto it = files.files.find(ext);
+      if (it == files.files.end())
+        return skip("missing_image", files.key + "." + ext + " not found");
+      if (it->second.empty()) return skip("empty_image", files.key + "." + ext + " has 0 bytes");
+      (output ? output_bytes : image_bytes).push_back(&it->second);
+    }
   }
 
   // Text. A text too long to fit is refused before it is encoded, from its
@@ -278,44 +342,50 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
   const int n = static_cast<int>(image_bytes.size());
   const int per_image = n == 0 ? 0 : std::max(1, options_.max_tiles / n);
   int image_tokens = 0;
-  for (int i = 0; i < n; ++i) {
-    absl::StatusOr<ImageSize> size = PeekImageSize(*image_bytes[i]);
-    const std::string name = files.key + "." + record.images(i);
-    if (!size.ok())
-      return skip(ImageErrorReason(size.status()),
-                  name + ": " + std::string(size.status().message()));
-    if (absl::Status lim = CheckDecodeLimits(size->width, size->height, options_.decode);
-        !lim.ok()) {
-      return skip(ImageErrorReason(lim), name + ": " + std::string(lim.message()));
+  for (int i = 0; i < n + outputs; ++i) {
+    const bool output = i >= n;
+    const std::string name =
+        files.key + "." + (output ? record.output_images(i - n) : record.images(i));
+    absl::StatusOr<ImageInfo> info =
+        PeekChecked(output ? *output_bytes[i - n] : *image_bytes[i], options_.decode);
+    if (!info.ok()) {
+      return skip(ImageErrorReason(info.status()),
+                  name + ": " + std::string(info.status().message()));
     }
-    ImageInfo info;
-    info.width = size->width;
-    info.height = size->height;
-    if (options_.image_to_tile) {
-      info.tiles = 1;  // info.grid 1 x 1
-    } else {
-      info.grid = ChooseTileGrid(size->width, size->height, per_image, options_.tile_size);
-      info.tiles = TileCount(info.grid, options_.thumbnail);
+    if (output) {
+      out.sample.output_images.push_back(*info);  // tiles 1
+      continue;
     }
-    image_tokens += info.tiles * options_.tokens_per_tile;
-    out.sample.images.push_back(info);
+    if (!options_.image_to_tile) {  // else one tile, grid 1 x 1
+      info->grid = ChooseTileGrid(info->width, info->height, per_image, options_.tile_size);
+      info->tiles = TileCount(info->grid, options_.thumbnail);
+    }
+    image_tokens += info->tiles * options_.tokens_per_tile;
+    out.sample.images.push_back(*info);
   }
-  // Truncation: the sequence <s> piece0 image0 piece1 ... </s> keeps its
-  // first max_seq tokens; a piece may be cut, an image never (the first
-  // that does not fit whole goes with everything after it), and a cut
-  // sample has no </s>.
-  int kept_images = n;
+  int query_tokens = outputs * options_.gen_queries;
+  // The token slots marker m stands for: an image's tiles' tokens, or an
+  // output image's query positions.
+  auto marker_slots = [&](int m) {
+    return output_marker[m] ? options_.gen_queries
+                            : out.sample.images[marker_image[m]].tiles * options_.tokens_per_tile;
+  };
+  // Truncation: the sequence <s> piece0 marker0 piece1 ... </s> keeps its
+  // first max_seq tokens; a piece may be cut, an image's slots or an output
+  // image's queries never (the first that does not fit whole goes with
+  // everything after it), and a cut sample has no </s>.
+  int kept_markers = markers;
   bool keep_eos = !chat;
-  if (text_tokens + image_tokens > options_.max_seq) {
+  if (text_tokens + image_tokens + query_tokens > options_.max_seq) {
     if (!options_.truncate) {
       return skip("sequence_too_long",
-                  absl::StrCat(text_tokens, " text + ", image_tokens,
-                               " image tokens; the maximum sequence is ", options_.max_seq));
+                  absl::StrCat(text_tokens, " text + ", image_tokens, " image + ", query_tokens,
+                               " query tokens; the maximum sequence is ", options_.max_seq));
     }
-    const int total = text_tokens + image_tokens;
+    const int total = text_tokens + image_tokens + query_tokens;
     int used = !chat && tokenizer_->bos_id() >= 0 ? 1 : 0;
     bool cut = false;
-    kept_images = 0;
+    kept_markers = 0;
     for (size_t i = 0; i < pieces.size(); ++i) {
       if (cut) {
         piece_ids[i].clear();
@@ -329,25 +399,30 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
         cut = true;
       }
       used += static_cast<int>(piece_ids[i].size());
-      if (cut || static_cast<int>(i) >= n) continue;
-      const int slots = out.sample.images[i].tiles * options_.tokens_per_tile;
+      if (cut || static_cast<int>(i) >= markers) continue;
+      const int slots = marker_slots(static_cast<int>(i));
       if (used + slots > options_.max_seq) {
         cut = true;
         continue;
       }
       used += slots;
-      kept_images = static_cast<int>(i) + 1;
+      kept_markers = static_cast<int>(i) + 1;
     }
     keep_eos = false;  // a cut sample does not end
     out.sample.truncated_tokens = total - used;
-    out.sample.images.resize(static_cast<size_t>(kept_images));
+    const int kept_outputs = static_cast<int>(
+        std::count(output_marker.begin(), output_marker.begin() + kept_markers, true));
+    out.sample.images.resize(static_cast<size_t>(kept_markers - kept_outputs));
+    out.sample.output_images.resize(static_cast<size_t>(kept_outputs));
     text_tokens = 0;
     image_tokens = 0;
     for (const auto& ids : piece_ids) text_tokens += static_cast<int>(ids.size());
     if (!chat && tokenizer_->bos_id() >= 0) ++text_tokens;
     for (const ImageInfo& info : out.sample.images)
       image_tokens += info.tiles * options_.tokens_per_tile;
+    query_tokens = kept_outputs * options_.gen_queries;
   }
+  const int kept_images = static_cast<int>(out.sample.images.size());
 
   // Pixels.
   Sample& sample = out.sample.sample;
@@ -375,26 +450,38 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
       }
       sample.num_tiles += info.tiles;
     }
+    for (size_t i = 0; i < out.sample.output_images.size(); ++i) {
+      const int S = options_.gen_image_size;
+      absl::StatusOr<Image> image = DecodeImage(*output_bytes[i], options_.decode, S, S);
+      if (!image.ok()) {
+        return skip(ImageErrorReason(image.status()), files.key + "." + record.output_images(i) +
+                                                          ": " +
+                                                          std::string(image.status().message()));
+      }
+      AppendGenImage(*image, S, &sample.gen_images);
+      ++sample.num_gen_images;
+    }
   }
 
-  // Tokens: <s> piece0 [image0 slots] piece1 ... </s>; a conversation:
-  // piece0 [image0 slots] piece1 ..., with its loss marks.
-  sample.tokens.reserve(text_tokens + image_tokens);
+  // Tokens: <s> piece0 [marker0 slots] piece1 ... </s>; a conversation:
+  // piece0 [marker0 slots] piece1 ..., with its loss marks.
+  sample.tokens.reserve(text_tokens + image_tokens + query_tokens);
   if (!chat && tokenizer_->bos_id() >= 0) sample.tokens.push_back(tokenizer_->bos_id());
   for (size_t i = 0; i < pieces.size(); ++i) {
     sample.tokens.insert(sample.tokens.end(), piece_ids[i].begin(), piece_ids[i].end());
     if (chat)
       sample.loss_mask.insert(sample.loss_mask.end(), piece_marks[i].begin(), piece_marks[i].end());
-    if (static_cast<int>(i) < kept_images) {
-      const size_t slots =
-          static_cast<size_t>(out.sample.images[i].tiles) * options_.tokens_per_tile;
-      sample.tokens.insert(sample.tokens.end(), slots, -1);
+    if (static_cast<int>(i) < kept_markers) {
+      const int m = static_cast<int>(i);
+      const size_t slots = static_cast<size_t>(marker_slots(m));
+      sample.tokens.insert(sample.tokens.end(), slots, output_marker[m] ? kQueryToken : -1);
       if (chat) sample.loss_mask.insert(sample.loss_mask.end(), slots, 0);
     }
   }
   if (keep_eos) sample.tokens.push_back(tokenizer_->eos_id());
   out.sample.image_tokens = image_tokens;
   out.sample.text_tokens = text_tokens;
+  out.sample.query_tokens = query_tokens;
   out.sample.loss_tokens = static_cast<int>(LossTokens(sample));
   if (out.sample.truncated_tokens > 0 && out.sample.loss_tokens == 0) {
     return skip("sequence_too_long",

@@ -23,6 +23,12 @@
 //      `image_to_tile` (a Hugging Face image processor) each image is
 //      instead one tile, made of the whole image by that function.
 //   4. Tiles are normalised per channel, (x/255 - mean) / std (CLIP's).
+//   5. Output images (SampleRecord.output_images, a generator's targets):
+//      each "<output_image>" marker becomes the model's gen_queries query
+//      positions (kQueryToken), and its picture the largest centred square,
+//      resized to the generator's side and scaled to [-1, 1]
+//      (Sample::gen_images). A model without a generator skips such a
+//      sample (no_generator); truncation never cuts through the queries.
 //
 // A sample that fails any check is skipped with a reason (kSkipReasons);
 // nothing here throws, aborts or allocates what a header merely claims.
@@ -47,14 +53,14 @@
 namespace loom::data {
 
 // Label values of loom_preprocess_samples_skipped_total{reason}.
-inline constexpr std::array<std::string_view, 16> kSkipReasons = {
+inline constexpr std::array<std::string_view, 17> kSkipReasons = {
     "truncated_tar",         // the tar ends or breaks inside the sample
     "member_too_large",      // a member over ShardLimits
     "missing_json",          // no KEY.json
     "invalid_utf8",          // KEY.json is not UTF-8
     "bad_json",              // KEY.json is not a SampleRecord
     "empty_text",            // no text besides image markers
-    "image_count_mismatch",  // markers != listed images
+    "image_count_mismatch",  // markers != listed images (or output images)
     "missing_image",         // a listed image is not in the tar
     "empty_image",           // a zero-byte image
     "corrupt_image",         // undecodable or truncated image data
@@ -65,6 +71,7 @@ inline constexpr std::array<std::string_view, 16> kSkipReasons = {
                              // to train on is left within it
     "bad_conversation",      // messages the chat template refuses, or text and messages both
     "over_token_cap",        // more ViT or LLM tokens than a microbatch's cap (TokenCaps)
+    "no_generator",          // an output image, and the model has no generator
 };
 
 // A microbatch's token caps (the job's parallel.encoder_max_tokens and
@@ -82,6 +89,13 @@ struct PreprocessOptions {
   int max_seq = 1024;            // text + image tokens, <s> and </s> included
   int vit_tokens_per_tile = 16;  // the ViT's patches per tile (the encoder's token cap)
   TokenCaps caps;                // a sample over one is skipped as over_token_cap
+  // The generator's output images (ModelConfig::generator): the side each
+  // becomes, the LLM's query positions per image, and the generator's
+  // patches per image (for scan). gen_image_size 0: the model has no
+  // generator.
+  int gen_image_size = 0;
+  int gen_queries = 0;
+  int gen_patches_per_image = 0;
   // A sample longer than max_seq is cut to it (the text off the end, never
   // through an image's slots: an image that does not fit whole goes, with
   // everything after it; no </s> after a cut) instead of skipped as
@@ -129,7 +143,9 @@ struct ImageInfo {
 struct ProcessedSample {
   std::string key;
   std::vector<ImageInfo> images;
+  std::vector<ImageInfo> output_images;  // as stored; tiles 1
   int image_tokens = 0;
+  int query_tokens = 0;  // the generator's query positions of every output image
   int text_tokens = 0;
   int loss_tokens = 0;       // LossTokens(sample)
   int truncated_tokens = 0;  // cut off the end to fit max_seq (PreprocessOptions::truncate)

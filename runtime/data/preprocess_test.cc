@@ -1,5 +1,6 @@
 #include "runtime/data/preprocess.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -347,6 +348,185 @@ TEST(PreprocessTest, OverLongSamplesAreTruncated) {
   Outcome none = p.Process(Files("none", SampleJson(images + "x", names), files));
   EXPECT_FALSE(none.ok);
   EXPECT_EQ(none.skip.reason, "sequence_too_long") << none.skip.detail;
+}
+
+// KEY.json with text, images and output images.
+std::string GenJson(const std::string& text, const std::vector<std::string>& images,
+                    const std::vector<std::string>& outputs) {
+  nlohmann::json j;
+  j["text"] = text;
+  j["images"] = images;
+  j["output_images"] = outputs;
+  return j.dump();
+}
+
+// 48 x 32: the left 8 columns red, the rest green left of x = 24, blue right
+// of it. Its centred square (x 8-39) has no red.
+std::string SplitPicture() {
+  Image img;
+  img.width = 48;
+  img.height = 32;
+  img.rgb.resize(48 * 32 * 3);
+  for (int y = 0; y < 32; ++y) {
+    for (int x = 0; x < 48; ++x) {
+      uint8_t* p = &img.rgb[(y * 48 + x) * 3];
+      p[x < 8 ? 0 : x < 24 ? 1 : 2] = 255;
+    }
+  }
+  return *EncodePng(img);
+}
+
+PreprocessOptions TinyGen() { return PreprocessOptionsFor(*ModelConfigByName("tiny-gen")); }
+
+TEST(PreprocessTest, AnOutputImageBecomesQueriesAndTheGeneratorsPixels) {
+  const Tokenizer& tok = testing::TestTokenizer();
+  const PreprocessOptions o = TinyGen();
+  ASSERT_EQ(o.gen_image_size, 16);
+  ASSERT_GT(o.gen_queries, 0);
+  const int Q = o.gen_queries, S = o.gen_image_size;
+  Outcome r = ProcessOne(
+      Files("k", GenJson("a picture of one red square. <output_image>", {}, {"out0.png"}),
+            {{"out0.png", SplitPicture()}}),
+      o);
+  ASSERT_TRUE(r.ok) << r.skip.reason << ": " << r.skip.detail;
+  const Sample& s = r.sample.sample;
+  ASSERT_EQ(r.sample.output_images.size(), 1u);
+  EXPECT_EQ(r.sample.output_images[0].width, 48);
+  EXPECT_EQ(r.sample.query_tokens, Q);
+  EXPECT_EQ(r.sample.image_tokens, 0);
+  ASSERT_EQ(static_cast<int>(s.tokens.size()), r.sample.text_tokens + Q);
+  EXPECT_EQ(s.tokens.front(), tok.bos_id());
+  EXPECT_EQ(s.tokens.back(), tok.eos_id());
+  for (int q = 0; q < Q; ++q) EXPECT_EQ(s.tokens[s.tokens.size() - 2 - q], kQueryToken);
+  std::vector<int32_t> text(s.tokens.begin() + 1, s.tokens.end() - 1 - Q), expect;
+  ASSERT_TRUE(tok.Encode("a picture of one red square. ", &expect).ok());
+  EXPECT_EQ(text, expect);
+  // No query is a target: the text's positions predict text, the last
+  // query predicts </s>, and the last text token predicts nothing.
+  EXPECT_EQ(r.sample.loss_tokens, LossTokens(s));
+  EXPECT_EQ(r.sample.loss_tokens, static_cast<int>(text.size()) + 1);
+  // The centred square, S x S, in [-1, 1]: green on the left, blue on the
+  // right, no red (the cropped-off columns).
+  ASSERT_EQ(s.num_gen_images, 1);
+  ASSERT_EQ(static_cast<int>(s.gen_images.size()), 3 * S * S);
+  auto px = [&](int c, int y, int x) { return s.gen_images[(c * S + y) * S + x]; };
+  for (int y = 0; y < S; ++y) {
+    for (int x = 0; x < S; ++x) EXPECT_LT(px(0, y, x), -0.99f) << x << "," << y;
+    EXPECT_GT(px(1, y, 0), 0.99f);
+    EXPECT_LT(px(2, y, 0), -0.99f);
+    EXPECT_GT(px(2, y, S - 1), 0.99f);
+    EXPECT_LT(px(1, y, S - 1), -0.99f);
+  }
+  // Metadata only: the same tokens, no pixels.
+  Preprocessor meta(o, &tok);
+  Outcome m = meta.Process(Files("k", GenJson("a picture. <output_image>", {}, {"out0.png"}),
+                                 {{"out0.png", SplitPicture()}}),
+                           /*decode_pixels=*/false);
+  ASSERT_TRUE(m.ok);
+  EXPECT_EQ(m.sample.query_tokens, Q);
+  EXPECT_TRUE(m.sample.sample.gen_images.empty());
+}
+
+TEST(PreprocessTest, OutputImagesInterleaveWithInputImagesAndConversations) {
+  const PreprocessOptions o = TinyGen();
+  const int Q = o.gen_queries;
+  const std::string png = testing::TestPng(32, 32);
+  Outcome r = ProcessOne(
+      Files("k",
+            GenJson("<image>\na red square. the same in the top left: <output_image> done.",
+                    {"0.png"}, {"out0.png"}),
+            {{"0.png", png}, {"out0.png", SplitPicture()}}),
+      o);
+  ASSERT_TRUE(r.ok) << r.skip.reason << ": " << r.skip.detail;
+  const std::vector<int32_t>& t = r.sample.sample.tokens;
+  // <s>, the image's slots, text, the queries, text, </s>.
+  const int slots = r.sample.image_tokens;
+  ASSERT_GT(slots, 0);
+  for (int i = 1; i <= slots; ++i) ASSERT_EQ(t[i], -1) << i;
+  const auto first_query = std::find(t.begin(), t.end(), kQueryToken) - t.begin();
+  ASSERT_GT(first_query, slots + 1);
+  for (int q = 0; q < Q; ++q) EXPECT_EQ(t[first_query + q], kQueryToken);
+  EXPECT_GE(t[first_query + Q], 0) << "text after the queries";
+  EXPECT_EQ(std::count(t.begin(), t.end(), kQueryToken), Q);
+  EXPECT_EQ(r.sample.sample.num_tiles, 1);
+  EXPECT_EQ(r.sample.sample.num_gen_images, 1);
+  // A conversation: the assistant's answer is the picture; its queries
+  // carry no loss, the turn's end does.
+  nlohmann::json chat;
+  chat["messages"] = {{{"role", "user"}, {"content", "draw one red square."}},
+                      {{"role", "assistant"}, {"content", "<output_image>"}}};
+  chat["output_images"] = {"out0.png"};
+  Outcome c = ProcessOne(Files("c", chat.dump(), {{"out0.png", SplitPicture()}}), o);
+  ASSERT_TRUE(c.ok) << c.skip.reason << ": " << c.skip.detail;
+  const Sample& cs = c.sample.sample;
+  ASSERT_EQ(cs.loss_mask.size(), cs.tokens.size());
+  int queries = 0;
+  for (size_t i = 0; i < cs.tokens.size(); ++i) {
+    if (cs.tokens[i] != kQueryToken) continue;
+    ++queries;
+    EXPECT_EQ(cs.loss_mask[i], 0);
+  }
+  EXPECT_EQ(queries, Q);
+  EXPECT_GT(c.sample.loss_tokens, 0);
+}
+
+TEST(PreprocessTest, BadOutputImagesAreSkippedWithTheirReason) {
+  const PreprocessOptions o = TinyGen();
+  const std::string png = SplitPicture();
+  auto reason = [&](const std::string& json, std::map<std::string, std::string> images,
+                    PreprocessOptions opt) {
+    Outcome r = ProcessOne(Files("k", json, std::move(images)), opt);
+    EXPECT_FALSE(r.ok);
+    return r.skip.reason + ": " + r.skip.detail;
+  };
+  EXPECT_EQ(reason(GenJson("draw. <output_image>", {}, {}), {}, o),
+            "image_count_mismatch: 1 <output_image> markers, 0 output images listed");
+  EXPECT_EQ(reason(GenJson("draw.", {}, {"out0.png"}), {{"out0.png", png}}, o),
+            "image_count_mismatch: 0 <output_image> markers, 1 output images listed");
+  EXPECT_EQ(reason(GenJson("draw. <output_image>", {}, {"out0.png"}), {}, o),
+            "missing_image: k.out0.png not found");
+  EXPECT_EQ(reason(GenJson("draw. <output_image>", {}, {"out0.png"}), {{"out0.png", ""}}, o),
+            "empty_image: k.out0.png has 0 bytes");
+  EXPECT_EQ(reason(GenJson("draw. <output_image>", {}, {"out0.png"}),
+                   {{"out0.png", png.substr(0, 20)}}, o)
+                .substr(0, 14),
+            "corrupt_image:");
+  // The same sample for a model without a generator.
+  EXPECT_EQ(reason(GenJson("draw. <output_image>", {}, {"out0.png"}), {{"out0.png", png}}, Tiny()),
+            "no_generator: 1 output images, and the model has no generator");
+}
+
+TEST(PreprocessTest, TruncationNeverCutsThroughAnOutputImagesQueries) {
+  std::unique_ptr<Tokenizer> tok = FourBytesATokenTokenizer();
+  ASSERT_NE(tok, nullptr);
+  PreprocessOptions o = TinyGen();
+  o.max_seq = 64;
+  const int Q = o.gen_queries;
+  const Preprocessor p(o, tok.get());
+  const std::map<std::string, std::string> out = {{"out0.png", SplitPicture()}};
+  // <s> + 60 ids fill 61; 4 queries would pass 64: the output image goes
+  // with everything after it.
+  Outcome gone = p.Process(
+      Files("gone", GenJson(std::string(240, 'a') + "<output_image>tail", {}, {"out0.png"}), out));
+  ASSERT_TRUE(gone.ok) << gone.skip.reason << ": " << gone.skip.detail;
+  EXPECT_TRUE(gone.sample.output_images.empty());
+  EXPECT_EQ(gone.sample.query_tokens, 0);
+  EXPECT_EQ(gone.sample.sample.num_gen_images, 0);
+  EXPECT_TRUE(gone.sample.sample.gen_images.empty());
+  EXPECT_EQ(
+      std::count(gone.sample.sample.tokens.begin(), gone.sample.sample.tokens.end(), kQueryToken),
+      0);
+  // <s> + 59 ids + the queries are exactly 64: kept whole, the tail cut.
+  Outcome kept = p.Process(
+      Files("kept", GenJson(std::string(236, 'a') + "<output_image>tail", {}, {"out0.png"}), out));
+  ASSERT_TRUE(kept.ok) << kept.skip.reason << ": " << kept.skip.detail;
+  EXPECT_EQ(kept.sample.sample.tokens.size(), 64u);
+  EXPECT_EQ(kept.sample.query_tokens, Q);
+  EXPECT_EQ(kept.sample.sample.num_gen_images, 1);
+  EXPECT_GT(kept.sample.truncated_tokens, 0);
+  for (int q = 1; q <= Q; ++q) {
+    EXPECT_EQ(kept.sample.sample.tokens[64 - q], kQueryToken);
+  }
 }
 
 }  // namespace

@@ -38,6 +38,8 @@ class Model;
 }
 
 inline constexpr std::string_view kImageMarker = "<image>";
+// Where an output image goes (a generator's target; SampleRecord.output_images).
+inline constexpr std::string_view kOutputImageMarker = "<output_image>";
 
 class Tokenizer {
  public:

@@ -50,6 +50,10 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
     record.set_image_tokens(s->image_tokens);
     record.set_text_tokens(s->text_tokens);
     record.set_loss_tokens(s->loss_tokens);
+    for (size_t i = 0; i < s->output_images.size(); ++i) {
+      record.add_output_images(lo.preprocess.gen_patches_per_image);
+    }
+    record.set_query_tokens(s->query_tokens);
     std::string line;
     if (auto st = google::protobuf::util::MessageToJsonString(record, &line, json); !st.ok()) {
       return absl::InternalError(st.ToString());

@@ -47,6 +47,21 @@ grep -q '"key":"ok","images":\[\],"image_tokens":0' "$out" || { echo "text-only 
 [[ "$summary" == *"read 24, kept 21, skipped 3 (empty_image 1, missing_image 1, truncated_tar 1)"* ]] \
   || { echo "summary: $summary"; exit 1; }
 
+# Output images (the generation preset): a model with a generator reports
+# each one's patches and the queries; one without skips them by name.
+gdir="$TEST_TMPDIR/generation"
+"$gen" --preset generation --samples 24 --seed 4 --out "$gdir" --samples_per_shard 24 >/dev/null
+gout="$TEST_TMPDIR/generation.jsonl"
+summary=$("$bin" scan --config tiny-gen --shards "$gdir/*.tar" --output "$gout" 2>/dev/null)
+[[ "$summary" == *"read 24, kept 24, skipped 0"* ]] || { echo "generation: $summary"; exit 1; }
+outputs=$(grep -c '"output_images":\[16\],"query_tokens":4}' "$gout" || true)
+none=$(grep -c '"output_images":\[\],"query_tokens":0}' "$gout" || true)
+[ "$outputs" -gt 0 ] && [ "$none" -gt 0 ] && [ $((outputs + none)) -eq 24 ] \
+  || { echo "output images: $outputs with, $none without"; head -3 "$gout"; exit 1; }
+summary=$("$bin" scan --shards "$gdir/*.tar" --output "$gout" 2>/dev/null)
+[[ "$summary" == *"read 24, kept $none, skipped $outputs (no_generator $outputs)"* ]] \
+  || { echo "without a generator: $summary"; exit 1; }
+
 # Errors name what is wrong and exit non-zero.
 if "$bin" scan --shards "$dir/none-*.tar" --output "$out" 2>"$TEST_TMPDIR/err.txt"; then exit 1; fi
 grep -q "no shard matches" "$TEST_TMPDIR/err.txt"
