@@ -56,14 +56,15 @@
 //
 //   loom-model generate --config tiny-gen [--checkpoint RUN/step-N]
 //                       --prompt "image of one red square left" --out IMAGE.png
-//                       [--euler_steps 20] [--seed 1]
+//                       [--euler_steps 20] [--seed 1] [--upscale 8]
 //
 // draws an image with the generator of one of Loom's own configs (at the
 // seed's initial weights, or a loom-train-local / loom up checkpoint's):
 // the prompt's words (the synthetic captions' vocabulary) or --tokens ids
-// after <bos>, the generator's query positions, the LLM's states there
-// conditioning --euler_steps Euler steps from the seed's noise; writes the
-// PNG and prints {"prompt": [...], "image": FILE, "euler_steps": K}.
+// after <bos>, or --text "a picture of two red circles." tokenized as
+// loom-train-local --shards tokenizes it (a model trained on shards), the generator's query
+// positions, the LLM's states there conditioning --euler_steps Euler steps from the seed's noise;
+// writes the PNG and prints {"prompt": [...], "image": FILE, "euler_steps": K}.
 //
 //   loom-model pixels --hf DIR --image A.png[,B.jpg] --out pixel_values.safetensors
 //
@@ -138,6 +139,10 @@ ABSL_FLAG(std::string, out, "",
 ABSL_FLAG(std::string, config, "",
           "generate: one of Loom's own model configs with a generator (tiny-gen), in place of "
           "--hf: draws an image");
+ABSL_FLAG(std::string, text, "",
+          "generate --config: a prompt as the data has it, tokenized as loom-train-local "
+          "--shards does (<s>, then --tokenizer's ids; \"\": Loom's own)");
+ABSL_FLAG(int, upscale, 1, "generate --config: write the image this many times larger (nearest)");
 ABSL_FLAG(int, euler_steps, 20, "generate --config: Euler steps from noise to the image");
 ABSL_FLAG(uint64_t, seed, 1, "generate --config: the initial weights' and the noise's seed");
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
@@ -287,12 +292,31 @@ int GenerateImage() {
   if (out.empty()) return Fail("--out IMAGE.png is required");
   const int steps = absl::GetFlag(FLAGS_euler_steps);
   if (steps < 1) return Fail("--euler_steps: must be >= 1");
-  const std::string words = absl::GetFlag(FLAGS_prompt), ids = absl::GetFlag(FLAGS_tokens);
-  if (words.empty() == ids.empty()) return Fail("--prompt (words) or --tokens (ids): one of them");
+  const int upscale = absl::GetFlag(FLAGS_upscale);
+  if (upscale < 1 || upscale > 64) return Fail("--upscale: 1 to 64");
+  const std::string words = absl::GetFlag(FLAGS_prompt), ids = absl::GetFlag(FLAGS_tokens),
+                    text = absl::GetFlag(FLAGS_text);
+  if (!words.empty() + !ids.empty() + !text.empty() != 1) {
+    return Fail(
+        "--prompt (the synthetic captions' words), --text (as the data has it) or --tokens "
+        "(ids): one of them");
+  }
   loom::Sample prompt;
   const std::vector<std::string>& vocab = loom::SyntheticCaptions::Vocabulary();
   prompt.tokens.push_back(1);  // <bos>
-  if (!words.empty()) {
+  if (!text.empty()) {
+    absl::StatusOr<std::unique_ptr<loom::data::Tokenizer>> tok =
+        loom::data::Tokenizer::Load(absl::GetFlag(FLAGS_tokenizer));
+    if (!tok.ok()) return Fail("--tokenizer: " + std::string(tok.status().message()));
+    if (absl::Status s = loom::data::CheckTokenizerFits(**tok, *config); !s.ok()) {
+      return Fail("--tokenizer: " + std::string(s.message()));
+    }
+    prompt.tokens.clear();
+    if ((*tok)->bos_id() >= 0) prompt.tokens.push_back((*tok)->bos_id());
+    if (absl::Status s = (*tok)->Encode(text, &prompt.tokens); !s.ok()) {
+      return Fail("--text: " + std::string(s.message()));
+    }
+  } else if (!words.empty()) {
     for (absl::string_view w : absl::StrSplit(words, ' ', absl::SkipWhitespace())) {
       const auto at = std::find(vocab.begin(), vocab.end(), w);
       if (at == vocab.end()) {
@@ -320,15 +344,18 @@ int GenerateImage() {
   }
   absl::StatusOr<std::vector<float>> px = model.GenerateImages(prompt, steps, seed);
   if (!px.ok()) return Fail(std::string(px.status().message()));
-  const int S = config->generator.denoiser.tile_size;
+  const int S = config->generator.denoiser.tile_size, W = S * upscale;
   loom::data::Image image;
-  image.width = image.height = S;
-  image.rgb.resize(static_cast<size_t>(3) * S * S);
+  image.width = image.height = W;
+  image.rgb.resize(static_cast<size_t>(3) * W * W);
   for (int c = 0; c < 3; ++c) {
-    for (int i = 0; i < S * S; ++i) {  // [-1, 1] -> 0..255, interleaved
-      const float v =
-          std::clamp(((*px)[static_cast<size_t>(c) * S * S + i] * 0.5f + 0.5f), 0.f, 1.f);
-      image.rgb[static_cast<size_t>(i) * 3 + c] = static_cast<uint8_t>(std::lround(v * 255.0f));
+    for (int y = 0; y < W; ++y) {
+      for (int x = 0; x < W; ++x) {  // [-1, 1] -> 0..255, interleaved
+        const size_t at = static_cast<size_t>(c) * S * S + (y / upscale) * S + x / upscale;
+        const float v = std::clamp((*px)[at] * 0.5f + 0.5f, 0.f, 1.f);
+        image.rgb[(static_cast<size_t>(y) * W + x) * 3 + c] =
+            static_cast<uint8_t>(std::lround(v * 255.0f));
+      }
     }
   }
   absl::StatusOr<std::string> png = loom::data::EncodePng(image);

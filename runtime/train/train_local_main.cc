@@ -352,8 +352,8 @@ int main(int argc, char** argv) {
       if (absl::Status r = validation->Restore(validation_start); !r.ok()) {
         return Fail("validation: " + std::string(r.message()));
       }
-      double sum = 0;
-      int64_t tokens = 0;
+      double sum = 0, generation_sum = 0;
+      int64_t tokens = 0, images = 0;
       for (int b = 0; b < validation_batches; ++b) {
         std::vector<loom::Sample> vb;
         for (int i = 0; i < batch; ++i) {
@@ -365,9 +365,16 @@ int main(int argc, char** argv) {
         const loom::LocalTrainer::Evaluation e = trainer.Evaluate(vb);
         sum += e.loss_sum;
         tokens += e.loss_tokens;
+        generation_sum += e.generation_loss_sum;
+        images += e.generation_images;
       }
       held_out = absl::StrCat(",\"validation_loss\":", loom::JsonNumber(sum / tokens, 6),
                               ",\"validation_loss_tokens\":", tokens);
+      if (images > 0) {  // the held-out output images' mean flow loss (draws of step 0)
+        absl::StrAppend(&held_out, ",\"validation_generation_loss\":",
+                        loom::JsonNumber(generation_sum / static_cast<double>(images), 6),
+                        ",\"validation_output_images\":", images);
+      }
     }
     const std::string generation =
         config->has_generator()
