@@ -67,6 +67,10 @@ struct SampleLoad {
   // patches per tile) and the packed LLM length.
   int64_t encoder_tokens = 0;
   int64_t llm_tokens = 0;
+  // The generator's seconds for the sample's output images (CostModel::
+  // Loads). Priced, not yet balanced: the algorithms place samples by the
+  // encoder's and the LLM's costs.
+  double generator = 0;
 };
 
 struct AssignOptions {

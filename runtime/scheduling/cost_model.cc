@@ -105,6 +105,21 @@ ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute, const Frozen& fro
   // QKᵀ and AV over the attention width heads x head_dim.
   f.llm_per_token_sq = llm_p.attention * c.llm.layers * 2.0 * c.llm.heads * c.llm.hd();
   f.embedding_bytes_per_image_token = 2 * D;
+  if (c.has_generator()) {
+    // The generator trains unless frozen and hands the LLM its conditions'
+    // gradient unless the LLM is frozen.
+    const Passes gen_p = ModulePasses(!frozen.generator, !frozen.llm, recompute);
+    const GeneratorConfig& g = c.generator;
+    VitConfig den = g.denoiser;
+    den.prefix = 1 + g.queries;
+    const double gt = den.seq(), gd = den.dim, gh = den.mlp_hidden;
+    const double pd = den.patch_dim(), gp = den.patches_per_tile();
+    double gen = 2 * gp * pd * gd * 2;       // patch embedding and the patch head
+    gen += 2 * g.queries * g.cond_dim * gd;  // the conditions' projection
+    gen += den.layers * 2 * gt * (4 * gd * gd + 2 * gd * gh);
+    const double gen_attention = den.layers * 4 * gt * gt * gd;
+    f.generator_per_image = gen_p.weights * gen + gen_p.attention * gen_attention;
+  }
   return f;
 }
 
@@ -113,6 +128,8 @@ SampleShape ShapeOf(const scheduler::v1::BatchSample& sample) {
   for (int t : sample.images()) s.tiles += t;
   s.image_tokens = sample.image_tokens();
   s.text_tokens = sample.text_tokens();
+  s.output_images = sample.output_images_size();
+  s.query_tokens = sample.query_tokens();
   return s;
 }
 
@@ -122,6 +139,10 @@ CostModel::CostModel(const scheduler::v1::CostCoefficients& prior)
 double CostModel::EncoderSeconds(const SampleShape& s) const {
   if (s.tiles <= 0) return 0;
   return coefficients_.encoder_per_sample() + coefficients_.encoder_per_tile() * s.tiles;
+}
+
+double CostModel::GeneratorSeconds(const SampleShape& s) const {
+  return coefficients_.generator_per_image() * s.output_images;
 }
 
 double CostModel::LlmSeconds(const SampleShape& s) const {
@@ -135,8 +156,10 @@ std::vector<SampleLoad> CostModel::Loads(const std::vector<SampleShape>& shapes,
   std::vector<SampleLoad> out;
   out.reserve(shapes.size());
   for (const SampleShape& s : shapes) {
-    out.push_back(
-        {EncoderSeconds(s), LlmSeconds(s), transfer_seconds_per_image_token * s.image_tokens});
+    SampleLoad load{EncoderSeconds(s), LlmSeconds(s),
+                    transfer_seconds_per_image_token * s.image_tokens};
+    load.generator = GeneratorSeconds(s);
+    out.push_back(load);
   }
   return out;
 }

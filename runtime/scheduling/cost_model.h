@@ -37,6 +37,10 @@ struct ModelFlops {
   double llm_per_token = 0;
   double llm_per_token_sq = 0;
   double embedding_bytes_per_image_token = 0;  // what the encoder sends (bf16)
+  // The generator's training FLOPs per output image: the denoiser over the
+  // picture's patches and its prefix (timestep token and Q conditions), the
+  // conditions' projection and the patch head. 0 without a generator.
+  double generator_per_image = 0;
 };
 
 // With `frozen` modules (runtime/model/config.h Frozen) the backward is
@@ -52,7 +56,9 @@ struct SampleShape {
   int tiles = 0;
   int image_tokens = 0;
   int text_tokens = 0;
-  int length() const { return image_tokens + text_tokens; }
+  int output_images = 0;  // the generator's pictures to draw
+  int query_tokens = 0;   // the LLM's query positions for them
+  int length() const { return image_tokens + text_tokens + query_tokens; }
 };
 
 SampleShape ShapeOf(const scheduler::v1::BatchSample& sample);
@@ -70,6 +76,8 @@ class CostModel {
 
   double EncoderSeconds(const SampleShape& s) const;
   double LlmSeconds(const SampleShape& s) const;
+  // generator_per_image x output images.
+  double GeneratorSeconds(const SampleShape& s) const;
 
   // Costs of a batch; `transfer_seconds_per_image_token` prices the
   // embeddings' trip from encoder to LLM.

@@ -78,6 +78,7 @@ scheduler::v1::CostCoefficients CoefficientsOnOneGpu(const ModelConfig& model,
   c.set_encoder_per_tile(f.encoder_per_tile / rate);
   c.set_llm_per_token(f.llm_per_token / rate);
   c.set_llm_per_token_sq(f.llm_per_token_sq / rate);
+  c.set_generator_per_image(f.generator_per_image / rate);
   c.set_transfer_per_image_token(f.embedding_bytes_per_image_token /
                                  cluster.inter_node_bytes_per_second);
   return c;

@@ -96,6 +96,8 @@ void SchedulerServiceImpl::LoadsOf(const data::v1::GetBatchResponse& batch, Comp
     for (int t : m.record().images()) s.tiles += t;
     s.image_tokens = m.record().image_tokens();
     s.text_tokens = m.record().text_tokens();
+    s.output_images = m.record().output_images_size();
+    s.query_tokens = m.record().query_tokens();
     computed->shapes.push_back(s);
     keys->push_back(m.record().key());
   }
