@@ -90,6 +90,28 @@ ModelConfig Vit300MLlm7B() {
   return c;
 }
 
+// vit300m-llm7b with a generator at the scale MetaQuery and BLIP3-o attach
+// to a 7B LLM: a denoiser of DiT-XL's depth and width (28 layers, 1152;
+// ~450M parameters, conditioned in context where DiT's adaLN adds ~225M)
+// over 256 x 256 output images in 16 x 16 pixel patches, conditioned on 64
+// query positions. For planning and scheduling.
+ModelConfig Vit300MLlm7BGen() {
+  ModelConfig c = Vit300MLlm7B();
+  c.name = "vit300m-llm7b-gen";
+  c.llm.gen_queries = 64;
+  GeneratorConfig& g = c.generator;
+  g.denoiser.tile_size = 256;
+  g.denoiser.patch = 16;
+  g.denoiser.dim = 1152;
+  g.denoiser.layers = 28;
+  g.denoiser.heads = 16;
+  g.denoiser.mlp_hidden = 4608;
+  g.queries = 64;
+  g.cond_dim = c.llm.dim;
+  g.time_freqs = 256;
+  return c;
+}
+
 // A 70B-class LLM for planning at cluster scale: Llama-2-70B's width, depth
 // and vocabulary with multi-head attention (grouped-query attention comes
 // with the Hugging Face model families), the FFN narrowed from 28672 to
@@ -108,8 +130,8 @@ ModelConfig Vit300MLlm70B() {
 }  // namespace
 
 std::vector<std::string> ModelConfigNames() {
-  return {"tiny",          "tiny-deep",     "tiny-gen",      "vit10m-llm45m",
-          "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm70b"};
+  return {"tiny",          "tiny-deep",     "tiny-gen",          "vit10m-llm45m",
+          "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm7b-gen", "vit300m-llm70b"};
 }
 
 absl::StatusOr<Frozen> ParseFrozen(const std::string& list, bool has_generator) {
@@ -159,6 +181,7 @@ absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
   if (name == "vit10m-llm45m") return Vit10MLlm45M();
   if (name == "vit300m-llm1b") return Vit300MLlm1B();
   if (name == "vit300m-llm7b") return Vit300MLlm7B();
+  if (name == "vit300m-llm7b-gen") return Vit300MLlm7BGen();
   if (name == "vit300m-llm70b") return Vit300MLlm70B();
   return absl::NotFoundError(absl::StrCat("unknown model config '", name,
                                           "'; known: ", absl::StrJoin(ModelConfigNames(), ", ")));

@@ -71,7 +71,7 @@ std::vector<BinAssignment> Layout(const std::vector<SampleLoad>& samples, const 
                                   bool order_1f1b, bool balance_encoder, const AssignOptions& o) {
   std::vector<double> size(groups.size(), 0);
   for (size_t g = 0; g < groups.size(); ++g) {
-    for (int i : groups[g]) size[g] += n.e[i] + n.l[i];
+    for (int i : groups[g]) size[g] += n.Sum(i);
   }
   std::vector<BinAssignment> bins;
   for (int r = 0; r < o.llm_dp; ++r) {
@@ -94,29 +94,33 @@ std::vector<BinAssignment> Layout(const std::vector<SampleLoad>& samples, const 
         b.encoder += samples[i].encoder;
         b.llm += samples[i].llm;
         b.transfer += samples[i].transfer;
+        b.generator += samples[i].generator;
       }
       bins.push_back(std::move(b));
     }
   }
-  // Encoder ranks, slot by slot.
-  std::vector<double> enc_load(o.encoder_dp, 0);
-  for (int j = 0; j < o.microbatches; ++j) {
-    std::vector<int> slot;
-    for (int r = 0; r < o.llm_dp; ++r) slot.push_back(r * o.microbatches + j);
-    if (!balance_encoder) {
-      for (int r = 0; r < o.llm_dp; ++r)
-        bins[slot[r]].encoder_rank = (j * o.llm_dp + r) % o.encoder_dp;
-      continue;
+  // Encoder ranks, and generator ranks, slot by slot: in turn, or each
+  // slot's largest bins first to the ranks with the least accumulated load.
+  auto place = [&](int dp, double BinAssignment::*cost, int BinAssignment::*rank) {
+    std::vector<double> load(dp, 0);
+    for (int j = 0; j < o.microbatches; ++j) {
+      std::vector<int> slot;
+      for (int r = 0; r < o.llm_dp; ++r) slot.push_back(r * o.microbatches + j);
+      if (!balance_encoder) {
+        for (int r = 0; r < o.llm_dp; ++r) bins[slot[r]].*rank = (j * o.llm_dp + r) % dp;
+        continue;
+      }
+      std::stable_sort(slot.begin(), slot.end(),
+                       [&](int a, int b) { return bins[a].*cost > bins[b].*cost; });
+      for (int b : slot) {
+        const int e = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+        bins[b].*rank = e;
+        load[e] += bins[b].*cost;
+      }
     }
-    std::stable_sort(slot.begin(), slot.end(),
-                     [&](int a, int b) { return bins[a].encoder > bins[b].encoder; });
-    for (int b : slot) {
-      const int e =
-          static_cast<int>(std::min_element(enc_load.begin(), enc_load.end()) - enc_load.begin());
-      bins[b].encoder_rank = e;
-      enc_load[e] += bins[b].encoder;
-    }
-  }
+  };
+  place(o.encoder_dp, &BinAssignment::encoder, &BinAssignment::encoder_rank);
+  place(o.generator_dp, &BinAssignment::generator, &BinAssignment::generator_rank);
   return bins;
 }
 
@@ -124,6 +128,7 @@ absl::Status Validate(const std::vector<SampleLoad>& samples, const AssignOption
   if (o.llm_dp < 1) return absl::InvalidArgumentError("llm_dp must be at least 1");
   if (o.microbatches < 1) return absl::InvalidArgumentError("microbatches must be at least 1");
   if (o.encoder_dp < 1) return absl::InvalidArgumentError("encoder_dp must be at least 1");
+  if (o.generator_dp < 1) return absl::InvalidArgumentError("generator_dp must be at least 1");
   const int64_t bins = static_cast<int64_t>(o.llm_dp) * o.microbatches;
   if (static_cast<int64_t>(samples.size()) < bins) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -132,7 +137,7 @@ absl::Status Validate(const std::vector<SampleLoad>& samples, const AssignOption
   }
   for (size_t i = 0; i < samples.size(); ++i) {
     const SampleLoad& s = samples[i];
-    for (double v : {s.encoder, s.llm, s.transfer}) {
+    for (double v : {s.encoder, s.llm, s.transfer, s.generator}) {
       if (!std::isfinite(v) || v < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("sample ", i, " has a negative or non-finite cost"));
@@ -167,7 +172,7 @@ absl::Status CapTokens(const std::vector<SampleLoad>& samples, const Normalized&
     for (int i : (*groups)[g]) {
       te[g] += samples[i].encoder_tokens;
       tl[g] += samples[i].llm_tokens;
-      cost[g] += common.e[i] + common.l[i];
+      cost[g] += common.Sum(i);
     }
   }
   auto over = [&](size_t g) { return (E > 0 && te[g] > E) || (L > 0 && tl[g] > L); };
@@ -214,7 +219,7 @@ absl::Status CapTokens(const std::vector<SampleLoad>& samples, const Normalized&
       std::vector<int>& from = (*groups)[g];
       from.erase(std::find(from.begin(), from.end(), moved));
       (*groups)[to].push_back(moved);
-      const double c = common.e[moved] + common.l[moved];
+      const double c = common.Sum(moved);
       te[g] -= samples[moved].encoder_tokens;
       tl[g] -= samples[moved].llm_tokens;
       cost[g] -= c;
@@ -274,7 +279,7 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
     }
     Groups start = LoomGroups(common, n, bins, o);
     absl::StatusOr<IlpSolution> sol =
-        SolveBinIlp(common.e, common.l, bins, start, o.ilp_time_limit_seconds);
+        SolveBinIlp({common.e, common.l, common.g}, bins, start, o.ilp_time_limit_seconds);
     if (!sol.ok()) return sol.status();
     groups = std::move(sol->groups);
     result.ilp_bound = sol->bound * common.scale;  // back in the costs' units
@@ -284,7 +289,7 @@ absl::StatusOr<AssignResult> Assign(const std::vector<SampleLoad>& samples, cons
   if (balanced) {
     std::vector<double> size(bins, 0);
     for (int g = 0; g < bins; ++g) {
-      for (int i : groups[g]) size[g] += common.e[i] + common.l[i];
+      for (int i : groups[g]) size[g] += common.Sum(i);
     }
     ranks = RanksBalanced(size, o.llm_dp, o.microbatches);
   } else {
@@ -321,15 +326,20 @@ AssignmentQuality MeasureAssignment(const std::vector<SampleLoad>& samples,
                              [](const BinAssignment& b) { return b.encoder; });
   auto [l, mean_l] = measure([](const SampleLoad& s) { return s.llm; },
                              [](const BinAssignment& b) { return b.llm; });
+  auto [g, mean_g] = measure([](const SampleLoad& s) { return s.generator; },
+                             [](const BinAssignment& b) { return b.generator; });
   q.encoder = e;
   q.llm = l;
+  q.generator = g;
   for (const BinAssignment& b : result.bins) {
-    q.largest_bin = std::max({q.largest_bin, b.encoder, b.llm});
+    q.largest_bin = std::max({q.largest_bin, b.encoder, b.llm, b.generator});
   }
-  const double mean = std::max(mean_e, mean_l);
+  const double mean = std::max({mean_e, mean_l, mean_g});
   q.objective = mean > 0 ? q.largest_bin / mean : 0.0;
   q.lower_bound = mean;
-  for (const SampleLoad& s : samples) q.lower_bound = std::max({q.lower_bound, s.encoder, s.llm});
+  for (const SampleLoad& s : samples) {
+    q.lower_bound = std::max({q.lower_bound, s.encoder, s.llm, s.generator});
+  }
   return q;
 }
 

@@ -2,12 +2,15 @@
 // to a bin (LLM DP rank, microbatch) and every bin to an encoder rank; each
 // LLM rank's microbatches are put in the order it runs them.
 //
-// Every sample loads both modules (its images the encoder, its packed length
-// the LLM), so a bin has two costs. Costs are times on each module's own
-// ranks, in one unit (the scheduler's: seconds), and a microbatch slot lasts
-// as long as the slower module's bin, so modules are compared in the units
-// given: the objective of `greedy`, `ilp` and `loom` is the largest bin of
-// either module, max over bins of max(encoder, LLM).
+// Every sample loads each module (its images the encoder, its packed length
+// the LLM, its output images the generator, in a model with one), so a bin
+// has three costs (the generator's 0 without one). Costs are times on each
+// module's own ranks, in one unit (the scheduler's: seconds), and a
+// microbatch slot lasts as long as the slowest module's bin, so modules are
+// compared in the units given: the objective of `greedy`, `ilp` and `loom`
+// is the largest bin of any module, max over bins of max(encoder, LLM,
+// generator). Without a generator every algorithm places samples exactly as
+// it did for two modules.
 //
 // Algorithms (all deterministic; every LLM rank gets `microbatches` bins, every
 // bin at least one sample):
@@ -18,7 +21,7 @@
 //               decreasing size, each to the least loaded bin. DistTrain
 //               sorts by image size because its LLM sequences are packed to a
 //               fixed length; here the LLM load varies too, so the size is the
-//               sum of both modules' costs in mean-bin units.
+//               sum of the modules' costs in mean-bin units.
 //   disttrain   lpt plus DistTrain's inter-microbatch order for 1F1B: on
 //               each rank the smallest microbatch first, the p-1 next
 //               smallest last (the drain), and between them each position
@@ -29,13 +32,14 @@
 //               then the LLM (text-only samples to the least LLM-loaded bin),
 //               then walk the bins in execution order deferring each bin's
 //               LLM load above the mean to a later bin with room, without
-//               raising the encoder's maximum.
-//   greedy      the plain 2-D greedy, a baseline: samples by decreasing
-//               max(encoder, LLM) cost, each to the bin whose resulting
-//               max(encoder, LLM) is least.
-//   ilp         DFLOP's exact formulation: minimise C with every bin's encoder
-//               cost <= C and LLM cost <= C, every sample in one bin, every
-//               bin non-empty; COIN-OR CBC under a time limit, started from
+//               raising the encoder's maximum. (The paper's two modules:
+//               the generator's load is not looked at.)
+//   greedy      the plain vector greedy, a baseline: samples by decreasing
+//               max(encoder, LLM, generator) cost, each to the bin whose
+//               resulting max of the three is least.
+//   ilp         DFLOP's exact formulation: minimise C with every bin's cost
+//               of every module <= C, every sample in one bin, every bin
+//               non-empty; COIN-OR CBC under a time limit, started from
 //               the loom solution. The quality reference; not deterministic
 //               when the time limit cuts the search.
 //   loom        ours: the best of the cheap heuristics above (sequential, lpt,
@@ -45,7 +49,8 @@
 //               another bin as loaded, so it is never worse than any of them;
 //               bins go to ranks so that rank totals balance, in DistTrain's
 //               1F1B order; each microbatch slot's bins go to the encoder
-//               ranks with the least accumulated load.
+//               ranks (and the generator ranks) with the least accumulated
+//               load.
 #ifndef LOOM_RUNTIME_SCHEDULING_ASSIGN_H_
 #define LOOM_RUNTIME_SCHEDULING_ASSIGN_H_
 
@@ -68,8 +73,7 @@ struct SampleLoad {
   int64_t encoder_tokens = 0;
   int64_t llm_tokens = 0;
   // The generator's seconds for the sample's output images (CostModel::
-  // Loads). Priced, not yet balanced: the algorithms place samples by the
-  // encoder's and the LLM's costs.
+  // Loads; 0 without a generator).
   double generator = 0;
 };
 
@@ -77,6 +81,7 @@ struct AssignOptions {
   int llm_dp = 1;
   int microbatches = 1;  // per LLM rank
   int encoder_dp = 1;
+  int generator_dp = 1;    // the generator's replicas (a model with one)
   int pipeline_depth = 2;  // encoder stages + LLM stages (the p of 1F1B)
   double ilp_time_limit_seconds = 10;
   int64_t ilp_max_variables = 400000;  // samples * bins above which `ilp` refuses
@@ -92,10 +97,12 @@ struct BinAssignment {
   int llm_rank = 0;
   int microbatch = 0;
   int encoder_rank = 0;
+  int generator_rank = 0;    // the generator replica that draws its output images
   std::vector<int> samples;  // indices into the batch
   double encoder = 0;
   double llm = 0;
   double transfer = 0;
+  double generator = 0;
 };
 
 struct AssignResult {
@@ -120,10 +127,10 @@ struct ModuleQuality {
 };
 
 struct AssignmentQuality {
-  ModuleQuality encoder, llm;
-  double largest_bin = 0;  // max over bins of max(encoder, LLM), in the costs' units
-  double lower_bound = 0;  // max(mean encoder bin, mean LLM bin, largest sample's max)
-  double objective = 0;    // largest_bin / max(mean encoder bin, mean LLM bin)
+  ModuleQuality encoder, llm, generator;  // generator: zeros without one
+  double largest_bin = 0;                 // max over bins of any module's cost, in the costs' units
+  double lower_bound = 0;                 // max(each module's mean bin, the largest sample cost)
+  double objective = 0;                   // largest_bin / the largest module's mean bin
 };
 
 AssignmentQuality MeasureAssignment(const std::vector<SampleLoad>& samples,

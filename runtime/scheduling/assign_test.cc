@@ -138,15 +138,19 @@ void CheckValid(const std::vector<SampleLoad>& s, const AssignOptions& o, const 
     EXPECT_EQ(b.microbatch, static_cast<int>(k) % o.microbatches);
     EXPECT_GE(b.encoder_rank, 0);
     EXPECT_LT(b.encoder_rank, o.encoder_dp);
+    EXPECT_GE(b.generator_rank, 0);
+    EXPECT_LT(b.generator_rank, o.generator_dp);
     EXPECT_FALSE(b.samples.empty());
-    double e = 0, l = 0;
+    double e = 0, l = 0, g = 0;
     for (int i : b.samples) {
       ++seen[i];
       e += s[i].encoder;
       l += s[i].llm;
+      g += s[i].generator;
     }
     EXPECT_NEAR(b.encoder, e, testing::ClosedFormF64(e));
     EXPECT_NEAR(b.llm, l, testing::ClosedFormF64(l));
+    EXPECT_NEAR(b.generator, g, testing::ClosedFormF64(g));
   }
   for (size_t i = 0; i < s.size(); ++i) EXPECT_EQ(seen[i], 1) << "sample " << i;
 }
@@ -174,6 +178,62 @@ TEST(AssignTest, PropertiesOnRandomBatches) {
                   objective[a] + testing::Allowed(testing::kSameSumOtherOrderF64, objective[a]))
             << "seed " << seed << ", " << o.llm_dp << "x" << o.microbatches << ": loom vs " << a;
       }
+    }
+  }
+}
+
+// The generator as a third module: two image samples (encoder 2, LLM 2)
+// and two text → image samples (LLM 1, generator 4) in two bins. Arrival
+// order puts both pictures in one bin (generator 8: twice the mean bin);
+// balancing three loads puts one of each in each bin (1.0), and the two
+// bins' pictures go to the two generator replicas.
+TEST(AssignTest, BalancesTheGeneratorAsAThirdModule) {
+  std::vector<SampleLoad> s = {{2, 2, 0}, {2, 2, 0}, {0, 1, 0}, {0, 1, 0}};
+  s[2].generator = s[3].generator = 4;
+  AssignOptions o = Bins(2, 1);
+  o.generator_dp = 2;
+  EXPECT_NEAR(Objective(s, o, "sequential"), 2.0, testing::ClosedFormF64(2.0));
+  for (const char* a : {"greedy", "lpt", "loom"}) {
+    EXPECT_NEAR(Objective(s, o, a), 1.0, testing::ClosedFormF64(1.0)) << a;
+  }
+  EXPECT_NEAR(Objective(s, o, "ilp"), 1.0, testing::Allowed(testing::kIlpSolver, 1.0));
+  const AssignResult r = RunAlgorithm(s, o, "loom");
+  CheckValid(s, o, r, "loom");
+  EXPECT_NE(r.bins[0].generator_rank, r.bins[1].generator_rank);
+  const AssignmentQuality q = MeasureAssignment(s, r);
+  EXPECT_NEAR(q.generator.max_over_lower_bound, 1.0, testing::ClosedFormF64(1.0));
+  EXPECT_NEAR(q.largest_bin, 4.0, testing::ClosedFormF64(4.0));
+  // A negative generator cost is refused like any other.
+  s[3].generator = -1;
+  EXPECT_EQ(Assign(s, o, "loom").status().code(), absl::StatusCode::kInvalidArgument);
+  o.generator_dp = 0;
+  s[3].generator = 4;
+  EXPECT_EQ(Assign(s, o, "loom").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Random batches where 20% of the samples draw an output image: every
+// algorithm's assignment is valid (generator ranks included) and loom's
+// largest bin, over all three modules, is no worse than any heuristic's.
+TEST(AssignTest, LoomIsNeverWorseWithAGenerator) {
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    std::vector<SampleLoad> s = RandomBatch(seed, 300);
+    Rng rng(seed + 100);
+    for (SampleLoad& x : s) {
+      if (rng.Bernoulli(0.2)) x.generator = rng.LogNormal(0.02, 0.3, 0.005, 0.1);
+    }
+    for (const AssignOptions& shape : {Bins(4, 8, 2), Bins(8, 4, 4)}) {
+      AssignOptions o = shape;
+      o.generator_dp = 3;
+      std::map<std::string, double> largest;
+      for (const std::string& a : AlgorithmNames()) {
+        if (a == "ilp") continue;
+        const AssignResult r = RunAlgorithm(s, o, a);
+        CheckValid(s, o, r, a);
+        largest[a] = MeasureAssignment(s, r).largest_bin;
+      }
+      const double loom = largest["loom"] / (1 + testing::kSameSumOtherOrderF64.rtol);
+      for (const auto& [a, v] : largest) EXPECT_LE(loom, v) << "seed " << seed << " vs " << a;
+      EXPECT_LT(largest["loom"], largest["sequential"]) << "seed " << seed;
     }
   }
 }

@@ -8,15 +8,18 @@
 
 namespace loom::sched {
 
-absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<double>& encoder,
-                                        const std::vector<double>& llm, int bins,
+absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<std::vector<double>>& modules, int bins,
                                         const std::vector<std::vector<int>>& start,
                                         double time_limit_seconds) {
-  const int n = static_cast<int>(encoder.size());
-  const int k = bins;
-  // Columns: x(i, b) = i * k + b, then C. Rows: n assignment rows, k encoder
-  // rows, k LLM rows, k non-empty rows.
-  const int cols = n * k + 1, rows = n + 3 * k;
+  std::vector<const std::vector<double>*> costs;  // the modules with any cost
+  for (const std::vector<double>& m : modules) {
+    if (std::any_of(m.begin(), m.end(), [](double c) { return c > 0; })) costs.push_back(&m);
+  }
+  const int n = modules.empty() ? 0 : static_cast<int>(modules[0].size());
+  const int k = bins, M = static_cast<int>(costs.size());
+  // Columns: x(i, b) = i * k + b, then C. Rows: n assignment rows, k rows
+  // per module with a cost, k non-empty rows.
+  const int cols = n * k + 1, rows = n + (M + 1) * k;
   const int c_col = n * k;
   std::vector<int> starts, index;
   std::vector<double> value;
@@ -26,20 +29,18 @@ absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<double>& encoder,
       starts.push_back(static_cast<int>(index.size()));
       index.push_back(i);
       value.push_back(1);
-      if (encoder[i] > 0) {
-        index.push_back(n + b);
-        value.push_back(encoder[i]);
+      for (int m = 0; m < M; ++m) {
+        if ((*costs[m])[i] > 0) {
+          index.push_back(n + m * k + b);
+          value.push_back((*costs[m])[i]);
+        }
       }
-      if (llm[i] > 0) {
-        index.push_back(n + k + b);
-        value.push_back(llm[i]);
-      }
-      index.push_back(n + 2 * k + b);
+      index.push_back(n + M * k + b);
       value.push_back(1);
     }
   }
   starts.push_back(static_cast<int>(index.size()));
-  for (int b = 0; b < 2 * k; ++b) {
+  for (int b = 0; b < M * k; ++b) {
     index.push_back(n + b);
     value.push_back(-1);
   }
@@ -49,11 +50,11 @@ absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<double>& encoder,
   obj[c_col] = 1;
   std::vector<double> row_lb(rows), row_ub(rows);
   for (int i = 0; i < n; ++i) row_lb[i] = row_ub[i] = 1;
-  for (int r = n; r < n + 2 * k; ++r) {
+  for (int r = n; r < n + M * k; ++r) {
     row_lb[r] = -1e30;
     row_ub[r] = 0;
   }
-  for (int r = n + 2 * k; r < rows; ++r) {
+  for (int r = n + M * k; r < rows; ++r) {
     row_lb[r] = 1;
     row_ub[r] = 1e30;
   }
@@ -72,14 +73,15 @@ absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<double>& encoder,
   std::vector<double> start_vals;
   double start_c = 0;
   for (int b = 0; b < k && b < static_cast<int>(start.size()); ++b) {
-    double e = 0, l = 0;
     for (int i : start[b]) {
       start_cols.push_back(i * k + b);
       start_vals.push_back(1);
-      e += encoder[i];
-      l += llm[i];
     }
-    start_c = std::max({start_c, e, l});
+    for (int m = 0; m < M; ++m) {
+      double load = 0;
+      for (int i : start[b]) load += (*costs[m])[i];
+      start_c = std::max(start_c, load);
+    }
   }
   start_cols.push_back(c_col);
   start_vals.push_back(start_c);

@@ -1,6 +1,7 @@
 // DFLOP's per-batch ILP, solved by COIN-OR CBC: put N samples into K bins,
-// minimise C with every bin's encoder cost <= C and LLM cost <= C, every
-// sample in exactly one bin, every bin non-empty.
+// minimise C with every bin's cost of every module (encoder, LLM, and the
+// generator where there is one) <= C, every sample in exactly one bin,
+// every bin non-empty.
 #ifndef LOOM_RUNTIME_SCHEDULING_ILP_H_
 #define LOOM_RUNTIME_SCHEDULING_ILP_H_
 
@@ -17,10 +18,10 @@ struct IlpSolution {
   bool optimal = false;                  // the search finished
 };
 
-// `encoder` and `llm` are per-sample costs; `start` is a feasible assignment
-// the solver begins from. INTERNAL if CBC returns no feasible solution.
-absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<double>& encoder,
-                                        const std::vector<double>& llm, int bins,
+// `modules[m]` are module m's per-sample costs (a module with none at all
+// adds no rows); `start` is a feasible assignment the solver begins from.
+// INTERNAL if CBC returns no feasible solution.
+absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<std::vector<double>>& modules, int bins,
                                         const std::vector<std::vector<int>>& start,
                                         double time_limit_seconds);
 

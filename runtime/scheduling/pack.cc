@@ -17,7 +17,11 @@ constexpr int kResplitTries = 4;  // lightest bins tried for a re-split of the h
 class LocalSearch {
  public:
   LocalSearch(const Normalized& n, Groups start)
-      : n_(n), groups_(std::move(start)), e_(groups_.size(), 0), l_(groups_.size(), 0) {
+      : n_(n),
+        groups_(std::move(start)),
+        e_(groups_.size(), 0),
+        l_(groups_.size(), 0),
+        g_(groups_.size(), 0) {
     for (size_t g = 0; g < groups_.size(); ++g) Refresh(static_cast<int>(g));
   }
 
@@ -27,21 +31,32 @@ class LocalSearch {
   }
 
  private:
-  double Load(int g) const { return std::max(e_[g], l_[g]); }
+  double Load(int g) const { return Normalized::Max(e_[g], l_[g], g_[g]); }
 
   void Add(int g, int i) {
     groups_[g].push_back(i);
     e_[g] += n_.e[i];
     l_[g] += n_.l[i];
+    g_[g] += n_.g[i];
+  }
+  void Remove(int g, int i) {
+    e_[g] -= n_.e[i];
+    l_[g] -= n_.l[i];
+    g_[g] -= n_.g[i];
   }
 
   // Recomputes the loads of group g from its samples.
   void Refresh(int g) {
-    e_[g] = l_[g] = 0;
+    e_[g] = l_[g] = g_[g] = 0;
     for (int i : groups_[g]) {
       e_[g] += n_.e[i];
       l_[g] += n_.l[i];
+      g_[g] += n_.g[i];
     }
+  }
+  // Bin g's loads plus (sign 1) or less (-1) sample i's: their largest.
+  double With(int g, int i, double sign) const {
+    return Normalized::Max(e_[g] + sign * n_.e[i], l_[g] + sign * n_.l[i], g_[g] + sign * n_.g[i]);
   }
 
   // Each step lowers the most loaded bin below its load M without raising
@@ -70,9 +85,11 @@ class LocalSearch {
       // Re-split partners: the lightest bins, then those with the most room
       // in the module that binds a (a bin light overall may be full there).
       std::vector<int> slack = light;
-      const bool llm_binds = l_[a] >= e_[a];
+      const std::vector<double>& binds = g_[a] > std::max(e_[a], l_[a]) ? g_
+                                         : l_[a] >= e_[a]               ? l_
+                                                                        : e_;
       std::stable_sort(slack.begin(), slack.end(),
-                       [&](int x, int y) { return llm_binds ? l_[x] < l_[y] : e_[x] < e_[y]; });
+                       [&](int x, int y) { return binds[x] < binds[y]; });
       for (const std::vector<int>* partners : {&light, &slack}) {
         for (int k = 0, tried = 0; !improved && k < bins && tried < kResplitTries; ++k) {
           const int b = (*partners)[k];
@@ -92,11 +109,11 @@ class LocalSearch {
     int best_k = -1, best_b = -1;
     for (size_t k = 0; k < groups_[a].size(); ++k) {
       const int i = groups_[a][k];
-      const double na = std::max(e_[a] - n_.e[i], l_[a] - n_.l[i]);
+      const double na = With(a, i, -1);
       if (na >= best) continue;
       for (int b = 0; b < bins; ++b) {
         if (b == a) continue;
-        const double v = std::max(na, std::max(e_[b] + n_.e[i], l_[b] + n_.l[i]));
+        const double v = std::max(na, With(b, i, 1));
         if (v < best) {
           best = v;
           best_k = static_cast<int>(k);
@@ -107,8 +124,7 @@ class LocalSearch {
     if (best_k < 0) return false;
     const int i = groups_[a][best_k];
     groups_[a].erase(groups_[a].begin() + best_k);
-    e_[a] -= n_.e[i];
-    l_[a] -= n_.l[i];
+    Remove(a, i);
     Add(best_b, i);
     return true;
   }
@@ -121,10 +137,10 @@ class LocalSearch {
       const int i = groups_[a][k];
       for (size_t q = 0; q < groups_[b].size(); ++q) {
         const int j = groups_[b][q];
-        const double de = n_.e[j] - n_.e[i], dl = n_.l[j] - n_.l[i];
-        if (de >= 0 && dl >= 0) continue;  // a would not get lighter
-        const double v =
-            std::max(std::max(e_[a] + de, l_[a] + dl), std::max(e_[b] - de, l_[b] - dl));
+        const double de = n_.e[j] - n_.e[i], dl = n_.l[j] - n_.l[i], dg = n_.g[j] - n_.g[i];
+        if (de >= 0 && dl >= 0 && dg >= 0) continue;  // a would not get lighter
+        const double v = std::max(Normalized::Max(e_[a] + de, l_[a] + dl, g_[a] + dg),
+                                  Normalized::Max(e_[b] - de, l_[b] - dl, g_[b] - dg));
         if (v < best) {
           best = v;
           best_k = static_cast<int>(k);
@@ -145,19 +161,17 @@ class LocalSearch {
     std::vector<int> all = groups_[a];
     all.insert(all.end(), groups_[b].begin(), groups_[b].end());
     std::stable_sort(all.begin(), all.end(), [&](int x, int y) {
-      return std::max(n_.e[x], n_.l[x]) > std::max(n_.e[y], n_.l[y]);
+      return Normalized::Max(n_.e[x], n_.l[x], n_.g[x]) >
+             Normalized::Max(n_.e[y], n_.l[y], n_.g[y]);
     });
     const std::vector<int> old_a = groups_[a], old_b = groups_[b];
     groups_[a].clear();
     groups_[b].clear();
-    e_[a] = l_[a] = e_[b] = l_[b] = 0;
+    e_[a] = l_[a] = g_[a] = e_[b] = l_[b] = g_[b] = 0;
     for (int i : all) {
-      const double ma = std::max(e_[a] + n_.e[i], l_[a] + n_.l[i]);
-      const double mb = std::max(e_[b] + n_.e[i], l_[b] + n_.l[i]);
+      const double ma = With(a, i, 1), mb = With(b, i, 1);
       const int to = (ma < mb || (ma == mb && groups_[a].size() <= groups_[b].size())) ? a : b;
-      groups_[to].push_back(i);
-      e_[to] += n_.e[i];
-      l_[to] += n_.l[i];
+      Add(to, i);
     }
     for (int round = 0; round < 32; ++round) {
       const int hi = Load(a) >= Load(b) ? a : b, lo = hi == a ? b : a;
@@ -173,7 +187,7 @@ class LocalSearch {
 
   const Normalized& n_;
   Groups groups_;
-  std::vector<double> e_, l_;
+  std::vector<double> e_, l_, g_;
 };
 
 // Largest-first to the least loaded group (ties: lowest group index).
@@ -195,13 +209,14 @@ void Lpt(const std::vector<int>& items, const std::vector<double>& size, std::ve
 
 namespace {
 struct Totals {
-  double e = 0, l = 0;
+  double e = 0, l = 0, g = 0;
 };
 Totals TotalsOf(const std::vector<SampleLoad>& samples) {
   Totals t;
   for (const SampleLoad& s : samples) {
     t.e += s.encoder;
     t.l += s.llm;
+    t.g += s.generator;
   }
   return t;
 }
@@ -210,11 +225,12 @@ Totals TotalsOf(const std::vector<SampleLoad>& samples) {
 Normalized CommonScale(const std::vector<SampleLoad>& samples, int bins) {
   const Totals t = TotalsOf(samples);
   Normalized n;
-  const double mean = std::max(t.e, t.l) / bins;
+  const double mean = std::max({t.e, t.l, t.g}) / bins;
   n.scale = mean > 0 ? mean : 1.0;
   for (const SampleLoad& s : samples) {
     n.e.push_back(s.encoder / n.scale);
     n.l.push_back(s.llm / n.scale);
+    n.g.push_back(s.generator / n.scale);
   }
   return n;
 }
@@ -225,6 +241,7 @@ Normalized Normalize(const std::vector<SampleLoad>& samples, int bins) {
   for (const SampleLoad& s : samples) {
     n.e.push_back(t.e > 0 ? s.encoder * bins / t.e : 0);
     n.l.push_back(t.l > 0 ? s.llm * bins / t.l : 0);
+    n.g.push_back(t.g > 0 ? s.generator * bins / t.g : 0);
   }
   return n;
 }
@@ -244,7 +261,7 @@ void FillEmpty(const Normalized& n, Groups* groups) {
     auto donor = std::max_element(groups->begin(), groups->end(),
                                   [](const auto& a, const auto& b) { return a.size() < b.size(); });
     auto smallest = std::min_element(donor->begin(), donor->end(), [&](int a, int b) {
-      return n.e[a] + n.l[a] < n.e[b] + n.l[b] || (n.e[a] + n.l[a] == n.e[b] + n.l[b] && a < b);
+      return n.Sum(a) < n.Sum(b) || (n.Sum(a) == n.Sum(b) && a < b);
     });
     g.push_back(*smallest);
     donor->erase(smallest);
@@ -259,7 +276,7 @@ Groups Sequential(size_t count, int bins) {
 
 Groups LptGroups(const Normalized& n, int bins) {
   std::vector<double> size(n.e.size());
-  for (size_t i = 0; i < size.size(); ++i) size[i] = n.e[i] + n.l[i];
+  for (size_t i = 0; i < size.size(); ++i) size[i] = n.Sum(static_cast<int>(i));
   Groups groups(bins);
   std::vector<double> load(bins, 0);
   Lpt(ByDecreasing(size), size, &load, &groups);
@@ -323,40 +340,45 @@ Groups EntrainGroups(const Normalized& n, int bins, const AssignOptions& o) {
   return groups;
 }
 
-// Largest bin of either module: max over bins of max(encoder, LLM), in the
-// units of `n`. The objective `loom` and `ilp` minimise (on CommonScale costs).
+// Largest bin of any module: max over bins of max(encoder, LLM,
+// generator), in the units of `n`. The objective `loom` and `ilp` minimise
+// (on CommonScale costs).
 double LargestBin(const Normalized& n, const Groups& groups) {
   double worst = 0;
-  for (const std::vector<int>& g : groups) {
-    double e = 0, l = 0;
-    for (int i : g) {
+  for (const std::vector<int>& bin : groups) {
+    double e = 0, l = 0, g = 0;
+    for (int i : bin) {
       e += n.e[i];
       l += n.l[i];
+      g += n.g[i];
     }
-    worst = std::max({worst, e, l});
+    worst = std::max({worst, e, l, g});
   }
   return worst;
 }
 
-// The 2-D greedy: samples by decreasing max(encoder, LLM) cost, each to the
-// bin whose resulting max(encoder, LLM) is least. Plain (`even` false): ties
-// go to the lowest bin. Vector (`even` true): a sample's key also favours the
-// one that loads both modules, and ties between bins go to the one whose
-// loads stay most even (least e² + l²).
+// The vector greedy: samples by decreasing max(encoder, LLM, generator)
+// cost, each to the bin whose resulting max of the three is least. Plain
+// (`even` false): ties go to the lowest bin. Vector (`even` true): a
+// sample's key also favours the one that loads more modules (its middle
+// load), and ties between bins go to the one whose loads stay most even
+// (least e² + l² + g²).
 Groups GreedyGroups(const Normalized& n, int bins, bool even) {
   std::vector<double> key(n.e.size());
   for (size_t i = 0; i < key.size(); ++i) {
-    key[i] = std::max(n.e[i], n.l[i]) + (even ? 1e-3 * std::min(n.e[i], n.l[i]) : 0.0);
+    key[i] = Normalized::Max(n.e[i], n.l[i], n.g[i]) +
+             (even ? 1e-3 * Normalized::Mid(n.e[i], n.l[i], n.g[i]) : 0.0);
   }
   const double tie = even ? 1e-12 : 0.0;
   Groups groups(bins);
-  std::vector<double> e(bins, 0), l(bins, 0);
+  std::vector<double> e(bins, 0), l(bins, 0), gen(bins, 0);
   for (int i : ByDecreasing(key)) {
     int best = 0;
     double best_max = INFINITY, best_sq = INFINITY;
     for (int g = 0; g < bins; ++g) {
-      const double ge = e[g] + n.e[i], gl = l[g] + n.l[i];
-      const double mx = std::max(ge, gl), sq = even ? ge * ge + gl * gl : 0.0;
+      const double ge = e[g] + n.e[i], gl = l[g] + n.l[i], gg = gen[g] + n.g[i];
+      const double mx = Normalized::Max(ge, gl, gg);
+      const double sq = even ? ge * ge + gl * gl + gg * gg : 0.0;
       if (mx < best_max - tie || (even && mx < best_max + tie && sq < best_sq)) {
         best = g;
         best_max = mx;
@@ -366,6 +388,7 @@ Groups GreedyGroups(const Normalized& n, int bins, bool even) {
     groups[best].push_back(i);
     e[best] += n.e[i];
     l[best] += n.l[i];
+    gen[best] += n.g[i];
   }
   FillEmpty(n, &groups);
   return groups;

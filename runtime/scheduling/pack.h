@@ -4,6 +4,7 @@
 #ifndef LOOM_RUNTIME_SCHEDULING_PACK_H_
 #define LOOM_RUNTIME_SCHEDULING_PACK_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -11,13 +12,20 @@
 
 namespace loom::sched {
 
-// Samples' costs per module: e (encoder) and l (LLM), divided by `scale`.
+// Samples' costs per module: e (encoder), l (LLM) and g (generator: all 0
+// for a model without one), divided by `scale`.
 struct Normalized {
-  std::vector<double> e, l;
+  std::vector<double> e, l, g;
   double scale = 1;  // what the costs as given were divided by
+  // The largest of a sample's (or a bin's) three loads, and the middle one.
+  static double Max(double e, double l, double g) { return std::max({e, l, g}); }
+  static double Mid(double e, double l, double g) {
+    return std::max(std::min(e, l), std::min(std::max(e, l), g));
+  }
+  double Sum(int i) const { return e[i] + l[i] + g[i]; }
 };
 
-// Both modules divided by one factor, the larger module's mean bin: the
+// Every module divided by one factor, the largest module's mean bin: the
 // modules stay comparable in the units given (times on each module's ranks),
 // and values sit near 1 whatever those units are (solver and search
 // tolerances are absolute).
@@ -36,7 +44,7 @@ std::vector<int> ByDecreasing(const std::vector<double>& key);
 // samples (its smallest-cost sample), so every bin runs.
 void FillEmpty(const Normalized& n, Groups* groups);
 
-// max over bins of max(encoder, LLM), in the units of `n`.
+// max over bins of max(encoder, LLM, generator), in the units of `n`.
 double LargestBin(const Normalized& n, const Groups& groups);
 
 // The packings (assign.h describes the algorithms).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "runtime/data/datagen.h"
 #include "runtime/data/preprocess.h"
@@ -11,12 +12,18 @@ namespace loom::sched {
 namespace {
 
 // Measures an outline as loom-preprocess would; false where it would skip the
-// sample (too long).
+// sample (too long, or an output image for a model without a generator).
 bool Measure(const data::SampleOutline& o, const data::Tokenizer& tok,
              const data::PreprocessOptions& p, SampleShape* s) {
   *s = {};
   s->text_tokens = 2;
-  for (absl::string_view piece : absl::StrSplit(o.text, "<image>")) {
+  s->output_images = static_cast<int>(o.output_image_sizes.size());
+  if (s->output_images > 0 && p.gen_image_size <= 0) return false;
+  s->query_tokens = s->output_images * p.gen_queries;
+  const std::string text = absl::StrReplaceAll(
+      o.text,
+      {{absl::string_view(data::kOutputImageMarker.data(), data::kOutputImageMarker.size()), ""}});
+  for (absl::string_view piece : absl::StrSplit(text, "<image>")) {
     if (piece.empty()) continue;
     std::vector<int32_t> ids;
     if (!tok.Encode(std::string_view(piece.data(), piece.size()), &ids).ok()) return false;

@@ -1,0 +1,158 @@
+// The assignment with a generator (issue 44): loom's three-load assignment
+// against Megatron's sequential assignment and against loom blind to the
+// generator (its two-module objective: the generator's costs left out when
+// placing, counted when measuring), side by side in one run, on a mix where
+// `output_share` of the samples are text → image (the generation preset's,
+// one 256 x 256 output image each) and the rest understanding samples (the
+// onevision preset's), in random arrival order.
+//
+//   bazel run -c opt //runtime/scheduling/bench:generator_assign_bench
+//
+// Costs: the model's FLOPs on one H100 at the default efficiency
+// (CoefficientsOnOneGpu), each module's scaled so that its total equals the
+// LLM's: the modules' GPUs divided in proportion to their work, as a
+// disaggregated plan divides them, so no module is idle by construction
+// and every module's mean bin is the same. The figure is the slot time the
+// assignment sets: the largest bin of any module over that mean (1.0 is a
+// perfect split).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "runtime/base/rng.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/model/config.h"
+#include "runtime/scheduling/assign.h"
+#include "runtime/scheduling/bench/outlines.h"
+#include "runtime/scheduling/cost_model.h"
+#include "runtime/scheduling/plan.h"
+
+ABSL_FLAG(std::string, config, "vit300m-llm7b-gen", "Model config (with a generator).");
+ABSL_FLAG(std::string, sizes, "1024,4096", "Samples per global batch.");
+ABSL_FLAG(std::string, bins, "32,128",
+          "Bins (LLM DP x 8 microbatches; as many encoder and "
+          "generator replicas as LLM ones).");
+ABSL_FLAG(double, output_share, 0.2, "Share of text → image samples.");
+
+namespace loom::sched {
+namespace {
+
+std::vector<int> Ints(const std::string& csv) {
+  std::vector<int> out;
+  for (absl::string_view s : absl::StrSplit(csv, ',')) out.push_back(std::stoi(std::string(s)));
+  return out;
+}
+
+int Fail(const std::string& why) {
+  std::fprintf(stderr, "generator_assign_bench: %s\n", why.c_str());
+  return 2;
+}
+
+int Main() {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  if (!model->has_generator()) return Fail("--config " + model->name + " has no generator");
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tok = data::Tokenizer::Load("");
+  if (!tok.ok()) return Fail(std::string(tok.status().message()));
+  const double share = absl::GetFlag(FLAGS_output_share);
+  if (!(share > 0 && share < 1)) return Fail("--output_share: between 0 and 1");
+  const std::vector<int> sizes = Ints(absl::GetFlag(FLAGS_sizes));
+  const int most = *std::max_element(sizes.begin(), sizes.end());
+
+  // The mix: understanding samples and text → image ones, in random order.
+  absl::StatusOr<MeasuredBatch> understand = MeasureOutlines("onevision", 1, most, *model, **tok);
+  absl::StatusOr<MeasuredBatch> generation =
+      MeasureOutlines("generation", 1, 4 * most, *model, **tok);
+  if (!understand.ok()) return Fail(std::string(understand.status().message()));
+  if (!generation.ok()) return Fail(std::string(generation.status().message()));
+  std::vector<SampleShape> drawing;  // text → image: an output image, no input image
+  for (const SampleShape& s : generation->shapes) {
+    if (s.output_images > 0 && s.tiles == 0) drawing.push_back(s);
+  }
+  std::vector<SampleShape> mix;
+  Rng rng(7);
+  size_t u = 0, g = 0;
+  while (static_cast<int>(mix.size()) < most) {
+    const bool draw = rng.Bernoulli(share);
+    if (draw && g < drawing.size()) {
+      mix.push_back(drawing[g++]);
+    } else if (!draw && u < understand->shapes.size()) {
+      mix.push_back(understand->shapes[u++]);
+    } else {
+      return Fail("too few outlines for the mix");
+    }
+  }
+
+  const scheduler::v1::CostCoefficients costs = CoefficientsOnOneGpu(*model, ClusterSpec());
+  const CostModel cost_model(costs);
+  std::printf(
+      "generator_assign_bench: config %s (generator %.0fM parameters, %d queries), %.0f%% of "
+      "samples text -> image, costs from FLOPs on one H100 at %.0f%% of peak, each module's "
+      "total scaled to the LLM's\n",
+      model->name.c_str(), VitParameterCount(model->generator.denoiser) / 1e6,
+      model->generator.queries, share * 100, ClusterSpec().max_efficiency * 100);
+  std::printf("%7s %4s  %-12s %8s %8s %8s %9s\n", "samples", "bins", "assignment", "enc/LB",
+              "llm/LB", "gen/LB", "slot/mean");
+  int rows = 0;
+  for (int n : sizes) {
+    std::vector<SampleLoad> loads = cost_model.Loads(
+        std::vector<SampleShape>(mix.begin(), mix.begin() + n), costs.transfer_per_image_token());
+    double te = 0, tl = 0, tg = 0;
+    int outputs = 0;
+    for (const SampleLoad& l : loads) {
+      te += l.encoder;
+      tl += l.llm;
+      tg += l.generator;
+      outputs += l.generator > 0;
+    }
+    for (SampleLoad& l : loads) {
+      l.encoder *= tl / te;
+      l.generator *= tl / tg;
+    }
+    std::vector<SampleLoad> blind = loads;  // the generator left out when placing
+    for (SampleLoad& l : blind) l.generator = 0;
+    for (int bins : Ints(absl::GetFlag(FLAGS_bins))) {
+      AssignOptions o;
+      o.microbatches = std::min(8, bins);
+      o.llm_dp = o.encoder_dp = o.generator_dp = bins / o.microbatches;
+      double slot[3] = {0, 0, 0};
+      const char* names[] = {"sequential", "loom-2", "loom"};
+      for (int k = 0; k < 3; ++k) {
+        absl::StatusOr<AssignResult> r =
+            Assign(k == 1 ? blind : loads, o, k == 0 ? "sequential" : "loom");
+        if (!r.ok()) return Fail(std::string(r.status().message()));
+        if (k == 1) {  // measured with the generator's real costs
+          for (BinAssignment& b : r->bins) {
+            b.generator = 0;
+            for (int i : b.samples) b.generator += loads[i].generator;
+          }
+        }
+        const AssignmentQuality q = MeasureAssignment(loads, *r);
+        slot[k] = q.objective;
+        std::printf("%7d %4d  %-12s %8.4f %8.4f %8.4f %9.4f\n", n, bins, names[k],
+                    q.encoder.max_over_lower_bound, q.llm.max_over_lower_bound,
+                    q.generator.max_over_lower_bound, q.objective);
+      }
+      std::printf(
+          "%7d %4d  %d output images: loom's slot is %.3fx shorter than sequential's, %.3fx "
+          "shorter than loom blind to the generator\n",
+          n, bins, outputs, slot[0] / slot[2], slot[1] / slot[2]);
+      std::fflush(stdout);
+      ++rows;
+    }
+  }
+  if (rows == 0) return Fail("no batch was measured");
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom::sched
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return loom::sched::Main();
+}
