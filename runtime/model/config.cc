@@ -90,14 +90,13 @@ ModelConfig Vit300MLlm7B() {
   return c;
 }
 
-// vit300m-llm7b with a generator at the scale MetaQuery and BLIP3-o attach
-// to a 7B LLM: a denoiser of DiT-XL's depth and width (28 layers, 1152;
-// ~450M parameters, conditioned in context where DiT's adaLN adds ~225M)
-// over 256 x 256 output images in 16 x 16 pixel patches, conditioned on 64
-// query positions. For planning and scheduling.
-ModelConfig Vit300MLlm7BGen() {
-  ModelConfig c = Vit300MLlm7B();
-  c.name = "vit300m-llm7b-gen";
+// `c` with a generator at the scale MetaQuery and BLIP3-o attach to an
+// LLM: a denoiser of DiT-XL's depth and width (28 layers, 1152; ~450M
+// parameters, conditioned in context where DiT's adaLN adds ~225M) over
+// 256 x 256 output images in 16 x 16 pixel patches, conditioned on 64 query
+// positions. For planning and scheduling.
+ModelConfig WithGenerator(ModelConfig c) {
+  c.name += "-gen";
   c.llm.gen_queries = 64;
   GeneratorConfig& g = c.generator;
   g.denoiser.tile_size = 256;
@@ -130,8 +129,9 @@ ModelConfig Vit300MLlm70B() {
 }  // namespace
 
 std::vector<std::string> ModelConfigNames() {
-  return {"tiny",          "tiny-deep",     "tiny-gen",          "vit10m-llm45m",
-          "vit300m-llm1b", "vit300m-llm7b", "vit300m-llm7b-gen", "vit300m-llm70b"};
+  return {
+      "tiny",          "tiny-deep",         "tiny-gen",       "vit10m-llm45m",     "vit300m-llm1b",
+      "vit300m-llm7b", "vit300m-llm7b-gen", "vit300m-llm70b", "vit300m-llm70b-gen"};
 }
 
 absl::StatusOr<Frozen> ParseFrozen(const std::string& list, bool has_generator) {
@@ -181,8 +181,9 @@ absl::StatusOr<ModelConfig> ModelConfigByName(const std::string& name) {
   if (name == "vit10m-llm45m") return Vit10MLlm45M();
   if (name == "vit300m-llm1b") return Vit300MLlm1B();
   if (name == "vit300m-llm7b") return Vit300MLlm7B();
-  if (name == "vit300m-llm7b-gen") return Vit300MLlm7BGen();
+  if (name == "vit300m-llm7b-gen") return WithGenerator(Vit300MLlm7B());
   if (name == "vit300m-llm70b") return Vit300MLlm70B();
+  if (name == "vit300m-llm70b-gen") return WithGenerator(Vit300MLlm70B());
   return absl::NotFoundError(absl::StrCat("unknown model config '", name,
                                           "'; known: ", absl::StrJoin(ModelConfigNames(), ", ")));
 }

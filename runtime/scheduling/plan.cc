@@ -60,12 +60,14 @@ BatchStats StatsOf(const std::vector<SampleShape>& samples, int global_batch) {
     s.mean_image_tokens += x.image_tokens;
     s.mean_length += l;
     s.mean_length_sq += l * l;
+    s.mean_output_images += x.output_images;
   }
   const double n = static_cast<double>(samples.size());
   s.mean_tiles /= n;
   s.mean_image_tokens /= n;
   s.mean_length /= n;
   s.mean_length_sq /= n;
+  s.mean_output_images /= n;
   return s;
 }
 
@@ -98,6 +100,11 @@ struct Workload {
   double enc_trained = 0, llm_trained = 0;                // parameters with gradients (allreduced)
   double budget = 0;                                      // bytes per GPU
   int patches = 0;                                        // encoder rows per tile (VitConfig::seq)
+  // A model with a generator: its FLOPs per iteration, its trained
+  // parameters, its rows per output image (patches and the 1 + Q prefix).
+  bool generator = false;
+  double gen_flops = 0, gen_trained = 0;
+  int gen_rows = 0;
 };
 
 absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& model,
@@ -132,6 +139,14 @@ absl::StatusOr<Workload> WorkloadOf(const ClusterSpec& c, const ModelConfig& mod
   w.llm_trained = f.llm ? 0 : llm;
   w.budget = c.memory_bytes * limits.memory_fraction;
   w.patches = model.vit.seq();
+  if (model.has_generator()) {
+    w.generator = true;
+    w.gen_flops = w.B * stats.mean_output_images * w.flops.generator_per_image;
+    w.useful_flops += w.B * stats.mean_output_images * useful.generator_per_image;
+    w.gen_trained =
+        f.generator ? 0 : static_cast<double>(VitParameterCount(model.generator.denoiser));
+    w.gen_rows = model.generator.denoiser.patches_per_tile() + 1 + model.generator.queries;
+  }
   return w;
 }
 
@@ -169,6 +184,26 @@ double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, 
     peak = std::max(peak, static_cast<double>(e.total()));
   }
   return peak;
+}
+
+// The generator's peak (pp 1): its denoiser is a ViT over each picture's
+// patches and its 1 + Q prefix rows, so its blocks are priced as the
+// encoder's (the patch head and the conditions' projection, about a
+// patch embedding's size each, are left out), `images` a microbatch,
+// `bins` of them per replica.
+double GeneratorPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int dp,
+                          double images, int bins) {
+  ModelConfig g = model;
+  g.vit = model.generator.denoiser;
+  g.vit.prefix = 1 + model.generator.queries;
+  g.projector.pixel_shuffle = false;
+  g.projector.hidden = 0;
+  StageMemoryOptions o =
+      GpuMemoryOptions(limits, limits.recompute, tp, dp, limits.frozen.generator);
+  o.projector_frozen = true;
+  return static_cast<double>(
+      EncoderStageMemory(g, 0, g.vit.layers, static_cast<int64_t>(std::ceil(images)), bins, o)
+          .total());
 }
 
 double EncoderPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp, int dp,
@@ -211,6 +246,20 @@ double EncoderRate(const ClusterSpec& c, const BatchStats& stats, const Workload
   return tp * c.peak_flops * Efficiency(c, std::max(slot_tiles, 1.0) * w.patches / tp) *
          TpEfficiency(tp);
 }
+double GeneratorRate(const ClusterSpec& c, const BatchStats& stats, const Workload& w, int tp,
+                     int dp, int m) {
+  const double slot_images = w.B * stats.mean_output_images / (dp * m);
+  return tp * c.peak_flops * Efficiency(c, std::max(slot_images, 1.0) * w.gen_rows / tp) *
+         TpEfficiency(tp);
+}
+// The query states' trip from the LLM's last stage to the generator and
+// their gradients back, per microbatch: Q x D bf16 values a picture.
+double QueryTransferSeconds(const ModelConfig& model, const BatchStats& stats, const Workload& w,
+                            int dp, int m, double link) {
+  if (!w.generator) return 0;
+  return w.B * stats.mean_output_images * model.generator.queries * model.llm.dim * 2 / (dp * m) /
+         link;
+}
 
 void FillModule(scheduler::v1::ModulePlan* p, int tp, int pp, int dp, int gpus, double mem,
                 double stage, double allreduce) {
@@ -241,6 +290,11 @@ void FillCommon(const ClusterSpec& c, const ClusterSpec& ce, const ModelConfig& 
   k->set_encoder_per_tile(w.flops.encoder_per_tile / rate_e);
   k->set_llm_per_token(w.flops.llm_per_token / rate_l);
   k->set_llm_per_token_sq(w.flops.llm_per_token_sq / rate_l);
+  if (w.generator) {
+    const auto& g = plan->generator();
+    k->set_generator_per_image(w.flops.generator_per_image /
+                               GeneratorRate(c, stats, w, g.tp(), g.dp(), m));
+  }
   k->set_transfer_per_image_token(
       plan->encoder_in_first_llm_stage()
           ? 0
@@ -289,7 +343,8 @@ bool SameDegrees(const scheduler::v1::Plan& x, const scheduler::v1::Plan& y) {
   auto same = [](const scheduler::v1::ModulePlan& a, const scheduler::v1::ModulePlan& b) {
     return a.tp() == b.tp() && a.pp() == b.pp() && a.dp() == b.dp();
   };
-  return same(x.encoder(), y.encoder()) && same(x.llm(), y.llm()) && x.colocated() == y.colocated();
+  return same(x.encoder(), y.encoder()) && same(x.llm(), y.llm()) &&
+         same(x.generator(), y.generator()) && x.colocated() == y.colocated();
 }
 
 // SearchPlans at the limits' recompute; `candidates` counts up.
@@ -316,12 +371,28 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
     int tp_e = 0, pp_e = 0, dp_e = 0, tp_l = 0, pp_l = 0, dp_l = 0, m = 0;
     double enc_stage = 0, llm_stage = 0, mem_e = 0, mem_l = 0, ar_e = 0, ar_l = 0;
     bool colocated = false;
+    int tp_g = 0, dp_g = 0;  // the generator's (pp 1), where there is one
+    double gen_stage = 0, mem_g = 0, ar_g = 0;
   };
+
   std::vector<Best> best;  // the `count` fastest that fit, fastest first
   // What a configuration must beat to be kept.
   auto bar = [&] { return static_cast<int>(best.size()) < count ? INFINITY : best.back().time; };
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
   const int max_tp_e = std::min(limits.max_tp, ce.gpus_per_node);
+  // The generator's TP degrees (0: no generator); it runs at pp 1 on GPUs
+  // of its own, after the LLM's last stage.
+  std::vector<int> gen_tps = {0};
+  if (w.generator) {
+    if (separate) {
+      return absl::InvalidArgumentError(
+          "a heterogeneous plan for a model with a generator: not searched yet");
+    }
+    gen_tps.clear();
+    for (int tp : Divisors(model.generator.denoiser.heads, max_tp)) {
+      if (GeneratorPeakBytes(model, limits, tp, c.gpus, 0, 0) <= budget) gen_tps.push_back(tp);
+    }
+  }
   for (int tp_l : Divisors(model.llm.kv(), max_tp)) {  // whole key/value groups
     for (int pp_l : Divisors(model.llm.layers, limits.max_llm_pp)) {
       std::map<int, int> least_m;  // LLM DP -> the least microbatch count that fits
@@ -336,102 +407,153 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
           if (separate && ce.gpus < group_e) continue;
           // Disaggregated, the encoder on the GPUs the LLM leaves; colocated,
           // on the LLM's first-stage GPUs (tp_l x dp_l of them), beside it.
-          for (bool colocated : {false, true}) {
-            if (colocated && (separate || !limits.colocate || tp_e % tp_l != 0)) continue;
-            const int shared = colocated || separate ? 0 : group_e;  // of c's GPUs
-            const int most_l = (c.gpus - shared) / group_l;
-            // Separate pools: the LLM on all of its GPUs (SearchHeterogeneousPlan
-            // tries fewer as pools of their own).
-            for (int dp_l = separate ? std::max(1, most_l) : 1; dp_l <= most_l;
-                 dp_l = NextDp(dp_l, most_l, limits.dp_step)) {
-              const int first = tp_l * dp_l;
-              if (colocated && first % group_e != 0) continue;
-              const int dp_e = colocated  ? first / group_e
-                               : separate ? ce.gpus / group_e
-                                          : (c.gpus - group_l * dp_l) / group_e;
-              const double ar_l = RingAllreduceSeconds(kGradBytes * w.llm_trained / group_l, dp_l,
-                                                       group_l * dp_l, c);
-              const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_trained / group_e, dp_e,
-                                                       group_e * dp_e, ce);
-              const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
-              // The LLM's memory at m microbatches (>= pp_l: its in-flight
-              // count is fixed, its microbatches shrink as m grows, so the
-              // memory does not grow with m): the least m that fits, by
-              // bisection, is where the loop starts.
-              auto llm_bytes = [&](int m, int last_stage = -1) {
-                return LlmPeakBytes(model, limits, tp_l, pp_l, dp_l, m,
-                                    B * stats.mean_length / (dp_l * m) * kMicrobatchHeadroom,
-                                    B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom,
-                                    last_stage);
-              };
-              auto [memo, fresh] = least_m.try_emplace(dp_l, max_m + 1);
-              for (int lo = pp_l, hi = max_m; fresh && lo <= hi;) {
-                const int mid = lo + (hi - lo) / 2;
-                if (llm_bytes(mid) <= budget) {
-                  memo->second = mid;
-                  hi = mid - 1;
+          for (bool colocated : {false, true})
+            for (int tp_g : gen_tps) {
+              if (colocated && (separate || !limits.colocate || tp_e % tp_l != 0)) continue;
+              const int shared = colocated || separate ? 0 : group_e;  // of c's GPUs
+              const int most_l = (c.gpus - shared - tp_g) / group_l;
+              // Separate pools: the LLM on all of its GPUs (SearchHeterogeneousPlan
+              // tries fewer as pools of their own).
+              for (int dp_l = separate ? std::max(1, most_l) : 1; dp_l <= most_l;
+                   dp_l = NextDp(dp_l, most_l, limits.dp_step)) {
+                const int first = tp_l * dp_l;
+                if (colocated && first % group_e != 0) continue;
+                // The encoder's and the generator's replicas: the generator's
+                // GPUs near their share of the two modules' FLOPs (stage
+                // times go as FLOPs over GPUs), the encoder the rest.
+                std::vector<std::pair<int, int>> splits;  // (dp_e, dp_g)
+                const int rest = c.gpus - group_l * dp_l;
+                if (tp_g == 0) {
+                  splits.push_back({colocated  ? first / group_e
+                                    : separate ? ce.gpus / group_e
+                                               : rest / group_e,
+                                    0});
+                } else if (colocated) {
+                  splits.push_back({first / group_e, rest / tp_g});
                 } else {
-                  lo = mid + 1;
+                  const double work = w.gen_flops + w.enc_flops;
+                  const double share = work > 0 ? w.gen_flops / work : 0.5;
+                  const int g0 = static_cast<int>(std::lround(rest * share / tp_g));
+                  for (int dp_g = std::max(1, g0 - 1); dp_g <= std::max(1, g0 + 1); ++dp_g) {
+                    if (rest - dp_g * tp_g < group_e) break;
+                    splits.push_back({(rest - dp_g * tp_g) / group_e, dp_g});
+                  }
                 }
-              }
-              for (int m = memo->second; m <= max_m; ++m) {
-                ++candidates;
-                // LLM stage: one microbatch through one stage.
-                const double mb_tokens = B * stats.mean_length / (dp_l * m);
-                const double eff_l = Efficiency(c, mb_tokens / tp_l) * TpEfficiency(tp_l);
-                double llm_stage = llm_flops / (dp_l * m) / (pp_l * tp_l * c.peak_flops * eff_l);
-                if (pp_l > 1) {
-                  const double bw = group_l > c.gpus_per_node ? c.inter_node_bytes_per_second
-                                                              : c.intra_node_bytes_per_second;
-                  llm_stage += 2 * mb_tokens * model.llm.dim * 2 / tp_l / bw;
+                for (const auto& [dp_e, dp_g] : splits) {
+                  const double ar_l = RingAllreduceSeconds(kGradBytes * w.llm_trained / group_l,
+                                                           dp_l, group_l * dp_l, c);
+                  const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_trained / group_e,
+                                                           dp_e, group_e * dp_e, ce);
+                  const double ar_g = tp_g > 0
+                                          ? RingAllreduceSeconds(kGradBytes * w.gen_trained / tp_g,
+                                                                 dp_g, tp_g * dp_g, c)
+                                          : 0;
+                  const int max_m =
+                      std::min<int>(limits.max_microbatches, static_cast<int>(B) / dp_l);
+                  // The LLM's memory at m microbatches (>= pp_l: its in-flight
+                  // count is fixed, its microbatches shrink as m grows, so the
+                  // memory does not grow with m): the least m that fits, by
+                  // bisection, is where the loop starts.
+                  auto llm_bytes = [&](int m, int last_stage = -1) {
+                    return LlmPeakBytes(
+                        model, limits, tp_l, pp_l, dp_l, m,
+                        B * stats.mean_length / (dp_l * m) * kMicrobatchHeadroom,
+                        B * stats.mean_image_tokens / (dp_l * m) * kMicrobatchHeadroom, last_stage);
+                  };
+                  auto [memo, fresh] = least_m.try_emplace(dp_l, max_m + 1);
+                  for (int lo = pp_l, hi = max_m; fresh && lo <= hi;) {
+                    const int mid = lo + (hi - lo) / 2;
+                    if (llm_bytes(mid) <= budget) {
+                      memo->second = mid;
+                      hi = mid - 1;
+                    } else {
+                      lo = mid + 1;
+                    }
+                  }
+                  for (int m = memo->second; m <= max_m; ++m) {
+                    ++candidates;
+                    // LLM stage: one microbatch through one stage.
+                    const double mb_tokens = B * stats.mean_length / (dp_l * m);
+                    const double eff_l = Efficiency(c, mb_tokens / tp_l) * TpEfficiency(tp_l);
+                    double llm_stage =
+                        llm_flops / (dp_l * m) / (pp_l * tp_l * c.peak_flops * eff_l);
+                    if (pp_l > 1) {
+                      const double bw = group_l > c.gpus_per_node ? c.inter_node_bytes_per_second
+                                                                  : c.intra_node_bytes_per_second;
+                      llm_stage += 2 * mb_tokens * model.llm.dim * 2 / tp_l / bw;
+                    }
+                    // Encoder stage: its share of one microbatch slot's tiles
+                    // (colocated: what each first-stage GPU spends on them).
+                    const double slot_tiles = B * stats.mean_tiles / (dp_e * m);
+                    const double eff_e =
+                        Efficiency(ce, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
+                    const double enc_stage =
+                        enc_flops > 0
+                            ? enc_flops / (dp_e * m) / (pp_e * tp_e * ce.peak_flops * eff_e)
+                            : 0;
+                    const double transfer = B * stats.mean_image_tokens *
+                                            flops.embedding_bytes_per_image_token / (dp_l * m) /
+                                            link;
+                    // The generator: a stage after the LLM's last (pp 1), its
+                    // microbatch slot's pictures, the query states' transfer.
+                    const int pp_g = tp_g > 0 ? 1 : 0;
+                    const double gen_stage =
+                        tp_g > 0 && w.gen_flops > 0
+                            ? w.gen_flops / (dp_g * m) / GeneratorRate(c, stats, w, tp_g, dp_g, m)
+                            : 0;
+                    const double gen_transfer =
+                        QueryTransferSeconds(model, stats, w, dp_l, m, link);
+                    // Colocated, the first stage's GPUs run both modules' work
+                    // (as the monolithic layout's, plus the encoder's pipeline
+                    // fill) and both allreduces.
+                    const double time =
+                        colocated
+                            ? (m + pp_l + pp_g - 1) * std::max({llm_stage + enc_stage, transfer,
+                                                                gen_stage, gen_transfer}) +
+                                  (pp_e - 1) * enc_stage + std::max(ar_l + ar_e, ar_g)
+                            : (m + pp_e + pp_l + pp_g - 1) *
+                                      std::max({llm_stage, enc_stage, transfer, gen_stage,
+                                                gen_transfer}) +
+                                  std::max({ar_l, ar_e, ar_g});
+                    if (time >= bar()) continue;
+                    const double mem_l = llm_bytes(m);
+                    double mem_e = EncoderPeakBytes(model, limits, tp_e, pp_e, dp_e,
+                                                    slot_tiles * kMicrobatchHeadroom,
+                                                    (dp_l * m + dp_e - 1) / dp_e);
+                    if (colocated) {  // a GPU holds an encoder rank and a first-stage LLM rank
+                      mem_e += llm_bytes(m, 0);
+                    }
+                    if (mem_l > budget || mem_e > (colocated ? budget : budget_e)) continue;
+                    const double mem_g =
+                        tp_g > 0 ? GeneratorPeakBytes(model, limits, tp_g, dp_g,
+                                                      B * stats.mean_output_images / (dp_g * m) *
+                                                          kMicrobatchHeadroom,
+                                                      (dp_l * m + dp_g - 1) / dp_g)
+                                 : 0;
+                    if (mem_g > budget) continue;
+                    const Best b{time,      tp_e,      pp_e,      dp_e,      tp_l,  pp_l, dp_l,
+                                 m,         enc_stage, llm_stage, mem_e,     mem_l, ar_e, ar_l,
+                                 colocated, tp_g,      dp_g,      gen_stage, mem_g, ar_g};
+                    // One candidate per layout (its degrees), at its best
+                    // microbatch count.
+                    auto same = std::find_if(best.begin(), best.end(), [&](const Best& x) {
+                      return x.tp_e == tp_e && x.pp_e == pp_e && x.dp_e == dp_e && x.tp_l == tp_l &&
+                             x.pp_l == pp_l && x.dp_l == dp_l && x.colocated == colocated &&
+                             x.tp_g == tp_g && x.dp_g == dp_g;
+                    });
+                    if (same != best.end()) {
+                      if (same->time <= time) continue;
+                      best.erase(same);
+                    }
+                    best.insert(std::upper_bound(
+                                    best.begin(), best.end(), b,
+                                    [](const Best& x, const Best& y) { return x.time < y.time; }),
+                                b);
+                    if (static_cast<int>(best.size()) > count) best.pop_back();
+                  }
                 }
-                // Encoder stage: its share of one microbatch slot's tiles
-                // (colocated: what each first-stage GPU spends on them).
-                const double slot_tiles = B * stats.mean_tiles / (dp_e * m);
-                const double eff_e =
-                    Efficiency(ce, slot_tiles * patches / tp_e) * TpEfficiency(tp_e);
-                const double enc_stage =
-                    enc_flops > 0 ? enc_flops / (dp_e * m) / (pp_e * tp_e * ce.peak_flops * eff_e)
-                                  : 0;
-                const double transfer = B * stats.mean_image_tokens *
-                                        flops.embedding_bytes_per_image_token / (dp_l * m) / link;
-                // Colocated, the first stage's GPUs run both modules' work
-                // (as the monolithic layout's, plus the encoder's pipeline
-                // fill) and both allreduces.
-                const double time =
-                    colocated ? (m + pp_l - 1) * std::max(llm_stage + enc_stage, transfer) +
-                                    (pp_e - 1) * enc_stage + ar_l + ar_e
-                              : (m + pp_e + pp_l - 1) * std::max({llm_stage, enc_stage, transfer}) +
-                                    std::max(ar_l, ar_e);
-                if (time >= bar()) continue;
-                const double mem_l = llm_bytes(m);
-                double mem_e = EncoderPeakBytes(model, limits, tp_e, pp_e, dp_e,
-                                                slot_tiles * kMicrobatchHeadroom,
-                                                (dp_l * m + dp_e - 1) / dp_e);
-                if (colocated) {  // a GPU holds an encoder rank and a first-stage LLM rank
-                  mem_e += llm_bytes(m, 0);
-                }
-                if (mem_l > budget || mem_e > (colocated ? budget : budget_e)) continue;
-                const Best b{time,      tp_e,      pp_e,  dp_e,  tp_l, pp_l, dp_l,     m,
-                             enc_stage, llm_stage, mem_e, mem_l, ar_e, ar_l, colocated};
-                // One candidate per layout (its degrees), at its best
-                // microbatch count.
-                auto same = std::find_if(best.begin(), best.end(), [&](const Best& x) {
-                  return x.tp_e == tp_e && x.pp_e == pp_e && x.dp_e == dp_e && x.tp_l == tp_l &&
-                         x.pp_l == pp_l && x.dp_l == dp_l && x.colocated == colocated;
-                });
-                if (same != best.end()) {
-                  if (same->time <= time) continue;
-                  best.erase(same);
-                }
-                best.insert(
-                    std::upper_bound(best.begin(), best.end(), b,
-                                     [](const Best& x, const Best& y) { return x.time < y.time; }),
-                    b);
-                if (static_cast<int>(best.size()) > count) best.pop_back();
               }
             }
-          }
         }
       }
     }
@@ -450,6 +572,10 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
                b.llm_stage, b.ar_l);
     plan.set_microbatches(b.m);
     plan.set_colocated(b.colocated);
+    if (b.tp_g > 0) {
+      FillModule(plan.mutable_generator(), b.tp_g, 1, b.dp_g, b.tp_g * b.dp_g, b.mem_g, b.gen_stage,
+                 b.ar_g);
+    }
     FillCommon(c, ce, model, stats, limits, w, b.time, candidates, t0, &plan);
   }
   return plans;
@@ -609,12 +735,18 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
   struct Best {
     double time = INFINITY;
     int tp = 0, pp = 0, dp = 0, m = 0, first_layers = 0;
-    double stage = 0, mem = 0, ar_l = 0, ar_e = 0;
+    double stage = 0, mem = 0, ar_l = 0, ar_e = 0, ar_g = 0, gen_mb = 0;
   } best;
+  // A generator runs inside the LLM's last stage, at the LLM's TP and DP
+  // (as BAGEL's generation experts and Megatron MIMO run it): its state
+  // and activations on those GPUs, its time added to that stage's.
+  const double gen_params =
+      w.generator ? static_cast<double>(VitParameterCount(model.generator.denoiser)) : 0;
   int64_t candidates = 0;
   const int max_tp = std::min(limits.max_tp, c.gpus_per_node);
   for (int tp : Divisors(L.kv(), max_tp)) {
-    if (model.vit.heads % tp != 0) continue;  // one TP for both modules
+    if (model.vit.heads % tp != 0) continue;  // one TP for every module
+    if (w.generator && model.generator.denoiser.heads % tp != 0) continue;
     for (int pp : Divisors(L.layers, limits.max_llm_pp)) {
       const StageSplit even = LlmStages(model, pp);
       const Frozen& f = limits.frozen;
@@ -629,6 +761,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
         const double ar_l =
             RingAllreduceSeconds(kGradBytes * w.llm_trained / (tp * pp), dp, gpus, c);
         const double ar_e = RingAllreduceSeconds(kGradBytes * w.enc_trained / tp, dp, gpus, c);
+        const double ar_g = RingAllreduceSeconds(kGradBytes * w.gen_trained / tp, dp, gpus, c);
         const int max_m = std::min<int>(limits.max_microbatches, static_cast<int>(w.B) / dp);
         for (int m = pp; m <= max_m; ++m) {
           ++candidates;
@@ -663,19 +796,35 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
           }
           const double first_units =
               balance_first_stage ? first + (pp == 1 ? head : 0) : even.share[0] * llm_units;
-          double stage =
-              std::max(enc_mb + llm_mb * first_units / llm_units, llm_mb * later_units / llm_units);
+          // The generator's microbatch on the last stage (the largest later
+          // stage's time: an upper bound on the last's).
+          const double gen_mb =
+              w.gen_flops > 0 ? w.gen_flops / (dp * m) / GeneratorRate(c, stats, w, tp, dp, m) : 0;
+          double stage = pp == 1 ? enc_mb + llm_mb + gen_mb
+                                 : std::max(enc_mb + llm_mb * first_units / llm_units,
+                                            llm_mb * later_units / llm_units + gen_mb);
           stage += p2p;
-          const double time = (m + pp - 1) * stage + ar_l + ar_e;
+          const double time = (m + pp - 1) * stage + ar_l + ar_e + ar_g;
           if (time >= best.time) continue;
           const double slot_tiles = w.B * stats.mean_tiles / (dp * m);
+          const double act = kMicrobatchHeadroom * kMegatronActBytesPerTokenLayer / tp;
           const double mem =
-              static_first + std::min(pp, m) * kMicrobatchHeadroom *
-                                 kMegatronActBytesPerTokenLayer / tp *
+              static_first + std::min(pp, m) * act *
                                  (mb_tokens * L.dim * first +
                                   slot_tiles * w.patches * model.vit.dim * model.vit.layers);
           if (mem > w.budget) continue;
-          best = {time, tp, pp, dp, m, first, stage, mem, ar_l, ar_e};
+          if (w.generator) {  // the last stage holds the generator too
+            const GeneratorConfig& g = model.generator;
+            const double slot_images = w.B * stats.mean_output_images / (dp * m);
+            const double last =
+                (MegatronStateBytes(static_cast<double>(LlmParameterCount(L)), f.llm) / pp +
+                 MegatronStateBytes(gen_params, f.generator)) /
+                    tp +
+                act * (mb_tokens * L.dim * std::max(1.0, later_units) +
+                       slot_images * w.gen_rows * g.denoiser.dim * g.denoiser.layers);
+            if (last > w.budget) continue;
+          }
+          best = {time, tp, pp, dp, m, first, stage, mem, ar_l, ar_e, ar_g, gen_mb};
         }
       }
     }
@@ -691,6 +840,9 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
   FillModule(plan.mutable_llm(), best.tp, best.pp, best.dp, best.tp * best.pp * best.dp, best.mem,
              best.stage, best.ar_l);
   plan.set_microbatches(best.m);
+  if (w.generator) {
+    FillModule(plan.mutable_generator(), best.tp, 1, best.dp, 0, best.mem, best.gen_mb, best.ar_g);
+  }
   // The LLM's stage shares: the first stage's layers, the rest split evenly
   // (the later stages taking the remainder), the head on the last.
   scheduler::v1::CostCoefficients* k = plan.mutable_costs();

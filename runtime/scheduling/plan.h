@@ -50,6 +50,7 @@ struct BatchStats {
   double mean_image_tokens = 0;
   double mean_length = 0;     // packed length L
   double mean_length_sq = 0;  // E[L^2]
+  double mean_output_images = 0;  // the generator's pictures per sample
 };
 
 // Statistics of a macro-batch of samples for global batches of `global_batch`.

@@ -274,6 +274,54 @@ TEST(PlanTest, HeavierImagesGetMoreEncoderGpus) {
   EXPECT_GT(heavy->encoder().gpus(), light->encoder().gpus());
 }
 
+// A model with a generator: it gets GPUs of its own after the LLM's last
+// stage (pp 1), more of them for more output images; the three modules fit
+// the cluster, each in memory; the plan prices its pictures; the
+// monolithic layout runs it inside the LLM's last stage, slower for the
+// pictures' work; a model without one plans none.
+TEST(PlanTest, TheGeneratorGetsGpusOfItsOwn) {
+  ClusterSpec c;
+  c.gpus = 128;
+  const ModelConfig m = Config("vit300m-llm7b-gen");
+  PlanLimits apart;
+  apart.colocate = false;
+  BatchStats few = OneVisionLike(3, 512), many = few;
+  few.mean_output_images = 0.1;
+  many.mean_output_images = 0.8;
+  auto a = SearchPlan(c, m, few, apart);
+  auto b = SearchPlan(c, m, many, apart);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (const scheduler::v1::Plan* p : {&*a, &*b}) {
+    ExpectConsistent(*p, c, m);
+    const auto& g = p->generator();
+    EXPECT_GE(g.dp(), 1);
+    EXPECT_EQ(g.pp(), 1);
+    EXPECT_EQ(g.gpus(), g.tp() * g.dp());
+    EXPECT_EQ(m.generator.denoiser.heads % g.tp(), 0);
+    EXPECT_LE(p->encoder().gpus() + p->llm().gpus() + g.gpus(), c.gpus);
+    EXPECT_GT(g.memory_bytes(), 0);
+    EXPECT_LE(g.memory_bytes(), 0.9 * c.memory_bytes);
+    EXPECT_GT(p->costs().generator_per_image(), 0);
+  }
+  EXPECT_GT(b->generator().gpus(), a->generator().gpus());
+  EXPECT_GT(b->predicted_iteration_seconds(), a->predicted_iteration_seconds());
+  // Monolithic: inside the LLM's last stage, at its TP and DP.
+  auto mono = SearchMonolithicPlan(c, m, many, {}, false);
+  BatchStats none = many;
+  none.mean_output_images = 0;
+  auto mono_none = SearchMonolithicPlan(c, m, none, {}, false);
+  ASSERT_TRUE(mono.ok() && mono_none.ok());
+  EXPECT_EQ(mono->generator().gpus(), 0);
+  EXPECT_EQ(mono->generator().tp(), mono->llm().tp());
+  EXPECT_EQ(mono->generator().dp(), mono->llm().dp());
+  EXPECT_GT(mono->predicted_iteration_seconds(), mono_none->predicted_iteration_seconds());
+  // Without a generator: none planned.
+  auto plain = SearchPlan(c, Config("vit300m-llm7b"), many, apart);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->has_generator());
+}
+
 // Colocated layouts (the encoder's ranks on the LLM's first-stage GPUs)
 // are searched beside disaggregated ones. A 7B LLM runs at TP 8 without a
 // pipeline: its first stage is every GPU it has, and an encoder of GPUs of

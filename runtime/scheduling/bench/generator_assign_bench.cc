@@ -15,6 +15,15 @@
 // and every module's mean bin is the same. The figure is the slot time the
 // assignment sets: the largest bin of any module over that mean (1.0 is a
 // perfect split).
+//
+// Then the plan at --gpus H100s for --global_batch samples of the same mix:
+// Loom's searched disaggregated three-module plan (the generator on GPUs
+// of its own after the LLM's last stage; each module's recompute chosen)
+// against the monolithic layout (one TP x PP x DP grid, the encoder inside
+// the LLM's first stage and the generator inside its last, with the LLM's
+// own layer split and with the first stage balanced), each predicted by the
+// plan search's model (runtime/scheduling/plan.h; the simulator does not
+// run a generator yet).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -22,6 +31,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/rng.h"
 #include "runtime/data/tokenizer.h"
@@ -37,6 +47,10 @@ ABSL_FLAG(std::string, bins, "32,128",
           "Bins (LLM DP x 8 microbatches; as many encoder and "
           "generator replicas as LLM ones).");
 ABSL_FLAG(double, output_share, 0.2, "Share of text → image samples.");
+ABSL_FLAG(std::string, plan_configs, "vit300m-llm7b-gen,vit300m-llm70b-gen",
+          "Model configs for the plans (the mix as --config measures it).");
+ABSL_FLAG(int, gpus, 1172, "GPUs of the cluster for the plans (H100 SXM, 8 per node).");
+ABSL_FLAG(int, global_batch, 4096, "Samples per iteration for the plans.");
 
 namespace loom::sched {
 namespace {
@@ -52,6 +66,9 @@ int Fail(const std::string& why) {
   return 2;
 }
 
+int Plans(const ClusterSpec& cluster, const ModelConfig& m, const BatchStats& stats,
+          int global_batch);
+
 int Main() {
   absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
   if (!model.ok()) return Fail(std::string(model.status().message()));
@@ -61,7 +78,9 @@ int Main() {
   const double share = absl::GetFlag(FLAGS_output_share);
   if (!(share > 0 && share < 1)) return Fail("--output_share: between 0 and 1");
   const std::vector<int> sizes = Ints(absl::GetFlag(FLAGS_sizes));
-  const int most = *std::max_element(sizes.begin(), sizes.end());
+  const int global_batch = absl::GetFlag(FLAGS_global_batch);
+  if (global_batch < 1) return Fail("--global_batch: at least 1");
+  const int most = std::max(*std::max_element(sizes.begin(), sizes.end()), global_batch);
 
   // The mix: understanding samples and text → image ones, in random order.
   absl::StatusOr<MeasuredBatch> understand = MeasureOutlines("onevision", 1, most, *model, **tok);
@@ -146,6 +165,56 @@ int Main() {
     }
   }
   if (rows == 0) return Fail("no batch was measured");
+
+  // The plans.
+  ClusterSpec cluster;
+  cluster.gpus = absl::GetFlag(FLAGS_gpus);
+  const BatchStats stats =
+      StatsOf(std::vector<SampleShape>(mix.begin(), mix.begin() + global_batch), global_batch);
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_plan_configs), ',')) {
+    absl::StatusOr<ModelConfig> m = ModelConfigByName(std::string(name));
+    if (!m.ok()) return Fail(std::string(m.status().message()));
+    if (int rc = Plans(cluster, *m, stats, global_batch); rc != 0) return rc;
+  }
+  return 0;
+}
+
+// Loom's three-module plan against the monolithic layouts for `model`.
+int Plans(const ClusterSpec& cluster, const ModelConfig& m, const BatchStats& stats,
+          int global_batch) {
+  const ModelConfig* model = &m;
+  PlanLimits loom_limits;
+  loom_limits.search_recompute = true;
+  loom_limits.dp_step = 0.02;
+  const PlanLimits limits;
+  absl::StatusOr<scheduler::v1::Plan> loom = SearchPlan(cluster, *model, stats, loom_limits);
+  absl::StatusOr<scheduler::v1::Plan> even =
+      SearchMonolithicPlan(cluster, *model, stats, limits, false);
+  absl::StatusOr<scheduler::v1::Plan> balanced =
+      SearchMonolithicPlan(cluster, *model, stats, limits, true);
+  for (const auto* p : {&loom, &even, &balanced}) {
+    if (!p->ok()) return Fail(std::string(p->status().message()));
+  }
+  auto degrees = [](const scheduler::v1::ModulePlan& m) {
+    return absl::StrFormat("tp%d pp%d dp%d (%d GPUs)", m.tp(), m.pp(), m.dp(), m.gpus());
+  };
+  std::printf(
+      "\n%s at %d H100s, %d samples an iteration (%.3f output images a sample), predicted by "
+      "the plan search's model:\n",
+      model->name.c_str(), cluster.gpus, global_batch, stats.mean_output_images);
+  const char* names[] = {"loom (three modules)", "monolithic, LLM split", "monolithic, balanced"};
+  int k = 0;
+  for (const auto* p : {&loom, &even, &balanced}) {
+    const scheduler::v1::Plan& x = **p;
+    std::printf("  %-22s %8.4f s  MFU %5.1f%%  m %d  encoder %s  llm %s  generator %s\n",
+                names[k++], x.predicted_iteration_seconds(), x.predicted_mfu() * 100,
+                x.microbatches(), degrees(x.encoder()).c_str(), degrees(x.llm()).c_str(),
+                degrees(x.generator()).c_str());
+  }
+  const double mono =
+      std::min(even->predicted_iteration_seconds(), balanced->predicted_iteration_seconds());
+  std::printf("predicted gain of the disaggregated three-module plan: %.3fx\n",
+              mono / loom->predicted_iteration_seconds());
   return 0;
 }
 
