@@ -50,6 +50,7 @@ struct Scene {
   int count;  // 1..3
   int color, shape, region;
   uint8_t bg0[3], bg1[3];
+  bool tint = false;  // the region shaded with the shapes' colour (output pictures)
 };
 
 Scene DrawScene(Rng& rng) {
@@ -88,6 +89,20 @@ Image Render(const Scene& s, int width, int height, double shift, int direction,
   // The region is a quarter (or the central quarter) of the image.
   double cx = s.region == 4 ? 0.5 : (s.region % 2 == 0 ? 0.25 : 0.75);
   double cy = s.region == 4 ? 0.5 : (s.region < 2 ? 0.25 : 0.75);
+  if (s.tint) {
+    const int x0 = static_cast<int>((cx - 0.25) * width),
+              x1 = static_cast<int>((cx + 0.25) * width);
+    const int y0 = static_cast<int>((cy - 0.25) * height),
+              y1 = static_cast<int>((cy + 0.25) * height);
+    for (int y = y0; y < y1; ++y) {
+      for (int x = x0; x < x1; ++x) {
+        for (int c = 0; c < 3; ++c) {
+          img.rgb[(static_cast<size_t>(y) * width + x) * 3 + c] =
+              static_cast<uint8_t>(kRgb[s.color][c] * 0.35);
+        }
+      }
+    }
+  }
   if (shift >= 0) {
     const double d = (shift - 0.5) * 0.4;
     switch (direction) {
@@ -308,15 +323,19 @@ Draft DraftChat(Rng& rng) {
 // image and its caption, then the same shapes drawn in another region as an
 // output image (generation that needs the input image); 35% a caption
 // sample as `caption` draws it. Output images are small (long side
-// lognormal, median 256, 64-1024, aspect ratio within 1.5, half PNG), their
-// shapes larger (a quarter of the shorter side), so a small generator's
-// picture shows them.
+// lognormal, median 256, 64-1024, aspect ratio within 1.5, half PNG), on a
+// plain background, their shapes larger (0.3 of the shorter side) and
+// their region shaded with their colour, so a small generator's picture
+// shows what the text says.
 Draft DraftGeneration(Rng& rng) {
   const double kind = rng.Uniform();
   if (kind < 0.35) return DraftCaption(rng);
   Draft d;
   Draft::Picture out{DrawScene(rng), SizeFor(rng, 256, 0.4, 64, 1024, 1.5, 0.5)};
-  out.size = 0.25;
+  // What the text does not say is not drawn at random: a plain dark
+  // background; larger shapes, their region shaded with their colour.
+  for (int c = 0; c < 3; ++c) out.scene.bg0[c] = out.scene.bg1[c] = 24;
+  out.size = 0.3;
   if (kind < 0.85) {
     d.kind = "text_to_image";
     d.text = absl::StrCat(Caption(rng, out.scene), " <output_image>");
@@ -328,6 +347,7 @@ Draft DraftGeneration(Rng& rng) {
                           kRegions[out.scene.region], ": <output_image>");
     d.pictures.push_back(in);
   }
+  out.scene.tint = true;
   d.outputs.push_back(out);
   return d;
 }

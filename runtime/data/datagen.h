@@ -36,7 +36,8 @@
 //                caption, then the same shapes in another region; 35% as
 //                caption. Output images: long side lognormal (median 256,
 //                sigma 0.4, 64-1024), aspect ratio within 1.5, half PNG,
-//                shapes a quarter of the shorter side. MetaQuery/BLIP3-o-like.
+//                a plain dark background, shapes 0.3 of the shorter side,
+//                their region shaded with their colour. MetaQuery/BLIP3-o-like.
 #ifndef LOOM_RUNTIME_DATA_DATAGEN_H_
 #define LOOM_RUNTIME_DATA_DATAGEN_H_
 

@@ -1,5 +1,7 @@
 #include "runtime/data/datagen.h"
 
+#include <array>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +91,93 @@ TEST(DatagenTest, PresetsAreHeterogeneousAndValid) {
   EXPECT_GT(kinds["onevision"]["tiled"], 5);             // high-resolution singles
   EXPECT_EQ(image_range["chat"], std::make_pair(0, 1));  // text-only and one image
   for (const auto& [preset, k] : kept) EXPECT_GE(k, n * 9 / 10) << preset;
+}
+
+// The generation preset's pictures follow from their text: preprocessed
+// as tiny-gen's generator sees them (16 x 16, [-1, 1]), the quarter the
+// caption names is the brightest, and its colour is nearest the caption's.
+TEST(DatagenTest, OutputPicturesFollowTheirText) {
+  Preprocessor pre(PreprocessOptionsFor(*ModelConfigByName("tiny-gen")), &testing::TestTokenizer());
+  const std::vector<std::pair<std::string, std::array<double, 3>>> colors = {
+      {"red", {230, 40, 40}},     {"green", {40, 200, 60}},   {"blue", {50, 80, 230}},
+      {"yellow", {230, 220, 40}}, {"white", {240, 240, 240}}, {"purple", {160, 60, 200}}};
+  // Each region's 8 x 8 window of the 16 x 16 picture (x0, y0).
+  const std::vector<std::pair<std::string, std::pair<int, int>>> regions = {
+      {"top left", {0, 0}},
+      {"top right", {8, 0}},
+      {"bottom left", {0, 8}},
+      {"bottom right", {8, 8}},
+      {"center", {4, 4}}};
+  int checked = 0;
+  for (int i = 0; i < 80; ++i) {
+    const GeneratedSample g = *GenerateSample("generation", 3, i);
+    SampleFiles files;
+    files.key = g.key;
+    for (const TarMember& m : g.members) {
+      std::string key, ext;
+      ASSERT_TRUE(SplitMemberName(m.name, &key, &ext));
+      files.files[ext] = m.bytes;
+    }
+    const Outcome o = pre.Process(files);
+    ASSERT_TRUE(o.ok) << g.key << ": " << o.skip.detail;
+    if (o.sample.sample.num_gen_images != 1) continue;
+    // The picture's region: the last one the text names (an edit names the
+    // input's first); its colour: the one colour word.
+    std::string region, color;
+    size_t last = 0;
+    for (const auto& [name, xy] : regions) {
+      const size_t at = g.text.rfind(name);
+      if (at != std::string::npos && (region.empty() || at > last)) {
+        region = name;
+        last = at;
+      }
+    }
+    for (const auto& [name, rgb] : colors) {
+      if (g.text.find(" " + name + " ") != std::string::npos) color = name;
+    }
+    ASSERT_FALSE(region.empty() || color.empty()) << g.text;
+    const std::vector<float>& px = o.sample.sample.gen_images;
+    auto mean = [&](std::pair<int, int> xy) {  // 0-255 per channel
+      std::array<double, 3> m{};
+      for (int c = 0; c < 3; ++c) {
+        for (int y = xy.second; y < xy.second + 8; ++y) {
+          for (int x = xy.first; x < xy.first + 8; ++x) {
+            m[c] += (px[(c * 16 + y) * 16 + x] + 1) * 127.5 / 64;
+          }
+        }
+      }
+      return m;
+    };
+    std::string brightest;
+    double most = -1;
+    std::array<double, 3> named{};
+    for (const auto& [name, xy] : regions) {
+      const std::array<double, 3> m = mean(xy);
+      if (name == region) named = m;
+      if (name != "center" && m[0] + m[1] + m[2] > most) {
+        most = m[0] + m[1] + m[2];
+        brightest = name;
+      }
+    }
+    if (region != "center") {
+      EXPECT_EQ(brightest, region) << g.text;
+    }
+    std::string nearest;
+    double best = -2;
+    for (const auto& [name, rgb] : colors) {
+      const double dot = named[0] * rgb[0] + named[1] * rgb[1] + named[2] * rgb[2];
+      const double cos =
+          dot / std::sqrt((named[0] * named[0] + named[1] * named[1] + named[2] * named[2]) *
+                          (rgb[0] * rgb[0] + rgb[1] * rgb[1] + rgb[2] * rgb[2]));
+      if (cos > best) {
+        best = cos;
+        nearest = name;
+      }
+    }
+    EXPECT_EQ(nearest, color) << g.text;
+    ++checked;
+  }
+  EXPECT_GT(checked, 30);
 }
 
 }  // namespace

@@ -37,12 +37,6 @@ ABSL_FLAG(int64_t, ilp_max_variables, 65536, "samples x bins above which ilp is 
 namespace loom::sched {
 namespace {
 
-std::vector<int> Ints(const std::string& csv) {
-  std::vector<int> out;
-  for (absl::string_view s : absl::StrSplit(csv, ',')) out.push_back(std::stoi(std::string(s)));
-  return out;
-}
-
 int Main() {
   absl::StatusOr<ModelConfig> model = ModelConfigByName(absl::GetFlag(FLAGS_config));
   absl::StatusOr<std::unique_ptr<data::Tokenizer>> tok = data::Tokenizer::Load("");
@@ -53,7 +47,7 @@ int Main() {
   }
   const scheduler::v1::CostCoefficients costs = CoefficientsOnOneGpu(*model, ClusterSpec());
   const CostModel cost_model(costs);
-  const std::vector<int> sizes = Ints(absl::GetFlag(FLAGS_sizes));
+  const std::vector<int> sizes = CsvInts(absl::GetFlag(FLAGS_sizes));
   const int most = *std::max_element(sizes.begin(), sizes.end());
   std::printf("assign_bench: config %s, costs from FLOPs on one H100 at %.0f%% of peak\n",
               model->name.c_str(), ClusterSpec().max_efficiency * 100);
@@ -81,7 +75,7 @@ int Main() {
     for (int n : sizes) {
       const std::vector<std::string> k(keys.begin(), keys.begin() + n);
       const std::vector<SampleLoad> loads(all.begin(), all.begin() + n);
-      for (int bins : Ints(absl::GetFlag(FLAGS_bins))) {
+      for (int bins : CsvInts(absl::GetFlag(FLAGS_bins))) {
         const int m = std::min(8, bins), dp = bins / m;
         scheduler::v1::Plan plan = PlanOfDegrees({dp, m, dp});
         plan.mutable_llm()->set_pp(2);

@@ -55,12 +55,6 @@ ABSL_FLAG(int, global_batch, 4096, "Samples per iteration for the plans.");
 namespace loom::sched {
 namespace {
 
-std::vector<int> Ints(const std::string& csv) {
-  std::vector<int> out;
-  for (absl::string_view s : absl::StrSplit(csv, ',')) out.push_back(std::stoi(std::string(s)));
-  return out;
-}
-
 int Fail(const std::string& why) {
   std::fprintf(stderr, "generator_assign_bench: %s\n", why.c_str());
   return 2;
@@ -77,7 +71,7 @@ int Main() {
   if (!tok.ok()) return Fail(std::string(tok.status().message()));
   const double share = absl::GetFlag(FLAGS_output_share);
   if (!(share > 0 && share < 1)) return Fail("--output_share: between 0 and 1");
-  const std::vector<int> sizes = Ints(absl::GetFlag(FLAGS_sizes));
+  const std::vector<int> sizes = CsvInts(absl::GetFlag(FLAGS_sizes));
   const int global_batch = absl::GetFlag(FLAGS_global_batch);
   if (global_batch < 1) return Fail("--global_batch: at least 1");
   const int most = std::max(*std::max_element(sizes.begin(), sizes.end()), global_batch);
@@ -134,7 +128,7 @@ int Main() {
     }
     std::vector<SampleLoad> blind = loads;  // the generator left out when placing
     for (SampleLoad& l : blind) l.generator = 0;
-    for (int bins : Ints(absl::GetFlag(FLAGS_bins))) {
+    for (int bins : CsvInts(absl::GetFlag(FLAGS_bins))) {
       AssignOptions o;
       o.microbatches = std::min(8, bins);
       o.llm_dp = o.encoder_dp = o.generator_dp = bins / o.microbatches;

@@ -42,6 +42,12 @@ bool Measure(const data::SampleOutline& o, const data::Tokenizer& tok,
 
 }  // namespace
 
+std::vector<int> CsvInts(const std::string& csv) {
+  std::vector<int> out;
+  for (absl::string_view s : absl::StrSplit(csv, ',')) out.push_back(std::stoi(std::string(s)));
+  return out;
+}
+
 absl::StatusOr<MeasuredBatch> MeasureOutlines(const std::string& preset, uint64_t seed, int samples,
                                               const ModelConfig& model,
                                               const data::Tokenizer& tokenizer) {

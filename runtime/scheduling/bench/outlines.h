@@ -17,6 +17,9 @@
 
 namespace loom::sched {
 
+// "1024,4096" -> {1024, 4096} (the benchmarks' list flags).
+std::vector<int> CsvInts(const std::string& csv);
+
 struct MeasuredBatch {
   std::vector<std::string> keys;
   std::vector<SampleShape> shapes;
