@@ -87,6 +87,11 @@ SimulationOptions SimulationOptionsFor(const scheduler::v1::Plan& plan) {
   so.colocated = plan.colocated();
   so.encoder_tp = std::max(1, plan.encoder().tp());
   so.llm_tp = std::max(1, plan.llm().tp());
+  if (plan.has_generator()) {  // its own stage, or inside the LLM's last (monolithic)
+    so.generator_dp = plan.encoder_in_first_llm_stage() ? 0 : plan.generator().dp();
+    so.generator_tp = std::max(1, plan.generator().tp());
+    so.generator_allreduce_seconds = plan.generator().allreduce_seconds();
+  }
   return so;
 }
 
@@ -111,6 +116,10 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
   o.encoder_dp = plan.encoder().dp();
   o.pipeline_depth =
       plan.llm().pp() + (plan.encoder_in_first_llm_stage() ? 0 : plan.encoder().pp());
+  if (plan.has_generator()) {
+    o.generator_dp = std::max(1, plan.generator().dp());
+    if (!plan.encoder_in_first_llm_stage()) ++o.pipeline_depth;  // its stage after the LLM's
+  }
   o.ilp_time_limit_seconds = ilp_time_limit_seconds;
   o.encoder_max_tokens = plan.encoder_max_tokens();
   o.llm_max_tokens = plan.llm_max_tokens();
@@ -120,8 +129,9 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
   if (!result.ok()) return result.status();
 
   if (plan.encoder_in_first_llm_stage()) {
-    for (BinAssignment& b : result->bins) {  // each replica encodes its own bins, on its GPUs
+    for (BinAssignment& b : result->bins) {  // each replica encodes (and draws) its own bins
       b.encoder_rank = b.llm_rank;
+      b.generator_rank = b.llm_rank;
       b.transfer = 0;
     }
   }
@@ -171,11 +181,13 @@ trace::v1::TraceFile PredictedTrace(const PredictedIteration& p, int64_t iterati
   trace::v1::TraceFile out;
   std::set<int> named;
   for (const SimulatedTask& t : p.simulation.timeline) {
+    // The generator's stage sits after the LLM's last (stage llm_pp).
     const int tid = trace::StageTrack(t.encoder, t.dp, t.stage);
     if (name_tracks && named.insert(tid).second) {
       trace::NameTrack(&out, trace::kPredictedPid, tid,
-                       absl::StrCat(t.encoder ? "encoder" : "LLM", " dp ", t.dp, " stage ", t.stage,
-                                    " (predicted)"));
+                       t.generator ? absl::StrCat("generator dp ", t.dp, " (predicted)")
+                                   : absl::StrCat(t.encoder ? "encoder" : "LLM", " dp ", t.dp,
+                                                  " stage ", t.stage, " (predicted)"));
     }
     std::string name = "allreduce gradients", cat = "allreduce";
     if (t.kind != SimulatedTask::kAllreduce) {

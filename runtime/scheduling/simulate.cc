@@ -138,6 +138,15 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
       o.encoder_tp < 1 || o.llm_tp < 1) {
     return absl::InvalidArgumentError("simulation: every degree must be at least 1");
   }
+  if (o.generator_dp < 0 || o.generator_tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("simulation: generator_dp ", o.generator_dp,
+                                                   " and generator_tp ", o.generator_tp,
+                                                   " (want >= 0 and >= 1)"));
+  }
+  if (!(o.generator_forward_share >= 0 && o.generator_forward_share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "simulation: a forward share of ", o.generator_forward_share, " is outside [0, 1]"));
+  }
   if (o.shared_devices < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("simulation: shared_devices ", o.shared_devices, " is negative"));
@@ -185,6 +194,12 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
           absl::StrCat("simulation: bin ", b, " (llm_rank ", x.llm_rank, ", microbatch ",
                        x.microbatch, ", encoder_rank ", x.encoder_rank, ") is outside the plan"));
     }
+    if (!mono && x.generator > 0 &&
+        (o.generator_dp == 0 || x.generator_rank < 0 || x.generator_rank >= o.generator_dp)) {
+      return absl::InvalidArgumentError(absl::StrCat("simulation: bin ", b,
+                                                     " has pictures for generator_rank ",
+                                                     x.generator_rank, " of ", o.generator_dp));
+    }
     if (mono && x.encoder_rank != x.llm_rank) {
       return absl::InvalidArgumentError(absl::StrCat(
           "simulation: bin ", b, " has encoder_rank ", x.encoder_rank, " and llm_rank ", x.llm_rank,
@@ -219,8 +234,12 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     first_gpu = g.Pool(1);
     for (int k = 1; k < o.llm_tp * o.llm_dp; ++k) g.Pool(1);
   }
-  auto devices = [&](bool encoder, int dp, int stage, int id) {
-    const int tp = encoder ? o.encoder_tp : o.llm_tp;
+  auto devices = [&](bool encoder, int dp, int stage, int id, bool generator = false) {
+    const int tp = generator ? o.generator_tp : encoder ? o.encoder_tp : o.llm_tp;
+    if (generator) {
+      if (shared >= 0) g.Use(id, shared, tp);
+      return;
+    }
     if (shared >= 0) {
       g.Use(id, shared, tp);
     } else if (first_gpu >= 0 && (encoder || stage == 0)) {
@@ -234,7 +253,11 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     bool encoder;
     int dp, stage;
     std::vector<int> nodes;
+    bool generator = false;
   };
+  // The generator's stage after the LLM's last (pg 1), or inside it (mono).
+  const int pg = !mono && o.generator_dp > 0 ? 1 : 0;
+  std::vector<int> gf(nb, -1), gb(nb, -1);
   std::vector<StageRun> runs;
   auto run_stage = [&](bool encoder, int dp, int s, const std::vector<std::pair<bool, int>>& ops) {
     StageRun run{encoder, dp, s, {}};
@@ -242,8 +265,10 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     std::vector<int>& fwd = encoder ? ef : lf;
     std::vector<int>& bwd = encoder ? eb : lb;
     int live = -1;
-    // The monolithic layout's first LLM stage carries the encoder too.
+    // The monolithic layout's first LLM stage carries the encoder too, its
+    // last the generator.
     const bool carries_encoder = mono && !encoder && s == 0;
+    const bool carries_generator = mono && !encoder && s == pp - 1;
     for (auto [forward, b] : ops) {
       const BinAssignment& x = bins[b];
       const double fs = encoder ? o.encoder_forward_share : o.llm_forward_share;
@@ -251,6 +276,8 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
                           share(encoder ? o.encoder_stage_share : o.llm_stage_share, pp, s);
       const double enc_cost = carries_encoder ? x.encoder : 0;
       const double efs = o.encoder_forward_share;
+      const double gen_cost = carries_generator ? x.generator : 0;
+      const double gfs = o.generator_forward_share;
       SimulatedTask t;
       t.encoder = encoder;
       t.dp = dp;
@@ -259,7 +286,7 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
       double duration = 0, recompute = 0;
       if (forward) {
         t.kind = SimulatedTask::kForward;
-        duration = cost * fs + enc_cost * efs;
+        duration = cost * fs + enc_cost * efs + gen_cost * gfs;
         live = b;
       } else {
         t.kind = SimulatedTask::kBackward;
@@ -267,9 +294,10 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
         recompute =
             t.recomputed
                 ? cost * fs * (encoder ? o.encoder_recompute_ratio : o.llm_recompute_ratio) +
-                      enc_cost * efs * o.encoder_recompute_ratio
+                      enc_cost * efs * o.encoder_recompute_ratio +
+                      gen_cost * gfs * o.llm_recompute_ratio
                 : 0;
-        duration = cost * (1 - fs) + enc_cost * (1 - efs) + recompute;
+        duration = cost * (1 - fs) + enc_cost * (1 - efs) + gen_cost * (1 - gfs) + recompute;
         live = -1;
       }
       const int id = g.Add(duration, t, recompute);
@@ -299,13 +327,44 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   for (int r = 0; r < o.llm_dp; ++r) {
     for (int s = 0; s < pl; ++s) {
       std::vector<std::pair<bool, int>> ops;
-      for (const parallel::PipelineOp& op :
-           parallel::OneFOneBSchedule(pe_llm + pl, parallel::GlobalStage(false, s, pe_llm), m)) {
+      for (const parallel::PipelineOp& op : parallel::OneFOneBSchedule(
+               pe_llm + pl + pg, parallel::GlobalStage(false, s, pe_llm), m)) {
         ops.push_back({op.kind == parallel::PipelineOp::kForward,
                        bin_at[static_cast<size_t>(r) * m + op.microbatch]});
       }
       run_stage(false, r, s, ops);
     }
+  }
+  // The generator's replicas: their bins with pictures slot by slot, each
+  // bin's forward then its backward.
+  for (int k = 0; k < o.generator_dp && pg > 0; ++k) {
+    std::vector<int> order;
+    for (size_t b = 0; b < nb; ++b) {
+      if (bins[b].generator > 0 && bins[b].generator_rank == k)
+        order.push_back(static_cast<int>(b));
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return std::make_pair(bins[x].microbatch, bins[x].llm_rank) <
+             std::make_pair(bins[y].microbatch, bins[y].llm_rank);
+    });
+    StageRun run{false, k, pl, {}, true};
+    for (int b : order) {
+      for (const bool forward : {true, false}) {
+        SimulatedTask t;
+        t.kind = forward ? SimulatedTask::kForward : SimulatedTask::kBackward;
+        t.generator = true;
+        t.dp = k;
+        t.stage = pl;
+        t.bin = b;
+        const double fs = o.generator_forward_share;
+        const int id = g.Add(bins[b].generator * (forward ? fs : 1 - fs), t);
+        devices(false, k, pl, id, /*generator=*/true);
+        (forward ? gf : gb)[b] = id;
+        if (!run.nodes.empty()) g.Edge(run.nodes.back(), id, 0);
+        run.nodes.push_back(id);
+      }
+    }
+    runs.push_back(std::move(run));
   }
   // Data dependencies of each bin.
   for (size_t b = 0; b < nb; ++b) {
@@ -315,6 +374,10 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
     if (image) g.Edge(ef[b * pe + pe - 1], lf[b * pl], x.transfer);
     for (int s = 1; s < pl; ++s) g.Edge(lf[b * pl + s - 1], lf[b * pl + s], 0);
     g.Edge(lf[b * pl + pl - 1], lb[b * pl + pl - 1], 0);
+    if (gf[b] >= 0) {  // the query states out, their gradients back
+      g.Edge(lf[b * pl + pl - 1], gf[b], 0);
+      g.Edge(gb[b], lb[b * pl + pl - 1], 0);
+    }
     for (int s = pl - 1; s > 0; --s) g.Edge(lb[b * pl + s], lb[b * pl + s - 1], 0);
     if (image) g.Edge(lb[b * pl], eb[b * pe + pe - 1], x.transfer);
     for (int s = pe - 1; s > 0 && image; --s) g.Edge(eb[b * pe + s], eb[b * pe + s - 1], 0);
@@ -324,21 +387,28 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   std::vector<int> barrier_enc(pe), barrier_llm(pl);
   for (int s = 0; s < pe; ++s) barrier_enc[s] = g.Add(0, {SimulatedTask::kAllreduce, true});
   for (int s = 0; s < pl; ++s) barrier_llm[s] = g.Add(0, {SimulatedTask::kAllreduce, false});
+  const int barrier_gen = g.Add(0, {SimulatedTask::kAllreduce, false});
   std::vector<int> allreduce;
   for (const StageRun& run : runs) {
-    const int barrier = (run.encoder ? barrier_enc : barrier_llm)[run.stage];
+    const int barrier =
+        run.generator ? barrier_gen : (run.encoder ? barrier_enc : barrier_llm)[run.stage];
     if (!run.nodes.empty()) g.Edge(run.nodes.back(), barrier, 0);
     SimulatedTask t;
     t.kind = SimulatedTask::kAllreduce;
     t.encoder = run.encoder;
+    t.generator = run.generator;
     t.dp = run.dp;
     t.stage = run.stage;
     const double seconds =
-        run.encoder
+        run.generator ? o.generator_allreduce_seconds
+        : run.encoder
             ? o.encoder_allreduce_seconds
-            : o.llm_allreduce_seconds + (mono && run.stage == 0 ? o.encoder_allreduce_seconds : 0);
+            : o.llm_allreduce_seconds + (mono && run.stage == 0 ? o.encoder_allreduce_seconds : 0) +
+                  (mono && run.stage == pl - 1 ? o.generator_allreduce_seconds : 0);
     const int id = g.Add(seconds, t);
-    if (shared < 0) devices(run.encoder, run.dp, run.stage, id);  // colocated: the links too
+    if (shared < 0 && !run.generator) {
+      devices(run.encoder, run.dp, run.stage, id);  // colocated: the links too
+    }
     g.Edge(barrier, id, 0);
     allreduce.push_back(id);
   }
@@ -352,25 +422,33 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<BinAssignme
   for (const BinAssignment& x : bins) {
     result.llm_compute_seconds += x.llm;
     result.encoder_compute_seconds += x.encoder;
+    result.generator_compute_seconds += x.generator;
   }
-  double span[2] = {0, 0}, busy[2] = {0, 0};
+  // By module: 0 the LLM, 1 the encoder, 2 the generator.
+  double span[3] = {0, 0, 0}, busy[3] = {0, 0, 0};
   for (const StageRun& run : runs) {
     if (run.nodes.empty()) continue;
-    span[run.encoder] += g[run.nodes.back()].task.end;
+    const int module = run.generator ? 2 : run.encoder ? 1 : 0;
+    span[module] += g[run.nodes.back()].task.end;
     result.tasks += static_cast<int>(run.nodes.size());
     for (int id : run.nodes) {
       if (o.timeline) result.timeline.push_back(g[id].task);
-      busy[run.encoder] += g[id].duration;
+      busy[module] += g[id].duration;
       result.recompute_seconds += g[id].recompute;
     }
   }
   result.llm_bubble_fraction = span[0] > 0 ? 1 - busy[0] / span[0] : 0;
   result.encoder_bubble_fraction = span[1] > 0 ? 1 - busy[1] / span[1] : 0;
+  result.generator_bubble_fraction = span[2] > 0 ? 1 - busy[2] / span[2] : 0;
   if (result.iteration_seconds > 0) {
     result.llm_utilization =
         result.llm_compute_seconds / (result.iteration_seconds * o.llm_dp * pl);
     result.encoder_utilization =
         result.encoder_compute_seconds / (result.iteration_seconds * o.encoder_dp * pe);
+    if (pg > 0) {
+      result.generator_utilization =
+          result.generator_compute_seconds / (result.iteration_seconds * o.generator_dp);
+    }
   }
   if (o.timeline) {
     for (int id : allreduce) result.timeline.push_back(g[id].task);

@@ -23,6 +23,16 @@
 // (`colocated`), the encoder keeps its own stages and ranks, run on the
 // first LLM stage's GPUs beside that stage's tasks.
 //
+// With a generator (`generator_dp` > 0) the combined pipeline has one more
+// stage after the LLM's last: each generator replica runs its bins'
+// pictures (BinAssignment::generator_rank) slot by slot, each bin's
+// forward then its backward (the last stage of a 1F1B pipeline: its
+// activations are live); a bin's generator forward waits for the LLM's
+// last-stage forward (the query states), and that stage's backward of the
+// bin for the generator's backward (their gradients). Bins without
+// pictures skip it. In the monolithic layout the generator runs inside the
+// LLM's last stage instead, as the encoder runs inside its first.
+//
 // A bin's cost (BinAssignment::encoder, ::llm) is its forward + backward on
 // one rank of the module, all stages together; a stage takes its share of it
 // (stage shares: runtime/model/config.h's LlmStages / VitStages), and the
@@ -79,6 +89,12 @@ struct SimulationOptions {
   // GPU is shared (processor sharing) by the tasks running on it at once;
   // a TP task runs at its busiest GPU's pace. Ignored with shared_devices.
   bool colocated = false;
+  // The generator's replicas (its stage after the LLM's last); 0: none,
+  // or, with encoder_in_first_llm_stage, inside the LLM's last stage.
+  int generator_dp = 0;
+  int generator_tp = 1;
+  double generator_allreduce_seconds = 0;  // in the monolithic layout: the last stage's
+  double generator_forward_share = 1.0 / 3;
 };
 
 // One task of the simulated timeline (seconds from the iteration's start).
@@ -86,6 +102,7 @@ struct SimulatedTask {
   enum Kind { kForward, kBackward, kAllreduce };
   Kind kind = kForward;
   bool encoder = false;
+  bool generator = false;  // a generator task (stage llm_pp: after the LLM's last)
   int dp = 0;
   int stage = 0;
   int bin = -1;             // index into the bins; -1 for an allreduce
@@ -98,15 +115,18 @@ struct SimulationResult {
   double iteration_seconds = 0;
   double llm_compute_seconds = 0;  // the bins' costs, summed (no recompute)
   double encoder_compute_seconds = 0;
+  double generator_compute_seconds = 0;
   // Fraction of the stages' time (iteration x stages) spent on the bins'
   // forward + backward (recompute counts as lost).
   double llm_utilization = 0;
   double encoder_utilization = 0;
+  double generator_utilization = 0;
   // Idle share of each stage's time from the iteration's start to the end of
   // its last backward (what the workers measure as their bubble), over all
   // of a module's stages together; 0 for a module without tasks.
   double llm_bubble_fraction = 0;
   double encoder_bubble_fraction = 0;
+  double generator_bubble_fraction = 0;
   double recompute_seconds = 0;  // summed over all stages
   int tasks = 0;
   std::vector<SimulatedTask> timeline;  // with options.timeline, by start

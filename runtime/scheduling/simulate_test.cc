@@ -308,6 +308,56 @@ TEST(SimulateTest, StageSharesSetEachStagesTime) {
 
 // A text-only bin (no encoder cost) never waits for the encoder or a
 // transfer, as the workers skip it.
+// The generator: a stage after the LLM's last. One bin: LLM F 2, generator
+// F 1 + B 2, LLM B 4 (it waits for the pictures' gradients): 9; the
+// generator's allreduce (0.5, from 5) hides under the LLM's backward. A bin
+// without pictures skips it; bins on two generator replicas run at once;
+// in the monolithic layout the LLM's last stage carries it.
+TEST(SimulateTest, TheGeneratorRunsAfterTheLlmsLastStage) {
+  SimulationOptions o;
+  o.generator_dp = 1;
+  o.generator_allreduce_seconds = 0.5;
+  BinAssignment b = Bin(0, 0, 0, 0, 6);
+  b.generator = 3;
+  auto r = SimulateIteration({b}, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->iteration_seconds, 9, testing::ClosedFormF64(9.0));
+  EXPECT_NEAR(r->generator_compute_seconds, 3, testing::ClosedFormF64(3.0));
+  EXPECT_GT(r->generator_utilization, 0);
+  o.generator_allreduce_seconds = 10;  // now the last to end: 5 + 10
+  auto slow = SimulateIteration({b}, o);
+  ASSERT_TRUE(slow.ok());
+  EXPECT_NEAR(slow->iteration_seconds, 15, testing::ClosedFormF64(15.0));
+  o.generator_allreduce_seconds = 0.5;
+  // No pictures: the LLM alone (6), the generator's allreduce at 0.
+  auto text = SimulateIteration({Bin(0, 0, 0, 0, 6)}, o);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NEAR(text->iteration_seconds, 6, testing::ClosedFormF64(6.0));
+  // Two LLM replicas' bins on one generator replica serialise there; on two
+  // they run at once.
+  o.llm_dp = 2;
+  BinAssignment c = Bin(1, 0, 0, 0, 6);
+  c.generator = 3;
+  auto one = SimulateIteration({b, c}, o);
+  o.generator_dp = 2;
+  c.generator_rank = 1;
+  auto two = SimulateIteration({b, c}, o);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_NEAR(two->iteration_seconds, 9, testing::ClosedFormF64(9.0));
+  EXPECT_NEAR(one->iteration_seconds, 12, testing::ClosedFormF64(12.0));  // 2 + 3 + 3 + 4
+  // A generator rank outside the plan is refused.
+  c.generator_rank = 2;
+  EXPECT_EQ(SimulateIteration({b, c}, o).status().code(), absl::StatusCode::kInvalidArgument);
+  // Monolithic: the LLM's last stage runs the picture's forward after its
+  // own and its backward before: the same 9 on one GPU group.
+  SimulationOptions mono;
+  mono.encoder_in_first_llm_stage = true;
+  mono.llm_recompute = false;
+  auto in_llm = SimulateIteration({b}, mono);
+  ASSERT_TRUE(in_llm.ok()) << in_llm.status();
+  EXPECT_NEAR(in_llm->iteration_seconds, 9, testing::ClosedFormF64(9.0));
+}
+
 TEST(SimulateTest, TextOnlyBinsSkipTheEncoder) {
   SimulationOptions o;
   auto r = SimulateIteration({Bin(0, 0, 0, 0, 3, 5)}, o);
