@@ -22,8 +22,9 @@
 // against the monolithic layout (one TP x PP x DP grid, the encoder inside
 // the LLM's first stage and the generator inside its last, with the LLM's
 // own layer split and with the first stage balanced), each predicted by the
-// plan search's model (runtime/scheduling/plan.h; the simulator does not
-// run a generator yet).
+// plan search's model (runtime/scheduling/plan.h) and simulated on the
+// batch itself (runtime/scheduling/simulate.h: Loom's with the loom
+// assignment, the monolithic ones in arrival order).
 #include <algorithm>
 #include <cstdio>
 #include <string>
