@@ -85,16 +85,15 @@ std::optional<Skip> Parse(const ordered_json& r, const std::string& images_dir, 
     }
   }
   if (!r.contains("conversations") && !r.contains("messages")) {
-    for (const char* key : {"prompt", "caption"}) {
-      if (!r.contains(key)) continue;
-      // A text → image pair: the prompt, and the picture to draw from it.
-      if (!r[key].is_string() || out->images.size() != 1 || !out->output_images.empty()) {
-        return Skip{"bad_record", absl::StrCat("a text → image pair is a \"", key,
-                                               "\" string and one \"image\"")};
+    // A text → image pair: the prompt, and the picture to draw from it.
+    // ({"caption", "image"} is image → text in most data sets: not read.)
+    if (r.contains("prompt")) {
+      if (!r["prompt"].is_string() || out->images.size() != 1 || !out->output_images.empty()) {
+        return Skip{"bad_record", "a text → image pair is a \"prompt\" string and one \"image\""};
       }
       out->output_images = std::move(out->images);
       out->images.clear();
-      out->messages = {{"user", r[key].get<std::string>()},
+      out->messages = {{"user", r["prompt"].get<std::string>()},
                        {"assistant", std::string(kOutputImageMarker)}};
       return std::nullopt;
     }
@@ -178,8 +177,8 @@ std::optional<Skip> Parse(const ordered_json& r, const std::string& images_dir, 
     return std::nullopt;
   }
   return Skip{"bad_record",
-              "neither \"conversations\" (LLaVA), \"messages\" nor a \"prompt\" or \"caption\" "
-              "with its \"image\""};
+              "neither \"conversations\" (LLaVA), \"messages\" nor a \"prompt\" with its "
+              "\"image\""};
 }
 
 // The record's messages with one marker per image, and its image files.

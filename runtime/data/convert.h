@@ -11,7 +11,7 @@
 //   - messages: {"messages": [{"role", "content"}], "images": [...]}, with
 //     content a string or a list of {"type": "text", "text"} and
 //     {"type": "image"} parts.
-//   - text → image pairs: {"prompt" | "caption", "image"}: a user message
+//   - text → image pairs: {"prompt", "image"}: a user message
 //     of the prompt and an assistant message that is the "<output_image>"
 //     it draws (the generator's target, SampleRecord.output_images;
 //     MetaQuery's and BLIP3-o's pairs). A conversation or messages record

@@ -192,7 +192,7 @@ TEST_F(ConvertTest, TextToImagePairs) {
   Put(root_ + "/t2i.jsonl",
       R"({"prompt": "two red circles.", "image": "a.png"})"
       "\n"
-      R"({"caption": "a square.", "image": "b.jpg", "id": 7})"
+      R"({"prompt": "a square.", "image": "b.jpg", "id": 7})"
       "\n"
       R"({"messages": [{"role": "user", "content": "<image>\nthe same, bigger."}, {"role": "assistant", "content": "<output_image>"}], "images": ["a.png"], "output_images": ["b.jpg"]})"
       "\n"
@@ -200,7 +200,9 @@ TEST_F(ConvertTest, TextToImagePairs) {
       "\n"
       R"({"prompt": "two pictures.", "image": ["a.png", "b.jpg"]})"
       "\n"
-      R"({"caption": "gone.", "image": "nope.png"})"
+      R"({"prompt": "gone.", "image": "nope.png"})"
+      "\n"
+      R"({"caption": "an image to caption, not to draw.", "image": "a.png"})"
       "\n"
       R"({"messages": [{"role": "user", "content": "draw."}, {"role": "assistant", "content": "<output_image><output_image>"}], "output_image": "a.png"})"
       "\n");
@@ -210,9 +212,9 @@ TEST_F(ConvertTest, TextToImagePairs) {
   o.out = root_ + "/t2i";
   absl::StatusOr<ConvertSummary> s = Convert(o);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->read, 7);
+  EXPECT_EQ(s->read, 8);
   EXPECT_EQ(s->written, 3);
-  EXPECT_EQ(s->skipped.at("bad_record"), 2);
+  EXPECT_EQ(s->skipped.at("bad_record"), 3);  // no picture, two pictures, a caption
   EXPECT_EQ(s->skipped.at("missing_image"), 1);
   EXPECT_EQ(s->skipped.at("image_count_mismatch"), 1);
   // The first record as written: the prompt, the marker, the output image.

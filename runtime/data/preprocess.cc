@@ -506,4 +506,16 @@ Outcome Preprocessor::Process(const SampleFiles& files, bool decode_pixels) cons
   return out;
 }
 
+data::v1::ScanRecord ScanRecordOf(const ProcessedSample& s, int gen_patches_per_image) {
+  data::v1::ScanRecord r;
+  r.set_key(s.key);
+  for (const ImageInfo& info : s.images) r.add_images(info.tiles);
+  r.set_image_tokens(s.image_tokens);
+  r.set_text_tokens(s.text_tokens);
+  r.set_loss_tokens(s.loss_tokens);
+  for (size_t i = 0; i < s.output_images.size(); ++i) r.add_output_images(gen_patches_per_image);
+  r.set_query_tokens(s.query_tokens);
+  return r;
+}
+
 }  // namespace loom::data

@@ -43,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/data/v1/sample.pb.h"
 #include "runtime/data/chat_template.h"
 #include "runtime/data/image.h"
 #include "runtime/data/shard.h"
@@ -181,6 +182,11 @@ class Preprocessor {
 };
 
 bool IsValidUtf8(std::string_view s);
+
+// What loom-preprocess tells the scheduler of a kept sample (scan's line):
+// tiles per image, token counts, the generator's patches per output image
+// (PreprocessOptions::gen_patches_per_image) and the query positions.
+data::v1::ScanRecord ScanRecordOf(const ProcessedSample& s, int gen_patches_per_image);
 
 }  // namespace loom::data
 

@@ -140,8 +140,9 @@ ABSL_FLAG(std::string, config, "",
           "generate: one of Loom's own model configs with a generator (tiny-gen), in place of "
           "--hf: draws an image");
 ABSL_FLAG(std::string, text, "",
-          "generate --config: a prompt as the data has it, tokenized as loom-train-local "
-          "--shards does (<s>, then --tokenizer's ids; \"\": Loom's own)");
+          "generate --config: a prompt as the data has it: <s>, then --tokenizer's ids (\"\": "
+          "Loom's own) of the text before its <output_image> (all of it without one), as "
+          "loom-train-local --shards tokenizes it");
 ABSL_FLAG(int, upscale, 1, "generate --config: write the image this many times larger (nearest)");
 ABSL_FLAG(int, euler_steps, 20, "generate --config: Euler steps from noise to the image");
 ABSL_FLAG(uint64_t, seed, 1, "generate --config: the initial weights' and the noise's seed");
@@ -313,7 +314,11 @@ int GenerateImage() {
     }
     prompt.tokens.clear();
     if ((*tok)->bos_id() >= 0) prompt.tokens.push_back((*tok)->bos_id());
-    if (absl::Status s = (*tok)->Encode(text, &prompt.tokens); !s.ok()) {
+    // The piece before the picture, exactly as preprocessing cuts it
+    // ("… left. <output_image>": its space included).
+    const std::string_view piece =
+        std::string_view(text).substr(0, text.find(loom::data::kOutputImageMarker));
+    if (absl::Status s = (*tok)->Encode(piece, &prompt.tokens); !s.ok()) {
       return Fail("--text: " + std::string(s.message()));
     }
   } else if (!words.empty()) {

@@ -28,8 +28,12 @@ absl::StatusOr<BatchFile> ParseBatchFile(const std::string& path, const std::str
     }
     if (s.key().empty()) return bad("no \"key\"");
     if (!keys.insert(s.key()).second) return bad(absl::StrCat("key \"", s.key(), "\" repeated"));
-    if (s.image_tokens() < 0 || s.text_tokens() < 0 || s.loss_tokens() < 0) {
+    if (s.image_tokens() < 0 || s.text_tokens() < 0 || s.loss_tokens() < 0 ||
+        s.query_tokens() < 0) {
       return bad("a negative token count");
+    }
+    for (int p : s.output_images()) {
+      if (p < 0) return bad("a negative patch count in \"output_images\"");
     }
     if (s.loss_tokens() > s.text_tokens()) return bad("more loss_tokens than text_tokens");
     for (int t : s.images()) {

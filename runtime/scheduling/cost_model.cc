@@ -107,8 +107,9 @@ ModelFlops AnalyticFlops(const ModelConfig& c, bool recompute, const Frozen& fro
   f.embedding_bytes_per_image_token = 2 * D;
   if (c.has_generator()) {
     // The generator trains unless frozen and hands the LLM its conditions'
-    // gradient unless the LLM is frozen.
-    const Passes gen_p = ModulePasses(!frozen.generator, !frozen.llm, recompute);
+    // gradient when anything before it trains (MultimodalModel's rule).
+    const Passes gen_p = ModulePasses(
+        !frozen.generator, !frozen.llm || !frozen.vision || !frozen.projector, recompute);
     const GeneratorConfig& g = c.generator;
     VitConfig den = g.denoiser;
     den.prefix = 1 + g.queries;

@@ -11,9 +11,14 @@ namespace loom::sched {
 absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<std::vector<double>>& modules, int bins,
                                         const std::vector<std::vector<int>>& start,
                                         double time_limit_seconds) {
-  std::vector<const std::vector<double>*> costs;  // the modules with any cost
-  for (const std::vector<double>& m : modules) {
-    if (std::any_of(m.begin(), m.end(), [](double c) { return c > 0; })) costs.push_back(&m);
+  // The encoder's and the LLM's rows always (as DFLOP's formulation has
+  // them); a further module's only where it has any cost.
+  std::vector<const std::vector<double>*> costs;
+  for (size_t k = 0; k < modules.size(); ++k) {
+    const std::vector<double>& m = modules[k];
+    if (k < 2 || std::any_of(m.begin(), m.end(), [](double c) { return c > 0; })) {
+      costs.push_back(&m);
+    }
   }
   const int n = modules.empty() ? 0 : static_cast<int>(modules[0].size());
   const int k = bins, M = static_cast<int>(costs.size());

@@ -18,9 +18,9 @@ struct IlpSolution {
   bool optimal = false;                  // the search finished
 };
 
-// `modules[m]` are module m's per-sample costs (a module with none at all
-// adds no rows); `start` is a feasible assignment the solver begins from.
-// INTERNAL if CBC returns no feasible solution.
+// `modules[m]` are module m's per-sample costs: the encoder's, the LLM's,
+// then the generator's (which adds no rows when it has no cost at all); `start` is a feasible
+// assignment the solver begins from. INTERNAL if CBC returns no feasible solution.
 absl::StatusOr<IlpSolution> SolveBinIlp(const std::vector<std::vector<double>>& modules, int bins,
                                         const std::vector<std::vector<int>>& start,
                                         double time_limit_seconds);

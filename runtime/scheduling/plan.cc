@@ -190,7 +190,8 @@ double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, 
 // patches and its 1 + Q prefix rows, so its blocks are priced as the
 // encoder's (the patch head and the conditions' projection, about a
 // patch embedding's size each, are left out), `images` a microbatch,
-// `bins` of them per replica.
+// `bins` of them per replica, one live at a time (each bin's forward then
+// its backward).
 double GeneratorPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int dp,
                           double images, int bins) {
   ModelConfig g = model;
@@ -201,9 +202,8 @@ double GeneratorPeakBytes(const ModelConfig& model, const PlanLimits& limits, in
   StageMemoryOptions o =
       GpuMemoryOptions(limits, limits.recompute, tp, dp, limits.frozen.generator);
   o.projector_frozen = true;
-  return static_cast<double>(
-      EncoderStageMemory(g, 0, g.vit.layers, static_cast<int64_t>(std::ceil(images)), bins, o)
-          .total());
+  const int64_t n = static_cast<int64_t>(std::ceil(images));
+  return static_cast<double>(EncoderStageMemory(g, 0, g.vit.layers, n, bins, o, n).total());
 }
 
 double EncoderPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int pp, int dp,
@@ -433,9 +433,10 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchPlansAt(
                 } else {
                   const double work = w.gen_flops + w.enc_flops;
                   const double share = work > 0 ? w.gen_flops / work : 0.5;
-                  const int g0 = static_cast<int>(std::lround(rest * share / tp_g));
-                  for (int dp_g = std::max(1, g0 - 1); dp_g <= std::max(1, g0 + 1); ++dp_g) {
-                    if (rest - dp_g * tp_g < group_e) break;
+                  const int most_g = (rest - group_e) / tp_g;  // the encoder keeps a replica
+                  const int g0 = std::clamp(static_cast<int>(std::lround(rest * share / tp_g)), 1,
+                                            std::max(1, most_g));
+                  for (int dp_g = std::max(1, g0 - 1); dp_g <= std::min(most_g, g0 + 1); ++dp_g) {
                     splits.push_back({(rest - dp_g * tp_g) / group_e, dp_g});
                   }
                 }
@@ -692,9 +693,11 @@ absl::StatusOr<std::vector<scheduler::v1::Plan>> SearchHeterogeneousPlans(
           scheduler::v1::Plan& p = plans->front();
           p.mutable_llm()->set_gpu_kind(kl.name);
           p.mutable_encoder()->set_gpu_kind(ke.name);
-          p.set_cost_per_hour(p.llm().gpus() * kl.price_per_hour +
+          if (p.has_generator()) p.mutable_generator()->set_gpu_kind(kl.name);  // one kind
+          p.set_cost_per_hour((p.llm().gpus() + p.generator().gpus()) * kl.price_per_hour +
                               (p.colocated() ? 0 : p.encoder().gpus() * ke.price_per_hour));
-          p.set_cluster_gpus(p.llm().gpus() + (p.colocated() ? 0 : p.encoder().gpus()));
+          p.set_cluster_gpus(p.llm().gpus() + p.generator().gpus() +
+                             (p.colocated() ? 0 : p.encoder().gpus()));
           const double time = p.predicted_iteration_seconds();
           if (options.max_iteration_seconds > 0 && time > options.max_iteration_seconds) {
             last = absl::ResourceExhaustedError(absl::StrCat(
@@ -735,7 +738,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
   struct Best {
     double time = INFINITY;
     int tp = 0, pp = 0, dp = 0, m = 0, first_layers = 0;
-    double stage = 0, mem = 0, ar_l = 0, ar_e = 0, ar_g = 0, gen_mb = 0;
+    double stage = 0, mem = 0, ar_l = 0, ar_e = 0, ar_g = 0, gen_mb = 0, gen_mem = 0;
   } best;
   // A generator runs inside the LLM's last stage, at the LLM's TP and DP
   // (as BAGEL's generation experts and Megatron MIMO run it): its state
@@ -800,7 +803,7 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
           // stage's time: an upper bound on the last's).
           const double gen_mb =
               w.gen_flops > 0 ? w.gen_flops / (dp * m) / GeneratorRate(c, stats, w, tp, dp, m) : 0;
-          double stage = pp == 1 ? enc_mb + llm_mb + gen_mb
+          double stage = pp == 1 ? enc_mb + llm_mb * first_units / llm_units + gen_mb
                                  : std::max(enc_mb + llm_mb * first_units / llm_units,
                                             llm_mb * later_units / llm_units + gen_mb);
           stage += p2p;
@@ -813,18 +816,20 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
                                  (mb_tokens * L.dim * first +
                                   slot_tiles * w.patches * model.vit.dim * model.vit.layers);
           if (mem > w.budget) continue;
-          if (w.generator) {  // the last stage holds the generator too
+          double gen_mem = 0;  // the stage that holds the generator: the last
+          if (w.generator) {
             const GeneratorConfig& g = model.generator;
             const double slot_images = w.B * stats.mean_output_images / (dp * m);
-            const double last =
-                (MegatronStateBytes(static_cast<double>(LlmParameterCount(L)), f.llm) / pp +
-                 MegatronStateBytes(gen_params, f.generator)) /
-                    tp +
-                act * (mb_tokens * L.dim * std::max(1.0, later_units) +
-                       slot_images * w.gen_rows * g.denoiser.dim * g.denoiser.layers);
-            if (last > w.budget) continue;
+            const double gen = MegatronStateBytes(gen_params, f.generator) / tp +
+                               act * slot_images * w.gen_rows * g.denoiser.dim * g.denoiser.layers;
+            gen_mem = pp == 1
+                          ? mem + gen
+                          : MegatronStateBytes(static_cast<double>(LlmParameterCount(L)), f.llm) /
+                                    pp / tp +
+                                std::min(pp, m) * act * mb_tokens * L.dim * later_units + gen;
+            if (gen_mem > w.budget) continue;
           }
-          best = {time, tp, pp, dp, m, first, stage, mem, ar_l, ar_e, ar_g, gen_mb};
+          best = {time, tp, pp, dp, m, first, stage, mem, ar_l, ar_e, ar_g, gen_mb, gen_mem};
         }
       }
     }
@@ -841,7 +846,8 @@ absl::StatusOr<scheduler::v1::Plan> SearchMonolithicPlan(const ClusterSpec& c,
              best.stage, best.ar_l);
   plan.set_microbatches(best.m);
   if (w.generator) {
-    FillModule(plan.mutable_generator(), best.tp, 1, best.dp, 0, best.mem, best.gen_mb, best.ar_g);
+    FillModule(plan.mutable_generator(), best.tp, 1, best.dp, 0, best.gen_mem, best.gen_mb,
+               best.ar_g);
   }
   // The LLM's stage shares: the first stage's layers, the rest split evenly
   // (the later stages taking the remainder), the head on the last.

@@ -73,7 +73,7 @@ TEST(CostModelTest, FrozenModulesCostTheirCheaperBackward) {
 // The generator's FLOPs per output image: 6 x the denoiser's layer weights
 // per row (patches and the 1 + Q prefix rows) plus attention, and the patch
 // embedding, the patch head and the conditions' projection; frozen, it runs
-// forward and its input gradient (the LLM trains), or forward only.
+// forward and its input gradient (something before it trains).
 TEST(CostModelTest, GeneratorFlopsPerOutputImage) {
   EXPECT_EQ(AnalyticFlops(Config("tiny"), false).generator_per_image, 0);
   const ModelConfig c = Config("tiny-gen");
@@ -89,8 +89,13 @@ TEST(CostModelTest, GeneratorFlopsPerOutputImage) {
   EXPECT_DOUBLE_EQ(f.generator_per_image, dense + attention);
   const ModelFlops frozen = AnalyticFlops(c, false, *ParseFrozen("generator", true));
   EXPECT_DOUBLE_EQ(frozen.generator_per_image, dense * 2 / 3 + attention);
-  const ModelFlops none = AnalyticFlops(c, false, *ParseFrozen("llm,generator", true));
-  EXPECT_DOUBLE_EQ(none.generator_per_image, (dense + attention) / 3);
+  // MetaQuery's: only the generator trains (its weights' gradient, no
+  // input gradient); a frozen LLM before a training tower still takes the
+  // generator's input gradient.
+  const ModelFlops meta = AnalyticFlops(c, false, *ParseFrozen("vision,projector,llm", true));
+  EXPECT_DOUBLE_EQ(meta.generator_per_image, dense * 2 / 3 + attention);
+  const ModelFlops tower = AnalyticFlops(c, false, *ParseFrozen("llm,generator", true));
+  EXPECT_DOUBLE_EQ(tower.generator_per_image, dense * 2 / 3 + attention);
   EXPECT_DOUBLE_EQ(AnalyticFlops(c, true).generator_per_image, (dense + attention) * 4 / 3);
 }
 

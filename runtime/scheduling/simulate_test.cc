@@ -306,8 +306,6 @@ TEST(SimulateTest, StageSharesSetEachStagesTime) {
   EXPECT_FALSE(SimulateIteration(bins, o).ok());
 }
 
-// A text-only bin (no encoder cost) never waits for the encoder or a
-// transfer, as the workers skip it.
 // The generator: a stage after the LLM's last. One bin: LLM F 2, generator
 // F 1 + B 2, LLM B 4 (it waits for the pictures' gradients): 9; the
 // generator's allreduce (0.5, from 5) hides under the LLM's backward. A bin
@@ -358,6 +356,8 @@ TEST(SimulateTest, TheGeneratorRunsAfterTheLlmsLastStage) {
   EXPECT_NEAR(in_llm->iteration_seconds, 9, testing::ClosedFormF64(9.0));
 }
 
+// A text-only bin (no encoder cost) never waits for the encoder or a
+// transfer, as the workers skip it.
 TEST(SimulateTest, TextOnlyBinsSkipTheEncoder) {
   SimulationOptions o;
   auto r = SimulateIteration({Bin(0, 0, 0, 0, 3, 5)}, o);

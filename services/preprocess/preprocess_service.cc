@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   lo.preprocess = std::move(pipeline->preprocess);
   lo.preprocess.caps = options.caps;
   service->tile_size_ = lo.preprocess.tile_size;
+  service->gen_patches_per_image_ = lo.preprocess.gen_patches_per_image;
   auto* skipped = service->skipped_;
   lo.on_skip = [skipped](const data::SkippedSample& s) {
     skipped->Add({{"reason", s.reason}}).Increment();
@@ -254,11 +255,7 @@ grpc::Status PreprocessServiceImpl::GetBatch(grpc::ServerContext*,
     const data::ProcessedSample& s = (*batch)->samples[i];
     data::v1::SampleMetadata* m = response->add_samples();
     m->set_index(static_cast<int32_t>(i));
-    m->mutable_record()->set_key(s.key);
-    for (const data::ImageInfo& info : s.images) m->mutable_record()->add_images(info.tiles);
-    m->mutable_record()->set_image_tokens(s.image_tokens);
-    m->mutable_record()->set_text_tokens(s.text_tokens);
-    m->mutable_record()->set_loss_tokens(s.loss_tokens);
+    *m->mutable_record() = data::ScanRecordOf(s, gen_patches_per_image_);
   }
   return grpc::Status::OK;
 }

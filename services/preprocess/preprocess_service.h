@@ -92,7 +92,8 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
 
   Chassis* chassis_;
   PreprocessServiceOptions options_;
-  int tile_size_ = 0;  // of the model config; every served tile is this size
+  int tile_size_ = 0;              // of the model config; every served tile is this size
+  int gen_patches_per_image_ = 0;  // the generator's (0: none), for the scheduler's records
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;
   data::v1::DataCursor initial_cursor_;  // where this service started (Rewind's default)

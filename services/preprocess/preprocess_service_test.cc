@@ -75,6 +75,46 @@ class ServedDataTest : public ::testing::Test {
   std::unique_ptr<DataClient> client_;
 };
 
+// A model with a generator: the scheduler's records carry each output
+// image's patches and the query positions, as scan's lines do.
+TEST(ServedDataGeneratorTest, RecordsCarryOutputImages) {
+  const std::string dir = testing::TempPath("gen");
+  data::DatagenOptions g;
+  g.preset = "generation";
+  g.samples = 16;
+  g.seed = 2;
+  g.out_dir = dir;
+  ASSERT_TRUE(data::WriteDataset(g).ok());
+  PreprocessServiceOptions options;
+  options.shards = dir + "/*.tar";
+  options.global_batch = 16;
+  options.seed = 9;
+  options.model.config = "tiny-gen";
+  Chassis chassis(testing::LocalOptions("loom-preprocess", common::v1::ROLE_PREPROCESS));
+  auto service = PreprocessServiceImpl::Create(&chassis, options);
+  ASSERT_TRUE(service.ok()) << service.status();
+  chassis.AddService(service->get(), data::v1::PreprocessService::service_full_name());
+  ASSERT_TRUE(chassis.Start().ok());
+  auto ucx = *UcxWorker::Create();
+  DataClient client(testing::ChannelTo(chassis), ucx.get());
+  absl::StatusOr<data::v1::GetBatchResponse> batch = client.GetBatch(0);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  int with = 0;
+  for (const data::v1::SampleMetadata& m : batch->samples()) {
+    const auto& r = m.record();
+    if (r.output_images_size() == 0) {
+      EXPECT_EQ(r.query_tokens(), 0);
+      continue;
+    }
+    ++with;
+    EXPECT_EQ(r.output_images_size(), 1);
+    EXPECT_EQ(r.output_images(0), 16);  // tiny-gen: 16 x 16 pictures of 4 x 4 patches
+    EXPECT_EQ(r.query_tokens(), 4);
+  }
+  EXPECT_GT(with, 0);
+  chassis.Shutdown();
+}
+
 TEST_F(ServedDataTest, BatchesFollowTheLoaderAndTensorsArriveOverUcx) {
   // The reference: the same loader in this process.
   auto tokenizer = *data::Tokenizer::Load("");

@@ -30,6 +30,7 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
   lo.prefetch = 16 * lo.threads;
   lo.preprocess = std::move(pipeline->preprocess);
   lo.preprocess.caps = options.caps;
+  const int gen_patches = lo.preprocess.gen_patches_per_image;
   ScanSummary summary;
   lo.on_skip = [&](const data::SkippedSample& s) { ++summary.skipped[s.reason]; };
   absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
@@ -44,16 +45,7 @@ absl::StatusOr<ScanSummary> RunScan(const ScanOptions& options) {
     absl::StatusOr<data::ProcessedSample> s = (*loader)->Next();
     if (absl::IsOutOfRange(s.status())) break;
     if (!s.ok()) return s.status();
-    data::v1::ScanRecord record;
-    record.set_key(s->key);
-    for (const data::ImageInfo& info : s->images) record.add_images(info.tiles);
-    record.set_image_tokens(s->image_tokens);
-    record.set_text_tokens(s->text_tokens);
-    record.set_loss_tokens(s->loss_tokens);
-    for (size_t i = 0; i < s->output_images.size(); ++i) {
-      record.add_output_images(lo.preprocess.gen_patches_per_image);
-    }
-    record.set_query_tokens(s->query_tokens);
+    const data::v1::ScanRecord record = data::ScanRecordOf(*s, gen_patches);
     std::string line;
     if (auto st = google::protobuf::util::MessageToJsonString(record, &line, json); !st.ok()) {
       return absl::InternalError(st.ToString());

@@ -74,6 +74,7 @@ int Main() {
   const double share = absl::GetFlag(FLAGS_output_share);
   if (!(share > 0 && share < 1)) return Fail("--output_share: between 0 and 1");
   const std::vector<int> sizes = CsvInts(absl::GetFlag(FLAGS_sizes));
+  if (sizes.empty()) return Fail("--sizes: at least one");
   const int global_batch = absl::GetFlag(FLAGS_global_batch);
   if (global_batch < 1) return Fail("--global_batch: at least 1");
   const int most = std::max(*std::max_element(sizes.begin(), sizes.end()), global_batch);
@@ -123,6 +124,9 @@ int Main() {
       tl += l.llm;
       tg += l.generator;
       outputs += l.generator > 0;
+    }
+    if (te <= 0 || tg <= 0) {
+      return Fail(absl::StrCat("the first ", n, " samples have no image or no output image"));
     }
     for (SampleLoad& l : loads) {
       l.encoder *= tl / te;
