@@ -48,8 +48,8 @@ struct BatchStats {
   int global_batch = 0;  // samples per iteration
   double mean_tiles = 0;
   double mean_image_tokens = 0;
-  double mean_length = 0;     // packed length L
-  double mean_length_sq = 0;  // E[L^2]
+  double mean_length = 0;         // packed length L
+  double mean_length_sq = 0;      // E[L^2]
   double mean_output_images = 0;  // the generator's pictures per sample
 };
 
