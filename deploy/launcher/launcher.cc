@@ -74,7 +74,8 @@ absl::StatusOr<std::vector<Placement>> ParsePlacements(absl::string_view spec) {
     }
     if (p.role == common::v1::ROLE_UNSPECIFIED) {
       return bad(absl::StrCat("unknown role \"", who,
-                              "\" (preprocess, scheduler, encoder_worker, llm_worker)"));
+                              "\" (preprocess, scheduler, encoder_worker, llm_worker, "
+                              "generator_worker)"));
     }
     p.netns = std::string(item.substr(at + 1, slash - at - 1));
     p.host = std::string(item.substr(slash + 1));
@@ -252,6 +253,9 @@ absl::Status Launcher::Start() {
       ranks = p.encoder_tp() * p.encoder_pp() * p.encoder_dp();
     }
     if (b.role == common::v1::ROLE_LLM_WORKER) ranks = p.llm_tp() * p.llm_pp() * p.llm_dp();
+    if (b.role == common::v1::ROLE_GENERATOR_WORKER) {
+      ranks = p.generator_tp() * std::max(1, p.generator_pp()) * p.generator_dp();
+    }
     for (int r = 0; r < ranks; ++r) {
       LaunchedService s;
       s.binary = &b;

@@ -165,19 +165,21 @@ std::string ProgressLine(const loom::scheduler::v1::StepReport& r,
   const int64_t end = j.end_iteration();
   return absl::StrFormat(
       "iter %6d%s  loss %.4f  %7.1f samples/s  %9.0f tokens/s  imbalance %.4f  grad_norm %.3f  "
-      "%.3f s  %s%s%s",
+      "%.3f s  %s%s%s%s",
       r.iteration() + 1, end > 0 ? absl::StrCat("/", end) : "", r.loss(), r.samples() / s,
       r.tokens() / s, r.microbatch_imbalance(), r.grad_norm(), r.seconds(),
       loom::DescribeProgress(j), r.skipped() ? "  skipped (not finite: no optimizer step)" : "",
-      r.has_validation_loss() ? absl::StrFormat("  validation loss %.4f", r.validation_loss())
-                              : "");
+      r.has_validation_loss() ? absl::StrFormat("  validation loss %.4f", r.validation_loss()) : "",
+      r.output_images() > 0 ? absl::StrFormat("  generation loss %.4f (%d images)",
+                                              r.generation_loss(), r.output_images())
+                            : "");
 }
 
 std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
   return absl::StrFormat(
       "{\"iteration\":%d,\"step\":%d,\"loss\":%s,\"samples\":%d,\"tokens\":%d,"
       "\"loss_tokens\":%d,\"grad_norm\":%s,\"lr\":%.6g,\"seconds\":%.6f,"
-      "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f%s%s}",
+      "\"samples_per_second\":%.2f,\"microbatch_imbalance\":%.6f%s%s%s}",
       r.iteration(), r.iteration() + 1, loom::JsonNumber(r.loss(), 6), r.samples(), r.tokens(),
       r.loss_tokens(), loom::JsonNumber(r.grad_norm(), 6), r.lr(), r.seconds(),
       r.seconds() > 0 ? r.samples() / r.seconds() : 0.0, r.microbatch_imbalance(),
@@ -185,6 +187,10 @@ std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
       r.has_validation_loss()
           ? absl::StrCat(",\"validation_loss\":", loom::JsonNumber(r.validation_loss(), 6),
                          ",\"validation_loss_tokens\":", r.validation_loss_tokens())
+          : "",
+      r.output_images() > 0
+          ? absl::StrCat(",\"generation_loss\":", loom::JsonNumber(r.generation_loss(), 6),
+                         ",\"output_images\":", r.output_images())
           : "");
 }
 
@@ -638,13 +644,18 @@ int main(int argc, char** argv) {
 
   const loom::job::v1::ParallelConfig& par = job.parallel();
   const int services = 2 + par.encoder_tp() * par.encoder_pp() * par.encoder_dp() +
-                       par.llm_tp() * par.llm_pp() * par.llm_dp();
+                       par.llm_tp() * par.llm_pp() * par.llm_dp() +
+                       par.generator_tp() * par.generator_pp() * par.generator_dp();
+  const std::string generator =
+      par.generator_dp() > 0
+          ? absl::StrFormat(", generator TP %d x DP %d", par.generator_tp(), par.generator_dp())
+          : "";
   std::fprintf(info,
                "loom up: job %s: model %s, encoder TP %d x PP %d x DP %d, LLM TP %d x PP %d x DP "
-               "%d, %s assignment, %s\n",
+               "%d%s, %s assignment, %s\n",
                job.name().c_str(), loom::JobModelSource(job).Describe().c_str(), par.encoder_tp(),
                par.encoder_pp(), par.encoder_dp(), par.llm_tp(), par.llm_pp(), par.llm_dp(),
-               job.algorithm().c_str(),
+               generator.c_str(), job.algorithm().c_str(),
                job.train().has_epochs()  ? absl::StrCat(job.train().epochs(), " epochs").c_str()
                : job.train().steps() > 0 ? absl::StrCat(job.train().steps(), " iterations").c_str()
                                          : "until stopped");

@@ -28,6 +28,7 @@ inline constexpr int kPredictedPid = 2;
 // Tracks: a worker's own (measured), and a module replica's pipeline stage
 // as the simulator predicts it; the encoder's first.
 inline int WorkerTrack(bool encoder, int rank) { return (encoder ? 0 : 1000000) + rank; }
+inline int GeneratorTrack(int rank) { return 100000000 + rank; }
 inline int StageTrack(bool encoder, int dp, int stage) {
   return (encoder ? 0 : 1000000) + dp * 1000 + stage;
 }

@@ -68,9 +68,9 @@ absl::Status CheckSampleFits(const Sample& sample, int tile_size, bool tokens_on
                               " output images; the model has ", config.llm.gen_queries,
                               " per image"));
     }
-    const size_t floats =
-        tokens_only ? 0 : static_cast<size_t>(sample.num_gen_images) * config.generator.pixels();
-    if (sample.gen_images.size() != floats) {
+    // Carried or not: only a generator rank receives the pictures.
+    const size_t floats = static_cast<size_t>(sample.num_gen_images) * config.generator.pixels();
+    if (!sample.gen_images.empty() && sample.gen_images.size() != floats) {
       return bad(absl::StrCat(sample.gen_images.size(), " output image values for ",
                               sample.num_gen_images, " images; want ", floats));
     }

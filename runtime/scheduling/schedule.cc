@@ -22,9 +22,17 @@ scheduler::v1::Plan PlanOfDegrees(const Degrees& d) {
     module->set_dp(dp);
     module->set_gpus(tp * pp * dp);
   }
+  if (d.generator_dp > 0) {
+    scheduler::v1::ModulePlan* g = plan.mutable_generator();
+    g->set_tp(d.generator_tp);
+    g->set_pp(1);
+    g->set_dp(d.generator_dp);
+    g->set_gpus(d.generator_tp * d.generator_dp);
+  }
   plan.set_microbatches(d.microbatches);
   plan.set_colocated(d.colocate);
-  plan.set_cluster_gpus(plan.llm().gpus() + (d.colocate ? 0 : plan.encoder().gpus()));
+  plan.set_cluster_gpus(plan.llm().gpus() + (d.colocate ? 0 : plan.encoder().gpus()) +
+                        plan.generator().gpus());
   return plan;
 }
 
@@ -147,6 +155,7 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
     bin->set_llm_rank(b.llm_rank);
     bin->set_microbatch(b.microbatch);
     bin->set_encoder_rank(b.encoder_rank);
+    bin->set_generator_rank(b.generator_rank);
     for (int i : b.samples) {
       bin->add_samples(keys[i]);
       bin->add_indices(i);

@@ -25,7 +25,15 @@ struct Degrees {
   int llm_pp = 1;
   int encoder_pp = 1;
   bool colocate = false;  // Plan.colocated
+  int generator_dp = 0;   // 0: no generator (Plan.generator unset)
+  int generator_tp = 1;
 };
+
+// The worker processes of a plan: the encoder's, the LLM's and the
+// generator's ranks.
+inline int PlanWorkerRanks(const scheduler::v1::Plan& plan) {
+  return plan.encoder().gpus() + plan.llm().gpus() + plan.generator().gpus();
+}
 
 // A plan of the given degrees with no cost prediction (`--llm_dp ...`).
 scheduler::v1::Plan PlanOfDegrees(const Degrees& d);

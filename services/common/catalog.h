@@ -18,7 +18,8 @@ struct ServiceBinary {
   bool worker;  // one process per rank; takes --rank
 };
 
-// Preprocess, scheduler, encoder worker, LLM worker, in start-up order.
+// Preprocess, scheduler, encoder worker, LLM worker, generator worker (a
+// model with a generator), in start-up order.
 inline const std::vector<ServiceBinary>& ServiceCatalog() {
   static const auto* catalog = new std::vector<ServiceBinary>{
       {"loom-preprocess", "services/preprocess", "loom.data.v1.PreprocessService",
@@ -29,11 +30,13 @@ inline const std::vector<ServiceBinary>& ServiceCatalog() {
        common::v1::ROLE_ENCODER_WORKER, true},
       {"loom-llm-worker", "services/llm_worker", "loom.worker.v1.LlmWorkerService",
        common::v1::ROLE_LLM_WORKER, true},
+      {"loom-generator-worker", "services/generator_worker",
+       "loom.worker.v1.GeneratorWorkerService", common::v1::ROLE_GENERATOR_WORKER, true},
   };
   return *catalog;
 }
 
-// The catalog entry of `role` (which must be one of the four).
+// The catalog entry of `role` (which must be one of the five).
 inline const ServiceBinary& CatalogEntry(common::v1::Role role) {
   for (const ServiceBinary& b : ServiceCatalog()) {
     if (b.role == role) return b;

@@ -68,6 +68,8 @@ std::string RoleLabel(common::v1::Role role) {
       return "encoder_worker";
     case common::v1::ROLE_LLM_WORKER:
       return "llm_worker";
+    case common::v1::ROLE_GENERATOR_WORKER:
+      return "generator_worker";
     default:
       return "unspecified";
   }

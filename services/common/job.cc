@@ -39,6 +39,13 @@ absl::Status AtLeast(const std::string& field, int64_t value, int64_t min) {
   return Bad(field, absl::StrCat("must be >= ", min, ", got ", value));
 }
 
+// A named config with a generator (Hugging Face models have none).
+bool ModelHasGenerator(const job::v1::JobConfig& job) {
+  if (JobModelSource(job).pretrained()) return false;
+  absl::StatusOr<ModelConfig> m = ModelConfigByName(job.model());
+  return m.ok() && m->has_generator();
+}
+
 bool Contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
@@ -75,6 +82,12 @@ void ApplyJobDefaults(const std::string& run_dir, job::v1::JobConfig* job) {
   if (p->llm_tp() == 0) p->set_llm_tp(1);
   if (p->encoder_pp() == 0) p->set_encoder_pp(1);
   if (p->llm_pp() == 0) p->set_llm_pp(1);
+  if (ModelHasGenerator(*job)) {
+    if (p->generator_dp() == 0) p->set_generator_dp(1);
+    if (p->generator_tp() == 0) p->set_generator_tp(1);
+    if (p->generator_pp() == 0) p->set_generator_pp(1);
+    if (!job->train().has_generation_weight()) job->mutable_train()->set_generation_weight(1.0);
+  }
   job::v1::TrainConfig* t = job->mutable_train();
   if (!t->has_lr()) t->set_lr(1e-3);
   if (!t->has_warmup_steps() && !t->has_warmup_ratio()) t->set_warmup_steps(10);
@@ -236,7 +249,8 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
        {std::tuple<const char*, bool, double>{"train.encoder_lr", t.has_encoder_lr(),
                                               t.encoder_lr()},
         {"train.projector_lr", t.has_projector_lr(), t.projector_lr()},
-        {"train.llm_lr", t.has_llm_lr(), t.llm_lr()}}) {
+        {"train.llm_lr", t.has_llm_lr(), t.llm_lr()},
+        {"train.generator_lr", t.has_generator_lr(), t.generator_lr()}}) {
     if (has && !(lr > 0 && lr < 1)) return Bad(name, absl::StrCat("must be in (0, 1), got ", lr));
   }
   LrScheduleOptions schedule = JobTrainOptions(job).Schedule();
@@ -244,10 +258,34 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (absl::Status l = ValidateLrSchedule(schedule); !l.ok()) {
     return Bad("train.lr_schedule", std::string(l.message()));
   }
+  if (!model->config.has_generator() && (p.generator_dp() != 0 || p.generator_tp() != 0 ||
+                                         p.generator_pp() != 0 || job.freeze().generator())) {
+    return Bad("parallel.generator_dp",
+               absl::StrCat("model \"", model->config.name,
+                            "\" has no generator: leave generator_dp, generator_tp, "
+                            "generator_pp and freeze.generator unset"));
+  }
   if (model->config.has_generator()) {
-    return Bad("model", absl::StrCat("\"", model->config.name,
-                                     "\" has a generator, which the workers do not run yet: "
-                                     "train it with loom-train-local"));
+    if (s = AtLeast("parallel.generator_dp", p.generator_dp(), 1); !s.ok()) return s;
+    if (p.generator_pp() != 1) {
+      return Bad(
+          "parallel.generator_pp",
+          absl::StrCat("must be 1 (the generator runs as one stage), got ", p.generator_pp()));
+    }
+    const VitConfig& g = model->config.generator.denoiser;
+    if (p.generator_tp() < 1 || g.heads % p.generator_tp() != 0 ||
+        g.mlp_hidden % p.generator_tp() != 0) {
+      return Bad("parallel.generator_tp",
+                 absl::StrCat(p.generator_tp(), " does not divide the generator's ", g.heads,
+                              " heads and ", g.mlp_hidden, " MLP units"));
+    }
+    if (p.colocate()) {
+      return Bad("parallel.colocate", "not with a generator (its ranks are its own)");
+    }
+    if (!(t.generation_weight() >= 0 && std::isfinite(t.generation_weight()))) {
+      return Bad("train.generation_weight",
+                 absl::StrCat("must be a finite number >= 0, got ", t.generation_weight()));
+    }
   }
   if (absl::Status m = CheckJobMemory(job, model->config); !m.ok()) return m;
   if (const std::string& init = job.init().checkpoint(); !init.empty()) {
@@ -261,8 +299,11 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
       }
     }
   }
-  if (JobFrozen(job).all()) {
-    return Bad("freeze", "vision, projector and llm are all frozen: nothing would train");
+  if (const Frozen f = JobFrozen(job); f.all() && (!model->config.has_generator() || f.generator)) {
+    return Bad("freeze", model->config.has_generator()
+                             ? "vision, projector, llm and generator are all frozen: nothing "
+                               "would train"
+                             : "vision, projector and llm are all frozen: nothing would train");
   }
   if (absl::Status c = AtLeast("checkpoint.every", job.checkpoint().every(), 0); !c.ok()) return c;
   const double lease = job.recovery().lease_seconds();
@@ -346,6 +387,7 @@ Frozen JobFrozen(const job::v1::JobConfig& job) {
   f.vision = job.freeze().vision();
   f.projector = job.freeze().projector();
   f.llm = job.freeze().llm();
+  f.generator = job.freeze().generator();
   return f;
 }
 
@@ -384,6 +426,28 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
       std::min(std::max(1, p.microbatches()), stages - (std::max(1, p.encoder_pp()) + stage));
   const LayerRange r = LlmStageLayers(model, pp, stage);
   return LlmStageMemory(model.llm, r.first, r.last, tokens, image_tokens, o);
+}
+
+MemoryEstimate JobGeneratorMemory(const job::v1::JobConfig& job, const ModelConfig& model,
+                                  int64_t images, int bins) {
+  const job::v1::ParallelConfig& p = job.parallel();
+  // Its denoiser is a ViT over each picture's patches and the 1 + Q prefix
+  // rows: priced as the encoder's blocks (runtime/scheduling/plan.cc).
+  ModelConfig g = model;
+  g.vit = model.generator.denoiser;
+  g.vit.prefix = 1 + model.generator.queries;
+  g.projector.pixel_shuffle = false;
+  g.projector.hidden = 0;
+  StageMemoryOptions o;
+  o.precision = ParsePrecision(job.precision()).value_or(Precision::kFp32);
+  o.tp = std::max(1, p.generator_tp());
+  o.dp = std::max(1, p.generator_dp());
+  o.optimizer_shards = job.optimizer().shard() ? o.dp : 1;
+  o.frozen = job.freeze().generator();
+  o.projector_frozen = true;
+  o.device = JobModuleOnGpu(job, /*encoder=*/false);
+  o.optimizer_on_device = o.device && (job.device().collectives() == "nccl" || o.dp <= 1);
+  return EncoderStageMemory(g, 0, g.vit.layers, images, bins, o, images);
 }
 
 absl::Status CheckJobMemory(const job::v1::JobConfig& job, const ModelConfig& model) {
@@ -537,6 +601,8 @@ TrainOptions JobTrainOptions(const job::v1::JobConfig& job) {
   o.encoder_lr = t.encoder_lr();
   o.projector_lr = t.projector_lr();
   o.llm_lr = t.llm_lr();
+  o.generator_lr = t.generator_lr();
+  o.generation_weight = t.has_generation_weight() ? t.generation_weight() : 1.0;
   return o;
 }
 

@@ -59,6 +59,12 @@ bool JobModuleOnGpu(const job::v1::JobConfig& job, bool encoder);
 MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& model, bool encoder,
                               int stage, int64_t tokens, int64_t image_tokens, int64_t tiles,
                               int bins, int64_t kept_tiles = -1);
+
+// A generator rank's memory at `images` output images a bin, `bins` bins
+// (its denoiser priced as an encoder's blocks; on device.llm's kind).
+MemoryEstimate JobGeneratorMemory(const job::v1::JobConfig& job, const ModelConfig& model,
+                                  int64_t images, int bins);
+
 // With device.memory_gib set: RESOURCE_EXHAUSTED naming the module, the
 // stage and the figures when some rank of some stage would hold more than
 // that at the token caps (called by ValidateJob).

@@ -150,8 +150,19 @@ TEST(JobConfig, InvalidValuesAreNamed) {
   };
   for (const Case& c : {
            Case{"model: 'huge'", "model"},
-           Case{"model: 'tiny-gen'",
-                "model: \"tiny-gen\" has a generator, which the workers do not run yet"},
+           Case{"model: 'tiny-gen' parallel { generator_pp: 2 }",
+                "parallel.generator_pp: must be 1"},
+           Case{"model: 'tiny-gen' parallel { generator_tp: 3 }",
+                "parallel.generator_tp: 3 does not divide the generator's"},
+           Case{"model: 'tiny-gen' parallel { colocate: true encoder_dp: 2 llm_dp: 2 }",
+                "parallel.colocate: not with a generator"},
+           Case{"model: 'tiny-gen' train { generation_weight: -1 }",
+                "train.generation_weight: must be a finite number >= 0"},
+           Case{"model: 'tiny-gen' freeze { vision: true projector: true llm: true generator: "
+                "true }",
+                "freeze: vision, projector, llm and generator are all frozen"},
+           Case{"parallel { generator_dp: 2 }",
+                "parallel.generator_dp: model \"tiny\" has no generator"},
            Case{"algorithm: 'magic'", "algorithm"},
            Case{"model: 'tiny' hf { llava: '/models/llava' }", "model: \"tiny\" and hf both set"},
            Case{"hf { llava: '/nonexistent/llava' }", "hf.llava: /nonexistent/llava/config.json"},

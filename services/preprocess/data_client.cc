@@ -27,7 +27,8 @@ absl::StatusOr<data::v1::GetBatchResponse> DataClient::GetBatch(int64_t iteratio
 
 absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
                                                              const std::vector<int>& indices,
-                                                             bool tokens_only, bool validation) {
+                                                             bool tokens_only, bool validation,
+                                                             bool output_images) {
   const absl::Duration budget = budget_ ? std::max(budget_(), deadline_) : deadline_;
   const absl::Time give_up = absl::Now() + budget;
   data::v1::FetchSamplesRequest request;
@@ -36,14 +37,16 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
   request.set_ucx_address(ucx_->address());
   request.set_tokens_only(tokens_only);
   request.set_validation(validation);
+  request.set_output_images(output_images);
+  const size_t per = output_images ? 3 : 2;  // tags per sample
   data::v1::FetchSamplesResponse response;
   for (;;) {
     // Each attempt gets its own random tags: concurrent fetches and the
     // late sends of an abandoned attempt never match its messages, and no
     // process but loom-preprocess learns them (data_key.h).
     request.clear_tags();
-    const std::string random = RandomBytes(16 * indices.size());
-    for (size_t i = 0; i < 2 * indices.size(); ++i) {
+    const std::string random = RandomBytes(8 * per * indices.size());
+    for (size_t i = 0; i < per * indices.size(); ++i) {
       uint64_t tag = 0;
       std::memcpy(&tag, random.data() + 8 * i, 8);
       request.add_tags(tag & ~(uint64_t{1} << 63));
@@ -72,7 +75,11 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     const int64_t expect =
         tokens_only ? 0
                     : static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
+    const int64_t gen_side = t.output_image_size();
+    const int64_t expect_gen =
+        output_images ? int64_t{t.num_output_images()} * 3 * gen_side * gen_side * 4 : 0;
     if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect ||
+        t.num_output_images() < 0 || t.output_images_bytes() != expect_gen ||
         (!t.loss_mask().empty() && t.loss_mask().size() != static_cast<size_t>(t.num_tokens()))) {
       return absl::DataLossError(
           absl::StrCat("FetchSamples: inconsistent descriptor for ", t.key()));
@@ -83,6 +90,16 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
       shape.tokens.resize(std::min<size_t>(t.num_tokens(), model_->llm.max_seq + 1));
       if (t.num_tiles() > 0 && t.tile_size() != model_->vit.tile_size) {
         return CheckSampleFits(shape, t.tile_size(), true, *model_, t.key());
+      }
+      if (output_images && t.num_output_images() > 0 &&
+          (!model_->has_generator() || gen_side != model_->generator.denoiser.tile_size ||
+           t.num_output_images() > model_->llm.max_seq)) {
+        return SampleMisfitError(
+            absl::StrCat("sample ", t.key(), " from loom-preprocess does not fit model ",
+                         model_->name, ": ", t.num_output_images(), " output images of ", gen_side,
+                         " px; is loom-preprocess "
+                         "running with --config=",
+                         model_->name, "?"));
       }
       if (t.num_tokens() > model_->llm.max_seq ||
           static_cast<int64_t>(t.num_tiles()) * model_->tokens_per_tile() > t.num_tokens()) {
@@ -97,6 +114,13 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
     out[k].tiles.resize(static_cast<size_t>(t.tiles_bytes() / 4));
     out[k].tokens.resize(static_cast<size_t>(t.num_tokens()));
     out[k].loss_mask.assign(t.loss_mask().begin(), t.loss_mask().end());
+    out[k].id = t.id();
+    out[k].num_gen_images = t.num_output_images();
+    out[k].gen_images.resize(static_cast<size_t>(t.output_images_bytes() / 4));
+    if (output_images) {
+      buffers.push_back({t.output_images_tag(), out[k].gen_images.data(),
+                         out[k].gen_images.size() * 4, received});
+    }
     if (!tokens_only) {
       buffers.push_back({t.tiles_tag(), out[k].tiles.data(), out[k].tiles.size() * 4, received});
     }

@@ -36,10 +36,13 @@ class DataClient {
   // The samples at `indices` of batch `iteration`, in that order. With
   // `tokens_only` each Sample's tiles stay empty (num_tiles is still set).
   // `validation`: of validation batch `iteration` (GetBatchRequest).
+  // `output_images`: each Sample's gen_images too (a generator rank; else
+  // they stay empty, num_gen_images and id are always set).
   absl::StatusOr<std::vector<Sample>> FetchSamples(int64_t iteration,
                                                    const std::vector<int>& indices,
                                                    bool tokens_only = false,
-                                                   bool validation = false);
+                                                   bool validation = false,
+                                                   bool output_images = false);
 
  private:
   std::unique_ptr<data::v1::PreprocessService::Stub> stub_;

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<PreprocessServiceImpl>> PreprocessServiceImpl::Cr
   lo.preprocess.caps = options.caps;
   service->tile_size_ = lo.preprocess.tile_size;
   service->gen_patches_per_image_ = lo.preprocess.gen_patches_per_image;
+  service->gen_image_size_ = lo.preprocess.gen_image_size;
   auto* skipped = service->skipped_;
   lo.on_skip = [skipped](const data::SkippedSample& s) {
     skipped->Add({{"reason", s.reason}}).Increment();
@@ -279,10 +280,12 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
                           absl::StrCat("indices: ", index, " is repeated"));
     }
   }
-  if (request->tags_size() != 2 * request->indices_size()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("tags: want 2 per index (", 2 * request->indices_size(),
-                                     "), got ", request->tags_size()));
+  const int per = request->output_images() ? 3 : 2;  // tags per sample
+  if (request->tags_size() != per * request->indices_size()) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("tags: want ", per, " per index (", per * request->indices_size(), "), got ",
+                     request->tags_size()));
   }
   for (uint64_t tag : request->tags()) {
     if (tag >> 63 != 0) {
@@ -298,12 +301,19 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     t->set_key(s.key);
     t->set_num_tiles(s.sample.num_tiles);
     t->set_tile_size(tile_size_);
-    t->set_tiles_tag(request->tags(2 * k));
+    t->set_tiles_tag(request->tags(per * k));
     const size_t tile_bytes = request->tokens_only() ? 0 : s.sample.tiles.size() * sizeof(float);
     t->set_tiles_bytes(static_cast<int64_t>(tile_bytes));
-    t->set_tokens_tag(request->tags(2 * k + 1));
+    t->set_tokens_tag(request->tags(per * k + 1));
     t->set_num_tokens(static_cast<int32_t>(s.sample.tokens.size()));
     t->set_loss_mask(std::string(s.sample.loss_mask.begin(), s.sample.loss_mask.end()));
+    t->set_id(s.sample.id);
+    t->set_num_output_images(s.sample.num_gen_images);
+    t->set_output_image_size(gen_image_size_);
+    const size_t gen_bytes =
+        request->output_images() ? s.sample.gen_images.size() * sizeof(float) : 0;
+    if (request->output_images()) t->set_output_images_tag(request->tags(per * k + 2));
+    t->set_output_images_bytes(static_cast<int64_t>(gen_bytes));
     // The call has returned by the time a send completes: a failure is
     // counted and logged here, and the receiver's wait for it times out.
     auto count = [counter = bytes_sent_, failures = send_failures_](size_t bytes) {
@@ -328,6 +338,10 @@ grpc::Status PreprocessServiceImpl::FetchSamples(grpc::ServerContext*,
     if (sent.ok()) {
       sent = ucx_->Send(request->ucx_address(), t->tokens_tag(), s.sample.tokens.data(),
                         token_bytes, keep, count(token_bytes));
+    }
+    if (sent.ok() && request->output_images()) {
+      sent = ucx_->Send(request->ucx_address(), t->output_images_tag(), s.sample.gen_images.data(),
+                        gen_bytes, keep, count(gen_bytes));
     }
     if (!sent.ok()) {
       const bool bad_address = sent.code() == absl::StatusCode::kInvalidArgument;

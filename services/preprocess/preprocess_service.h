@@ -93,6 +93,7 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
   Chassis* chassis_;
   PreprocessServiceOptions options_;
   int tile_size_ = 0;              // of the model config; every served tile is this size
+  int gen_image_size_ = 0;         // its generator's output image side (0: none)
   int gen_patches_per_image_ = 0;  // the generator's (0: none), for the scheduler's records
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;

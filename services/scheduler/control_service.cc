@@ -60,6 +60,8 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   degrees.llm_pp = p.llm_pp();
   degrees.encoder_pp = p.encoder_pp();
   degrees.colocate = p.colocate();
+  degrees.generator_dp = p.generator_dp();
+  degrees.generator_tp = p.generator_tp();
   absl::StatusOr<scheduler::v1::Plan> plan =
       sched::PlanFromFileOrDegrees(deployment.plan_file, degrees);
   if (!plan.ok()) return plan.status();

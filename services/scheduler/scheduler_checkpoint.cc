@@ -19,6 +19,7 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/model/config.h"
+#include "runtime/scheduling/schedule.h"
 #include "services/common/grpc_status.h"
 #include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
@@ -33,7 +34,7 @@ grpc::Status SchedulerServiceImpl::ReportCheckpoint(
     return ToGrpcStatus(s);
   }
   const int64_t step = request->step();
-  const int parts = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
+  const int parts = sched::PlanWorkerRanks(options_.plan);
   bool first = false, last = true;
   // Taken with the last part, before a loss declared meanwhile rolls the
   // clock back: every iteration before the step is reported by then (LLM

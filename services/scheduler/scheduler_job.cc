@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
+#include "runtime/scheduling/schedule.h"
 #include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
 
@@ -29,7 +30,7 @@ control::v1::Job SchedulerServiceImpl::JobLocked() const {
   j.set_last_checkpoint(last_checkpoint_);
   j.set_pending_checkpoint(checkpoint_steps_.empty() ? 0 : *checkpoint_steps_.begin());
   j.set_workers_registered(static_cast<int>(workers_.size()));
-  j.set_workers_expected(options_.plan.encoder().gpus() + options_.plan.llm().gpus());
+  j.set_workers_expected(sched::PlanWorkerRanks(options_.plan));
   if (!steps_.empty()) *j.mutable_last_step() = steps_.back();
   j.set_message(job_message_);
   j.set_submit_time_seconds(submit_time_);
@@ -133,8 +134,7 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::ResumeJob(const std::stri
     return absl::FailedPreconditionError(absl::StrCat(
         "job \"", job_id, "\" is ", JobStateName(state_), "; only a PAUSED job can be resumed"));
   }
-  const bool all = static_cast<int>(workers_.size()) ==
-                   options_.plan.encoder().gpus() + options_.plan.llm().gpus();
+  const bool all = static_cast<int>(workers_.size()) == sched::PlanWorkerRanks(options_.plan);
   SetStateLocked(all ? control::v1::JOB_STATE_RUNNING : control::v1::JOB_STATE_PENDING);
   return JobLocked();
 }

@@ -33,6 +33,7 @@
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/checkpoint/steps.h"
+#include "runtime/scheduling/schedule.h"
 #include "services/common/grpc_status.h"
 #include "services/common/health_prober.h"
 #include "services/scheduler/job_state.h"
@@ -75,8 +76,7 @@ void SchedulerServiceImpl::DeclareLostLocked(common::v1::Role role, int rank,
 
 void SchedulerServiceImpl::MaybeEndRegroupLocked() {
   if (state_ != control::v1::JOB_STATE_RECOVERING || !regrouping_ || awaiting_preprocess_ ||
-      static_cast<int>(workers_.size()) !=
-          options_.plan.encoder().gpus() + options_.plan.llm().gpus()) {
+      static_cast<int>(workers_.size()) != sched::PlanWorkerRanks(options_.plan)) {
     return;
   }
   running_since_ = absl::Now();

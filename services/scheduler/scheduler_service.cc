@@ -30,7 +30,21 @@ namespace {
 using common::v1::Role;
 
 int RanksOf(const scheduler::v1::Plan& plan, Role role) {
-  return role == common::v1::ROLE_ENCODER_WORKER ? plan.encoder().gpus() : plan.llm().gpus();
+  switch (role) {
+    case common::v1::ROLE_ENCODER_WORKER:
+      return plan.encoder().gpus();
+    case common::v1::ROLE_LLM_WORKER:
+      return plan.llm().gpus();
+    case common::v1::ROLE_GENERATOR_WORKER:
+      return plan.generator().gpus();
+    default:
+      return 0;
+  }
+}
+
+bool IsWorkerRole(Role role) {
+  return role == common::v1::ROLE_ENCODER_WORKER || role == common::v1::ROLE_LLM_WORKER ||
+         role == common::v1::ROLE_GENERATOR_WORKER;
 }
 
 constexpr size_t kMaxKeyBytes = 1024;
@@ -46,7 +60,7 @@ size_t StoreCapacity(const scheduler::v1::Plan& plan) {
   constexpr size_t kMinStoreBytes = 64 << 20;
   constexpr size_t kPerPeer = 256;
   size_t need = 0;
-  for (const scheduler::v1::ModulePlan* m : {&plan.encoder(), &plan.llm()}) {
+  for (const scheduler::v1::ModulePlan* m : {&plan.encoder(), &plan.llm(), &plan.generator()}) {
     need += static_cast<size_t>(std::max(0, m->gpus())) *
             static_cast<size_t>(std::max(0, m->tp() + m->pp() + m->dp())) * kPerPeer;
   }
@@ -191,6 +205,12 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
           "plan: encoder and llm need dp, tp, pp >= 1 and gpus = dp * tp * pp");
     }
   }
+  if (const scheduler::v1::ModulePlan& g = p.generator();
+      p.has_generator() &&
+      (g.dp() < 1 || g.tp() < 1 || g.pp() != 1 || g.gpus() != g.dp() * g.tp())) {
+    return absl::InvalidArgumentError(
+        "plan: the generator needs dp, tp >= 1, pp 1 and gpus = dp * tp");
+  }
   if (p.microbatches() < 1) return absl::InvalidArgumentError("plan: microbatches must be >= 1");
   // The job's model (a named config or Hugging Face directories), else the plan's.
   const bool job_model = !options.job.model().empty() || JobModelSource(options.job).pretrained();
@@ -204,6 +224,12 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
         !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
     }
+  }
+  if (model.ok() && model->has_generator() != p.has_generator()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: model ", model->name,
+                     model->has_generator() ? " has a generator and the plan gives it no ranks"
+                                            : " has no generator and the plan gives one ranks"));
   }
   if (options.retained_iterations < 1) {
     return absl::InvalidArgumentError("retained_iterations must be at least 1");
@@ -274,7 +300,7 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   // A whole job's ranks registering twice at once, or writing 16 keys each,
   // pass without waiting; a sustained flood is held to about one
   // registration per rank and 8 key writes per rank each second.
-  const double ranks = p.encoder().gpus() + p.llm().gpus();
+  const double ranks = sched::PlanWorkerRanks(p);
   register_limit_.Reset(std::max(64.0, 2 * ranks), std::max(20.0, ranks));
   key_limit_.Reset(std::max(256.0, 16 * ranks), std::max(100.0, 8 * ranks));
   if (!options.metrics_dir.empty()) {
@@ -398,9 +424,9 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
                      " per s, bursts of ", register_limit_.burst(), "); retry")));
   }
   const scheduler::v1::Worker& w = request->worker();
-  if (w.role() != common::v1::ROLE_ENCODER_WORKER && w.role() != common::v1::ROLE_LLM_WORKER) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError("worker.role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER"));
+  if (!IsWorkerRole(w.role())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "worker.role: must be ROLE_ENCODER_WORKER, ROLE_LLM_WORKER or ROLE_GENERATOR_WORKER"));
   }
   const int ranks = RanksOf(options_.plan, w.role());
   if (w.rank() < 0 || w.rank() >= ranks) {
@@ -463,8 +489,7 @@ grpc::Status SchedulerServiceImpl::RegisterWorker(
   incarnations_[key] = incarnation;
   registered_->Set(static_cast<double>(workers_.size()));
   if (state_ == control::v1::JOB_STATE_PENDING &&
-      static_cast<int>(workers_.size()) ==
-          options_.plan.encoder().gpus() + options_.plan.llm().gpus()) {
+      static_cast<int>(workers_.size()) == sched::PlanWorkerRanks(options_.plan)) {
     running_since_ = absl::Now();
     if (const control::v1::Recovery& r = options_.recovered_from; r.declared_seconds() > 0) {
       ObserveRecovery("regroup", absl::UnixEpoch() + absl::Seconds(r.declared_seconds()),
@@ -518,6 +543,9 @@ absl::StatusOr<std::string> SchedulerServiceImpl::AskInstance(Role role,
   if (role == common::v1::ROLE_ENCODER_WORKER) {
     s = worker::v1::EncoderWorkerService::NewStub(ServiceChannel(endpoint))
             ->GetInfo(&ctx, {}, &response);
+  } else if (role == common::v1::ROLE_GENERATOR_WORKER) {
+    s = worker::v1::GeneratorWorkerService::NewStub(ServiceChannel(endpoint))
+            ->GetInfo(&ctx, {}, &response);
   } else {
     s = worker::v1::LlmWorkerService::NewStub(ServiceChannel(endpoint))
             ->GetInfo(&ctx, {}, &response);
@@ -527,8 +555,9 @@ absl::StatusOr<std::string> SchedulerServiceImpl::AskInstance(Role role,
 }
 
 absl::Status SchedulerServiceImpl::ValidateWorkerId(Role role, int rank) const {
-  if (role != common::v1::ROLE_ENCODER_WORKER && role != common::v1::ROLE_LLM_WORKER) {
-    return absl::InvalidArgumentError("role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER");
+  if (!IsWorkerRole(role)) {
+    return absl::InvalidArgumentError(
+        "role: must be ROLE_ENCODER_WORKER, ROLE_LLM_WORKER or ROLE_GENERATOR_WORKER");
   }
   const int ranks = RanksOf(options_.plan, role);
   if (rank < 0 || rank >= ranks) {
@@ -557,7 +586,7 @@ grpc::Status SchedulerServiceImpl::GetPlan(grpc::ServerContext* context,
                                            scheduler::v1::GetPlanResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   const absl::Time until = LongPollUntil(context, request->wait_ms());
-  const size_t expected = options_.plan.encoder().gpus() + options_.plan.llm().gpus();
+  const size_t expected = sched::PlanWorkerRanks(options_.plan);
   absl::MutexLock lock(&mu_);
   while (workers_.size() != expected && !closing_ && absl::Now() < until) {
     changed_.WaitWithDeadline(&mu_, until);  // the last registration signals
@@ -671,10 +700,7 @@ grpc::Status SchedulerServiceImpl::GetWorkers(grpc::ServerContext*,
   }
   for (int i = 0; i < request->workers_size(); ++i) {
     const scheduler::v1::WorkerRef& r = request->workers(i);
-    const int ranks =
-        r.role() == common::v1::ROLE_ENCODER_WORKER || r.role() == common::v1::ROLE_LLM_WORKER
-            ? RanksOf(options_.plan, r.role())
-            : 0;
+    const int ranks = IsWorkerRole(r.role()) ? RanksOf(options_.plan, r.role()) : 0;
     if (r.rank() < 0 || r.rank() >= ranks) {
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("workers[", i, "]: ", common::v1::Role_Name(r.role()), " rank ", r.rank(),

@@ -39,7 +39,7 @@ std::vector<Fault> ParseFaults() {
     Fault fault;
     fault.entry = std::string(entry);
     bool ok = (f.size() == 4 || f.size() == 5) &&
-              (f[0] == "encoder_worker" || f[0] == "llm_worker") &&
+              (f[0] == "encoder_worker" || f[0] == "llm_worker" || f[0] == "generator_worker") &&
               absl::SimpleAtoi(f[1], &fault.rank) && absl::SimpleAtoi(f[3], &fault.iteration);
     bool known_phase = false;
     for (const char* p : kFaultPhases) known_phase = known_phase || (f.size() > 2 && f[2] == p);

@@ -4,8 +4,8 @@
 //   LOOM_FAULTS="llm_worker:1:allreduce:7,encoder_worker:0:transfer:3:stop"
 //   LOOM_FAULTS_FIRED=DIR
 //
-// Each entry is ROLE:RANK:PHASE:ITERATION[:ACTION]: ROLE encoder_worker or
-// llm_worker, RANK the worker's rank, PHASE one of kFaultPhases, ITERATION
+// Each entry is ROLE:RANK:PHASE:ITERATION[:ACTION]: ROLE encoder_worker,
+// llm_worker or generator_worker, RANK the worker's rank, PHASE one of kFaultPhases, ITERATION
 // 0-based, ACTION kill (SIGKILL, the default), stop (SIGSTOP: the process
 // hangs), hang (the training thread sleeps for good while the process
 // answers its health checks) or nan (PHASE allreduce only: the worker's
@@ -24,8 +24,9 @@
 
 namespace loom {
 
-// forward: the iteration's compute begins; transfer: embeddings (encoder) or
-// their gradients (LLM) are about to be sent; allreduce: the gradients are
+// forward: the iteration's compute begins; transfer: embeddings (encoder),
+// their gradients (LLM) or the query states' gradients (generator) are
+// about to be sent; allreduce: the gradients are
 // about to be summed over the DP replicas; checkpoint: the worker's part of
 // a checkpoint is being written (after its first file).
 inline constexpr const char* kFaultPhases[] = {"forward", "transfer", "allreduce", "checkpoint"};

@@ -110,6 +110,18 @@ absl::Status TrainingWorker::Impl::Register() {
 
   encoder_grid = {plan.encoder().tp(), plan.encoder().pp(), plan.encoder().dp()};
   llm_grid = {plan.llm().tp(), plan.llm().pp(), plan.llm().dp()};
+  if (plan.has_generator()) {
+    generator_grid = {plan.generator().tp(), plan.generator().pp(), plan.generator().dp()};
+  }
+  if (generator && !model.has_generator()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a generator rank, but model ", model.name, " has no generator"));
+  }
+  if (model.has_generator() != plan.has_generator()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: model ", model.name, model.has_generator() ? " has" : " has no",
+        " generator, and the plan ", plan.has_generator() ? "gives" : "gives no", " it ranks"));
+  }
   const parallel::GridShape& shape = grid();
   if (options.rank < 0 || options.rank >= shape.size()) {
     return absl::InvalidArgumentError(
@@ -129,10 +141,11 @@ absl::Status TrainingWorker::Impl::Register() {
   if (!options.trace_dir.empty()) {
     trace_path =
         absl::StrCat(options.trace_dir, "/", RoleLabel(options.role), "-", options.rank, ".jsonl");
-    trace_tid = trace::WorkerTrack(encoder, options.rank);
+    trace_tid =
+        generator ? trace::GeneratorTrack(options.rank) : trace::WorkerTrack(encoder, options.rank);
     trace::NameTrack(&spans, trace::kMeasuredPid, trace_tid,
-                     absl::StrCat(encoder ? "encoder" : "LLM", " rank ", options.rank, " (tp ",
-                                  pos.tp, ", stage ", pos.pp, ", dp ", pos.dp, ")"));
+                     absl::StrCat(ModuleLabel(), " rank ", options.rank, " (tp ", pos.tp,
+                                  ", stage ", pos.pp, ", dp ", pos.dp, ")"));
   }
   return absl::OkStatus();
 }
@@ -160,8 +173,10 @@ absl::Status TrainingWorker::Impl::Join() {
   }
   if (absl::Status s = peers->Resolve(neighbours); !s.ok()) return s;
   // Each generation rendezvouses under its own keys.
-  const std::string module_name =
-      absl::StrCat("g", scheduler->generation(), "-", encoder ? "encoder" : "llm");
+  const std::string module_name = absl::StrCat("g", scheduler->generation(), "-",
+                                               encoder     ? "encoder"
+                                               : generator ? "generator"
+                                                           : "llm");
   SchedulerStore store(scheduler.get());
   auto connect = [&](const std::string& prefix, int rank,
                      int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
@@ -193,8 +208,14 @@ absl::Status TrainingWorker::Impl::Join() {
       connect(absl::StrCat(module_name, "-dp-tp", pos.tp, "-pp", pos.pp), pos.dp, shape.dp);
   if (!c.ok()) return c.status();
   dp_comm = std::move(*c);
+  // Each module's rank 0: encoder, LLM, generator (JobSum).
   if (options.rank == 0 && encoder_grid.size() > 0 && llm_grid.size() > 0) {
-    c = connect(absl::StrCat("g", scheduler->generation(), "-bridge"), encoder ? 0 : 1, 2);
+    const int modules = generator_grid.size() > 0 ? 3 : 2;
+    c = connect(absl::StrCat("g", scheduler->generation(), "-bridge"),
+                encoder     ? 0
+                : generator ? 2
+                            : 1,
+                modules);
     if (!c.ok()) return c.status();
     bridge_comm = std::move(*c);
   }
@@ -214,12 +235,22 @@ absl::Status TrainingWorker::Impl::Join() {
       modules.push_back(Module::kProjector);
       set_tp.push_back(nullptr);
     }
+  } else if (generator) {
+    gen = std::make_unique<Generator>(model.generator, *layers_tp, ops);
+    // Its own tensors are replicated on every TP rank; the denoiser's split.
+    sets = {&gen->params(), &gen->denoiser_params()};
+    modules = {Module::kGenerator, Module::kGenerator};
+    set_tp = {nullptr, tp_comm.get()};
+    set_names = {"generator", "generator_denoiser"};
   } else {
     llm =
         std::make_unique<Llm>(model.llm, *layers_tp, LlmStageLayers(model, shape.pp, pos.pp), ops);
     sets = {&llm->params()};
     modules = {Module::kLlm};
     set_tp = {tp_comm.get()};
+  }
+  if (set_names.empty()) {
+    for (Module m : modules) set_names.push_back(kModuleNames[static_cast<int>(m)]);
   }
   // ZeRO-1: each DP rank holds the AdamW moments of its chunk of each set
   // (before loading, which fills that chunk alone).
@@ -241,7 +272,7 @@ absl::Status TrainingWorker::Impl::Join() {
     // own slice of its stage's tensors straight from the parts, so a job
     // resumes (or starts from another run's weights) under any TP, PP and DP
     // degrees, and no rank holds more than its set.
-    const char* name = kModuleNames[static_cast<int>(modules[i])];
+    const std::string& name = set_names[i];
     const bool whole = modules[i] == Module::kProjector || grid().pp == 1;
     absl::Status s = resume ? LoadModuleCheckpoint(checkpoint_step_dir, name, sets[i], whole)
                             : LoadModuleWeights(init, name, sets[i], whole);
@@ -277,6 +308,7 @@ absl::Status TrainingWorker::Impl::Join() {
 }
 
 MemoryEstimate TrainingWorker::Impl::PredictedMemory() const {
+  if (generator) return JobGeneratorMemory(job, model, max_gen_images, /*bins=*/1);
   return JobStageMemory(job, model, encoder, pos.pp, max_tokens, max_image_tokens, max_tiles,
                         max_bins, max_kept_tiles > 0 ? max_kept_tiles : -1);
 }
@@ -302,7 +334,9 @@ void TrainingWorker::Impl::ReportMemory(bool log) {
                     ? measured
                     : static_cast<int64_t>(GetCudaMemoryStats(ops->backend()).peak_in_use_bytes))
           .With("stage", pos.pp)
-          .With("max_tokens", encoder ? max_tiles : max_tokens)
+          .With("max_tokens", encoder     ? max_tiles
+                              : generator ? max_gen_images
+                                          : max_tokens)
           .With("predicted", e.ToString())
       << "memory";
 }
@@ -429,7 +463,10 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration, boo
   d.assignment = std::move(*a->mutable_assignment());
   const auto& bins = d.assignment.bins();
   for (int b = 0; b < bins.size(); ++b) {
-    if ((encoder ? bins[b].encoder_rank() : bins[b].llm_rank()) == pos.dp) d.bins.push_back(b);
+    const int rank = encoder     ? bins[b].encoder_rank()
+                     : generator ? bins[b].generator_rank()
+                                 : bins[b].llm_rank();
+    if (rank == pos.dp) d.bins.push_back(b);
   }
   // Encoder: slot by slot (each slot's bins feed the LLM ranks' same
   // microbatch), LLM: its own order.
@@ -442,10 +479,12 @@ absl::StatusOr<IterationData> TrainingWorker::Impl::Fetch(int64_t iteration, boo
     indices.insert(indices.end(), bins[b].indices().begin(), bins[b].indices().end());
   if (absl::Status s = ResolvePeers(d); !s.ok()) return s;
   if (indices.empty()) return d;
-  // Only the encoder's first stage reads pixels; every other rank needs the
-  // tokens and tile counts (shapes, image positions, targets).
-  absl::StatusOr<std::vector<Sample>> samples = data->FetchSamples(
-      iteration, indices, /*tokens_only=*/!(encoder && first_stage()), validation);
+  // Only the encoder's first stage reads pixels, and only the generator the
+  // output images; every other rank needs the tokens and tile counts
+  // (shapes, image positions, targets).
+  absl::StatusOr<std::vector<Sample>> samples =
+      data->FetchSamples(iteration, indices, /*tokens_only=*/!(encoder && first_stage()),
+                         validation, /*output_images=*/generator);
   if (!samples.ok()) return samples.status();
   for (size_t k = 0; k < indices.size(); ++k) d.samples[indices[k]] = std::move((*samples)[k]);
   return d;
@@ -479,17 +518,19 @@ absl::Status TrainingWorker::Impl::Validate(int64_t step, double* loss_sum, int6
           absl::StrCat("validation batch ", b, ": ", d->job_ended));
     }
     double compute = 0, wait = 0, bubble = 0, batch_loss = 0, tokens = 0, samples = 0;
+    double gen_loss = 0, images = 0;
     int64_t lt = 0;
     scheduler::v1::ReportTimingsRequest timings;  // not the cost model's: nothing steps
-    absl::Status s = encoder ? EncoderIteration(*d, &compute, &wait, &bubble, &timings)
-                             : LlmIteration(*d, &compute, &wait, &bubble, &timings, &batch_loss,
-                                            &tokens, &samples, &lt);
+    absl::Status s = encoder     ? EncoderIteration(*d, &compute, &wait, &bubble, &timings)
+                     : generator ? GeneratorIteration(*d, &compute, &wait, &gen_loss, &images)
+                                 : LlmIteration(*d, &compute, &wait, &bubble, &timings, &batch_loss,
+                                                &tokens, &samples, &lt);
     if (!s.ok())
       return absl::Status(s.code(), absl::StrCat("validation batch ", b, ": ", s.message()));
     if (pos.tp == 0 && last_stage()) sum += batch_loss;
     tokens_of_loss += lt;
   }
-  double total = encoder ? 0.0 : sum;
+  double total = encoder || generator ? 0.0 : sum;
   if (absl::Status s = JobSum(&total, 1); !s.ok()) return s;
   *loss_sum = total;
   *loss_tokens = tokens_of_loss;
@@ -512,9 +553,11 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   timings.set_iteration(d.iteration);
   for (ParamSet* p : sets) p->ZeroGrad();
   InjectFault("forward", d.iteration);
-  absl::Status s = encoder ? EncoderIteration(d, &compute, &wait, &bubble, &timings)
-                           : LlmIteration(d, &compute, &wait, &bubble, &timings, &loss_sum, &tokens,
-                                          &samples, &loss_tokens);
+  double gen_loss = 0, images = 0;
+  absl::Status s = encoder     ? EncoderIteration(d, &compute, &wait, &bubble, &timings)
+                   : generator ? GeneratorIteration(d, &compute, &wait, &gen_loss, &images)
+                               : LlmIteration(d, &compute, &wait, &bubble, &timings, &loss_sum,
+                                              &tokens, &samples, &loss_tokens);
   if (!s.ok()) return s;
 
   const bool poison = InjectFault("allreduce", d.iteration);
@@ -561,15 +604,24 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     sq = std::nan("");
   }
   const bool counts = pos.tp == 0 && last_stage();
-  double scalars[5] = {encoder ? sq : 0.0, encoder ? 0.0 : sq, counts ? loss_sum : 0.0,
-                       counts ? tokens : 0.0, counts ? samples : 0.0};
-  if (s = JobSum(scalars, 5); !s.ok()) return s;
+  // Σ g² of the encoder and generator, of the LLM; the LM loss, tokens,
+  // samples; the generation loss and the output images.
+  double scalars[7] = {encoder || generator ? sq : 0.0,
+                       encoder || generator ? 0.0 : sq,
+                       counts ? loss_sum : 0.0,
+                       counts ? tokens : 0.0,
+                       counts ? samples : 0.0,
+                       generator && pos.tp == 0 ? gen_loss : 0.0,
+                       generator && pos.tp == 0 ? images : 0.0};
+  if (s = JobSum(scalars, 7); !s.ok()) return s;
   wait += Since(w0);
   Span("allreduce", a0, d.iteration, "allreduce gradients");
   const double o0 = trace::NowMicros();
   const double grad_norm = std::sqrt(scalars[0] + scalars[1]);
-  // Every rank holds the job's sums now, so every rank decides alike.
-  const bool skipped = !StepIsFinite(scalars[2], grad_norm);
+  const double generation_loss = scalars[6] > 0 ? scalars[5] / scalars[6] : 0.0;
+  // Every rank holds the job's sums now, so every rank decides alike (the
+  // LM loss's sum: the same finiteness as its mean).
+  const bool skipped = !StepIsFinite(scalars[2] + generation_loss, grad_norm);
   double lr = 0;
   if (skipped) {
     skipped_steps->Increment();
@@ -615,7 +667,8 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   // The replica's timings, summed over its stages; not those of the first
   // iteration this process runs (allocations, page faults and cold caches
   // make it several times slower than the rest).
-  if (pos.tp == 0 && first_stage() && d.iteration > start_iteration) {
+  // (The generator's are not refit yet: its cost stays the plan's.)
+  if (!generator && pos.tp == 0 && first_stage() && d.iteration > start_iteration) {
     StallWatch::Waiting waiting(stall.get());
     if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
       LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
@@ -633,7 +686,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   if (validate) {
     if (s = Validate(step, &validation_sum, &validation_tokens); !s.ok()) return s;
   }
-  if (!encoder && options.rank == 0) {
+  if (!encoder && !generator && options.rank == 0) {
     scheduler::v1::StepReport report;
     report.set_iteration(d.iteration);
     report.set_loss(scalars[2] / static_cast<double>(loss_tokens));
@@ -645,6 +698,10 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     report.set_seconds(seconds);
     report.set_microbatch_imbalance(d.assignment.summary().objective());
     report.set_skipped(skipped);
+    if (scalars[6] > 0) {
+      report.set_generation_loss(generation_loss);
+      report.set_output_images(static_cast<int64_t>(scalars[6]));
+    }
     if (validate && validation_tokens > 0) {
       report.set_validation_loss(validation_sum / static_cast<double>(validation_tokens));
       report.set_validation_loss_tokens(validation_tokens);
@@ -671,13 +728,16 @@ TrainingWorker::~TrainingWorker() {
 absl::StatusOr<std::unique_ptr<TrainingWorker>> TrainingWorker::Start(
     Chassis* chassis, const TrainingWorkerOptions& options) {
   if (options.role != common::v1::ROLE_ENCODER_WORKER &&
-      options.role != common::v1::ROLE_LLM_WORKER) {
-    return absl::InvalidArgumentError("a training worker is an encoder or an LLM worker");
+      options.role != common::v1::ROLE_LLM_WORKER &&
+      options.role != common::v1::ROLE_GENERATOR_WORKER) {
+    return absl::InvalidArgumentError(
+        "a training worker is an encoder, an LLM or a generator worker");
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->chassis = chassis;
   impl->encoder = options.role == common::v1::ROLE_ENCODER_WORKER;
+  impl->generator = options.role == common::v1::ROLE_GENERATOR_WORKER;
   absl::StatusOr<std::unique_ptr<UcxWorker>> u = UcxWorker::Create();
   if (!u.ok()) return u.status();
   impl->ucx = std::move(*u);

@@ -49,7 +49,7 @@ absl::Status TrainingWorker::Impl::Checkpoint(int64_t step) {
     const auto [begin, end] = sliced ? PartRange(sets[i]->size(), pos.dp, g.dp)
                                      : PartRange(sets[i]->size(), index, per_stage);
     Share share;
-    share.module = kModuleNames[static_cast<int>(modules[i])];
+    share.module = set_names[i];
     share.file = ModulePartName(share.module, stage * per_stage + index);
     share.part = CheckpointPart::Snapshot(*sets[i], begin, end);
     if (stage == 0 && index == 0) {

@@ -119,12 +119,12 @@ absl::Status TrainingWorker::Impl::ConnectDeviceTransfers(const std::string& mod
   // The bridge, where both modules are on GPUs of their own: the encoder's
   // last stage and the LLM's first. Colocated, encoder rank k shares LLM
   // rank k's GPU, and a NCCL group takes one rank per GPU: host memory then.
-  if ((encoder ? last_stage() : first_stage()) && encoder_grid.size() > 0 && llm_grid.size() > 0 &&
-      JobModuleOnGpu(job, !encoder) && !job.parallel().colocate()) {
+  if (!generator && (encoder ? last_stage() : first_stage()) && encoder_grid.size() > 0 &&
+      llm_grid.size() > 0 && JobModuleOnGpu(job, !encoder) && !job.parallel().colocate()) {
     if (absl::Status s = ConnectBridge(nccl); !s.ok()) return s;
   }
   std::string sends, receives;
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < worker::kTransferKinds; ++k) {
     const char* name = TransferName(static_cast<Transfer>(k));
     if (nccl_send[k] != nullptr) absl::StrAppend(&sends, sends.empty() ? "" : ", ", name);
     if (nccl_recv[k] != nullptr) absl::StrAppend(&receives, receives.empty() ? "" : ", ", name);
@@ -177,13 +177,15 @@ void TrainingWorker::Impl::DropModels() {
   vit.reset();
   projector.reset();
   llm.reset();
+  gen.reset();
   sets.clear();
   modules.clear();
   set_tp.clear();
+  set_names.clear();
   staged_tp.reset();
   nccl_tp.reset();
   nccl_dp.reset();
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < worker::kTransferKinds; ++k) {
     nccl_send[k].reset();
     nccl_recv[k].reset();
   }

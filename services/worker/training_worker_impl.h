@@ -52,32 +52,35 @@ inline double Since(Clock::time_point t0) {
 }
 
 // Worker-to-worker UCX tags: bit 63 set (the data client's tags never have
-// it), bits 60-62 what travels (bit 62: of a validation batch), then the
+// it), bits 59-62 what travels (bit 62: of a validation batch), then the
 // job's generation (its low 8 bits:
 // a message an older generation sent never matches a newer one's receive),
-// the iteration (28 bits), the bin and the stage that receives it (the
+// the iteration (27 bits), the bin and the stage that receives it (the
 // stage within its module).
 enum class Transfer : uint64_t {
   kEmbeddings = 0,       // last encoder stage -> first LLM stage
   kEmbeddingGrads = 1,   // first LLM stage -> last encoder stage
   kActivations = 2,      // a stage -> the next stage of its module
   kActivationGrads = 3,  // a stage -> the previous stage of its module
+  kQueryStates = 4,      // last LLM stage -> the generator: the query positions' hidden states
+  kQueryGrads = 5,       // the generator -> last LLM stage: their gradient
 };
-inline constexpr uint64_t kValidationTransfer = 4;  // or-ed in: a validation batch's tensors
+inline constexpr int kTransferKinds = 6;
+inline constexpr uint64_t kValidationTransfer = 8;  // or-ed in: a validation batch's tensors
 // What travels, validation aside.
 inline Transfer TransferKind(Transfer t) {
-  return static_cast<Transfer>(static_cast<uint64_t>(t) & 3);
+  return static_cast<Transfer>(static_cast<uint64_t>(t) & 7);
 }
 inline const char* TransferName(Transfer t) {
-  static const char* const kNames[] = {"embeddings", "embedding grads", "activations",
-                                       "activation grads"};
+  static const char* const kNames[] = {"embeddings",       "embedding grads", "activations",
+                                       "activation grads", "query states",    "query grads"};
   return kNames[static_cast<int>(TransferKind(t))];
 }
 inline constexpr int kMaxTagBins = 1 << 16, kMaxTagStages = 1 << 8;
 inline uint64_t TransferTag(Transfer t, int64_t generation, int64_t iteration, int bin, int stage) {
-  return (uint64_t{1} << 63) | (static_cast<uint64_t>(t) << 60) |
-         ((static_cast<uint64_t>(generation) & 0xff) << 52) |
-         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 28) - 1)) << 24) |
+  return (uint64_t{1} << 63) | (static_cast<uint64_t>(t) << 59) |
+         ((static_cast<uint64_t>(generation) & 0xff) << 51) |
+         ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 27) - 1)) << 24) |
          (static_cast<uint64_t>(bin) << 8) | static_cast<uint64_t>(stage);
 }
 
@@ -118,6 +121,7 @@ struct TrainingWorker::Impl {
   TrainingWorkerOptions options;
   Chassis* chassis = nullptr;
   bool encoder = false;
+  bool generator = false;  // a generator rank (encoder is false too)
   job::v1::JobConfig job;
   scheduler::v1::Plan plan;
   ModelConfig model;
@@ -136,7 +140,16 @@ struct TrainingWorker::Impl {
   // modules' inputs and outputs pass through these buffers of ops' memory
   // (the modules copy their inputs, so one per role serves every
   // microbatch); on the CPU the host vectors are the modules' own memory.
-  enum Slot { kStageIn, kStageOut, kStageEmb, kStageGrad, kStageDvit, kStageDin, kStageSlots };
+  enum Slot {
+    kStageIn,
+    kStageOut,
+    kStageEmb,
+    kStageGrad,
+    kStageDvit,
+    kStageDin,
+    kStageQuery,
+    kStageSlots
+  };
   Buffer<float> staged[kStageSlots];
   bool on_host() const { return ops->backend()->device().type == DeviceType::kCpu; }
   // `host` in ops' memory: its own data on the CPU, else a copy in `slot`.
@@ -176,6 +189,7 @@ struct TrainingWorker::Impl {
   // Both modules' grids (tp x pp x dp) and this worker's place in its own;
   // the other module's grid says where a bin's tensors go.
   parallel::GridShape encoder_grid, llm_grid;
+  parallel::GridShape generator_grid{0, 0, 0};  // none without a generator
   parallel::GridPosition pos;
   // The TP group (null when tp is 1), the DP group (same TP position and
   // stage), the pipeline group (same TP position and replica, every stage;
@@ -198,7 +212,9 @@ struct TrainingWorker::Impl {
   // the order the LLM receives in. Pipeline links are two-rank groups
   // (the earlier stage rank 0); the bridge groups hold the encoder's last
   // stage (BridgeIndex) and the LLM's first.
-  std::unique_ptr<NcclCommunicator> nccl_send[4], nccl_recv[4];
+  // The generator's query states and their gradients travel over UCX.
+  std::unique_ptr<NcclCommunicator> nccl_send[worker::kTransferKinds],
+      nccl_recv[worker::kTransferKinds];
   // The bytes of sends still queued, released at the iteration's end
   // (FinishDeviceSends).
   std::vector<Buffer<float>> nccl_sending;
@@ -240,13 +256,16 @@ struct TrainingWorker::Impl {
   std::unique_ptr<VitEncoder> vit;
   std::unique_ptr<Projector> projector;  // on the encoder's last stage
   std::unique_ptr<Llm> llm;
+  std::unique_ptr<Generator> gen;  // a generator rank's
   // The module's job.recompute: full recomputes a microbatch's forward
   // before its backward; none and selective keep each in-flight
   // microbatch's activations (SavedActivations) instead.
   Recompute recompute = Recompute::kFull;
   std::vector<ParamSet*> sets;
   std::vector<Module> modules;
-  std::vector<Communicator*> set_tp;  // each set's TP group (null: held whole)
+  std::vector<std::string> set_names;  // each set's checkpoint name (kModuleNames, or the
+                                       // generator's two: generator, generator_denoiser)
+  std::vector<Communicator*> set_tp;   // each set's TP group (null: held whole)
 
   std::atomic<bool> stop{false};    // asked to stop (RequestStop)
   std::atomic<bool> cancel{false};  // stop or failure: waiting calls give up
@@ -328,7 +347,7 @@ struct TrainingWorker::Impl {
   // largest microbatch (LLM) or bin (encoder) this worker has run, and its
   // resident set before it built its modules.
   int64_t rss_before_model = -1;
-  int64_t max_tokens = 0, max_image_tokens = 0, max_tiles = 0;
+  int64_t max_tokens = 0, max_image_tokens = 0, max_tiles = 0, max_gen_images = 0;
   int max_bins = 0;
   int64_t max_kept_tiles = 0;  // an encoder iteration's tiles over its bins
   bool memory_logged = false;
@@ -352,17 +371,40 @@ struct TrainingWorker::Impl {
                             double* bubble, scheduler::v1::ReportTimingsRequest* timings,
                             double* loss_sum, double* tokens, double* samples,
                             int64_t* loss_tokens);
+  // A generator rank: each of its bins' output images, in slot order: the
+  // query states from the bin's LLM replica, forward, backward (scale
+  // λ / the global batch's output images), their gradient back.
+  // `loss_sum` gets Σ over its images of their loss, `images` their count.
+  absl::Status GeneratorIteration(const worker::IterationData& d, double* compute, double* wait,
+                                  double* loss_sum, double* images);
+  // Whether the LLM's last stage wants the query states' gradient: something
+  // before the generator trains (the model's rule, MultimodalModel).
+  bool QueryGradsWanted() const { return !frozen.llm || !frozen.encoder_side(); }
+  // The output images of a bin's samples and the query positions they
+  // take in the LLM (output images × queries).
+  int OutputImages(const worker::IterationData& d, const scheduler::v1::Bin& bin) const;
   absl::Status Checkpoint(int64_t step);
   // Waits for the background write of the previous checkpoint (if any) and
   // returns how it ended (its part written and reported).
   absl::Status AwaitCheckpointWrite();
 
-  const parallel::GridShape& grid() const { return encoder ? encoder_grid : llm_grid; }
+  const char* ModuleLabel() const { return encoder ? "encoder" : generator ? "generator" : "LLM"; }
+  const parallel::GridShape& grid() const {
+    return encoder ? encoder_grid : generator ? generator_grid : llm_grid;
+  }
   bool first_stage() const { return pos.pp == 0; }
   bool last_stage() const { return pos.pp == grid().pp - 1; }
   // The worker ranks of DP replica `dp`'s TP group in the other module, at
   // the stage that meets this module: the LLM's first, the encoder's last.
   std::vector<int> PeerGroup(int dp) const;
+  // Across the generator's border: on a generator rank the LLM replica
+  // `dp`'s last-stage TP ranks, on the LLM's last stage the generator
+  // replica `dp`'s TP ranks.
+  std::vector<int> GeneratorPeerGroup(int dp) const;
+  // Sends `data` (kept alive until sent) across the generator's border to
+  // every rank of replica `dp`'s group (GeneratorPeerGroup).
+  absl::Status SendAcrossGenerator(worker::Transfer what, int64_t iteration, int bin, int dp,
+                                   std::shared_ptr<std::vector<float>> data);
   // Asks loom-scheduler for the addresses iteration `d` sends to that this
   // worker does not know yet (the other module's ranks of its bins).
   absl::Status ResolvePeers(const worker::IterationData& d);

@@ -47,6 +47,13 @@ absl::Status TrainingWorker::Impl::ForwardEncoder(const float* in, int n,
   return absl::OkStatus();
 }
 
+int TrainingWorker::Impl::OutputImages(const IterationData& d,
+                                       const scheduler::v1::Bin& bin) const {
+  int n = 0;
+  for (int i : bin.indices()) n += d.samples.at(i).num_gen_images;
+  return n;
+}
+
 std::vector<int> TrainingWorker::Impl::PeerGroup(int dp) const {
   const parallel::GridShape& other = encoder ? llm_grid : encoder_grid;
   const int stage = encoder ? 0 : other.pp - 1;
@@ -55,15 +62,49 @@ std::vector<int> TrainingWorker::Impl::PeerGroup(int dp) const {
   return ranks;
 }
 
+std::vector<int> TrainingWorker::Impl::GeneratorPeerGroup(int dp) const {
+  std::vector<int> ranks;
+  if (generator) {  // the LLM replica's last stage
+    for (int t = 0; t < llm_grid.tp; ++t) {
+      ranks.push_back(parallel::RankOf(llm_grid, {t, llm_grid.pp - 1, dp}));
+    }
+  } else {
+    for (int t = 0; t < generator_grid.tp; ++t) {
+      ranks.push_back(parallel::RankOf(generator_grid, {t, 0, dp}));
+    }
+  }
+  return ranks;
+}
+
 absl::Status TrainingWorker::Impl::ResolvePeers(const worker::IterationData& d) {
   // Only the TP group's first rank at the modules' border sends across.
-  if (pos.tp != 0 || (encoder ? !last_stage() : !first_stage())) return absl::OkStatus();
+  if (pos.tp != 0) return absl::OkStatus();
+  const auto& bins = d.assignment.bins();
+  if (generator || (!encoder && last_stage() && generator_grid.size() > 0)) {
+    // Between the LLM's last stage and the generator, each bin with output
+    // images (the assignment does not say which: every bin's).
+    const common::v1::Role other =
+        generator ? common::v1::ROLE_LLM_WORKER : common::v1::ROLE_GENERATOR_WORKER;
+    const int replicas = (generator ? llm_grid : generator_grid).dp;
+    std::vector<scheduler::v1::WorkerRef> refs;
+    for (int b : d.bins) {
+      const int dp = generator ? bins[b].llm_rank() : bins[b].generator_rank();
+      if (dp < 0 || dp >= replicas) continue;  // a bad assignment: the send says
+      for (int peer : GeneratorPeerGroup(dp)) {
+        refs.emplace_back().set_role(other);
+        refs.back().set_rank(peer);
+      }
+    }
+    if (absl::Status s = peers->Resolve(refs); !s.ok()) return s;
+    if (generator) return absl::OkStatus();
+  }
+  if (encoder ? !last_stage() : !first_stage()) return absl::OkStatus();
   const common::v1::Role other =
       encoder ? common::v1::ROLE_LLM_WORKER : common::v1::ROLE_ENCODER_WORKER;
   const int replicas = (encoder ? llm_grid : encoder_grid).dp;
   std::vector<scheduler::v1::WorkerRef> refs;
   for (int b : d.bins) {
-    const scheduler::v1::Bin& bin = d.assignment.bins(b);
+    const scheduler::v1::Bin& bin = bins[b];
     const int dp = encoder ? bin.llm_rank() : bin.encoder_rank();
     if (dp < 0 || dp >= replicas)
       continue;  // no tensor crosses (or a bad assignment: the send says)
@@ -93,7 +134,8 @@ absl::Status TrainingWorker::Impl::SendToStage(int step, Transfer what, int64_t 
 absl::Status TrainingWorker::Impl::Receive(Transfer what, int64_t iteration, int bin, size_t n,
                                            int from_dp, Received* out, double* wait) {
   const Transfer kind = TransferKind(what);
-  const bool bridge = kind == Transfer::kEmbeddings || kind == Transfer::kEmbeddingGrads;
+  // Between modules (the bridge, the generator's) the stage is 0.
+  const bool bridge = kind != Transfer::kActivations && kind != Transfer::kActivationGrads;
   const int stage = bridge ? 0 : pos.pp;
   const auto w0 = Clock::now();
   const double s0 = trace::NowMicros();
@@ -425,6 +467,16 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
       seconds[j] += first_forward[j];
       totals.forward += first_forward[j];
       Span("forward", s0, d.iteration, "F mb ", j, " bin ", b);
+      // The query positions' hidden states go to the generator replica that
+      // draws the bin's output images (from the TP group's first rank).
+      if (last_stage() && batches[j].query_positions() > 0 && pos.tp == 0) {
+        auto states = std::make_shared<std::vector<float>>(llm->query_states().ToHost());
+        if (s = SendAcrossGenerator(d.T(Transfer::kQueryStates), d.iteration, b,
+                                    bins[b].generator_rank(), states);
+            !s.ok()) {
+          return s;
+        }
+      }
       if (!last_stage()) {
         if (OverNccl(Transfer::kActivations, /*sending=*/true)) {
           s = SendOnDevice(d.T(Transfer::kActivations), 1, llm->output(), TC, d.iteration, b);
@@ -442,6 +494,17 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     }
     if (!last_stage()) {
       if (s = Receive(d.T(Transfer::kActivationGrads), d.iteration, b, TC, -1, &dout, wait);
+          !s.ok()) {
+        return s;
+      }
+    }
+    // Their gradient from the generator, where something before it trains.
+    const bool query_grads = last_stage() && batches[j].query_positions() > 0 && QueryGradsWanted();
+    Received dquery;
+    if (query_grads) {
+      if (s = Receive(d.T(Transfer::kQueryGrads), d.iteration, b,
+                      static_cast<size_t>(batches[j].query_positions()) * C,
+                      bins[b].generator_rank(), &dquery, wait);
           !s.ok()) {
         return s;
       }
@@ -466,7 +529,8 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     absl::StatusOr<kernels::LossSum> loss =
         llm->Backward(scale, send_image ? Stage(grad.get(), kStageGrad) : nullptr,
                       last_stage() ? nullptr : In(dout, kStageOut),
-                      first_stage() ? nullptr : Stage(din.get(), kStageDin));
+                      first_stage() ? nullptr : Stage(din.get(), kStageDin),
+                      query_grads ? In(dquery, kStageQuery) : nullptr);
     if (!loss.ok()) return loss.status();
     const bool nccl_image = OverNccl(Transfer::kEmbeddingGrads, /*sending=*/true);
     const bool nccl_grads = OverNccl(Transfer::kActivationGrads, /*sending=*/true);
@@ -528,6 +592,108 @@ absl::Status TrainingWorker::Impl::LlmIteration(const IterationData& d, double* 
     t->set_microbatch(bins[d.bins[j]].microbatch());
     t->set_llm_rank(pos.dp);
     t->set_seconds(seconds[j]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingWorker::Impl::SendAcrossGenerator(Transfer what, int64_t iteration, int bin,
+                                                       int dp,
+                                                       std::shared_ptr<std::vector<float>> data) {
+  const int replicas = (generator ? llm_grid : generator_grid).dp;
+  if (dp < 0 || dp >= replicas) {
+    return absl::DataLossError(absl::StrCat("bin ", bin, ": ", generator ? "LLM" : "generator",
+                                            " rank ", dp, " is outside the plan's ", replicas));
+  }
+  const common::v1::Role other =
+      generator ? common::v1::ROLE_LLM_WORKER : common::v1::ROLE_GENERATOR_WORKER;
+  const double s0 = trace::NowMicros();
+  for (int peer : GeneratorPeerGroup(dp)) {
+    absl::StatusOr<std::string> address = peers->Get(other, peer);
+    if (!address.ok()) return address.status();
+    absl::Status s = ucx->Send(*address, WireTag(*scheduler, what, iteration, bin, 0), data->data(),
+                               data->size() * sizeof(float), data);
+    if (!s.ok()) return s;
+  }
+  Span("send", s0, iteration, "send ", TransferName(what), " bin ", bin, " to ",
+       generator ? "LLM" : "generator", " rank ", dp);
+  return absl::OkStatus();
+}
+
+// A generator rank runs its bins slot by slot, each bin's forward then its
+// backward at once: the LLM replica's last stage waits for the gradient
+// before its own backward of that microbatch. Each image's timestep and
+// noise come from the job's seed, the step and the sample's id, as in
+// loom-train-local (MultimodalModel::Forward).
+absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, double* compute,
+                                                      double* wait, double* loss_sum,
+                                                      double* images) {
+  const auto& bins = d.assignment.bins();
+  // The generation loss's scale needs the global batch's output images.
+  double total = 0;
+  for (const auto& [i, s] : d.samples) total += s.num_gen_images;
+  const auto w0 = Clock::now();
+  if (absl::Status s = dp_comm->AllreduceSum(&total, 1); !s.ok()) return s;
+  *wait += Since(w0);
+  const float scale = total > 0 ? static_cast<float>(train.generation_weight / total) : 0.0f;
+  const int Q = model.llm.gen_queries, pixels = model.generator.pixels();
+  const size_t C = model.llm.dim;
+  // Validation batches draw as loom-train-local evaluates: at step 0.
+  const int64_t step = d.validation ? 0 : d.iteration + 1;
+  const bool wanted = QueryGradsWanted();
+  const bool backward = wanted || !frozen.generator;
+  for (int b : d.bins) {
+    GeneratorBatch batch;
+    for (int i : bins[b].indices()) {
+      const Sample& s = d.samples.at(i);
+      if (s.num_gen_images == 0) continue;
+      if (s.gen_images.size() != static_cast<size_t>(s.num_gen_images) * pixels) {
+        return absl::DataLossError(absl::StrCat("bin ", b, ": sample ", i, " came with ",
+                                                s.gen_images.size(), " output image values for ",
+                                                s.num_gen_images, " images"));
+      }
+      batch.images.insert(batch.images.end(), s.gen_images.begin(), s.gen_images.end());
+      for (int k = 0; k < s.num_gen_images; ++k) {
+        GenerationDraw draw = DrawGeneration(job.seed(), step, s.id, k, pixels);
+        batch.t.push_back(draw.t);
+        batch.noise.insert(batch.noise.end(), draw.noise.begin(), draw.noise.end());
+      }
+      batch.N += s.num_gen_images;
+    }
+    if (batch.N == 0) continue;  // the LLM sends nothing for it
+    max_gen_images = std::max<int64_t>(max_gen_images, batch.N);
+    Received cond;
+    const size_t n = static_cast<size_t>(batch.N) * Q * C;
+    if (absl::Status s = Receive(d.T(Transfer::kQueryStates), d.iteration, b, n, bins[b].llm_rank(),
+                                 &cond, wait);
+        !s.ok()) {
+      return s;
+    }
+    const auto t0 = Clock::now();
+    const double s0 = trace::NowMicros();
+    if (absl::Status s = gen->Forward(batch, In(cond, kStageIn)); !s.ok()) return s;
+    *loss_sum += gen->LossSum();
+    *images += batch.N;
+    Span("forward", s0, d.iteration, "F bin ", b);
+    if (!backward) {
+      *compute += Since(t0);
+      continue;
+    }
+    const double s1 = trace::NowMicros();
+    auto dcond = std::make_shared<std::vector<float>>(wanted ? n : 0, 0.0f);
+    if (absl::Status s = gen->Backward(scale, wanted ? Stage(dcond.get(), kStageGrad) : nullptr);
+        !s.ok()) {
+      return s;
+    }
+    if (wanted) Unstage(dcond.get(), kStageGrad);
+    *compute += Since(t0);
+    Span("backward", s1, d.iteration, "B bin ", b);
+    if (!wanted || pos.tp != 0) continue;
+    InjectFault("transfer", d.iteration);
+    if (absl::Status s = SendAcrossGenerator(d.T(Transfer::kQueryGrads), d.iteration, b,
+                                             bins[b].llm_rank(), dcond);
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }

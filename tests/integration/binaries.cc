@@ -102,6 +102,9 @@ absl::StatusOr<common::v1::ServiceInfo> GetInfo(const ServiceBinary& b, const st
     case common::v1::ROLE_LLM_WORKER:
       return CallGetInfo<worker::v1::LlmWorkerService, worker::v1::GetInfoRequest,
                          worker::v1::GetInfoResponse>(target, security);
+    case common::v1::ROLE_GENERATOR_WORKER:
+      return CallGetInfo<worker::v1::GeneratorWorkerService, worker::v1::GetInfoRequest,
+                         worker::v1::GetInfoResponse>(target, security);
     default:
       return absl::InvalidArgumentError("unknown role");
   }
