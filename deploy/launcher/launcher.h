@@ -49,7 +49,8 @@ struct Placement {
 };
 
 // "ROLE[:RANK]@NETNS/ADDRESS,..." (ROLE: preprocess, scheduler,
-// encoder_worker, llm_worker), each namespace existing (/run/netns).
+// encoder_worker, llm_worker, generator_worker), each namespace existing
+// (/run/netns).
 absl::StatusOr<std::vector<Placement>> ParsePlacements(absl::string_view spec);
 
 struct LauncherOptions {

@@ -185,8 +185,14 @@ std::string JsonLine(const loom::scheduler::v1::StepReport& r) {
       r.seconds() > 0 ? r.samples() / r.seconds() : 0.0, r.microbatch_imbalance(),
       r.skipped() ? ",\"skipped\":true" : "",
       r.has_validation_loss()
-          ? absl::StrCat(",\"validation_loss\":", loom::JsonNumber(r.validation_loss(), 6),
-                         ",\"validation_loss_tokens\":", r.validation_loss_tokens())
+          ? absl::StrCat(
+                ",\"validation_loss\":", loom::JsonNumber(r.validation_loss(), 6),
+                ",\"validation_loss_tokens\":", r.validation_loss_tokens(),
+                r.validation_output_images() > 0
+                    ? absl::StrCat(",\"validation_generation_loss\":",
+                                   loom::JsonNumber(r.validation_generation_loss(), 6),
+                                   ",\"validation_output_images\":", r.validation_output_images())
+                    : "")
           : "",
       r.output_images() > 0
           ? absl::StrCat(",\"generation_loss\":", loom::JsonNumber(r.generation_loss(), 6),

@@ -135,6 +135,11 @@ struct ModelConfig {
 enum class Module : int { kEncoder = 0, kProjector = 1, kLlm = 2, kGenerator = 3 };
 inline constexpr const char* kModuleNames[] = {"encoder", "projector", "llm", "generator"};
 inline constexpr int kModelModules = 3;
+// The checkpoint names of the parameter sets, in the same order: the
+// generator's module holds two sets (its own tensors, its denoiser's); the
+// first kModelModules are every model's.
+inline constexpr const char* kCheckpointSets[] = {"encoder", "projector", "llm", "generator",
+                                                  "generator_denoiser"};
 
 // The modules that do not train. LLaVA's stage 1 trains the projector alone
 // (vision and llm frozen), its stage 2 everything but the vision tower. A

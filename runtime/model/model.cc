@@ -152,11 +152,11 @@ namespace {
 constexpr struct {
   Module module;
   const char* name;
-} kParamSets[] = {{Module::kEncoder, "encoder"},
-                  {Module::kProjector, "projector"},
-                  {Module::kLlm, "llm"},
-                  {Module::kGenerator, "generator"},
-                  {Module::kGenerator, "generator_denoiser"}};
+} kParamSets[] = {{Module::kEncoder, kCheckpointSets[0]},
+                  {Module::kProjector, kCheckpointSets[1]},
+                  {Module::kLlm, kCheckpointSets[2]},
+                  {Module::kGenerator, kCheckpointSets[3]},
+                  {Module::kGenerator, kCheckpointSets[4]}};
 
 }  // namespace
 

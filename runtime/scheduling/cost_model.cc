@@ -183,6 +183,18 @@ bool CostModel::ObserveEncoder(const std::vector<SampleShape>& samples, double s
   return true;
 }
 
+bool CostModel::ObserveGenerator(const std::vector<SampleShape>& samples, double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return false;
+  double images = 0;
+  for (const SampleShape& s : samples) images += s.output_images;
+  if (images == 0) return false;  // nothing the generator ran
+  generator_.aty[0] = kDecay * generator_.aty[0] + images * seconds;
+  generator_.ata[0][0] = kDecay * generator_.ata[0][0] + images * images;
+  ++observations_;
+  Refit();
+  return true;
+}
+
 bool CostModel::ObserveLlm(const std::vector<SampleShape>& samples, double seconds) {
   if (!std::isfinite(seconds) || seconds < 0 || samples.empty()) return false;
   std::array<double, 3> x{};
@@ -274,6 +286,9 @@ void CostModel::Refit() {
     coefficients_.set_llm_per_token(t[0]);
     coefficients_.set_llm_per_token_sq(t[1]);
     coefficients_.set_llm_per_sample(t[2]);
+  }
+  if (generator_.ata[0][0] > 0) {
+    coefficients_.set_generator_per_image(std::max(0.0, generator_.aty[0] / generator_.ata[0][0]));
   }
 }
 

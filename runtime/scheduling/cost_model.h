@@ -88,6 +88,9 @@ class CostModel {
   // seconds. Non-finite or negative times are ignored (returns false).
   bool ObserveEncoder(const std::vector<SampleShape>& samples, double seconds);
   bool ObserveLlm(const std::vector<SampleShape>& samples, double seconds);
+  // A generator bin's forward + backward: generator_per_image refits from
+  // its output images (false, ignored, without any).
+  bool ObserveGenerator(const std::vector<SampleShape>& samples, double seconds);
   // One iteration's compute per pipeline stage of a module (one replica):
   // the stage shares move toward its proportions with the fit's decay.
   // False (ignored) for fewer than 2 stages, a count that differs from the
@@ -115,7 +118,7 @@ class CostModel {
   void Refit();
 
   scheduler::v1::CostCoefficients prior_, coefficients_;
-  Fit encoder_, llm_;
+  Fit encoder_, llm_, generator_;
   int observations_ = 0;
 };
 

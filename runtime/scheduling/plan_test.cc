@@ -160,6 +160,25 @@ TEST(CostModelTest, RefitRecoversCoefficientsFromTimings) {
   EXPECT_FALSE(model.ObserveLlm({SampleShape{}}, -1));
 }
 
+// The generator's cost per output image refits from its bins' timings, and
+// a bin without pictures (nothing the generator ran) teaches it nothing.
+TEST(CostModelTest, GeneratorRefitsItsCostPerImage) {
+  scheduler::v1::CostCoefficients prior;
+  prior.set_generator_per_image(1e-3);
+  CostModel model(prior);
+  EXPECT_FALSE(model.ObserveGenerator({SampleShape{}}, 1.0));
+  EXPECT_EQ(model.coefficients().generator_per_image(), 1e-3);
+  const double per_image = 7e-3;
+  for (int k = 0; k < 50; ++k) {
+    SampleShape a, b;
+    a.output_images = 1 + k % 3;
+    b.output_images = k % 2;
+    ASSERT_TRUE(model.ObserveGenerator({a, b}, per_image * (a.output_images + b.output_images)));
+  }
+  EXPECT_NEAR(model.coefficients().generator_per_image() / per_image, 1.0, 1e-9);
+  EXPECT_FALSE(model.ObserveGenerator({SampleShape{}}, NAN));
+}
+
 BatchStats OneVisionLike(double mean_tiles, int global_batch) {
   BatchStats s;
   s.global_batch = global_batch;

@@ -52,7 +52,9 @@ TEST(PrecisionTrainingTest, ABadPrecisionIsRefusedByName) {
 // the runs are not the same run.
 TEST(PrecisionTrainingTest, Bf16TrainsTinyDeepAsFp32Does) {
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
-  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  }
   const std::string job =
       "--config tiny-deep --steps 200 --seed 1 --lr_schedule cosine --min_lr 1e-5";
   const std::vector<PrintedStep> fp32 = Train(job + " --precision fp32"),

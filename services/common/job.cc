@@ -289,8 +289,9 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   }
   if (absl::Status m = CheckJobMemory(job, model->config); !m.ok()) return m;
   if (const std::string& init = job.init().checkpoint(); !init.empty()) {
-    for (int i = 0; i < kModelModules; ++i) {
-      const char* module = kModuleNames[i];
+    const int sets = model->config.has_generator() ? 5 : kModelModules;
+    for (int i = 0; i < sets; ++i) {
+      const char* module = kCheckpointSets[i];
       const std::string path = absl::StrCat(init, "/", module, ".ckpt");
       std::error_code error;
       if (!std::filesystem::is_regular_file(path, error)) {
@@ -491,6 +492,19 @@ absl::Status CheckJobMemory(const job::v1::JobConfig& job, const ModelConfig& mo
           encoder ? absl::StrCat(tiles, " tiles a bin (parallel.encoder_max_tokens)")
                   : absl::StrCat(tokens, " tokens a microbatch (parallel.llm_max_tokens)"),
           gib, e.ToString()));
+    }
+  }
+  if (model.has_generator()) {
+    // A bin's query positions are within its LLM tokens: at most
+    // llm_max_tokens / queries output images.
+    const int64_t images = std::max<int64_t>(1, tokens / std::max(1, model.llm.gen_queries));
+    const MemoryEstimate e = JobGeneratorMemory(job, model, images, /*bins=*/1);
+    if (e.total() > limit) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "device.memory_gib: a generator rank needs %.2f GiB per device at %d output images a "
+          "bin (parallel.llm_max_tokens / %d queries), more than the %.2f GiB of a device (%s)",
+          static_cast<double>(e.total()) / (1ll << 30), images, model.llm.gen_queries, gib,
+          e.ToString()));
     }
   }
   return absl::OkStatus();

@@ -290,6 +290,28 @@ TEST(JobConfig, AJobThatDoesNotFitItsDevicesIsRefused) {
   EXPECT_EQ(ParseAndCheck("device { memory_gib: -1 }").code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The generator's ranks are checked too, at the most output images a bin
+// can hold (llm_max_tokens / queries): the 7B job that fits 16 GiB above
+// does not with vit300m-llm7b-gen's 448M-parameter denoiser on one GPU a
+// replica, and fits 80 GiB.
+TEST(JobConfig, AGeneratorThatDoesNotFitIsRefused) {
+  auto job = [](int gib) {
+    return absl::StrCat(
+        "model: 'vit300m-llm7b-gen' data { global_batch: 64 } device { llm: 'cuda' encoder: "
+        "'cuda' memory_gib: ",
+        gib,
+        " } parallel { llm_max_tokens: 4096 encoder_max_tokens: 4608 llm_dp: 4 llm_tp: 4 "
+        "llm_pp: 2 microbatches: 8 encoder_dp: 2 } precision: 'bf16' optimizer { shard: true }");
+  };
+  absl::Status small = ParseAndCheck(job(16));
+  EXPECT_EQ(small.code(), absl::StatusCode::kResourceExhausted) << small;
+  EXPECT_NE(small.message().find("device.memory_gib: a generator rank needs"), std::string::npos)
+      << small;
+  EXPECT_NE(small.message().find("at 64 output images a bin"), std::string::npos) << small;
+  absl::Status big = ParseAndCheck(job(80));
+  EXPECT_TRUE(big.ok()) << big;
+}
+
 // The memory check prices the recompute choice: keeping the in-flight
 // microbatches' activations (none) takes more than full on the first LLM
 // stage of 1F1B, selective less than none; a device that holds the job

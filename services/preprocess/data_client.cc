@@ -76,6 +76,10 @@ absl::StatusOr<std::vector<Sample>> DataClient::FetchSamples(int64_t iteration,
         tokens_only ? 0
                     : static_cast<int64_t>(t.num_tiles()) * 3 * t.tile_size() * t.tile_size() * 4;
     const int64_t gen_side = t.output_image_size();
+    if (gen_side < 0 || gen_side > (1 << 16) || t.num_output_images() > (1 << 20)) {
+      return absl::DataLossError(
+          absl::StrCat("FetchSamples: inconsistent descriptor for ", t.key()));
+    }
     const int64_t expect_gen =
         output_images ? int64_t{t.num_output_images()} * 3 * gen_side * gen_side * 4 : 0;
     if (t.num_tiles() < 0 || t.num_tokens() < 0 || t.tiles_bytes() != expect ||

@@ -207,7 +207,7 @@ absl::Status SchedulerServiceImpl::CompleteCheckpoint(int64_t step, int64_t gene
   // header read here once, one file at a time, so a load opens only the
   // parts that hold its rank's slices.
   absl::Status s;
-  for (const char* module : kModuleNames) {
+  for (const char* module : kCheckpointSets) {
     std::error_code ec;
     if (!s.ok() || !std::filesystem::exists(ModuleManifestPath(dir, module), ec)) continue;
     s = DescribeModuleParts(dir, module);
@@ -293,6 +293,8 @@ absl::StatusOr<scheduler::v1::Assignment> SchedulerServiceImpl::RecordedAssignme
   for (const scheduler::v1::Bin& b : a.bins()) {
     fits = fits && b.llm_rank() >= 0 && b.llm_rank() < options_.plan.llm().dp() &&
            b.encoder_rank() >= 0 && b.encoder_rank() < options_.plan.encoder().dp() &&
+           (!options_.plan.has_generator() ||
+            (b.generator_rank() >= 0 && b.generator_rank() < options_.plan.generator().dp())) &&
            b.samples_size() == b.indices_size();
     for (int k = 0; fits && k < b.indices_size(); ++k) {
       const int i = b.indices(k);

@@ -116,6 +116,9 @@ SchedulerServiceImpl::SchedulerServiceImpl(Chassis* chassis) : chassis_(chassis)
   loss_ = gauge("loom_train_loss", "Newest iteration's mean loss per loss token.");
   validation_loss_ =
       gauge("loom_validation_loss", "Newest held-out loss (data.validation) per loss token.");
+  generation_loss_ = gauge("loom_train_generation_loss",
+                           "Newest iteration's generation loss per output image (a model with a "
+                           "generator; 0 otherwise).");
   skipped_steps_ = counter("loom_train_skipped_steps_total",
                            "Steps skipped for a non-finite loss or gradient norm (no optimizer "
                            "step); past train.max_skipped_steps the job fails.");
@@ -267,10 +270,10 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
     flops_ = sched::AnalyticFlops(*model, /*recompute=*/false, JobFrozen(options.job));
   }
   // Colocated encoder ranks run on the LLM's GPUs.
-  peak_flops_ =
-      options.peak_flops > 0
-          ? options.peak_flops
-          : p.gpu_peak_flops() * ((p.colocated() ? 0 : p.encoder().gpus()) + p.llm().gpus());
+  peak_flops_ = options.peak_flops > 0
+                    ? options.peak_flops
+                    : p.gpu_peak_flops() * ((p.colocated() ? 0 : p.encoder().gpus()) +
+                                            p.llm().gpus() + p.generator().gpus());
   options_ = accepted;
   if (!options.preprocess.empty()) {
     preprocess_ = data::v1::PreprocessService::NewStub(ServiceChannel(options.preprocess));
@@ -969,6 +972,7 @@ void SchedulerServiceImpl::ObserveStepMetrics(const scheduler::v1::StepReport& r
   tokens_->Increment(static_cast<double>(r.tokens()));
   loss_->Set(r.loss());
   if (r.has_validation_loss()) validation_loss_->Set(r.validation_loss());
+  if (r.output_images() > 0) generation_loss_->Set(r.generation_loss());
   iteration_seconds_->Observe(r.seconds());
   std::shared_ptr<const Computed> c;
   {
@@ -983,7 +987,7 @@ void SchedulerServiceImpl::ObserveStepMetrics(const scheduler::v1::StepReport& r
   for (const sched::SampleShape& s : c->shapes) {
     const double l = s.length();
     flops += flops_.encoder_per_tile * s.tiles + flops_.llm_per_token * l +
-             flops_.llm_per_token_sq * l * l;
+             flops_.llm_per_token_sq * l * l + flops_.generator_per_image * s.output_images;
   }
   mfu_->Set(flops / r.seconds() / peak_flops_);
 }

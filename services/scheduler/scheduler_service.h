@@ -402,6 +402,7 @@ class SchedulerServiceImpl final
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;
   prometheus::Gauge* validation_loss_ = nullptr;
+  prometheus::Gauge* generation_loss_ = nullptr;
   prometheus::Gauge* mfu_ = nullptr;
   prometheus::Histogram* iteration_seconds_ = nullptr;
   prometheus::Histogram* get_assignment_seconds_ = nullptr;

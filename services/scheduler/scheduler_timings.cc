@@ -21,12 +21,18 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
                                                  scheduler::v1::ReportTimingsResponse* response) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
   const common::v1::Role role = request->role();
-  if (role != common::v1::ROLE_ENCODER_WORKER && role != common::v1::ROLE_LLM_WORKER) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError("role: must be ROLE_ENCODER_WORKER or ROLE_LLM_WORKER"));
-  }
   const bool encoder = role == common::v1::ROLE_ENCODER_WORKER;
-  const int dp = encoder ? options_.plan.encoder().dp() : options_.plan.llm().dp();
+  const bool generator = role == common::v1::ROLE_GENERATOR_WORKER;
+  if (!encoder && !generator && role != common::v1::ROLE_LLM_WORKER) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "role: must be ROLE_ENCODER_WORKER, ROLE_LLM_WORKER or ROLE_GENERATOR_WORKER"));
+  }
+  // A generator replica reports its bins (slot and LLM replica each), not
+  // its stages: it has one.
+  const scheduler::v1::ModulePlan& mp = encoder     ? options_.plan.encoder()
+                                        : generator ? options_.plan.generator()
+                                                    : options_.plan.llm();
+  const int dp = mp.dp();
   if (request->rank() < 0 || request->rank() >= dp) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("rank: ", request->rank(), " is outside the plan's ", dp, " DP ranks")));
@@ -36,7 +42,6 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
     absl::MutexLock lock(&mu_);
     // From a process holding a rank of that DP replica (its first stage's
     // TP rank 0 reports).
-    const scheduler::v1::ModulePlan& mp = encoder ? options_.plan.encoder() : options_.plan.llm();
     const parallel::GridShape grid{mp.tp(), mp.pp(), mp.dp()};
     absl::Status holds = absl::PermissionDeniedError(
         absl::StrCat(common::v1::Role_Name(role), " DP rank ", request->rank(),
@@ -63,7 +68,7 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
   std::vector<std::pair<std::vector<sched::SampleShape>, double>> observed;
   for (int k = 0; k < request->timings_size(); ++k) {
     const scheduler::v1::MicrobatchTiming& t = request->timings(k);
-    const int llm_rank = encoder ? t.llm_rank() : request->rank();
+    const int llm_rank = encoder || generator ? t.llm_rank() : request->rank();
     auto bad = [&](const std::string& why) {
       return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("timings[", k, "]: ", why)));
     };
@@ -81,11 +86,15 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
       return bad(absl::StrCat("bin (llm_rank ", llm_rank, ", microbatch ", t.microbatch(),
                               ") belongs to encoder rank ", bin.encoder_rank()));
     }
+    if (generator && bin.generator_rank() != request->rank()) {
+      return bad(absl::StrCat("bin (llm_rank ", llm_rank, ", microbatch ", t.microbatch(),
+                              ") belongs to generator rank ", bin.generator_rank()));
+    }
     std::vector<sched::SampleShape> shapes;
     for (int i : bin.indices()) shapes.push_back(c->shapes[i]);
     observed.emplace_back(std::move(shapes), t.seconds());
   }
-  const int stages = encoder ? options_.plan.encoder().pp() : options_.plan.llm().pp();
+  const int stages = mp.pp();
   if (request->stage_seconds_size() != 0 && request->stage_seconds_size() != stages) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("stage_seconds: ", request->stage_seconds_size(), " entries for the plan's ",
@@ -112,6 +121,20 @@ grpc::Status SchedulerServiceImpl::ReportTimings(grpc::ServerContext*,
         "recompute_seconds, recomputed_forward_seconds: must be finite and non-negative"));
   }
   absl::MutexLock lock(&mu_);
+  if (generator) {  // its time per output image; no stages, forward share or recompute
+    if (request->stage_seconds_size() > 0 || request->forward_seconds() > 0 ||
+        request->recompute_seconds() > 0 || request->recomputed_forward_seconds() > 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          "a generator report holds its bins' timings alone (no stage, forward or recompute "
+          "seconds)"));
+    }
+    if (!options_.fixed_costs) {
+      for (const auto& [shapes, seconds] : observed) costs_->ObserveGenerator(shapes, seconds);
+    }
+    reports_->Increment(static_cast<double>(observed.size()));
+    *response->mutable_costs() = costs_->coefficients();
+    return grpc::Status::OK;
+  }
   if (options_.fixed_costs) {
     reports_->Increment(static_cast<double>(observed.size()));
     *response->mutable_costs() = costs_->coefficients();

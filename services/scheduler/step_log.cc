@@ -58,6 +58,10 @@ absl::Status StepLog::Append(const scheduler::v1::StepReport& r, absl::Time at) 
           ? absl::StrCat(",\"validation_loss\":", JsonNumber(r.validation_loss(), 6),
                          ",\"validation_loss_tokens\":", r.validation_loss_tokens())
           : "",
+      r.output_images() > 0
+          ? absl::StrCat(",\"generation_loss\":", JsonNumber(r.generation_loss(), 6),
+                         ",\"output_images\":", r.output_images())
+          : "",
       ",\"time\":", JsonNumber(UnixSeconds(at), 3), "}\n");
   tensorboard::v1::Event e;
   e.set_wall_time(UnixSeconds(at));
@@ -78,6 +82,11 @@ absl::Status StepLog::Append(const scheduler::v1::StepReport& r, absl::Time at) 
     tensorboard::v1::Summary::Value* value = summary->add_value();
     value->set_tag("validation/loss");
     value->set_simple_value(static_cast<float>(r.validation_loss()));
+  }
+  if (r.output_images() > 0) {
+    tensorboard::v1::Summary::Value* value = summary->add_value();
+    value->set_tag("train/generation_loss");
+    value->set_simple_value(static_cast<float>(r.generation_loss()));
   }
   absl::MutexLock lock(&mu_);
   std::FILE* f = std::fopen(metrics_path_.c_str(), "ab");

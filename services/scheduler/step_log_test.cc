@@ -93,11 +93,28 @@ TEST(StepLogTest, StepsGoToJsonLinesAndTensorBoard) {
   // The same run again (a resume): metrics.jsonl goes on, a new events file.
   absl::StatusOr<std::unique_ptr<StepLog>> again = StepLog::Open(dir, "job-1", /*fresh=*/false);
   ASSERT_TRUE(again.ok());
-  ASSERT_TRUE((*again)->Append(Step(3, 4.0), t0 + absl::Seconds(3)).ok());
+  // A model with a generator: its loss and output images go along.
+  scheduler::v1::StepReport gen = Step(3, 4.0);
+  gen.set_generation_loss(1.25);
+  gen.set_output_images(7);
+  ASSERT_TRUE((*again)->Append(gen, t0 + absl::Seconds(3)).ok());
   text = ReadFile(dir + "/metrics.jsonl");
   EXPECT_EQ(std::vector<std::string>(absl::StrSplit(*text, '\n', absl::SkipEmpty())).size(), 4u);
   EXPECT_NE((*again)->events_path(), events_path);
   EXPECT_EQ(ReadTfRecords(events_path)->size(), 4u) << "the first process's file is left alone";
+  const std::vector<std::string> all = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+  ASSERT_TRUE(JsonNumberField(all[3], "generation_loss", &v)) << all[3];
+  EXPECT_EQ(v, 1.25);
+  ASSERT_TRUE(JsonNumberField(all[3], "output_images", &v)) << all[3];
+  EXPECT_EQ(v, 7);
+  EXPECT_EQ(lines[1].find("generation_loss"), std::string::npos) << "no generator, no field";
+  absl::StatusOr<std::vector<std::string>> resumed = ReadTfRecords((*again)->events_path());
+  ASSERT_TRUE(resumed.ok() && resumed->size() == 2u);
+  tensorboard::v1::Event e;
+  ASSERT_TRUE(e.ParseFromString((*resumed)[1]));
+  std::map<std::string, float> scalars;
+  for (const auto& value : e.summary().value()) scalars[value.tag()] = value.simple_value();
+  EXPECT_FLOAT_EQ(scalars["train/generation_loss"], 1.25f);
   // A new job: metrics.jsonl starts over, its events in a run folder of its own.
   absl::StatusOr<std::unique_ptr<StepLog>> next = StepLog::Open(dir, "job-2", /*fresh=*/true);
   ASSERT_TRUE(next.ok());

@@ -241,7 +241,7 @@ absl::Status TrainingWorker::Impl::Join() {
     sets = {&gen->params(), &gen->denoiser_params()};
     modules = {Module::kGenerator, Module::kGenerator};
     set_tp = {nullptr, tp_comm.get()};
-    set_names = {"generator", "generator_denoiser"};
+    set_names = {kCheckpointSets[3], kCheckpointSets[4]};
   } else {
     llm =
         std::make_unique<Llm>(model.llm, *layers_tp, LlmStageLayers(model, shape.pp, pos.pp), ops);
@@ -506,9 +506,10 @@ absl::Status TrainingWorker::Impl::JobSum(double* v, int n) {
   return module_sum();
 }
 
-absl::Status TrainingWorker::Impl::Validate(int64_t step, double* loss_sum, int64_t* loss_tokens) {
+absl::Status TrainingWorker::Impl::Validate(int64_t step, double* loss_sum, int64_t* loss_tokens,
+                                            double gen[2]) {
   const auto t0 = Clock::now();
-  double sum = 0;
+  double sum = 0, gen_sum = 0, gen_images = 0;
   int64_t tokens_of_loss = 0;
   for (int b = 0; b < ValidationBatches(job); ++b) {
     absl::StatusOr<IterationData> d = Fetch(b, /*validation=*/true);
@@ -521,18 +522,22 @@ absl::Status TrainingWorker::Impl::Validate(int64_t step, double* loss_sum, int6
     double gen_loss = 0, images = 0;
     int64_t lt = 0;
     scheduler::v1::ReportTimingsRequest timings;  // not the cost model's: nothing steps
-    absl::Status s = encoder     ? EncoderIteration(*d, &compute, &wait, &bubble, &timings)
-                     : generator ? GeneratorIteration(*d, &compute, &wait, &gen_loss, &images)
-                                 : LlmIteration(*d, &compute, &wait, &bubble, &timings, &batch_loss,
-                                                &tokens, &samples, &lt);
+    absl::Status s = encoder ? EncoderIteration(*d, &compute, &wait, &bubble, &timings)
+                     : generator
+                         ? GeneratorIteration(*d, &compute, &wait, &timings, &gen_loss, &images)
+                         : LlmIteration(*d, &compute, &wait, &bubble, &timings, &batch_loss,
+                                        &tokens, &samples, &lt);
     if (!s.ok())
       return absl::Status(s.code(), absl::StrCat("validation batch ", b, ": ", s.message()));
     if (pos.tp == 0 && last_stage()) sum += batch_loss;
+    if (pos.tp == 0) gen_sum += gen_loss, gen_images += images;
     tokens_of_loss += lt;
   }
-  double total = encoder || generator ? 0.0 : sum;
-  if (absl::Status s = JobSum(&total, 1); !s.ok()) return s;
-  *loss_sum = total;
+  double total[3] = {encoder || generator ? 0.0 : sum, gen_sum, gen_images};
+  if (absl::Status s = JobSum(total, 3); !s.ok()) return s;
+  *loss_sum = total[0];
+  gen[0] = total[1];
+  gen[1] = total[2];
   *loss_tokens = tokens_of_loss;
   LOOM_LOG(INFO)
           .With("step", step)
@@ -554,10 +559,11 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   for (ParamSet* p : sets) p->ZeroGrad();
   InjectFault("forward", d.iteration);
   double gen_loss = 0, images = 0;
-  absl::Status s = encoder     ? EncoderIteration(d, &compute, &wait, &bubble, &timings)
-                   : generator ? GeneratorIteration(d, &compute, &wait, &gen_loss, &images)
-                               : LlmIteration(d, &compute, &wait, &bubble, &timings, &loss_sum,
-                                              &tokens, &samples, &loss_tokens);
+  absl::Status s = encoder ? EncoderIteration(d, &compute, &wait, &bubble, &timings)
+                   : generator
+                       ? GeneratorIteration(d, &compute, &wait, &timings, &gen_loss, &images)
+                       : LlmIteration(d, &compute, &wait, &bubble, &timings, &loss_sum, &tokens,
+                                      &samples, &loss_tokens);
   if (!s.ok()) return s;
 
   const bool poison = InjectFault("allreduce", d.iteration);
@@ -667,8 +673,7 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   // The replica's timings, summed over its stages; not those of the first
   // iteration this process runs (allocations, page faults and cold caches
   // make it several times slower than the rest).
-  // (The generator's are not refit yet: its cost stays the plan's.)
-  if (!generator && pos.tp == 0 && first_stage() && d.iteration > start_iteration) {
+  if (pos.tp == 0 && first_stage() && d.iteration > start_iteration) {
     StallWatch::Waiting waiting(stall.get());
     if (absl::Status r = scheduler->ReportTimings(timings); !r.ok()) {
       LOOM_LOG(WARNING).With("error", std::string(r.message())) << "timing report failed";
@@ -679,12 +684,12 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
   stall->IterationDone(absl::Seconds(seconds));
   // A held-out loss after every data.validation.every steps (on every rank:
   // its batches cross the same stages and modules), not in the step's time.
-  double validation_sum = 0;
+  double validation_sum = 0, validation_gen[2] = {0, 0};
   int64_t validation_tokens = 0;
   const int every = job.data().validation().every();
   const bool validate = ValidationBatches(job) > 0 && every > 0 && step % every == 0;
   if (validate) {
-    if (s = Validate(step, &validation_sum, &validation_tokens); !s.ok()) return s;
+    if (s = Validate(step, &validation_sum, &validation_tokens, validation_gen); !s.ok()) return s;
   }
   if (!encoder && !generator && options.rank == 0) {
     scheduler::v1::StepReport report;
@@ -705,6 +710,10 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
     if (validate && validation_tokens > 0) {
       report.set_validation_loss(validation_sum / static_cast<double>(validation_tokens));
       report.set_validation_loss_tokens(validation_tokens);
+      if (validation_gen[1] > 0) {
+        report.set_validation_generation_loss(validation_gen[0] / validation_gen[1]);
+        report.set_validation_output_images(static_cast<int64_t>(validation_gen[1]));
+      }
     }
     StallWatch::Waiting waiting(stall.get());
     if (s = scheduler->ReportStep(report); !s.ok()) return s;

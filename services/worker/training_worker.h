@@ -1,6 +1,7 @@
 // One rank of a disaggregated training job: an encoder worker (ViT +
-// projector) or an LLM worker. loom-encoder-worker and loom-llm-worker run
-// one each, next to their gRPC service.
+// projector), an LLM worker, or a generator worker (a model with a
+// generator). loom-encoder-worker, loom-llm-worker and loom-generator-worker
+// run one each, next to their gRPC service.
 //
 // Each module is a grid of tp x dp ranks (runtime/parallel/grid.h, rank =
 // dp * tp_size + tp); "rank e" below is a DP replica, a TP group whose ranks
@@ -36,6 +37,14 @@
 // fetched while this one computes. Every K iterations each module's DP replica 0 gathers its master
 // tensors over its TP group, its rank 0 writes them, and every rank reports to the scheduler, which
 // completes the checkpoint. LLM rank 0 reports each step's loss.
+//
+// A generator replica (its own tp x dp grid, one stage) takes the bins
+// with its generator_rank, slot by slot across the LLM replicas: the LLM's
+// last stage sends each microbatch's query states after its forward and
+// waits for their gradient before its backward; the generator runs the
+// bin's forward and backward at once and sends the gradient back (none
+// where nothing before it trains). Its Σ g², generation loss and output
+// images join the job group's sums.
 //
 // Summation order is fixed (bins in assignment order, ring allreduce), so a
 // run is deterministic given its assignments.

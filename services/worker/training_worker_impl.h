@@ -334,7 +334,9 @@ struct TrainingWorker::Impl {
   // forward and backward through the iteration's own stages, and steps
   // nothing; the gradients are dropped by the next iteration's ZeroGrad):
   // on LLM rank 0 the job's loss sum and loss tokens, elsewhere zeros.
-  absl::Status Validate(int64_t step, double* loss_sum, int64_t* loss_tokens);
+  // `gen` (a model with a generator): the generation loss's sum over the
+  // held-out output images, and their count.
+  absl::Status Validate(int64_t step, double* loss_sum, int64_t* loss_tokens, double gen[2]);
   // In place: v[i] = Σ over every worker of the job of v[i] (the global
   // norm, the loss), reduced over the module's own groups (DP, PP, TP: the
   // module's total), across the bridge, then handed back out over the same
@@ -375,14 +377,14 @@ struct TrainingWorker::Impl {
   // query states from the bin's LLM replica, forward, backward (scale
   // λ / the global batch's output images), their gradient back.
   // `loss_sum` gets Σ over its images of their loss, `images` their count.
+  // `timings` gets each bin's forward + backward seconds.
   absl::Status GeneratorIteration(const worker::IterationData& d, double* compute, double* wait,
-                                  double* loss_sum, double* images);
+                                  scheduler::v1::ReportTimingsRequest* timings, double* loss_sum,
+                                  double* images);
   // Whether the LLM's last stage wants the query states' gradient: something
   // before the generator trains (the model's rule, MultimodalModel).
   bool QueryGradsWanted() const { return !frozen.llm || !frozen.encoder_side(); }
-  // The output images of a bin's samples and the query positions they
-  // take in the LLM (output images × queries).
-  int OutputImages(const worker::IterationData& d, const scheduler::v1::Bin& bin) const;
+
   absl::Status Checkpoint(int64_t step);
   // Waits for the background write of the previous checkpoint (if any) and
   // returns how it ended (its part written and reported).

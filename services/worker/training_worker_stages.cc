@@ -47,13 +47,6 @@ absl::Status TrainingWorker::Impl::ForwardEncoder(const float* in, int n,
   return absl::OkStatus();
 }
 
-int TrainingWorker::Impl::OutputImages(const IterationData& d,
-                                       const scheduler::v1::Bin& bin) const {
-  int n = 0;
-  for (int i : bin.indices()) n += d.samples.at(i).num_gen_images;
-  return n;
-}
-
 std::vector<int> TrainingWorker::Impl::PeerGroup(int dp) const {
   const parallel::GridShape& other = encoder ? llm_grid : encoder_grid;
   const int stage = encoder ? 0 : other.pp - 1;
@@ -625,8 +618,9 @@ absl::Status TrainingWorker::Impl::SendAcrossGenerator(Transfer what, int64_t it
 // noise come from the job's seed, the step and the sample's id, as in
 // loom-train-local (MultimodalModel::Forward).
 absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, double* compute,
-                                                      double* wait, double* loss_sum,
-                                                      double* images) {
+                                                      double* wait,
+                                                      scheduler::v1::ReportTimingsRequest* timings,
+                                                      double* loss_sum, double* images) {
   const auto& bins = d.assignment.bins();
   // The generation loss's scale needs the global batch's output images.
   double total = 0;
@@ -674,8 +668,16 @@ absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, do
     *loss_sum += gen->LossSum();
     *images += batch.N;
     Span("forward", s0, d.iteration, "F bin ", b);
+    auto timed = [&] {
+      const double seconds = Since(t0);
+      *compute += seconds;
+      scheduler::v1::MicrobatchTiming* t = timings->add_timings();
+      t->set_microbatch(bins[b].microbatch());
+      t->set_llm_rank(bins[b].llm_rank());
+      t->set_seconds(seconds);
+    };
     if (!backward) {
-      *compute += Since(t0);
+      timed();
       continue;
     }
     const double s1 = trace::NowMicros();
@@ -685,7 +687,7 @@ absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, do
       return s;
     }
     if (wanted) Unstage(dcond.get(), kStageGrad);
-    *compute += Since(t0);
+    timed();
     Span("backward", s1, d.iteration, "B bin ", b);
     if (!wanted || pos.tp != 0) continue;
     InjectFault("transfer", d.iteration);

@@ -1,4 +1,5 @@
-// main() of loom-encoder-worker and loom-llm-worker: the chassis with the
+// main() of loom-encoder-worker, loom-llm-worker and loom-generator-worker:
+// the chassis with the
 // role's gRPC service and, given --scheduler, one training rank
 // (training_worker.h) until SIGTERM or the end of the job.
 #ifndef LOOM_SERVICES_WORKER_WORKER_MAIN_H_

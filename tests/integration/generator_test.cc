@@ -21,6 +21,9 @@
 #include "kernels/testing/tolerances.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
+#include "runtime/checkpoint/steps.h"
+#include "runtime/model/config.h"
+#include "runtime/scheduling/plan.h"
 #include "tests/integration/binaries.h"
 #include "tests/integration/training_runs.h"
 
@@ -35,7 +38,8 @@ struct GenStep {
   int64_t output_images = 0;
 };
 
-std::vector<GenStep> GenSteps(const std::string& out, const std::string& what) {
+// Steps `first`..kGenSteps of a run's output.
+std::vector<GenStep> GenSteps(const std::string& out, const std::string& what, int first = 1) {
   std::map<int, GenStep> by_step;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     double step = 0, images = 0;
@@ -47,7 +51,7 @@ std::vector<GenStep> GenSteps(const std::string& out, const std::string& what) {
     by_step[static_cast<int>(step)] = r;
   }
   std::vector<GenStep> steps;
-  for (int s = 1; s <= kGenSteps; ++s) {
+  for (int s = first; s <= kGenSteps; ++s) {
     EXPECT_EQ(by_step.count(s), 1u) << what << ": no step " << s << " in\n" << out;
     steps.push_back(by_step.count(s) ? by_step[s] : GenStep{});
   }
@@ -63,32 +67,41 @@ class GeneratorTest : public ::testing::Test {
                                       "--samples=96", "--out=" + data_},
                                      "gen-datagen.log", &rc);
     ASSERT_EQ(rc, 0) << out;
-    local_ = Local("", "gen-local.log");
+    local_ = Local("", "gen-local.log",
+                   {"--checkpoint_dir=" + TempPath("gen-local-ckpt"),
+                    absl::StrCat("--checkpoint_every=", kGenSteps)});
     local_generator_only_ = Local("vision,projector,llm", "gen-local-generator-only.log");
     local_frozen_generator_ = Local("generator", "gen-local-frozen-generator.log");
   }
 
-  static std::vector<GenStep> Local(const std::string& freeze, const std::string& log) {
+  static std::vector<GenStep> Local(const std::string& freeze, const std::string& log,
+                                    const std::vector<std::string>& flags = {}) {
     int rc = 0;
-    const std::string out =
-        RunToEnd({Runfile("runtime/train/loom-train-local"), "--config=tiny-gen",
-                  absl::StrCat("--steps=", kGenSteps), "--seed=1", "--batch_size=16",
-                  "--shards=" + data_ + "/*.tar", "--freeze=" + freeze},
-                 log, &rc);
+    std::vector<std::string> argv = {Runfile("runtime/train/loom-train-local"),
+                                     "--config=tiny-gen",
+                                     absl::StrCat("--steps=", kGenSteps),
+                                     "--seed=1",
+                                     "--batch_size=16",
+                                     "--shards=" + data_ + "/*.tar",
+                                     "--freeze=" + freeze};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::string out = RunToEnd(argv, log, &rc);
     EXPECT_EQ(rc, 0) << out;
     return GenSteps(out, "loom-train-local --freeze=" + freeze);
   }
 
-  // `loom up` of tiny-gen with `parallel` (and `extra` job text), with
-  // `flags` and LOOM_FAULTS `faults` (services/worker/fault_injection.h).
+  // `loom up` of tiny-gen with `parallel` (and `extra` job text, `data`
+  // fields), with `flags` and LOOM_FAULTS `faults`
+  // (services/worker/fault_injection.h).
   static std::vector<GenStep> Up(const std::string& name, const std::string& parallel,
                                  const std::string& extra = "", const std::string& faults = "",
-                                 const std::vector<std::string>& flags = {}) {
+                                 const std::vector<std::string>& flags = {}, int first = 1,
+                                 const std::string& data = "") {
     const std::string config = TempPath(name + ".txtpb");
     EXPECT_TRUE(WriteFileAtomically(
                     config, absl::StrCat("algorithm: 'loom'\nseed: 1\nmodel: 'tiny-gen'\n",
-                                         "data { shards: '", data_, "/*.tar' global_batch: 16 }\n",
-                                         "parallel { ", parallel, " }\n", extra))
+                                         "data { shards: '", data_, "/*.tar' global_batch: 16 ",
+                                         data, " }\n", "parallel { ", parallel, " }\n", extra))
                     .ok());
     std::vector<std::string> argv = {Runfile("deploy/launcher/loom-up"),
                                      "--bin_dir=" + Runfile(""),
@@ -107,13 +120,13 @@ class GeneratorTest : public ::testing::Test {
     unsetenv("LOOM_FAULTS");
     unsetenv("LOOM_FAULTS_FIRED");
     EXPECT_EQ(rc, 0) << out;
-    return GenSteps(out, name);
+    return GenSteps(out, name, first);
   }
 
   // Every step's LM loss, generation loss and norm within the disaggregated
   // tolerances of the reference's, and the same output images.
   static void ExpectSame(const std::vector<GenStep>& got, const std::vector<GenStep>& want,
-                         const std::string& what) {
+                         const std::string& what, int first = 1) {
     ASSERT_EQ(got.size(), want.size());
     double worst[3] = {0, 0, 0};
     for (size_t i = 0; i < want.size(); ++i) {
@@ -130,14 +143,15 @@ class GeneratorTest : public ::testing::Test {
       };
       for (int f = 0; f < 3; ++f) {
         const auto& x = fields[f];
-        ASSERT_TRUE(std::isfinite(x.w)) << what << ", step " << i + 1 << ": reference " << x.name;
+        ASSERT_TRUE(std::isfinite(x.w))
+            << what << ", step " << i + first << ": reference " << x.name;
         EXPECT_LE(std::abs(x.g - x.w), testing::Allowed(x.tol, x.w))
-            << what << ", step " << i + 1 << ": " << x.name << " " << x.g << " vs " << x.w << " ("
-            << x.tol.reason << ")";
+            << what << ", step " << i + first << ": " << x.name << " " << x.g << " vs " << x.w
+            << " (" << x.tol.reason << ")";
         worst[f] = std::max(worst[f], std::abs(x.g - x.w) / std::abs(x.w));
       }
-      EXPECT_EQ(got[i].output_images, want[i].output_images) << what << ", step " << i + 1;
-      EXPECT_GT(want[i].output_images, 0) << "step " << i + 1 << " drew no picture";
+      EXPECT_EQ(got[i].output_images, want[i].output_images) << what << ", step " << i + first;
+      EXPECT_GT(want[i].output_images, 0) << "step " << i + first << " drew no picture";
     }
     std::printf(
         "%s: largest relative difference over %zu steps: loss %.2e, generation_loss %.2e, "
@@ -168,6 +182,37 @@ TEST_F(GeneratorTest, GeneratorDataParallelMatchesTheSingleProcessRun) {
              "generator DP 2 vs loom-train-local");
 }
 
+// Every tensor of the step-8 checkpoint (the generator's two sets with the
+// rest) equals loom-train-local's, and its step 4 resumed under another
+// generator layout (DP 2 -> TP 2) trains steps 5-8 as the reference does.
+TEST_F(GeneratorTest, CheckpointsMatchAndResumeUnderAnotherLayout) {
+  const std::string layout = "encoder_dp: 1 llm_dp: 2 microbatches: 2 generator_dp: 2";
+  ExpectSame(Up("gen-ckpt", layout, "checkpoint { every: 4 }\n"), local_,
+             "generator DP 2, checkpointing, vs loom-train-local");
+  ExpectSameCheckpoints("tiny-gen", StepDir(TempPath("gen-ckpt") + "/checkpoints", kGenSteps),
+                        StepDir(TempPath("gen-local-ckpt"), kGenSteps),
+                        "generator DP 2 vs loom-train-local, step 8");
+  // The generator ranks' timings refit its cost per output image: the
+  // scheduler's costs kept with the checkpoint moved off the plan's prior
+  // (an H100's analytic time: this CPU takes far longer).
+  absl::StatusOr<std::string> costs = ReadFile(
+      StepDir(TempPath("gen-ckpt") + "/checkpoints", kGenSteps) + "/scheduler_costs.binpb");
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  scheduler::v1::CostCoefficients refit;
+  ASSERT_TRUE(refit.ParseFromString(*costs));
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny-gen");
+  ASSERT_TRUE(model.ok());
+  const double prior =
+      sched::CoefficientsOnOneGpu(*model, sched::ClusterSpec()).generator_per_image();
+  EXPECT_GT(prior, 0);
+  EXPECT_GT(refit.generator_per_image(), 10 * prior) << "no generator timing refit its cost";
+  const std::vector<GenStep> resumed =
+      Up("gen-ckpt", "encoder_dp: 1 llm_dp: 2 microbatches: 2 generator_tp: 2",
+         "checkpoint { every: 4 }\n", "", {"--resume_step=4"}, /*first=*/5);
+  ExpectSame(resumed, std::vector<GenStep>(local_.begin() + 4, local_.end()),
+             "step 4 resumed as generator TP 2 vs loom-train-local", /*first=*/5);
+}
+
 TEST_F(GeneratorTest, GeneratorTensorParallelMatchesTheSingleProcessRun) {
   // Its one replica takes the bins of both LLM replicas (fan-in and out),
   // each of those a TP 2 group (every rank holds the query states).
@@ -196,6 +241,59 @@ TEST_F(GeneratorTest, KilledGeneratorWorkersRecoverWithTheSameLosses) {
     EXPECT_TRUE(std::filesystem::exists(TempPath("gen-faults-faults") + "/" + entry)) << entry;
   }
   ExpectSame(got, local_, "generator workers killed and replaced vs loom-train-local");
+}
+
+// A held-out set every 4 steps: its LM loss and its generation loss (drawn
+// at step 0, the same draws each time) equal loom-train-local's.
+TEST_F(GeneratorTest, ValidationLossesMatch) {
+  int rc = 0;
+  const std::string held_out = TempPath("gen-held-out");
+  RunToEnd({Runfile("runtime/data/loom-datagen"), "--preset=generation", "--samples=32", "--seed=9",
+            "--out=" + held_out},
+           "gen-datagen-held-out.log", &rc);
+  ASSERT_EQ(rc, 0);
+  // step -> (validation loss, validation generation loss).
+  auto validation = [](const std::string& out) {
+    std::map<int, std::pair<double, double>> by_step;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      double step = 0, loss = 0, gen = 0;
+      if (JsonNumberField(line, "step", &step) && JsonNumberField(line, "validation_loss", &loss) &&
+          JsonNumberField(line, "validation_generation_loss", &gen)) {
+        by_step[static_cast<int>(step)] = {loss, gen};
+      }
+    }
+    return by_step;
+  };
+  const std::string flags[] = {"--validation_shards=" + held_out + "/*.tar",
+                               "--validation_samples=32", "--validation_every=4"};
+  std::vector<std::string> argv = {Runfile("runtime/train/loom-train-local"),
+                                   "--config=tiny-gen",
+                                   absl::StrCat("--steps=", kGenSteps),
+                                   "--seed=1",
+                                   "--batch_size=16",
+                                   "--shards=" + data_ + "/*.tar"};
+  argv.insert(argv.end(), std::begin(flags), std::end(flags));
+  const std::string local_out = RunToEnd(argv, "gen-local-validation.log", &rc);
+  ASSERT_EQ(rc, 0) << local_out;
+  const auto want = validation(local_out);
+  ASSERT_EQ(want.size(), 2u) << local_out;
+  const std::string out_name = "gen-validation";
+  ExpectSame(Up(out_name, "encoder_dp: 1 llm_dp: 2 microbatches: 2 generator_dp: 2", "", "", {}, 1,
+                absl::StrCat("validation { shards: '", held_out, "/*.tar' every: 4 samples: 32 }")),
+             local_, "generator DP 2 with validation vs loom-train-local without");
+  absl::StatusOr<std::string> got_out = ReadFile(TempPath(out_name + ".log"));
+  ASSERT_TRUE(got_out.ok());
+  const auto got = validation(*got_out);
+  ASSERT_EQ(got.size(), 2u) << *got_out;
+  for (const auto& [step, w] : want) {
+    ASSERT_EQ(got.count(step), 1u) << step;
+    const auto& g = got.at(step);
+    const testing::Tolerance& tol = testing::kDisaggregatedVsLocalValidationLoss;
+    EXPECT_LE(std::abs(g.first - w.first), testing::Allowed(tol, w.first)) << "step " << step;
+    EXPECT_LE(std::abs(g.second - w.second), testing::Allowed(tol, w.second)) << "step " << step;
+    std::printf("step %d: validation loss %.6f vs %.6f, generation %.6f vs %.6f\n", step, g.first,
+                w.first, g.second, w.second);
+  }
 }
 
 TEST_F(GeneratorTest, AFrozenGeneratorMatches) {

@@ -109,10 +109,11 @@ void ExpectSameCheckpoints(const std::string& config, const std::string& got_ste
   ASSERT_TRUE(c.ok()) << c.status();
   MultimodalModel model(*c);
   int64_t compared = 0;
-  for (Module m : {Module::kEncoder, Module::kProjector, Module::kLlm}) {
-    const char* name = kModuleNames[static_cast<int>(m)];
-    ParamSet got = model.param_sets()[static_cast<int>(m)]->MasterLayout();
-    ParamSet want = model.param_sets()[static_cast<int>(m)]->MasterLayout();
+  const std::vector<std::string> names = model.param_set_names();  // a generator's two too
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::string& name = names[k];
+    ParamSet got = model.param_sets()[k]->MasterLayout();
+    ParamSet want = model.param_sets()[k]->MasterLayout();
     absl::Status g = LoadModuleCheckpoint(got_step, name, &got);
     absl::Status w = LoadModuleCheckpoint(want_step, name, &want);
     ASSERT_TRUE(g.ok()) << what << ": " << g;
@@ -147,7 +148,7 @@ void ExpectSameCheckpoints(const std::string& config, const std::string& got_ste
         }
       }
       std::printf("%s: %s %s: largest difference %.2e of its tensor's largest magnitude (%s)\n",
-                  what.c_str(), name, a.kind, worst, worst_tensor.c_str());
+                  what.c_str(), name.c_str(), a.kind, worst, worst_tensor.c_str());
       EXPECT_TRUE(over.empty()) << what << ": " << name << " " << a.kind << " of "
                                 << absl::StrJoin(over, ", ") << " differ by more than " << tol.rtol
                                 << " of their largest magnitude, " << worst_tensor << " by "

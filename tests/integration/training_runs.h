@@ -54,8 +54,9 @@ void ExpectSameSteps(const std::vector<StepResult>& got, const std::vector<StepR
                      const std::string& what, const testing::Tolerance& loss_tol,
                      const testing::Tolerance& norm_tol);
 
-// Every tensor of every module of two step folders (weights, AdamW's m and
-// v, and the optimizer step) of a `config` model equal within
+// Every tensor of every parameter set of two step folders (weights, AdamW's
+// m and v, and the optimizer step) of a `config` model (a generator's two
+// sets too) equal within
 // kDisaggregatedVsLocalCheckpoint; prints the largest difference of each.
 void ExpectSameCheckpoints(const std::string& config, const std::string& got_step,
                            const std::string& want_step, const std::string& what);
