@@ -654,7 +654,8 @@ int main(int argc, char** argv) {
                        par.generator_tp() * par.generator_pp() * par.generator_dp();
   const std::string generator =
       par.generator_dp() > 0
-          ? absl::StrFormat(", generator TP %d x DP %d", par.generator_tp(), par.generator_dp())
+          ? absl::StrFormat(", generator TP %d x PP %d x DP %d", par.generator_tp(),
+                            par.generator_pp(), par.generator_dp())
           : "";
   std::fprintf(info,
                "loom up: job %s: model %s, encoder TP %d x PP %d x DP %d, LLM TP %d x PP %d x DP "

@@ -67,33 +67,50 @@ GenerationDraw DrawGeneration(uint64_t seed, int64_t step, uint64_t sample, int 
   return d;
 }
 
-Generator::Generator(const GeneratorConfig& c, Communicator* tp, Ops* ops)
-    : config_(c), ops_(ops), vit_(DenoiserOf(c), tp, {}, ops), params_(ShardOf(tp)) {
+LayerRange GeneratorStageLayers(const GeneratorConfig& c, int pp, int stage) {
+  const int L = c.denoiser.layers;
+  return {stage * L / pp, (stage + 1) * L / pp};
+}
+
+Generator::Generator(const GeneratorConfig& c, Communicator* tp, Ops* ops, LayerRange layers)
+    : config_(c), ops_(ops), vit_(DenoiserOf(c), tp, layers, ops), params_(ShardOf(tp)) {
   config_.denoiser = DenoiserOf(c);
   LOOM_CHECK(c.queries >= 1 && c.cond_dim >= 1 && c.time_freqs >= 2 && c.time_freqs % 2 == 0)
       << "generator queries " << c.queries << ", cond_dim " << c.cond_dim << ", time_freqs "
       << c.time_freqs;
   const int64_t D = c.denoiser.dim, Fq = c.time_freqs, PD = c.denoiser.patch_dim();
   const float std = 0.02f;
-  t1_w_ = params_.Add("time.fc1.weight", {D, Fq}, Init::kNormal, std);
-  t1_b_ = params_.Add("time.fc1.bias", {D}, Init::kZeros);
-  t2_w_ = params_.Add("time.fc2.weight", {D, D}, Init::kNormal, std);
-  t2_b_ = params_.Add("time.fc2.bias", {D}, Init::kZeros);
-  c_w_ = params_.Add("cond.weight", {D, c.cond_dim}, Init::kNormal, std);
-  c_b_ = params_.Add("cond.bias", {D}, Init::kZeros);
-  head_w_ = params_.Add("head.weight", {PD, D}, Init::kNormal, std);
-  head_b_ = params_.Add("head.bias", {PD}, Init::kZeros);
+  // The timestep MLP and the conditions' projection feed the first stage's
+  // prefix rows; the patch head follows the last stage.
+  if (first_stage()) {
+    t1_w_ = params_.Add("time.fc1.weight", {D, Fq}, Init::kNormal, std);
+    t1_b_ = params_.Add("time.fc1.bias", {D}, Init::kZeros);
+    t2_w_ = params_.Add("time.fc2.weight", {D, D}, Init::kNormal, std);
+    t2_b_ = params_.Add("time.fc2.bias", {D}, Init::kZeros);
+    c_w_ = params_.Add("cond.weight", {D, c.cond_dim}, Init::kNormal, std);
+    c_b_ = params_.Add("cond.bias", {D}, Init::kZeros);
+  }
+  if (last_stage()) {
+    head_w_ = params_.Add("head.weight", {PD, D}, Init::kNormal, std);
+    head_b_ = params_.Add("head.bias", {PD}, Init::kZeros);
+  }
   params_.Finalize();
   for (Buffer<float>* b : {&freqs_, &th_, &tg_, &cond_, &y_, &err_})
     b->set_backend(ops_->backend());
 }
 
 absl::Status Generator::Run(const std::vector<float>& x_t, const std::vector<float>& t,
-                            const float* cond, int N) {
+                            const float* in, int N, float* out) {
   const GeneratorConfig& c = config_;
   const int D = c.denoiser.dim, Fq = c.time_freqs, Q = c.queries, K = 1 + Q,
-            Np = c.denoiser.patches_per_tile(), PD = c.denoiser.patch_dim();
+            Np = c.denoiser.patches_per_tile();
   N_ = N;
+  if (!first_stage()) {  // the previous stage's rows
+    y_.resize(last_stage() ? static_cast<size_t>(N) * Np * D : 0);
+    if (absl::Status s = vit_.Forward(in, N, last_stage() ? y_.data() : out); !s.ok()) return s;
+    return last_stage() ? Head(N) : absl::OkStatus();
+  }
+  const float* cond = in;
   // sinusoid(time_scale · t): [cos(a f_i)..., sin(a f_i)...], f_i =
   // 10000^(-i / half) (DiT's TimestepEmbedder).
   std::vector<float> f(static_cast<size_t>(N) * Fq);
@@ -128,8 +145,17 @@ absl::Status Generator::Run(const std::vector<float>& x_t, const std::vector<flo
     ops_->copy(p + D, cp.data() + static_cast<size_t>(n) * Q * D, static_cast<int64_t>(Q) * D);
   }
   xt.CopyFromHost(x_t.data(), x_t.size());
-  y_.resize(static_cast<size_t>(N) * Np * D);
-  if (absl::Status s = vit_.Forward(xt.data(), N, y_.data(), prefix.data()); !s.ok()) return s;
+  y_.resize(last_stage() ? static_cast<size_t>(N) * Np * D : 0);
+  if (absl::Status s = vit_.Forward(xt.data(), N, last_stage() ? y_.data() : out, prefix.data());
+      !s.ok()) {
+    return s;
+  }
+  return last_stage() ? Head(N) : absl::OkStatus();
+}
+
+absl::Status Generator::Head(int N) {
+  const GeneratorConfig& c = config_;
+  const int D = c.denoiser.dim, Np = c.denoiser.patches_per_tile(), PD = c.denoiser.patch_dim();
   err_.resize(static_cast<size_t>(N) * Np * PD);
   ops_->linear_forward(err_.data(), y_.data(), params_.weight(head_w_), params_.param(head_b_),
                        N * Np, D, PD);
@@ -137,6 +163,11 @@ absl::Status Generator::Run(const std::vector<float>& x_t, const std::vector<flo
 }
 
 absl::Status Generator::Forward(const GeneratorBatch& b, const float* cond) {
+  LOOM_CHECK(first_stage() && last_stage()) << "Generator::Forward of one stage: ForwardStage";
+  return ForwardStage(b, cond, nullptr);
+}
+
+absl::Status Generator::ForwardStage(const GeneratorBatch& b, const float* in, float* out) {
   const GeneratorConfig& c = config_;
   const size_t want = static_cast<size_t>(b.N) * c.pixels();
   if (b.N < 1 || b.images.size() != want || b.noise.size() != want ||
@@ -158,7 +189,9 @@ absl::Status Generator::Forward(const GeneratorBatch& b, const float* cond) {
       neg_v[i] = b.images[i] - b.noise[i];  // -(ε - x0)
     }
   }
-  if (absl::Status s = Run(x_t, b.t, cond, b.N); !s.ok()) return s;
+  if (absl::Status s = Run(x_t, b.t, in, b.N, out); !s.ok()) return s;
+  loss_sum_ = 0;
+  if (!last_stage()) return absl::OkStatus();
   // err = v̂ - v, in patch rows (the loss sums over every pixel alike).
   Buffer<float> target(ops_->backend()), rows(ops_->backend());
   target.CopyFromHost(neg_v.data(), want);
@@ -170,20 +203,30 @@ absl::Status Generator::Forward(const GeneratorBatch& b, const float* cond) {
 }
 
 absl::Status Generator::Backward(float grad_scale, float* dcond) {
+  LOOM_CHECK(first_stage() && last_stage()) << "Generator::Backward of one stage: BackwardStage";
+  return BackwardStage(grad_scale, nullptr, dcond);
+}
+
+absl::Status Generator::BackwardStage(float grad_scale, const float* dout, float* din) {
   const GeneratorConfig& c = config_;
   const int N = N_, D = c.denoiser.dim, Fq = c.time_freqs, Q = c.queries, K = 1 + Q,
             Np = c.denoiser.patches_per_tile(), PD = c.denoiser.patch_dim();
   LOOM_CHECK(N > 0) << "Generator::Backward without a Forward";
   Buffer<float> dpred(ops_->backend()), dy(ops_->backend()), dprefix(ops_->backend()),
       dtemb(ops_->backend()), dcp(ops_->backend()), dtg(ops_->backend()), dth(ops_->backend());
-  // d(Σ err² / pixels) = 2 err / pixels.
-  dpred.CopyFrom(err_);
-  ops_->scale(dpred.data(), 2.0f * grad_scale / c.pixels(), static_cast<int64_t>(dpred.size()));
-  dy.Zeros(static_cast<size_t>(N) * Np * D);
-  ops_->linear_backward(dy.data(), params_.grad(head_w_), params_.grad(head_b_), dpred.data(),
-                        y_.data(), params_.weight(head_w_), N * Np, D, PD);
+  if (last_stage()) {
+    // d(Σ err² / pixels) = 2 err / pixels.
+    dpred.CopyFrom(err_);
+    ops_->scale(dpred.data(), 2.0f * grad_scale / c.pixels(), static_cast<int64_t>(dpred.size()));
+    dy.Zeros(static_cast<size_t>(N) * Np * D);
+    ops_->linear_backward(dy.data(), params_.grad(head_w_), params_.grad(head_b_), dpred.data(),
+                          y_.data(), params_.weight(head_w_), N * Np, D, PD);
+    dout = dy.data();
+  }
+  if (!first_stage()) return vit_.Backward(dout, din);
+  float* dcond = din;
   dprefix.Zeros(static_cast<size_t>(N) * K * D);
-  if (absl::Status s = vit_.Backward(dy.data(), nullptr, dprefix.data()); !s.ok()) return s;
+  if (absl::Status s = vit_.Backward(dout, nullptr, dprefix.data()); !s.ok()) return s;
   dtemb.resize(static_cast<size_t>(N) * D);
   dcp.resize(static_cast<size_t>(N) * Q * D);
   for (int n = 0; n < N; ++n) {
@@ -216,7 +259,8 @@ absl::StatusOr<std::vector<float>> Generator::Velocity(const std::vector<float>&
                                                    " images: ", x_t.size(), " pixels and ",
                                                    t.size(), " timesteps"));
   }
-  if (absl::Status s = Run(x_t, t, cond, N); !s.ok()) return s;
+  LOOM_CHECK(first_stage() && last_stage()) << "Generator::Velocity of one stage";
+  if (absl::Status s = Run(x_t, t, cond, N, nullptr); !s.ok()) return s;
   const std::vector<float> rows = err_.ToHost();
   std::vector<float> v(x_t.size());
   Unpatchify(rows.data(), N, c.denoiser.tile_size, c.denoiser.patch, v.data());

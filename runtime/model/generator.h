@@ -18,7 +18,11 @@
 // to t = 0 by Euler steps.
 //
 // Tensor parallelism: the ViT's (its own); the timestep MLP, the condition
-// projection and the head are replicated. Precision: the parameters'
+// projection and the head are replicated. Pipeline parallelism: a stage
+// holds a range of the denoiser's blocks (GeneratorStageLayers), the first
+// also the timestep MLP and the conditions' projection (its prefix rows),
+// the last the final LayerNorm and the head (the loss); between stages
+// travel every row of every image, (N · seq, D). Precision: the parameters'
 // (ParamSet::Place), as in the other modules.
 #ifndef LOOM_RUNTIME_MODEL_GENERATOR_H_
 #define LOOM_RUNTIME_MODEL_GENERATOR_H_
@@ -54,11 +58,22 @@ struct GenerationDraw {
 };
 GenerationDraw DrawGeneration(uint64_t seed, int64_t step, uint64_t sample, int image, int pixels);
 
+// Pipeline stage `stage` of `pp`'s denoiser blocks: an even split.
+LayerRange GeneratorStageLayers(const GeneratorConfig& config, int pp, int stage);
+
 class Generator {
  public:
-  // `tp` (not owned; null for one rank), `ops` (not owned) as the ViT's.
-  explicit Generator(const GeneratorConfig& config, Communicator* tp = nullptr,
-                     Ops* ops = CpuOps());
+  // `tp` (not owned; null for one rank), `ops` (not owned) as the ViT's;
+  // `layers`: this pipeline stage's blocks (all by default).
+  explicit Generator(const GeneratorConfig& config, Communicator* tp = nullptr, Ops* ops = CpuOps(),
+                     LayerRange layers = {});
+
+  bool first_stage() const { return vit_.first_stage(); }
+  bool last_stage() const { return vit_.last_stage(); }
+  // Floats one stage hands the next for N images: (N · seq, D).
+  int64_t StageFloats(int N) const {
+    return static_cast<int64_t>(N) * config_.denoiser.seq() * config_.denoiser.dim;
+  }
 
   const GeneratorConfig& config() const { return config_; }
   // Its own tensors (timestep MLP, condition projection, head) and the
@@ -76,6 +91,17 @@ class Generator {
   // condition's gradient to `dcond` (N · Q, cond_dim) when given.
   absl::Status Backward(float grad_scale, float* dcond);
 
+  // One pipeline stage of Forward: `in` is the conditions on the first
+  // stage, the previous stage's rows on the others; a stage before the
+  // last writes its rows to `out` (StageFloats); the last computes the loss
+  // (LossSum; 0 on the others). Every stage takes the whole batch.
+  absl::Status ForwardStage(const GeneratorBatch& batch, const float* in, float* out);
+  // One pipeline stage of Backward: `dout` the next stage's gradient of
+  // this stage's rows (ignored on the last: the loss's); the first adds the
+  // conditions' gradient to `din` when given, the others write their
+  // input rows' gradient to `din`.
+  absl::Status BackwardStage(float grad_scale, const float* dout, float* din);
+
   // The velocity v̂ (N, 3, S, S) for images x_t at times t, on the host:
   // one Euler step's evaluation (no state kept for a backward).
   absl::StatusOr<std::vector<float>> Velocity(const std::vector<float>& x_t,
@@ -88,14 +114,16 @@ class Generator {
                                             uint64_t seed);
 
  private:
-  absl::Status Run(const std::vector<float>& x_t, const std::vector<float>& t, const float* cond,
-                   int N);
+  absl::Status Run(const std::vector<float>& x_t, const std::vector<float>& t, const float* in,
+                   int N, float* out);
+  absl::Status Head(int N);  // the last stage's patch head into err_
 
   GeneratorConfig config_;
   Ops* ops_;
   VitEncoder vit_;
   ParamSet params_;
-  int t1_w_, t1_b_, t2_w_, t2_b_, c_w_, c_b_, head_w_, head_b_;
+  int t1_w_ = -1, t1_b_ = -1, t2_w_ = -1, t2_b_ = -1, c_w_ = -1, c_b_ = -1, head_w_ = -1,
+      head_b_ = -1;
   int N_ = 0;
   double loss_sum_ = 0;
   // On ops_'s backend: the timestep features, the MLP's hidden and its

@@ -1,5 +1,6 @@
 #include "runtime/scheduling/schedule.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <tuple>
@@ -25,9 +26,9 @@ scheduler::v1::Plan PlanOfDegrees(const Degrees& d) {
   if (d.generator_dp > 0) {
     scheduler::v1::ModulePlan* g = plan.mutable_generator();
     g->set_tp(d.generator_tp);
-    g->set_pp(1);
+    g->set_pp(d.generator_pp);
     g->set_dp(d.generator_dp);
-    g->set_gpus(d.generator_tp * d.generator_dp);
+    g->set_gpus(d.generator_tp * d.generator_pp * d.generator_dp);
   }
   plan.set_microbatches(d.microbatches);
   plan.set_colocated(d.colocate);
@@ -126,7 +127,8 @@ absl::StatusOr<scheduler::v1::Assignment> AssignForPlan(const scheduler::v1::Pla
       plan.llm().pp() + (plan.encoder_in_first_llm_stage() ? 0 : plan.encoder().pp());
   if (plan.has_generator()) {
     o.generator_dp = std::max(1, plan.generator().dp());
-    if (!plan.encoder_in_first_llm_stage()) ++o.pipeline_depth;  // its stage after the LLM's
+    // Its stages after the LLM's.
+    if (!plan.encoder_in_first_llm_stage()) o.pipeline_depth += std::max(1, plan.generator().pp());
   }
   o.ilp_time_limit_seconds = ilp_time_limit_seconds;
   o.encoder_max_tokens = plan.encoder_max_tokens();

@@ -27,6 +27,7 @@ struct Degrees {
   bool colocate = false;  // Plan.colocated
   int generator_dp = 0;   // 0: no generator (Plan.generator unset)
   int generator_tp = 1;
+  int generator_pp = 1;
 };
 
 // The worker processes of a plan: the encoder's, the LLM's and the

@@ -17,6 +17,7 @@
 #include "runtime/data/datagen.h"
 #include "runtime/hf/hf_image.h"
 #include "runtime/model/config.h"
+#include "runtime/model/generator.h"
 #include "runtime/model/ops.h"
 #include "runtime/model/precision.h"
 #include "runtime/scheduling/assign.h"
@@ -267,12 +268,12 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   }
   if (model->config.has_generator()) {
     if (s = AtLeast("parallel.generator_dp", p.generator_dp(), 1); !s.ok()) return s;
-    if (p.generator_pp() != 1) {
-      return Bad(
-          "parallel.generator_pp",
-          absl::StrCat("must be 1 (the generator runs as one stage), got ", p.generator_pp()));
-    }
     const VitConfig& g = model->config.generator.denoiser;
+    if (p.generator_pp() < 1 || p.generator_pp() > g.layers) {
+      return Bad("parallel.generator_pp",
+                 absl::StrCat("must be in [1, ", g.layers, "] (the generator's blocks), got ",
+                              p.generator_pp()));
+    }
     if (p.generator_tp() < 1 || g.heads % p.generator_tp() != 0 ||
         g.mlp_hidden % p.generator_tp() != 0) {
       return Bad("parallel.generator_tp",
@@ -430,7 +431,7 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
 }
 
 MemoryEstimate JobGeneratorMemory(const job::v1::JobConfig& job, const ModelConfig& model,
-                                  int64_t images, int bins) {
+                                  int64_t images, int bins, int stage) {
   const job::v1::ParallelConfig& p = job.parallel();
   // Its denoiser is a ViT over each picture's patches and the 1 + Q prefix
   // rows: priced as the encoder's blocks (runtime/scheduling/plan.cc).
@@ -448,7 +449,14 @@ MemoryEstimate JobGeneratorMemory(const job::v1::JobConfig& job, const ModelConf
   o.projector_frozen = true;
   o.device = JobModuleOnGpu(job, /*encoder=*/false);
   o.optimizer_on_device = o.device && (job.device().collectives() == "nccl" || o.dp <= 1);
-  return EncoderStageMemory(g, 0, g.vit.layers, images, bins, o, images);
+  const int pp = std::max(1, p.generator_pp());
+  MemoryEstimate most;
+  for (int k = stage < 0 ? 0 : stage; k < (stage < 0 ? pp : stage + 1); ++k) {
+    const LayerRange r = GeneratorStageLayers(model.generator, pp, k);
+    const MemoryEstimate e = EncoderStageMemory(g, r.first, r.last, images, bins, o, images);
+    if (e.total() > most.total()) most = e;
+  }
+  return most;
 }
 
 absl::Status CheckJobMemory(const job::v1::JobConfig& job, const ModelConfig& model) {

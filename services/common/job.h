@@ -61,9 +61,10 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
                               int bins, int64_t kept_tiles = -1);
 
 // A generator rank's memory at `images` output images a bin, `bins` bins
-// (its denoiser priced as an encoder's blocks; on device.llm's kind).
+// (its denoiser's blocks of pipeline stage `stage` priced as an encoder's;
+// on device.llm's kind); `stage` -1: the largest stage's.
 MemoryEstimate JobGeneratorMemory(const job::v1::JobConfig& job, const ModelConfig& model,
-                                  int64_t images, int bins);
+                                  int64_t images, int bins, int stage = -1);
 
 // With device.memory_gib set: RESOURCE_EXHAUSTED naming the module, the
 // stage and the figures when some rank of some stage would hold more than

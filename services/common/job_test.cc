@@ -150,8 +150,8 @@ TEST(JobConfig, InvalidValuesAreNamed) {
   };
   for (const Case& c : {
            Case{"model: 'huge'", "model"},
-           Case{"model: 'tiny-gen' parallel { generator_pp: 2 }",
-                "parallel.generator_pp: must be 1"},
+           Case{"model: 'tiny-gen' parallel { generator_pp: 9 }",
+                "parallel.generator_pp: must be in [1, "},
            Case{"model: 'tiny-gen' parallel { generator_tp: 3 }",
                 "parallel.generator_tp: 3 does not divide the generator's"},
            Case{"model: 'tiny-gen' parallel { colocate: true encoder_dp: 2 llm_dp: 2 }",

@@ -62,6 +62,7 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
   degrees.colocate = p.colocate();
   degrees.generator_dp = p.generator_dp();
   degrees.generator_tp = p.generator_tp();
+  degrees.generator_pp = p.generator_pp();
   absl::StatusOr<scheduler::v1::Plan> plan =
       sched::PlanFromFileOrDegrees(deployment.plan_file, degrees);
   if (!plan.ok()) return plan.status();

@@ -210,9 +210,9 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
   }
   if (const scheduler::v1::ModulePlan& g = p.generator();
       p.has_generator() &&
-      (g.dp() < 1 || g.tp() < 1 || g.pp() != 1 || g.gpus() != g.dp() * g.tp())) {
+      (g.dp() < 1 || g.tp() < 1 || g.pp() < 1 || g.gpus() != g.dp() * g.tp() * g.pp())) {
     return absl::InvalidArgumentError(
-        "plan: the generator needs dp, tp >= 1, pp 1 and gpus = dp * tp");
+        "plan: the generator needs dp, tp, pp >= 1 and gpus = dp * tp * pp");
   }
   if (p.microbatches() < 1) return absl::InvalidArgumentError("plan: microbatches must be >= 1");
   // The job's model (a named config or Hugging Face directories), else the plan's.

@@ -128,7 +128,7 @@ absl::Status TrainingWorker::Impl::Register() {
         absl::StrCat("--rank ", options.rank, " is outside the plan's ", shape.size(), " ranks"));
   }
   if (plan.llm().dp() * plan.microbatches() > kMaxTagBins ||
-      std::max(encoder_grid.pp, llm_grid.pp) > kMaxTagStages) {
+      std::max({encoder_grid.pp, llm_grid.pp, generator_grid.pp}) > kMaxTagStages) {
     return absl::InvalidArgumentError(absl::StrCat("plan: at most ", kMaxTagBins, " bins and ",
                                                    kMaxTagStages, " stages per module"));
   }
@@ -236,7 +236,8 @@ absl::Status TrainingWorker::Impl::Join() {
       set_tp.push_back(nullptr);
     }
   } else if (generator) {
-    gen = std::make_unique<Generator>(model.generator, *layers_tp, ops);
+    gen = std::make_unique<Generator>(model.generator, *layers_tp, ops,
+                                      GeneratorStageLayers(model.generator, shape.pp, pos.pp));
     // Its own tensors are replicated on every TP rank; the denoiser's split.
     sets = {&gen->params(), &gen->denoiser_params()};
     modules = {Module::kGenerator, Module::kGenerator};
@@ -308,7 +309,7 @@ absl::Status TrainingWorker::Impl::Join() {
 }
 
 MemoryEstimate TrainingWorker::Impl::PredictedMemory() const {
-  if (generator) return JobGeneratorMemory(job, model, max_gen_images, /*bins=*/1);
+  if (generator) return JobGeneratorMemory(job, model, max_gen_images, /*bins=*/1, pos.pp);
   return JobStageMemory(job, model, encoder, pos.pp, max_tokens, max_image_tokens, max_tiles,
                         max_bins, max_kept_tiles > 0 ? max_kept_tiles : -1);
 }
@@ -530,7 +531,7 @@ absl::Status TrainingWorker::Impl::Validate(int64_t step, double* loss_sum, int6
     if (!s.ok())
       return absl::Status(s.code(), absl::StrCat("validation batch ", b, ": ", s.message()));
     if (pos.tp == 0 && last_stage()) sum += batch_loss;
-    if (pos.tp == 0) gen_sum += gen_loss, gen_images += images;
+    if (pos.tp == 0 && last_stage()) gen_sum += gen_loss, gen_images += images;
     tokens_of_loss += lt;
   }
   double total[3] = {encoder || generator ? 0.0 : sum, gen_sum, gen_images};
@@ -617,8 +618,8 @@ absl::Status TrainingWorker::Impl::RunIteration(const IterationData& d) {
                        counts ? loss_sum : 0.0,
                        counts ? tokens : 0.0,
                        counts ? samples : 0.0,
-                       generator && pos.tp == 0 ? gen_loss : 0.0,
-                       generator && pos.tp == 0 ? images : 0.0};
+                       generator && counts ? gen_loss : 0.0,
+                       generator && counts ? images : 0.0};
   if (s = JobSum(scalars, 7); !s.ok()) return s;
   wait += Since(w0);
   Span("allreduce", a0, d.iteration, "allreduce gradients");

@@ -38,7 +38,7 @@
 // tensors over its TP group, its rank 0 writes them, and every rank reports to the scheduler, which
 // completes the checkpoint. LLM rank 0 reports each step's loss.
 //
-// A generator replica (its own tp x dp grid, one stage) takes the bins
+// A generator replica (its own tp x pp x dp grid) takes the bins
 // with its generator_rank, slot by slot across the LLM replicas: the LLM's
 // last stage sends each microbatch's query states after its forward and
 // waits for their gradient before its backward; the generator runs the

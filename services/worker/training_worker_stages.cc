@@ -73,6 +73,7 @@ absl::Status TrainingWorker::Impl::ResolvePeers(const worker::IterationData& d) 
   // Only the TP group's first rank at the modules' border sends across.
   if (pos.tp != 0) return absl::OkStatus();
   const auto& bins = d.assignment.bins();
+  if (generator && !first_stage()) return absl::OkStatus();  // its neighbours: Join's
   if (generator || (!encoder && last_stage() && generator_grid.size() > 0)) {
     // Between the LLM's last stage and the generator, each bin with output
     // images (the assignment does not say which: every bin's).
@@ -612,11 +613,13 @@ absl::Status TrainingWorker::Impl::SendAcrossGenerator(Transfer what, int64_t it
   return absl::OkStatus();
 }
 
-// A generator rank runs its bins slot by slot, each bin's forward then its
-// backward at once: the LLM replica's last stage waits for the gradient
-// before its own backward of that microbatch. Each image's timestep and
-// noise come from the job's seed, the step and the sample's id, as in
-// loom-train-local (MultimodalModel::Forward).
+// A generator replica runs its bins slot by slot, each bin's forward then
+// its backward at once: the LLM replica's last stage waits for the gradient
+// before its own backward of that microbatch. Under pipeline parallelism a
+// bin's rows go down the stages and their gradient back up before the next
+// bin starts. Each image's timestep and noise come from the job's seed, the
+// step and the sample's id, as in loom-train-local
+// (MultimodalModel::Forward).
 absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, double* compute,
                                                       double* wait,
                                                       scheduler::v1::ReportTimingsRequest* timings,
@@ -635,6 +638,8 @@ absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, do
   const int64_t step = d.validation ? 0 : d.iteration + 1;
   const bool wanted = QueryGradsWanted();
   const bool backward = wanted || !frozen.generator;
+  std::vector<int> ran;         // the bins with pictures, in order
+  std::vector<double> seconds;  // each one's forward + backward on this stage
   for (int b : d.bins) {
     GeneratorBatch batch;
     for (int i : bins[b].indices()) {
@@ -655,47 +660,99 @@ absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, do
     }
     if (batch.N == 0) continue;  // the LLM sends nothing for it
     max_gen_images = std::max<int64_t>(max_gen_images, batch.N);
-    Received cond;
+    // The first stage's input is the LLM's query states, the others' the
+    // previous stage's rows.
+    Received in;
     const size_t n = static_cast<size_t>(batch.N) * Q * C;
-    if (absl::Status s = Receive(d.T(Transfer::kQueryStates), d.iteration, b, n, bins[b].llm_rank(),
-                                 &cond, wait);
+    const size_t rows = static_cast<size_t>(gen->StageFloats(batch.N));
+    if (absl::Status s = first_stage() ? Receive(d.T(Transfer::kQueryStates), d.iteration, b, n,
+                                                 bins[b].llm_rank(), &in, wait)
+                                       : Receive(d.T(Transfer::kActivations), d.iteration, b, rows,
+                                                 -1, &in, wait);
         !s.ok()) {
       return s;
     }
-    const auto t0 = Clock::now();
+    auto t0 = Clock::now();
+    double busy = 0;
     const double s0 = trace::NowMicros();
-    if (absl::Status s = gen->Forward(batch, In(cond, kStageIn)); !s.ok()) return s;
-    *loss_sum += gen->LossSum();
-    *images += batch.N;
+    auto out = std::make_shared<std::vector<float>>(last_stage() ? 0 : rows);
+    if (absl::Status s = gen->ForwardStage(batch, In(in, kStageIn),
+                                           last_stage() ? nullptr : Room(out.get(), kStageOut));
+        !s.ok()) {
+      return s;
+    }
+    if (!last_stage()) Unstage(out.get(), kStageOut);
+    if (last_stage()) {
+      *loss_sum += gen->LossSum();
+      *images += batch.N;
+    }
+    ops->backend()->Synchronize();  // a device's work done, not just queued
+    busy += Since(t0);
     Span("forward", s0, d.iteration, "F bin ", b);
-    auto timed = [&] {
-      const double seconds = Since(t0);
-      *compute += seconds;
-      scheduler::v1::MicrobatchTiming* t = timings->add_timings();
-      t->set_microbatch(bins[b].microbatch());
-      t->set_llm_rank(bins[b].llm_rank());
-      t->set_seconds(seconds);
-    };
-    if (!backward) {
-      timed();
-      continue;
+    if (!last_stage()) {
+      if (absl::Status s = SendToStage(1, d.T(Transfer::kActivations), d.iteration, b, out);
+          !s.ok()) {
+        return s;
+      }
     }
-    const double s1 = trace::NowMicros();
-    auto dcond = std::make_shared<std::vector<float>>(wanted ? n : 0, 0.0f);
-    if (absl::Status s = gen->Backward(scale, wanted ? Stage(dcond.get(), kStageGrad) : nullptr);
+    if (backward) {
+      Received dout;
+      if (!last_stage()) {
+        if (absl::Status s =
+                Receive(d.T(Transfer::kActivationGrads), d.iteration, b, rows, -1, &dout, wait);
+            !s.ok()) {
+          return s;
+        }
+      }
+      t0 = Clock::now();
+      const double s1 = trace::NowMicros();
+      // The first stage's input gradient is the conditions' (where wanted),
+      // the others' their input rows'.
+      const bool send_in = first_stage() ? wanted : true;
+      auto din =
+          std::make_shared<std::vector<float>>(send_in ? (first_stage() ? n : rows) : 0, 0.0f);
+      if (absl::Status s = gen->BackwardStage(scale, last_stage() ? nullptr : In(dout, kStageGrad),
+                                              send_in ? Stage(din.get(), kStageDin) : nullptr);
+          !s.ok()) {
+        return s;
+      }
+      if (send_in) Unstage(din.get(), kStageDin);
+      ops->backend()->Synchronize();
+      busy += Since(t0);
+      Span("backward", s1, d.iteration, "B bin ", b);
+      if (!first_stage()) {
+        if (absl::Status s = SendToStage(-1, d.T(Transfer::kActivationGrads), d.iteration, b, din);
+            !s.ok()) {
+          return s;
+        }
+      } else if (wanted && pos.tp == 0) {
+        InjectFault("transfer", d.iteration);
+        if (absl::Status s = SendAcrossGenerator(d.T(Transfer::kQueryGrads), d.iteration, b,
+                                                 bins[b].llm_rank(), din);
+            !s.ok()) {
+          return s;
+        }
+      }
+    }
+    *compute += busy;
+    ran.push_back(b);
+    seconds.push_back(busy);
+  }
+  // The replica's time per bin, its stages' together (the first reports).
+  if (pp_comm != nullptr && !seconds.empty()) {
+    const auto w1 = Clock::now();
+    if (absl::Status s =
+            pp_comm->AllreduceSum(seconds.data(), static_cast<int64_t>(seconds.size()));
         !s.ok()) {
       return s;
     }
-    if (wanted) Unstage(dcond.get(), kStageGrad);
-    timed();
-    Span("backward", s1, d.iteration, "B bin ", b);
-    if (!wanted || pos.tp != 0) continue;
-    InjectFault("transfer", d.iteration);
-    if (absl::Status s = SendAcrossGenerator(d.T(Transfer::kQueryGrads), d.iteration, b,
-                                             bins[b].llm_rank(), dcond);
-        !s.ok()) {
-      return s;
-    }
+    *wait += Since(w1);
+  }
+  for (size_t k = 0; k < ran.size(); ++k) {
+    scheduler::v1::MicrobatchTiming* t = timings->add_timings();
+    t->set_microbatch(bins[ran[k]].microbatch());
+    t->set_llm_rank(bins[ran[k]].llm_rank());
+    t->set_seconds(seconds[k]);
   }
   return absl::OkStatus();
 }

@@ -183,15 +183,17 @@ TEST_F(GeneratorTest, GeneratorDataParallelMatchesTheSingleProcessRun) {
 }
 
 // Every tensor of the step-8 checkpoint (the generator's two sets with the
-// rest) equals loom-train-local's, and its step 4 resumed under another
-// generator layout (DP 2 -> TP 2) trains steps 5-8 as the reference does.
+// rest, written by its two pipeline stages) equals loom-train-local's, and
+// its step 4 resumed under another generator layout (PP 2 x DP 2 -> TP 2)
+// trains steps 5-8 as the reference does.
 TEST_F(GeneratorTest, CheckpointsMatchAndResumeUnderAnotherLayout) {
-  const std::string layout = "encoder_dp: 1 llm_dp: 2 microbatches: 2 generator_dp: 2";
+  const std::string layout =
+      "encoder_dp: 1 llm_dp: 2 microbatches: 2 generator_dp: 2 generator_pp: 2";
   ExpectSame(Up("gen-ckpt", layout, "checkpoint { every: 4 }\n"), local_,
-             "generator DP 2, checkpointing, vs loom-train-local");
+             "generator PP 2 x DP 2, checkpointing, vs loom-train-local");
   ExpectSameCheckpoints("tiny-gen", StepDir(TempPath("gen-ckpt") + "/checkpoints", kGenSteps),
                         StepDir(TempPath("gen-local-ckpt"), kGenSteps),
-                        "generator DP 2 vs loom-train-local, step 8");
+                        "generator PP 2 x DP 2 vs loom-train-local, step 8");
   // The generator ranks' timings refit its cost per output image: the
   // scheduler's costs kept with the checkpoint moved off the plan's prior
   // (an H100's analytic time: this CPU takes far longer).
@@ -223,6 +225,16 @@ TEST_F(GeneratorTest, GeneratorTensorParallelMatchesTheSingleProcessRun) {
 TEST_F(GeneratorTest, LlmPipelineWithThreeGeneratorReplicasMatches) {
   ExpectSame(Up("gen-pp", "encoder_dp: 1 llm_dp: 2 llm_pp: 2 microbatches: 2 generator_dp: 3"),
              local_, "LLM PP 2 + generator DP 3 vs loom-train-local");
+}
+
+// The layout: LLM PP 2 beside generator PP 2 (each bin's rows down
+// the generator's stages and back before the gradient reaches the LLM),
+// two generator replicas of them.
+TEST_F(GeneratorTest, LlmPipelineBesideAGeneratorPipelineMatches) {
+  ExpectSame(
+      Up("gen-pp2",
+         "encoder_dp: 1 llm_dp: 2 llm_pp: 2 microbatches: 2 generator_dp: 2 generator_pp: 2"),
+      local_, "LLM PP 2 + generator PP 2 x DP 2 vs loom-train-local");
 }
 
 TEST_F(GeneratorTest, OnlyTheGeneratorTrainingMatches) {
