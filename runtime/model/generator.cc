@@ -1,5 +1,6 @@
 #include "runtime/model/generator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -69,6 +70,8 @@ GenerationDraw DrawGeneration(uint64_t seed, int64_t step, uint64_t sample, int 
 
 LayerRange GeneratorStageLayers(const GeneratorConfig& c, int pp, int stage) {
   const int L = c.denoiser.layers;
+  LOOM_CHECK(pp >= 1 && pp <= std::max(1, L) && stage >= 0 && stage < pp)
+      << "generator stage " << stage << " of " << pp << " over " << L << " blocks";
   return {stage * L / pp, (stage + 1) * L / pp};
 }
 

@@ -76,8 +76,8 @@ class Generator {
   }
 
   const GeneratorConfig& config() const { return config_; }
-  // Its own tensors (timestep MLP, condition projection, head) and the
-  // denoiser's.
+  // Its own tensors (timestep MLP and condition projection on the first
+  // stage, head on the last) and the denoiser's.
   ParamSet& params() { return params_; }
   ParamSet& denoiser_params() { return vit_.params(); }
 

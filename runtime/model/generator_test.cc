@@ -5,6 +5,7 @@
 #include "runtime/model/generator.h"
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,65 @@ TEST(GeneratorTest, TensorParallelDenoiserEqualsOneRank) {
       ExpectClose(got.denoiser_grads, want.denoiser_grads, testing::kTensorParallelModelF32,
                   what + " denoiser grads");
     });
+  }
+}
+
+// Two pipeline stages (one block each, the first with the timestep MLP and
+// the conditions' projection, the last with the head) chained by hand equal
+// the whole generator: the loss, the conditions' gradient and every
+// tensor's gradient, matched by name.
+TEST(GeneratorTest, PipelineStagesEqualTheWholeGenerator) {
+  const GeneratorConfig c = Small();
+  ASSERT_EQ(c.denoiser.layers, 2);
+  Generator whole(c);
+  Generator first(c, nullptr, CpuOps(), GeneratorStageLayers(c, 2, 0));
+  Generator last(c, nullptr, CpuOps(), GeneratorStageLayers(c, 2, 1));
+  ASSERT_TRUE(first.first_stage() && !first.last_stage());
+  ASSERT_TRUE(!last.first_stage() && last.last_stage());
+  for (Generator* g : {&whole, &first, &last}) {
+    g->params().Initialize(kSeed);
+    g->denoiser_params().Initialize(kSeed);
+  }
+  const int N = 3;
+  const GeneratorBatch batch = Batch(c, N);
+  const std::vector<float> cond = testing::RandomVector(N * c.queries * c.cond_dim, 9);
+  ASSERT_TRUE(whole.Forward(batch, cond.data()).ok());
+  std::vector<float> want_dcond(cond.size(), 0.0f);
+  ASSERT_TRUE(whole.Backward(1.0f / N, want_dcond.data()).ok());
+
+  std::vector<float> rows(static_cast<size_t>(first.StageFloats(N)));
+  ASSERT_TRUE(first.ForwardStage(batch, cond.data(), rows.data()).ok());
+  ASSERT_TRUE(last.ForwardStage(batch, rows.data(), nullptr).ok());
+  EXPECT_EQ(first.LossSum(), 0);
+  EXPECT_NEAR(last.LossSum(), whole.LossSum(),
+              testing::Allowed(testing::kSplitInvarianceF32, whole.LossSum()));
+  std::vector<float> drows(rows.size(), 0.0f), dcond(cond.size(), 0.0f);
+  ASSERT_TRUE(last.BackwardStage(1.0f / N, nullptr, drows.data()).ok());
+  ASSERT_TRUE(first.BackwardStage(1.0f / N, drows.data(), dcond.data()).ok());
+  ExpectClose(dcond, want_dcond, testing::kSplitInvarianceF32, "dcond");
+
+  // Every tensor of the whole generator is on exactly one stage, with its
+  // gradient.
+  auto by_name = [](ParamSet& set) {
+    std::map<std::string, std::vector<float>> out;
+    for (const ParamSpec& s : set.specs()) {
+      out[s.name].assign(set.grads().begin() + s.offset, set.grads().begin() + s.offset + s.numel);
+    }
+    return out;
+  };
+  for (auto sets : {std::make_pair(&Generator::params, "own"),
+                    std::make_pair(&Generator::denoiser_params, "denoiser")}) {
+    const auto want = by_name((whole.*sets.first)());
+    auto got = by_name((first.*sets.first)());
+    for (auto& [name, g] : by_name((last.*sets.first)())) {
+      EXPECT_EQ(got.count(name), 0u) << name << " on both stages";
+      got[name] = g;
+    }
+    ASSERT_EQ(got.size(), want.size()) << sets.second;
+    for (const auto& [name, w] : want) {
+      ASSERT_EQ(got.count(name), 1u) << name << " on no stage";
+      ExpectClose(got[name], w, testing::kSplitInvarianceF32, name);
+    }
   }
 }
 

@@ -269,10 +269,10 @@ absl::Status ValidateJob(const job::v1::JobConfig& job) {
   if (model->config.has_generator()) {
     if (s = AtLeast("parallel.generator_dp", p.generator_dp(), 1); !s.ok()) return s;
     const VitConfig& g = model->config.generator.denoiser;
-    if (p.generator_pp() < 1 || p.generator_pp() > g.layers) {
+    if (p.generator_pp() < 1 || p.generator_pp() > std::max(1, g.layers)) {
       return Bad("parallel.generator_pp",
-                 absl::StrCat("must be in [1, ", g.layers, "] (the generator's blocks), got ",
-                              p.generator_pp()));
+                 absl::StrCat("must be in [1, ", std::max(1, g.layers),
+                              "] (the generator's blocks), got ", p.generator_pp()));
     }
     if (p.generator_tp() < 1 || g.heads % p.generator_tp() != 0 ||
         g.mlp_hidden % p.generator_tp() != 0) {

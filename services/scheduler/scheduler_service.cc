@@ -228,6 +228,12 @@ absl::Status SchedulerServiceImpl::Configure(const SchedulerServiceOptions& opti
       return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
     }
   }
+  if (model.ok() && p.has_generator() &&
+      p.generator().pp() > std::max(1, model->generator.denoiser.layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: generator pp ", p.generator().pp(), " over the ", model->generator.denoiser.layers,
+        " blocks of model ", model->name, "'s denoiser"));
+  }
   if (model.ok() && model->has_generator() != p.has_generator()) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan: model ", model->name,

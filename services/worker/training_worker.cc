@@ -117,6 +117,12 @@ absl::Status TrainingWorker::Impl::Register() {
     return absl::InvalidArgumentError(
         absl::StrCat("a generator rank, but model ", model.name, " has no generator"));
   }
+  if (plan.has_generator() &&
+      plan.generator().pp() > std::max(1, model.generator.denoiser.layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: generator pp ", plan.generator().pp(),
+                                                   " over ", model.generator.denoiser.layers,
+                                                   " denoiser blocks"));
+  }
   if (model.has_generator() != plan.has_generator()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "plan: model ", model.name, model.has_generator() ? " has" : " has no",

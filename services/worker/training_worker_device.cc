@@ -102,8 +102,8 @@ absl::Status TrainingWorker::Impl::ConnectDeviceTransfers(const std::string& mod
   const int act_grad = static_cast<int>(Transfer::kActivationGrads);
   // The pipeline's links in stage order, (s-1, s) before (s, s+1), on every
   // rank alike: each initialisation waits only for ranks that have done
-  // theirs before it.
-  for (int link = pos.pp - 1; link <= pos.pp; ++link) {
+  // theirs before it. (The generator's stages pass their rows over UCX.)
+  for (int link = pos.pp - 1; !generator && link <= pos.pp; ++link) {
     if (link < 0 || link + 1 >= shape.pp) continue;
     const bool earlier = link == pos.pp;  // this rank is the link's rank 0
     const std::string where = absl::StrCat("-tp", pos.tp, "-dp", pos.dp, "-link", link);
