@@ -206,6 +206,15 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   return e;
 }
 
+ModelConfig DenoiserAsEncoder(const ModelConfig& c) {
+  ModelConfig g = c;
+  g.vit = c.generator.denoiser;
+  g.vit.prefix = 1 + c.generator.queries;
+  g.projector.pixel_shuffle = false;
+  g.projector.hidden = 0;
+  return g;
+}
+
 MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int64_t tiles,
                                   int bins, const StageMemoryOptions& o, int64_t kept_tiles) {
   MemoryEstimate e;

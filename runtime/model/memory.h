@@ -98,6 +98,12 @@ int64_t ProjectorParameters(const ModelConfig& c);
 MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t tokens,
                               int64_t image_tokens, const StageMemoryOptions& o);
 
+// The generator's denoiser as an encoder whose blocks EncoderStageMemory
+// prices: its pictures as tiles, its 1 + Q prefix rows, no projector (the
+// patch head and the conditions' projection, about a patch embedding's
+// size each, are left out).
+ModelConfig DenoiserAsEncoder(const ModelConfig& c);
+
 // One rank of the encoder stage holding ViT layers [first, last) (and the
 // projector after them on the last stage), for bins of at most `tiles`
 // tiles. `bins` is how many bins' inputs the stage keeps at once (the

@@ -247,23 +247,13 @@ void MultimodalModel::ForwardUnderstanding(const std::vector<const Sample*>& mb)
 void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
   ForwardUnderstanding(mb);
   // The output images after the LLM, their draws from each sample's id.
-  gen_batch_ = GeneratorBatch{};
   gen_loss_sum_ = 0;
-  for (const Sample* s : mb) {
-    if (s->num_gen_images == 0) continue;
-    LOOM_CHECK(gen_ != nullptr) << "output images but the model has no generator";
-    const int pixels = config_.generator.pixels();
-    LOOM_CHECK(static_cast<int64_t>(s->gen_images.size()) ==
-               static_cast<int64_t>(s->num_gen_images) * pixels)
-        << "sample output images do not match num_gen_images";
-    gen_batch_.images.insert(gen_batch_.images.end(), s->gen_images.begin(), s->gen_images.end());
-    for (int j = 0; j < s->num_gen_images; ++j) {
-      GenerationDraw d = DrawGeneration(draw_seed_, draw_step_, s->id, j, pixels);
-      gen_batch_.t.push_back(d.t);
-      gen_batch_.noise.insert(gen_batch_.noise.end(), d.noise.begin(), d.noise.end());
-    }
-    gen_batch_.N += s->num_gen_images;
-  }
+  absl::StatusOr<GeneratorBatch> b =
+      GenerationBatch(mb, config_.generator.pixels(), draw_seed_, draw_step_);
+  LOOM_CHECK(b.ok()) << b.status();
+  gen_batch_ = *std::move(b);
+  LOOM_CHECK(gen_batch_.N == 0 || gen_ != nullptr)
+      << "output images but the model has no generator";
   LOOM_CHECK(batch_.query_positions() == gen_batch_.N * config_.llm.gen_queries)
       << "query positions (" << batch_.query_positions() << ") != output images x queries ("
       << gen_batch_.N << " x " << config_.llm.gen_queries << ")";
@@ -271,6 +261,28 @@ void MultimodalModel::Forward(const std::vector<const Sample*>& mb) {
     NoGroup(gen_->Forward(gen_batch_, llm_.query_states().data()));
     gen_loss_sum_ = gen_->LossSum();
   }
+}
+
+absl::StatusOr<GeneratorBatch> GenerationBatch(const std::vector<const Sample*>& samples,
+                                               int pixels, uint64_t seed, int64_t step) {
+  GeneratorBatch batch;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const Sample& s = *samples[k];
+    if (s.num_gen_images == 0) continue;
+    if (s.gen_images.size() != static_cast<size_t>(s.num_gen_images) * pixels) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample ", k, " (id ", s.id, ") holds ", s.gen_images.size(),
+                       " output image values for ", s.num_gen_images, " images"));
+    }
+    batch.images.insert(batch.images.end(), s.gen_images.begin(), s.gen_images.end());
+    for (int j = 0; j < s.num_gen_images; ++j) {
+      GenerationDraw d = DrawGeneration(seed, step, s.id, j, pixels);
+      batch.t.push_back(d.t);
+      batch.noise.insert(batch.noise.end(), d.noise.begin(), d.noise.end());
+    }
+    batch.N += s.num_gen_images;
+  }
+  return batch;
 }
 
 kernels::LossSum MultimodalModel::ForwardBackward(const std::vector<const Sample*>& mb,

@@ -77,6 +77,14 @@ inline uint64_t ModuleSeed(uint64_t seed, Module m) { return seed * 3 + static_c
 LayerRange LlmStageLayers(const ModelConfig& config, int pp, int stage);
 LayerRange VitStageLayers(const ModelConfig& config, int pp, int stage);
 
+// The output images of `samples`, in order, as one generator batch, each
+// image's timestep and noise drawn from the seed, the step, its sample's id
+// and its index there (DrawGeneration): loom-train-local's and every
+// layout's draws alike. INVALID_ARGUMENT: a sample whose pictures do not
+// match its count.
+absl::StatusOr<GeneratorBatch> GenerationBatch(const std::vector<const Sample*>& samples,
+                                               int pixels, uint64_t seed, int64_t step);
+
 class MultimodalModel {
  public:
   // `ops` (not owned): the backend the modules run on.

@@ -194,11 +194,7 @@ double LlmPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, 
 // its backward).
 double GeneratorPeakBytes(const ModelConfig& model, const PlanLimits& limits, int tp, int dp,
                           double images, int bins) {
-  ModelConfig g = model;
-  g.vit = model.generator.denoiser;
-  g.vit.prefix = 1 + model.generator.queries;
-  g.projector.pixel_shuffle = false;
-  g.projector.hidden = 0;
+  const ModelConfig g = DenoiserAsEncoder(model);
   StageMemoryOptions o =
       GpuMemoryOptions(limits, limits.recompute, tp, dp, limits.frozen.generator);
   o.projector_frozen = true;

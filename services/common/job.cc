@@ -433,13 +433,7 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
 MemoryEstimate JobGeneratorMemory(const job::v1::JobConfig& job, const ModelConfig& model,
                                   int64_t images, int bins, int stage) {
   const job::v1::ParallelConfig& p = job.parallel();
-  // Its denoiser is a ViT over each picture's patches and the 1 + Q prefix
-  // rows: priced as the encoder's blocks (runtime/scheduling/plan.cc).
-  ModelConfig g = model;
-  g.vit = model.generator.denoiser;
-  g.vit.prefix = 1 + model.generator.queries;
-  g.projector.pixel_shuffle = false;
-  g.projector.hidden = 0;
+  const ModelConfig g = DenoiserAsEncoder(model);
   StageMemoryOptions o;
   o.precision = ParsePrecision(job.precision()).value_or(Precision::kFp32);
   o.tp = std::max(1, p.generator_tp());

@@ -641,23 +641,13 @@ absl::Status TrainingWorker::Impl::GeneratorIteration(const IterationData& d, do
   std::vector<int> ran;         // the bins with pictures, in order
   std::vector<double> seconds;  // each one's forward + backward on this stage
   for (int b : d.bins) {
-    GeneratorBatch batch;
-    for (int i : bins[b].indices()) {
-      const Sample& s = d.samples.at(i);
-      if (s.num_gen_images == 0) continue;
-      if (s.gen_images.size() != static_cast<size_t>(s.num_gen_images) * pixels) {
-        return absl::DataLossError(absl::StrCat("bin ", b, ": sample ", i, " came with ",
-                                                s.gen_images.size(), " output image values for ",
-                                                s.num_gen_images, " images"));
-      }
-      batch.images.insert(batch.images.end(), s.gen_images.begin(), s.gen_images.end());
-      for (int k = 0; k < s.num_gen_images; ++k) {
-        GenerationDraw draw = DrawGeneration(job.seed(), step, s.id, k, pixels);
-        batch.t.push_back(draw.t);
-        batch.noise.insert(batch.noise.end(), draw.noise.begin(), draw.noise.end());
-      }
-      batch.N += s.num_gen_images;
+    std::vector<const Sample*> samples;
+    for (int i : bins[b].indices()) samples.push_back(&d.samples.at(i));
+    absl::StatusOr<GeneratorBatch> drawn = GenerationBatch(samples, pixels, job.seed(), step);
+    if (!drawn.ok()) {
+      return absl::DataLossError(absl::StrCat("bin ", b, ": ", drawn.status().message()));
     }
+    const GeneratorBatch& batch = *drawn;
     if (batch.N == 0) continue;  // the LLM sends nothing for it
     max_gen_images = std::max<int64_t>(max_gen_images, batch.N);
     // The first stage's input is the LLM's query states, the others' the
