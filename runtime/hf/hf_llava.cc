@@ -13,16 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-absl::StatusOr<kernels::Activation> ParseActivation(const std::string& where,
-                                                    const std::string& field,
-                                                    const std::string& name) {
-  if (name == "quick_gelu") return kernels::Activation::kQuickGelu;
-  if (name == "gelu") return kernels::Activation::kGeluErf;
-  if (name == "gelu_pytorch_tanh" || name == "gelu_new") return kernels::Activation::kGeluTanh;
-  return BadField(where, field,
-                  "'" + name + "' is not run by Loom (gelu, gelu_pytorch_tanh, quick_gelu are)");
-}
-
 // Loom's ViT parameter names, in the order LlavaToHf writes them.
 std::vector<std::string> VitNames(const VitConfig& v) {
   std::vector<std::string> n;

@@ -54,6 +54,28 @@ absl::StatusOr<std::string> Fields::String(const std::string& key) const {
   return v.get<std::string>();
 }
 
+absl::StatusOr<kernels::Activation> ParseActivation(const std::string& where,
+                                                    const std::string& field,
+                                                    const std::string& name) {
+  if (name == "quick_gelu") return kernels::Activation::kQuickGelu;
+  if (name == "gelu") return kernels::Activation::kGeluErf;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new") return kernels::Activation::kGeluTanh;
+  return BadField(where, field,
+                  "'" + name + "' is not run by Loom (gelu, gelu_pytorch_tanh, quick_gelu are)");
+}
+
+const char* ActivationName(kernels::Activation act) {
+  switch (act) {
+    case kernels::Activation::kQuickGelu:
+      return "quick_gelu";
+    case kernels::Activation::kGeluErf:
+      return "gelu";
+    case kernels::Activation::kGeluTanh:
+      break;
+  }
+  return "gelu_pytorch_tanh";
+}
+
 absl::Status LoadParams(const SafetensorsModel& model, const PartsFn& parts_of, ParamSet* params) {
   const TpShard shard = params->shard();
   std::vector<float> master;

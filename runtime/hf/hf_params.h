@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/activation/activation.h"
 #include "nlohmann/json.hpp"
 #include "runtime/hf/safetensors.h"
 #include "runtime/model/params.h"
@@ -43,6 +44,14 @@ struct NamedTensor {
 // that order; names the set lacks are skipped. `grads`: the gradients.
 std::vector<NamedTensor> ParamsToHf(const std::vector<std::string>& loom_names,
                                     const PartsFn& parts, ParamSet& master, bool grads);
+
+// A config.json activation name (hidden_act): quick_gelu, gelu (erf),
+// gelu_pytorch_tanh or gelu_new (tanh); INVALID_ARGUMENT "<where>: <field>:
+// ..." for others. ActivationName is its inverse (tanh: gelu_pytorch_tanh).
+absl::StatusOr<kernels::Activation> ParseActivation(const std::string& where,
+                                                    const std::string& field,
+                                                    const std::string& name);
+const char* ActivationName(kernels::Activation act);
 
 // "[1, 2, 3]".
 std::string ShapeString(const std::vector<int64_t>& shape);

@@ -35,6 +35,15 @@
 // chat_template.json (--chat_template: the template the job trained with;
 // default the tokenizer's own, else vicuna_v1).
 //
+//   loom-model export --config NAME --checkpoint RUN/checkpoints/step-N --out OUT
+//                     [--dtype bf16|f16|f32] [--max_shard_mb 5000]
+//
+// exports a checkpoint (any layout) of one of Loom's own models (a model
+// with a generator, tiny-gen, among them: no Hugging Face family holds it)
+// as safetensors with a config.json in Loom's form (runtime/hf/loom_export.h:
+// every ModelConfig field, every tensor named by its checkpoint set), which
+// generate --config OUT reads back.
+//
 //   loom-model generate --hf DIR --tokens 1,2,3 [--image A.png | --pixels FILE]
 //                       [--max_new_tokens 16] [--eos ID]
 //   loom-model generate --hf LLAVA_DIR [--checkpoint RUN/checkpoints/step-N]
@@ -59,7 +68,8 @@
 //                       [--euler_steps 20] [--seed 1] [--upscale 8]
 //
 // draws an image with the generator of one of Loom's own configs (at the
-// seed's initial weights, or a loom-train-local / loom up checkpoint's):
+// seed's initial weights, or a loom-train-local / loom up checkpoint's, or
+// an export's: --config OUT, a directory export --config wrote):
 // the prompt's words (the synthetic captions' vocabulary) or --tokens ids
 // after <bos>, or --text "a picture of two red circles." tokenized as
 // loom-train-local --shards tokenizes it (a model trained on shards), the generator's query
@@ -116,6 +126,7 @@
 #include "runtime/hf/hf_image.h"
 #include "runtime/hf/hf_llava.h"
 #include "runtime/hf/hf_llm.h"
+#include "runtime/hf/loom_export.h"
 #include "runtime/hf/model_flags.h"
 #include "runtime/hf/pretrained.h"
 #include "runtime/hf/safetensors.h"
@@ -137,8 +148,9 @@ ABSL_FLAG(std::string, image_aspect_ratio, "",
 ABSL_FLAG(std::string, out, "",
           "export: the directory to write; pixels: the file; generate --config: the PNG");
 ABSL_FLAG(std::string, config, "",
-          "generate: one of Loom's own model configs with a generator (tiny-gen), in place of "
-          "--hf: draws an image");
+          "generate: one of Loom's own model configs with a generator (tiny-gen), or a directory "
+          "export --config wrote, in place of --hf: draws an image; export: the config of "
+          "--checkpoint, written in Loom's form");
 ABSL_FLAG(std::string, text, "",
           "generate --config: a prompt as the data has it: <s>, then --tokenizer's ids (\"\": "
           "Loom's own) of the text before its <output_image> (all of it without one), as "
@@ -149,7 +161,8 @@ ABSL_FLAG(uint64_t, seed, 1, "generate --config: the initial weights' and the no
 ABSL_FLAG(std::string, dtype, "bf16", "export: bf16, f16 or f32");
 ABSL_FLAG(std::string, checkpoint, "",
           "export: a Loom checkpoint step folder (RUN/checkpoints/step-N) of a model made of "
-          "--hf (a LLaVA directory) or --llm_from + --vision_from: its weights are written");
+          "--hf (a LLaVA directory), --llm_from + --vision_from or --config: its weights are "
+          "written");
 ABSL_FLAG(int, max_new_tokens, 16, "generate: tokens to add at most");
 ABSL_FLAG(std::string, prompt, "",
           "generate: a user message (\"<image>\" where each --image goes), through the chat "
@@ -284,7 +297,22 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const std::string& dir, const std
 // generate --config: an image from a Loom model's generator.
 int GenerateImage() {
   const std::string name = absl::GetFlag(FLAGS_config);
-  absl::StatusOr<loom::ModelConfig> config = loom::ModelConfigByName(name);
+  // A directory is an export (loom_export.h), which holds its weights.
+  std::unique_ptr<loom::MultimodalModel> exported;
+  if (name.find('/') != std::string::npos) {
+    if (!loom::hf::IsLoomModelDir(name)) {
+      return Fail("--config " + name +
+                  ": not a Loom export (config.json with model_type \"loom\")");
+    }
+    if (!absl::GetFlag(FLAGS_checkpoint).empty()) {
+      return Fail("--checkpoint: an export (--config " + name + ") holds its weights");
+    }
+    absl::StatusOr<std::unique_ptr<loom::MultimodalModel>> m = loom::hf::OpenLoomModel(name);
+    if (!m.ok()) return Fail("--config: " + std::string(m.status().message()));
+    exported = std::move(*m);
+  }
+  absl::StatusOr<loom::ModelConfig> config =
+      exported != nullptr ? exported->config() : loom::ModelConfigByName(name);
   if (!config.ok()) return Fail("--config: " + std::string(config.status().message()));
   if (!config->has_generator()) {
     return Fail("--config " + name + ": has no generator to draw with (tiny-gen has one)");
@@ -340,14 +368,16 @@ int GenerateImage() {
   }
   for (int q = 0; q < config->llm.gen_queries; ++q) prompt.tokens.push_back(loom::kQueryToken);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  loom::MultimodalModel model(*config);
-  model.Initialize(seed);
-  if (const std::string ckpt = absl::GetFlag(FLAGS_checkpoint); !ckpt.empty()) {
-    if (absl::Status s = loom::LoadTrainingWeights(model, ckpt); !s.ok()) {
-      return Fail("--checkpoint: " + std::string(s.message()));
+  if (exported == nullptr) {
+    exported = std::make_unique<loom::MultimodalModel>(*config);
+    exported->Initialize(seed);
+    if (const std::string ckpt = absl::GetFlag(FLAGS_checkpoint); !ckpt.empty()) {
+      if (absl::Status s = loom::LoadTrainingWeights(*exported, ckpt); !s.ok()) {
+        return Fail("--checkpoint: " + std::string(s.message()));
+      }
     }
   }
-  absl::StatusOr<std::vector<float>> px = model.GenerateImages(prompt, steps, seed);
+  absl::StatusOr<std::vector<float>> px = exported->GenerateImages(prompt, steps, seed);
   if (!px.ok()) return Fail(std::string(px.status().message()));
   const int S = config->generator.denoiser.tile_size, W = S * upscale;
   loom::data::Image image;
@@ -563,9 +593,16 @@ absl::Status CheckpointTensors(const loom::hf::ModelSource& source, const std::s
 int Export() {
   const std::string in = absl::GetFlag(FLAGS_hf), out = absl::GetFlag(FLAGS_out);
   const std::string step = absl::GetFlag(FLAGS_checkpoint);
+  const std::string loom_config = absl::GetFlag(FLAGS_config);
   loom::hf::ModelSource source = loom::hf::ModelSourceFromFlags("");
   if (!in.empty()) source.llava = in;
-  if (out.empty() || (in.empty() && (step.empty() || !source.pretrained()))) {
+  if (!loom_config.empty() && (source.pretrained() || step.empty() || out.empty())) {
+    return Fail(
+        "export --config NAME (one of Loom's own models) needs --checkpoint and --out, and "
+        "no --hf, --llm_from or --vision_from");
+  }
+  if (loom_config.empty() &&
+      (out.empty() || (in.empty() && (step.empty() || !source.pretrained())))) {
     return Fail(
         "export needs --out DIR and --hf DIR (or --checkpoint with --llm_from and "
         "--vision_from)");
@@ -587,8 +624,21 @@ int Export() {
   std::string config;  // empty: copy the source's
   std::vector<loom::hf::SideFile> side;
   std::map<std::string, std::string> rewritten;  // side files with new contents
-  for (const char* name : kSideFiles) side.push_back({in + "/" + name, name});
-  if (!step.empty()) {
+  if (!in.empty()) {
+    for (const char* name : kSideFiles) side.push_back({in + "/" + name, name});
+  }
+  if (!loom_config.empty()) {
+    absl::StatusOr<loom::ModelConfig> c = loom::ModelConfigByName(loom_config);
+    if (!c.ok()) return Fail("--config: " + std::string(c.status().message()));
+    loom::MultimodalModel model(*c);
+    if (absl::Status s = loom::LoadTrainingWeights(model, step); !s.ok()) {
+      return Fail("--checkpoint: " + std::string(s.message()));
+    }
+    tensors = loom::hf::LoomModelTensors(model);
+    config = loom::hf::LoomConfigJson(*c, dt == loom::hf::DType::kBF16  ? "bfloat16"
+                                          : dt == loom::hf::DType::kF16 ? "float16"
+                                                                        : "float32");
+  } else if (!step.empty()) {
     if (absl::Status s = CheckpointTensors(source, step, &tensors, &config, &side, &rewritten);
         !s.ok()) {
       return Fail(std::string(s.message()));
@@ -654,7 +704,7 @@ int Export() {
       return Fail(std::string(s.message()));
     }
   }
-  if (!step.empty()) {
+  if (!step.empty() && loom_config.empty()) {
     if (absl::Status s = WriteServingFiles(out, config); !s.ok()) {
       return Fail("serving files: " + std::string(s.message()));
     }
