@@ -33,6 +33,7 @@ BINARIES = {
     "loom-preprocess": "services/preprocess/loom-preprocess",
     "loom-encoder-worker": "services/encoder_worker/loom-encoder-worker",
     "loom-llm-worker": "services/llm_worker/loom-llm-worker",
+    "loom-generator-worker": "services/generator_worker/loom-generator-worker",
 }
 
 
@@ -752,6 +753,93 @@ workers:
     check(rc == 0 and "4 encoder worker ranks (TP 2 x PP 1 x DP 2) and 8 LLM worker ranks "
           "(TP 2 x PP 2 x DP 2)." in out, "NOTES.txt: each module's ranks are its grid (%s)" %
           (out.splitlines()[0] if rc == 0 and out else err.strip()))
+
+    # A model with a generator: a third StatefulSet, generator_tp x
+    # generator_pp x generator_dp ranks of loom-generator-worker, with its
+    # probes, placement, PDB and NetworkPolicy; the job carries the
+    # generator's fields and passes loomctl validate, MetaQuery's freeze
+    # (vision, projector and LLM: only the generator trains) included.
+    gen = os.path.join(TMP, "generator.yaml")
+    open(gen, "w").write("""
+podDisruptionBudget: {enabled: true}
+job:
+  name: metaquery
+  model: tiny-gen
+  freeze: {vision: true, projector: true, llm: true}
+  parallel: {encoder_dp: 1, llm_dp: 2, llm_pp: 2, generator_dp: 2, generator_pp: 2}
+  train: {steps: 100, generation_weight: 0.5, generator_lr: 1.0e-4}
+workers:
+  generator: {nodeSelector: {gpu: l40s}, podLabels: {team: gen}}
+""")
+    components = ("scheduler", "preprocess", "encoder-worker", "llm-worker", "generator-worker")
+    objs = check_render("generator", ["-f", gen],
+                        [o for o in base if not o.startswith("NetworkPolicy/")] +
+                        ["StatefulSet/train-loom-generator", "Service/train-loom-generator"] +
+                        ["NetworkPolicy/train-loom-" + c for c in components] +
+                        ["PodDisruptionBudget/train-loom-" + c for c in components])
+    check_args("generator", objs)
+    check_references("generator", objs)
+    check_schemas("generator", objs)
+    check_locked_down("generator", objs)
+    check_tls("generator", objs)
+    if objs:
+        s = by(objs, "StatefulSet", "train-loom-generator")
+        c = containers(s)[0]
+        pod = s["spec"]["template"]
+        check(s["spec"]["replicas"] == 4 and c["command"] == ["/usr/local/bin/loom-generator-worker"] and
+              c["readinessProbe"]["exec"]["command"][-2:] == ["health", "loom.worker.v1.GeneratorWorkerService"] and
+              c["resources"]["limits"].get("nvidia.com/gpu") == 1,
+              "generator: 4 ranks (TP 1 x PP 2 x DP 2) of loom-generator-worker, a GPU each, probed on "
+              "GeneratorWorkerService")
+        check(pod["spec"].get("nodeSelector") == {"gpu": "l40s"} and pod["metadata"]["labels"].get("team") == "gen"
+              and "nodeSelector" not in by(objs, "StatefulSet", "train-loom-llm")["spec"]["template"]["spec"],
+              "generator: its own placement and pod labels, not the LLM's")
+        job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
+        check(job["model"] == "tiny-gen" and job["parallel"]["generator_dp"] == 2 and
+              job["parallel"]["generator_pp"] == 2 and job["train"]["generation_weight"] == 0.5 and
+              job["freeze"] == {"vision": True, "projector": True, "llm": True},
+              "generator: the job carries the generator's degrees, weight and MetaQuery's freeze (%s)" %
+              {k: job.get(k) for k in ("parallel", "freeze")})
+        check_valid_job("generator", job)
+    rc, out, err = render("--notes", "-f", gen)
+    check(rc == 0 and "1 encoder worker ranks (TP 1 x PP 1 x DP 1), 4 LLM worker ranks (TP 1 x PP 2 x DP 2) "
+          "and 4 generator worker ranks (TP 1 x PP 2 x DP 2)." in out,
+          "NOTES.txt: the generator's ranks too (%s)" % (out.splitlines()[0] if rc == 0 and out else err.strip()))
+    for what, args, named in [
+        ("generator degrees for a model without one", ["--set", "job.parallel.generator_dp=2"],
+         "job.parallel.generator_dp: the model (job.model) has no generator"),
+        ("a frozen generator in a model without one", ["--set", "job.freeze.generator=true"],
+         "job.freeze.generator"),
+        ("every module of a generator model frozen", ["-f", gen, "--set", "job.freeze.generator=true"],
+         "job.freeze: Must not validate"),
+    ]:
+        rc, out, err = render(*args)
+        check(rc != 0 and named in err, "generator values: refuses %s, naming it (%s)" %
+              (what, err.strip().splitlines()[-1] if err.strip() else "rendered"))
+    # init's step folder must be on a volume the generator's pods mount too.
+    mounts = os.path.join(TMP, "gen-mounts.yaml")
+    open(mounts, "w").write("""
+storage: {checkpoints: {existingClaim: ""}}
+job: {init: {checkpoint: /shared/run/step-10}, checkpoint: {every: 0}}
+workers:
+  encoder: {extraVolumes: [{name: shared, persistentVolumeClaim: {claimName: team}}],
+            extraVolumeMounts: [{name: shared, mountPath: /shared}]}
+  llm: {extraVolumes: [{name: shared, persistentVolumeClaim: {claimName: team}}],
+        extraVolumeMounts: [{name: shared, mountPath: /shared}]}
+""")
+    rc, out, err = render("-f", gen, "-f", mounts)
+    check(rc != 0 and "every module of workers (encoder, llm, generator) mounts" in err,
+          "generator values: refuses init on a volume the generator does not mount (%s)" %
+          (err.strip().splitlines()[-1] if err.strip() else "rendered"))
+    gen_mounts = os.path.join(TMP, "gen-mounts-too.yaml")
+    open(gen_mounts, "w").write("""
+workers:
+  generator: {extraVolumes: [{name: shared, persistentVolumeClaim: {claimName: team}}],
+              extraVolumeMounts: [{name: shared, mountPath: /shared}]}
+""")
+    rc, out, err = render("-f", gen, "-f", mounts, "-f", gen_mounts)
+    check(rc == 0, "generator values: init on a volume every module mounts renders (%s)" %
+          (err.strip().splitlines()[-1] if err.strip() else "rendered"))
 
     # One pod per node: 8 ranks per pod, each its own process on its own GPU
     # (--local_ranks), TP groups inside a pod, a port and a scrape per rank.

@@ -23,6 +23,19 @@ app.kubernetes.io/instance: {{ $.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/* The models with a generator (runtime/model/config.h), which run a
+third module of workers. */}}
+{{- define "loom.hasGenerator" -}}
+{{- if and (not .Values.job.hf) (has .Values.job.model (list "tiny-gen" "vit300m-llm7b-gen" "vit300m-llm70b-gen")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The worker modules, comma-separated: encoder,llm[,generator]. */}}
+{{- define "loom.workerModules" -}}
+encoder,llm{{ if include "loom.hasGenerator" . }},generator{{ end }}
+{{- end -}}
+
 {{- define "loom.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
