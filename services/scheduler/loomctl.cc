@@ -82,6 +82,10 @@ std::string Summary(const loom::control::v1::Job& j) {
     absl::StrAppend(&s, "  checkpoint pending at ", j.pending_checkpoint());
   if (j.has_last_step()) {
     absl::StrAppend(&s, absl::StrFormat("  loss %.4f", j.last_step().loss()));
+    if (j.last_step().output_images() > 0) {  // a model with a generator
+      absl::StrAppend(&s,
+                      absl::StrFormat("  generation loss %.4f", j.last_step().generation_loss()));
+    }
   }
   absl::StrAppend(&s, "  ", loom::DescribeProgress(j));
   if (!j.message().empty()) absl::StrAppend(&s, "  (", j.message(), ")");
@@ -106,12 +110,16 @@ bool PrintEvent(const loom::control::v1::JobEvent& e) {
   } else if (e.kind() == loom::control::v1::JobEvent::KIND_STEP) {
     const auto& r = e.step();
     const double s = r.seconds() > 0 ? r.seconds() : 1e-9;
+    const std::string generation = r.output_images() > 0
+                                       ? absl::StrFormat("  generation loss %.4f (%d images)",
+                                                         r.generation_loss(), r.output_images())
+                                       : "";
     std::printf(
-        "step %lld%s  loss %.4f  %.1f samples/s  %.0f tokens/s  imbalance %.4f  %.3f s  %s\n",
+        "step %lld%s  loss %.4f%s  %.1f samples/s  %.0f tokens/s  imbalance %.4f  %.3f s  %s\n",
         static_cast<long long>(r.iteration() + 1),
         e.job().end_iteration() > 0 ? absl::StrCat("/", e.job().end_iteration()).c_str() : "",
-        r.loss(), r.samples() / s, r.tokens() / s, r.microbatch_imbalance(), r.seconds(),
-        loom::DescribeProgress(e.job()).c_str());
+        r.loss(), generation.c_str(), r.samples() / s, r.tokens() / s, r.microbatch_imbalance(),
+        r.seconds(), loom::DescribeProgress(e.job()).c_str());
   } else if (e.kind() == loom::control::v1::JobEvent::KIND_CHECKPOINT) {
     std::printf("checkpoint %lld complete\n", static_cast<long long>(e.checkpoint_step()));
   } else {
