@@ -155,23 +155,37 @@ std::string PrometheusTargets(const std::vector<LaunchedService>& services) {
   return absl::StrCat("[", absl::StrJoin(groups, ",\n"), "]\n");
 }
 
-std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
-  const job::v1::JobConfig& job = options_.job;
-  auto target = [&](common::v1::Role role) {
-    const LaunchedService* t = Find(role);
-    return absl::StrCat(t->host, ":", t->ports.grpc_port);
-  };
-  switch (s.binary->role) {
+int ModuleRanks(const job::v1::JobConfig& job, common::v1::Role role) {
+  const job::v1::ParallelConfig& p = job.parallel();
+  switch (role) {
+    case common::v1::ROLE_ENCODER_WORKER:
+      return p.encoder_tp() * p.encoder_pp() * p.encoder_dp();
+    case common::v1::ROLE_LLM_WORKER:
+      return p.llm_tp() * p.llm_pp() * p.llm_dp();
+    case common::v1::ROLE_GENERATOR_WORKER:
+      return p.generator_tp() * std::max(1, p.generator_pp()) * p.generator_dp();
+    default:
+      return 1;
+  }
+}
+
+namespace {
+
+// The flags of `role` beyond the chassis's and the security's.
+std::vector<std::string> RoleArgs(const LauncherOptions& options, common::v1::Role role,
+                                  const ServiceSlot& slot) {
+  const job::v1::JobConfig& job = options.job;
+  std::vector<std::string> a;
+  switch (role) {
     case common::v1::ROLE_PREPROCESS: {
-      std::vector<std::string> a = {
-          "--shards=" + options_.shards,
-          absl::StrCat("--seed=", job.seed()),
-          absl::StrCat("--global_batch=", job.data().global_batch()),
-          absl::StrCat("--threads=", job.data().threads()),
-          "--chat_template=" + job.data().chat_template(),
-          "--image_aspect_ratio=" + job.data().image_aspect_ratio(),
-          absl::StrCat("--encoder_max_tokens=", job.parallel().encoder_max_tokens()),
-          absl::StrCat("--llm_max_tokens=", job.parallel().llm_max_tokens())};
+      a = {"--shards=" + options.shards,
+           absl::StrCat("--seed=", job.seed()),
+           absl::StrCat("--global_batch=", job.data().global_batch()),
+           absl::StrCat("--threads=", job.data().threads()),
+           "--chat_template=" + job.data().chat_template(),
+           "--image_aspect_ratio=" + job.data().image_aspect_ratio(),
+           absl::StrCat("--encoder_max_tokens=", job.parallel().encoder_max_tokens()),
+           absl::StrCat("--llm_max_tokens=", job.parallel().llm_max_tokens())};
       for (std::string& flag : hf::ModelSourceFlags(JobModelSource(job))) {
         a.push_back(std::move(flag));
       }
@@ -179,34 +193,61 @@ std::vector<std::string> Launcher::ArgsFor(const LaunchedService& s) const {
         a.push_back("--validation_shards=" + job.data().validation().shards());
         a.push_back(absl::StrCat("--validation_batches=", batches));
       }
-      if (options_.resume_step > 0) {
-        a.push_back(absl::StrCat("--start_iteration=", options_.resume_step));
-        a.push_back(absl::StrCat("--cursor=", StepDir(job.checkpoint().dir(), options_.resume_step),
+      if (options.resume_step > 0) {
+        a.push_back(absl::StrCat("--start_iteration=", options.resume_step));
+        a.push_back(absl::StrCat("--cursor=", StepDir(job.checkpoint().dir(), options.resume_step),
                                  "/", kDataCursorFile));
       }
-      return a;
+      break;
     }
     case common::v1::ROLE_SCHEDULER: {
       // The job itself arrives by SubmitJob (loom.control.v1), as in any deployment.
-      std::vector<std::string> a = {"--run_dir=" + options_.run_dir,
-                                    "--preprocess=" + target(common::v1::ROLE_PREPROCESS),
-                                    absl::StrFormat("--peak_flops=%.6g", options_.peak_flops)};
-      if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
-      if (!options_.profile.empty()) a.push_back("--profile=" + options_.profile);
-      if (options_.shared_devices > 0) {
-        a.push_back(absl::StrCat("--shared_devices=", options_.shared_devices));
+      a = {"--run_dir=" + options.run_dir, "--preprocess=" + slot.preprocess,
+           absl::StrFormat("--peak_flops=%.6g", options.peak_flops)};
+      if (!options.trace_dir.empty()) a.push_back("--trace_dir=" + options.trace_dir);
+      if (!options.profile.empty()) a.push_back("--profile=" + options.profile);
+      if (options.shared_devices > 0) {
+        a.push_back(absl::StrCat("--shared_devices=", options.shared_devices));
       }
-      if (s.take_back) a.push_back("--take_back");
-      return a;
+      if (slot.take_back) a.push_back("--take_back");
+      break;
     }
     default: {
-      std::vector<std::string> a = {
-          absl::StrCat("--rank=", s.rank), absl::StrCat("--local_rank=", s.local_rank),
-          "--scheduler=" + target(common::v1::ROLE_SCHEDULER), "--advertise_host=" + s.host};
-      if (!options_.trace_dir.empty()) a.push_back("--trace_dir=" + options_.trace_dir);
-      return a;
+      a = {absl::StrCat("--rank=", slot.rank), absl::StrCat("--local_rank=", slot.local_rank),
+           "--scheduler=" + slot.scheduler, "--advertise_host=" + slot.host};
+      if (!options.trace_dir.empty()) a.push_back("--trace_dir=" + options.trace_dir);
+      break;
     }
   }
+  if (slot.exit_on_job_end) a.push_back("--exit_on_job_end");
+  return a;
+}
+
+}  // namespace
+
+std::vector<std::string> ServiceCommand(const LauncherOptions& options, const ServiceBinary& binary,
+                                        const ServiceSlot& slot) {
+  std::vector<std::string> argv = {
+      absl::StrCat(options.bin_dir, "/", binary.package, "/", binary.name),
+      absl::StrCat("--host=", slot.host),
+      absl::StrCat("--grpc_port=", slot.grpc_port),
+      absl::StrCat("--metrics_port=", slot.metrics_port),
+  };
+  if (!options.insecure) {
+    const std::string identity = binary.role == common::v1::ROLE_SCHEDULER    ? kSchedulerIdentity
+                                 : binary.role == common::v1::ROLE_PREPROCESS ? kPreprocessIdentity
+                                                                              : kWorkerIdentity;
+    argv.push_back("--tls_dir=" + IdentityDir(options.certificates, identity));
+    argv.push_back("--tls_server_name=" + options.server_name);
+    const std::string tokens = options.certificates + "/tokens";
+    if (binary.role == common::v1::ROLE_SCHEDULER && access(tokens.c_str(), R_OK) == 0) {
+      argv.push_back("--control_tokens=" + tokens);
+    }
+  } else {
+    argv.push_back("--insecure");
+  }
+  for (std::string& a : RoleArgs(options, binary.role, slot)) argv.push_back(std::move(a));
+  return argv;
 }
 
 void AssignLocalRanks(bool colocate, std::vector<LaunchedService>* services) {
@@ -246,16 +287,8 @@ absl::Status Launcher::Start() {
   }
   SetClientSecurity(admin);
   for (const ServiceBinary& b : ServiceCatalog()) {
-    // A module's workers are its grid: tp x pp x dp ranks (runtime/parallel/grid.h).
-    const job::v1::ParallelConfig& p = options_.job.parallel();
-    int ranks = 1;
-    if (b.role == common::v1::ROLE_ENCODER_WORKER) {
-      ranks = p.encoder_tp() * p.encoder_pp() * p.encoder_dp();
-    }
-    if (b.role == common::v1::ROLE_LLM_WORKER) ranks = p.llm_tp() * p.llm_pp() * p.llm_dp();
-    if (b.role == common::v1::ROLE_GENERATOR_WORKER) {
-      ranks = p.generator_tp() * std::max(1, p.generator_pp()) * p.generator_dp();
-    }
+    if (options_.control_only && b.worker) continue;  // started elsewhere
+    const int ranks = ModuleRanks(options_.job, b.role);
     for (int r = 0; r < ranks; ++r) {
       LaunchedService s;
       s.binary = &b;
@@ -277,7 +310,7 @@ absl::Status Launcher::Start() {
     size_t end = i + 1;
     while (services_[i].binary->worker && end < services_.size()) ++end;
     for (size_t k = i; k < end; ++k) {
-      absl::Status s = Launch(services_[k], static_cast<int>(k), ArgsFor(services_[k]));
+      absl::Status s = Launch(services_[k], static_cast<int>(k));
       if (!s.ok()) return s;
     }
     for (size_t k = i; k < end; ++k) {
@@ -297,33 +330,28 @@ absl::Status Launcher::Start() {
   return absl::OkStatus();
 }
 
-absl::Status Launcher::Launch(LaunchedService& s, int index, std::vector<std::string> args) {
+absl::Status Launcher::Launch(LaunchedService& s, int index) {
   // Fixed ports (--base_port): service i gets base + 2i and base + 2i + 1.
+  // --control_only: loom-scheduler on base (the workers' MASTER_PORT), loom-preprocess on base + 2.
+  if (options_.control_only) index = s.binary->role == common::v1::ROLE_SCHEDULER ? 0 : 1;
   auto port = [&](int k) { return options_.base_port ? options_.base_port + 2 * index + k : 0; };
+  auto target = [&](common::v1::Role role) {
+    const LaunchedService* t = Find(role);
+    return t == nullptr ? std::string() : absl::StrCat(t->host, ":", t->ports.grpc_port);
+  };
+  ServiceSlot slot;
+  slot.rank = s.rank;
+  slot.local_rank = s.local_rank;
+  slot.host = s.host;
+  slot.grpc_port = s.same_ports ? s.ports.grpc_port : port(0);
+  slot.metrics_port = s.same_ports ? s.ports.metrics_port : port(1);
+  slot.preprocess = target(common::v1::ROLE_PREPROCESS);
+  slot.scheduler = target(common::v1::ROLE_SCHEDULER);
+  slot.take_back = s.take_back;
+  slot.exit_on_job_end = options_.control_only;
   std::vector<std::string> argv;
   if (!s.netns.empty()) argv = {FindInPath("ip"), "netns", "exec", s.netns};
-  argv.insert(argv.end(),
-              {
-                  absl::StrCat(options_.bin_dir, "/", s.binary->package, "/", s.binary->name),
-                  absl::StrCat("--host=", s.host),
-                  absl::StrCat("--grpc_port=", s.same_ports ? s.ports.grpc_port : port(0)),
-                  absl::StrCat("--metrics_port=", s.same_ports ? s.ports.metrics_port : port(1)),
-              });
-  if (!options_.insecure) {
-    const std::string identity = s.binary->role == common::v1::ROLE_SCHEDULER ? kSchedulerIdentity
-                                 : s.binary->role == common::v1::ROLE_PREPROCESS
-                                     ? kPreprocessIdentity
-                                     : kWorkerIdentity;
-    argv.push_back("--tls_dir=" + IdentityDir(options_.certificates, identity));
-    argv.push_back("--tls_server_name=" + options_.server_name);
-    const std::string tokens = options_.certificates + "/tokens";
-    if (s.binary->role == common::v1::ROLE_SCHEDULER && access(tokens.c_str(), R_OK) == 0) {
-      argv.push_back("--control_tokens=" + tokens);
-    }
-  } else {
-    argv.push_back("--insecure");
-  }
-  argv.insert(argv.end(), args.begin(), args.end());
+  for (std::string& a : ServiceCommand(options_, *s.binary, slot)) argv.push_back(std::move(a));
   const std::string log = absl::StrCat(options_.run_dir, "/logs/", LogName(s), ".log");
   // A replacement, or a run (e.g. a resume) in the same folder, keeps the
   // earlier logs (.prev the newest, .prev.1 ...: a crash's log survives
@@ -372,7 +400,7 @@ absl::Status Launcher::Replace(common::v1::Role role, int rank, int64_t resume_s
     s.health.clear();
     s.exit_status = -1;
     s.awaiting_replacement = false;
-    if (absl::Status st = Launch(s, static_cast<int>(i), ArgsFor(s)); !st.ok()) return st;
+    if (absl::Status st = Launch(s, static_cast<int>(i)); !st.ok()) return st;
     absl::StatusOr<ServingPorts> ports = WaitForServing(*s.process, options_.startup_timeout);
     if (!ports.ok()) {
       return absl::Status(ports.status().code(),
@@ -444,6 +472,29 @@ bool Launcher::Stop(int signal) {
     s.exit_status = st.ok() ? *st : -1;
     s.health = DescribeWaitStatus(s.exit_status);
     clean = clean && s.health == "exit 0";
+  }
+  return clean;
+}
+
+bool Launcher::AwaitExit(absl::Duration wait) {
+  const absl::Time until = absl::Now() + wait;
+  for (LaunchedService& s : services_) {
+    if (s.process == nullptr) continue;
+    absl::StatusOr<int> st = s.process->Wait(std::max(absl::ZeroDuration(), until - absl::Now()));
+    if (!st.ok()) continue;  // Stop() below ends it
+    s.exit_status = *st;
+    s.health = DescribeWaitStatus(*st);
+  }
+  for (LaunchedService& s : services_) {
+    if (s.process != nullptr && s.process->running()) {
+      Stop();  // the stragglers
+      return false;
+    }
+  }
+  stopped_ = true;
+  bool clean = true;
+  for (const LaunchedService& s : services_) {
+    clean = clean && (s.process == nullptr || s.health == "exit 0");
   }
   return clean;
 }

@@ -75,7 +75,37 @@ struct LauncherOptions {
   std::string certificates;
   std::string server_name = "loom";
   bool insecure = false;
+  // Only loom-preprocess and loom-scheduler, each with --exit_on_job_end:
+  // the workers are started elsewhere (srun or torchrun running `loom up
+  // --worker_from_env`, task_launch.h) and everything ends with the job.
+  bool control_only = false;
 };
+
+// The ranks of module `role`'s workers in `job`: its TP x PP x DP grid
+// (runtime/parallel/grid.h); 1 for the other services.
+int ModuleRanks(const job::v1::JobConfig& job, common::v1::Role role);
+
+// Where one service process runs and whom it talks to.
+struct ServiceSlot {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;   // the address it binds and advertises
+  int grpc_port = 0;  // 0: a free one
+  int metrics_port = 0;
+  std::string preprocess;  // host:port, the scheduler's loom-preprocess
+  std::string scheduler;   // host:port, the workers' loom-scheduler
+  bool take_back = false;  // a replacement loom-scheduler
+  bool exit_on_job_end = false;
+};
+
+// The command line of `binary` in a job launched as `options` says: its path
+// under options.bin_dir, the chassis's host and ports, the job's mutual TLS
+// (the identity's certificate; the scheduler's control tokens) or
+// --insecure, and its role's flags (loom-preprocess: the shards and the
+// data options; loom-scheduler: its run folder and loom-preprocess;
+// workers: rank, local rank, loom-scheduler).
+std::vector<std::string> ServiceCommand(const LauncherOptions& options, const ServiceBinary& binary,
+                                        const ServiceSlot& slot);
 
 // One launched service process and what the launcher learnt about it.
 struct LaunchedService {
@@ -130,6 +160,10 @@ class Launcher {
   // process exited 0 (a process that had exited before Stop() counts with
   // its own status).
   bool Stop(int signal = SIGTERM);
+  // Waits up to `wait` for every process to exit by itself (services with
+  // --exit_on_job_end, once the job ended), then stops the rest as Stop()
+  // does; true if every process exited 0.
+  bool AwaitExit(absl::Duration wait);
 
   const std::vector<LaunchedService>& services() const { return services_; }
   // The job's certificates (after Start(): those made), empty if insecure.
@@ -138,8 +172,7 @@ class Launcher {
   std::string scheduler_target() const;
 
  private:
-  absl::Status Launch(LaunchedService& s, int index, std::vector<std::string> args);
-  std::vector<std::string> ArgsFor(const LaunchedService& s) const;
+  absl::Status Launch(LaunchedService& s, int index);
   const LaunchedService* Find(common::v1::Role role) const;
   absl::Status CheckHealthy(LaunchedService& s);
 

@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "deploy/launcher/launcher.h"
 #include "deploy/launcher/profile_job.h"
+#include "deploy/launcher/task_launch.h"
 #include "runtime/base/file.h"
 #include "runtime/base/json_line.h"
 #include "runtime/base/runfiles.h"
@@ -109,6 +110,23 @@ ABSL_FLAG(int, max_restarts, 3,
 ABSL_FLAG(bool, in_place, true,
           "Recover from a lost process in place: a new process takes its place and every other "
           "one stays up and regroups. --noin_place restarts every service instead.");
+ABSL_FLAG(bool, control_only, false,
+          "Run only loom-preprocess and loom-scheduler here (binding --bind_host; with "
+          "--base_port P the scheduler listens on P, loom-preprocess on P+2); the workers are "
+          "the tasks of srun or torchrun running `loom up --worker_from_env` with the same "
+          "--config and --run_dir (a shared folder: certificates, checkpoints). Every process "
+          "exits 0 once the job ends (loom-scheduler 3 if it FAILED).");
+ABSL_FLAG(bool, worker_from_env, false,
+          "Become one worker of the job, the task Slurm (SLURM_PROCID, SLURM_NTASKS, "
+          "SLURM_LOCALID, SLURM_NODEID, SLURM_JOB_NODELIST) or torchrun (RANK, WORLD_SIZE, "
+          "LOCAL_RANK) says this process is: task k is worker k (the encoder's ranks, the "
+          "LLM's, the generator's); loom-scheduler at --scheduler, else MASTER_ADDR (Slurm: "
+          "the nodelist's first host) : MASTER_PORT. It exits 0 when the job ends.");
+ABSL_FLAG(std::string, scheduler, "",
+          "--worker_from_env: HOST:PORT of loom-scheduler (default MASTER_ADDR:MASTER_PORT).");
+ABSL_FLAG(std::string, advertise_host, "",
+          "--worker_from_env: the address the worker binds and peers reach it at (default: its "
+          "host in SLURM_JOB_NODELIST, else this machine's hostname).");
 ABSL_FLAG(bool, exit_when_healthy, false,
           "Stop everything and exit 0 once every service is healthy (a smoke "
           "test of the whole deployment).");
@@ -134,6 +152,29 @@ std::string DefaultBinDir(const std::string& runfiles) {
 int Fail(const std::string& what) {
   std::fprintf(stderr, "loom up: %s\n", what.c_str());
   return 1;
+}
+
+// --worker_from_env: this process becomes its task's worker (task_launch.h).
+int WorkerFromEnvironment(loom::LauncherOptions o) {
+  absl::StatusOr<loom::TaskEnv> env =
+      loom::TaskEnvFromEnvironment([](const char* name) { return std::getenv(name); });
+  if (!env.ok()) return Fail("--worker_from_env: " + std::string(env.status().message()));
+  if (!absl::GetFlag(FLAGS_scheduler).empty()) env->scheduler = absl::GetFlag(FLAGS_scheduler);
+  if (!absl::GetFlag(FLAGS_advertise_host).empty()) {
+    env->host = absl::GetFlag(FLAGS_advertise_host);
+  } else if (env->host.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    env->host = host;
+  }
+  o.insecure = absl::GetFlag(FLAGS_insecure);
+  o.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.certificates = absl::GetFlag(FLAGS_certificates).empty() ? o.run_dir + "/tls"
+                                                             : absl::GetFlag(FLAGS_certificates);
+  if (o.insecure) o.certificates.clear();
+  absl::Status s = loom::ExecWorkerTask(o, *env);  // returns only on an error
+  return Fail(absl::StrCat("--worker_from_env (", env->source, " task ", env->task, " of ",
+                           env->tasks, "): ", s.message()));
 }
 
 // The job's shards: its own glob, or its preset, generated on first run.
@@ -227,7 +268,7 @@ double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())
 // every service restarts).
 bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery& r,
                  int64_t resume_step, int* restarts, int max_restarts, loom::Launcher& launcher,
-                 JobOutcome* outcome) {
+                 JobOutcome* outcome, bool workers_elsewhere) {
   std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job_name.c_str(),
                loom::DescribeLoss(r).c_str());
   // Its last words if it has ended. Where it is replaced, no waiting for
@@ -255,6 +296,18 @@ bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery&
       resume_step > 0 ? absl::StrCat("resuming after checkpoint step ", resume_step).c_str()
                       : "from the start (no complete checkpoint yet)");
   std::fflush(info);
+  if (workers_elsewhere && r.role() != loom::common::v1::ROLE_SCHEDULER &&
+      r.role() != loom::common::v1::ROLE_PREPROCESS) {
+    // --control_only: srun's or torchrun's task is the worker; the cluster
+    // (or a person) starts it again, on any host, and it registers anew.
+    std::fprintf(info,
+                 "loom up: %s rank %d is a task of its own: start it again (loom up "
+                 "--worker_from_env, the same task's environment, any host); loom-scheduler "
+                 "admits it\n",
+                 loom::RoleLabel(r.role()).c_str(), r.rank());
+    std::fflush(info);
+    return true;
+  }
   if (absl::Status st = launcher.Replace(r.role(), r.rank(), resume_step); !st.ok()) {
     // Lost again while starting: every service starts over.
     std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
@@ -359,6 +412,11 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       break;
     }
     const loom::LaunchedService* s = launcher.FindExited();
+    if (s != nullptr && o.control_only && s->exit_status == 0) {
+      // --exit_on_job_end: it saw the job's end, whose event may still be on its way here.
+      launcher.AwaitReplacement(s);  // not a loss: FindExited passes it over
+      s = nullptr;
+    }
     const bool in_place_allowed = absl::GetFlag(FLAGS_in_place);
     if (s != nullptr && s->binary->role == loom::common::v1::ROLE_SCHEDULER && in_place_allowed &&
         absl::GetFlag(FLAGS_submit) && last && !loom::IsFinalJobState(last->state())) {
@@ -375,7 +433,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       absl::StatusOr<int64_t> step =
           loom::ResumableStep(job.checkpoint().dir(), loom::JobCheckpointIdentity(job), 0);
       if (!ReplaceLost(job.name(), r, step.ok() ? *step : 0, restarts, max_restarts, launcher,
-                       &outcome)) {
+                       &outcome, o.control_only)) {
         break;
       }
       s = nullptr;
@@ -472,7 +530,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
             }
           }
           if (!ReplaceLost(j.job_id(), r, j.start_iteration(), restarts, max_restarts, launcher,
-                           &outcome)) {
+                           &outcome, o.control_only)) {
             over = true;
             continue;
           }
@@ -578,6 +636,16 @@ int main(int argc, char** argv) {
   o.placements = *placements;
   o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
   o.job = job;
+  if (absl::GetFlag(FLAGS_worker_from_env)) {
+    if (absl::GetFlag(FLAGS_control_only)) {
+      return Fail("--worker_from_env and --control_only: one of them (a task or the control)");
+    }
+    return WorkerFromEnvironment(o);
+  }
+  o.control_only = absl::GetFlag(FLAGS_control_only);
+  if (o.control_only && !absl::GetFlag(FLAGS_hosts).empty()) {
+    return Fail("--control_only and --hosts: the workers are srun's or torchrun's tasks");
+  }
   if (absl::GetFlag(FLAGS_resume_step) < 0) return Fail("--resume_step: must be >= 0");
   if (absl::GetFlag(FLAGS_resume) || absl::GetFlag(FLAGS_resume_step) > 0) {
     absl::StatusOr<int64_t> step = loom::ResumableStep(
@@ -649,9 +717,10 @@ int main(int argc, char** argv) {
   setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
 
   const loom::job::v1::ParallelConfig& par = job.parallel();
-  const int services = 2 + par.encoder_tp() * par.encoder_pp() * par.encoder_dp() +
-                       par.llm_tp() * par.llm_pp() * par.llm_dp() +
-                       par.generator_tp() * par.generator_pp() * par.generator_dp();
+  const int workers = par.encoder_tp() * par.encoder_pp() * par.encoder_dp() +
+                      par.llm_tp() * par.llm_pp() * par.llm_dp() +
+                      par.generator_tp() * par.generator_pp() * par.generator_dp();
+  const int services = 2 + (o.control_only ? 0 : workers);
   const std::string generator =
       par.generator_dp() > 0
           ? absl::StrFormat(", generator TP %d x PP %d x DP %d", par.generator_tp(),
@@ -695,13 +764,22 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(info, "loom up: all %zu services healthy.%s\n", launcher.services().size(),
                    absl::GetFlag(FLAGS_exit_when_healthy) ? "" : " Ctrl-C stops them.");
+      if (o.control_only) {
+        std::fprintf(info,
+                     "loom up: --control_only: the %d worker tasks (loom up --worker_from_env) "
+                     "reach loom-scheduler at %s\n",
+                     workers, launcher.scheduler_target().c_str());
+      }
       std::fflush(info);
       if (!absl::GetFlag(FLAGS_exit_when_healthy)) {
         outcome = RunJob(job, o, &restarts, max_restarts, recovered_from, clock, launcher);
       }
       // After a loss nothing of this attempt is kept (the restart rolls back
       // to the checkpoint): no need to let the survivors stop gracefully.
-      clean = launcher.Stop(outcome.lost ? SIGKILL : SIGTERM);
+      // --control_only: the services end by themselves once every worker
+      // task has been told (loom-scheduler --exit_on_job_end).
+      clean = o.control_only && !outcome.lost ? launcher.AwaitExit(absl::Minutes(3))
+                                              : launcher.Stop(outcome.lost ? SIGKILL : SIGTERM);
       std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
     }
     rc = outcome.rc;

@@ -65,7 +65,9 @@ const char* IdentityFor(absl::string_view path) {
   }
   if (absl::ConsumePrefix(&path, "/loom.data.v1.PreprocessService/")) {
     if (path == "FetchSamples") return kWorkerIdentity;
-    if (path == "GetBatch" || path == "GetCursor" || path == "Rewind") return kSchedulerIdentity;
+    if (path == "GetBatch" || path == "GetCursor" || path == "Rewind" || path == "EndJob") {
+      return kSchedulerIdentity;
+    }
   }
   return "";
 }

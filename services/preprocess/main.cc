@@ -9,6 +9,7 @@
 #include "runtime/base/log.h"
 #include "runtime/hf/model_flags.h"
 #include "services/common/init.h"
+#include "services/common/job_end.h"
 #include "services/preprocess/preprocess_service.h"
 #include "services/preprocess/scan.h"
 
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
   o.validation_shards = absl::GetFlag(FLAGS_validation_shards);
   o.validation_batches = absl::GetFlag(FLAGS_validation_batches);
   o.start_iteration = absl::GetFlag(FLAGS_start_iteration);
+  o.exit_on_job_end = absl::GetFlag(FLAGS_exit_on_job_end);
   if (o.start_iteration < 0 || (o.start_iteration > 0) != !absl::GetFlag(FLAGS_cursor).empty()) {
     std::fprintf(stderr, "loom-preprocess: --start_iteration > 0 and --cursor go together\n");
     return 2;

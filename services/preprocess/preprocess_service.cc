@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
 #include "services/common/grpc_status.h"
+#include "services/common/job_end.h"
 
 namespace loom {
 namespace {
@@ -360,6 +361,19 @@ grpc::Status PreprocessServiceImpl::GetCursor(grpc::ServerContext*,
   absl::StatusOr<std::shared_ptr<const Batch>> batch = BatchFor(request->iteration());
   if (!batch.ok()) return ToGrpcStatus(batch.status());
   *response->mutable_cursor() = (*batch)->cursor_before;
+  return grpc::Status::OK;
+}
+
+grpc::Status PreprocessServiceImpl::EndJob(grpc::ServerContext*,
+                                           const data::v1::EndJobRequest* request,
+                                           data::v1::EndJobResponse* response) {
+  LOOM_LOG(INFO)
+          .With("job", request->job_id())
+          .With("state", request->state())
+          .With("exiting", options_.exit_on_job_end)
+      << "the job ended";
+  response->set_exiting(options_.exit_on_job_end);
+  if (options_.exit_on_job_end) StopProcessSoon();
   return grpc::Status::OK;
 }
 

@@ -26,6 +26,7 @@ namespace loom {
 
 struct PreprocessServiceOptions {
   std::string shards;              // glob; "" serves GetInfo only (data RPCs: FAILED_PRECONDITION)
+  bool exit_on_job_end = false;    // EndJob stops the process (services/common/job_end.h)
   std::string tokenizer;           // "" for the model's own
   std::string chat_template;       // "" for the tokenizer's own (runtime/data/chat_template.h)
   std::string image_aspect_ratio;  // "", crop or pad (hf::DataPipelineFor)
@@ -67,6 +68,8 @@ class PreprocessServiceImpl final : public data::v1::PreprocessService::Service 
                          data::v1::GetCursorResponse* response) override;
   grpc::Status Rewind(grpc::ServerContext* context, const data::v1::RewindRequest* request,
                       data::v1::RewindResponse* response) override;
+  grpc::Status EndJob(grpc::ServerContext* context, const data::v1::EndJobRequest* request,
+                      data::v1::EndJobResponse* response) override;
 
  private:
   struct Batch {

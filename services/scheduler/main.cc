@@ -7,9 +7,11 @@
 //
 // Serves loom.scheduler.v1.SchedulerService (the workers) and
 // loom.control.v1.ControlService (loomctl, loom up, automation).
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -24,10 +26,14 @@
 #include "runtime/scheduling/schedule.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
+#include "services/common/job_end.h"
 #include "services/scheduler/control_service.h"
 #include "services/scheduler/scheduler_service.h"
 
 ABSL_FLAG(std::string, plan, "", "The job's plan (JSON from `loom-schedule plan`).");
+ABSL_FLAG(absl::Duration, exit_grace, absl::Minutes(2),
+          "--exit_on_job_end: how long after the job's end to wait for every worker and "
+          "loom-preprocess to be told before exiting anyway (peers that are gone).");
 ABSL_FLAG(int, llm_dp, 0, "Instead of --plan: LLM DP ranks.");
 ABSL_FLAG(int, microbatches, 0, "Instead of --plan: microbatches per LLM rank.");
 ABSL_FLAG(int, encoder_dp, 0, "Instead of --plan: encoder DP ranks.");
@@ -218,5 +224,46 @@ int main(int argc, char** argv) {
   loom::ControlServiceImpl control(service.get(), deployment);
   chassis.AddService(service.get(), loom::scheduler::v1::SchedulerService::service_full_name());
   chassis.AddService(&control, loom::control::v1::ControlService::service_full_name());
-  return chassis.ServeUntilSignal();
+  // --exit_on_job_end: once the job is final, tell loom-preprocess, let
+  // every worker rank be answered job_ended (each then exits 0 by itself),
+  // then stop; --exit_grace bounds the wait for peers that are gone.
+  std::atomic<bool> stopping{false}, failed{false};
+  std::thread ender;
+  if (absl::GetFlag(FLAGS_exit_on_job_end)) {
+    ender = std::thread([&] {
+      const absl::Duration grace = absl::GetFlag(FLAGS_exit_grace);
+      absl::Time ended = absl::InfiniteFuture();
+      bool preprocess_told = false;
+      while (!stopping.load()) {
+        absl::SleepFor(absl::Milliseconds(100));
+        const loom::SchedulerServiceImpl::JobEnd e = service->JobEndProgress();
+        if (!e.final) continue;
+        if (ended == absl::InfiniteFuture()) {
+          ended = absl::Now();
+          LOOM_LOG(INFO).With("job", e.job_id).With("state", e.state)
+              << "the job ended: telling the workers and loom-preprocess (--exit_on_job_end)";
+        }
+        if (!preprocess_told) {
+          absl::Status s = service->EndPreprocess(e);
+          preprocess_told = s.ok();
+          if (!s.ok()) LOOM_LOG(WARNING).With("error", std::string(s.message())) << "EndJob";
+        }
+        const bool all = preprocess_told && e.told >= e.ranks;
+        if (!all && absl::Now() - ended < grace) continue;
+        LOOM_LOG(INFO)
+                .With("workers_told", e.told)
+                .With("workers", e.ranks)
+                .With("preprocess_told", preprocess_told)
+            << "exiting (--exit_on_job_end)";
+        failed.store(e.failed);
+        loom::StopProcessSoon(absl::Milliseconds(500));  // the last answers leave first
+        return;
+      }
+    });
+  }
+  int rc = chassis.ServeUntilSignal([&stopping] { stopping.store(true); });
+  stopping.store(true);
+  if (ender.joinable()) ender.join();
+  // A FAILED job's scheduler says so in its exit status (loomctl watch's 3).
+  return rc == 0 && failed.load() ? 3 : rc;
 }

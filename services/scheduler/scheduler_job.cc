@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/log.h"
 #include "runtime/scheduling/schedule.h"
+#include "services/common/grpc_status.h"
 #include "services/scheduler/job_state.h"
 #include "services/scheduler/scheduler_service.h"
 
@@ -106,6 +107,35 @@ absl::StatusOr<control::v1::Job> SchedulerServiceImpl::GetJob(const std::string&
   absl::MutexLock lock(&mu_);
   if (absl::Status s = FindJobLocked(job_id); !s.ok()) return s;
   return JobLocked();
+}
+
+SchedulerServiceImpl::JobEnd SchedulerServiceImpl::JobEndProgress() const {
+  JobEnd e;
+  if (!configured_.load()) return e;
+  absl::MutexLock lock(&mu_);
+  e.final = IsFinalJobState(state_);
+  e.failed = state_ == control::v1::JOB_STATE_FAILED;
+  e.job_id = options_.job.name();
+  e.state = JobStateName(state_);
+  e.ranks = sched::PlanWorkerRanks(options_.plan);
+  for (const auto& [role, rank] : told_ended_) {
+    e.told += role != common::v1::ROLE_UNSPECIFIED ? 1 : 0;
+  }
+  return e;
+}
+
+absl::Status SchedulerServiceImpl::EndPreprocess(const JobEnd& end) {
+  if (preprocess_ == nullptr) return absl::OkStatus();
+  data::v1::EndJobRequest request;
+  request.set_job_id(end.job_id);
+  request.set_state(end.state);
+  data::v1::EndJobResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  if (grpc::Status s = preprocess_->EndJob(&ctx, request, &response); !s.ok()) {
+    return FromGrpcStatus(s, "loom-preprocess EndJob");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::pair<int64_t, control::v1::Job>> SchedulerServiceImpl::Snapshot(

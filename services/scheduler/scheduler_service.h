@@ -136,6 +136,22 @@ class SchedulerServiceImpl final
   // The job with the sequence number of the newest event it includes.
   absl::StatusOr<std::pair<int64_t, control::v1::Job>> Snapshot(const std::string& job_id) const;
 
+  // What --exit_on_job_end waits for (services/common/job_end.h): whether
+  // the job is final (FAILED among them), and how many of the plan's worker
+  // ranks have been answered job_ended (GetAssignment's caller).
+  struct JobEnd {
+    bool final = false;
+    bool failed = false;
+    std::string job_id;
+    std::string state;  // SUCCEEDED, CANCELLED, FAILED
+    int told = 0;
+    int ranks = 0;
+  };
+  JobEnd JobEndProgress() const;
+  // Tells loom-preprocess that the job ended (its EndJob); OK once it
+  // answered, or when this scheduler has no loom-preprocess.
+  absl::Status EndPreprocess(const JobEnd& end);
+
   grpc::Status GetInfo(grpc::ServerContext* context, const scheduler::v1::GetInfoRequest* request,
                        scheduler::v1::GetInfoResponse* response) override;
   grpc::Status RegisterWorker(grpc::ServerContext* context,
@@ -410,6 +426,8 @@ class SchedulerServiceImpl final
   // The job's state, events for WatchJob, and the control requests that the
   // worker RPCs act on.
   control::v1::JobState state_ ABSL_GUARDED_BY(mu_) = control::v1::JOB_STATE_UNSPECIFIED;
+  // Worker ranks (role, rank) answered job_ended (JobEndProgress).
+  std::set<std::pair<int, int>> told_ended_ ABSL_GUARDED_BY(mu_);
   std::string job_message_ ABSL_GUARDED_BY(mu_);
   double submit_time_ ABSL_GUARDED_BY(mu_) = 0;
   bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;

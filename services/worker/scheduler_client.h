@@ -101,6 +101,9 @@ class SchedulerClient {
   const std::atomic<bool>* cancel_;
   std::string incarnation_ = ProcessIncarnation();
   std::atomic<int64_t> generation_{0};
+  // The registered worker (Register), named in each GetAssignment.
+  std::atomic<common::v1::Role> caller_role_{common::v1::ROLE_UNSPECIFIED};
+  std::atomic<int> caller_rank_{0};
   mutable absl::Mutex key_mu_;
   DataKey key_ ABSL_GUARDED_BY(key_mu_);  // generation_'s (set together under key_mu_)
 };

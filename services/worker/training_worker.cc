@@ -20,6 +20,7 @@
 #include "runtime/parallel/grid.h"
 #include "services/common/channel.h"
 #include "services/common/job.h"
+#include "services/common/job_end.h"
 #include "services/worker/training_worker_impl.h"
 
 namespace loom {
@@ -805,6 +806,11 @@ void TrainingWorker::Run() {
   watcher.join();
   m.ReleaseDevice();
   Finish(result);
+  // The job is over for this worker: its workload ends with it.
+  if (result.ok() && !m.stop.load() && m.options.exit_on_job_end) {
+    LOOM_LOG(INFO) << "the job ended: exiting (--exit_on_job_end)";
+    StopProcessSoon(absl::ZeroDuration());
+  }
 }
 
 absl::Status TrainingWorker::Train() {

@@ -75,6 +75,9 @@ struct TrainingWorkerOptions {
   std::string endpoint;   // this worker's gRPC host:port, for the scheduler's records
   absl::Duration startup_timeout = absl::Seconds(120);
   std::string trace_dir;  // "": no trace; else DIR/<role>-<rank>.jsonl (runtime/base/trace.h)
+  // Once the job has ended (job_ended, the last checkpoint written) the
+  // process stops as SIGTERM would (--exit_on_job_end: job_end.h).
+  bool exit_on_job_end = false;
 };
 
 class TrainingWorker {

@@ -17,6 +17,7 @@
 #include "runtime/base/log.h"
 #include "runtime/model/ops.h"
 #include "services/common/init.h"
+#include "services/common/job_end.h"
 #include "services/common/subprocess.h"
 #include "services/worker/training_worker.h"
 
@@ -140,7 +141,7 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
                            "--log_level --rank --rank_from_hostname --local_rank --local_ranks "
                            "--scheduler "
                            "--advertise_host "
-                           "--startup_timeout --trace_dir --check_flags"));
+                           "--startup_timeout --trace_dir --exit_on_job_end --check_flags"));
   int rank = absl::GetFlag(FLAGS_rank);
   if (absl::GetFlag(FLAGS_rank_from_hostname)) {
     char host[256] = {};
@@ -191,6 +192,7 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
     o.endpoint = absl::StrCat(o.host.empty() ? "localhost" : o.host, ":", chassis.grpc_port());
     o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
     o.trace_dir = absl::GetFlag(FLAGS_trace_dir);
+    o.exit_on_job_end = absl::GetFlag(FLAGS_exit_on_job_end);
     absl::StatusOr<std::unique_ptr<TrainingWorker>> w = TrainingWorker::Start(&chassis, o);
     if (!w.ok()) {
       LOOM_LOG(ERROR).With("error", std::string(w.status().message())) << "cannot start";

@@ -22,66 +22,13 @@
 #include "runtime/base/file.h"
 #include "services/common/subprocess.h"
 #include "tests/integration/binaries.h"
+#include "tests/integration/netns.h"
 #include "tests/integration/training_runs.h"
 
 namespace loom {
 namespace {
 
-// iproute2's `ip` (in sbin, which a test's PATH may lack).
-std::string IpBinary() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (access(p, X_OK) == 0) return p;
-  }
-  return "ip";
-}
-
-// Runs `ip args`; its output, or an error naming the command.
-absl::Status Ip(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {IpBinary()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  int rc = -1;
-  const std::string out = RunToEnd(argv, "ip.log", &rc);
-  if (rc != 0) {
-    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), ": exit ", rc, ": ", out));
-  }
-  return absl::OkStatus();
-}
-
-class MultiHostTest : public TrainingRuns {
- protected:
-  void SetUp() override {
-    const std::string id = absl::StrCat(getpid());
-    host_a_ = "loom-a-" + id;
-    host_b_ = "loom-b-" + id;
-    link_a_ = "lma" + id;  // interface names: 15 characters at most
-    link_b_ = "lmb" + id;
-    for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-             {"netns", "add", host_a_},
-             {"netns", "add", host_b_},
-             {"link", "add", link_a_, "type", "veth", "peer", "name", link_b_},
-             {"link", "set", link_a_, "netns", host_a_},
-             {"link", "set", link_b_, "netns", host_b_},
-             {"-n", host_a_, "addr", "add", std::string(kAddressA) + "/24", "dev", link_a_},
-             {"-n", host_b_, "addr", "add", std::string(kAddressB) + "/24", "dev", link_b_},
-             {"-n", host_a_, "link", "set", "lo", "up"},
-             {"-n", host_b_, "link", "set", "lo", "up"},
-             {"-n", host_a_, "link", "set", link_a_, "up"},
-             {"-n", host_b_, "link", "set", link_b_, "up"},
-         }) {
-      absl::Status s = Ip(args);
-      ASSERT_TRUE(s.ok()) << s << "\n(this test makes two network namespaces joined by a veth "
-                          << "pair: it needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN)";
-    }
-  }
-  void TearDown() override {
-    (void)Ip({"netns", "del", host_a_});  // its end of the veth pair goes with it
-    (void)Ip({"netns", "del", host_b_});
-  }
-
-  static constexpr const char* kAddressA = "10.77.0.1";
-  static constexpr const char* kAddressB = "10.77.0.2";
-  std::string host_a_, host_b_, link_a_, link_b_;
-};
+using MultiHostTest = TwoHostsTest;
 
 TEST_F(MultiHostTest, ALinkDownMidIterationTheJobRecoversWithTheUninterruptedLosses) {
   const std::string config = TempPath("multihost.txtpb"), run = TempPath("multihost");

@@ -1,0 +1,27 @@
+// --exit_on_job_end: a Loom service whose workload should end with its job
+// (a Kubernetes Job or JobSet, an srun step) exits 0 once the job is final,
+// instead of serving on for the next one:
+//   - a worker once loom-scheduler answers it job_ended (and its last
+//     checkpoint is written);
+//   - loom-preprocess once loom-scheduler calls its EndJob;
+//   - loom-scheduler once every worker rank has been told and
+//     loom-preprocess has answered EndJob (or --exit_grace has passed
+//     since the end); it exits 3 when the job FAILED.
+#ifndef LOOM_SERVICES_COMMON_JOB_END_H_
+#define LOOM_SERVICES_COMMON_JOB_END_H_
+
+#include "absl/flags/declare.h"
+#include "absl/time/time.h"
+
+ABSL_DECLARE_FLAG(bool, exit_on_job_end);
+
+namespace loom {
+
+// Stops this process as SIGTERM does (the chassis drains and its main
+// returns), `delay` from now, from a thread of its own: an RPC that asked
+// for it is answered first.
+void StopProcessSoon(absl::Duration delay = absl::Milliseconds(200));
+
+}  // namespace loom
+
+#endif  // LOOM_SERVICES_COMMON_JOB_END_H_

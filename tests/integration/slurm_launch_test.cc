@@ -1,0 +1,162 @@
+// A job launched as Slurm launches one: `loom up --control_only` (loom-
+// preprocess and loom-scheduler) on host A, and four tasks of `loom up
+// --worker_from_env` under a faked srun environment (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_JOB_NODELIST
+// "10.77.0.[1-2]", MASTER_PORT): tasks 0 and 1 the encoder's ranks on host
+// A, tasks 2 and 3 the LLM's on host B, each host a Linux network namespace
+// (netns.h), UCX over TCP. Each process finds its worker, its host and
+// loom-scheduler's address in that environment alone. The job trains equal
+// to loom-train-local, and when it ends every Loom process has exited 0 by
+// itself (--exit_on_job_end): the workers, loom-preprocess and
+// loom-scheduler. A second run kills an LLM task on host B mid-run and
+// starts it again on host A: loom-scheduler admits it there, and the job
+// continues with the uninterrupted run's losses.
+//
+// Needs root (ip netns add); fails, naming it, where that is refused.
+#include <csignal>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/base/file.h"
+#include "services/common/subprocess.h"
+#include "tests/integration/binaries.h"
+#include "tests/integration/netns.h"
+#include "tests/integration/training_runs.h"
+
+namespace loom {
+namespace {
+
+constexpr int kPort = 29400;  // loom-scheduler's, on host A (MASTER_PORT)
+
+class SlurmLaunchTest : public TwoHostsTest {
+ protected:
+  // The control on host A: loom up --control_only, its JSON steps in its log.
+  std::unique_ptr<Subprocess> StartControl(const std::string& name) {
+    config_ = TempPath(name + ".txtpb");
+    run_ = TempPath(name);
+    EXPECT_TRUE(WriteFileAtomically(config_, Job("loom", /*checkpoint_every=*/3) +
+                                                 "recovery { lease_seconds: 3 }\n")
+                    .ok());
+    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(
+        {IpBinary(), "netns", "exec", host_a_, "/usr/bin/env", "UCX_TLS=tcp",
+         Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""), "--run_dir=" + run_,
+         "--config=" + config_, absl::StrCat("--steps=", kSteps), "--json", "--control_only",
+         absl::StrCat("--bind_host=", kAddressA), absl::StrCat("--base_port=", kPort)},
+        TempPath(name + "-control.log"));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+
+  // srun's task `task` on node `node` (0: host A, 1: host B), local id `local`.
+  std::unique_ptr<Subprocess> StartTask(const std::string& name, int task, int node, int local,
+                                        const std::string& log) {
+    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(
+        {IpBinary(), "netns", "exec", node == 0 ? host_a_ : host_b_, "/usr/bin/env", "UCX_TLS=tcp",
+         absl::StrCat("SLURM_PROCID=", task), "SLURM_NTASKS=4",
+         absl::StrCat("SLURM_LOCALID=", local), absl::StrCat("SLURM_NODEID=", node),
+         "SLURM_JOB_NODELIST=10.77.0.[1-2]", absl::StrCat("MASTER_PORT=", kPort),
+         Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""), "--run_dir=" + run_,
+         "--config=" + config_, "--worker_from_env"},
+        TempPath(log));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+
+  std::string config_, run_;
+};
+
+// Waits until `p`'s log holds `text` (or it ended, or the deadline).
+bool WaitFor(Subprocess& p, const std::string& text, absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(p.ReadLog(), text)) return true;
+    if (!p.running()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::StrContains(p.ReadLog(), text);
+}
+
+TEST_F(SlurmLaunchTest, TasksFromTheEnvironmentTrainAsOneProcessAndAllExitZero) {
+  std::unique_ptr<Subprocess> control = StartControl("slurm");
+  ASSERT_NE(control, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  ASSERT_TRUE(WaitFor(*control, "services healthy", deadline)) << control->ReadLog();
+  std::vector<std::unique_ptr<Subprocess>> tasks;
+  for (int task = 0; task < 4; ++task) {
+    tasks.push_back(
+        StartTask("slurm", task, task / 2, task % 2, absl::StrCat("slurm-task-", task, ".log")));
+    ASSERT_NE(tasks.back(), nullptr);
+  }
+  absl::StatusOr<int> status = control->Wait(deadline - absl::Now());
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << control->ReadLog();
+  const std::string log = control->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  // Every process ended by itself, exit 0: the control's two services (its
+  // table), each worker task (srun's view).
+  EXPECT_TRUE(absl::StrContains(log, "loom up: stopped cleanly")) << log;
+  EXPECT_TRUE(absl::StrContains(log,
+                                "the 4 worker tasks (loom up --worker_from_env) reach "
+                                "loom-scheduler at 10.77.0.1:29400"))
+      << log;
+  for (int task = 0; task < 4; ++task) {
+    absl::StatusOr<int> st = tasks[task]->Wait(absl::Minutes(1));
+    ASSERT_TRUE(st.ok()) << "task " << task << " still runs:\n" << tasks[task]->ReadLog();
+    EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << "task " << task << ":\n"
+                                                 << tasks[task]->ReadLog();
+    EXPECT_TRUE(absl::StrContains(tasks[task]->ReadLog(), "the job ended: exiting"))
+        << tasks[task]->ReadLog();
+  }
+  // Each task's worker bound the host its SLURM_NODEID names.
+  for (int task = 0; task < 4; ++task) {
+    EXPECT_TRUE(absl::StrContains(tasks[task]->ReadLog(),
+                                  absl::StrCat("\"host\":\"", task < 2 ? kAddressA : kAddressB)))
+        << "task " << task << ":\n"
+        << tasks[task]->ReadLog();
+  }
+  ExpectSameSteps(Steps(StepResults(log), 1, kSteps, "slurm"), local_,
+                  "srun-style tasks on two hosts vs loom-train-local");
+}
+
+TEST_F(SlurmLaunchTest, ATaskLostOnOneHostStartedOnAnotherIsAdmittedWithTheSameLosses) {
+  std::unique_ptr<Subprocess> control = StartControl("moved");
+  ASSERT_NE(control, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Minutes(6);
+  ASSERT_TRUE(WaitFor(*control, "services healthy", deadline)) << control->ReadLog();
+  std::vector<std::unique_ptr<Subprocess>> tasks;
+  for (int task = 0; task < 4; ++task) {
+    tasks.push_back(
+        StartTask("moved", task, task / 2, task % 2, absl::StrCat("moved-task-", task, ".log")));
+    ASSERT_NE(tasks.back(), nullptr);
+  }
+  // Task 3 (LLM rank 1, host B) killed in iteration 8; the node is gone:
+  // its task starts again on host A (SLURM_NODEID 0, local id 2).
+  ASSERT_TRUE(WaitFor(*control, "checkpoint 6 complete", deadline) &&
+              WaitFor(*control, "\"step\":7,", deadline))
+      << control->ReadLog();
+  tasks[3]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(*control, "is a task of its own: start it again", deadline))
+      << control->ReadLog();
+  std::unique_ptr<Subprocess> moved = StartTask("moved", 3, 0, 2, "moved-task-3-again.log");
+  ASSERT_NE(moved, nullptr);
+  absl::StatusOr<int> status = control->Wait(deadline - absl::Now());
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << control->ReadLog();
+  const std::string log = control->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_TRUE(absl::StrContains(log, "RECOVERING: llm_worker rank 1")) << log;
+  for (Subprocess* p : {tasks[0].get(), tasks[1].get(), tasks[2].get(), moved.get()}) {
+    absl::StatusOr<int> st = p->Wait(absl::Minutes(1));
+    ASSERT_TRUE(st.ok()) << p->ReadLog();
+    EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << p->ReadLog();
+  }
+  // The replacement serves on host A.
+  EXPECT_TRUE(absl::StrContains(moved->ReadLog(), absl::StrCat("\"host\":\"", kAddressA)))
+      << moved->ReadLog();
+  ExpectSameSteps(Steps(StepResults(log), 1, kSteps, "slurm-moved"), local_,
+                  "an LLM task lost on host B and started on host A vs loom-train-local");
+}
+
+}  // namespace
+}  // namespace loom
