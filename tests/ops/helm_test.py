@@ -27,7 +27,7 @@ RENDER, CHART, BIN, DASHBOARD, TMP = sys.argv[1:6]
 SCHEMAS = os.path.join(BIN, "third_party/kubernetes-schemas")
 K8S_SCHEMAS = json.load(open(os.path.join(SCHEMAS, "kubernetes-1.33-strict.json")))
 CRD_SCHEMAS = [json.load(open(os.path.join(SCHEMAS, f)))
-               for f in ("servicemonitor-strict.json", "certificate-strict.json")]
+               for f in ("servicemonitor-strict.json", "certificate-strict.json", "podgroup-strict.json")]
 BINARIES = {
     "loom-scheduler": "services/scheduler/loom-scheduler",
     "loom-preprocess": "services/preprocess/loom-preprocess",
@@ -93,7 +93,7 @@ def labels_match(selector, labels):
 def check_references(name, objs):
     """What a cluster would otherwise only show at install: selectors that
     select, names that resolve, ports that exist."""
-    workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    workloads = [o for o in objs if o["kind"] in WORKLOADS]
     services = [o for o in objs if o["kind"] == "Service"]
     configmaps = {o["metadata"]["name"] for o in objs if o["kind"] == "ConfigMap"}
     bad = []
@@ -103,7 +103,7 @@ def check_references(name, objs):
             bad.append("%s %s: not a DNS label" % (o["kind"], n))
     for w in workloads:
         pod = w["spec"]["template"]["metadata"]["labels"]
-        if not labels_match(w["spec"]["selector"]["matchLabels"], pod):
+        if w["kind"] != "Job" and not labels_match(w["spec"]["selector"]["matchLabels"], pod):
             bad.append("%s %s: selector does not select its pods" % (w["kind"], w["metadata"]["name"]))
         spec = w["spec"]["template"]["spec"]
         for v in spec.get("volumes", []):
@@ -116,6 +116,10 @@ def check_references(name, objs):
                     bad.append("%s: mount of a missing volume %s" % (c["name"], m["name"]))
         if w["kind"] == "StatefulSet" and not any(s["metadata"]["name"] == w["spec"]["serviceName"] for s in services):
             bad.append("StatefulSet %s: no Service %s" % (w["metadata"]["name"], w["spec"]["serviceName"]))
+        if w["kind"] == "Job" and is_worker(w) and not any(
+                s["metadata"]["name"] == spec.get("subdomain") and s["spec"].get("clusterIP") == "None"
+                for s in services):
+            bad.append("Job %s: no headless Service %s for its pods' names" % (w["metadata"]["name"], spec.get("subdomain")))
     for s in services:
         selected = [w for w in workloads if labels_match(s["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
         if len(selected) != 1:
@@ -174,7 +178,7 @@ def check_tls(name, objs, tokens=False, server_name="loom"):
     mounted read-only there, probes by loomctl health with the job's CA (the
     kubelet's gRPC probes speak plaintext); the scheduler --control_tokens
     from its own Secret when one is named."""
-    workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    workloads = [o for o in objs if o["kind"] in WORKLOADS]
     bad = []
     for w in workloads:
         spec = w["spec"]["template"]["spec"]
@@ -213,7 +217,7 @@ def check_locked_down(name, objs, rdma=False):
     capabilities dropped (IPC_LOCK only for RDMA workers), a read-only root
     file system with /tmp a volume; every workload behind a NetworkPolicy
     that lets Loom's own pods in."""
-    workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    workloads = [o for o in objs if o["kind"] in WORKLOADS]
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     bad = []
     for w in workloads:
@@ -230,7 +234,7 @@ def check_locked_down(name, objs, rdma=False):
             if sc.get("allowPrivilegeEscalation") is not False or not sc.get("readOnlyRootFilesystem") or \
                     sc.get("capabilities", {}).get("drop") != ["ALL"]:
                 bad.append("%s: may escalate, writes its root file system, or keeps capabilities" % c["name"])
-            if add != (["IPC_LOCK"] if rdma and w["kind"] == "StatefulSet" else []):
+            if add != (["IPC_LOCK"] if rdma and is_worker(w) else []):
                 bad.append("%s adds capabilities %s" % (c["name"], add))
             if "/tmp" not in {m["mountPath"] for m in c.get("volumeMounts", [])}:
                 bad.append("%s: /tmp is not a volume" % c["name"])
@@ -257,6 +261,27 @@ def by(objs, kind, name):
         if o["kind"] == kind and o["metadata"]["name"] == name:
             return o
     return None
+
+
+# What runs Loom's processes: Jobs (workload.kind Job, the default), or
+# Deployments and StatefulSets (workload.kind StatefulSet).
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
+
+
+def workload(objs, name):
+    for o in objs:
+        if o["kind"] in WORKLOADS and o["metadata"]["name"] == name:
+            return o
+    return None
+
+
+def pods(w):
+    """A workload's pods: a StatefulSet's replicas, a Job's completions."""
+    return w["spec"]["completions"] if w["kind"] == "Job" else w["spec"]["replicas"]
+
+
+def is_worker(w):
+    return w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"].endswith("-worker")
 
 
 def check_checkpoint_volume(base):
@@ -304,7 +329,7 @@ def check_checkpoint_volume(base):
         job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
         check(job["checkpoint"]["dir"] == folder and folder.startswith(mount + "/"),
               "%s: the job's checkpoint folder %s is on the claim's mount %s" % (name, folder, mount))
-        workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+        workloads = [o for o in objs if o["kind"] in WORKLOADS]
         bad = []
         for w in workloads:
             vols = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
@@ -319,10 +344,10 @@ def check_checkpoint_volume(base):
         check(len(workloads) == 4 and not bad,
               "%s: the scheduler, loom-preprocess and every worker mount claim loom-ckpt at %s%s" %
               (name, mount, "" if not bad else ": " + "; ".join(bad)))
-        sched = containers(by(objs, "Deployment", "train-loom-scheduler"))[0]["args"]
+        sched = containers(workload(objs, "train-loom-scheduler"))[0]["args"]
         check("--run_dir=" + mount in sched, "%s: the scheduler's run folder is the claim's mount" % name)
         if "resumeStep=20" in args:
-            pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+            pre = containers(workload(objs, "train-loom-preprocess"))[0]["args"]
             check("--cursor=/ckpt/run1/step-20/data_cursor.binpb" in pre,
                   "%s: loom-preprocess reads the cursor from the claim" % name)
 
@@ -339,10 +364,10 @@ def check_valid_job(name, job):
 
 def main():
     base = ["ConfigMap/train-loom-job", "ConfigMap/train-loom-dashboards",
-            "Deployment/train-loom-scheduler", "Service/train-loom-scheduler",
-            "Deployment/train-loom-preprocess", "Service/train-loom-preprocess",
-            "StatefulSet/train-loom-encoder", "Service/train-loom-encoder",
-            "StatefulSet/train-loom-llm", "Service/train-loom-llm", "ServiceAccount/train-loom"] + \
+            "Job/train-loom-scheduler", "Service/train-loom-scheduler",
+            "Job/train-loom-preprocess", "Service/train-loom-preprocess",
+            "Job/train-loom-encoder", "Service/train-loom-encoder",
+            "Job/train-loom-llm", "Service/train-loom-llm", "ServiceAccount/train-loom"] + \
         ["NetworkPolicy/train-loom-" + c for c in ("scheduler", "preprocess", "encoder-worker", "llm-worker")]
     objs = check_render("defaults", [], base)
     check_args("defaults", objs)
@@ -356,12 +381,14 @@ def main():
               "defaults: the control port is open to Loom's pods only (controlFrom empty)")
     if objs:
         for module, dp in (("encoder", 2), ("llm", 2)):
-            s = by(objs, "StatefulSet", "train-loom-" + module)
+            s = workload(objs, "train-loom-" + module)
             svc = by(objs, "Service", "train-loom-" + module)
-            check(s["spec"]["podManagementPolicy"] == "Parallel" and s["spec"]["replicas"] == dp,
-                  "%s StatefulSet: Parallel, %d replicas (parallel.%s_dp)" % (module, dp, module))
-            check(svc["spec"].get("clusterIP") == "None" and s["spec"]["serviceName"] == svc["metadata"]["name"],
-                  "%s: headless Service named by the StatefulSet" % module)
+            check(s["spec"].get("completionMode") == "Indexed" and s["spec"]["completions"] == dp and
+                  s["spec"]["parallelism"] == dp,
+                  "%s Job: Indexed, %d pods at once (parallel.%s_dp)" % (module, dp, module))
+            check(svc["spec"].get("clusterIP") == "None" and
+                  s["spec"]["template"]["spec"]["subdomain"] == svc["metadata"]["name"],
+                  "%s: the headless Service names its pods (subdomain)" % module)
             c = containers(s)[0]
             env = {e["name"] for e in c.get("env", [])}
             check("NCCL_DEBUG" in env and "UCX_LOG_LEVEL" in env, "%s: NCCL_ and UCX_ environment from values" % module)
@@ -425,7 +452,7 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
               "all options: the recipe (schedule, warm-up ratio, floor, module peaks, eps) reaches job.json: %s"
               % job["train"])
         check_valid_job("all options", job)
-        vols = by(objs, "Deployment", "train-loom-scheduler")["spec"]["template"]["spec"]["volumes"]
+        vols = workload(objs, "train-loom-scheduler")["spec"]["template"]["spec"]["volumes"]
         check({"name": "control-tokens", "secret": {"secretName": "loom-control-tokens", "defaultMode": 0o440,
                                                     "items": [{"key": "tokens", "path": "tokens"}]}} in vols,
               "tls.controlTokensSecret: mounted into the scheduler only")
@@ -436,17 +463,17 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
         workers = by(objs, "NetworkPolicy", "train-loom-llm-worker")["spec"]["ingress"]
         check(not any(r.get("ports") == [{"port": 50051, "protocol": "TCP"}] for r in workers),
               "controlFrom opens the scheduler's port only, not the workers'")
-        llm = containers(by(objs, "StatefulSet", "train-loom-llm"))[0]
+        llm = containers(workload(objs, "train-loom-llm"))[0]
         check(llm["resources"]["limits"].get("rdma/rdma_shared_device_a") == 1 and
               "IPC_LOCK" in llm["securityContext"]["capabilities"]["add"], "rdma: resource and IPC_LOCK")
-        check(by(objs, "StatefulSet", "train-loom-llm")["spec"]["replicas"] == 32,
+        check(pods(workload(objs, "train-loom-llm")) == 32,
               "llm replicas: its grid, parallel.llm_tp x llm_pp x llm_dp")
-        check(by(objs, "StatefulSet", "train-loom-encoder")["spec"]["replicas"] == 4,
+        check(pods(workload(objs, "train-loom-encoder")) == 4,
               "encoder replicas: encoder_tp (default 1) x encoder_dp")
-        pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+        pre = containers(workload(objs, "train-loom-preprocess"))[0]["args"]
         check("--start_iteration=200" in pre and any(a.startswith("--cursor=") and "step-200" in a for a in pre),
               "resumeStep: preprocess restarts from the checkpoint's cursor")
-        sched = containers(by(objs, "Deployment", "train-loom-scheduler"))[0]["args"]
+        sched = containers(workload(objs, "train-loom-scheduler"))[0]["args"]
         check("--resume_step=200" in sched and "--ilp_seconds=30" in sched,
               "resumeStep: the scheduler resumes the same step as preprocess; extraArgs")
         check("--take_back" in sched and any(a.startswith("--run_dir=") for a in sched),
@@ -466,7 +493,7 @@ job:
     objs = check_render("mixture", ["-f", mixture], base)
     check_args("mixture", objs)
     if objs:
-        pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+        pre = containers(workload(objs, "train-loom-preprocess"))[0]["args"]
         check("--validation_shards=/data/val/*.tar" in pre and "--validation_batches=2" in pre,
               "mixture: the held-out set reaches loom-preprocess in whole batches (40 // 16)")
         check("--shards=/data/llava-665k/*.tar=3,/data/sharegpt4v/*.tar=1" in pre,
@@ -487,7 +514,7 @@ job:
     check_args("tls off", objs)
     check_schemas("tls off", objs)
     if objs:
-        cs = [c for o in objs if o["kind"] in ("Deployment", "StatefulSet") for c in containers(o)]
+        cs = [c for o in objs if o["kind"] in WORKLOADS for c in containers(o)]
         check(cs and all("--insecure" in c["args"] and not any(a.startswith("--tls_dir") for a in c["args"]) and
                          "grpc" in c["readinessProbe"] and "tls" not in {m["name"] for m in c["volumeMounts"]}
                          for c in cs),
@@ -507,16 +534,15 @@ job:
     check_references("hf", objs)
     check_schemas("hf", objs)
     if objs:
-        pre = containers(by(objs, "Deployment", "train-loom-preprocess"))[0]["args"]
+        pre = containers(workload(objs, "train-loom-preprocess"))[0]["args"]
         check("--llm_from=/models/llama" in pre and "--vision_from=/models/clip" in pre and
               not any(a.startswith("--config=") for a in pre),
               "hf: loom-preprocess reads the directories, not --config")
         job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
         check("model" not in job and job["hf"]["llm_from"] == "/models/llama",
               "hf: the job names the directories and no model")
-        for kind, name in (("Deployment", "train-loom-scheduler"), ("Deployment", "train-loom-preprocess"),
-                           ("StatefulSet", "train-loom-encoder"), ("StatefulSet", "train-loom-llm")):
-            o = by(objs, kind, name)
+        for name in ("train-loom-scheduler", "train-loom-preprocess", "train-loom-encoder", "train-loom-llm"):
+            o = workload(objs, name)
             mounts = {m["name"]: m for m in containers(o)[0]["volumeMounts"]}
             vols = {v["name"]: v for v in o["spec"]["template"]["spec"]["volumes"]}
             check("models" in mounts and mounts["models"].get("readOnly") and
@@ -624,9 +650,9 @@ workers:
     objs = check_render("no GPUs", ["--set", "gpu.enabled=false"], base)
     if objs:
         images = {o["metadata"]["name"]: containers(o)[0]["image"] for o in objs
-                  if o["kind"] in ("Deployment", "StatefulSet")}
+                  if o["kind"] in WORKLOADS}
         check(set(images.values()) == {"loom:0.1.0"} and
-              "nvidia.com/gpu" not in containers(by(objs, "StatefulSet", "train-loom-llm"))[0]["resources"]["limits"],
+              "nvidia.com/gpu" not in containers(workload(objs, "train-loom-llm"))[0]["resources"]["limits"],
               "gpu.enabled false: every pod runs image, no GPU requested (%s)" % images)
 
     # Placement per module over the shared one: the encoder on L40S nodes,
@@ -647,19 +673,20 @@ workers:
     objs = check_render("per-module placement", ["-f", placed], base)
     check_schemas("per-module placement", objs)
     if objs:
-        spec = {m: by(objs, "StatefulSet", "train-loom-" + m)["spec"]["template"]["spec"] for m in ("encoder", "llm")}
+        spec = {m: workload(objs, "train-loom-" + m)["spec"]["template"]["spec"] for m in ("encoder", "llm")}
         check(spec["encoder"]["nodeSelector"] == {"pool": "training", "gpu": "l40s"} and
               spec["llm"]["nodeSelector"] == {"pool": "training", "gpu": "h100"},
               "per-module placement: each module's nodeSelector keys over the shared ones (%s)" %
               {m: s.get("nodeSelector") for m, s in spec.items()})
-        check([t["key"] for t in spec["encoder"]["tolerations"]] == ["training", "l40s"] and
-              [t["key"] for t in spec["llm"]["tolerations"]] == ["training"],
-              "per-module placement: a module's tolerations add to the shared ones")
+        lost = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]  # workload.nodeLostSeconds
+        check([t["key"] for t in spec["encoder"]["tolerations"]] == ["training", "l40s"] + lost and
+              [t["key"] for t in spec["llm"]["tolerations"]] == ["training"] + lost,
+              "per-module placement: a module's tolerations add to the shared ones (and the lost node's)")
         check(list(spec["encoder"]["affinity"]) == ["podAntiAffinity"] and
               list(spec["llm"]["affinity"]) == ["nodeAffinity"],
               "per-module placement: a module's affinity replaces the shared one, else the shared one")
         for d in ("scheduler", "preprocess"):
-            check("nodeSelector" not in by(objs, "Deployment", "train-loom-" + d)["spec"]["template"]["spec"],
+            check("nodeSelector" not in workload(objs, "train-loom-" + d)["spec"]["template"]["spec"],
                   "per-module placement: %s keeps its own (empty) placement" % d)
 
     # cert-manager makes the TLS Secrets: a Certificate per identity into
@@ -673,11 +700,9 @@ workers:
     if objs:
         certs = {o["metadata"]["name"].rsplit("-", 1)[1]: o["spec"] for o in objs if o["kind"] == "Certificate"}
         mounted = {}
-        for kind, name, ident in (("Deployment", "train-loom-scheduler", "scheduler"),
-                                  ("Deployment", "train-loom-preprocess", "preprocess"),
-                                  ("StatefulSet", "train-loom-encoder", "worker"),
-                                  ("StatefulSet", "train-loom-llm", "worker")):
-            vols = {v["name"]: v for v in by(objs, kind, name)["spec"]["template"]["spec"]["volumes"]}
+        for name, ident in (("train-loom-scheduler", "scheduler"), ("train-loom-preprocess", "preprocess"),
+                            ("train-loom-encoder", "worker"), ("train-loom-llm", "worker")):
+            vols = {v["name"]: v for v in workload(objs, name)["spec"]["template"]["spec"]["volumes"]}
             mounted.setdefault(ident, set()).add(vols["tls"]["secret"]["secretName"])
         check(all(mounted[i] == {certs[i]["secretName"]} for i in mounted),
               "cert-manager: each identity's Certificate writes the Secret its pods mount (%s)" % mounted)
@@ -718,8 +743,8 @@ workers:
     check_schemas("per-module extras", objs)
     check_locked_down("per-module extras", objs)
     if objs:
-        llm = by(objs, "StatefulSet", "train-loom-llm")
-        enc = by(objs, "StatefulSet", "train-loom-encoder")
+        llm = workload(objs, "train-loom-llm")
+        enc = workload(objs, "train-loom-encoder")
         c = containers(llm)[0]
         pod = llm["spec"]["template"]
         env = [e["name"] for e in c["env"]]
@@ -774,7 +799,7 @@ workers:
     components = ("scheduler", "preprocess", "encoder-worker", "llm-worker", "generator-worker")
     objs = check_render("generator", ["-f", gen],
                         [o for o in base if not o.startswith("NetworkPolicy/")] +
-                        ["StatefulSet/train-loom-generator", "Service/train-loom-generator"] +
+                        ["Job/train-loom-generator", "Service/train-loom-generator"] +
                         ["NetworkPolicy/train-loom-" + c for c in components] +
                         ["PodDisruptionBudget/train-loom-" + c for c in components])
     check_args("generator", objs)
@@ -783,16 +808,16 @@ workers:
     check_locked_down("generator", objs)
     check_tls("generator", objs)
     if objs:
-        s = by(objs, "StatefulSet", "train-loom-generator")
+        s = workload(objs, "train-loom-generator")
         c = containers(s)[0]
         pod = s["spec"]["template"]
-        check(s["spec"]["replicas"] == 4 and c["command"] == ["/usr/local/bin/loom-generator-worker"] and
+        check(pods(s) == 4 and c["command"] == ["/usr/local/bin/loom-generator-worker"] and
               c["readinessProbe"]["exec"]["command"][-2:] == ["health", "loom.worker.v1.GeneratorWorkerService"] and
               c["resources"]["limits"].get("nvidia.com/gpu") == 1,
               "generator: 4 ranks (TP 1 x PP 2 x DP 2) of loom-generator-worker, a GPU each, probed on "
               "GeneratorWorkerService")
         check(pod["spec"].get("nodeSelector") == {"gpu": "l40s"} and pod["metadata"]["labels"].get("team") == "gen"
-              and "nodeSelector" not in by(objs, "StatefulSet", "train-loom-llm")["spec"]["template"]["spec"],
+              and "nodeSelector" not in workload(objs, "train-loom-llm")["spec"]["template"]["spec"],
               "generator: its own placement and pod labels, not the LLM's")
         job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
         check(job["model"] == "tiny-gen" and job["parallel"]["generator_dp"] == 2 and
@@ -841,6 +866,88 @@ workers:
     check(rc == 0, "generator values: init on a volume every module mounts renders (%s)" %
           (err.strip().splitlines()[-1] if err.strip() else "rendered"))
 
+    # The job's end ends the workload (workload.kind Job, the default):
+    # every process runs with --exit_on_job_end and exits 0 once the job is
+    # final, so each Job completes and frees its GPUs; the scheduler's exit
+    # 3 (FAILED) fails its Job at once, a node's disruption does not count;
+    # crashed workers restart in their pod; a lost node's pods are evicted
+    # after workload.nodeLostSeconds and started elsewhere; finished Jobs
+    # are deleted ttlSecondsAfterFinished later.
+    objs = check_render("jobs", ["--set", "workload.nodeLostSeconds=45", "--set",
+                                 "workload.ttlSecondsAfterFinished=600"], base)
+    if objs:
+        jobs = [o for o in objs if o["kind"] in WORKLOADS]
+        check(len(jobs) == 4 and all(j["kind"] == "Job" for j in jobs),
+              "jobs: the scheduler, loom-preprocess and each module's workers are Jobs")
+        check(all("--exit_on_job_end" in containers(j)[0]["args"] for j in jobs),
+              "jobs: every process exits 0 once the job ends (--exit_on_job_end)")
+        check(all(j["spec"]["ttlSecondsAfterFinished"] == 600 and j["spec"]["backoffLimit"] == 10 and
+                  "suspend" not in j["spec"] for j in jobs),
+              "jobs: deleted 600 s after they finish, 10 failures allowed, not suspended without Kueue")
+        lost = [{"key": k, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 45}
+                for k in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
+        check(all(all(t in j["spec"]["template"]["spec"].get("tolerations", []) for t in lost) for j in jobs),
+              "jobs: a lost node's pods are evicted after workload.nodeLostSeconds (45 s) and started elsewhere")
+        sched = workload(objs, "train-loom-scheduler")["spec"]
+        check(sched["template"]["spec"]["restartPolicy"] == "Never" and sched["podFailurePolicy"]["rules"] == [
+            {"action": "FailJob", "onExitCodes": {"containerName": "loom-scheduler", "operator": "In", "values": [3]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}],
+              "jobs: the scheduler's exit 3 (a FAILED job) fails its Job; a disruption does not count")
+        check(all(workload(objs, "train-loom-" + m)["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
+                  for m in ("preprocess", "encoder", "llm")),
+              "jobs: a crashed worker or loom-preprocess restarts in its pod")
+    # Kueue admits the Jobs (created suspended, labelled with the queue);
+    # gang scheduling puts every pod in one PodGroup (all or none), valid
+    # under the scheduler-plugins CRD's own schema.
+    gang = os.path.join(TMP, "gang.yaml")
+    open(gang, "w").write("""
+workers: {ranksPerPod: 2}
+job: {parallel: {encoder_dp: 2, llm_dp: 2, llm_tp: 2, microbatches: 2}}
+workload:
+  kueue: {queueName: gpu-queue}
+  podGroup: {enabled: true, scheduleTimeoutSeconds: 900}
+""")
+    objs = check_render("gang", ["-f", gang], base + ["PodGroup/train-loom"])
+    check_args("gang", objs)
+    check_references("gang", objs)
+    check_schemas("gang", objs)
+    if objs:
+        jobs = [o for o in objs if o["kind"] == "Job"]
+        check(all(j["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "gpu-queue" and
+                  j["spec"].get("suspend") is True for j in jobs),
+              "gang: every Job labelled with the Kueue queue and created suspended")
+        group = by(objs, "PodGroup", "train-loom")
+        check(group["spec"] == {"minMember": 5, "scheduleTimeoutSeconds": 900},
+              "gang: one PodGroup of every pod: scheduler, preprocess, 1 encoder pod, 2 LLM pods (%s)" %
+              group["spec"])
+        check(all(j["spec"]["template"]["metadata"]["labels"].get("scheduling.x-k8s.io/pod-group") ==
+                  "train-loom" and j["spec"]["template"]["spec"].get("schedulerName") ==
+                  "scheduler-plugins-scheduler" for j in jobs),
+              "gang: every pod joins the PodGroup under the coscheduling scheduler")
+        broken = json.loads(json.dumps(group))
+        broken["spec"]["minMembers"] = broken["spec"].pop("minMember")
+        errors = schema_errors(broken)
+        check(any("minMembers" in e for e in errors),
+              "gang: the PodGroup schema refuses a misspelled field (%s)" % errors)
+    rc, out, err = render("-f", gang, "--set", "workers.schedulerName=volcano")
+    check(rc != 0 and "a PodGroup's pods share one scheduler" in err,
+          "gang: refuses a PodGroup under two schedulers (%s)" % (err.strip().splitlines()[-1] if err.strip() else ""))
+    # workload.kind StatefulSet: Deployments and StatefulSets that serve on
+    # after the job (more jobs by loomctl submit), as before.
+    served = [o.replace("Job/train-loom-scheduler", "Deployment/train-loom-scheduler")
+              .replace("Job/train-loom-preprocess", "Deployment/train-loom-preprocess")
+              .replace("Job/", "StatefulSet/") for o in base]
+    objs = check_render("serving workloads", ["--set", "workload.kind=StatefulSet"], served)
+    check_references("serving workloads", objs)
+    check_schemas("serving workloads", objs)
+    check_locked_down("serving workloads", objs)
+    if objs:
+        ws = [o for o in objs if o["kind"] in WORKLOADS]
+        check(not any("--exit_on_job_end" in containers(w)[0]["args"] for w in ws) and
+              all(pods(w) == 2 for w in ws if w["kind"] == "StatefulSet") and
+              all(w["spec"]["podManagementPolicy"] == "Parallel" for w in ws if w["kind"] == "StatefulSet"),
+              "serving workloads: they serve on after the job; StatefulSets of Parallel pods")
+
     # One pod per node: 8 ranks per pod, each its own process on its own GPU
     # (--local_ranks), TP groups inside a pod, a port and a scrape per rank.
     per_node = os.path.join(TMP, "per-node.yaml")
@@ -857,14 +964,14 @@ job:
     check_schemas("one pod per node", objs)
     check_locked_down("one pod per node", objs)
     if objs:
-        for module, pods in (("encoder", 1), ("llm", 2)):
-            s = by(objs, "StatefulSet", "train-loom-" + module)
+        for module, n in (("encoder", 1), ("llm", 2)):
+            s = workload(objs, "train-loom-" + module)
             c = containers(s)[0]
             ports = {p["name"]: p["containerPort"] for p in c["ports"]}
             svc = {p["name"]: p["port"] for p in by(objs, "Service", "train-loom-" + module)["spec"]["ports"]}
-            check(s["spec"]["replicas"] == pods and "--local_ranks=8" in c["args"] and
+            check(pods(s) == n and "--local_ranks=8" in c["args"] and
                   "--rank_from_hostname" in c["args"] and c["resources"]["limits"].get("nvidia.com/gpu") == 8,
-                  "one pod per node: %s has %d pods of 8 ranks (--local_ranks=8) and 8 GPUs each" % (module, pods))
+                  "one pod per node: %s has %d pods of 8 ranks (--local_ranks=8) and 8 GPUs each" % (module, n))
             check(all(ports.get("grpc-%d" % i) == 50051 + i and ports.get("metrics-%d" % i) == 9090 + i and
                       svc.get("metrics-%d" % i) == 9090 + i for i in range(1, 8)),
                   "one pod per node: %s local ranks 1-7 on ports grpc+i and metrics+i, each scraped" % module)
@@ -891,7 +998,7 @@ job:
     # produce one) and a wrong type are found, named by their path.
     objs = check_render("defaults, again", [], base)
     if objs:
-        broken = json.loads(json.dumps(by(objs, "StatefulSet", "train-loom-llm")))
+        broken = json.loads(json.dumps(workload(objs, "train-loom-llm")))
         c = broken["spec"]["template"]["spec"]["containers"][0]
         c["readinessProbe"]["exec"]["comand"] = c["readinessProbe"]["exec"].pop("command")
         errors = schema_errors(broken)

@@ -28,6 +28,7 @@ ROOTS = {
     ("apps/v1", "StatefulSet"): "V1StatefulSet",
     ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
     ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
+    ("batch/v1", "Job"): "V1Job",
 }
 
 # resource.Quantity fields: the API takes a number or a string (the models

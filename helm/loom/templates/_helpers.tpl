@@ -201,18 +201,73 @@ says they are: storage.models.existingClaim at storage.models.mountPath. */}}
 {{- end -}}
 
 {{- define "loom.placement" -}}
-{{- with .nodeSelector }}
+{{- $ := index . 0 -}}
+{{- $p := index . 1 -}}
+{{- with $p.nodeSelector }}
 nodeSelector:
 {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .tolerations }}
+{{- /* Jobs: a pod on a node that stopped answering is evicted after
+workload.nodeLostSeconds, and its Job starts it again elsewhere. */ -}}
+{{- $tolerations := $p.tolerations | default list }}
+{{- if eq $.Values.workload.kind "Job" }}
+{{- $secs := int $.Values.workload.nodeLostSeconds }}
+{{- range $key := list "node.kubernetes.io/unreachable" "node.kubernetes.io/not-ready" }}
+{{- $tolerations = append $tolerations (dict "key" $key "operator" "Exists" "effect" "NoExecute" "tolerationSeconds" $secs) }}
+{{- end }}
+{{- end }}
+{{- with $tolerations }}
 tolerations:
 {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .affinity }}
+{{- with $p.affinity }}
 affinity:
 {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* A workload's kind and the head of its spec: a Job (workload.kind Job:
+it ends with the job; created suspended for Kueue when workload.kueue.
+queueName names a queue, which admits it) or, for the StatefulSet kind,
+a Deployment (scheduler, preprocess) or StatefulSet (workers) that serves
+on. Call with (list $ "Deployment"|"StatefulSet" component). */}}
+{{- define "loom.workloadKind" -}}
+{{- $ := index . 0 -}}
+{{- if eq $.Values.workload.kind "Job" -}}
+apiVersion: batch/v1
+kind: Job
+{{- else -}}
+apiVersion: apps/v1
+kind: {{ index . 1 }}
+{{- end -}}
+{{- end -}}
+
+{{- define "loom.workloadLabels" -}}
+{{- if and (eq .Values.workload.kind "Job") .Values.workload.kueue.queueName -}}
+kueue.x-k8s.io/queue-name: {{ .Values.workload.kueue.queueName }}
+{{- end -}}
+{{- end -}}
+
+{{- define "loom.jobSpec" -}}
+{{- if .Values.workload.kueue.queueName }}
+suspend: true  # until Kueue admits it
+{{- end }}
+backoffLimit: {{ int .Values.workload.backoffLimit }}
+ttlSecondsAfterFinished: {{ int .Values.workload.ttlSecondsAfterFinished }}
+{{- end -}}
+
+{{/* Pod labels and scheduler of a gang (workload.podGroup: every Loom pod
+in one scheduler-plugins PodGroup, scheduled all or none). */}}
+{{- define "loom.podGroupLabel" -}}
+{{- if .Values.workload.podGroup.enabled -}}
+scheduling.x-k8s.io/pod-group: {{ include "loom.fullname" . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "loom.podScheduler" -}}
+{{- if .Values.workload.podGroup.enabled -}}
+schedulerName: {{ .Values.workload.podGroup.schedulerName }}
+{{- end -}}
 {{- end -}}
 
 
