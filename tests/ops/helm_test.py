@@ -904,7 +904,7 @@ workers:
 workers: {ranksPerPod: 2}
 job: {parallel: {encoder_dp: 2, llm_dp: 2, llm_tp: 2, microbatches: 2}}
 workload:
-  kueue: {queueName: gpu-queue}
+  kueue: {queueName: gpu-queue, preferredTopology: cloud.example.com/rack}
   podGroup: {enabled: true, scheduleTimeoutSeconds: 900}
 """)
     objs = check_render("gang", ["-f", gang], base + ["PodGroup/train-loom"])
@@ -916,6 +916,9 @@ workload:
         check(all(j["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "gpu-queue" and
                   j["spec"].get("suspend") is True for j in jobs),
               "gang: every Job labelled with the Kueue queue and created suspended")
+        check(all(workload(objs, "train-loom-" + m)["spec"]["template"]["metadata"].get("annotations", {}).get(
+            "kueue.x-k8s.io/podset-preferred-topology") == "cloud.example.com/rack" for m in ("encoder", "llm")),
+              "gang: each module's workers prefer one rack (Kueue topology-aware scheduling)")
         group = by(objs, "PodGroup", "train-loom")
         check(group["spec"] == {"minMember": 5, "scheduleTimeoutSeconds": 900},
               "gang: one PodGroup of every pod: scheduler, preprocess, 1 encoder pod, 2 LLM pods (%s)" %
