@@ -254,6 +254,7 @@ struct Watched {
 struct JobOutcome {
   int rc = 0;
   bool lost = false;
+  bool final = false;  // the job reached SUCCEEDED, CANCELLED or FAILED
   loom::control::v1::Recovery recovery;
   loom::control::v1::TrainingTime training_time;  // the job's clock as last seen
 };
@@ -271,6 +272,19 @@ bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery&
                  JobOutcome* outcome, bool workers_elsewhere) {
   std::fprintf(stderr, "loom up: job %s RECOVERING: %s\n", job_name.c_str(),
                loom::DescribeLoss(r).c_str());
+  if (workers_elsewhere && r.role() != loom::common::v1::ROLE_SCHEDULER &&
+      r.role() != loom::common::v1::ROLE_PREPROCESS) {
+    // --control_only: srun's or torchrun's task is the worker; the cluster
+    // (or a person) starts it again, on any host, and it registers anew.
+    // loom-scheduler counts these restarts (job.recovery.max_restarts).
+    std::fprintf(info,
+                 "loom up: %s rank %d is a task of its own: start it again (loom up "
+                 "--worker_from_env, the same task's environment, any host); loom-scheduler "
+                 "admits it\n",
+                 loom::RoleLabel(r.role()).c_str(), r.rank());
+    std::fflush(info);
+    return true;
+  }
   // Its last words if it has ended. Where it is replaced, no waiting for
   // that: a partitioned process that lives on must be ended before it
   // rejoins (Replace), not given time to.
@@ -296,18 +310,6 @@ bool ReplaceLost(const std::string& job_name, const loom::control::v1::Recovery&
       resume_step > 0 ? absl::StrCat("resuming after checkpoint step ", resume_step).c_str()
                       : "from the start (no complete checkpoint yet)");
   std::fflush(info);
-  if (workers_elsewhere && r.role() != loom::common::v1::ROLE_SCHEDULER &&
-      r.role() != loom::common::v1::ROLE_PREPROCESS) {
-    // --control_only: srun's or torchrun's task is the worker; the cluster
-    // (or a person) starts it again, on any host, and it registers anew.
-    std::fprintf(info,
-                 "loom up: %s rank %d is a task of its own: start it again (loom up "
-                 "--worker_from_env, the same task's environment, any host); loom-scheduler "
-                 "admits it\n",
-                 loom::RoleLabel(r.role()).c_str(), r.rank());
-    std::fflush(info);
-    return true;
-  }
   if (absl::Status st = launcher.Replace(r.role(), r.rank(), resume_step); !st.ok()) {
     // Lost again while starting: every service starts over.
     std::fprintf(stderr, "loom up: %s\n", std::string(st.message()).c_str());
@@ -554,6 +556,7 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
           }
           over = true;
         }
+        outcome.final = outcome.final || loom::IsFinalJobState(j.state());
         over = over || (loom::IsFinalJobState(j.state()) && absl::GetFlag(FLAGS_exit_on_job_end));
       }
     }
@@ -637,6 +640,7 @@ int main(int argc, char** argv) {
   o.startup_timeout = absl::GetFlag(FLAGS_startup_timeout);
   o.job = job;
   if (absl::GetFlag(FLAGS_worker_from_env)) {
+    if (!absl::GetFlag(FLAGS_trace).empty()) o.trace_dir = run_dir + "/trace";
     if (absl::GetFlag(FLAGS_control_only)) {
       return Fail("--worker_from_env and --control_only: one of them (a task or the control)");
     }
@@ -688,7 +692,15 @@ int main(int argc, char** argv) {
   }
   if (!o.insecure && o.certificates.empty()) {
     o.certificates = run_dir + "/tls";
+    // READY (task_launch.h): worker tasks on other nodes wait for it, so
+    // none reads a half-written set.
+    std::error_code ec;
+    std::filesystem::remove(o.certificates + "/READY", ec);
     if (absl::Status s = loom::MakeJobCertificates(o.certificates, o.server_name); !s.ok()) {
+      return Fail("the job's certificates: " + std::string(s.message()));
+    }
+    if (absl::Status s = loom::WriteFileAtomically(o.certificates + "/READY", "loom up\n");
+        !s.ok()) {
       return Fail("the job's certificates: " + std::string(s.message()));
     }
   }
@@ -778,7 +790,7 @@ int main(int argc, char** argv) {
       // to the checkpoint): no need to let the survivors stop gracefully.
       // --control_only: the services end by themselves once every worker
       // task has been told (loom-scheduler --exit_on_job_end).
-      clean = o.control_only && !outcome.lost ? launcher.AwaitExit(absl::Minutes(3))
+      clean = o.control_only && outcome.final ? launcher.AwaitExit(absl::Minutes(3))
                                               : launcher.Stop(outcome.lost ? SIGKILL : SIGTERM);
       std::fprintf(info, "%s", loom::FormatServiceTable(launcher.services()).c_str());
     }

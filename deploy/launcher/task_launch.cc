@@ -10,7 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "services/common/catalog.h"
-#include "services/common/security.h"
 
 namespace loom {
 namespace {
@@ -135,14 +134,26 @@ absl::StatusOr<TaskEnv> TaskEnvFromEnvironment(
       return absl::InvalidArgumentError(
           absl::StrCat("SLURM_JOB_NODELIST: ", nodes.status().message()));
     }
-    absl::StatusOr<int> node = IntVar(getenv, "SLURM_NODEID", 0);
-    if (!node.ok()) return node.status();
-    if (*node >= static_cast<int>(nodes->size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SLURM_NODEID=", *node, ": the nodelist has ", nodes->size(), " hosts"));
-    }
-    env.host = (*nodes)[*node];
     if (scheduler_host.empty()) scheduler_host = nodes->front();
+    // This task's node: slurmd's name for it, else SLURM_NODEID in the
+    // step's nodes (a step may run on part of the allocation).
+    if (set("SLURMD_NODENAME")) {
+      env.host = getenv("SLURMD_NODENAME");
+    } else {
+      absl::StatusOr<std::vector<std::string>> step = *nodes;
+      if (set("SLURM_STEP_NODELIST")) step = ExpandHostlist(getenv("SLURM_STEP_NODELIST"));
+      if (!step.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("SLURM_STEP_NODELIST: ", step.status().message()));
+      }
+      absl::StatusOr<int> node = IntVar(getenv, "SLURM_NODEID", 0);
+      if (!node.ok()) return node.status();
+      if (*node >= static_cast<int>(step->size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SLURM_NODEID=", *node, ": the step's nodelist has ", step->size(), " hosts"));
+      }
+      env.host = (*step)[*node];
+    }
   }
   if (!scheduler_host.empty() && set("MASTER_PORT")) {
     absl::StatusOr<int> port = IntVar(getenv, "MASTER_PORT", 1);
@@ -190,13 +201,17 @@ absl::Status ExecWorkerTask(const LauncherOptions& options, const TaskEnv& env) 
         "where loom-scheduler is: --scheduler HOST:PORT, or MASTER_ADDR (Slurm: the first "
         "host of SLURM_JOB_NODELIST) with MASTER_PORT");
   }
-  if (!options.insecure) {  // the control's loom up makes them in the shared run folder
-    const std::string key = IdentityDir(options.certificates, kWorkerIdentity) + "/tls.key";
+  if (!options.insecure) {
+    // The control's loom up makes them in the shared run folder and then
+    // writes READY. Those of an earlier run in the same folder may be read
+    // before it makes new ones: the worker reads them again every
+    // --tls_refresh, and its registration is retried meanwhile.
+    const std::string ready = options.certificates + "/READY";
     const absl::Time until = absl::Now() + options.startup_timeout;
-    while (access(key.c_str(), R_OK) != 0) {
+    while (access(ready.c_str(), R_OK) != 0) {
       if (absl::Now() > until) {
         return absl::DeadlineExceededError(absl::StrCat(
-            key, " did not appear within ", absl::FormatDuration(options.startup_timeout),
+            ready, " did not appear within ", absl::FormatDuration(options.startup_timeout),
             ": start `loom up --control_only` with the same --run_dir (a shared folder) first"));
       }
       absl::SleepFor(absl::Milliseconds(200));

@@ -5,8 +5,9 @@
 // process ends with the job (--exit_on_job_end), so the allocation does.
 //
 //   Slurm:    SLURM_PROCID (task), SLURM_NTASKS, SLURM_LOCALID (the GPU),
-//             SLURM_NODEID and SLURM_JOB_NODELIST (this task's host, and the
-//             first host, where loom-scheduler runs unless MASTER_ADDR says)
+//             SLURMD_NODENAME, else SLURM_NODEID in SLURM_STEP_NODELIST (or
+//             SLURM_JOB_NODELIST): this task's host; SLURM_JOB_NODELIST's
+//             first host runs loom-scheduler unless MASTER_ADDR says
 //   torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (loom-scheduler's host)
 //   both:     MASTER_PORT, loom-scheduler's port (the control's --base_port)
 //

@@ -98,7 +98,15 @@ TEST(TaskLaunchTest, SlurmAndTorchrunEnvironmentsSayTheTask) {
   EXPECT_NE(error(bad).find("SLURM_JOB_NODELIST is not set"), std::string::npos);
   bad = slurm;
   bad.vars["SLURM_NODEID"] = "2";
-  EXPECT_NE(error(bad).find("SLURM_NODEID=2: the nodelist has 2 hosts"), std::string::npos);
+  EXPECT_NE(error(bad).find("SLURM_NODEID=2: the step's nodelist has 2 hosts"), std::string::npos);
+  // A step on part of the allocation: SLURM_NODEID counts the step's nodes;
+  // slurmd's own name for the node comes first.
+  Env step = slurm;
+  step.vars["SLURM_JOB_NODELIST"] = "gpu[05-08]";
+  step.vars["SLURM_STEP_NODELIST"] = "gpu[07-08]";
+  EXPECT_EQ(step.Read()->host, "gpu08");
+  step.vars["SLURMD_NODENAME"] = "gpu07";
+  EXPECT_EQ(step.Read()->host, "gpu07");
   bad = slurm;
   bad.vars.erase("SLURM_LOCALID");
   EXPECT_NE(error(bad).find("SLURM_LOCALID is not set"), std::string::npos);

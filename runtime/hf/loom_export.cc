@@ -225,7 +225,8 @@ bool IsLoomModelDir(const std::string& dir) {
   absl::StatusOr<std::string> text = ReadFile(dir + "/config.json");
   if (!text.ok()) return false;
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.value("model_type", "") == kModelType;
+  return j.is_object() && j.contains("model_type") && j["model_type"].is_string() &&
+         j["model_type"].get<std::string>() == kModelType;
 }
 
 absl::StatusOr<std::unique_ptr<MultimodalModel>> OpenLoomModel(const std::string& dir) {

@@ -299,7 +299,8 @@ int GenerateImage() {
   const std::string name = absl::GetFlag(FLAGS_config);
   // A directory is an export (loom_export.h), which holds its weights.
   std::unique_ptr<loom::MultimodalModel> exported;
-  if (name.find('/') != std::string::npos) {
+  std::error_code ec;
+  if (name.find('/') != std::string::npos || std::filesystem::is_directory(name, ec)) {
     if (!loom::hf::IsLoomModelDir(name)) {
       return Fail("--config " + name +
                   ": not a Loom export (config.json with model_type \"loom\")");

@@ -195,7 +195,9 @@ for module, m in (("encoder", e), ("llm", l)):
     got = values["workers"][module]["nodeSelector"]
     assert got == {"nvidia.com/gpu.product": selector[m["gpu_kind"]]}, (module, got)
 w = schema["properties"]["workers"]["properties"]
-assert set(values) == {"job", "workers"} and all(set(values["workers"][m]) <= set(w[m]["properties"]) for m in values["workers"]), values
+module = schema["definitions"]["workerModule"]["properties"]  # every module's ($ref)
+assert all(w[m] == {"$ref": "#/definitions/workerModule"} for m in ("encoder", "llm", "generator"))
+assert set(values) == {"job", "workers"} and all(set(values["workers"][m]) <= set(module) for m in values["workers"]), values
 PY
 done
 $py - "$dir/fastest-plan.json" "$dir/cheapest-plan.json" <<'PY' || fail "plan --gpu_kinds --minimise_cost: cost and bound"

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -13,8 +14,17 @@ ABSL_FLAG(bool, exit_on_job_end, false,
           "the others were told, and exits 3 for a FAILED job.");
 
 namespace loom {
+namespace {
+std::atomic<bool> ended_by_job{false};
+}  // namespace
+
+int JobEndExitStatus(int rc) {
+  if (!absl::GetFlag(FLAGS_exit_on_job_end) || ended_by_job.load() || rc != 0) return rc;
+  return 128 + SIGTERM;
+}
 
 void StopProcessSoon(absl::Duration delay) {
+  ended_by_job.store(true);
   std::thread([delay] {
     absl::SleepFor(delay);
     kill(getpid(), SIGTERM);

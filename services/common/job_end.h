@@ -19,8 +19,14 @@ namespace loom {
 
 // Stops this process as SIGTERM does (the chassis drains and its main
 // returns), `delay` from now, from a thread of its own: an RPC that asked
-// for it is answered first.
+// for it is answered first. The job's end, for JobEndExitStatus.
 void StopProcessSoon(absl::Duration delay = absl::Milliseconds(200));
+
+// A main's exit status `rc` after its stop: with --exit_on_job_end, a stop
+// that was not the job's end (SIGTERM from a drain, an eviction, a
+// person) exits 143 instead of 0, so that a Job does not take the pod for
+// done and starts it again.
+int JobEndExitStatus(int rc);
 
 }  // namespace loom
 

@@ -126,5 +126,5 @@ int main(int argc, char** argv) {
     return 1;
   }
   chassis.AddService(service->get(), loom::data::v1::PreprocessService::service_full_name());
-  return chassis.ServeUntilSignal();
+  return loom::JobEndExitStatus(chassis.ServeUntilSignal());
 }

@@ -241,17 +241,20 @@ int main(int argc, char** argv) {
         if (ended == absl::InfiniteFuture()) {
           ended = absl::Now();
           LOOM_LOG(INFO).With("job", e.job_id).With("state", e.state)
-              << "the job ended: telling the workers and loom-preprocess (--exit_on_job_end)";
+              << "the job ended: waiting for every worker to finish (--exit_on_job_end)";
         }
+        // The workers first (a cancelled job's last iterations still read
+        // samples), then loom-preprocess.
+        const bool late = absl::Now() - ended >= grace;
+        if (e.done < e.ranks && !late) continue;
         if (!preprocess_told) {
           absl::Status s = service->EndPreprocess(e);
           preprocess_told = s.ok();
           if (!s.ok()) LOOM_LOG(WARNING).With("error", std::string(s.message())) << "EndJob";
         }
-        const bool all = preprocess_told && e.told >= e.ranks;
-        if (!all && absl::Now() - ended < grace) continue;
+        if (!preprocess_told && absl::Now() - ended < grace + absl::Seconds(30)) continue;
         LOOM_LOG(INFO)
-                .With("workers_told", e.told)
+                .With("workers_done", e.done)
                 .With("workers", e.ranks)
                 .With("preprocess_told", preprocess_told)
             << "exiting (--exit_on_job_end)";
@@ -265,5 +268,5 @@ int main(int argc, char** argv) {
   stopping.store(true);
   if (ender.joinable()) ender.join();
   // A FAILED job's scheduler says so in its exit status (loomctl watch's 3).
-  return rc == 0 && failed.load() ? 3 : rc;
+  return rc == 0 && failed.load() ? 3 : loom::JobEndExitStatus(rc);
 }

@@ -436,8 +436,6 @@ grpc::Status SchedulerServiceImpl::GetAssignment(grpc::ServerContext* context,
       *response->mutable_regroup() = regroup;
     } else {
       response->set_job_ended(ended);
-      absl::MutexLock lock(&mu_);
-      told_ended_.insert({request->role(), request->rank()});
     }
     return grpc::Status::OK;
   }

@@ -118,10 +118,20 @@ SchedulerServiceImpl::JobEnd SchedulerServiceImpl::JobEndProgress() const {
   e.job_id = options_.job.name();
   e.state = JobStateName(state_);
   e.ranks = sched::PlanWorkerRanks(options_.plan);
-  for (const auto& [role, rank] : told_ended_) {
-    e.told += role != common::v1::ROLE_UNSPECIFIED ? 1 : 0;
-  }
+  e.done = static_cast<int>(done_.size());
   return e;
+}
+
+grpc::Status SchedulerServiceImpl::ReportDone(grpc::ServerContext*,
+                                              const scheduler::v1::ReportDoneRequest* request,
+                                              scheduler::v1::ReportDoneResponse*) {
+  if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  if (!IsFinalJobState(state_)) {
+    return ToGrpcStatus(absl::FailedPreconditionError("ReportDone: the job has not ended"));
+  }
+  done_.insert({request->role(), request->rank()});
+  return grpc::Status::OK;
 }
 
 absl::Status SchedulerServiceImpl::EndPreprocess(const JobEnd& end) {

@@ -138,13 +138,13 @@ class SchedulerServiceImpl final
 
   // What --exit_on_job_end waits for (services/common/job_end.h): whether
   // the job is final (FAILED among them), and how many of the plan's worker
-  // ranks have been answered job_ended (GetAssignment's caller).
+  // ranks are done with it (ReportDone).
   struct JobEnd {
     bool final = false;
     bool failed = false;
     std::string job_id;
     std::string state;  // SUCCEEDED, CANCELLED, FAILED
-    int told = 0;
+    int done = 0;
     int ranks = 0;
   };
   JobEnd JobEndProgress() const;
@@ -182,6 +182,9 @@ class SchedulerServiceImpl final
   grpc::Status ReportCheckpoint(grpc::ServerContext* context,
                                 const scheduler::v1::ReportCheckpointRequest* request,
                                 scheduler::v1::ReportCheckpointResponse* response) override;
+  grpc::Status ReportDone(grpc::ServerContext* context,
+                          const scheduler::v1::ReportDoneRequest* request,
+                          scheduler::v1::ReportDoneResponse* response) override;
   grpc::Status SetKey(grpc::ServerContext* context, const scheduler::v1::SetKeyRequest* request,
                       scheduler::v1::SetKeyResponse* response) override;
   grpc::Status GetKey(grpc::ServerContext* context, const scheduler::v1::GetKeyRequest* request,
@@ -426,8 +429,8 @@ class SchedulerServiceImpl final
   // The job's state, events for WatchJob, and the control requests that the
   // worker RPCs act on.
   control::v1::JobState state_ ABSL_GUARDED_BY(mu_) = control::v1::JOB_STATE_UNSPECIFIED;
-  // Worker ranks (role, rank) answered job_ended (JobEndProgress).
-  std::set<std::pair<int, int>> told_ended_ ABSL_GUARDED_BY(mu_);
+  // Worker ranks (role, rank) done with the ended job (ReportDone).
+  std::set<std::pair<int, int>> done_ ABSL_GUARDED_BY(mu_);
   std::string job_message_ ABSL_GUARDED_BY(mu_);
   double submit_time_ ABSL_GUARDED_BY(mu_) = 0;
   bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;

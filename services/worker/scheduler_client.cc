@@ -39,8 +39,6 @@ absl::Status SchedulerClient::Cancelled() const {
 absl::StatusOr<scheduler::v1::RegisterWorkerResponse> SchedulerClient::Register(
     const scheduler::v1::Worker& w, absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;
-  caller_role_.store(w.role());  // named in each GetAssignment
-  caller_rank_.store(w.rank());
   scheduler::v1::RegisterWorkerRequest request;
   *request.mutable_worker() = w;
   request.set_incarnation(incarnation_);
@@ -153,8 +151,6 @@ absl::StatusOr<scheduler::v1::GetAssignmentResponse> SchedulerClient::GetAssignm
   request.set_iteration(iteration);
   request.set_validation(validation);
   request.set_generation(generation_.load());
-  request.set_role(caller_role_.load());
-  request.set_rank(caller_rank_.load());
   absl::Time unreachable_since = absl::InfiniteFuture();
   for (;;) {
     grpc::ClientContext ctx;
@@ -267,6 +263,16 @@ absl::Status SchedulerClient::ReportCheckpoint(common::v1::Role role, int rank, 
   return Report("scheduler ReportCheckpoint", [&](grpc::ClientContext* ctx) {
     scheduler::v1::ReportCheckpointResponse response;
     return stub_->ReportCheckpoint(ctx, request, &response);
+  });
+}
+
+absl::Status SchedulerClient::ReportDone(common::v1::Role role, int rank) {
+  scheduler::v1::ReportDoneRequest request;
+  request.set_role(role);
+  request.set_rank(rank);
+  return Report("scheduler ReportDone", [&](grpc::ClientContext* ctx) {
+    scheduler::v1::ReportDoneResponse response;
+    return stub_->ReportDone(ctx, request, &response);
   });
 }
 

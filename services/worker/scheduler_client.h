@@ -66,6 +66,8 @@ class SchedulerClient {
   // part counts once). One lost answer no longer ends the rank.
   absl::Status ReportStep(const scheduler::v1::StepReport& step);
   absl::Status ReportCheckpoint(common::v1::Role role, int rank, int64_t step);
+  // This worker is done with the ended job and exits (--exit_on_job_end).
+  absl::Status ReportDone(common::v1::Role role, int rank);
   absl::StatusOr<scheduler::v1::GetProgressResponse> GetProgress(int64_t after_iteration);
 
   scheduler::v1::SchedulerService::Stub* stub() { return stub_.get(); }
@@ -101,9 +103,6 @@ class SchedulerClient {
   const std::atomic<bool>* cancel_;
   std::string incarnation_ = ProcessIncarnation();
   std::atomic<int64_t> generation_{0};
-  // The registered worker (Register), named in each GetAssignment.
-  std::atomic<common::v1::Role> caller_role_{common::v1::ROLE_UNSPECIFIED};
-  std::atomic<int> caller_rank_{0};
   mutable absl::Mutex key_mu_;
   DataKey key_ ABSL_GUARDED_BY(key_mu_);  // generation_'s (set together under key_mu_)
 };

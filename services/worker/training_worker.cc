@@ -808,6 +808,9 @@ void TrainingWorker::Run() {
   Finish(result);
   // The job is over for this worker: its workload ends with it.
   if (result.ok() && !m.stop.load() && m.options.exit_on_job_end) {
+    if (absl::Status s = m.scheduler->ReportDone(m.options.role, m.options.rank); !s.ok()) {
+      LOOM_LOG(WARNING).With("error", std::string(s.message())) << "ReportDone";
+    }
     LOOM_LOG(INFO) << "the job ended: exiting (--exit_on_job_end)";
     StopProcessSoon(absl::ZeroDuration());
   }

@@ -210,13 +210,13 @@ int WorkerMain(int argc, char** argv, const WorkerBinary& b) {
   if (s.code() == absl::StatusCode::kDeadlineExceeded) {
     LOOM_LOG(WARNING) << "training thread still blocked; exiting without it";
     std::fflush(nullptr);
-    _exit(worker->failed() ? 1 : 0);  // a worker that failed exits non-zero either way
+    _exit(worker->failed() ? 1 : JobEndExitStatus(0));  // a failed worker: non-zero either way
   }
   if (!s.ok()) {
     std::fprintf(stderr, "%s: %s\n", b.name, std::string(s.message()).c_str());
     return 1;
   }
-  return 0;
+  return JobEndExitStatus(0);
 }
 
 }  // namespace loom

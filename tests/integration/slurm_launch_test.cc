@@ -10,7 +10,9 @@
 // itself (--exit_on_job_end): the workers, loom-preprocess and
 // loom-scheduler. A second run kills an LLM task on host B mid-run and
 // starts it again on host A: loom-scheduler admits it there, and the job
-// continues with the uninterrupted run's losses.
+// continues with the uninterrupted run's losses. A third is cancelled
+// mid-run (loomctl cancel): its workers finish the iterations already
+// handed out, and then every process exits 0 too.
 //
 // Needs root (ip netns add); fails, naming it, where that is refused.
 #include <csignal>
@@ -32,10 +34,20 @@ namespace {
 
 constexpr int kPort = 29400;  // loom-scheduler's, on host A (MASTER_PORT)
 
+// Waits until `p`'s log holds `text` (or it ended, or the deadline).
+bool WaitFor(Subprocess& p, const std::string& text, absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(p.ReadLog(), text)) return true;
+    if (!p.running()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::StrContains(p.ReadLog(), text);
+}
+
 class SlurmLaunchTest : public TwoHostsTest {
  protected:
   // The control on host A: loom up --control_only, its JSON steps in its log.
-  std::unique_ptr<Subprocess> StartControl(const std::string& name) {
+  std::unique_ptr<Subprocess> StartControl(const std::string& name, int steps) {
     config_ = TempPath(name + ".txtpb");
     run_ = TempPath(name);
     EXPECT_TRUE(WriteFileAtomically(config_, Job("loom", /*checkpoint_every=*/3) +
@@ -44,7 +56,7 @@ class SlurmLaunchTest : public TwoHostsTest {
     absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(
         {IpBinary(), "netns", "exec", host_a_, "/usr/bin/env", "UCX_TLS=tcp",
          Runfile("deploy/launcher/loom-up"), "--bin_dir=" + Runfile(""), "--run_dir=" + run_,
-         "--config=" + config_, absl::StrCat("--steps=", kSteps), "--json", "--control_only",
+         "--config=" + config_, absl::StrCat("--steps=", steps), "--json", "--control_only",
          absl::StrCat("--bind_host=", kAddressA), absl::StrCat("--base_port=", kPort)},
         TempPath(name + "-control.log"));
     EXPECT_TRUE(p.ok()) << p.status();
@@ -66,30 +78,29 @@ class SlurmLaunchTest : public TwoHostsTest {
     return p.ok() ? std::move(*p) : nullptr;
   }
 
+  // The control, once healthy, and srun's four tasks: 0 and 1 (the
+  // encoder's ranks) on host A, 2 and 3 (the LLM's) on host B.
+  void StartJob(const std::string& name, absl::Time deadline, int steps = kSteps) {
+    control_ = StartControl(name, steps);
+    ASSERT_NE(control_, nullptr);
+    ASSERT_TRUE(WaitFor(*control_, "services healthy", deadline)) << control_->ReadLog();
+    for (int task = 0; task < 4; ++task) {
+      tasks_.push_back(
+          StartTask(name, task, task / 2, task % 2, absl::StrCat(name, "-task-", task, ".log")));
+      ASSERT_NE(tasks_.back(), nullptr);
+    }
+  }
+
   std::string config_, run_;
+  std::unique_ptr<Subprocess> control_;
+  std::vector<std::unique_ptr<Subprocess>> tasks_;
 };
 
-// Waits until `p`'s log holds `text` (or it ended, or the deadline).
-bool WaitFor(Subprocess& p, const std::string& text, absl::Time deadline) {
-  while (absl::Now() < deadline) {
-    if (absl::StrContains(p.ReadLog(), text)) return true;
-    if (!p.running()) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::StrContains(p.ReadLog(), text);
-}
-
 TEST_F(SlurmLaunchTest, TasksFromTheEnvironmentTrainAsOneProcessAndAllExitZero) {
-  std::unique_ptr<Subprocess> control = StartControl("slurm");
-  ASSERT_NE(control, nullptr);
   const absl::Time deadline = absl::Now() + absl::Minutes(5);
-  ASSERT_TRUE(WaitFor(*control, "services healthy", deadline)) << control->ReadLog();
-  std::vector<std::unique_ptr<Subprocess>> tasks;
-  for (int task = 0; task < 4; ++task) {
-    tasks.push_back(
-        StartTask("slurm", task, task / 2, task % 2, absl::StrCat("slurm-task-", task, ".log")));
-    ASSERT_NE(tasks.back(), nullptr);
-  }
+  ASSERT_NO_FATAL_FAILURE(StartJob("slurm", deadline));
+  Subprocess* control = control_.get();
+  std::vector<std::unique_ptr<Subprocess>>& tasks = tasks_;
   absl::StatusOr<int> status = control->Wait(deadline - absl::Now());
   ASSERT_TRUE(status.ok()) << status.status() << "\n" << control->ReadLog();
   const std::string log = control->ReadLog();
@@ -121,16 +132,10 @@ TEST_F(SlurmLaunchTest, TasksFromTheEnvironmentTrainAsOneProcessAndAllExitZero) 
 }
 
 TEST_F(SlurmLaunchTest, ATaskLostOnOneHostStartedOnAnotherIsAdmittedWithTheSameLosses) {
-  std::unique_ptr<Subprocess> control = StartControl("moved");
-  ASSERT_NE(control, nullptr);
   const absl::Time deadline = absl::Now() + absl::Minutes(6);
-  ASSERT_TRUE(WaitFor(*control, "services healthy", deadline)) << control->ReadLog();
-  std::vector<std::unique_ptr<Subprocess>> tasks;
-  for (int task = 0; task < 4; ++task) {
-    tasks.push_back(
-        StartTask("moved", task, task / 2, task % 2, absl::StrCat("moved-task-", task, ".log")));
-    ASSERT_NE(tasks.back(), nullptr);
-  }
+  ASSERT_NO_FATAL_FAILURE(StartJob("moved", deadline));
+  Subprocess* control = control_.get();
+  std::vector<std::unique_ptr<Subprocess>>& tasks = tasks_;
   // Task 3 (LLM rank 1, host B) killed in iteration 8; the node is gone:
   // its task starts again on host A (SLURM_NODEID 0, local id 2).
   ASSERT_TRUE(WaitFor(*control, "checkpoint 6 complete", deadline) &&
@@ -156,6 +161,31 @@ TEST_F(SlurmLaunchTest, ATaskLostOnOneHostStartedOnAnotherIsAdmittedWithTheSameL
       << moved->ReadLog();
   ExpectSameSteps(Steps(StepResults(log), 1, kSteps, "slurm-moved"), local_,
                   "an LLM task lost on host B and started on host A vs loom-train-local");
+}
+
+TEST_F(SlurmLaunchTest, ACancelledJobEndsEveryProcessWithExitZero) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  ASSERT_NO_FATAL_FAILURE(StartJob("cancel", deadline, /*steps=*/500));
+  ASSERT_TRUE(WaitFor(*control_, "\"step\":3,", deadline)) << control_->ReadLog();
+  int rc = -1;
+  const std::string out =
+      RunToEnd({IpBinary(), "netns", "exec", host_a_, Runfile("services/scheduler/loomctl"),
+                "--run_dir=" + run_, "cancel", "loom", "--reason=enough"},
+               "loomctl-cancel.log", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  absl::StatusOr<int> status = control_->Wait(deadline - absl::Now());
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << control_->ReadLog();
+  const std::string log = control_->ReadLog();
+  EXPECT_EQ(DescribeWaitStatus(*status), "exit 0") << log;
+  EXPECT_TRUE(absl::StrContains(log, "loom up: job loom CANCELLED")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "loom up: stopped cleanly")) << log;
+  for (int task = 0; task < 4; ++task) {
+    absl::StatusOr<int> st = tasks_[task]->Wait(absl::Minutes(1));
+    ASSERT_TRUE(st.ok()) << "task " << task << " still runs:\n" << tasks_[task]->ReadLog();
+    EXPECT_EQ(DescribeWaitStatus(*st), "exit 0") << "task " << task << ":\n"
+                                                 << tasks_[task]->ReadLog();
+  }
+  EXPECT_FALSE(absl::StrContains(log, "\"step\":500,")) << log;
 }
 
 }  // namespace

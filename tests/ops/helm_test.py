@@ -277,7 +277,7 @@ def workload(objs, name):
 
 def pods(w):
     """A workload's pods: a StatefulSet's replicas, a Job's completions."""
-    return w["spec"]["completions"] if w["kind"] == "Job" else w["spec"]["replicas"]
+    return w["spec"].get("completions", 1) if w["kind"] == "Job" else w["spec"]["replicas"]
 
 
 def is_worker(w):
@@ -444,6 +444,17 @@ workers: {llm: {extraArgs: ["--log_level=debug"]}}
     check_schemas("all options", objs)
     check_locked_down("all options", objs, rdma=True)
     check_tls("all options", objs, tokens=True, server_name="loom.ml.svc")
+    if objs:
+        budgets = {}
+        for b in (o for o in objs if o["kind"] == "PodDisruptionBudget"):
+            sel = b["spec"]["selector"]["matchLabels"]
+            w = [x for x in objs if x["kind"] in WORKLOADS and
+                 labels_match(sel, x["spec"]["template"]["metadata"]["labels"])]
+            budgets[b["metadata"]["name"]] = (b["spec"].get("minAvailable"), pods(w[0]) if w else None,
+                                              "maxUnavailable" in b["spec"])
+        check(budgets and all(m == n and not u for m, n, u in budgets.values()),
+              "all options: each PodDisruptionBudget keeps every pod of its Job (minAvailable, which "
+              "Kubernetes takes for Job-owned pods) %s" % budgets)
     if objs:
         job = json.loads(by(objs, "ConfigMap", "train-loom-job")["data"]["job.json"])
         want = {"steps": 5198, "lr": 2e-5, "warmup_ratio": 0.03, "lr_schedule": "LR_SCHEDULE_COSINE",
