@@ -126,10 +126,9 @@ grpc::Status SchedulerServiceImpl::ReportDone(grpc::ServerContext*,
                                               const scheduler::v1::ReportDoneRequest* request,
                                               scheduler::v1::ReportDoneResponse*) {
   if (absl::Status s = Configured(); !s.ok()) return ToGrpcStatus(s);
+  // After job_ended; the job may turn final a moment later (the last
+  // checkpoint's other parts): counted either way.
   absl::MutexLock lock(&mu_);
-  if (!IsFinalJobState(state_)) {
-    return ToGrpcStatus(absl::FailedPreconditionError("ReportDone: the job has not ended"));
-  }
   done_.insert({request->role(), request->rank()});
   return grpc::Status::OK;
 }
