@@ -14,6 +14,7 @@
 //
 // With no shards in the job, its data preset is generated on first run.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -414,8 +415,11 @@ JobOutcome RunJob(const loom::job::v1::JobConfig& job, const loom::LauncherOptio
       break;
     }
     const loom::LaunchedService* s = launcher.FindExited();
-    if (s != nullptr && o.control_only && s->exit_status == 0) {
-      // --exit_on_job_end: it saw the job's end, whose event may still be on its way here.
+    if (s != nullptr && o.control_only && WIFEXITED(s->exit_status) &&
+        (WEXITSTATUS(s->exit_status) == 0 || (s->binary->role == loom::common::v1::ROLE_SCHEDULER &&
+                                              WEXITSTATUS(s->exit_status) == 3))) {
+      // --exit_on_job_end: it saw the job's end (3: FAILED), whose event may
+      // still be on its way here.
       launcher.AwaitReplacement(s);  // not a loss: FindExited passes it over
       s = nullptr;
     }

@@ -60,8 +60,10 @@ line="$("$model" generate --config "$t/export" --prompt "image of one red square
   --euler_steps 4 --out "$t/exported.png")"
 grep -q '"prompt":\[1,3,4,5,8,14,17,-2,-2,-2,-2\]' <<<"$line"
 cmp "$t/a.png" "$t/exported.png"
-"$model" export --config tiny-gen --checkpoint "$t/ck/step-5" --out "$t/export16" >/dev/null
+# Without --config: the checkpoint's own model (its COMPLETE identity).
+"$model" export --checkpoint "$t/ck/step-5" --out "$t/export16" >/dev/null
 grep -q '"torch_dtype": "bfloat16"' "$t/export16/config.json"
+grep -q '"loom_config": "tiny-gen"' "$t/export16/config.json"
 "$model" generate --config "$t/export16" --prompt "image of one red square left" \
   --euler_steps 4 --out "$t/exported16.png" >/dev/null
 

@@ -35,10 +35,11 @@
 // chat_template.json (--chat_template: the template the job trained with;
 // default the tokenizer's own, else vicuna_v1).
 //
-//   loom-model export --config NAME --checkpoint RUN/checkpoints/step-N --out OUT
+//   loom-model export [--config NAME] --checkpoint RUN/checkpoints/step-N --out OUT
 //                     [--dtype bf16|f16|f32] [--max_shard_mb 5000]
 //
-// exports a checkpoint (any layout) of one of Loom's own models (a model
+// exports a checkpoint (any layout) of one of Loom's own models (the one
+// its COMPLETE names unless --config says; a model
 // with a generator, tiny-gen, among them: no Hugging Face family holds it)
 // as safetensors with a config.json in Loom's form (runtime/hf/loom_export.h:
 // every ModelConfig field, every tensor named by its checkpoint set), which
@@ -117,6 +118,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/file.h"
 #include "runtime/data/chat_template.h"
@@ -591,12 +593,33 @@ absl::Status CheckpointTensors(const loom::hf::ModelSource& source, const std::s
   return loom::hf::AddImageTokenToExport(*m, tensors, config, rewritten);
 }
 
+// The Loom config a checkpoint step was trained with, from its COMPLETE
+// identity ("model=tiny-gen ..."); "" when it names none of Loom's own (a
+// Hugging Face source) or cannot be read.
+std::string CheckpointLoomConfig(const std::string& step) {
+  absl::StatusOr<std::string> complete = loom::ReadFile(step + "/COMPLETE");
+  if (!complete.ok()) return "";
+  for (absl::string_view line : absl::StrSplit(*complete, '\n')) {
+    if (!absl::ConsumePrefix(&line, "identity ")) continue;
+    for (absl::string_view token : absl::StrSplit(line, ' ')) {
+      if (!absl::ConsumePrefix(&token, "model=")) continue;
+      const std::string name(token);
+      return loom::ModelConfigByName(name).ok() ? name : "";
+    }
+  }
+  return "";
+}
+
 int Export() {
   const std::string in = absl::GetFlag(FLAGS_hf), out = absl::GetFlag(FLAGS_out);
   const std::string step = absl::GetFlag(FLAGS_checkpoint);
-  const std::string loom_config = absl::GetFlag(FLAGS_config);
+  std::string loom_config = absl::GetFlag(FLAGS_config);
   loom::hf::ModelSource source = loom::hf::ModelSourceFromFlags("");
   if (!in.empty()) source.llava = in;
+  // A checkpoint of one of Loom's own models says which.
+  if (loom_config.empty() && !step.empty() && !source.pretrained()) {
+    loom_config = CheckpointLoomConfig(step);
+  }
   if (!loom_config.empty() && (source.pretrained() || step.empty() || out.empty())) {
     return Fail(
         "export --config NAME (one of Loom's own models) needs --checkpoint and --out, and "
@@ -605,8 +628,9 @@ int Export() {
   if (loom_config.empty() &&
       (out.empty() || (in.empty() && (step.empty() || !source.pretrained())))) {
     return Fail(
-        "export needs --out DIR and --hf DIR (or --checkpoint with --llm_from and "
-        "--vision_from)");
+        "export needs --out DIR and --hf DIR, or --checkpoint with --llm_from and "
+        "--vision_from, or --checkpoint of one of Loom's own models (--config NAME where its "
+        "COMPLETE does not say)");
   }
   if (step.empty() && !source.llm_from.empty()) {
     return Fail("--llm_from/--vision_from: export of a checkpoint only (--checkpoint)");

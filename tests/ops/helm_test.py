@@ -848,6 +848,7 @@ workers:
          "job.freeze.generator"),
         ("every module of a generator model frozen", ["-f", gen, "--set", "job.freeze.generator=true"],
          "job.freeze: Must not validate"),
+        ("a colocated plan", ["--set", "job.parallel.colocate=true"], "job.parallel.colocate"),
     ]:
         rc, out, err = render(*args)
         check(rc != 0 and named in err, "generator values: refuses %s, naming it (%s)" %
