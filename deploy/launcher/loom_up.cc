@@ -40,6 +40,7 @@
 #include "runtime/base/trace.h"
 #include "runtime/checkpoint/steps.h"
 #include "runtime/data/loader.h"
+#include "services/common/catalog.h"
 #include "services/common/chassis.h"
 #include "services/common/init.h"
 #include "services/common/job.h"
@@ -733,9 +734,10 @@ int main(int argc, char** argv) {
   setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
 
   const loom::job::v1::ParallelConfig& par = job.parallel();
-  const int workers = par.encoder_tp() * par.encoder_pp() * par.encoder_dp() +
-                      par.llm_tp() * par.llm_pp() * par.llm_dp() +
-                      par.generator_tp() * par.generator_pp() * par.generator_dp();
+  int workers = 0;
+  for (const loom::ServiceBinary& b : loom::ServiceCatalog()) {
+    if (b.worker) workers += loom::ModuleRanks(job, b.role);
+  }
   const int services = 2 + (o.control_only ? 0 : workers);
   const std::string generator =
       par.generator_dp() > 0

@@ -31,6 +31,14 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* A module's ranks, its grid: parallel.<module>_tp x _pp x _dp (each
+unset: 1). Call with (list $ "llm"); `int` the result. */}}
+{{- define "loom.moduleRanks" -}}
+{{- $p := (index . 0).Values.job.parallel -}}
+{{- $m := index . 1 -}}
+{{- mul (index $p (printf "%s_dp" $m) | default 1) (index $p (printf "%s_tp" $m) | default 1) (index $p (printf "%s_pp" $m) | default 1) -}}
+{{- end -}}
+
 {{/* The worker modules, comma-separated: encoder,llm[,generator]. */}}
 {{- define "loom.workerModules" -}}
 encoder,llm{{ if include "loom.hasGenerator" . }},generator{{ end }}
