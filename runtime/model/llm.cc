@@ -103,8 +103,7 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
   targets_.CopyFromHost(b.targets.data(), b.targets.size());
   positions_.CopyFromHost(b.positions.data(), b.positions.size());
   cu_.CopyFromHost(b.cu_seqlens.data(), b.cu_seqlens.size());
-  const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
-               TW = static_cast<size_t>(T) * W;
+  const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D;
   // The query positions: Q per output image, in order.
   std::vector<int32_t> qrows;
   for (int t = 0; t < T; ++t) {
@@ -147,54 +146,70 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
       ops_->scatter_rows(x.data(), q.data(), query_rows_.data(), nq, C);
     }
   }
+  // Sequence parallelism: R rows of the stream on this rank between the TP
+  // layers, Tf rows through them (T, or T padded to the group's multiple).
+  parallel::SequenceStream stream(ops_, tp_, T, C, sequence_parallel_);
+  const int R = stream.rows(), Tf = stream.layer_rows();
+  const size_t RC = static_cast<size_t>(R) * C;
+  stream.Shard(&x);
   for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = narrow ? work_ : acts_[l];
     a.x.CopyFrom(x);
-    a.r1.resize(TC);
-    a.rr1.resize(T);
-    ops_->rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), T, C, eps);
-    a.qkv.resize(TW);
-    ops_->linear_forward(a.qkv.data(), a.r1.data(), params_.weight(id.qkv),
-                         id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, T, C, W);
+    a.r1.resize(RC);
+    a.rr1.resize(R);
+    ops_->rmsnorm_forward(a.r1.data(), a.rr1.data(), a.x.data(), params_.param(id.rms1), R, C, eps);
+    absl::StatusOr<const float*> in = stream.Gathered(a.r1.data());
+    if (!in.ok()) return in.status();
+    const size_t TfW = static_cast<size_t>(Tf) * W;
+    a.qkv.resize(TfW);
+    ops_->linear_forward(a.qkv.data(), *in, params_.weight(id.qkv),
+                         id.qkv_b >= 0 ? params_.param(id.qkv_b) : nullptr, Tf, C, W);
     if (selective_ && !narrow) a.r1.Release();  // Backward computes it again
     ops_->rope_forward(a.qkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
     // Attention's backward recomputes the scores from the q and k it keeps:
     // under bf16 those are bf16, so the forward takes them so too (else
     // the kept log-sum-exp would not be the recomputed scores').
-    if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(TW));
+    if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(TfW));
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
-    a.atto.resize(TD);
+    if (stream.on()) {
+      a.atto.Zeros(static_cast<size_t>(Tf) * D);  // the padding rows stay 0
+    } else {
+      a.atto.resize(TD);
+    }
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_.data(), b.S(), T, NH,
                             NKV, HD, /*causal=*/true, narrow);
-    a.x1.resize(TC);
-    if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
-                                                      params_.weight(id.proj), nullptr, T, D, C);
+    a.x1.resize(RC);
+    if (absl::Status s =
+            stream.RowParallel(a.x1.data(), a.atto.data(), params_.weight(id.proj), nullptr, D);
         !s.ok()) {
       return s;
     }
-    ops_->add(a.x1.data(), a.x.data(), static_cast<int64_t>(TC));
-    a.r2.resize(TC);
-    a.rr2.resize(T);
-    ops_->rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), T, C,
+    ops_->add(a.x1.data(), a.x.data(), static_cast<int64_t>(RC));
+    a.r2.resize(RC);
+    a.rr2.resize(R);
+    ops_->rmsnorm_forward(a.r2.data(), a.rr2.data(), a.x1.data(), params_.param(id.rms2), R, C,
                           eps);
-    const size_t TF = static_cast<size_t>(T) * F;
+    in = stream.Gathered(a.r2.data());
+    if (!in.ok()) return in.status();
+    const size_t TF = static_cast<size_t>(Tf) * F;
     a.gate.resize(TF);
     a.up.resize(TF);
     a.s.resize(TF);
-    ops_->linear_forward(a.gate.data(), a.r2.data(), params_.weight(id.gate), nullptr, T, C, F);
-    ops_->linear_forward(a.up.data(), a.r2.data(), params_.weight(id.up), nullptr, T, C, F);
+    ops_->linear_forward(a.gate.data(), *in, params_.weight(id.gate), nullptr, Tf, C, F);
+    ops_->linear_forward(a.up.data(), *in, params_.weight(id.up), nullptr, Tf, C, F);
     if (selective_ && !narrow) a.r2.Release();
     ops_->swiglu_forward(a.s.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
-    if (absl::Status s = parallel::RowParallelForward(ops_, tp_, x.data(), a.s.data(),
-                                                      params_.weight(id.down), nullptr, T, F, C);
+    if (absl::Status s =
+            stream.RowParallel(x.data(), a.s.data(), params_.weight(id.down), nullptr, F);
         !s.ok()) {
       return s;
     }
     if (selective_ && !narrow) a.s.Release();
-    ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TC));
+    ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(RC));
     if (narrow) stash_[l].Pack(ops_, a.Narrow(selective_), a.Kept());
   }
+  if (absl::Status s = stream.Unshard(&x); !s.ok()) return s;  // the stage's output whole
   xf_.swap(x);
   if (!last_stage()) return absl::OkStatus();
   rf_.resize(TC);
@@ -244,8 +259,7 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
   const LlmBatch& b = *batch_;
   const int T = b.T(), C = c.dim, HD = c.hd(), NH = heads_, NKV = kv_heads_, D = NH * HD,
             W = (NH + 2 * NKV) * HD, F = ffn_, V = vocab_;
-  const size_t TC = static_cast<size_t>(T) * C, TD = static_cast<size_t>(T) * D,
-               TF = static_cast<size_t>(T) * F, TW = static_cast<size_t>(T) * W;
+  const size_t TC = static_cast<size_t>(T) * C;
 
   // Each column-parallel layer's input gradient is a partial sum over the
   // TP group: f's all-reduce completes it before the norm below it.
@@ -276,15 +290,24 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     LOOM_CHECK(doutput != nullptr) << "an earlier pipeline stage needs the next stage's gradient";
     ops_->copy(dx.data(), doutput, static_cast<int64_t>(TC));
   }
+  // Sequence parallelism (as Forward): dx holds this rank's R rows of the
+  // stream's gradient between the TP layers; the norms' weight gradients
+  // are partial sums over those rows, summed over the group at the end.
+  parallel::SequenceStream stream(ops_, tp_, T, C, sequence_parallel_,
+                                  2 * static_cast<int>(ids_.size()));
+  const int R = stream.rows(), Tf = stream.layer_rows();
+  const size_t RC = static_cast<size_t>(R) * C, TfC = static_cast<size_t>(Tf) * C,
+               TfF = static_cast<size_t>(Tf) * F;
+  stream.Shard(&dx);
   Buffer<float> ds(ops_->backend()), dgate(ops_->backend()), dup(ops_->backend()),
       dqkv(ops_->backend()), datto(ops_->backend());
   // Selective recompute: SwiGLU's output, then each norm's, computed again
   // from the kept inputs (their statistics recomputed alongside, unused).
   Buffer<float> again(ops_->backend()), again_rows(ops_->backend());
   auto rmsnorm_again = [&](const float* x, int weight) {
-    again.resize(TC);
-    again_rows.resize(T);
-    ops_->rmsnorm_forward(again.data(), again_rows.data(), x, params_.param(weight), T, C,
+    again.resize(RC);
+    again_rows.resize(R);
+    ops_->rmsnorm_forward(again.data(), again_rows.data(), x, params_.param(weight), R, C,
                           c.rms_norm_eps);
     return again.data();
   };
@@ -294,42 +317,56 @@ absl::StatusOr<LossSum> Llm::Backward(float grad_scale, float* dimage_emb, const
     const LayerActs& a = narrow ? work_ : acts_[l];
     const float* act = a.s.data();
     if (selective_) {
-      again.resize(TF);
-      ops_->swiglu_forward(again.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TF));
+      again.resize(TfF);
+      ops_->swiglu_forward(again.data(), a.gate.data(), a.up.data(), static_cast<int64_t>(TfF));
       act = again.data();
     }
-    ds.Zeros(TF);
-    parallel::RowParallelBackward(ops_, ds.data(), params_.grad(id.down), nullptr, dx.data(), act,
-                                  params_.weight(id.down), T, F, C);
-    dgate.Zeros(TF);
-    dup.Zeros(TF);
+    absl::StatusOr<const float*> dxg = stream.Gathered(dx.data());
+    if (!dxg.ok()) return dxg.status();
+    ds.Zeros(TfF);
+    parallel::RowParallelBackward(ops_, ds.data(), params_.grad(id.down), nullptr, *dxg, act,
+                                  params_.weight(id.down), Tf, F, C);
+    dgate.Zeros(TfF);
+    dup.Zeros(TfF);
     ops_->swiglu_backward(dgate.data(), dup.data(), a.gate.data(), a.up.data(), ds.data(),
-                          static_cast<int64_t>(TF));
-    dtmp.Zeros(TC);
-    const float* r2 = selective_ ? rmsnorm_again(a.x1.data(), id.rms2) : a.r2.data();
-    ops_->linear_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), r2,
-                          params_.weight(id.gate), T, C, F);
-    ops_->linear_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), r2,
-                          params_.weight(id.up), T, C, F);
-    if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
-    ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms2), dtmp.data(), a.x1.data(),
-                           params_.param(id.rms2), a.rr2.data(), T, C);
-    datto.Zeros(TD);
-    parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj), nullptr, dx.data(),
-                                  a.atto.data(), params_.weight(id.proj), T, D, C);
-    dqkv.Zeros(TW);
+                          static_cast<int64_t>(TfF));
+    dtmp.Zeros(TfC);
+    absl::StatusOr<const float*> r2 =
+        stream.Gathered(selective_ ? rmsnorm_again(a.x1.data(), id.rms2) : a.r2.data());
+    if (!r2.ok()) return r2.status();
+    ops_->linear_backward(dtmp.data(), params_.grad(id.gate), nullptr, dgate.data(), *r2,
+                          params_.weight(id.gate), Tf, C, F);
+    ops_->linear_backward(dtmp.data(), params_.grad(id.up), nullptr, dup.data(), *r2,
+                          params_.weight(id.up), Tf, C, F);
+    absl::StatusOr<const float*> dr2 = stream.Reduced(dtmp.data());
+    if (!dr2.ok()) return dr2.status();
+    ops_->rmsnorm_backward(dx.data(), stream.NormGrad(params_.grad(id.rms2)), *dr2, a.x1.data(),
+                           params_.param(id.rms2), a.rr2.data(), R, C);
+    dxg = stream.Gathered(dx.data());
+    if (!dxg.ok()) return dxg.status();
+    datto.Zeros(static_cast<size_t>(Tf) * D);
+    parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj), nullptr, *dxg,
+                                  a.atto.data(), params_.weight(id.proj), Tf, D, C);
+    dqkv.Zeros(static_cast<size_t>(Tf) * W);
     ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
                              cu_.data(), b.S(), T, NH, NKV, HD, /*causal=*/true, narrow);
     ops_->rope_backward(dqkv.data(), positions_.data(), inv_freq_.data(), T, NH, NKV, HD);
-    dtmp.Zeros(TC);
-    const float* r1 = selective_ ? rmsnorm_again(a.x.data(), id.rms1) : a.r1.data();
+    dtmp.Zeros(TfC);
+    absl::StatusOr<const float*> r1 =
+        stream.Gathered(selective_ ? rmsnorm_again(a.x.data(), id.rms1) : a.r1.data());
+    if (!r1.ok()) return r1.status();
     ops_->linear_backward(dtmp.data(), params_.grad(id.qkv),
-                          id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(), r1,
-                          params_.weight(id.qkv), T, C, W);
-    if (absl::Status s = AllReduceTp(tp_, dtmp.data(), TC); !s.ok()) return s;
-    ops_->rmsnorm_backward(dx.data(), params_.grad(id.rms1), dtmp.data(), a.x.data(),
-                           params_.param(id.rms1), a.rr1.data(), T, C);
+                          id.qkv_b >= 0 ? params_.grad(id.qkv_b) : nullptr, dqkv.data(), *r1,
+                          params_.weight(id.qkv), Tf, C, W);
+    absl::StatusOr<const float*> dr1 = stream.Reduced(dtmp.data());
+    if (!dr1.ok()) return dr1.status();
+    ops_->rmsnorm_backward(dx.data(), stream.NormGrad(params_.grad(id.rms1)), *dr1, a.x.data(),
+                           params_.param(id.rms1), a.rr1.data(), R, C);
   }
+  // The norms' weight gradients summed over the group (the same bits on
+  // every rank: replicated), and the stream's gradient whole again.
+  if (absl::Status st = stream.SumNormGrads(); !st.ok()) return st;
+  if (absl::Status st = stream.Unshard(&dx); !st.ok()) return st;
   if (!first_stage()) {
     LOOM_CHECK(dinput != nullptr) << "a later pipeline stage hands back its input gradient";
     ops_->copy(dinput, dx.data(), static_cast<int64_t>(TC));

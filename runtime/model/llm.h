@@ -120,6 +120,12 @@ class Llm {
   // others keep every activation (what a pipeline stage recomputes is the
   // worker's choice). Set between iterations.
   void set_recompute(Recompute r) { selective_ = r == Recompute::kSelective; }
+  // Sequence parallelism (tensor_parallel.h SequenceSplit) at TP > 1: the
+  // residual stream and the RMSNorms run on 1/TP of the rows between the
+  // TP layers, so a layer keeps x, x1 and the norms' outputs 1/TP as large;
+  // f and g become all-gathers and reduce-scatters. The stage's input and
+  // output stay whole. Set between iterations.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   // The last Forward's state for its Backward (activations, the batch,
   // logits), moved out: another microbatch's Forward may run before
   // Attach moves it back for its Backward.
@@ -171,6 +177,7 @@ class Llm {
   LayerActs work_;
   std::vector<ActivationStash> stash_;
   bool selective_ = false;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace loom

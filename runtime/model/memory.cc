@@ -75,6 +75,18 @@ std::string Bytes(int64_t b) {
   return absl::StrFormat("%.1f KiB", x / 1024);
 }
 
+// The rows a stage's layers hold under sequence parallelism or not
+// (parallel::SequenceStream).
+struct SequenceRows {
+  int64_t rows, layer_rows;
+  bool split;
+};
+SequenceRows SequenceRowsOf(int64_t T, int tp, const StageMemoryOptions& o) {
+  if (!o.sequence_parallel || tp <= 1) return {T, T, false};
+  const int64_t shard = (T + tp - 1) / tp;
+  return {shard, shard * tp, true};
+}
+
 int64_t StatusField(const char* field) {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (f == nullptr) return -1;
@@ -155,12 +167,16 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   const bool keep = o.recompute != Recompute::kFull,
              selective = o.recompute == Recompute::kSelective;
   const int64_t in_flight = keep ? std::max(1, o.in_flight) : 1;
-  // Llm::LayerActs: x, r1, qkv, atto, x1, r2, gate, up, s (narrow under
-  // bf16; selective keeps none of r1, r2 and s); rr1, lse, rr2 (per row,
-  // kept fp32).
-  const int64_t narrow = T * (4 * C + W + D + 3 * F), rows = T * (NH + 2);
+  // Under sequence parallelism R of the stream's rows on this rank, Tf
+  // through the TP layers (T padded); otherwise both T.
+  const SequenceRows sr = SequenceRowsOf(T, tp, o);
+  const int64_t R = sr.rows, Tf = sr.layer_rows;
+  // Llm::LayerActs: x, r1, x1, r2 (R rows), qkv, atto, gate, up, s (Tf
+  // rows: narrow under bf16; selective keeps none of r1, r2 and s); rr1,
+  // rr2 (R), lse (T) (per row, kept fp32).
+  const int64_t narrow = R * 4 * C + Tf * (W + D + 3 * F), rows = T * NH + 2 * R;
   e.activations =
-      KeptLayers(L, narrow, rows, in_flight * (selective ? narrow - T * (2 * C + F) : narrow),
+      KeptLayers(L, narrow, rows, in_flight * (selective ? narrow - R * 2 * C - Tf * F : narrow),
                  in_flight * rows, o.precision);
   // Kept between calls, for each microbatch whose activations are kept:
   // the batch (tokens, targets, positions), the image rows, the output;
@@ -173,12 +189,20 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   // Backward: dx and dtmp, then dlogits (the head), then the layers' ds,
   // dgate, dup, datto, dqkv (and under selective the output computed
   // again, with its rows' statistics).
-  const int64_t again = selective && L > 0 ? (T * std::max(C, F) + T) * kF : 0;
+  const int64_t elementwise = std::max(R * C, Tf * F);  // r1, r2 or s
+  const int64_t again = selective && L > 0 ? (elementwise + R) * kF : 0;
+  // Under sequence parallelism the stream's gathered rows and one rank's
+  // rows of a reduce-scatter (SequenceStream), beside the whole stream
+  // where the stage starts and ends; and the norms' partial gradients.
+  const int64_t stream = sr.split ? (Tf * C + R * C) * kF : 0;
+  const int64_t released = selective && o.precision == Precision::kFp32 ? elementwise : 0;
   const int64_t forward =
-      T * C * kF + (selective && o.precision == Precision::kFp32 ? T * std::max(C, F) * kF : 0);
+      stream + (sr.split ? std::max(T * C, R * C + released) : T * C + released) * kF;
+  const int64_t layers_backward =
+      sr.split ? (T * C + Tf * C) * kF + stream + 2 * L * C * kF : 2 * T * C * kF;
   const int64_t backward =
-      2 * T * C * kF +
-      std::max(last_stage ? T * V * kF : 0, L > 0 ? (3 * T * F + T * D + T * W) * kF + again : 0);
+      std::max(last_stage ? (2 * T * C + T * V) * kF : 0,
+               layers_backward + (L > 0 ? (3 * Tf * F + Tf * D + Tf * W) * kF + again : 0));
   e.buffers += e.activations + kept + std::max(forward, backward);
   e.workspace = kept + std::max({forward, backward, ReduceBuffer(P, o.frozen, o)});
   // The workers' copies: each in-flight microbatch's input (image
@@ -240,10 +264,16 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
   // VitEncoder::LayerActs: x, ln1, qkv (3A), atto, x1, ln2, h, g (narrow;
   // selective keeps none of ln1, ln2 and g); mean1, rstd1, lse, mean2,
   // rstd2 (kept), per row.
-  const int64_t narrow = S * (4 * Dv + 4 * A + 2 * H), narrow_kept = narrow - S * (2 * Dv + H),
-                rows = S * (4 + NH);
-  e.activations = KeptLayers(L, N * narrow, N * rows, vit_n * (selective ? narrow_kept : narrow),
-                             vit_n * rows, o.precision);
+  // A bin's: under sequence parallelism x, ln1, x1, ln2 and the
+  // statistics on R rows, the TP layers' on Tf (T padded); the kept bins'
+  // in proportion.
+  const SequenceRows sr = SequenceRowsOf(T, tp, o);
+  const int64_t R = sr.rows, Tf = sr.layer_rows;
+  const int64_t narrow = R * 4 * Dv + Tf * (4 * A + 2 * H),
+                narrow_kept = narrow - R * 2 * Dv - Tf * H, rows = 4 * R + T * NH;
+  auto kept_bins = [&](int64_t per_bin) { return N > 0 ? vit_n * per_bin / N : 0; };
+  e.activations = KeptLayers(L, narrow, rows, kept_bins(selective ? narrow_kept : narrow),
+                             kept_bins(rows), o.precision);
   // Per tile kept: the output, the tiles' boundaries; the patches, ln_pre's
   // input and statistics; ln_f's statistics.
   int64_t per_tile = S * Dv * kF + kI;
@@ -255,18 +285,24 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
   int64_t kept = vit_n * per_tile + kI;
   // Under selective in fp32 one element-wise output until it is released
   // (forward), and one computed again with its statistics (backward).
-  const int64_t elementwise = selective && L > 0 ? T * std::max(Dv, H) * kF : 0;
-  int64_t forward = TD * kF + std::max({first_stage ? out_rows * Dv * kF : 0,
-                                        last_stage && c.final_norm ? TD * kF : 0,
-                                        o.precision == Precision::kFp32 ? elementwise : 0});
+  const int64_t elementwise = selective && L > 0 ? std::max(R * Dv, Tf * H) * kF : 0;
+  // Under sequence parallelism the stream's gathered rows and one rank's
+  // rows (SequenceStream), beside the whole stream where the stage starts
+  // and ends.
+  const int64_t stream = sr.split ? (Tf * Dv + R * Dv) * kF : 0;
+  int64_t forward =
+      TD * kF + stream +
+      std::max({first_stage ? out_rows * Dv * kF : 0, last_stage && c.final_norm ? TD * kF : 0,
+                o.precision == Precision::kFp32 ? elementwise : 0});
   // Backward: dx; dy (the last stage's), then the layers' dtmp, dg, dh,
   // dqkv and datto, which stay while the first stage's tail runs (ln_pre's
   // dx0, then the patch embedding's gradient).
   int64_t backward = 0;
   if (vit_backward || !first_stage) {
-    const int64_t layers =
-        L > 0 ? (TD + 2 * T * H + 4 * T * A) * kF + (elementwise > 0 ? elementwise + 2 * T * kF : 0)
-              : 0;
+    const int64_t layers = L > 0 ? (Tf * Dv + 2 * Tf * H + 4 * Tf * A) * kF +
+                                       (elementwise > 0 ? elementwise + 2 * R * kF : 0) +
+                                       (sr.split ? stream + 4 * L * Dv * kF : 0)
+                                 : 0;
     const int64_t tail = first_stage ? std::max(c.pre_norm ? TD : 0, out_rows * Dv) * kF : 0;
     backward = TD * kF + std::max(last_stage ? TD * kF : 0, layers + tail);
   }

@@ -86,6 +86,10 @@ struct StageMemoryOptions {
   bool optimizer_on_device = false;
   int in_flight = 1;  // microbatches in flight at the stage (1F1B)
   Recompute recompute = Recompute::kFull;
+  // Sequence parallelism at tp > 1 (Llm/VitEncoder::set_sequence_parallel):
+  // the stream's and the norms' rows kept 1/tp as large, the TP layers'
+  // rows padded to tp's multiple, the gathered rows as workspace.
+  bool sequence_parallel = false;
 };
 
 // Parameters this TP rank holds of an LLM stage / ViT stage / the projector.

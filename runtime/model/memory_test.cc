@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/comm/comm_testing.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/projector.h"
 #include "runtime/model/vit.h"
@@ -135,6 +136,83 @@ TEST(MemoryModelTest, AnLlmStagesBuffersPeakWhereTheModelSays) {
       // Within 1%: the model leaves out cu_seqlens and rounds no
       // allocation up to the backend's 64 bytes.
       EXPECT_NEAR(measured, e.buffers, 0.01 * e.buffers) << e.ToString();
+    }
+  }
+}
+
+// Under sequence parallelism at TP 2 and 4, with selective recompute or
+// none: each rank's buffers peak where the model says (the ranks are
+// threads of this process; each counts its own blocks).
+TEST(MemoryModelTest, SequenceParallelStagesPeakWhereTheModelSays) {
+  Backend* cpu = CpuOps()->backend();
+  for (bool clip_like : {false, true}) {
+    const ModelConfig c = Config(clip_like);
+    for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+      for (Recompute rc : {Recompute::kNone, Recompute::kSelective}) {
+        for (int tp : {2, 4}) {
+          SCOPED_TRACE(std::string(clip_like ? "clip-like " : "") + PrecisionName(p) + " " +
+                       RecomputeName(rc) + " tp " + std::to_string(tp));
+          const int T = 301, image = 40, N = 5;  // T and N * seq pad over 2 and 4
+          StageMemoryOptions o;
+          o.precision = p;
+          o.tp = tp;
+          o.sequence_parallel = true;
+          o.recompute = rc;
+          for (bool encoder : {false, true}) {
+            InMemoryStore store;
+            std::vector<size_t> peaks(tp);
+            testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
+              std::mt19937 rng(7 + rank);
+              auto* host = static_cast<CpuBackend*>(cpu);
+              host->ResetThreadPeak();
+              const size_t before = host->thread_peak_bytes();
+              if (encoder) {
+                VitEncoder vit(c.vit, comm);
+                vit.set_sequence_parallel(true);
+                vit.set_recompute(rc);
+                vit.params().Initialize(1);
+                vit.params().Place(cpu, p);
+                const std::vector<float> in =
+                    Random(static_cast<size_t>(N) * 3 * c.vit.tile_size * c.vit.tile_size, &rng);
+                Projector projector(c);
+                projector.params().Initialize(2);
+                projector.params().Place(cpu, p);
+                std::vector<float> out(static_cast<size_t>(N) * c.vit.patches_per_tile() *
+                                       c.vit.dim);
+                ASSERT_TRUE(vit.Forward(in.data(), N, out.data()).ok());
+                std::vector<float> emb(static_cast<size_t>(N) * c.tokens_per_tile() * c.llm.dim),
+                    dout(out.size());
+                projector.Forward(out.data(), N, emb.data());
+                const std::vector<float> demb = Random(emb.size(), &rng);
+                projector.Backward(demb.data(), dout.data());
+                ASSERT_TRUE(vit.Backward(dout.data()).ok());
+                peaks[rank] = host->thread_peak_bytes() - before;
+                return;
+              }
+              Llm llm(c.llm, comm);
+              llm.set_sequence_parallel(true);
+              llm.set_recompute(rc);
+              llm.params().Initialize(1);
+              llm.params().Place(cpu, p);
+              std::mt19937 batch_rng(3);  // every rank the same batch
+              const LlmBatch b = Batch(T, image, c.llm.vocab, &batch_rng);
+              const std::vector<float> emb = Random(static_cast<size_t>(image) * c.llm.dim, &rng);
+              std::vector<float> demb(emb.size());
+              ASSERT_TRUE(llm.Forward(b, emb.data()).ok());
+              ASSERT_TRUE(llm.Backward(1.0f / T, demb.data()).ok());
+              peaks[rank] = host->thread_peak_bytes() - before;
+            });
+            const MemoryEstimate e = encoder ? EncoderStageMemory(c, 0, c.vit.layers, N, 1, o)
+                                             : LlmStageMemory(c.llm, 0, c.llm.layers, T, image, o);
+            for (int r = 0; r < tp; ++r) {
+              // Within 1%, as for one rank (AnLlmStagesBuffersPeakWhereTheModelSays).
+              const double measured = static_cast<double>(peaks[r]);
+              EXPECT_NEAR(measured, e.buffers, 0.01 * e.buffers)
+                  << (encoder ? "encoder" : "LLM") << " rank " << r << ": " << e.ToString();
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -54,7 +54,8 @@ LlmBatch Batch(const ModelConfig& c, int* image_tokens) {
   for (int k = 0; k < 3; ++k) {
     for (int i = 0; i < 3 + k; ++i) samples[k].tokens.push_back(rng() % c.llm.vocab);
     for (int i = 0; i < tiles[k] * c.tokens_per_tile(); ++i) samples[k].tokens.push_back(-1);
-    for (int i = 0; i < 4; ++i) samples[k].tokens.push_back(rng() % c.llm.vocab);
+    // (the third sample one token longer: T odd, so sequence parallelism pads)
+    for (int i = 0; i < 4 + (k == 2); ++i) samples[k].tokens.push_back(rng() % c.llm.vocab);
     samples[k].num_tiles = tiles[k];
     *image_tokens += tiles[k] * c.tokens_per_tile();
   }
@@ -90,8 +91,11 @@ struct LlmResult {
   double owned_sq = 0;
 };
 
-LlmResult RunLlm(const ModelConfig& c, Communicator* tp, Precision p = Precision::kFp32) {
+LlmResult RunLlm(const ModelConfig& c, Communicator* tp, Precision p = Precision::kFp32,
+                 bool sequence_parallel = false, Recompute recompute = Recompute::kNone) {
   Llm llm(c.llm, tp);
+  llm.set_sequence_parallel(sequence_parallel);
+  llm.set_recompute(recompute);
   llm.params().Initialize(kSeed);
   llm.params().Place(CpuBackend::Get(), p);
   LlmResult r;
@@ -122,8 +126,9 @@ LlmResult RunLlm(const ModelConfig& c, Communicator* tp, Precision p = Precision
 }
 
 void ExpectLlmTpEqualsOneRank(const ModelConfig& c, std::initializer_list<int> tps,
-                              Precision p = Precision::kFp32) {
-  const LlmResult want = RunLlm(c, nullptr, p);
+                              Precision p = Precision::kFp32, bool sequence_parallel = false,
+                              Recompute recompute = Recompute::kNone) {
+  const LlmResult want = RunLlm(c, nullptr, p, false, recompute);
   EXPECT_GT(want.loss, 0);
   double want_sq = 0;
   for (float g : want.grads) want_sq += static_cast<double>(g) * g;
@@ -131,8 +136,9 @@ void ExpectLlmTpEqualsOneRank(const ModelConfig& c, std::initializer_list<int> t
   for (int tp : tps) {
     InMemoryStore store;
     testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
-      const LlmResult got = RunLlm(c, comm, p);
-      const std::string what = "LLM " + std::string(PrecisionName(p)) + " tp " +
+      const LlmResult got = RunLlm(c, comm, p, sequence_parallel, recompute);
+      const std::string what = "LLM " + std::string(PrecisionName(p)) +
+                               (sequence_parallel ? " sequence-parallel" : "") + " tp " +
                                std::to_string(tp) + " rank " + std::to_string(rank);
       // Slices of the same master tensors: bitwise.
       EXPECT_EQ(got.master, want.master) << what << ": initial weights";
@@ -161,7 +167,7 @@ TEST(TensorParallelModelTest, Bf16LlmAtTp2AndTp4EqualsOneRank) {
 // Grouped-query attention splits whole key/value groups: 8 query heads over
 // 4 KV heads of head_dim 6 (not dim / heads), q/k/v biases (Qwen2), lm_head
 // tied to the embedding table, Llama 3's RoPE scaling.
-TEST(TensorParallelModelTest, GroupedQueryBiasedTiedLlmAtTp2AndTp4EqualsOneRank) {
+ModelConfig GroupedQueryBiasedTied() {
   ModelConfig c = Small();
   c.llm.heads = 8;
   c.llm.kv_heads = 4;
@@ -169,17 +175,71 @@ TEST(TensorParallelModelTest, GroupedQueryBiasedTiedLlmAtTp2AndTp4EqualsOneRank)
   c.llm.qkv_bias = true;
   c.llm.tie_embeddings = true;
   c.llm.rope_scaling = {RopeScaling::Type::kLlama3, 4, 1, 4, 8};
+  return c;
+}
+
+TEST(TensorParallelModelTest, GroupedQueryBiasedTiedLlmAtTp2AndTp4EqualsOneRank) {
+  const ModelConfig c = GroupedQueryBiasedTied();
   ASSERT_TRUE(ValidateModelConfig(c).ok());
   ASSERT_TRUE(ValidateModelParallel(c, 1, 1, 4, 1).ok());
   ExpectLlmTpEqualsOneRank(c, {2, 4});
+}
+
+// Sequence parallelism: the residual stream and the norms on 1/TP of the
+// rows (a batch of an odd length: padded over 2 and 4 ranks), with and without
+// selective recompute, in both precisions, and GQA with biases, tied
+// embeddings and RoPE scaling; the norms' weight gradients summed over the
+// group.
+TEST(TensorParallelModelTest, SequenceParallelLlmAtTp2AndTp4EqualsOneRank) {
+  int image_tokens = 0;
+  ASSERT_NE(Batch(Small(), &image_tokens).T() % 4, 0) << "the test wants padding rows";
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective}) {
+      ExpectLlmTpEqualsOneRank(Small(), {2, 4}, p, /*sequence_parallel=*/true, r);
+    }
+  }
+  const ModelConfig c = GroupedQueryBiasedTied();
+  ExpectLlmTpEqualsOneRank(c, {2, 4}, Precision::kFp32, /*sequence_parallel=*/true);
+}
+
+// What sequence parallelism is for: a layer keeps its stream and norm
+// rows 1/TP as large, so the state a forward keeps for its backward at
+// TP 4 is smaller with it than without.
+TEST(TensorParallelModelTest, SequenceParallelKeepsLessPerRank) {
+  ModelConfig c = Small();
+  c.llm.layers = 8;
+  int64_t kept[2] = {0, 0};
+  for (bool sp : {false, true}) {
+    InMemoryStore store;
+    std::vector<int64_t> bytes(4);
+    testing::OnRanks(4, "tp", &store, [&](int rank, Communicator* comm) {
+      Llm llm(c.llm, comm);
+      llm.set_sequence_parallel(sp);
+      llm.params().Initialize(kSeed);
+      int image_tokens = 0;
+      const LlmBatch batch = Batch(c, &image_tokens);
+      const std::vector<float> emb =
+          testing::RandomVector(static_cast<size_t>(image_tokens) * c.llm.dim, 9);
+      ASSERT_TRUE(llm.Forward(batch, emb.data()).ok());
+      // The kept activations: what the saved state holds between calls.
+      SavedActivations saved = llm.Detach();
+      bytes[rank] = saved.bytes();
+      llm.Attach(&saved);
+      ASSERT_TRUE(llm.Backward(1.0f, nullptr).ok());
+    });
+    kept[sp] = bytes[0];
+  }
+  EXPECT_LT(kept[1], kept[0]) << "sequence parallelism kept as much";
 }
 
 struct VitResult {
   std::vector<float> master, out, grads;
 };
 
-VitResult RunVit(const ModelConfig& c, Communicator* tp, Precision p = Precision::kFp32) {
+VitResult RunVit(const ModelConfig& c, Communicator* tp, Precision p = Precision::kFp32,
+                 bool sequence_parallel = false) {
   VitEncoder vit(c.vit, tp);
+  vit.set_sequence_parallel(sequence_parallel);
   vit.params().Initialize(kSeed);
   vit.params().Place(CpuBackend::Get(), p);
   VitResult r;
@@ -199,21 +259,26 @@ VitResult RunVit(const ModelConfig& c, Communicator* tp, Precision p = Precision
 
 class VitTpTest : public ::testing::TestWithParam<Precision> {};
 
+// With sequence parallelism too: CLIP's 3 tiles of 5 rows are 15, padded
+// over 2 and 4 ranks (the padding rows' LayerNorm is its bias, not zero).
 TEST_P(VitTpTest, VitAtTp2AndTp4EqualsOneRank) {
   const Precision p = GetParam();
   for (const ModelConfig& c : {Small(), SmallClip()}) {
     const VitResult want = RunVit(c, nullptr, p);
     for (int tp : {2, 4}) {
-      InMemoryStore store;
-      testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
-        const VitResult got = RunVit(c, comm, p);
-        const std::string what = "ViT " + std::string(PrecisionName(p)) + " (class token " +
-                                 std::to_string(c.vit.class_token) + ") tp " + std::to_string(tp) +
-                                 " rank " + std::to_string(rank);
-        EXPECT_EQ(got.master, want.master) << what << ": initial weights";
-        ExpectClose(got.out, want.out, what + ": output", p);
-        ExpectClose(got.grads, want.grads, what + ": parameter gradients", p);
-      });
+      for (bool sp : {false, true}) {
+        InMemoryStore store;
+        testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
+          const VitResult got = RunVit(c, comm, p, sp);
+          const std::string what = "ViT " + std::string(PrecisionName(p)) + " (class token " +
+                                   std::to_string(c.vit.class_token) + ")" +
+                                   (sp ? " sequence-parallel" : "") + " tp " + std::to_string(tp) +
+                                   " rank " + std::to_string(rank);
+          EXPECT_EQ(got.master, want.master) << what << ": initial weights";
+          ExpectClose(got.out, want.out, what + ": output", p);
+          ExpectClose(got.grads, want.grads, what + ": parameter gradients", p);
+        });
+      }
     }
   }
 }

@@ -114,55 +114,69 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out, const float
     ops_->copy(x.data(), in, static_cast<int64_t>(TD));
   }
 
+  // Sequence parallelism (as the LLM's): R rows of the stream on this rank
+  // between the TP layers, Tf rows through them.
+  parallel::SequenceStream stream(ops_, tp_, T, D, sequence_parallel_);
+  const int R = stream.rows(), Tf = stream.layer_rows();
+  const size_t RD = static_cast<size_t>(R) * D, TfA = static_cast<size_t>(Tf) * A,
+               TfH = static_cast<size_t>(Tf) * H;
+  stream.Shard(&x);
   for (size_t l = 0; l < ids_.size(); ++l) {
     const LayerIds& id = ids_[l];
     LayerActs& a = narrow ? work_ : acts_[l];
     a.x.CopyFrom(x);
-    a.ln1.resize(TD);
-    a.mean1.resize(T);
-    a.rstd1.resize(T);
+    a.ln1.resize(RD);
+    a.mean1.resize(R);
+    a.rstd1.resize(R);
     ops_->layernorm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x.data(),
-                            params_.param(id.ln1_w), params_.param(id.ln1_b), T, D, c.norm_eps);
-    a.qkv.resize(3 * TA);
-    ops_->linear_forward(a.qkv.data(), a.ln1.data(), params_.weight(id.qkv_w),
-                         params_.param(id.qkv_b), T, D, 3 * A);
+                            params_.param(id.ln1_w), params_.param(id.ln1_b), R, D, c.norm_eps);
+    absl::StatusOr<const float*> in = stream.Gathered(a.ln1.data());
+    if (!in.ok()) return in.status();
+    a.qkv.resize(3 * TfA);
+    ops_->linear_forward(a.qkv.data(), *in, params_.weight(id.qkv_w), params_.param(id.qkv_b), Tf,
+                         D, 3 * A);
     if (selective_ && !narrow) a.ln1.Release();  // Backward computes it again
     // Under bf16 attention takes the q and k its backward will recompute
     // from (the kept ones, bf16), as in the LLM.
-    if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(3 * TA));
+    if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(3 * TfA));
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
-    a.atto.resize(TA);
+    if (stream.on()) {
+      a.atto.Zeros(TfA);  // the padding rows stay 0
+    } else {
+      a.atto.resize(TA);
+    }
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_dev_.data(), N, T, NH, NH,
                             HD, /*causal=*/false, narrow);
-    a.x1.resize(TD);
-    if (absl::Status s = parallel::RowParallelForward(ops_, tp_, a.x1.data(), a.atto.data(),
-                                                      params_.weight(id.proj_w),
-                                                      params_.param(id.proj_b), T, A, D);
+    a.x1.resize(RD);
+    if (absl::Status s = stream.RowParallel(a.x1.data(), a.atto.data(), params_.weight(id.proj_w),
+                                            params_.param(id.proj_b), A);
         !s.ok()) {
       return s;
     }
-    ops_->add(a.x1.data(), a.x.data(), static_cast<int64_t>(TD));
-    a.ln2.resize(TD);
-    a.mean2.resize(T);
-    a.rstd2.resize(T);
+    ops_->add(a.x1.data(), a.x.data(), static_cast<int64_t>(RD));
+    a.ln2.resize(RD);
+    a.mean2.resize(R);
+    a.rstd2.resize(R);
     ops_->layernorm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x1.data(),
-                            params_.param(id.ln2_w), params_.param(id.ln2_b), T, D, c.norm_eps);
-    a.h.resize(static_cast<size_t>(T) * H);
-    ops_->linear_forward(a.h.data(), a.ln2.data(), params_.weight(id.fc1_w),
-                         params_.param(id.fc1_b), T, D, H);
+                            params_.param(id.ln2_w), params_.param(id.ln2_b), R, D, c.norm_eps);
+    in = stream.Gathered(a.ln2.data());
+    if (!in.ok()) return in.status();
+    a.h.resize(TfH);
+    ops_->linear_forward(a.h.data(), *in, params_.weight(id.fc1_w), params_.param(id.fc1_b), Tf, D,
+                         H);
     if (selective_ && !narrow) a.ln2.Release();
     a.g.resize(a.h.size());
-    ops_->activation_forward(c.act, a.g.data(), a.h.data(), static_cast<int64_t>(T) * H);
-    if (absl::Status s =
-            parallel::RowParallelForward(ops_, tp_, x.data(), a.g.data(), params_.weight(id.fc2_w),
-                                         params_.param(id.fc2_b), T, H, D);
+    ops_->activation_forward(c.act, a.g.data(), a.h.data(), static_cast<int64_t>(TfH));
+    if (absl::Status s = stream.RowParallel(x.data(), a.g.data(), params_.weight(id.fc2_w),
+                                            params_.param(id.fc2_b), H);
         !s.ok()) {
       return s;
     }
     if (selective_ && !narrow) a.g.Release();
-    ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(TD));
+    ops_->add(x.data(), a.x1.data(), static_cast<int64_t>(RD));
     if (narrow) stash_[l].Pack(ops_, a.Narrow(selective_), a.Kept());
   }
+  if (absl::Status s = stream.Unshard(&x); !s.ok()) return s;  // the stage's output whole
   xf_.swap(x);
   if (!last_stage()) {
     ops_->copy(out, xf_.data(), static_cast<int64_t>(TD));
@@ -217,7 +231,7 @@ absl::Status VitEncoder::Backward(const float* dout, float* din, float* dprefix)
   const int Np = c.patches_per_tile(), L = c.seq(), D = c.dim, HD = c.dim / c.heads, NH = heads_,
             A = NH * HD, H = hidden_;
   const int N = N_, T = N * L;
-  const size_t TD = static_cast<size_t>(T) * D, TA = static_cast<size_t>(T) * A;
+  const size_t TD = static_cast<size_t>(T) * D;
 
   // A frozen first stage has no weight gradients and no input to hand a
   // gradient to (unless its prefix's is asked for): nothing to compute (the
@@ -242,17 +256,26 @@ absl::Status VitEncoder::Backward(const float* dout, float* din, float* dprefix)
   } else {
     ops_->copy(dx.data(), dout, static_cast<int64_t>(TD));
   }
+  // Sequence parallelism (as Forward): dx holds this rank's R rows between
+  // the TP layers; the norms' weight and bias gradients are partial sums
+  // over them, summed over the group at the end.
+  parallel::SequenceStream stream(ops_, tp_, T, D, sequence_parallel_,
+                                  4 * static_cast<int>(ids_.size()));
+  const int R = stream.rows(), Tf = stream.layer_rows();
+  const size_t RD = static_cast<size_t>(R) * D, TfD = static_cast<size_t>(Tf) * D,
+               TfA = static_cast<size_t>(Tf) * A, TfH = static_cast<size_t>(Tf) * H;
+  stream.Shard(&dx);
   Buffer<float> dtmp(ops_->backend()), dg(ops_->backend()), dh(ops_->backend()),
       dqkv(ops_->backend()), datto(ops_->backend());
   // Selective recompute: GELU's output, then each norm's, computed again
   // from the kept inputs (the statistics recomputed alongside, unused).
   Buffer<float> again(ops_->backend()), again_mean(ops_->backend()), again_rstd(ops_->backend());
   auto layernorm_again = [&](const float* x, int w, int b) {
-    again.resize(TD);
-    again_mean.resize(T);
-    again_rstd.resize(T);
+    again.resize(RD);
+    again_mean.resize(R);
+    again_rstd.resize(R);
     ops_->layernorm_forward(again.data(), again_mean.data(), again_rstd.data(), x, params_.param(w),
-                            params_.param(b), T, D, c.norm_eps);
+                            params_.param(b), R, D, c.norm_eps);
     return again.data();
   };
   for (int l = static_cast<int>(ids_.size()) - 1; l >= 0; --l) {
@@ -261,42 +284,56 @@ absl::Status VitEncoder::Backward(const float* dout, float* din, float* dprefix)
     const LayerActs& a = narrow ? work_ : acts_[l];
     const float* act = a.g.data();
     if (selective_) {
-      again.resize(static_cast<size_t>(T) * H);
-      ops_->activation_forward(c.act, again.data(), a.h.data(), static_cast<int64_t>(T) * H);
+      again.resize(TfH);
+      ops_->activation_forward(c.act, again.data(), a.h.data(), static_cast<int64_t>(TfH));
       act = again.data();
     }
     // x2 = x1 + fc2(gelu(fc1(ln2(x1))))
-    dg.Zeros(static_cast<size_t>(T) * H);
+    absl::StatusOr<const float*> dxg = stream.Gathered(dx.data());
+    if (!dxg.ok()) return dxg.status();
+    dg.Zeros(TfH);
     parallel::RowParallelBackward(ops_, dg.data(), params_.grad(id.fc2_w), params_.grad(id.fc2_b),
-                                  dx.data(), act, params_.weight(id.fc2_w), T, H, D);
+                                  *dxg, act, params_.weight(id.fc2_w), Tf, H, D);
     dh.Zeros(dg.size());
-    ops_->activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(T) * H);
-    dtmp.Zeros(TD);
-    const float* ln2 = selective_ ? layernorm_again(a.x1.data(), id.ln2_w, id.ln2_b) : a.ln2.data();
+    ops_->activation_backward(c.act, dh.data(), a.h.data(), dg.data(), static_cast<int64_t>(TfH));
+    dtmp.Zeros(TfD);
+    absl::StatusOr<const float*> ln2 = stream.Gathered(
+        selective_ ? layernorm_again(a.x1.data(), id.ln2_w, id.ln2_b) : a.ln2.data());
+    if (!ln2.ok()) return ln2.status();
     ops_->linear_backward(dtmp.data(), params_.grad(id.fc1_w), params_.grad(id.fc1_b), dh.data(),
-                          ln2, params_.weight(id.fc1_w), T, D, H);
-    if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
+                          *ln2, params_.weight(id.fc1_w), Tf, D, H);
+    absl::StatusOr<const float*> dln2 = stream.Reduced(dtmp.data());
+    if (!dln2.ok()) return dln2.status();
     // dx (now d x1) += LN2 backward
-    ops_->layernorm_backward(dx.data(), params_.grad(id.ln2_w), params_.grad(id.ln2_b), dtmp.data(),
-                             a.x1.data(), params_.param(id.ln2_w), a.mean2.data(), a.rstd2.data(),
-                             T, D);
+    ops_->layernorm_backward(dx.data(), stream.NormGrad(params_.grad(id.ln2_w)),
+                             stream.NormGrad(params_.grad(id.ln2_b)), *dln2, a.x1.data(),
+                             params_.param(id.ln2_w), a.mean2.data(), a.rstd2.data(), R, D);
     // x1 = x + proj(attn(qkv(ln1(x))))
-    datto.Zeros(TA);
+    dxg = stream.Gathered(dx.data());
+    if (!dxg.ok()) return dxg.status();
+    datto.Zeros(TfA);
     parallel::RowParallelBackward(ops_, datto.data(), params_.grad(id.proj_w),
-                                  params_.grad(id.proj_b), dx.data(), a.atto.data(),
-                                  params_.weight(id.proj_w), T, A, D);
-    dqkv.Zeros(3 * TA);
+                                  params_.grad(id.proj_b), *dxg, a.atto.data(),
+                                  params_.weight(id.proj_w), Tf, A, D);
+    dqkv.Zeros(3 * TfA);
     ops_->attention_backward(dqkv.data(), datto.data(), a.qkv.data(), a.atto.data(), a.lse.data(),
                              cu_dev_.data(), N, T, NH, NH, HD, /*causal=*/false, narrow);
-    dtmp.Zeros(TD);
-    const float* ln1 = selective_ ? layernorm_again(a.x.data(), id.ln1_w, id.ln1_b) : a.ln1.data();
+    dtmp.Zeros(TfD);
+    absl::StatusOr<const float*> ln1 = stream.Gathered(
+        selective_ ? layernorm_again(a.x.data(), id.ln1_w, id.ln1_b) : a.ln1.data());
+    if (!ln1.ok()) return ln1.status();
     ops_->linear_backward(dtmp.data(), params_.grad(id.qkv_w), params_.grad(id.qkv_b), dqkv.data(),
-                          ln1, params_.weight(id.qkv_w), T, D, 3 * A);
-    if (absl::Status s = parallel::AllReduceTp(tp_, dtmp.data(), TD); !s.ok()) return s;
-    ops_->layernorm_backward(dx.data(), params_.grad(id.ln1_w), params_.grad(id.ln1_b), dtmp.data(),
-                             a.x.data(), params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), T,
-                             D);
+                          *ln1, params_.weight(id.qkv_w), Tf, D, 3 * A);
+    absl::StatusOr<const float*> dln1 = stream.Reduced(dtmp.data());
+    if (!dln1.ok()) return dln1.status();
+    ops_->layernorm_backward(dx.data(), stream.NormGrad(params_.grad(id.ln1_w)),
+                             stream.NormGrad(params_.grad(id.ln1_b)), *dln1, a.x.data(),
+                             params_.param(id.ln1_w), a.mean1.data(), a.rstd1.data(), R, D);
   }
+  // The norms' gradients summed over the group (replicated), and the
+  // stream's gradient whole again.
+  if (absl::Status s = stream.SumNormGrads(); !s.ok()) return s;
+  if (absl::Status s = stream.Unshard(&dx); !s.ok()) return s;
   if (!first_stage()) {
     LOOM_CHECK(din != nullptr) << "a later pipeline stage hands back its input gradient";
     ops_->copy(din, dx.data(), static_cast<int64_t>(TD));

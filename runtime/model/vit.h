@@ -72,6 +72,10 @@ class VitEncoder {
   // GELU outputs; Backward computes them again from the kept inputs and
   // statistics. Set between iterations.
   void set_recompute(Recompute r) { selective_ = r == Recompute::kSelective; }
+  // Sequence parallelism at TP > 1, as Llm::set_sequence_parallel: the
+  // residual stream and the LayerNorms on 1/TP of the rows between the TP
+  // layers. Set between iterations.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   // The last Forward's state for its Backward, moved out and back (as
   // Llm::Detach).
   SavedActivations Detach();
@@ -123,6 +127,7 @@ class VitEncoder {
   LayerActs work_;
   std::vector<ActivationStash> stash_;
   bool selective_ = false;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace loom

@@ -36,6 +36,141 @@ std::vector<float> SliceCols(const float* w, int rows, int cols, int parts, int 
   return out;
 }
 
+SequenceSplit SplitSequence(Communicator* tp, int rows) {
+  SequenceSplit s;
+  const int parts = tp == nullptr ? 1 : tp->size();
+  s.rows = rows;
+  s.shard = (rows + parts - 1) / parts;
+  s.padded = s.shard * parts;
+  s.start = (tp == nullptr ? 0 : tp->rank()) * s.shard;
+  if (parts == 1) s.shard = s.padded = rows;
+  return s;
+}
+
+void ShardSequence(Ops* ops, const SequenceSplit& s, float* shard, const float* whole, int C) {
+  const int have = std::max(0, std::min(s.shard, s.rows - s.start));
+  if (have > 0) {
+    ops->copy(shard, whole + static_cast<int64_t>(s.start) * C, static_cast<int64_t>(have) * C);
+  }
+  if (have < s.shard) {
+    ops->zero(shard + static_cast<int64_t>(have) * C, static_cast<int64_t>(s.shard - have) * C);
+  }
+}
+
+absl::Status GatherSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
+                            const float* shard, int C) {
+  const int64_t n = static_cast<int64_t>(s.padded) * C, chunk = static_cast<int64_t>(s.shard) * C;
+  // The rank's rows are ChunkRange(n, rank, size): shard divides padded.
+  ops->copy(full + static_cast<int64_t>(s.start) * C, shard, chunk);
+  if (!s.split()) return absl::OkStatus();
+  return tp->AllGather(full, n);
+}
+
+absl::Status ReduceScatterSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
+                                   float* shard, int C) {
+  const int64_t n = static_cast<int64_t>(s.padded) * C, chunk = static_cast<int64_t>(s.shard) * C;
+  if (s.split()) {
+    if (absl::Status st = tp->ReduceScatterSum(full, n); !st.ok()) return st;
+  }
+  ops->copy(shard, full + static_cast<int64_t>(s.start) * C, chunk);
+  return absl::OkStatus();
+}
+
+absl::Status RowParallelForwardSequence(Ops* ops, Communicator* tp, const SequenceSplit& s,
+                                        float* full, float* out_shard, const float* inp_shard,
+                                        WeightRef weight_shard, const float* bias, int k_shard,
+                                        int N) {
+  ops->linear_forward(full, inp_shard, weight_shard, /*bias=*/nullptr, s.padded, k_shard, N);
+  if (absl::Status st = ReduceScatterSequence(ops, tp, s, full, out_shard, N); !st.ok()) return st;
+  if (bias != nullptr) ops->add_bias(out_shard, bias, s.shard, N);
+  return absl::OkStatus();
+}
+
+SequenceStream::SequenceStream(Ops* ops, Communicator* tp, int rows, int C, bool on, int norm_grads)
+    : ops_(ops),
+      tp_(tp),
+      split_(SplitSequence(tp, rows)),
+      C_(C),
+      on_(on && split_.split()),
+      full_(ops->backend()),
+      rows_(ops->backend()),
+      max_norm_grads_(norm_grads),
+      partial_sums_(ops->backend()) {
+  if (!on_) return;
+  full_.resize(static_cast<size_t>(split_.padded) * C);
+  rows_.resize(static_cast<size_t>(split_.shard) * C);
+  if (norm_grads > 0) partial_sums_.Zeros(static_cast<size_t>(norm_grads) * C);
+}
+
+void SequenceStream::Shard(Buffer<float>* x) {
+  if (!on_) return;
+  ShardSequence(ops_, split_, rows_.data(), x->data(), C_);
+  x->swap(rows_);  // the whole rows freed
+  rows_.Release();
+  rows_.resize(x->size());
+}
+
+absl::Status SequenceStream::Unshard(Buffer<float>* x) {
+  if (!on_) return absl::OkStatus();
+  if (absl::Status s = GatherSequence(ops_, tp_, split_, full_.data(), x->data(), C_); !s.ok()) {
+    return s;
+  }
+  const int64_t n = static_cast<int64_t>(split_.rows) * C_;
+  x->resize(static_cast<size_t>(n));
+  ops_->copy(x->data(), full_.data(), n);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> SequenceStream::Gathered(const float* shard) {
+  if (!on_) return shard;
+  if (absl::Status s = GatherSequence(ops_, tp_, split_, full_.data(), shard, C_); !s.ok()) {
+    return s;
+  }
+  return full_.data();
+}
+
+absl::Status SequenceStream::RowParallel(float* out, const float* inp, WeightRef weight_shard,
+                                         const float* bias, int k_shard) {
+  if (!on_) {
+    return RowParallelForward(ops_, tp_, out, inp, weight_shard, bias, split_.rows, k_shard, C_);
+  }
+  return RowParallelForwardSequence(ops_, tp_, split_, full_.data(), out, inp, weight_shard, bias,
+                                    k_shard, C_);
+}
+
+absl::StatusOr<const float*> SequenceStream::Reduced(float* dtmp) {
+  if (!on_) {
+    if (absl::Status s = AllReduceTp(tp_, dtmp, static_cast<int64_t>(split_.rows) * C_); !s.ok()) {
+      return s;
+    }
+    return dtmp;
+  }
+  if (absl::Status s = ReduceScatterSequence(ops_, tp_, split_, dtmp, rows_.data(), C_); !s.ok()) {
+    return s;
+  }
+  return rows_.data();
+}
+
+float* SequenceStream::NormGrad(float* grad) {
+  if (!on_ || grad == nullptr) return grad;
+  const int k = static_cast<int>(norm_grads_.size());
+  LOOM_CHECK(k < max_norm_grads_) << "SequenceStream: more than " << max_norm_grads_
+                                  << " norm gradients";
+  norm_grads_.push_back(grad);
+  return partial_sums_.data() + static_cast<size_t>(k) * C_;
+}
+
+absl::Status SequenceStream::SumNormGrads() {
+  if (norm_grads_.empty()) return absl::OkStatus();
+  const int64_t n = static_cast<int64_t>(norm_grads_.size()) * C_;
+  if (absl::Status s = AllReduceTp(tp_, partial_sums_.data(), n); !s.ok()) return s;
+  for (size_t k = 0; k < norm_grads_.size(); ++k) {
+    ops_->add(norm_grads_[k], partial_sums_.data() + k * C_, C_);
+  }
+  norm_grads_.clear();
+  return absl::OkStatus();
+}
+
 void ColumnParallelForward(Ops* ops, float* out, const float* inp, WeightRef weight_shard,
                            const float* bias_shard, int M, int K, int n_shard) {
   ops->linear_forward(out, inp, weight_shard, bias_shard, M, K, n_shard);

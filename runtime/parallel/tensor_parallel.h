@@ -28,9 +28,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/loss/crossentropy.h"
 #include "runtime/comm/collective.h"
 #include "runtime/model/ops.h"
+#include "runtime/tensor/buffer.h"
 
 namespace loom::parallel {
 
@@ -91,6 +93,95 @@ absl::StatusOr<kernels::LossSum> VocabParallelCrossEntropy(Ops* ops, Communicato
                                                            const int32_t* targets, int T,
                                                            int v_shard, int vocab_start,
                                                            float grad_scale, float* dlogits_shard);
+
+// Sequence parallelism (Korthikanti et al. 2022, Megatron-LM's
+// --sequence-parallel): between a block's TP layers the residual stream and
+// the norms run on a slice of its rows, so what they keep from forward to
+// backward is 1/TP on each rank. f becomes an all-gather of the rows (and a
+// reduce-scatter backward), g a reduce-scatter (and an all-gather
+// backward): the same bytes on the wire as the two all-reduces. A norm's
+// weight gradient is then a partial sum over the rank's rows, summed over
+// the group by the layers (replicated, identical on every rank).
+//
+// The rows are padded to a multiple of the group's size: a packed batch's
+// length is whatever its samples make it. The padding rows carry zeros into
+// the column-parallel layers' gradients and are never read out.
+struct SequenceSplit {
+  int rows = 0;    // the stream's rows (T)
+  int padded = 0;  // rows rounded up to a multiple of the group's size
+  int shard = 0;   // padded / size: each rank's rows
+  int start = 0;   // this rank's first row
+  // Whether the stream is split at all (a group of more than one).
+  bool split() const { return shard != padded; }
+};
+// `tp` null or of one rank: one shard of every row.
+SequenceSplit SplitSequence(Communicator* tp, int rows);
+
+// shard (shard, C) = this rank's rows of whole (rows, C), zeros past `rows`.
+void ShardSequence(Ops* ops, const SequenceSplit& s, float* shard, const float* whole, int C);
+// full (padded, C) = every rank's shard (shard, C), in rank order: the
+// all-gather before a column-parallel layer (f), and g's backward.
+absl::Status GatherSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
+                            const float* shard, int C);
+// shard (shard, C) = this rank's rows of Σ over the group of full (padded,
+// C): after a row-parallel layer (g), and f's backward. `full` is
+// overwritten.
+absl::Status ReduceScatterSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
+                                   float* shard, int C);
+// The row-parallel linear ending in a reduce-scatter: out_shard (shard, N)
+// = this rank's rows of Σ_tp inp_shard (padded, K/tp) · weight_shardᵀ, +
+// bias (whole, or null) on them. `full` (padded, N) is scratch.
+absl::Status RowParallelForwardSequence(Ops* ops, Communicator* tp, const SequenceSplit& s,
+                                        float* full, float* out_shard, const float* inp_shard,
+                                        WeightRef weight_shard, const float* bias, int k_shard,
+                                        int N);
+
+// A block stack's residual stream under sequence parallelism or not: the
+// layers ask it for their inputs and outputs and it does the collectives
+// (on: the SequenceSplit's; off: f's and g's all-reduces on whole rows).
+// One per Forward or Backward call.
+class SequenceStream {
+ public:
+  // `rows`: T; `C`: the stream's width. `on` with a group of one is off.
+  // `norm_grads`: how many NormGrad calls Backward makes at most.
+  SequenceStream(Ops* ops, Communicator* tp, int rows, int C, bool on, int norm_grads = 0);
+  bool on() const { return on_; }
+  // The stream's rows on this rank (R), and the TP layers' rows (T, or T
+  // padded).
+  int rows() const { return on_ ? split_.shard : split_.rows; }
+  int layer_rows() const { return on_ ? split_.padded : split_.rows; }
+  // A whole (T, C) buffer replaced by this rank's rows, and back.
+  void Shard(Buffer<float>* x);
+  absl::Status Unshard(Buffer<float>* x);
+  // The stream's rows `shard` as a column-parallel layer's input: shard
+  // itself, or gathered (valid until the next call that gathers or
+  // reduces).
+  absl::StatusOr<const float*> Gathered(const float* shard);
+  // out (rows(), C): the row-parallel layer's output on this rank's rows,
+  // inp (layer_rows(), K/tp).
+  absl::Status RowParallel(float* out, const float* inp, WeightRef weight_shard, const float* bias,
+                           int k_shard);
+  // f's backward: dtmp (layer_rows(), C), partial sums over the group,
+  // summed onto this rank's rows (dtmp itself when off).
+  absl::StatusOr<const float*> Reduced(float* dtmp);
+  // A norm's weight (or bias) gradient `grad` (C) in Backward: itself when
+  // off (or null: frozen); when on a zeroed partial sum over this rank's
+  // rows, added to `grad` summed over the group by SumNormGrads.
+  float* NormGrad(float* grad);
+  absl::Status SumNormGrads();
+
+ private:
+  Ops* ops_;
+  Communicator* tp_;
+  SequenceSplit split_;
+  int C_;
+  bool on_;
+  Buffer<float> full_, rows_;
+  // NormGrad's partial sums, C each, and where each goes.
+  std::vector<float*> norm_grads_;
+  int max_norm_grads_;
+  Buffer<float> partial_sums_;
+};
 
 }  // namespace loom::parallel
 

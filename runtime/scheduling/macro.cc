@@ -99,7 +99,8 @@ std::string LayoutText(const scheduler::v1::Plan& plan) {
                       " encoder_dp: ", plan.encoder().dp(), " llm_tp: ", plan.llm().tp(),
                       " llm_pp: ", plan.llm().pp(), " llm_dp: ", plan.llm().dp(),
                       " microbatches: ", plan.microbatches(),
-                      plan.colocated() ? " colocate: true" : "");
+                      plan.colocated() ? " colocate: true" : "",
+                      plan.sequence_parallel() ? " sequence_parallel: true" : "");
 }
 
 }  // namespace loom::sched

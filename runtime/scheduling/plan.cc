@@ -167,6 +167,7 @@ StageMemoryOptions GpuMemoryOptions(const PlanLimits& limits, Recompute recomput
   o.recompute = recompute;
   o.device = true;
   o.optimizer_on_device = true;
+  o.sequence_parallel = limits.sequence_parallel;
   return o;
 }
 
@@ -198,6 +199,7 @@ double GeneratorPeakBytes(const ModelConfig& model, const PlanLimits& limits, in
   StageMemoryOptions o =
       GpuMemoryOptions(limits, limits.recompute, tp, dp, limits.frozen.generator);
   o.projector_frozen = true;
+  o.sequence_parallel = false;  // the generator's blocks run without it
   const int64_t n = static_cast<int64_t>(std::ceil(images));
   return static_cast<double>(EncoderStageMemory(g, 0, g.vit.layers, n, bins, o, n).total());
 }
@@ -299,6 +301,7 @@ void FillCommon(const ClusterSpec& c, const ClusterSpec& ce, const ModelConfig& 
   SetStageShares(model, e.pp(), l.pp(), k);
   plan->set_encoder_recompute(RecomputeName(EncoderRecompute(limits)));
   plan->set_llm_recompute(RecomputeName(limits.recompute));
+  plan->set_sequence_parallel(limits.sequence_parallel && (e.tp() > 1 || l.tp() > 1));
   plan->set_predicted_iteration_seconds(time);
   // Of the GPUs the plan runs on (the cluster's, when one pool).
   const bool separate = &c != &ce;

@@ -78,6 +78,11 @@ struct PlanLimits {
   // the LLM's first-stage GPUs, an encoder TP group over whole LLM TP
   // groups so that they slow together).
   bool colocate = true;
+  // Price the encoder's and the LLM's activations under sequence
+  // parallelism at tp > 1 (the runtime's; its plans then set
+  // Plan.sequence_parallel): the same compute and bytes on the wire, a
+  // TP group's stream and norm rows 1/tp on each rank.
+  bool sequence_parallel = true;
   // 0: every LLM DP degree is tried. x > 0: every one up to 64, then each
   // at least (1 + x) times the last (a large cluster's search in a
   // fraction of the time, a DP within x of any).

@@ -104,6 +104,8 @@ ABSL_FLAG(std::string, values_output, "",
 ABSL_FLAG(bool, colocate, true,
           "plan: consider colocated layouts too (the encoder's ranks on the LLM's first-stage "
           "GPUs: the job's parallel.colocate).");
+ABSL_FLAG(bool, sequence_parallel, true,
+          "plan: price sequence parallelism in TP groups (the job's parallel.sequence_parallel).");
 ABSL_FLAG(std::string, shards, "", "plan: the job's data.shards (the shards the scan read).");
 ABSL_FLAG(int, macro_batches, 32,
           "plan: global batches drawn from the scan to simulate each candidate plan on "
@@ -215,6 +217,7 @@ absl::StatusOr<job::v1::JobConfig> JobOfPlan(const scheduler::v1::Plan& plan,
   p->set_llm_dp(plan.llm().dp());
   p->set_microbatches(plan.microbatches());
   p->set_colocate(plan.colocated());
+  p->set_sequence_parallel(plan.sequence_parallel());
   if (frozen.vision || frozen.projector || frozen.llm) {
     job.mutable_freeze()->set_vision(frozen.vision);
     job.mutable_freeze()->set_projector(frozen.projector);
@@ -317,6 +320,7 @@ int Plan(const BatchFile& batch) {
   limits.precision = *precision;
   limits.shard_optimizer = absl::GetFlag(FLAGS_shard_optimizer);
   limits.colocate = absl::GetFlag(FLAGS_colocate) && absl::GetFlag(FLAGS_values_output).empty();
+  limits.sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
   absl::StatusOr<Frozen> frozen = ParseFrozen(absl::GetFlag(FLAGS_freeze));
   if (!frozen.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--freeze: ", frozen.status().message())));

@@ -39,8 +39,11 @@ means = [float(re.search(r"mean ([0-9.e+-]+)", x).group(1)) for x in lines]
 chosen = [x for x in lines if x.rstrip().endswith("<- the plan")]
 assert len(chosen) == 1, lines
 assert abs(float(re.search(r"mean ([0-9.e+-]+)", chosen[0]).group(1)) - min(means)) <= 1e-5 * min(means), lines
-assert re.search(r"microbatches: %d( colocate: true)?:" % p["microbatches"], chosen[0]), (chosen, p)
+assert re.search(r"microbatches: %d( colocate: true)?( sequence_parallel: true)?:" % p["microbatches"], chosen[0]), (chosen, p)
 assert ("colocate: true" in chosen[0]) == bool(p.get("colocated")), (chosen, p)
+# Sequence parallelism priced (the default) wherever a module has TP > 1.
+tp = max(p["encoder"]["tp"], p["llm"]["tp"])
+assert ("sequence_parallel: true" in chosen[0]) == bool(p.get("sequence_parallel")) == (tp > 1), (chosen, p)
 PY
 # The simulator alone on that plan, over the same seeded batches: the same
 # distribution the plan records.
@@ -139,6 +142,7 @@ par = job["parallel"]
 assert (par["llm_tp"], par["llm_pp"], par["llm_dp"]) == (l["tp"], l["pp"], l["dp"]), job
 assert (par["encoder_tp"], par["encoder_pp"], par["encoder_dp"]) == (e["tp"], e["pp"], e["dp"]), job
 assert par["microbatches"] == p["microbatches"] and job["data"]["global_batch"] == 1024, job
+assert par.get("sequence_parallel", False) == (max(l["tp"], e["tp"]) > 1), job
 folder = sys.argv[1].rsplit("/", 1)[0]
 assert job["hf"] == {"llm_from": folder, "vision_from": folder}, job
 assert job["precision"] == "bf16" and job["device"] == {"encoder": "cuda", "llm": "cuda"}, job

@@ -11,10 +11,14 @@ void* CpuBackend::Allocate(size_t bytes) {
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   LOOM_CHECK(p != nullptr) << "out of host memory allocating " << bytes << " bytes";
+  const std::thread::id owner = std::this_thread::get_id();
   std::lock_guard<std::mutex> l(mu_);
-  sizes_[p] = rounded;
+  blocks_[p] = Block{rounded, owner};
   in_use_ += rounded;
   peak_ = std::max(peak_, in_use_);
+  Usage& u = threads_[owner];
+  u.in_use += rounded;
+  u.peak = std::max(u.peak, u.in_use);
   return p;
 }
 
@@ -22,10 +26,15 @@ void CpuBackend::Free(void* ptr) {
   if (ptr == nullptr) return;
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = sizes_.find(ptr);
-    if (it != sizes_.end()) {
-      in_use_ -= it->second;
-      sizes_.erase(it);
+    auto it = blocks_.find(ptr);
+    if (it != blocks_.end()) {
+      in_use_ -= it->second.bytes;
+      auto owner = threads_.find(it->second.owner);
+      if (owner != threads_.end()) {
+        owner->second.in_use -= it->second.bytes;
+        if (owner->second.in_use == 0) threads_.erase(owner);  // a thread's last block
+      }
+      blocks_.erase(it);
     }
   }
   std::free(ptr);
@@ -44,6 +53,18 @@ size_t CpuBackend::peak_bytes() const {
 void CpuBackend::ResetPeak() {
   std::lock_guard<std::mutex> l(mu_);
   peak_ = in_use_;
+}
+
+size_t CpuBackend::thread_peak_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = threads_.find(std::this_thread::get_id());
+  return it == threads_.end() ? 0 : it->second.peak;
+}
+
+void CpuBackend::ResetThreadPeak() {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = threads_.find(std::this_thread::get_id());
+  if (it != threads_.end()) it->second.peak = it->second.in_use;
 }
 
 void CpuBackend::CopyFromHost(void* dst, const void* src, size_t bytes) {

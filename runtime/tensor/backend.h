@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <mutex>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include "runtime/tensor/tensor.h"
@@ -68,13 +69,27 @@ class CpuBackend final : public Backend {
   size_t in_use_bytes() const override;
   size_t peak_bytes() const override;
   void ResetPeak() override;
+  // The same counted for the calling thread alone (the blocks it
+  // allocated, until freed), since its last ResetThreadPeak or since it
+  // last held none: one rank's peak where a test runs a TP group's ranks
+  // as threads.
+  size_t thread_peak_bytes() const;
+  void ResetThreadPeak();
 
   // The process-wide instance.
   static CpuBackend* Get();
 
  private:
+  struct Block {
+    size_t bytes;
+    std::thread::id owner;
+  };
+  struct Usage {
+    size_t in_use = 0, peak = 0;
+  };
   mutable std::mutex mu_;
-  std::unordered_map<void*, size_t> sizes_;  // of each live block
+  std::unordered_map<void*, Block> blocks_;  // each live block
+  std::unordered_map<std::thread::id, Usage> threads_;
   size_t in_use_ = 0, peak_ = 0;
 };
 

@@ -410,6 +410,7 @@ MemoryEstimate JobStageMemory(const job::v1::JobConfig& job, const ModelConfig& 
   o.dp = std::max(1, dp);
   o.recompute = ParseRecompute(encoder ? job.recompute().encoder() : job.recompute().llm())
                     .value_or(Recompute::kFull);
+  o.sequence_parallel = p.sequence_parallel();
   o.device = JobModuleOnGpu(job, encoder);
   // As the workers place it (services/worker/training_worker.cc).
   o.optimizer_on_device = o.device && (job.device().collectives() == "nccl" || dp <= 1);

@@ -348,6 +348,41 @@ TEST(JobConfig, TheMemoryCheckPricesTheRecomputeChoice) {
   EXPECT_NE(s.message().find("the LLM's pipeline stage 0 of 2"), std::string::npos) << s;
 }
 
+// Sequence parallelism (parallel.sequence_parallel): the memory check
+// prices each TP rank's stream and norm rows at 1/TP, so a device between
+// the two needs holds the job with it and refuses it without.
+TEST(JobConfig, TheMemoryCheckCountsSequenceParallelism) {
+  const std::string base =
+      "model: 'vit300m-llm7b' data { global_batch: 64 } precision: 'bf16' "
+      "recompute { llm: 'none' encoder: 'none' } "
+      "parallel { llm_max_tokens: 16384 encoder_max_tokens: 4608 llm_dp: 2 llm_tp: 8 "
+      "encoder_tp: 4 encoder_dp: 2 microbatches: 4 ";
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("vit300m-llm7b");
+  ASSERT_TRUE(model.ok());
+  const int64_t tiles = 4608 / model->vit.patches_per_tile();
+  const int64_t image_tokens = std::min<int64_t>(16384, tiles * model->tokens_per_tile());
+  int64_t need[2] = {0, 0};
+  for (bool sp : {false, true}) {
+    absl::StatusOr<job::v1::JobConfig> job = ParseJobConfig(
+        base + (sp ? "sequence_parallel: true " : "") + "} device { llm: 'cuda' encoder: 'cuda' }",
+        "job.cfg");
+    ASSERT_TRUE(job.ok()) << job.status();
+    ApplyJobDefaults("/run", &*job);
+    for (bool encoder : {false, true}) {
+      need[sp] =
+          std::max(need[sp],
+                   JobStageMemory(*job, *model, encoder, 0, 16384, image_tokens, tiles, 4).total());
+    }
+  }
+  ASSERT_LT(need[1], need[0]);
+  const std::string device =
+      absl::StrCat("} device { llm: 'cuda' encoder: 'cuda' memory_gib: ",
+                   static_cast<double>(need[0] + need[1]) / 2 / (1ll << 30), " }");
+  EXPECT_TRUE(ParseAndCheck(base + "sequence_parallel: true " + device).ok());
+  absl::Status s = ParseAndCheck(base + device);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+}
+
 // Colocated (parallel.colocate): the encoder's ranks must be the LLM's
 // first-stage GPUs, and each such GPU holds an encoder rank beside an LLM
 // rank: a device that holds either alone refuses the two together.

@@ -295,6 +295,8 @@ absl::Status TrainingWorker::Impl::Join() {
                   .value_or(Recompute::kFull);
   if (vit != nullptr) vit->set_recompute(recompute);
   if (llm != nullptr) llm->set_recompute(recompute);
+  if (vit != nullptr) vit->set_sequence_parallel(job.parallel().sequence_parallel());
+  if (llm != nullptr) llm->set_sequence_parallel(job.parallel().sequence_parallel());
   for (size_t i = 0; i < sets.size(); ++i) {
     if (frozen.module(modules[i])) sets[i]->Freeze();
     // The weights as set (no-op on the CPU in fp32), with their bf16 copy

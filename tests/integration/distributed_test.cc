@@ -156,6 +156,19 @@ TEST_F(DistributedTest, TensorParallelMatchesAndCheckpointsMoveAcrossLayouts) {
   ExpectSameSteps(tp4, Local(11, kSteps), "DP 2 + 2 checkpoint resumed as TP4 + TP4");
 }
 
+// Sequence parallelism in both modules' TP groups (the stream and the
+// norms on half the rows, all-gathers and reduce-scatters for the
+// all-reduces, the norms' gradients summed over the group), with the LLM
+// under selective recompute: equal to the single-process run.
+TEST_F(DistributedTest, SequenceParallelMatchesTheSingleProcessRun) {
+  const std::string job =
+      JobWith("loom", 0,
+              "encoder_tp: 2 encoder_dp: 1 llm_tp: 2 llm_dp: 2 sequence_parallel: true") +
+      "recompute { llm: 'selective' }\n";
+  ExpectSameSteps(Steps(LoomUp("sp", job, kSteps), 1, kSteps, "sp"), local_,
+                  "encoder TP2, LLM TP2 x DP2 with sequence parallelism vs loom-train-local");
+}
+
 // The LLM in two pipeline stages (1F1B over the combined pipeline, stage
 // activations over UCX) with 4 microbatches and with 1 (fewer microbatches
 // than stages), then the encoder in two stages too; then the PP run's

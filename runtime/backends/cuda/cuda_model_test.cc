@@ -14,7 +14,10 @@
 #include "kernels/testing/tolerances.h"
 #include "runtime/backends/cuda/cuda_backend.h"
 #include "runtime/backends/cuda/cuda_ops.h"
+#include "runtime/backends/cuda/device.h"
 #include "runtime/backends/cuda/gpu_testing.h"
+#include "runtime/backends/cuda/nccl_communicator.h"
+#include "runtime/comm/comm_testing.h"
 #include "runtime/model/generator.h"
 #include "runtime/model/llm.h"
 #include "runtime/model/model.h"
@@ -177,6 +180,61 @@ LlmBatch ImageBatch(const LlmConfig& c, int images, Sample* a, Sample* b) {
   for (int i = 0; i < 9; ++i) a->tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
   for (int i = 0; i < 13; ++i) b->tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
   return PackSamples({a, b});
+}
+
+// Tensor and sequence parallelism on GPUs: an LLM at TP 2, each rank on
+// its own device with an NCCL group (the stream's rows all-gathered and
+// reduce-scattered in device memory, the norms' gradients summed over it),
+// against one CPU rank. A batch of 59 tokens: the rows pad to 60.
+TEST_F(CudaModelTest, ASequenceParallelLlmOverNcclTrainsAsOneCpuRank) {
+  constexpr int kTp = 2;
+  if (cuda::DeviceCount() < kTp) GTEST_SKIP() << "needs " << kTp << " GPUs";
+  LlmConfig c = {/*vocab=*/64,      /*dim=*/32, /*layers=*/2, /*heads=*/4,
+                 /*ffn_hidden=*/48, 10000.0f,   128};
+  std::mt19937 rng(5);
+  Sample a, b;
+  for (int i = 0; i < 37; ++i) a.tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+  for (int i = 0; i < 22; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+  const LlmBatch batch = PackSamples({&a, &b});
+  Llm cpu(c);
+  cpu.params().Initialize(3);
+  ASSERT_TRUE(cpu.Forward(batch, nullptr).ok());
+  absl::StatusOr<kernels::LossSum> want = cpu.Backward(0.02f, nullptr);
+  ASSERT_TRUE(want.ok());
+  InMemoryStore gloo_store, nccl_store;
+  std::vector<std::vector<float>> grads(kTp);
+  std::vector<double> losses(kTp);
+  // Gloo gathers the ranks' gradients on the host; NCCL runs the layers'.
+  testing::OnRanks(kTp, "gather", &gloo_store, [&](int rank, Communicator* gloo) {
+    absl::StatusOr<std::unique_ptr<Ops>> ops = MakeCudaOps(rank);
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    NcclOptions o;
+    o.prefix = "tp";
+    o.rank = rank;
+    o.size = kTp;
+    o.device = rank;
+    absl::StatusOr<std::unique_ptr<NcclCommunicator>> nccl = ConnectNccl(&nccl_store, o);
+    ASSERT_TRUE(nccl.ok()) << nccl.status();
+    Llm gpu(c, nccl->get(), {}, ops->get());
+    gpu.set_sequence_parallel(true);
+    gpu.params().Initialize(3);
+    gpu.params().Place((*ops)->backend());
+    ASSERT_TRUE(gpu.Forward(batch, nullptr).ok());
+    absl::StatusOr<kernels::LossSum> got = gpu.Backward(0.02f, nullptr);
+    ASSERT_TRUE(got.ok()) << got.status();
+    losses[rank] = got->sum;
+    gpu.params().PullGrads();
+    absl::StatusOr<std::vector<float>> g = GatherGradients(gpu.params(), gloo);
+    ASSERT_TRUE(g.ok()) << g.status();
+    grads[rank] = *std::move(g);
+  });
+  const std::vector<float>& want_grads = cpu.params().grads();
+  for (int r = 0; r < kTp; ++r) {
+    EXPECT_NEAR(losses[r], want->sum, kCudaModelVsCpuF32.rtol * std::abs(want->sum)) << r;
+    ASSERT_EQ(grads[r].size(), want_grads.size()) << r;
+    EXPECT_TRUE(AllClose(grads[r].data(), want_grads.data(), want_grads.size(), kCudaModelVsCpuF32))
+        << "rank " << r;
+  }
 }
 
 // LLaVA's stage 1: the LLM is frozen (no weight gradients at all) and still
