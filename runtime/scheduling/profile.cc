@@ -109,12 +109,14 @@ double MaxResidual(const scheduler::v1::Profile& p, const std::string& module) {
   return worst;
 }
 
-// The median over `module`'s points of forward / (forward + backward).
-double ForwardShare(const scheduler::v1::Profile& p, const std::string& module) {
+// The median over `module`'s points of a part of forward + backward: the
+// forward alone (`frozen` false) or the frozen pass.
+double Share(const scheduler::v1::Profile& p, const std::string& module, bool frozen) {
   std::vector<double> shares;
   for (const auto& pt : p.points()) {
     if (pt.module() == module && pt.seconds() > 0) {
-      shares.push_back(std::min(1.0, pt.forward_seconds() / pt.seconds()));
+      const double part = frozen ? pt.frozen_seconds() : pt.forward_seconds();
+      shares.push_back(std::min(1.0, part / pt.seconds()));
     }
   }
   return shares.empty() ? 0 : Median(shares);
@@ -163,6 +165,7 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
   }
 
   // The encoder: a bin's tiles through the ViT and the projector, and back.
+  std::vector<scheduler::v1::ProfilePoint*> encoder_points, llm_points;
   std::vector<std::vector<double>> ex, lx;
   std::vector<double> ey, ly;
   for (int n : options.tiles) {
@@ -188,6 +191,7 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
     });
     if (!f.ok()) return f.status();
     scheduler::v1::ProfilePoint* pt = profile.add_points();
+    encoder_points.push_back(pt);
     pt->set_module("encoder");
     pt->set_tiles(n);
     pt->set_seconds(t->first);
@@ -212,6 +216,7 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
           Time(backend, options.repeats, [&] { return llm.Forward(batch, nullptr); });
       if (!f.ok()) return f.status();
       scheduler::v1::ProfilePoint* pt = profile.add_points();
+      llm_points.push_back(pt);
       pt->set_module("llm");
       pt->set_tokens(tokens);
       pt->set_sequences(sequences);
@@ -221,6 +226,43 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
       pt->set_peak_bytes(t->second);
       lx.push_back({static_cast<double>(tokens), token_sq, static_cast<double>(sequences)});
       ly.push_back(t->first);
+    }
+  }
+  // Frozen, as the workers run a frozen module: the ViT's forward alone,
+  // the projector still training; the LLM's input gradient without weight
+  // gradients. Each point again, the modules frozen now (for good: the
+  // trained points are done).
+  vit.params().Freeze();
+  llm.params().Freeze();
+  for (size_t i = 0; i < options.tiles.size(); ++i) {
+    const int n = options.tiles[i];
+    const size_t pixels = static_cast<size_t>(n) * 3 * model.vit.tile_size * model.vit.tile_size;
+    const size_t vit_out = static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim;
+    const size_t emb = static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim;
+    Buffer<float> in = Random(backend, pixels, &rng), demb = Random(backend, emb, &rng);
+    Buffer<float> out(backend), embs(backend), dvit(backend);
+    out.resize(vit_out);
+    embs.resize(emb);
+    dvit.resize(vit_out);
+    absl::StatusOr<std::pair<double, int64_t>> t = Time(backend, options.repeats, [&] {
+      if (absl::Status s = vit.Forward(in.data(), n, out.data()); !s.ok()) return s;
+      projector.Forward(out.data(), n, embs.data());
+      projector.Backward(demb.data(), nullptr);
+      return absl::OkStatus();
+    });
+    if (!t.ok()) return t.status();
+    encoder_points[i]->set_frozen_seconds(t->first);
+  }
+  size_t k = 0;
+  for (int tokens : options.tokens) {
+    for (int sequences : {1, 4}) {
+      const LlmBatch batch = TextBatch(tokens, sequences, model.llm.vocab, &rng);
+      absl::StatusOr<std::pair<double, int64_t>> t = Time(backend, options.repeats, [&] {
+        if (absl::Status s = llm.Forward(batch, nullptr); !s.ok()) return s;
+        return llm.Backward(1.0f / static_cast<float>(tokens), nullptr).status();
+      });
+      if (!t.ok()) return t.status();
+      llm_points[k++]->set_frozen_seconds(t->first);
     }
   }
   const std::vector<double> ec = FitNonNegative(ex, ey), lc = FitNonNegative(lx, ly);
@@ -235,8 +277,10 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
                               : lc[2] * pt.sequences() + lc[0] * static_cast<double>(pt.tokens()) +
                                     lc[1] * pt.token_sq());
   }
-  profile.set_encoder_forward_share(ForwardShare(profile, "encoder"));
-  profile.set_llm_forward_share(ForwardShare(profile, "llm"));
+  profile.set_encoder_forward_share(Share(profile, "encoder", false));
+  profile.set_llm_forward_share(Share(profile, "llm", false));
+  profile.set_encoder_vision_frozen_share(Share(profile, "encoder", true));
+  profile.set_llm_frozen_share(Share(profile, "llm", true));
   profile.set_encoder_max_residual(MaxResidual(profile, "encoder"));
   profile.set_llm_max_residual(MaxResidual(profile, "llm"));
   return profile;
@@ -333,7 +377,7 @@ absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path) {
 }
 
 absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan,
-                          std::string* scaled_tp) {
+                          std::string* scaled_tp, const Frozen& frozen) {
   const int measured = std::max(profile.tp(), 1);
   std::array<double, 2> divide{1, 1};  // encoder, LLM
   std::array<const scheduler::v1::Profile*, 2> at{&profile, &profile};
@@ -359,14 +403,30 @@ absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::
     }
     ++i;
   }
+  // A frozen module: the trained coefficients times its frozen pass's
+  // share, the forward's share of that pass (a recompute is the forward
+  // again). The encoder with the projector frozen too runs forward alone.
+  std::array<double, 2> part{1, 1},
+      forward{at[0]->encoder_forward_share(), at[1]->llm_forward_share()};
+  if (frozen.vision || frozen.llm) {
+    const double vision = frozen.projector ? forward[0] : at[0]->encoder_vision_frozen_share();
+    if ((frozen.vision && vision <= 0) || (frozen.llm && at[1]->llm_frozen_share() <= 0)) {
+      return absl::FailedPreconditionError(
+          "the profile has no frozen points, and the job freezes a module: profile again "
+          "(loom-schedule profile measures each module frozen too)");
+    }
+    if (frozen.vision) part[0] = vision;
+    if (frozen.llm) part[1] = at[1]->llm_frozen_share();
+    for (int m : {0, 1}) forward[m] = std::min(1.0, forward[m] / part[m]);
+  }
   scheduler::v1::CostCoefficients* c = plan->mutable_costs();
-  c->set_encoder_per_sample(at[0]->encoder_per_sample() / divide[0]);
-  c->set_encoder_per_tile(at[0]->encoder_per_tile() / divide[0]);
-  c->set_llm_per_sample(at[1]->llm_per_sample() / divide[1]);
-  c->set_llm_per_token(at[1]->llm_per_token() / divide[1]);
-  c->set_llm_per_token_sq(at[1]->llm_per_token_sq() / divide[1]);
-  c->set_encoder_forward_share(at[0]->encoder_forward_share());
-  c->set_llm_forward_share(at[1]->llm_forward_share());
+  c->set_encoder_per_sample(at[0]->encoder_per_sample() * part[0] / divide[0]);
+  c->set_encoder_per_tile(at[0]->encoder_per_tile() * part[0] / divide[0]);
+  c->set_llm_per_sample(at[1]->llm_per_sample() * part[1] / divide[1]);
+  c->set_llm_per_token(at[1]->llm_per_token() * part[1] / divide[1]);
+  c->set_llm_per_token_sq(at[1]->llm_per_token_sq() * part[1] / divide[1]);
+  c->set_encoder_forward_share(forward[0]);
+  c->set_llm_forward_share(forward[1]);
   return absl::OkStatus();
 }
 

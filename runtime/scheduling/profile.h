@@ -13,8 +13,10 @@
 // the attention). TP > 1 (on the CPU): the ranks of a TP group as threads,
 // each its shard of every layer, their all-reduces through Gloo as the
 // workers' are; a point's time is rank 0's (the ranks move in lockstep).
-// Not yet: TP > 1 on a GPU, recompute and frozen modules as their own
-// points, communication.
+// Each point is also timed frozen (ProfilePoint.frozen_seconds): the ViT's
+// forward with the projector training, the LLM's forward and input
+// gradient; the profile's frozen shares price a frozen module.
+// Not yet: TP > 1 on a GPU, communication.
 #ifndef LOOM_RUNTIME_SCHEDULING_PROFILE_H_
 #define LOOM_RUNTIME_SCHEDULING_PROFILE_H_
 
@@ -69,8 +71,12 @@ absl::StatusOr<scheduler::v1::Profile> ReadProfile(const std::string& path);
 // `profile` as JSON into `path` (atomically; what ReadProfile reads).
 absl::Status WriteProfile(const scheduler::v1::Profile& profile, const std::string& path);
 
+// With `frozen` modules (the job's freeze): a frozen module's coefficients
+// are the trained ones times the profile's frozen share (the vision
+// tower's, or the forward's where the projector is frozen too; the LLM's),
+// FAILED_PRECONDITION when the profile has none.
 absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::Plan* plan,
-                          std::string* scaled_tp = nullptr);
+                          std::string* scaled_tp = nullptr, const Frozen& frozen = {});
 
 }  // namespace loom::sched
 

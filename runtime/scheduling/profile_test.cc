@@ -72,6 +72,7 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
     // backward depends on this machine's load, so that is not asserted; the
     // share the plan reads is clamped to 1 (below).
     EXPECT_GT(pt.forward_seconds(), 0) << pt.DebugString();
+    EXPECT_GT(pt.frozen_seconds(), 0) << pt.DebugString();  // timed frozen too
     const double want = pt.module() == "encoder"
                             ? p->encoder_per_sample() + p->encoder_per_tile() * pt.tiles()
                             : p->llm_per_sample() * pt.sequences() +
@@ -86,7 +87,8 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
                        static_cast<double>(pt.tokens()) * pt.tokens() / pt.sequences());
     }
   }
-  for (double share : {p->encoder_forward_share(), p->llm_forward_share()}) {
+  for (double share : {p->encoder_forward_share(), p->llm_forward_share(),
+                       p->encoder_vision_frozen_share(), p->llm_frozen_share()}) {
     EXPECT_GT(share, 0);
     EXPECT_LE(share, 1);
   }
@@ -116,6 +118,32 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_DOUBLE_EQ(plan.costs().llm_per_token(), p->llm_per_token() / (2 * TpEfficiency(2)));
   EXPECT_EQ(plan.costs().encoder_per_tile(), p->encoder_per_tile());
   EXPECT_LE(plan.costs().llm_per_token(), p->llm_per_token());  // 0 stays 0
+
+  // Frozen modules (LLaVA's stage 1: the ViT and the LLM): each priced by
+  // its frozen share of the trained pass, the forward's share of that
+  // pass; the projector frozen too leaves the encoder its forward alone.
+  plan.mutable_llm()->set_tp(1);
+  Frozen stage1;
+  stage1.vision = stage1.llm = true;
+  ASSERT_TRUE(ApplyProfile(*p, &plan, nullptr, stage1).ok());
+  EXPECT_DOUBLE_EQ(plan.costs().encoder_per_tile(),
+                   p->encoder_per_tile() * p->encoder_vision_frozen_share());
+  EXPECT_DOUBLE_EQ(plan.costs().llm_per_token(), p->llm_per_token() * p->llm_frozen_share());
+  EXPECT_DOUBLE_EQ(plan.costs().llm_forward_share(),
+                   std::min(1.0, p->llm_forward_share() / p->llm_frozen_share()));
+  Frozen encoder;
+  encoder.vision = encoder.projector = true;
+  ASSERT_TRUE(ApplyProfile(*p, &plan, nullptr, encoder).ok());
+  EXPECT_DOUBLE_EQ(plan.costs().encoder_per_tile(),
+                   p->encoder_per_tile() * p->encoder_forward_share());
+  EXPECT_DOUBLE_EQ(plan.costs().encoder_forward_share(), 1.0);
+  EXPECT_EQ(plan.costs().llm_per_token(), p->llm_per_token());
+  // A profile without frozen points cannot price a frozen module.
+  scheduler::v1::Profile old = *p;
+  old.set_llm_frozen_share(0);
+  s = ApplyProfile(old, &plan, nullptr, stage1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("no frozen points"), std::string::npos) << s;
 }
 
 // Two bins a module, one timed run each: the grid the tests below need.

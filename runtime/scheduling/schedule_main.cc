@@ -94,7 +94,8 @@ ABSL_FLAG(std::string, recompute, "none",
           "written into the job for both modules: none, selective or full "
           "(runtime/model/precision.h Recompute); auto: the search chooses each module's.");
 ABSL_FLAG(std::string, freeze, "",
-          "plan: modules that do not train, comma-separated: vision, projector, llm.");
+          "plan, assign, simulate: modules that do not train, comma-separated: vision, "
+          "projector, llm (priced cheaper: by the cost model, or by --profile's frozen points).");
 ABSL_FLAG(std::string, job_output, "",
           "plan: also write the plan as a job config (.json: JSON, else text format) for "
           "`loom up --config` and loom-scheduler --job.");
@@ -382,7 +383,7 @@ int Plan(const BatchFile& batch) {
     if (!profile.ok()) return Fail(profile.status());
     for (scheduler::v1::Plan& c : *candidates) {
       std::string scaled;
-      if (absl::Status s = ApplyProfile(*profile, &c, &scaled); !s.ok()) {
+      if (absl::Status s = ApplyProfile(*profile, &c, &scaled, limits.frozen); !s.ok()) {
         return Fail(absl::Status(s.code(), absl::StrCat("--profile ", path, ": ", s.message())));
       }
       if (!scaled.empty()) {
@@ -455,6 +456,10 @@ absl::StatusOr<scheduler::v1::Plan> PlanForAssign() {
 // The plan's cost coefficients: --profile's when given; a plan from
 // degrees has none: one GPU's at the model's analytic FLOPs.
 absl::Status FillCosts(scheduler::v1::Plan* plan) {
+  absl::StatusOr<Frozen> frozen = ParseFrozen(absl::GetFlag(FLAGS_freeze));
+  if (!frozen.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--freeze: ", frozen.status().message()));
+  }
   if (const std::string path = absl::GetFlag(FLAGS_profile); !path.empty()) {
     absl::StatusOr<scheduler::v1::Profile> profile = ReadProfile(path);
     if (!profile.ok()) {
@@ -462,7 +467,7 @@ absl::Status FillCosts(scheduler::v1::Plan* plan) {
                           absl::StrCat("--profile ", profile.status().message()));
     }
     if (!plan->has_costs()) *plan->mutable_costs() = scheduler::v1::CostCoefficients();
-    if (absl::Status s = ApplyProfile(*profile, plan); !s.ok()) {
+    if (absl::Status s = ApplyProfile(*profile, plan, nullptr, *frozen); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("--profile ", path, ": ", s.message()));
     }
     return absl::OkStatus();
@@ -470,7 +475,7 @@ absl::Status FillCosts(scheduler::v1::Plan* plan) {
   if (plan->has_costs()) return absl::OkStatus();
   absl::StatusOr<ModelConfig> model = ModelConfigByName(plan->model());
   if (!model.ok()) return model.status();
-  *plan->mutable_costs() = CoefficientsOnOneGpu(*model, ClusterSpec());
+  *plan->mutable_costs() = CoefficientsOnOneGpu(*model, ClusterSpec(), *frozen);
   return absl::OkStatus();
 }
 

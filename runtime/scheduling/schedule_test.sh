@@ -85,6 +85,19 @@ for b in a["bins"]:
                  p.get("llm_per_token_sq", 0) * L * L)
     assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (b, want)
 PY
+# A frozen LLM (--freeze llm) is priced by the profile's frozen share.
+"$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
+  --profile "$dir/profile.json" --freeze llm --output "$dir/profiled-frozen.json" 2>/dev/null ||
+  fail "assign --profile --freeze llm"
+$py - "$dir/profile.json" "$dir/profiled.json" "$dir/profiled-frozen.json" <<'PY' || fail "assign --profile --freeze llm: the frozen share"
+import json, sys
+p, trained, frozen = (json.load(open(f)) for f in sys.argv[1:4])
+share = p["llm_frozen_share"]
+assert 0 < share <= 1, p
+for t, f in zip(trained["bins"], frozen["bins"]):
+    assert t["samples"] == f["samples"], (t, f)
+    assert abs(f["llm_cost"] - share * t["llm_cost"]) <= 1e-9 + 1e-6 * t["llm_cost"], (t, f, share)
+PY
 # The plan search's candidates priced by the profile, the macro-batches
 # choosing among them.
 "$sched" plan --batch "$dir/scan.jsonl" --config tiny --gpus 4 --global_batch 16 \

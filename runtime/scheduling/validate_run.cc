@@ -198,7 +198,7 @@ int ValidateCommand() {
     scheduler::v1::Plan plan;
     plan.mutable_encoder()->set_tp(jobs[i].parallel().encoder_tp());
     plan.mutable_llm()->set_tp(jobs[i].parallel().llm_tp());
-    (void)ApplyProfile(*profile, &plan, &r.tp_scaled);
+    (void)ApplyProfile(*profile, &plan, &r.tp_scaled, JobFrozen(jobs[i]));
     std::fprintf(out, "%s\n", LayoutJson(r).c_str());
     std::fflush(out);
     if (r.error.empty()) {

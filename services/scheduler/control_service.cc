@@ -77,7 +77,10 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
     absl::StatusOr<scheduler::v1::Profile> profile = sched::ReadProfile(deployment.profile_file);
     if (!profile.ok()) return profile.status();
     std::string scaled;
-    if (absl::Status s = sched::ApplyProfile(*profile, &*plan, &scaled); !s.ok()) return s;
+    if (absl::Status s = sched::ApplyProfile(*profile, &*plan, &scaled, JobFrozen(o.job));
+        !s.ok()) {
+      return s;
+    }
     LOOM_LOG(INFO).With("profile", deployment.profile_file).With("tp_scaled", scaled)
         << "costs from the profile, fixed";
     o.fixed_costs = true;
