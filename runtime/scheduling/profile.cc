@@ -19,6 +19,7 @@
 #include "runtime/model/vit.h"
 #include "runtime/scheduling/cost_model.h"
 #include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/profile_comm.h"
 #include "runtime/tensor/buffer.h"
 
 namespace loom::sched {
@@ -331,6 +332,12 @@ absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, 
   for (int n : options.tiles) {
     if (n < 1) return absl::InvalidArgumentError(absl::StrCat("profile: ", n, " tiles per bin"));
   }
+  for (int g : options.allreduce_ranks) {
+    if (options.communication && g < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: an all-reduce over ", g, " ranks (want 2 or more)"));
+    }
+  }
   for (size_t i = 0; i < options.tps.size(); ++i) {
     const int tp = options.tps[i];
     if (absl::Status s = ValidateModelParallel(model, tp, 1, tp, 1); !s.ok()) {
@@ -347,6 +354,12 @@ absl::StatusOr<scheduler::v1::Profile> ProfileModules(const ModelConfig& model, 
   }
   absl::StatusOr<scheduler::v1::Profile> profile = ProfileAtTp(model, ops, options, options.tps[0]);
   if (!profile.ok()) return profile;
+  if (options.communication) {
+    CommProfileOptions comm;
+    comm.allreduce_ranks = options.allreduce_ranks;
+    comm.repeats = options.repeats;
+    if (absl::Status s = ProfileCommunication(model, comm, &*profile); !s.ok()) return s;
+  }
   for (size_t i = 1; i < options.tps.size(); ++i) {
     absl::StatusOr<scheduler::v1::Profile> at = ProfileAtTp(model, ops, options, options.tps[i]);
     if (!at.ok()) return at.status();

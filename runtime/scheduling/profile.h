@@ -16,7 +16,8 @@
 // Each point is also timed frozen (ProfilePoint.frozen_seconds): the ViT's
 // forward with the projector training, the LLM's forward and input
 // gradient; the profile's frozen shares price a frozen module.
-// Not yet: TP > 1 on a GPU, communication.
+// With ProfileOptions::communication, this host's all-reduces and UCX
+// transfers too (profile_comm.h). Not yet: TP > 1 on a GPU.
 #ifndef LOOM_RUNTIME_SCHEDULING_PROFILE_H_
 #define LOOM_RUNTIME_SCHEDULING_PROFILE_H_
 
@@ -42,6 +43,10 @@ struct ProfileOptions {
   // The layers' precision (runtime/model/precision.h): fp32, or bf16 mixed
   // precision (bf16 products on the device's bf16 path).
   Precision precision = Precision::kFp32;
+  // This host's communication too (profile_comm.h), over these group
+  // sizes, into the profile (not its at_tp).
+  bool communication = true;
+  std::vector<int> allreduce_ranks = {2, 4};
 };
 
 // Times `model`'s modules on `ops` in `options.precision`. INVALID_ARGUMENT for an empty

@@ -4,8 +4,10 @@
 
 #include "gtest/gtest.h"
 #include "runtime/model/config.h"
+#include "runtime/model/memory.h"
 #include "runtime/model/ops.h"
 #include "runtime/scheduling/plan.h"
+#include "runtime/scheduling/profile_comm.h"
 
 namespace loom::sched {
 namespace {
@@ -54,6 +56,7 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   EXPECT_EQ(p->model(), "tiny");
   EXPECT_EQ(p->tp(), 1);
   ASSERT_EQ(p->points_size(), 3 + 2 * 3);
+  EXPECT_EQ(p->comm_size(), 2 * 2 + 4);  // this host's communication (below)
   // Non-negative, and not all zero for a module (its times are positive, so
   // a zero fit is never the least-squares one). Which terms carry the time
   // depends on the machine's load (CI once fitted the encoder per sample
@@ -152,6 +155,7 @@ ProfileOptions SmallGrid() {
   o.tiles = {1, 2};
   o.tokens = {32, 64};
   o.repeats = 1;
+  o.communication = false;
   return o;
 }
 
@@ -232,6 +236,89 @@ TEST(ProfileTest, BadGridsAreNamed) {
   o.repeats = 0;
   EXPECT_EQ(ProfileModules(*model, CpuOps(), o).status().code(),
             absl::StatusCode::kInvalidArgument);
+  o = ProfileOptions();
+  o.allreduce_ranks = {2, 1};
+  p = ProfileModules(*model, CpuOps(), o);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("all-reduce over 1 ranks"), std::string::npos) << p.status();
+}
+
+// This host's communication: all-reduces of each module's gradient size
+// over 2 and 4 ranks (Gloo), transfers between two UCX workers, each fit
+// as the proto says; a plan's all-reduces and its embeddings' transfer
+// priced by them, a frozen set's gradient left out.
+TEST(ProfileTest, CommunicationIsMeasuredFittedAndPricesAPlan) {
+  absl::StatusOr<ModelConfig> model = ModelConfigByName("tiny");
+  ASSERT_TRUE(model.ok());
+  scheduler::v1::Profile p;
+  CommProfileOptions o;
+  o.repeats = 2;
+  ASSERT_TRUE(ProfileCommunication(*model, o, &p).ok());
+  EXPECT_EQ(p.vision_gradient_bytes(), 4 * VitStageParameters(model->vit, 0, model->vit.layers, 1));
+  EXPECT_EQ(p.projector_gradient_bytes(), 4 * ProjectorParameters(*model));
+  EXPECT_EQ(p.llm_gradient_bytes(), 4 * LlmStageParameters(model->llm, 0, model->llm.layers, 1));
+  EXPECT_EQ(p.embedding_bytes_per_image_token(), 4 * model->llm.dim);
+  int allreduces = 0, transfers = 0;
+  for (const scheduler::v1::CommPoint& pt : p.comm()) {
+    EXPECT_GT(pt.seconds(), 0) << pt.DebugString();
+    const double b = static_cast<double>(pt.bytes());
+    if (pt.kind() == "allreduce") {
+      ++allreduces;
+      EXPECT_TRUE(pt.ranks() == 2 || pt.ranks() == 4) << pt.DebugString();
+      EXPECT_DOUBLE_EQ(pt.fitted_seconds(),
+                       p.allreduce_latency_seconds() * 2 * (pt.ranks() - 1) +
+                           p.allreduce_seconds_per_byte() * 2 * (pt.ranks() - 1) / pt.ranks() * b);
+    } else {
+      ++transfers;
+      EXPECT_EQ(pt.kind(), "transfer");
+      EXPECT_DOUBLE_EQ(pt.fitted_seconds(),
+                       p.transfer_latency_seconds() + p.transfer_seconds_per_byte() * b);
+    }
+  }
+  EXPECT_EQ(allreduces, 2 * 2);  // two sizes (the modules') over two group sizes
+  EXPECT_EQ(transfers, 4);
+  for (double c : {p.allreduce_latency_seconds(), p.allreduce_seconds_per_byte(),
+                   p.transfer_latency_seconds(), p.transfer_seconds_per_byte()}) {
+    EXPECT_GE(c, 0);
+  }
+  // Not asserted positive one by one: a loaded machine can hand a term's
+  // time to the other. Some time is fitted to each kind.
+  EXPECT_GT(p.allreduce_latency_seconds() + p.allreduce_seconds_per_byte(), 0);
+  EXPECT_GT(p.transfer_latency_seconds() + p.transfer_seconds_per_byte(), 0);
+
+  scheduler::v1::Plan plan;
+  for (scheduler::v1::ModulePlan* m : {plan.mutable_encoder(), plan.mutable_llm()}) {
+    m->set_tp(2);
+    m->set_pp(1);
+    m->set_dp(4);
+  }
+  ASSERT_TRUE(ApplyProfileCommunication(p, {}, &plan));
+  const double ring = 2.0 * 3 / 4;
+  EXPECT_DOUBLE_EQ(
+      plan.llm().allreduce_seconds(),
+      p.allreduce_latency_seconds() * 6 +
+          p.allreduce_seconds_per_byte() * ring * static_cast<double>(p.llm_gradient_bytes()) / 2);
+  EXPECT_DOUBLE_EQ(
+      plan.encoder().allreduce_seconds(),
+      p.allreduce_latency_seconds() * 6 +
+          p.allreduce_seconds_per_byte() * ring *
+              static_cast<double>(p.vision_gradient_bytes() + p.projector_gradient_bytes()) / 2);
+  EXPECT_DOUBLE_EQ(plan.costs().transfer_per_image_token(),
+                   p.transfer_seconds_per_byte() * 4 * model->llm.dim);
+  // LLaVA's stage 1: the ViT and the LLM frozen, the projector's gradient
+  // alone reduced.
+  Frozen stage1;
+  stage1.vision = stage1.llm = true;
+  ASSERT_TRUE(ApplyProfileCommunication(p, stage1, &plan));
+  EXPECT_EQ(plan.llm().allreduce_seconds(), 0);
+  EXPECT_DOUBLE_EQ(plan.encoder().allreduce_seconds(),
+                   p.allreduce_latency_seconds() * 6 +
+                       p.allreduce_seconds_per_byte() * ring *
+                           static_cast<double>(p.projector_gradient_bytes()) / 2);
+  // A profile without communication leaves a plan as it was.
+  scheduler::v1::Plan untouched = plan;
+  EXPECT_FALSE(ApplyProfileCommunication(scheduler::v1::Profile(), {}, &untouched));
+  EXPECT_EQ(untouched.DebugString(), plan.DebugString());
 }
 
 }  // namespace

@@ -603,6 +603,17 @@ absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model
                  x->encoder_per_tile(), 100 * x->encoder_max_residual(), x->llm_per_token(),
                  x->llm_per_token_sq(), 100 * x->llm_max_residual());
   }
+  if (!p->comm().empty()) {
+    auto gbps = [](double seconds_per_byte) {
+      return seconds_per_byte > 0 ? 1e-9 / seconds_per_byte : 0.0;
+    };
+    std::fprintf(stderr,
+                 "loom-schedule: this host's communication: all-reduce %.3g s a ring step + "
+                 "%.3g GB/s, UCX transfer %.3g s + %.3g GB/s (%d points)\n",
+                 p->allreduce_latency_seconds(), gbps(p->allreduce_seconds_per_byte()),
+                 p->transfer_latency_seconds(), gbps(p->transfer_seconds_per_byte()),
+                 p->comm_size());
+  }
   return p;
 }
 

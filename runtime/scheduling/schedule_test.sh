@@ -61,6 +61,7 @@ grep -q "simulated over 16 batches of 512 (loom): mean" "$dir/sim.err" || { cat 
 "$sched" profile --config tiny --profile_tiles 1,2 --profile_tokens 64,128 --profile_repeats 1 \
   --output "$dir/profile.json" 2> "$dir/profile.err" || { cat "$dir/profile.err"; fail "profile"; }
 grep -q "loom-schedule: profile of tiny on cpu in fp32 at TP 1: " "$dir/profile.err" || fail "profile's summary"
+grep -q "loom-schedule: this host's communication: all-reduce " "$dir/profile.err" || fail "profile's communication"
 "$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
   --profile "$dir/profile.json" --output "$dir/profiled.json" 2>/dev/null || fail "assign --profile"
 $py - "$dir/profile.json" "$dir/profiled.json" "$dir/scan.jsonl" <<'PY' || fail "assign --profile: the profile's prices"
@@ -69,7 +70,11 @@ p = json.load(open(sys.argv[1]))
 a = json.load(open(sys.argv[2]))
 assert p["tp"] == 1 and len(p["points"]) == 2 + 2 * 2, p
 for pt in p["points"]:
-    assert pt["seconds"] > 0 and int(pt["peak_bytes"]) > 0, pt
+    assert pt["seconds"] > 0 and int(pt["peak_bytes"]) > 0 and pt["frozen_seconds"] > 0, pt
+# This host's communication: all-reduces over 2 and 4 ranks, UCX transfers.
+kinds = sorted((c["kind"], c["ranks"]) for c in p["comm"])
+assert kinds == [("allreduce", 2)] * 2 + [("allreduce", 4)] * 2 + [("transfer", 2)] * 4, kinds
+assert int(p["llm_gradient_bytes"]) > 0 and int(p["embedding_bytes_per_image_token"]) > 0, p
 # Every bin's LLM cost is the profile's price of its samples.
 shapes = {}
 for line in open(sys.argv[3]):

@@ -9,6 +9,7 @@
 #include "runtime/model/config.h"
 #include "runtime/scheduling/plan.h"
 #include "runtime/scheduling/profile.h"
+#include "runtime/scheduling/profile_comm.h"
 #include "runtime/scheduling/schedule.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job.h"
@@ -81,7 +82,12 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
         !s.ok()) {
       return s;
     }
-    LOOM_LOG(INFO).With("profile", deployment.profile_file).With("tp_scaled", scaled)
+    // The job runs on the links the profile measured (loom up's host).
+    const bool comm = sched::ApplyProfileCommunication(*profile, JobFrozen(o.job), &*plan);
+    LOOM_LOG(INFO)
+            .With("profile", deployment.profile_file)
+            .With("tp_scaled", scaled)
+            .With("communication", comm)
         << "costs from the profile, fixed";
     o.fixed_costs = true;
   }
