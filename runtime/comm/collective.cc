@@ -6,6 +6,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -405,6 +406,34 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
                                                options.rank, " of ", options.size,
                                                ": cannot connect: ", e.what()));
   }
+}
+
+}  // namespace loom
+
+namespace loom {
+
+absl::Status OnGlooThreads(KeyValueStore* store, const std::string& prefix, int size,
+                           absl::Duration timeout,
+                           const std::function<absl::Status(int, Communicator*)>& fn) {
+  std::vector<absl::Status> status(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.prefix = prefix;
+      o.rank = r;
+      o.size = size;
+      o.host = "127.0.0.1";
+      o.timeout = timeout;
+      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(store, o);
+      status[r] = comm.ok() ? fn(r, comm->get()) : comm.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace loom

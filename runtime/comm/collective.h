@@ -180,6 +180,14 @@ struct GlooOptions {
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store,
                                                           const GlooOptions& options);
 
+// Runs `fn(rank, communicator)` on `size` threads of this process, each a
+// rank of Gloo group `prefix` in `store` on 127.0.0.1 (`timeout`: the
+// rendezvous and each collective), and waits for them: the profile's
+// groups, and tests'. The first error of a connect or of an `fn`.
+absl::Status OnGlooThreads(KeyValueStore* store, const std::string& prefix, int size,
+                           absl::Duration timeout,
+                           const std::function<absl::Status(int, Communicator*)>& fn);
+
 }  // namespace loom
 
 #endif  // LOOM_RUNTIME_COMM_COLLECTIVE_H_

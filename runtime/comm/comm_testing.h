@@ -3,10 +3,7 @@
 #ifndef LOOM_RUNTIME_COMM_COMM_TESTING_H_
 #define LOOM_RUNTIME_COMM_COMM_TESTING_H_
 
-#include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "gtest/gtest.h"
 #include "runtime/comm/collective.h"
@@ -17,23 +14,14 @@ namespace loom::testing {
 // `store`, and waits for them.
 template <typename Fn>
 void OnRanks(int size, const std::string& prefix, InMemoryStore* store, Fn fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.prefix = prefix;
-      o.rank = r;
-      o.size = size;
-      o.host = "127.0.0.1";
-      o.timeout = absl::Seconds(20);
-      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(store, o);
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      EXPECT_EQ((*comm)->rank(), r);
-      EXPECT_EQ((*comm)->size(), size);
-      fn(r, comm->get());
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const absl::Status s =
+      OnGlooThreads(store, prefix, size, absl::Seconds(20), [&](int r, Communicator* comm) {
+        EXPECT_EQ(comm->rank(), r);
+        EXPECT_EQ(comm->size(), size);
+        fn(r, comm);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 }  // namespace loom::testing

@@ -85,6 +85,24 @@ Buffer<float> Random(Backend* backend, size_t n, Rng* rng) {
   return b;
 }
 
+// An encoder bin of `n` tiles: random pixels in and embeddings' gradient
+// back, the tower's output, the embeddings and the tower output's gradient.
+struct EncoderBin {
+  EncoderBin(const ModelConfig& model, Backend* backend, int n, Rng* rng)
+      : in(Random(backend, static_cast<size_t>(n) * 3 * model.vit.tile_size * model.vit.tile_size,
+                  rng)),
+        demb(
+            Random(backend, static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim, rng)),
+        out(backend),
+        embs(backend),
+        dvit(backend) {
+    out.resize(static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim);
+    embs.resize(demb.size());
+    dvit.resize(out.size());
+  }
+  Buffer<float> in, demb, out, embs, dvit;
+};
+
 // `sequences` text samples of `tokens` / `sequences` tokens each, packed.
 LlmBatch TextBatch(int tokens, int sequences, int vocab, Rng* rng) {
   LlmBatch b;
@@ -170,24 +188,17 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
   std::vector<std::vector<double>> ex, lx;
   std::vector<double> ey, ly;
   for (int n : options.tiles) {
-    const size_t pixels = static_cast<size_t>(n) * 3 * model.vit.tile_size * model.vit.tile_size;
-    const size_t vit_out = static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim;
-    const size_t emb = static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim;
-    Buffer<float> in = Random(backend, pixels, &rng), demb = Random(backend, emb, &rng);
-    Buffer<float> out(backend), embs(backend), dvit(backend);
-    out.resize(vit_out);
-    embs.resize(emb);
-    dvit.resize(vit_out);
+    EncoderBin bin(model, backend, n, &rng);
     absl::StatusOr<std::pair<double, int64_t>> t = Time(backend, options.repeats, [&] {
-      if (absl::Status s = vit.Forward(in.data(), n, out.data()); !s.ok()) return s;
-      projector.Forward(out.data(), n, embs.data());
-      projector.Backward(demb.data(), dvit.data());
-      return vit.Backward(dvit.data());
+      if (absl::Status s = vit.Forward(bin.in.data(), n, bin.out.data()); !s.ok()) return s;
+      projector.Forward(bin.out.data(), n, bin.embs.data());
+      projector.Backward(bin.demb.data(), bin.dvit.data());
+      return vit.Backward(bin.dvit.data());
     });
     if (!t.ok()) return t.status();
     absl::StatusOr<std::pair<double, int64_t>> f = Time(backend, options.repeats, [&] {
-      if (absl::Status s = vit.Forward(in.data(), n, out.data()); !s.ok()) return s;
-      projector.Forward(out.data(), n, embs.data());
+      if (absl::Status s = vit.Forward(bin.in.data(), n, bin.out.data()); !s.ok()) return s;
+      projector.Forward(bin.out.data(), n, bin.embs.data());
       return absl::OkStatus();
     });
     if (!f.ok()) return f.status();
@@ -237,18 +248,11 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
   llm.params().Freeze();
   for (size_t i = 0; i < options.tiles.size(); ++i) {
     const int n = options.tiles[i];
-    const size_t pixels = static_cast<size_t>(n) * 3 * model.vit.tile_size * model.vit.tile_size;
-    const size_t vit_out = static_cast<size_t>(n) * model.vit.patches_per_tile() * model.vit.dim;
-    const size_t emb = static_cast<size_t>(n) * model.tokens_per_tile() * model.llm.dim;
-    Buffer<float> in = Random(backend, pixels, &rng), demb = Random(backend, emb, &rng);
-    Buffer<float> out(backend), embs(backend), dvit(backend);
-    out.resize(vit_out);
-    embs.resize(emb);
-    dvit.resize(vit_out);
+    EncoderBin bin(model, backend, n, &rng);
     absl::StatusOr<std::pair<double, int64_t>> t = Time(backend, options.repeats, [&] {
-      if (absl::Status s = vit.Forward(in.data(), n, out.data()); !s.ok()) return s;
-      projector.Forward(out.data(), n, embs.data());
-      projector.Backward(demb.data(), nullptr);
+      if (absl::Status s = vit.Forward(bin.in.data(), n, bin.out.data()); !s.ok()) return s;
+      projector.Forward(bin.out.data(), n, bin.embs.data());
+      projector.Backward(bin.demb.data(), nullptr);
       return absl::OkStatus();
     });
     if (!t.ok()) return t.status();
@@ -292,26 +296,20 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
 absl::StatusOr<scheduler::v1::Profile> ProfileAtTp(const ModelConfig& model, Ops* ops,
                                                    const ProfileOptions& options, int tp) {
   if (tp == 1) return ProfileRank(model, ops, options, nullptr);
+  scheduler::v1::Profile rank0;
   InMemoryStore store;
-  std::vector<absl::StatusOr<scheduler::v1::Profile>> out(tp, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < tp; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.prefix = absl::StrCat("profile-tp", tp);
-      o.rank = r;
-      o.size = tp;
-      o.host = "127.0.0.1";
-      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(&store, o);
-      out[r] = comm.ok() ? ProfileRank(model, ops, options, comm->get())
-                         : absl::StatusOr<scheduler::v1::Profile>(comm.status());
-    });
+  if (absl::Status s = OnGlooThreads(&store, absl::StrCat("profile-tp", tp), tp, absl::Seconds(120),
+                                     [&](int rank, Communicator* comm) -> absl::Status {
+                                       absl::StatusOr<scheduler::v1::Profile> p =
+                                           ProfileRank(model, ops, options, comm);
+                                       if (!p.ok()) return p.status();
+                                       if (rank == 0) rank0 = *std::move(p);
+                                       return absl::OkStatus();
+                                     });
+      !s.ok()) {
+    return s;
   }
-  for (std::thread& t : threads) t.join();
-  for (const auto& p : out) {
-    if (!p.ok()) return p.status();
-  }
-  return std::move(out[0]);
+  return rank0;
 }
 
 }  // namespace

@@ -26,39 +26,27 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 // `ranks` threads (Gloo on 127.0.0.1), after one warm-up each: rank 0's.
 absl::StatusOr<std::vector<double>> TimeAllreduces(int ranks, const std::vector<int64_t>& bytes,
                                                    int repeats) {
-  InMemoryStore store;
-  std::vector<absl::Status> status(ranks);
   std::vector<double> out(bytes.size());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.prefix = absl::StrCat("profile-allreduce", ranks);
-      o.rank = r;
-      o.size = ranks;
-      o.host = "127.0.0.1";
-      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(&store, o);
-      if (!comm.ok()) return void(status[r] = comm.status());
-      for (size_t k = 0; k < bytes.size(); ++k) {
-        std::vector<float> data(static_cast<size_t>(std::max<int64_t>(1, bytes[k] / 4)), 1.0f);
-        std::vector<double> seconds;
-        for (int i = 0; i <= repeats; ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          if (absl::Status s =
-                  (*comm)->AllreduceSum(data.data(), static_cast<int64_t>(data.size()));
-              !s.ok()) {
-            return void(status[r] = s);
+  InMemoryStore store;
+  absl::Status s = OnGlooThreads(
+      &store, absl::StrCat("profile-allreduce", ranks), ranks, absl::Seconds(120),
+      [&](int rank, Communicator* comm) -> absl::Status {
+        for (size_t k = 0; k < bytes.size(); ++k) {
+          std::vector<float> data(static_cast<size_t>(std::max<int64_t>(1, bytes[k] / 4)), 1.0f);
+          std::vector<double> seconds;
+          for (int i = 0; i <= repeats; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            if (absl::Status e = comm->AllreduceSum(data.data(), static_cast<int64_t>(data.size()));
+                !e.ok()) {
+              return e;
+            }
+            if (i > 0) seconds.push_back(SecondsSince(t0));
           }
-          if (i > 0) seconds.push_back(SecondsSince(t0));
+          if (rank == 0) out[k] = Median(seconds);
         }
-        if (r == 0) out[k] = Median(seconds);
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : status) {
-    if (!s.ok()) return s;
-  }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
   return out;
 }
 
