@@ -39,6 +39,16 @@ class HostStagedCommunicator final : public Communicator {
     return Staged(data, n, &floats_,
                   [this](float* h, int64_t k) { return host_->AllreduceMax(h, k); });
   }
+  // The host group's own (each chunk moved once), the whole buffer staged
+  // (the base class's defaults would write device memory from the host).
+  absl::Status ReduceScatterSum(float* data, int64_t n) override {
+    return Staged(data, n, &floats_,
+                  [this](float* h, int64_t k) { return host_->ReduceScatterSum(h, k); });
+  }
+  absl::Status AllGather(float* data, int64_t n) override {
+    return Staged(data, n, &floats_,
+                  [this](float* h, int64_t k) { return host_->AllGather(h, k); });
+  }
 
  private:
   // Down (after the device's queued work), `op` on the host, back up. On an

@@ -95,6 +95,44 @@ TEST(HostStaged, ReducesDeviceBuffersThroughTheHostGroup) {
   }
 }
 
+// A reduce-scatter and an all-gather (sequence parallelism's, ZeRO-1's) of
+// device buffers: each rank's chunk summed, every chunk gathered, through
+// the host group's own; chunks of uneven length.
+TEST(HostStaged, ReduceScattersAndAllGathersDeviceBuffers) {
+  constexpr int kSize = 3;
+  constexpr int64_t n = 1001;
+  InMemoryStore store;
+  std::vector<std::vector<float>> scattered(kSize), gathered(kSize);
+  testing::OnRanks(kSize, "staged-chunks", &store, [&](int r, Communicator* gloo) {
+    ScrambledDevice device;
+    HostStagedCommunicator c(gloo, &device);
+    std::vector<float> v(n), own(n, -1.0f);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 13) * (r + 1));
+    const auto [begin, end] = ChunkRange(n, r, kSize);
+    for (int64_t i = begin; i < end; ++i) own[i] = static_cast<float>(r * 10000 + i);
+    float* dv = device.Upload(v);
+    ASSERT_TRUE(c.ReduceScatterSum(dv, n).ok());
+    scattered[r] = device.Download(dv, n);
+    float* dg = device.Upload(own);
+    ASSERT_TRUE(c.AllGather(dg, n).ok());
+    gathered[r] = device.Download(dg, n);
+    device.Free(dv);
+    device.Free(dg);
+  });
+  for (int r = 0; r < kSize; ++r) {
+    const auto [begin, end] = ChunkRange(n, r, kSize);
+    for (int64_t i = begin; i < end; ++i) {
+      ASSERT_EQ(scattered[r][i], static_cast<float>((i % 13) * 6)) << "rank " << r << " at " << i;
+    }
+    for (int q = 0; q < kSize; ++q) {
+      const auto [b, e] = ChunkRange(n, q, kSize);
+      for (int64_t i = b; i < e; ++i) {
+        ASSERT_EQ(gathered[r][i], static_cast<float>(q * 10000 + i)) << "rank " << r << " at " << i;
+      }
+    }
+  }
+}
+
 // A host group that fails (a peer gone): the error comes back and nothing
 // is copied up.
 class FailingGroup final : public Communicator {

@@ -172,10 +172,9 @@ absl::Status Llm::Forward(const LlmBatch& b, const float* image_emb, const float
     // the kept log-sum-exp would not be the recomputed scores').
     if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(TfW));
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
-    if (stream.on()) {
-      a.atto.Zeros(static_cast<size_t>(Tf) * D);  // the padding rows stay 0
-    } else {
-      a.atto.resize(TD);
+    a.atto.resize(static_cast<size_t>(Tf) * D);
+    if (Tf > T) {  // the padding rows (sequence parallelism) stay 0
+      ops_->zero(a.atto.data() + TD, static_cast<int64_t>(Tf - T) * D);
     }
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_.data(), b.S(), T, NH,
                             NKV, HD, /*causal=*/true, narrow);

@@ -82,7 +82,7 @@ struct SequenceRows {
   bool split;
 };
 SequenceRows SequenceRowsOf(int64_t T, int tp, const StageMemoryOptions& o) {
-  if (!o.sequence_parallel || tp <= 1) return {T, T, false};
+  if (!o.sequence_parallel || tp <= 1 || T == 0) return {T, T, false};
   const int64_t shard = (T + tp - 1) / tp;
   return {shard, shard * tp, true};
 }
@@ -223,7 +223,7 @@ MemoryEstimate LlmStageMemory(const LlmConfig& c, int first, int last, int64_t t
   }
   if (!o.device && o.precision == Precision::kBf16) {
     std::vector<Gemm> g;
-    if (L > 0) g = {{T, C, W}, {T, D, C}, {T, C, F}, {T, C, F}, {T, F, C}};
+    if (L > 0) g = {{Tf, C, W}, {Tf, D, C}, {Tf, C, F}, {Tf, C, F}, {Tf, F, C}};
     if (last_stage) g.push_back({T, C, V});
     e.scratch = Bf16GemmScratch(g, /*backward=*/true, /*dweight=*/!o.frozen);
   }
@@ -309,7 +309,8 @@ MemoryEstimate EncoderStageMemory(const ModelConfig& m, int first, int last, int
   std::vector<Gemm> g;
   if (first_stage) g.push_back({out_rows, c.patch_dim(), Dv, /*dinp=*/false});
   if (L > 0) {
-    for (Gemm x : std::initializer_list<Gemm>{{T, Dv, 3 * A}, {T, A, Dv}, {T, Dv, H}, {T, H, Dv}})
+    for (Gemm x :
+         std::initializer_list<Gemm>{{Tf, Dv, 3 * A}, {Tf, A, Dv}, {Tf, Dv, H}, {Tf, H, Dv}})
       g.push_back(x);
   }
   // The projector on the last stage: its own parameters, its kept input

@@ -237,9 +237,10 @@ struct VitResult {
 };
 
 VitResult RunVit(const ModelConfig& c, Communicator* tp, Precision p = Precision::kFp32,
-                 bool sequence_parallel = false) {
+                 bool sequence_parallel = false, Recompute recompute = Recompute::kNone) {
   VitEncoder vit(c.vit, tp);
   vit.set_sequence_parallel(sequence_parallel);
+  vit.set_recompute(recompute);
   vit.params().Initialize(kSeed);
   vit.params().Place(CpuBackend::Get(), p);
   VitResult r;
@@ -261,23 +262,29 @@ class VitTpTest : public ::testing::TestWithParam<Precision> {};
 
 // With sequence parallelism too: CLIP's 3 tiles of 5 rows are 15, padded
 // over 2 and 4 ranks (the padding rows' LayerNorm is its bias, not zero).
+// With sequence parallelism also under selective recompute (against one
+// rank under it).
 TEST_P(VitTpTest, VitAtTp2AndTp4EqualsOneRank) {
   const Precision p = GetParam();
   for (const ModelConfig& c : {Small(), SmallClip()}) {
-    const VitResult want = RunVit(c, nullptr, p);
-    for (int tp : {2, 4}) {
-      for (bool sp : {false, true}) {
-        InMemoryStore store;
-        testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
-          const VitResult got = RunVit(c, comm, p, sp);
-          const std::string what = "ViT " + std::string(PrecisionName(p)) + " (class token " +
-                                   std::to_string(c.vit.class_token) + ")" +
-                                   (sp ? " sequence-parallel" : "") + " tp " + std::to_string(tp) +
-                                   " rank " + std::to_string(rank);
-          EXPECT_EQ(got.master, want.master) << what << ": initial weights";
-          ExpectClose(got.out, want.out, what + ": output", p);
-          ExpectClose(got.grads, want.grads, what + ": parameter gradients", p);
-        });
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective}) {
+      const VitResult want = RunVit(c, nullptr, p, false, r);
+      for (int tp : {2, 4}) {
+        for (bool sp : {false, true}) {
+          if (r == Recompute::kSelective && !sp) continue;
+          InMemoryStore store;
+          testing::OnRanks(tp, "tp", &store, [&](int rank, Communicator* comm) {
+            const VitResult got = RunVit(c, comm, p, sp, r);
+            const std::string what = "ViT " + std::string(PrecisionName(p)) + " (class token " +
+                                     std::to_string(c.vit.class_token) + ")" +
+                                     (sp ? " sequence-parallel" : "") + " recompute " +
+                                     RecomputeName(r) + " tp " + std::to_string(tp) + " rank " +
+                                     std::to_string(rank);
+            EXPECT_EQ(got.master, want.master) << what << ": initial weights";
+            ExpectClose(got.out, want.out, what + ": output", p);
+            ExpectClose(got.grads, want.grads, what + ": parameter gradients", p);
+          });
+        }
       }
     }
   }

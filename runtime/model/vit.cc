@@ -140,10 +140,9 @@ absl::Status VitEncoder::Forward(const float* in, int N, float* out, const float
     // from (the kept ones, bf16), as in the LLM.
     if (narrow) ops_->round_to_bf16(a.qkv.data(), static_cast<int64_t>(3 * TfA));
     a.lse.resize(static_cast<size_t>(T) * NH);  // each row's log-sum-exp
-    if (stream.on()) {
-      a.atto.Zeros(TfA);  // the padding rows stay 0
-    } else {
-      a.atto.resize(TA);
+    a.atto.resize(TfA);
+    if (Tf > T) {  // the padding rows (sequence parallelism) stay 0
+      ops_->zero(a.atto.data() + TA, static_cast<int64_t>(Tf - T) * A);
     }
     ops_->attention_forward(a.atto.data(), a.lse.data(), a.qkv.data(), cu_dev_.data(), N, T, NH, NH,
                             HD, /*causal=*/false, narrow);

@@ -154,8 +154,8 @@ class SequenceStream {
   void Shard(Buffer<float>* x);
   absl::Status Unshard(Buffer<float>* x);
   // The stream's rows `shard` as a column-parallel layer's input: shard
-  // itself, or gathered (valid until the next call that gathers or
-  // reduces).
+  // itself, or gathered (valid until the next Gathered, RowParallel or
+  // Unshard, which reuse its buffer).
   absl::StatusOr<const float*> Gathered(const float* shard);
   // out (rows(), C): the row-parallel layer's output on this rank's rows,
   // inp (layer_rows(), K/tp).
