@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
@@ -24,6 +23,10 @@
 
 namespace loom::sched {
 namespace {
+
+// A recompute ratio that says none (CostCoefficients: 0 is read as unset,
+// that is 1).
+constexpr double kNoRecompute = 1e-9;
 
 // The least-squares coefficients of rows (x, y) over the columns `use` (the
 // others' coefficients 0), from the normal equations. A column that is zero in
@@ -246,6 +249,7 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
   // trained points are done).
   vit.params().Freeze();
   llm.params().Freeze();
+  std::vector<double> efy, lfy;  // the frozen passes' seconds, as ey and ly
   for (size_t i = 0; i < options.tiles.size(); ++i) {
     const int n = options.tiles[i];
     EncoderBin bin(model, backend, n, &rng);
@@ -256,7 +260,14 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
       return absl::OkStatus();
     });
     if (!t.ok()) return t.status();
+    absl::StatusOr<std::pair<double, int64_t>> p = Time(backend, options.repeats, [&] {
+      projector.Forward(bin.out.data(), n, bin.embs.data());
+      return absl::OkStatus();
+    });
+    if (!p.ok()) return p.status();
     encoder_points[i]->set_frozen_seconds(t->first);
+    encoder_points[i]->set_projector_forward_seconds(p->first);
+    efy.push_back(t->first);
   }
   size_t k = 0;
   for (int tokens : options.tokens) {
@@ -268,6 +279,7 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
       });
       if (!t.ok()) return t.status();
       llm_points[k++]->set_frozen_seconds(t->first);
+      lfy.push_back(t->first);
     }
   }
   const std::vector<double> ec = FitNonNegative(ex, ey), lc = FitNonNegative(lx, ly);
@@ -286,6 +298,19 @@ absl::StatusOr<scheduler::v1::Profile> ProfileRank(const ModelConfig& model, Ops
   profile.set_llm_forward_share(Share(profile, "llm", false));
   profile.set_encoder_vision_frozen_share(Share(profile, "encoder", true));
   profile.set_llm_frozen_share(Share(profile, "llm", true));
+  const std::vector<double> efc = FitNonNegative(ex, efy), lfc = FitNonNegative(lx, lfy);
+  profile.set_encoder_frozen_per_tile(efc[0]);
+  profile.set_encoder_frozen_per_sample(efc[1]);
+  profile.set_llm_frozen_per_token(lfc[0]);
+  profile.set_llm_frozen_per_token_sq(lfc[1]);
+  profile.set_llm_frozen_per_sample(lfc[2]);
+  std::vector<double> ratios;
+  for (const auto& pt : profile.points()) {
+    if (pt.module() == "encoder" && pt.forward_seconds() > 0) {
+      ratios.push_back(std::min(1.0, pt.projector_forward_seconds() / pt.forward_seconds()));
+    }
+  }
+  profile.set_encoder_frozen_recompute_ratio(ratios.empty() ? 0 : Median(ratios));
   profile.set_encoder_max_residual(MaxResidual(profile, "encoder"));
   profile.set_llm_max_residual(MaxResidual(profile, "llm"));
   return profile;
@@ -414,30 +439,48 @@ absl::Status ApplyProfile(const scheduler::v1::Profile& profile, scheduler::v1::
     }
     ++i;
   }
-  // A frozen module: the trained coefficients times its frozen pass's
-  // share, the forward's share of that pass (a recompute is the forward
-  // again). The encoder with the projector frozen too runs forward alone.
-  std::array<double, 2> part{1, 1},
-      forward{at[0]->encoder_forward_share(), at[1]->llm_forward_share()};
-  if (frozen.vision || frozen.llm) {
-    const double vision = frozen.projector ? forward[0] : at[0]->encoder_vision_frozen_share();
-    if ((frozen.vision && vision <= 0) || (frozen.llm && at[1]->llm_frozen_share() <= 0)) {
-      return absl::FailedPreconditionError(
-          "the profile has no frozen points, and the job freezes a module: profile again "
-          "(loom-schedule profile measures each module frozen too)");
-    }
-    if (frozen.vision) part[0] = vision;
-    if (frozen.llm) part[1] = at[1]->llm_frozen_share();
-    for (int m : {0, 1}) forward[m] = std::min(1.0, forward[m] / part[m]);
+  // A frozen module, as the workers run it: the frozen passes' own fits
+  // (freezing removes the weight-gradient GEMMs, not attention's backward:
+  // each term shrinks by its own factor) and the forward's share of that
+  // pass. A frozen ViT keeps its output: a recompute is the projector's
+  // forward (its ratio to the encoder's forward); none, and the forward
+  // alone, with the projector frozen too.
+  const scheduler::v1::Profile& e = *at[0];
+  const scheduler::v1::Profile& l = *at[1];
+  if ((frozen.vision && e.encoder_vision_frozen_share() <= 0) ||
+      (frozen.llm && l.llm_frozen_share() <= 0)) {
+    return absl::FailedPreconditionError(
+        "the profile has no frozen points, and the job freezes the vision tower or the LLM: "
+        "profile again (loom-schedule profile measures each module frozen too)");
   }
   scheduler::v1::CostCoefficients* c = plan->mutable_costs();
-  c->set_encoder_per_sample(at[0]->encoder_per_sample() * part[0] / divide[0]);
-  c->set_encoder_per_tile(at[0]->encoder_per_tile() * part[0] / divide[0]);
-  c->set_llm_per_sample(at[1]->llm_per_sample() * part[1] / divide[1]);
-  c->set_llm_per_token(at[1]->llm_per_token() * part[1] / divide[1]);
-  c->set_llm_per_token_sq(at[1]->llm_per_token_sq() * part[1] / divide[1]);
-  c->set_encoder_forward_share(forward[0]);
-  c->set_llm_forward_share(forward[1]);
+  if (frozen.vision && frozen.projector) {
+    c->set_encoder_per_sample(e.encoder_per_sample() * e.encoder_forward_share() / divide[0]);
+    c->set_encoder_per_tile(e.encoder_per_tile() * e.encoder_forward_share() / divide[0]);
+    c->set_encoder_forward_share(1.0);
+    c->set_encoder_recompute_ratio(kNoRecompute);
+  } else if (frozen.vision) {
+    c->set_encoder_per_sample(e.encoder_frozen_per_sample() / divide[0]);
+    c->set_encoder_per_tile(e.encoder_frozen_per_tile() / divide[0]);
+    c->set_encoder_forward_share(
+        std::min(1.0, e.encoder_forward_share() / e.encoder_vision_frozen_share()));
+    c->set_encoder_recompute_ratio(std::max(kNoRecompute, e.encoder_frozen_recompute_ratio()));
+  } else {
+    c->set_encoder_per_sample(e.encoder_per_sample() / divide[0]);
+    c->set_encoder_per_tile(e.encoder_per_tile() / divide[0]);
+    c->set_encoder_forward_share(e.encoder_forward_share());
+  }
+  if (frozen.llm) {
+    c->set_llm_per_sample(l.llm_frozen_per_sample() / divide[1]);
+    c->set_llm_per_token(l.llm_frozen_per_token() / divide[1]);
+    c->set_llm_per_token_sq(l.llm_frozen_per_token_sq() / divide[1]);
+    c->set_llm_forward_share(std::min(1.0, l.llm_forward_share() / l.llm_frozen_share()));
+  } else {
+    c->set_llm_per_sample(l.llm_per_sample() / divide[1]);
+    c->set_llm_per_token(l.llm_per_token() / divide[1]);
+    c->set_llm_per_token_sq(l.llm_per_token_sq() / divide[1]);
+    c->set_llm_forward_share(l.llm_forward_share());
+  }
   return absl::OkStatus();
 }
 

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +16,8 @@
 
 namespace loom::sched {
 namespace {
+
+constexpr int64_t kMostBytes = int64_t{256} << 20;
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -86,8 +87,11 @@ absl::Status ProfileCommunication(const ModelConfig& model, const CommProfileOpt
   profile->set_embedding_bytes_per_image_token(token);
   profile->clear_comm();
 
-  // All-reduces: each module's gradient, over each group size.
-  const std::vector<int64_t> sizes = {vision + projector, llm};
+  // All-reduces: each module's gradient, over each group size, at most
+  // kMostBytes each (a large model's 4 GB gradient on 4 threads would not
+  // fit a host; the fit carries the time to larger sizes).
+  const std::vector<int64_t> sizes = {std::min(kMostBytes, vision + projector),
+                                      std::min(kMostBytes, llm)};
   std::vector<std::vector<double>> ax;
   std::vector<double> ay;
   for (int ranks : options.allreduce_ranks) {
@@ -149,21 +153,31 @@ absl::Status ProfileCommunication(const ModelConfig& model, const CommProfileOpt
 bool ApplyProfileCommunication(const scheduler::v1::Profile& profile, const Frozen& frozen,
                                scheduler::v1::Plan* plan) {
   if (profile.comm().empty()) return false;
-  auto allreduce = [&](int64_t bytes, const scheduler::v1::ModulePlan& m) {
-    const int dp = m.dp(), split = std::max(1, m.tp()) * std::max(1, m.pp());
+  // A rank's all-reduce: its share of the module's gradient (the layers
+  // split over tp x pp; the projector whole on every rank of the encoder's
+  // last stage, the stage that reduces the most).
+  auto allreduce = [&](double bytes, int dp) {
     if (dp <= 1 || bytes <= 0) return 0.0;
     return profile.allreduce_latency_seconds() * 2.0 * (dp - 1) +
-           profile.allreduce_seconds_per_byte() * 2.0 * (dp - 1) / dp * static_cast<double>(bytes) /
-               split;
+           profile.allreduce_seconds_per_byte() * 2.0 * (dp - 1) / dp * bytes;
   };
-  const int64_t encoder = (frozen.vision ? 0 : profile.vision_gradient_bytes()) +
-                          (frozen.projector ? 0 : profile.projector_gradient_bytes());
-  const int64_t llm = frozen.llm ? 0 : profile.llm_gradient_bytes();
-  plan->mutable_encoder()->set_allreduce_seconds(allreduce(encoder, plan->encoder()));
-  plan->mutable_llm()->set_allreduce_seconds(allreduce(llm, plan->llm()));
+  const scheduler::v1::ModulePlan& e = plan->encoder();
+  const scheduler::v1::ModulePlan& l = plan->llm();
+  const double encoder =
+      (frozen.vision ? 0.0
+                     : static_cast<double>(profile.vision_gradient_bytes()) /
+                           (std::max(1, e.tp()) * std::max(1, e.pp()))) +
+      (frozen.projector ? 0.0 : static_cast<double>(profile.projector_gradient_bytes()));
+  const double llm = frozen.llm ? 0.0
+                                : static_cast<double>(profile.llm_gradient_bytes()) /
+                                      (std::max(1, l.tp()) * std::max(1, l.pp()));
+  const double encoder_seconds = allreduce(encoder, e.dp()), llm_seconds = allreduce(llm, l.dp());
+  plan->mutable_encoder()->set_allreduce_seconds(encoder_seconds);
+  plan->mutable_llm()->set_allreduce_seconds(llm_seconds);
+  // A bin's embeddings go to every rank of its LLM replica's TP group.
   plan->mutable_costs()->set_transfer_per_image_token(
       profile.transfer_seconds_per_byte() *
-      static_cast<double>(profile.embedding_bytes_per_image_token()));
+      static_cast<double>(profile.embedding_bytes_per_image_token()) * std::max(1, l.tp()));
   return true;
 }
 

@@ -37,10 +37,13 @@ struct CommProfileOptions {
 absl::Status ProfileCommunication(const ModelConfig& model, const CommProfileOptions& options,
                                   scheduler::v1::Profile* profile);
 
-// `plan`'s all-reduce seconds (each module's gradient over its DP ranks,
-// 1/(tp x pp) of it a rank; a frozen set's none) and transfer_per_image_token
-// from `profile`'s fits. A profile without communication leaves the plan
-// as it is (returns false).
+// `plan`'s all-reduce seconds (each module's gradient over its DP ranks:
+// the layers' 1/(tp x pp) a rank, the projector's whole; a frozen set's
+// none; the generator's left as planned) and transfer_per_image_token (a
+// bin's embeddings to each of the LLM's TP ranks; the per-transfer latency
+// left out) from `profile`'s fits. A profile without communication leaves
+// the plan as it is (returns false). For a job whose processes reduce and
+// send through host memory (Gloo, UCX): not NCCL's.
 bool ApplyProfileCommunication(const scheduler::v1::Profile& profile, const Frozen& frozen,
                                scheduler::v1::Plan* plan);
 

@@ -129,17 +129,28 @@ TEST(ProfileTest, TheTinyModelsModulesAreTimedAndFitted) {
   Frozen stage1;
   stage1.vision = stage1.llm = true;
   ASSERT_TRUE(ApplyProfile(*p, &plan, nullptr, stage1).ok());
-  EXPECT_DOUBLE_EQ(plan.costs().encoder_per_tile(),
-                   p->encoder_per_tile() * p->encoder_vision_frozen_share());
-  EXPECT_DOUBLE_EQ(plan.costs().llm_per_token(), p->llm_per_token() * p->llm_frozen_share());
+  EXPECT_EQ(plan.costs().encoder_per_tile(), p->encoder_frozen_per_tile());
+  EXPECT_EQ(plan.costs().llm_per_token(), p->llm_frozen_per_token());
+  EXPECT_EQ(plan.costs().llm_per_token_sq(), p->llm_frozen_per_token_sq());
   EXPECT_DOUBLE_EQ(plan.costs().llm_forward_share(),
                    std::min(1.0, p->llm_forward_share() / p->llm_frozen_share()));
+  // The frozen ViT's output is kept: a recompute is the projector's forward.
+  EXPECT_GT(p->encoder_frozen_recompute_ratio(), 0);
+  EXPECT_LE(p->encoder_frozen_recompute_ratio(), 1);
+  EXPECT_EQ(plan.costs().encoder_recompute_ratio(), p->encoder_frozen_recompute_ratio());
+  for (const auto& pt : p->points()) {
+    if (pt.module() == "encoder") {
+      EXPECT_GT(pt.projector_forward_seconds(), 0);
+    }
+  }
+  // The projector frozen too: the encoder's forward alone, no recompute.
   Frozen encoder;
   encoder.vision = encoder.projector = true;
   ASSERT_TRUE(ApplyProfile(*p, &plan, nullptr, encoder).ok());
   EXPECT_DOUBLE_EQ(plan.costs().encoder_per_tile(),
                    p->encoder_per_tile() * p->encoder_forward_share());
   EXPECT_DOUBLE_EQ(plan.costs().encoder_forward_share(), 1.0);
+  EXPECT_LT(plan.costs().encoder_recompute_ratio(), 1e-6);
   EXPECT_EQ(plan.costs().llm_per_token(), p->llm_per_token());
   // A profile without frozen points cannot price a frozen module.
   scheduler::v1::Profile old = *p;
@@ -298,23 +309,25 @@ TEST(ProfileTest, CommunicationIsMeasuredFittedAndPricesAPlan) {
       plan.llm().allreduce_seconds(),
       p.allreduce_latency_seconds() * 6 +
           p.allreduce_seconds_per_byte() * ring * static_cast<double>(p.llm_gradient_bytes()) / 2);
+  // The ViT's layers split over TP, the projector whole on every rank.
   EXPECT_DOUBLE_EQ(
       plan.encoder().allreduce_seconds(),
-      p.allreduce_latency_seconds() * 6 +
-          p.allreduce_seconds_per_byte() * ring *
-              static_cast<double>(p.vision_gradient_bytes() + p.projector_gradient_bytes()) / 2);
+      p.allreduce_latency_seconds() * 6 + p.allreduce_seconds_per_byte() * ring *
+                                              (static_cast<double>(p.vision_gradient_bytes()) / 2 +
+                                               static_cast<double>(p.projector_gradient_bytes())));
+  // A bin's embeddings go to both of the LLM's TP ranks.
   EXPECT_DOUBLE_EQ(plan.costs().transfer_per_image_token(),
-                   p.transfer_seconds_per_byte() * 4 * model->llm.dim);
+                   p.transfer_seconds_per_byte() * 4 * model->llm.dim * 2);
   // LLaVA's stage 1: the ViT and the LLM frozen, the projector's gradient
   // alone reduced.
   Frozen stage1;
   stage1.vision = stage1.llm = true;
   ASSERT_TRUE(ApplyProfileCommunication(p, stage1, &plan));
   EXPECT_EQ(plan.llm().allreduce_seconds(), 0);
-  EXPECT_DOUBLE_EQ(plan.encoder().allreduce_seconds(),
-                   p.allreduce_latency_seconds() * 6 +
-                       p.allreduce_seconds_per_byte() * ring *
-                           static_cast<double>(p.projector_gradient_bytes()) / 2);
+  EXPECT_DOUBLE_EQ(
+      plan.encoder().allreduce_seconds(),
+      p.allreduce_latency_seconds() * 6 + p.allreduce_seconds_per_byte() * ring *
+                                              static_cast<double>(p.projector_gradient_bytes()));
   // A profile without communication leaves a plan as it was.
   scheduler::v1::Plan untouched = plan;
   EXPECT_FALSE(ApplyProfileCommunication(scheduler::v1::Profile(), {}, &untouched));

@@ -135,6 +135,8 @@ ABSL_FLAG(std::string, profile, "",
           "choose among them.");
 // profile
 ABSL_FLAG(std::string, profile_device, "cpu", "profile: where the modules run: cpu, cuda:N.");
+ABSL_FLAG(bool, profile_communication, true,
+          "profile: this host's all-reduces (Gloo, 2 and 4 ranks) and UCX transfers too.");
 ABSL_FLAG(int, profile_repeats, 3, "profile: timed runs per point (the median), after a warm-up.");
 ABSL_FLAG(std::string, profile_tiles, "1,2,4,8",
           "profile: encoder tiles per bin, comma-separated.");
@@ -575,6 +577,7 @@ absl::StatusOr<scheduler::v1::Profile> ProfileFromFlags(const ModelConfig& model
   }
   ProfileOptions o;
   o.repeats = absl::GetFlag(FLAGS_profile_repeats);
+  o.communication = absl::GetFlag(FLAGS_profile_communication);
   const std::string pr = precision.empty() ? absl::GetFlag(FLAGS_profile_precision) : precision;
   absl::StatusOr<Precision> parsed = ParsePrecision(pr);
   if (!parsed.ok()) {

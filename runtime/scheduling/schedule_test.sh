@@ -90,18 +90,24 @@ for b in a["bins"]:
                  p.get("llm_per_token_sq", 0) * L * L)
     assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (b, want)
 PY
-# A frozen LLM (--freeze llm) is priced by the profile's frozen share.
+# A frozen LLM (--freeze llm) is priced by the profile's fit of its frozen
+# passes.
 "$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
   --profile "$dir/profile.json" --freeze llm --output "$dir/profiled-frozen.json" 2>/dev/null ||
   fail "assign --profile --freeze llm"
-$py - "$dir/profile.json" "$dir/profiled.json" "$dir/profiled-frozen.json" <<'PY' || fail "assign --profile --freeze llm: the frozen share"
+$py - "$dir/profile.json" "$dir/profiled-frozen.json" "$dir/scan.jsonl" <<'PY' || fail "assign --profile --freeze llm: the frozen fit"
 import json, sys
-p, trained, frozen = (json.load(open(f)) for f in sys.argv[1:4])
-share = p["llm_frozen_share"]
-assert 0 < share <= 1, p
-for t, f in zip(trained["bins"], frozen["bins"]):
-    assert t["samples"] == f["samples"], (t, f)
-    assert abs(f["llm_cost"] - share * t["llm_cost"]) <= 1e-9 + 1e-6 * t["llm_cost"], (t, f, share)
+p, frozen = (json.load(open(f)) for f in sys.argv[1:3])
+assert 0 < p["llm_frozen_share"] <= 1, p
+shapes = {json.loads(l)["key"]: json.loads(l) for l in open(sys.argv[3])}
+for b in frozen["bins"]:
+    want = 0.0
+    for k in b["samples"]:
+        s = shapes[k]
+        L = s.get("image_tokens", 0) + s.get("text_tokens", 0)
+        want += (p.get("llm_frozen_per_sample", 0) + p.get("llm_frozen_per_token", 0) * L +
+                 p.get("llm_frozen_per_token_sq", 0) * L * L)
+    assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (b, want)
 PY
 # The plan search's candidates priced by the profile, the macro-batches
 # choosing among them.

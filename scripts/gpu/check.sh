@@ -147,7 +147,8 @@ if want profile; then
   for prec in fp32 bf16; do
     run "profile_$prec" 150 "$R/runtime/scheduling/loom-schedule" profile --config vit300m-llm1b \
       --profile_device cuda:0 --profile_precision "$prec" --profile_tiles 1,4,16 \
-      --profile_tokens 512,2048,4096 --profile_repeats 3 --output "$LOGS/profile-$prec.json"
+      --profile_tokens 512,2048,4096 --profile_repeats 3 --profile_communication=false \
+      --output "$LOGS/profile-$prec.json"
     grep "profile of" "$LOGS/profile_$prec.log"
   done
 fi

@@ -82,8 +82,12 @@ absl::StatusOr<SchedulerServiceOptions> OptionsForJob(const control::v1::JobSpec
         !s.ok()) {
       return s;
     }
-    // The job runs on the links the profile measured (loom up's host).
-    const bool comm = sched::ApplyProfileCommunication(*profile, JobFrozen(o.job), &*plan);
+    // A job whose processes reduce and send through host memory (Gloo,
+    // UCX) runs on the links the profile measured (loom up's host); NCCL's
+    // between GPUs are not measured.
+    const bool nccl = o.job.device().collectives() == "nccl" &&
+                      (JobModuleOnGpu(o.job, true) || JobModuleOnGpu(o.job, false));
+    const bool comm = !nccl && sched::ApplyProfileCommunication(*profile, JobFrozen(o.job), &*plan);
     LOOM_LOG(INFO)
             .With("profile", deployment.profile_file)
             .With("tp_scaled", scaled)

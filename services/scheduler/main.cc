@@ -68,7 +68,8 @@ ABSL_FLAG(bool, take_back, false,
 ABSL_FLAG(std::string, profile, "",
           "A profile (JSON from `loom-schedule profile`): its measured coefficients price the "
           "job's work, fixed (no refit from timings); a module at a TP it did not measure is "
-          "scaled by the planner's TP model.");
+          "scaled by the planner's TP model; a frozen module by its frozen points; a job with "
+          "host collectives reduces and sends on the links it measured.");
 ABSL_FLAG(int, shared_devices, 0,
           "The workers share this many devices' worth of compute (CPU workers on one host: its "
           "cores over each worker's threads); the simulator shares them among the tasks that "
