@@ -36,6 +36,9 @@ std::vector<float> SliceCols(const float* w, int rows, int cols, int parts, int 
   return out;
 }
 
+namespace {
+
+// `tp` null or of one rank: one shard of every row.
 SequenceSplit SplitSequence(Communicator* tp, int rows) {
   SequenceSplit s;
   const int parts = tp == nullptr ? 1 : tp->size();
@@ -47,6 +50,7 @@ SequenceSplit SplitSequence(Communicator* tp, int rows) {
   return s;
 }
 
+// shard (shard, C) = this rank's rows of whole (rows, C), zeros past `rows`.
 void ShardSequence(Ops* ops, const SequenceSplit& s, float* shard, const float* whole, int C) {
   const int have = std::max(0, std::min(s.shard, s.rows - s.start));
   if (have > 0) {
@@ -57,6 +61,8 @@ void ShardSequence(Ops* ops, const SequenceSplit& s, float* shard, const float* 
   }
 }
 
+// full (padded, C) = every rank's shard (shard, C), in rank order: the
+// all-gather before a column-parallel layer (f), and g's backward.
 absl::Status GatherSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
                             const float* shard, int C) {
   const int64_t n = static_cast<int64_t>(s.padded) * C, chunk = static_cast<int64_t>(s.shard) * C;
@@ -66,6 +72,9 @@ absl::Status GatherSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, 
   return tp->AllGather(full, n);
 }
 
+// shard (shard, C) = this rank's rows of Σ over the group of full (padded,
+// C): after a row-parallel layer (g), and f's backward. `full` is
+// overwritten.
 absl::Status ReduceScatterSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
                                    float* shard, int C) {
   const int64_t n = static_cast<int64_t>(s.padded) * C, chunk = static_cast<int64_t>(s.shard) * C;
@@ -76,6 +85,9 @@ absl::Status ReduceScatterSequence(Ops* ops, Communicator* tp, const SequenceSpl
   return absl::OkStatus();
 }
 
+// The row-parallel linear ending in a reduce-scatter: out_shard (shard, N)
+// = this rank's rows of Σ_tp inp_shard (padded, K/tp) · weight_shardᵀ, +
+// bias (whole, or null) on them. `full` (padded, N) is scratch.
 absl::Status RowParallelForwardSequence(Ops* ops, Communicator* tp, const SequenceSplit& s,
                                         float* full, float* out_shard, const float* inp_shard,
                                         WeightRef weight_shard, const float* bias, int k_shard,
@@ -85,6 +97,8 @@ absl::Status RowParallelForwardSequence(Ops* ops, Communicator* tp, const Sequen
   if (bias != nullptr) ops->add_bias(out_shard, bias, s.shard, N);
   return absl::OkStatus();
 }
+
+}  // namespace
 
 SequenceStream::SequenceStream(Ops* ops, Communicator* tp, int rows, int C, bool on, int norm_grads)
     : ops_(ops),

@@ -114,28 +114,6 @@ struct SequenceSplit {
   // Whether the stream is split at all (a group of more than one).
   bool split() const { return shard != padded; }
 };
-// `tp` null or of one rank: one shard of every row.
-SequenceSplit SplitSequence(Communicator* tp, int rows);
-
-// shard (shard, C) = this rank's rows of whole (rows, C), zeros past `rows`.
-void ShardSequence(Ops* ops, const SequenceSplit& s, float* shard, const float* whole, int C);
-// full (padded, C) = every rank's shard (shard, C), in rank order: the
-// all-gather before a column-parallel layer (f), and g's backward.
-absl::Status GatherSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
-                            const float* shard, int C);
-// shard (shard, C) = this rank's rows of Σ over the group of full (padded,
-// C): after a row-parallel layer (g), and f's backward. `full` is
-// overwritten.
-absl::Status ReduceScatterSequence(Ops* ops, Communicator* tp, const SequenceSplit& s, float* full,
-                                   float* shard, int C);
-// The row-parallel linear ending in a reduce-scatter: out_shard (shard, N)
-// = this rank's rows of Σ_tp inp_shard (padded, K/tp) · weight_shardᵀ, +
-// bias (whole, or null) on them. `full` (padded, N) is scratch.
-absl::Status RowParallelForwardSequence(Ops* ops, Communicator* tp, const SequenceSplit& s,
-                                        float* full, float* out_shard, const float* inp_shard,
-                                        WeightRef weight_shard, const float* bias, int k_shard,
-                                        int N);
-
 // A block stack's residual stream under sequence parallelism or not: the
 // layers ask it for their inputs and outputs and it does the collectives
 // (on: the SequenceSplit's; off: f's and g's all-reduces on whole rows).

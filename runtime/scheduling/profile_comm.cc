@@ -171,9 +171,8 @@ bool ApplyProfileCommunication(const scheduler::v1::Profile& profile, const Froz
   const double llm = frozen.llm ? 0.0
                                 : static_cast<double>(profile.llm_gradient_bytes()) /
                                       (std::max(1, l.tp()) * std::max(1, l.pp()));
-  const double encoder_seconds = allreduce(encoder, e.dp()), llm_seconds = allreduce(llm, l.dp());
-  plan->mutable_encoder()->set_allreduce_seconds(encoder_seconds);
-  plan->mutable_llm()->set_allreduce_seconds(llm_seconds);
+  plan->mutable_encoder()->set_allreduce_seconds(allreduce(encoder, e.dp()));
+  plan->mutable_llm()->set_allreduce_seconds(allreduce(llm, l.dp()));
   // A bin's embeddings go to every rank of its LLM replica's TP group.
   plan->mutable_costs()->set_transfer_per_image_token(
       profile.transfer_seconds_per_byte() *

@@ -64,10 +64,14 @@ grep -q "loom-schedule: profile of tiny on cpu in fp32 at TP 1: " "$dir/profile.
 grep -q "loom-schedule: this host's communication: all-reduce " "$dir/profile.err" || fail "profile's communication"
 "$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
   --profile "$dir/profile.json" --output "$dir/profiled.json" 2>/dev/null || fail "assign --profile"
-$py - "$dir/profile.json" "$dir/profiled.json" "$dir/scan.jsonl" <<'PY' || fail "assign --profile: the profile's prices"
+# A frozen LLM (--freeze llm) is priced by the profile's fit of its frozen
+# passes.
+"$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
+  --profile "$dir/profile.json" --freeze llm --output "$dir/profiled-frozen.json" 2>/dev/null ||
+  fail "assign --profile --freeze llm"
+$py - "$dir/profile.json" "$dir/profiled.json" "$dir/profiled-frozen.json" "$dir/scan.jsonl" <<'PY' || fail "assign --profile (--freeze llm): the profile's prices"
 import json, sys
-p = json.load(open(sys.argv[1]))
-a = json.load(open(sys.argv[2]))
+p, a, frozen = (json.load(open(f)) for f in sys.argv[1:4])
 assert p["tp"] == 1 and len(p["points"]) == 2 + 2 * 2, p
 for pt in p["points"]:
     assert pt["seconds"] > 0 and int(pt["peak_bytes"]) > 0 and pt["frozen_seconds"] > 0, pt
@@ -75,39 +79,22 @@ for pt in p["points"]:
 kinds = sorted((c["kind"], c["ranks"]) for c in p["comm"])
 assert kinds == [("allreduce", 2)] * 2 + [("allreduce", 4)] * 2 + [("transfer", 2)] * 4, kinds
 assert int(p["llm_gradient_bytes"]) > 0 and int(p["embedding_bytes_per_image_token"]) > 0, p
-# Every bin's LLM cost is the profile's price of its samples.
-shapes = {}
-for line in open(sys.argv[3]):
-    s = json.loads(line)
-    shapes[s["key"]] = s
-for b in a["bins"]:
-    want = 0.0
-    for k in b["samples"]:
-        s = shapes[k]
-        L = s.get("image_tokens", 0) + s.get("text_tokens", 0)
-        # (a term the fit left at 0 is absent from the JSON)
-        want += (p.get("llm_per_sample", 0) + p.get("llm_per_token", 0) * L +
-                 p.get("llm_per_token_sq", 0) * L * L)
-    assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (b, want)
-PY
-# A frozen LLM (--freeze llm) is priced by the profile's fit of its frozen
-# passes.
-"$sched" assign --batch "$dir/scan.jsonl" --config tiny --llm_dp 2 --microbatches 2 --encoder_dp 1 \
-  --profile "$dir/profile.json" --freeze llm --output "$dir/profiled-frozen.json" 2>/dev/null ||
-  fail "assign --profile --freeze llm"
-$py - "$dir/profile.json" "$dir/profiled-frozen.json" "$dir/scan.jsonl" <<'PY' || fail "assign --profile --freeze llm: the frozen fit"
-import json, sys
-p, frozen = (json.load(open(f)) for f in sys.argv[1:3])
 assert 0 < p["llm_frozen_share"] <= 1, p
-shapes = {json.loads(l)["key"]: json.loads(l) for l in open(sys.argv[3])}
-for b in frozen["bins"]:
-    want = 0.0
-    for k in b["samples"]:
-        s = shapes[k]
-        L = s.get("image_tokens", 0) + s.get("text_tokens", 0)
-        want += (p.get("llm_frozen_per_sample", 0) + p.get("llm_frozen_per_token", 0) * L +
-                 p.get("llm_frozen_per_token_sq", 0) * L * L)
-    assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (b, want)
+shapes = {json.loads(l)["key"]: json.loads(l) for l in open(sys.argv[4])}
+# Every bin's LLM cost is the profile's price of its samples: the trained
+# fit's, or the frozen passes' under --freeze llm.
+def check(assignment, fit):
+    for b in assignment["bins"]:
+        want = 0.0
+        for k in b["samples"]:
+            s = shapes[k]
+            L = s.get("image_tokens", 0) + s.get("text_tokens", 0)
+            # (a term the fit left at 0 is absent from the JSON)
+            want += (p.get(fit + "per_sample", 0) + p.get(fit + "per_token", 0) * L +
+                     p.get(fit + "per_token_sq", 0) * L * L)
+        assert abs(b["llm_cost"] - want) <= 1e-9 + 1e-6 * want, (fit, b, want)
+check(a, "llm_")
+check(frozen, "llm_frozen_")
 PY
 # The plan search's candidates priced by the profile, the macro-batches
 # choosing among them.
